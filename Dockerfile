@@ -1,0 +1,23 @@
+# One image for all three salon services; docker-compose.yml picks the service by its command.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+WORKDIR /app
+
+# torch first, pinned: pass PIP_INDEX_URL/PIP_EXTRA_INDEX_URL as build args to choose a CPU-only or CUDA build.
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+RUN pip install "torch==2.13.0"
+COPY pyproject.toml README.md ./
+COPY salon ./salon
+COPY services ./services
+COPY kernels ./kernels
+COPY bench ./bench
+COPY protos ./protos
+RUN pip install .
+
+# Convert the default model to the int8 checkpoint at build time so engines start fast.
+RUN salon convert
+
+EXPOSE 50051 50061 50071 9100
+CMD ["salon", "up"]

@@ -1,0 +1,37 @@
+"""Client channels between services: tracing interceptors, message limits, optional (mutual) TLS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+from services.common.server import grpc_options
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """TLS settings of a client: the CA that signed the server, and our own certificate for mutual TLS."""
+
+    ca_file: str
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name_override: str | None = None
+
+
+def create_channel(target: str, tls: ClientTLS | None = None) -> grpc.aio.Channel:
+    """Open an aio channel to `target` (host:port) that propagates the trace context."""
+    options: list[tuple[str, object]] = list(grpc_options())
+    interceptors = aio_client_interceptors()
+    if tls is None:
+        return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+    if tls.server_name_override:
+        options.append(("grpc.ssl_target_name_override", tls.server_name_override))
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=Path(tls.ca_file).read_bytes(),
+        private_key=Path(tls.key_file).read_bytes() if tls.key_file else None,
+        certificate_chain=Path(tls.cert_file).read_bytes() if tls.cert_file else None,
+    )
+    return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)

@@ -1,0 +1,128 @@
+"""The server interceptor every service runs: typed errors -> gRPC status, request context, RPC metrics.
+
+Servicers stay thin: they raise `SalonError`s (services/common/errors.py) and this interceptor turns
+them into the status code, message and trailing metadata the client sees. Anything else that escapes a
+handler is a bug: it is logged with its traceback and answered INTERNAL without leaking internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import structlog
+
+from services.common.errors import SalonError
+from services.common.logging import get_logger
+from services.common.metrics import RPC_DURATION_SECONDS, RPC_REQUESTS
+
+REQUEST_ID_METADATA_KEY = "x-request-id"
+
+log = get_logger(__name__)
+
+
+class _Outcome:
+    """The status code an RPC ended with, for the metrics."""
+
+    __slots__ = ("code",)
+
+    def __init__(self) -> None:
+        self.code = grpc.StatusCode.OK
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, service: str) -> None:
+        self._service = service
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        metadata = {k: v for k, v in (handler_call_details.invocation_metadata or ()) if isinstance(v, str)}
+        request_id = metadata.get(REQUEST_ID_METADATA_KEY) or uuid.uuid4().hex
+        kind, factory = _handler_kind(handler)
+        behavior = getattr(handler, kind)
+        if kind in ("unary_unary", "stream_unary"):
+            wrapped = self._wrap_unary(behavior, method, request_id)
+        else:
+            wrapped = self._wrap_stream(behavior, method, request_id)
+        return factory(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _begin(self, method: str, request_id: str) -> float:
+        structlog.contextvars.bind_contextvars(rpc_method=method, request_id=request_id)
+        return time.perf_counter()
+
+    def _end(self, method: str, started: float, outcome: _Outcome) -> None:
+        RPC_REQUESTS.labels(self._service, method, outcome.code.name).inc()
+        RPC_DURATION_SECONDS.labels(self._service, method).observe(time.perf_counter() - started)
+
+    def _wrap_unary(self, behavior: Callable[..., Awaitable[Any]], method: str, request_id: str):
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started = self._begin(method, request_id)
+            outcome = _Outcome()
+            try:
+                return await behavior(request, context)
+            except BaseException as exc:  # noqa: BLE001 - mapped below, re-raised when not ours
+                await _handle(exc, context, outcome)
+                raise
+            finally:
+                self._end(method, started, outcome)
+
+        return wrapped
+
+    def _wrap_stream(self, behavior: Callable[..., AsyncIterator[Any]], method: str, request_id: str):
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            started = self._begin(method, request_id)
+            outcome = _Outcome()
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except BaseException as exc:  # noqa: BLE001
+                await _handle(exc, context, outcome)
+                raise
+            finally:
+                self._end(method, started, outcome)
+
+        return wrapped
+
+
+async def _handle(exc: BaseException, context: grpc.aio.ServicerContext, outcome: _Outcome) -> None:
+    """Record the outcome; turn a SalonError or an unexpected exception into a status (raises AbortError)."""
+    if isinstance(exc, asyncio.CancelledError):
+        outcome.code = grpc.StatusCode.CANCELLED
+        return
+    if isinstance(exc, grpc.aio.AbortError):
+        code = context.code()
+        outcome.code = code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+        return
+    if isinstance(exc, SalonError):
+        outcome.code = exc.code
+        log.info("request_failed", code=exc.code.name, error=exc.message)
+        await context.abort(exc.code, exc.message, trailing_metadata=exc.trailing_metadata())
+    if isinstance(exc, Exception):
+        outcome.code = grpc.StatusCode.INTERNAL
+        log.exception("unhandled_error", error_type=type(exc).__name__)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log")
+
+
+def _handler_kind(handler: grpc.RpcMethodHandler):
+    if handler.unary_unary:
+        return "unary_unary", grpc.unary_unary_rpc_method_handler
+    if handler.unary_stream:
+        return "unary_stream", grpc.unary_stream_rpc_method_handler
+    if handler.stream_unary:
+        return "stream_unary", grpc.stream_unary_rpc_method_handler
+    return "stream_stream", grpc.stream_stream_rpc_method_handler

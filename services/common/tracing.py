@@ -1,0 +1,88 @@
+"""OpenTelemetry tracing shared by every service.
+
+W3C trace context travels in gRPC metadata through gateway -> engine -> kvstore: the server
+interceptor continues the caller's trace and the client interceptors (see channel.py) pass it on.
+The exporter follows the standard OTEL_* variables: OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT (or
+..._TRACES_ENDPOINT) is set and OTEL_TRACES_EXPORTER is not "none"; otherwise spans are still made
+(log lines carry their ids) but not exported. `trace_file` adds a JSON-lines file exporter, one span
+per line, used by the tests and for local debugging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping, Sequence
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends each finished span to a file as one JSON object per line."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        lines = []
+        for span in spans:
+            parent = span.parent
+            lines.append(
+                json.dumps(
+                    {
+                        "name": span.name,
+                        "service": span.resource.attributes.get("service.name"),
+                        "trace_id": format(span.context.trace_id, "032x"),
+                        "span_id": format(span.context.span_id, "016x"),
+                        "parent_span_id": format(parent.span_id, "016x") if parent else None,
+                        "kind": span.kind.name,
+                        "start_unix_ns": span.start_time,
+                        "end_unix_ns": span.end_time,
+                        "attributes": {k: str(v) for k, v in (span.attributes or {}).items()},
+                        "status": span.status.status_code.name,
+                    }
+                )
+            )
+        with self._lock, open(self._path, "a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def configure_tracing(service: str, trace_file: str | None = None, environ: Mapping[str, str] | None = None) -> None:
+    """Install the global tracer provider for this process."""
+    environ = os.environ if environ is None else environ
+    if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return
+    provider = TracerProvider(resource=Resource.create({"service.name": f"salon-{service}"}))
+    exporter_choice = environ.get("OTEL_TRACES_EXPORTER", "otlp").lower()
+    endpoint_set = bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    if endpoint_set and exporter_choice != "none":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    if trace_file:
+        provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(trace_file)))
+    trace.set_tracer_provider(provider)
+
+
+def shutdown_tracing() -> None:
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.shutdown()
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)

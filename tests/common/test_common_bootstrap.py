@@ -1,0 +1,121 @@
+"""The shared server bootstrap, in a real OS process: health, reflection, error mapping, metrics, shutdown."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from salon.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+PROBE = Path(__file__).with_name("bootstrap_probe_service.py")
+
+
+@pytest.fixture
+def probe(tmp_path):
+    trace_file = tmp_path / "spans.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, str(PROBE), str(trace_file)],
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "probe.log", "w"),
+        text=True,
+    )
+    line = proc.stdout.readline()
+    m = re.match(r"LISTENING probe port=(\d+) metrics_port=(\d+)", line)
+    assert m, line
+    yield proc, int(m.group(1)), int(m.group(2)), tmp_path
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_health_goes_serving_after_start(probe):
+    _proc, port, _m, _ = probe
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        first = stub.Check(health_pb2.HealthCheckRequest()).status
+        assert first == health_pb2.HealthCheckResponse.NOT_SERVING
+        deadline = time.monotonic() + 10
+        while stub.Check(health_pb2.HealthCheckRequest()).status != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        named = stub.Check(health_pb2.HealthCheckRequest(service="salon.kvstore.v1.KVStoreService")).status
+        assert named == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_services(probe):
+    _proc, port, _m, _ = probe
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {s.name for r in responses for s in r.list_services_response.service}
+    assert {"salon.kvstore.v1.KVStoreService", "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection"} <= names
+
+
+def test_typed_errors_map_to_status_codes(probe):
+    _proc, port, _m, _ = probe
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = kvstore_pb2_grpc.KVStoreServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Match(kvstore_pb2.MatchRequest())
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == "namespace: must be 32 bytes, got 0"
+
+        with pytest.raises(grpc.RpcError) as err:
+            stub.GetStats(kvstore_pb2.GetStatsRequest())
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert ("retry-after-ms", "250") in tuple(err.value.trailing_metadata())
+
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Drop(kvstore_pb2.DropRequest())
+        assert err.value.code() == grpc.StatusCode.INTERNAL
+        assert "secret internal detail" not in err.value.details()
+        assert "RuntimeError" in err.value.details()
+
+        stream = stub.Fetch(kvstore_pb2.FetchRequest())
+        assert next(stream).ok
+        with pytest.raises(grpc.RpcError) as err:
+            next(stream)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "num_tokens" in err.value.details()
+
+
+def test_metrics_count_rpcs_by_code(probe):
+    _proc, port, metrics_port, _ = probe
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = kvstore_pb2_grpc.KVStoreServiceStub(ch)
+        for _ in range(3):
+            with pytest.raises(grpc.RpcError):
+                stub.Match(kvstore_pb2.MatchRequest())
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
+    line = [ln for ln in text.splitlines() if ln.startswith("salon_rpc_requests_total{")
+            and "Match" in ln and "INVALID_ARGUMENT" in ln]
+    assert line and float(line[0].split()[-1]) == 3.0
+
+
+def test_logs_are_json_with_trace_ids_and_sigterm_is_graceful(probe):
+    proc, port, _m, tmp_path = probe
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        with pytest.raises(grpc.RpcError):
+            kvstore_pb2_grpc.KVStoreServiceStub(ch).Match(kvstore_pb2.MatchRequest())
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stdout.read()
+    assert proc.wait(15) == 0
+    assert "PROBE STOPPED" in rest
+    records = [json.loads(line) for line in (tmp_path / "probe.log").read_text().splitlines() if line.startswith("{")]
+    failed = [r for r in records if r.get("event") == "request_failed"]
+    assert failed and failed[0]["code"] == "INVALID_ARGUMENT"
+    assert re.fullmatch(r"[0-9a-f]{32}", failed[0]["trace_id"]) and failed[0]["request_id"]
+    spans = [json.loads(line) for line in (tmp_path / "spans.jsonl").read_text().splitlines()]
+    match_span = [s for s in spans if s["name"].endswith("/Match")]
+    assert match_span and match_span[0]["trace_id"] == failed[0]["trace_id"]
+    assert {"shutting_down", "stopped"} <= {r.get("event") for r in records}
