@@ -120,3 +120,8 @@ def _build(cls: type[T], prefix: tuple[str, ...], values: dict[tuple[str, ...], 
         else:
             kwargs[f.name] = values[prefix + (f.name,)]
     return cls(**kwargs)
+
+
+def env_names(cls: type, env_prefix: str) -> set[str]:
+    """Every environment variable `parse_config(cls, env_prefix=...)` reads."""
+    return {env_prefix + path[-1].upper() for path, _field, _tp in _leaf_fields(cls)}

@@ -44,6 +44,6 @@ class ProbeService:
 
 
 if __name__ == "__main__":
-    import sys
+    from services.common.config import parse_config
 
-    run(ProbeService(), ServerConfig(metrics_port=0, trace_file=sys.argv[1] if len(sys.argv) > 1 else None))
+    run(ProbeService(), parse_config(ServerConfig, env_prefix="SALON_PROBE_"))

@@ -23,7 +23,7 @@ PROBE = Path(__file__).with_name("bootstrap_probe_service.py")
 def probe(tmp_path):
     trace_file = tmp_path / "spans.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, str(PROBE), str(trace_file)],
+        [sys.executable, str(PROBE), "--metrics-port", "0", "--trace-file", str(trace_file)],
         stdout=subprocess.PIPE,
         stderr=open(tmp_path / "probe.log", "w"),
         text=True,
@@ -119,3 +119,44 @@ def test_logs_are_json_with_trace_ids_and_sigterm_is_graceful(probe):
     match_span = [s for s in spans if s["name"].endswith("/Match")]
     assert match_span and match_span[0]["trace_id"] == failed[0]["trace_id"]
     assert {"shutting_down", "stopped"} <= {r.get("event") for r in records}
+
+
+def _start_probe(tmp_path, *flags):
+    proc = subprocess.Popen([sys.executable, str(PROBE), *flags], stdout=subprocess.PIPE,
+                            stderr=open(tmp_path / "tls-probe.log", "w"), text=True)
+    m = re.match(r"LISTENING probe port=(\d+)", proc.stdout.readline())
+    assert m
+    return proc, int(m.group(1))
+
+
+def _health_over(port, credentials):
+    with grpc.secure_channel(f"127.0.0.1:{port}", credentials) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+
+def test_tls_and_mutual_tls(tmp_path, tls_files):
+    ca = tls_files.ca_cert.read_bytes()
+    proc, port = _start_probe(tmp_path, "--tls-cert-file", str(tls_files.server_cert),
+                              "--tls-key-file", str(tls_files.server_key))
+    try:
+        assert _health_over(port, grpc.ssl_channel_credentials(ca)) is not None
+        with pytest.raises(grpc.RpcError):  # a server certificate from an unknown CA is refused
+            _health_over(port, grpc.ssl_channel_credentials(tls_files.other_ca_cert.read_bytes()))
+        with pytest.raises(grpc.RpcError):  # plaintext clients cannot talk to a TLS port
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    finally:
+        proc.kill()
+        proc.wait()
+
+    proc, port = _start_probe(tmp_path, "--tls-cert-file", str(tls_files.server_cert),
+                              "--tls-key-file", str(tls_files.server_key),
+                              "--tls-client-ca-file", str(tls_files.ca_cert))
+    try:
+        with pytest.raises(grpc.RpcError):  # mutual TLS: a client without a certificate is refused
+            _health_over(port, grpc.ssl_channel_credentials(ca))
+        mtls = grpc.ssl_channel_credentials(ca, tls_files.client_key.read_bytes(), tls_files.client_cert.read_bytes())
+        assert _health_over(port, mtls) is not None
+    finally:
+        proc.kill()
+        proc.wait()
