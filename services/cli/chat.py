@@ -26,7 +26,7 @@ DEFAULT_CHARACTER = (
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="salon chat", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=os.environ.get("SALON_GATEWAY", "127.0.0.1:50051"), help="gateway host:port")
-    p.add_argument("--api-key", default=os.environ.get("SALON_API_KEY", "dev-key"), help="tenant API key")
+    p.add_argument("--api-key", default=os.environ.get("SALON_API_KEY", "salon-dev-key"), help="tenant API key")
     p.add_argument("--conversation-id", default=None, help="continue this dialogue id (default: a new one)")
     p.add_argument("--character-name", default="Ada")
     p.add_argument("--character", default=DEFAULT_CHARACTER, help="character definition")

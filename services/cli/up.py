@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-base-port", type=int, default=9100, help="gateway, kvstore, engines: base, +1, +2...")
     p.add_argument("--kvstore-capacity-bytes", type=int, default=2 << 30)
     p.add_argument("--redis-url", default=None, help="share the session table through Redis")
-    p.add_argument("--api-key", default=os.environ.get("SALON_API_KEY", "dev-key"), help="key of the local tenant")
+    p.add_argument("--api-key", default=os.environ.get("SALON_API_KEY", "salon-dev-key"), help="key of the local tenant")
     p.add_argument("--state-dir", type=Path, default=Path.home() / ".cache" / "salon" / "stack")
     p.add_argument("--exit-when-serving", action="store_true", help="stop everything once all are SERVING")
     return p
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def write_tenants_file(state_dir: Path, api_key: str) -> Path:
     path = state_dir / "tenants.json"
-    path.write_text(json.dumps({"tenants": [{"name": "local", "api_key": api_key, "namespace_salt": "local"}]}))
+    path.write_text(json.dumps({"tenants": [{"tenant_id": "local", "api_key": api_key, "namespace_salt": "local"}]}))
     path.chmod(0o600)
     return path
 

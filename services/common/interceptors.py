@@ -8,6 +8,7 @@ handler is a bug: it is logged with its traceback and answered INTERNAL without 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -51,7 +52,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         request_id = metadata.get(REQUEST_ID_METADATA_KEY) or uuid.uuid4().hex
         kind, factory = _handler_kind(handler)
         behavior = getattr(handler, kind)
-        if kind in ("unary_unary", "stream_unary"):
+        # Streaming handlers are async generators, or coroutines that write with context.write
+        # (grpc.health.v1's Watch): those are wrapped like unary ones, they return when done.
+        if kind in ("unary_unary", "stream_unary") or not inspect.isasyncgenfunction(behavior):
             wrapped = self._wrap_unary(behavior, method, request_id)
         else:
             wrapped = self._wrap_stream(behavior, method, request_id)

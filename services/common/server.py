@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from services.common.interceptors import ServiceInterceptor
 from services.common.logging import configure_logging, get_logger
@@ -30,6 +30,8 @@ from services.common.metrics import start_metrics_server
 from services.common.tracing import configure_tracing, shutdown_tracing
 
 log = get_logger(__name__)
+
+HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 # Largest gRPC message accepted or sent; bigger requests fail with RESOURCE_EXHAUSTED in grpc itself.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -116,7 +118,12 @@ async def serve(service: Service, config: ServerConfig) -> None:
     metrics_port = start_metrics_server(config.metrics_port, config.host) if config.metrics_port is not None else None
 
     server = grpc.aio.server(
-        interceptors=[aio_server_interceptor(), ServiceInterceptor(service.name)],
+        # Health checks are not traced: they are frequent, carry no request, and grpc.health.v1's Watch
+        # is a coroutine-style stream that the tracing interceptor does not wrap.
+        interceptors=[
+            aio_server_interceptor(filter_=filters.negate(filters.service_name(HEALTH_SERVICE_NAME))),
+            ServiceInterceptor(service.name),
+        ],
         options=grpc_options(),
     )
     health_servicer = HealthServicer()
@@ -130,7 +137,7 @@ async def serve(service: Service, config: ServerConfig) -> None:
     else:
         await health.set_serving()
     reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+        [*names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server
     )
     address = f"{config.host}:{config.port}"
     credentials = server_credentials(config)

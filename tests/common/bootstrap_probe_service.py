@@ -22,7 +22,7 @@ class ProbeServicer(kvstore_pb2_grpc.KVStoreServiceServicer):
         raise RuntimeError("secret internal detail")
 
     async def Fetch(self, request, context):
-        yield kvstore_pb2.FetchResponse(block_index=0, ok=True)
+        yield kvstore_pb2.FetchResponse(header=kvstore_pb2.FetchHeader(num_tokens=16))
         raise InvalidArgument("num_tokens: beyond the usable prefix")
 
 

@@ -82,7 +82,7 @@ def test_typed_errors_map_to_status_codes(probe):
         assert "RuntimeError" in err.value.details()
 
         stream = stub.Fetch(kvstore_pb2.FetchRequest())
-        assert next(stream).ok
+        assert next(stream).header.num_tokens == 16
         with pytest.raises(grpc.RpcError) as err:
             next(stream)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -160,3 +160,15 @@ def test_tls_and_mutual_tls(tmp_path, tls_files):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_health_watch_streams_status_changes(probe):
+    _proc, port, _m, _ = probe
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stream = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+        seen = []
+        for response in stream:
+            seen.append(response.status)
+            if response.status == health_pb2.HealthCheckResponse.SERVING:
+                break
+    assert seen[-1] == health_pb2.HealthCheckResponse.SERVING

@@ -67,5 +67,6 @@ def test_env_names_are_config_fields_and_probes_hit_the_grpc_port(service):
     config = parse_config(_config_class(service), [], env_prefix=prefix, environ=resolved)
     port = config.server.port
     assert {p["containerPort"] for p in container["ports"]} >= {port, config.server.metrics_port}
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["grpc"]["port"] == port
+    assert container["readinessProbe"]["grpc"]["port"] == port
+    liveness = container["livenessProbe"]
+    assert (liveness.get("grpc") or liveness.get("tcpSocket"))["port"] == port

@@ -80,7 +80,7 @@ class WatchLoadRequest(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("engine_id", "running_requests", "waiting_requests", "max_waiting_requests", "free_kv_blocks", "total_kv_blocks", "decode_tokens_per_s", "draining")
+    __slots__ = ("engine_id", "running_requests", "waiting_requests", "max_waiting_requests", "free_kv_blocks", "total_kv_blocks", "decode_tokens_per_s", "draining", "cached_kv_blocks")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class LoadReport(_message.Message):
     TOTAL_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DECODE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    CACHED_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     running_requests: int
     waiting_requests: int
@@ -97,4 +98,5 @@ class LoadReport(_message.Message):
     total_kv_blocks: int
     decode_tokens_per_s: float
     draining: bool
-    def __init__(self, engine_id: _Optional[str] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., max_waiting_requests: _Optional[int] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., decode_tokens_per_s: _Optional[float] = ..., draining: _Optional[bool] = ...) -> None: ...
+    cached_kv_blocks: int
+    def __init__(self, engine_id: _Optional[str] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., max_waiting_requests: _Optional[int] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., decode_tokens_per_s: _Optional[float] = ..., draining: _Optional[bool] = ..., cached_kv_blocks: _Optional[int] = ...) -> None: ...

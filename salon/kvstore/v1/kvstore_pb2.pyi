@@ -29,14 +29,14 @@ class KVLayout(_message.Message):
     def __init__(self, block_size_tokens: _Optional[int] = ..., global_bytes_per_block: _Optional[int] = ..., local_bytes_per_block: _Optional[int] = ..., sliding_window_tokens: _Optional[int] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("namespace", "token_ids", "layout")
+    __slots__ = ("namespace", "token_ids_le32", "layout")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_LE32_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_ids_le32: bytes
     layout: KVLayout
-    def __init__(self, namespace: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[bytes] = ..., token_ids_le32: _Optional[bytes] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ...) -> None: ...
 
 class MatchResponse(_message.Message):
     __slots__ = ("matched_tokens", "usable_tokens")
@@ -47,86 +47,148 @@ class MatchResponse(_message.Message):
     def __init__(self, matched_tokens: _Optional[int] = ..., usable_tokens: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("namespace", "token_ids", "num_tokens", "layout", "transport")
+    __slots__ = ("namespace", "token_ids_le32", "max_tokens", "layout", "transport", "from_block_index")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_LE32_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    FROM_BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
-    num_tokens: int
+    token_ids_le32: bytes
+    max_tokens: int
     layout: KVLayout
     transport: Transport
-    def __init__(self, namespace: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ...) -> None: ...
+    from_block_index: int
+    def __init__(self, namespace: _Optional[bytes] = ..., token_ids_le32: _Optional[bytes] = ..., max_tokens: _Optional[int] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., transport: _Optional[_Union[Transport, str]] = ..., from_block_index: _Optional[int] = ...) -> None: ...
 
-class ShmSlice(_message.Message):
-    __slots__ = ("offset", "length")
-    OFFSET_FIELD_NUMBER: _ClassVar[int]
-    LENGTH_FIELD_NUMBER: _ClassVar[int]
-    offset: int
-    length: int
-    def __init__(self, offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
-
-class FetchResponse(_message.Message):
-    __slots__ = ("block_index", "global_kv", "local_kv", "global_shm", "local_shm", "shm_name", "lease_id", "ok")
-    BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
-    GLOBAL_KV_FIELD_NUMBER: _ClassVar[int]
-    LOCAL_KV_FIELD_NUMBER: _ClassVar[int]
-    GLOBAL_SHM_FIELD_NUMBER: _ClassVar[int]
-    LOCAL_SHM_FIELD_NUMBER: _ClassVar[int]
+class FetchHeader(_message.Message):
+    __slots__ = ("num_tokens", "local_from_block_index", "shm_name", "lease_id", "lease_ttl_ms", "global_offsets", "local_offsets")
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FROM_BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     SHM_NAME_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
-    OK_FIELD_NUMBER: _ClassVar[int]
-    block_index: int
-    global_kv: bytes
-    local_kv: bytes
-    global_shm: ShmSlice
-    local_shm: ShmSlice
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    num_tokens: int
+    local_from_block_index: int
     shm_name: str
     lease_id: str
-    ok: bool
-    def __init__(self, block_index: _Optional[int] = ..., global_kv: _Optional[bytes] = ..., local_kv: _Optional[bytes] = ..., global_shm: _Optional[_Union[ShmSlice, _Mapping]] = ..., local_shm: _Optional[_Union[ShmSlice, _Mapping]] = ..., shm_name: _Optional[str] = ..., lease_id: _Optional[str] = ..., ok: _Optional[bool] = ...) -> None: ...
+    lease_ttl_ms: int
+    global_offsets: _containers.RepeatedScalarFieldContainer[int]
+    local_offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_tokens: _Optional[int] = ..., local_from_block_index: _Optional[int] = ..., shm_name: _Optional[str] = ..., lease_id: _Optional[str] = ..., lease_ttl_ms: _Optional[int] = ..., global_offsets: _Optional[_Iterable[int]] = ..., local_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class KVChunk(_message.Message):
+    __slots__ = ("first_global_block_index", "global_kv", "first_local_block_index", "local_kv")
+    FIRST_GLOBAL_BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_KV_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LOCAL_BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_KV_FIELD_NUMBER: _ClassVar[int]
+    first_global_block_index: int
+    global_kv: bytes
+    first_local_block_index: int
+    local_kv: bytes
+    def __init__(self, first_global_block_index: _Optional[int] = ..., global_kv: _Optional[bytes] = ..., first_local_block_index: _Optional[int] = ..., local_kv: _Optional[bytes] = ...) -> None: ...
+
+class FetchResponse(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: FetchHeader
+    chunk: KVChunk
+    def __init__(self, header: _Optional[_Union[FetchHeader, _Mapping]] = ..., chunk: _Optional[_Union[KVChunk, _Mapping]] = ...) -> None: ...
 
 class PutHeader(_message.Message):
-    __slots__ = ("namespace", "token_ids", "layout", "conversation_id")
+    __slots__ = ("namespace", "token_ids_le32", "layout", "conversation_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_LE32_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_ids_le32: bytes
     layout: KVLayout
     conversation_id: str
-    def __init__(self, namespace: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., conversation_id: _Optional[str] = ...) -> None: ...
-
-class PutBlock(_message.Message):
-    __slots__ = ("block_index", "global_kv", "local_kv")
-    BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
-    GLOBAL_KV_FIELD_NUMBER: _ClassVar[int]
-    LOCAL_KV_FIELD_NUMBER: _ClassVar[int]
-    block_index: int
-    global_kv: bytes
-    local_kv: bytes
-    def __init__(self, block_index: _Optional[int] = ..., global_kv: _Optional[bytes] = ..., local_kv: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[bytes] = ..., token_ids_le32: _Optional[bytes] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., conversation_id: _Optional[str] = ...) -> None: ...
 
 class PutRequest(_message.Message):
-    __slots__ = ("header", "block")
+    __slots__ = ("header", "chunk")
     HEADER_FIELD_NUMBER: _ClassVar[int]
-    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
     header: PutHeader
-    block: PutBlock
-    def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., block: _Optional[_Union[PutBlock, _Mapping]] = ...) -> None: ...
+    chunk: KVChunk
+    def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., chunk: _Optional[_Union[KVChunk, _Mapping]] = ...) -> None: ...
 
 class PutResponse(_message.Message):
-    __slots__ = ("stored_blocks", "existing_blocks", "evicted_blocks")
+    __slots__ = ("counts",)
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    counts: PutCounts
+    def __init__(self, counts: _Optional[_Union[PutCounts, _Mapping]] = ...) -> None: ...
+
+class CommitSharedPutResponse(_message.Message):
+    __slots__ = ("counts",)
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    counts: PutCounts
+    def __init__(self, counts: _Optional[_Union[PutCounts, _Mapping]] = ...) -> None: ...
+
+class PutCounts(_message.Message):
+    __slots__ = ("stored_blocks", "existing_blocks", "evicted_blocks", "skipped_blocks")
     STORED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     EXISTING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     EVICTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     stored_blocks: int
     existing_blocks: int
     evicted_blocks: int
-    def __init__(self, stored_blocks: _Optional[int] = ..., existing_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ...) -> None: ...
+    skipped_blocks: int
+    def __init__(self, stored_blocks: _Optional[int] = ..., existing_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., skipped_blocks: _Optional[int] = ...) -> None: ...
+
+class PrepareSharedPutRequest(_message.Message):
+    __slots__ = ("header", "num_blocks", "local_block_indices", "first_block_index")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BLOCK_INDICES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    header: PutHeader
+    num_blocks: int
+    local_block_indices: _containers.RepeatedScalarFieldContainer[int]
+    first_block_index: int
+    def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., num_blocks: _Optional[int] = ..., local_block_indices: _Optional[_Iterable[int]] = ..., first_block_index: _Optional[int] = ...) -> None: ...
+
+class SharedPutSlot(_message.Message):
+    __slots__ = ("block_index", "write_global", "global_offset", "write_local", "local_offset")
+    BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    WRITE_GLOBAL_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    WRITE_LOCAL_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    block_index: int
+    write_global: bool
+    global_offset: int
+    write_local: bool
+    local_offset: int
+    def __init__(self, block_index: _Optional[int] = ..., write_global: _Optional[bool] = ..., global_offset: _Optional[int] = ..., write_local: _Optional[bool] = ..., local_offset: _Optional[int] = ...) -> None: ...
+
+class PrepareSharedPutResponse(_message.Message):
+    __slots__ = ("lease_id", "shm_name", "slots", "existing_blocks", "lease_ttl_ms")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    EXISTING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    shm_name: str
+    slots: _containers.RepeatedCompositeFieldContainer[SharedPutSlot]
+    existing_blocks: int
+    lease_ttl_ms: int
+    def __init__(self, lease_id: _Optional[str] = ..., shm_name: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SharedPutSlot, _Mapping]]] = ..., existing_blocks: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+
+class CommitSharedPutRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
     __slots__ = ("lease_id",)
@@ -145,7 +207,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("used_bytes", "capacity_bytes", "num_blocks", "query_tokens", "hit_tokens", "evicted_blocks", "started_at_unix_ms")
+    __slots__ = ("used_bytes", "capacity_bytes", "num_blocks", "query_tokens", "hit_tokens", "evicted_blocks", "started_at_unix_ms", "num_local_blocks", "evicted_local_blocks", "matched_tokens", "num_leases", "num_namespaces")
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +215,11 @@ class GetStatsResponse(_message.Message):
     HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EVICTED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOCAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_LOCAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LEASES_FIELD_NUMBER: _ClassVar[int]
+    NUM_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     used_bytes: int
     capacity_bytes: int
     num_blocks: int
@@ -160,7 +227,12 @@ class GetStatsResponse(_message.Message):
     hit_tokens: int
     evicted_blocks: int
     started_at_unix_ms: int
-    def __init__(self, used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ..., query_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., started_at_unix_ms: _Optional[int] = ...) -> None: ...
+    num_local_blocks: int
+    evicted_local_blocks: int
+    matched_tokens: int
+    num_leases: int
+    num_namespaces: int
+    def __init__(self, used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ..., query_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., started_at_unix_ms: _Optional[int] = ..., num_local_blocks: _Optional[int] = ..., evicted_local_blocks: _Optional[int] = ..., matched_tokens: _Optional[int] = ..., num_leases: _Optional[int] = ..., num_namespaces: _Optional[int] = ...) -> None: ...
 
 class DropRequest(_message.Message):
     __slots__ = ("namespace", "conversation_id")

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class KVStoreServiceStub:
-    """KVStoreService is a cache: after a restart it is empty, and every miss is an ordinary answer.
+    """KVStoreService is a cache: after a restart it is empty (started_at_unix_ms changes), and every
+    miss is an ordinary answer.
     """
 
     def __init__(self, channel):
@@ -50,6 +51,16 @@ class KVStoreServiceStub:
                 request_serializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PutRequest.SerializeToString,
                 response_deserializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PutResponse.FromString,
                 _registered_method=True)
+        self.PrepareSharedPut = channel.unary_unary(
+                '/salon.kvstore.v1.KVStoreService/PrepareSharedPut',
+                request_serializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PrepareSharedPutRequest.SerializeToString,
+                response_deserializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PrepareSharedPutResponse.FromString,
+                _registered_method=True)
+        self.CommitSharedPut = channel.unary_unary(
+                '/salon.kvstore.v1.KVStoreService/CommitSharedPut',
+                request_serializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.CommitSharedPutRequest.SerializeToString,
+                response_deserializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.CommitSharedPutResponse.FromString,
+                _registered_method=True)
         self.ReleaseLease = channel.unary_unary(
                 '/salon.kvstore.v1.KVStoreService/ReleaseLease',
                 request_serializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.ReleaseLeaseRequest.SerializeToString,
@@ -68,50 +79,69 @@ class KVStoreServiceStub:
 
 
 class KVStoreServiceServicer:
-    """KVStoreService is a cache: after a restart it is empty, and every miss is an ordinary answer.
+    """KVStoreService is a cache: after a restart it is empty (started_at_unix_ms changes), and every
+    miss is an ordinary answer.
     """
 
     def Match(self, request, context):
-        """Match finds how much of a context's prefix is stored (matched) and how much of it can be used
-        by a continuation (usable: every layer's needed KV present).
+        """Match finds how much of a context's prefix is stored (matched) and how much of it a
+        continuation can use (usable: every layer's needed KV present). A query: changes no recency.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Fetch(self, request, context):
-        """Fetch streams the KV of the first num_tokens tokens of a context, block by block. The entries
-        are pinned (never evicted) while the stream runs.
+        """Fetch sends the KV of the longest usable prefix (at most max_tokens): a FetchHeader, then, for
+        TRANSPORT_GRPC, FetchChunk messages with the bytes. The blocks are pinned (never evicted)
+        while the stream runs; for TRANSPORT_SHARED_MEMORY the header carries arena offsets and a
+        lease that keeps them pinned until ReleaseLease or the lease's TTL.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Put(self, request_iterator, context):
-        """Put stores the KV of a context's blocks: a PutHeader first, then one PutBlock per block.
-        Idempotent: blocks already stored are skipped. Evicts least-recently-used unpinned leaves
-        when over capacity.
+        """Put stores the KV of a context's blocks: a PutHeader, then PutChunk messages in ascending
+        block order. Idempotent: blocks already stored are skipped. Evicts least-recently-used
+        unpinned entries when over capacity; stops (skipping the rest) if nothing can be evicted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PrepareSharedPut(self, request, context):
+        """PrepareSharedPut reserves arena space for the blocks of a context the store lacks and returns
+        where to write them, under a lease. The engine writes the bytes, then calls CommitSharedPut.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitSharedPut(self, request, context):
+        """CommitSharedPut links the blocks written under a PrepareSharedPut lease (NOT_FOUND if the
+        lease expired or was released: nothing was stored).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseLease(self, request, context):
-        """ReleaseLease ends a shared-memory lease handed out by Fetch or Put.
+        """ReleaseLease ends a shared-memory lease: unpins a fetch, or abandons a prepared put.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetStats(self, request, context):
-        """GetStats reports size, capacity and hit counters.
+        """GetStats reports size, capacity and counters since the process started.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Drop(self, request, context):
-        """Drop removes every entry of a namespace, or of one conversation in it.
+        """Drop removes every entry of a namespace, or the entries put for one conversation in it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,6 +164,16 @@ def add_KVStoreServiceServicer_to_server(servicer, server):
                     servicer.Put,
                     request_deserializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PutRequest.FromString,
                     response_serializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PutResponse.SerializeToString,
+            ),
+            'PrepareSharedPut': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareSharedPut,
+                    request_deserializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PrepareSharedPutRequest.FromString,
+                    response_serializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PrepareSharedPutResponse.SerializeToString,
+            ),
+            'CommitSharedPut': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitSharedPut,
+                    request_deserializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.CommitSharedPutRequest.FromString,
+                    response_serializer=salon_dot_kvstore_dot_v1_dot_kvstore__pb2.CommitSharedPutResponse.SerializeToString,
             ),
             'ReleaseLease': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseLease,
@@ -159,7 +199,8 @@ def add_KVStoreServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class KVStoreService:
-    """KVStoreService is a cache: after a restart it is empty, and every miss is an ordinary answer.
+    """KVStoreService is a cache: after a restart it is empty (started_at_unix_ms changes), and every
+    miss is an ordinary answer.
     """
 
     @staticmethod
@@ -233,6 +274,60 @@ class KVStoreService:
             '/salon.kvstore.v1.KVStoreService/Put',
             salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PutRequest.SerializeToString,
             salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareSharedPut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/salon.kvstore.v1.KVStoreService/PrepareSharedPut',
+            salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PrepareSharedPutRequest.SerializeToString,
+            salon_dot_kvstore_dot_v1_dot_kvstore__pb2.PrepareSharedPutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitSharedPut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/salon.kvstore.v1.KVStoreService/CommitSharedPut',
+            salon_dot_kvstore_dot_v1_dot_kvstore__pb2.CommitSharedPutRequest.SerializeToString,
+            salon_dot_kvstore_dot_v1_dot_kvstore__pb2.CommitSharedPutResponse.FromString,
             options,
             channel_credentials,
             insecure,

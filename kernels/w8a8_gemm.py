@@ -1,0 +1,171 @@
+"""W8A8 GEMM: int8 activations (per-token scales) x int8 weights (per-output-channel scales).
+
+    acc[m, n] = sum_k a_q[m, k] * w_q[n, k]                    exact, int32
+    y[m, n]   = float(acc[m, n]) * a_scale[m] * w_scale[n]     (evaluated left to right)
+    y        += bias[n]                                        (optional)
+    geglu:      out[m, j] = gelu_tanh(y[m, j]) * y[m, N/2 + j]  rows [0, N/2) of w are the gate, [N/2, N) the up
+    out      += residual[m, :]                                 (optional, added last)
+
+The integer accumulation makes the result independent of tiling and batch size (batch invariance).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernels.triton_launch import check, check_tensor, is_interpreted, on_device
+
+# A float32 dot of int8-valued vectors is exact while |partial sum| < 2**24: K * 127 * 127 < 2**24 for K <= 1040.
+EXACT_F32_CHUNK_K = 1024
+
+
+def int8_matmul_exact(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+    """a_q int8[M, K] @ w_q int8[N, K]^T -> int32[M, N], exact (float32 GEMMs over K chunks, summed in int32)."""
+    M, K = a_q.shape
+    acc = torch.zeros((M, w_q.shape[0]), dtype=torch.int32, device=a_q.device)
+    for k0 in range(0, K, EXACT_F32_CHUNK_K):
+        a = a_q[:, k0:k0 + EXACT_F32_CHUNK_K].float()
+        w = w_q[:, k0:k0 + EXACT_F32_CHUNK_K].float()
+        acc += (a @ w.T).to(torch.int32)
+    return acc
+
+
+def w8a8_gemm_ref(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    geglu: bool = False,
+) -> torch.Tensor:
+    """-> f32[M, N], or f32[M, N/2] with geglu."""
+    y = int8_matmul_exact(a_q, w_q).float() * a_scale[:, None] * w_scale[None, :]
+    if bias is not None:
+        y = y + bias
+    if geglu:
+        half = y.shape[1] // 2
+        y = F.gelu(y[:, :half], approximate="tanh") * y[:, half:]
+    if residual is not None:
+        y = y + residual
+    return y
+
+
+@triton.jit
+def _w8a8_gemm_kernel(
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, res_ptr, out_ptr,
+    M, N_OUT, K, UP_OFFSET,
+    stride_am, stride_wn, stride_rm, stride_om,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GEGLU: tl.constexpr,
+):
+    # Output tile [BLOCK_M, BLOCK_N] of out[M, N_OUT]. With GEGLU the program also accumulates the "up" rows
+    # of w (row n + UP_OFFSET) next to the "gate" rows n, so gate and up of a column meet in registers.
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N_OUT, BLOCK_N)
+    group = pid // (GROUP_M * num_n)  # grouped order: consecutive programs share w tiles in L2
+    first_m = group * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_n)) % group_size
+    pid_n = (pid % (GROUP_M * num_n)) // group_size
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N_OUT
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N] view of w^T
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        mask_k = offs_k < K - k0
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0)
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0)
+        acc = tl.dot(a, w, acc)
+        if GEGLU:
+            w_up = tl.load(w_ptrs + UP_OFFSET * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0)
+            acc_up = tl.dot(a, w_up, acc_up)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    a_s = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
+    w_s = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
+    y = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    if GEGLU:
+        w_s_up = tl.load(w_scale_ptr + UP_OFFSET + offs_n, mask=mask_n, other=0.0)
+        up = acc_up.to(tl.float32) * a_s[:, None] * w_s_up[None, :]
+        if HAS_BIAS:
+            up += tl.load(bias_ptr + UP_OFFSET + offs_n, mask=mask_n, other=0.0)[None, :]
+        inner = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+        inner = tl.minimum(tl.maximum(inner, -15.0), 15.0)  # tanh(+-15) is +-1 in float32; keeps exp finite
+        tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
+        y = 0.5 * y * (1.0 + tanh) * up
+    mask = mask_m[:, None] & mask_n[None, :]
+    if HAS_RESIDUAL:
+        y += tl.load(res_ptr + offs_m[:, None].to(tl.int64) * stride_rm + offs_n[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], y, mask=mask)
+
+
+def _gemm_config(M: int, device: torch.device) -> dict:
+    if is_interpreted(device):
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_M=4)
+    if M <= 16:  # decode: weight-bandwidth bound, many N tiles to fill the SMs
+        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, GROUP_M=1, num_warps=4, num_stages=4)
+    if M <= 64:
+        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3)
+
+
+def w8a8_gemm_triton(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    geglu: bool = False,
+) -> torch.Tensor:
+    """-> f32[M, N], or f32[M, N/2] with geglu. Same semantics as w8a8_gemm_ref."""
+    dev = a_q.device
+    check_tensor("a_q", a_q, torch.int8, 2, dev)
+    check_tensor("w_q", w_q, torch.int8, 2, dev)
+    M, K = a_q.shape
+    N = w_q.shape[0]
+    check(w_q.shape[1] == K, f"w_q: expected {K} columns to match a_q, got {w_q.shape[1]}")
+    check_tensor("a_scale", a_scale, torch.float32, 1, dev)
+    check(a_scale.shape[0] == M, f"a_scale: expected {M} elements, got {a_scale.shape[0]}")
+    check_tensor("w_scale", w_scale, torch.float32, 1, dev)
+    check(w_scale.shape[0] == N, f"w_scale: expected {N} elements, got {w_scale.shape[0]}")
+    check(not geglu or N % 2 == 0, f"w_q: geglu needs an even number of rows, got {N}")
+    n_out = N // 2 if geglu else N
+    if bias is not None:
+        check_tensor("bias", bias, torch.float32, 1, dev)
+        check(bias.shape[0] == N, f"bias: expected {N} elements, got {bias.shape[0]}")
+        bias = bias.contiguous()
+    if residual is not None:
+        check_tensor("residual", residual, torch.float32, 2, dev)
+        check(tuple(residual.shape) == (M, n_out), f"residual: expected shape {(M, n_out)}, got {tuple(residual.shape)}")
+        residual = residual if residual.stride(1) == 1 else residual.contiguous()
+    a_q = a_q if a_q.stride(1) == 1 else a_q.contiguous()
+    w_q = w_q if w_q.stride(1) == 1 else w_q.contiguous()
+    a_scale, w_scale = a_scale.contiguous(), w_scale.contiguous()
+    out = torch.empty((M, n_out), dtype=torch.float32, device=dev)
+    if M == 0 or n_out == 0:
+        return out
+    cfg = _gemm_config(M, dev)
+    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(n_out, cfg["BLOCK_N"]),)
+    on_device(_w8a8_gemm_kernel, dev)[grid](
+        a_q, a_scale, w_q, w_scale, bias if bias is not None else a_scale,
+        residual if residual is not None else out, out,
+        M, n_out, K, n_out,
+        a_q.stride(0), w_q.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, GEGLU=geglu, **cfg,
+    )
+    return out

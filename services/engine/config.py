@@ -1,0 +1,56 @@
+"""The engine's one configuration dataclass, built in __main__ from flags/env (SALON_ENGINE_*)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.common.server import ServerConfig
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Knobs of continuous batching (see scheduler.py)."""
+
+    # Tokens computed per step, shared by decodes (1 each) and prefill chunks.
+    max_num_batched_tokens: int = 256
+    # Requests in the running batch at once.
+    max_num_running: int = 64
+    # Requests waiting for admission before new ones get RESOURCE_EXHAUSTED.
+    max_waiting_requests: int = 256
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """salon engine: one model replica serving salon.engine.v1.EngineService."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    model: str = field(default="gemma-3-270m", metadata={"help": "gemma-3-270m | synthetic-tiny | ..."})
+    precision: str = field(default="int8", metadata={"help": "int8 | float32 weights"})
+    engine_id: str = field(default="e0", metadata={"help": "stable id of this replica (load reports, finals)"})
+    device: str = field(default="cpu", metadata={"help": "torch device (cpu | cuda)"})
+    block_size_tokens: int = field(default=16, metadata={"help": "tokens per KV block"})
+    kv_cache_bytes: int = field(default=1 << 30, metadata={"help": "bytes of paged KV cache (int8 + scales)"})
+    max_num_batched_tokens: int = field(default=256, metadata={"help": "token budget of one step"})
+    max_num_running: int = field(default=64, metadata={"help": "largest running batch"})
+    max_waiting_requests: int = field(default=256, metadata={"help": "queue limit (RESOURCE_EXHAUSTED past it)"})
+    default_max_new_tokens: int = field(default=256, metadata={"help": "max_new_tokens when the request gives 0"})
+    max_new_tokens_limit: int = field(default=8192, metadata={"help": "largest max_new_tokens accepted"})
+    max_context_tokens: int | None = field(
+        default=None, metadata={"help": "context limit (default: the model's own)"}
+    )
+    warmup: bool = field(default=True, metadata={"help": "run one short request before reporting SERVING"})
+    no_prefix_cache: bool = field(
+        default=False, metadata={"help": "disable prefix caching (device and kvstore): recompute every prompt"})
+    kvstore_target: str | None = field(
+        default=None, metadata={"help": "host:port of this host's kvstore (cross-turn KV cache); none: device only"})
+    kvstore_shared_memory: bool = field(
+        default=True, metadata={"help": "move KV through the kvstore's shared-memory arena (same host only)"})
+    kvstore_timeout_s: float = field(
+        default=1.0, metadata={"help": "longest wait for a kvstore lookup before recomputing instead"})
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_running=self.max_num_running,
+            max_waiting_requests=self.max_waiting_requests,
+        )

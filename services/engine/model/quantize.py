@@ -1,0 +1,168 @@
+"""Float weights -> int8 checkpoint, with SmoothQuant-style smoothing folded into the weights.
+
+Smoothing moves activation outliers into the weights channel by channel: for a Linear whose input
+column j has calibration absmax a_j and whose weight column j has absmax w_j,
+    s_j = a_j^alpha / w_j^(1 - alpha),   X' = X / s,   W' = W * s   (X' W'^T == X W^T exactly).
+The division by s is folded into what produces X, so the int8 model runs no extra op:
+    qkv input     <- attn_norm weight (RMSNorm output is x_hat * w)
+    gate/up input <- ffn_norm weight
+    down input    <- the up projection's rows (gelu(gate) * up is linear in up)
+    o input       <- the v projection's rows (attention output is a convex mix of v rows; one s per
+                     head_dim channel, shared by all query heads reading that KV head)
+The tied output projection is not smoothed (the embedding table is shared with the input lookup).
+Weights are then quantized symmetric per output channel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from services.engine.model.builder import fused_float_weights
+from services.engine.model.config import ModelConfig
+from services.engine.model.linear import FloatLinear, quantize_weight
+from services.engine.model.ops import quantize_symmetric
+from services.engine.model.model import CausalLM
+
+DEFAULT_ALPHA = 0.6
+
+
+class _AbsMaxRecorder:
+    """Wraps a Linear and keeps the running per-input-channel absmax of what it is fed.
+
+    Row 0 (the BOS position of a calibration sequence) is left out: its activations are orders of
+    magnitude larger in a few channels (an attention sink); per-token quantization gives that row
+    its own scale anyway, and letting it drive the smoothing would ruin every other row.
+    """
+
+    def __init__(self, inner: FloatLinear) -> None:
+        self.inner = inner
+        self.absmax: torch.Tensor | None = None
+        self.rows: list[torch.Tensor] = []
+        self.geglu = inner.geglu
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] < 2:
+            return self.inner(x)
+        self.rows.append(x[1:].clone())
+        m = x[1:].abs().amax(dim=0)
+        self.absmax = m if self.absmax is None else torch.maximum(self.absmax, m)
+        return self.inner(x)
+
+    def nbytes(self) -> int:
+        return self.inner.nbytes()
+
+
+@dataclass
+class Calibration:
+    absmax: dict[str, torch.Tensor]  # per projection: absmax of each input channel
+    inputs: dict[str, torch.Tensor]  # per projection: the calibration rows it was fed [R, K]
+
+
+def calibrate(model: CausalLM, run: Callable[[CausalLM], None]) -> Calibration:
+    """Per layer and projection, what reaches each input channel while ``run(model)`` executes."""
+    recorders: dict[str, _AbsMaxRecorder] = {}
+    originals = []
+    for i, lw in enumerate(model.layers):
+        for name in ("qkv", "o", "gate_up", "down"):
+            rec = _AbsMaxRecorder(getattr(lw, name))
+            originals.append((lw, name, rec.inner))
+            setattr(lw, name, rec)
+            recorders[f"layers.{i}.{name}"] = rec
+    try:
+        run(model)
+    finally:
+        for lw, name, inner in originals:
+            setattr(lw, name, inner)
+    done = {k: r for k, r in recorders.items() if r.absmax is not None}
+    return Calibration({k: r.absmax for k, r in done.items()}, {k: torch.cat(r.rows) for k, r in done.items()})
+
+
+def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
+    q, scale = quantize_symmetric(x, dim=1)
+    return q.to(torch.float32) * scale[:, None]
+
+
+def _best_alpha(x: torch.Tensor, weight: torch.Tensor, act_absmax: torch.Tensor, alphas: tuple[float, ...],
+                expand) -> float:
+    """The alpha whose smoothing minimises the W8A8 output error on the calibration rows x."""
+    exact = x @ weight.T
+    best, best_err = 0.0, float("inf")
+    for alpha in alphas:
+        s = expand(_smooth_scale(act_absmax, weight, alpha))
+        approx = _fake_quant_rows(x / s) @ _fake_quant_rows(weight * s).T
+        err = (approx - exact).pow(2).sum().item()
+        if err < best_err:
+            best, best_err = alpha, err
+    return best
+
+
+def _smooth_scale(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    """One scale per input channel (act_absmax may be coarser: [Hkv, D] for the o projection)."""
+    w_absmax = weight.abs().amax(dim=0)
+    if act_absmax.shape != w_absmax.shape:
+        w_absmax = w_absmax.reshape(act_absmax.shape[0], -1, act_absmax.shape[1]).amax(dim=1)
+    s = act_absmax.clamp(min=1e-5).pow(alpha) / w_absmax.clamp(min=1e-5).pow(1.0 - alpha)
+    return s.clamp(min=1e-5)
+
+
+ALPHA_GRID = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
+def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration | None,
+                          alpha: float | None = None, smooth: tuple[str, ...] = ("qkv", "gate_up", "down", "o"),
+                          alphas_chosen: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
+    """Float weights (+ calibration, or None for no smoothing) -> int8 checkpoint tensors.
+
+    alpha None: per projection, the alpha of ALPHA_GRID with the least W8A8 output error on the
+    calibration rows (recorded into ``alphas_chosen`` when given); a number: that alpha everywhere.
+    """
+    out: dict[str, torch.Tensor] = {"final_norm": w["final_norm"].clone()}
+    emb_q, emb_s = quantize_weight(w["embed"])
+    out["embed.w_q"], out["embed.w_scale"] = emb_q, emb_s
+    hq, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    group = hq // hkv
+
+    def expand_o(s: torch.Tensor) -> torch.Tensor:  # [Hkv, D] -> [Hq * D] (query heads of a KV head share)
+        return s[:, None, :].expand(hkv, group, d).reshape(hq * d)
+
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        fused = {k: v.clone() for k, v in fused_float_weights(config, w, i).items()}
+        norms = {n: w[p + n].clone() for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")}
+        shares = config.layers[i].kv_source_layer is not None
+        has_readers = any(spec.kv_source_layer == i for spec in config.layers)
+        scales: dict[str, torch.Tensor] = {}
+        for name in smooth:
+            if calib is None or (name == "o" and (shares or has_readers)):
+                continue
+            act = calib.absmax[p + name]
+            expand = (lambda s: s) if name != "o" else expand_o
+            if name == "o":
+                act = act.reshape(hkv, group, d).amax(dim=1)
+            a = alpha if alpha is not None else _best_alpha(calib.inputs[p + name], fused[name], act, ALPHA_GRID, expand)
+            if alphas_chosen is not None:
+                alphas_chosen[p + name] = a
+            scales[name] = expand(_smooth_scale(act, fused[name], a))
+        if "qkv" in scales:
+            norms["attn_norm"] /= scales["qkv"]
+            fused["qkv"] *= scales["qkv"]
+        if "gate_up" in scales:
+            norms["ffn_norm"] /= scales["gate_up"]
+            fused["gate_up"] *= scales["gate_up"]
+        if "down" in scales:
+            fused["gate_up"][config.ffn_dim:] /= scales["down"][:, None]
+            fused["down"] *= scales["down"]
+        if "o" in scales:
+            s_v = scales["o"].reshape(hkv, group, d)[:, 0, :]  # the per-(KV head, channel) scale
+            fused["qkv"][(hq + hkv) * d:].view(hkv, d, -1).div_(s_v[:, :, None])
+            fused["o"] *= scales["o"]
+        for name, weight in fused.items():
+            out[p + name + ".w_q"], out[p + name + ".w_scale"] = quantize_weight(weight)
+        out.update({p + n: t for n, t in norms.items()})
+        out[p + "attn_q_norm"] = w[p + "attn_q_norm"].clone()
+        if not shares:
+            out[p + "attn_k_norm"] = w[p + "attn_k_norm"].clone()
+    return {k: v.contiguous() for k, v in out.items()}

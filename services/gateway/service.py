@@ -1,0 +1,133 @@
+"""The gateway as a `Service` for services.common.server.serve: builds its parts from the config."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+
+from salon.chat.v1 import chat_pb2, chat_pb2_grpc
+from services.common.channel import ClientTLS
+from services.common.logging import get_logger
+from services.common.server import HealthState
+from services.gateway.config import GatewayConfig
+from services.gateway.dispatch import DispatchSettings, Dispatcher
+from services.gateway.membership import EnginePool, PoolSettings, parse_engine_list
+from services.gateway.ratelimit import AdmissionControl
+from services.gateway.routing import make_policy
+from services.gateway.servicer import ChatServicer
+from services.gateway.sessions import InMemorySessionTable, SessionTable
+from services.gateway.sessions_redis import RedisSessionTable
+from services.gateway.tenants import Tenant, TenantConfigError, TenantTable
+from services.gateway.types import TenantId
+
+log = get_logger(__name__)
+
+
+def build_tenants(config: GatewayConfig) -> TenantTable:
+    anonymous = Tenant(TenantId("anonymous"), "tenant:anonymous") if config.allow_anonymous else None
+    if config.tenants_file and config.tenants_json:
+        raise TenantConfigError("give tenants_file or tenants_json, not both")
+    if config.tenants_file:
+        return TenantTable.from_file(config.tenants_file, anonymous)
+    if config.tenants_json:
+        import json
+
+        try:
+            obj = json.loads(config.tenants_json)
+        except json.JSONDecodeError as exc:
+            raise TenantConfigError(f"tenants_json: cannot parse: {exc.msg}") from None
+        return TenantTable.from_obj(obj, anonymous)
+    return TenantTable((), anonymous)
+
+
+def build_sessions(config: GatewayConfig) -> SessionTable:
+    if config.redis_url:
+        return RedisSessionTable(
+            config.redis_url,
+            ttl_s=config.session_ttl_s,
+            max_connections=config.redis_max_connections,
+            pool_timeout_s=config.redis_pool_timeout_s,
+            op_timeout_s=config.redis_op_timeout_s,
+            retry_interval_s=config.redis_retry_interval_s,
+        )
+    return InMemorySessionTable(ttl_s=config.session_ttl_s)
+
+
+def pool_settings(config: GatewayConfig) -> PoolSettings:
+    dns_name, dns_port = None, 50051
+    if config.engines_dns:
+        host, sep, port = config.engines_dns.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"engines_dns: expected name:port, got {config.engines_dns!r}")
+        dns_name, dns_port = host, int(port)
+    tls = None
+    if config.engine_tls_ca_file:
+        tls = ClientTLS(config.engine_tls_ca_file, config.engine_tls_cert_file, config.engine_tls_key_file)
+    return PoolSettings(
+        health_service=config.health_service,
+        load_interval_ms=config.load_interval_ms,
+        dns_name=dns_name,
+        dns_port=dns_port,
+        dns_interval_s=config.dns_interval_s,
+        tls=tls,
+    )
+
+
+class GatewayService:
+    name = "gateway"
+
+    def __init__(self, config: GatewayConfig):
+        self.config = config
+        self.tenants = build_tenants(config)
+        self.endpoints = parse_engine_list(config.engines)
+        self.settings = pool_settings(config)
+        if not self.endpoints and self.settings.dns_name is None:
+            raise ValueError("no engines: give --engines and/or --engines-dns")
+        self.policy = make_policy(config.routing_policy, config.load_factor, config.min_capacity_streams)
+        self.pool: EnginePool | None = None
+        self.sessions: SessionTable | None = None
+        self.dispatcher: Dispatcher | None = None
+        self._ready_task: asyncio.Task | None = None
+
+    async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
+        if not self.tenants.tenants and self.tenants.anonymous is None:
+            log.warning("no_tenants", detail="every call will be refused UNAUTHENTICATED")
+        self.sessions = build_sessions(self.config)
+        self.pool = EnginePool(self.endpoints, self.settings)
+        self.dispatcher = Dispatcher(self.pool, self.policy, self.sessions,
+                                     DispatchSettings(max_failovers=self.config.max_failovers))
+        servicer = ChatServicer(
+            self.tenants,
+            AdmissionControl(concurrency_retry_after_ms=self.config.concurrency_retry_after_ms),
+            self.dispatcher,
+            self.pool,
+            self.config.model_info_ttl_s,
+        )
+        chat_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
+        self.pool.start()
+        self._ready_task = asyncio.create_task(self._serve_when_routable(health))
+        log.info("gateway_config", engines=[e.engine_id for e in self.endpoints], dns=self.config.engines_dns,
+                 policy=self.policy.name, sessions="redis" if self.config.redis_url else "memory",
+                 tenants=[t.tenant_id for t in self.tenants.tenants])
+        return [chat_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name]
+
+    async def _serve_when_routable(self, health: HealthState) -> None:
+        """Report SERVING once some engine can take work; from then on failures are per request."""
+        assert self.pool is not None
+        await self.pool.wait_for(lambda loads: any(load.accepting for load in loads.values()), timeout_s=1e9)
+        await health.set_serving()
+        log.info("gateway_serving")
+
+    async def stop(self) -> None:
+        if self._ready_task is not None:
+            self._ready_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ready_task
+        if self.dispatcher is not None:
+            await self.dispatcher.close()
+        if self.pool is not None:
+            await self.pool.stop()
+        if self.sessions is not None:
+            await self.sessions.close()

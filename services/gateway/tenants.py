@@ -1,0 +1,143 @@
+"""Tenants: who is calling, which cache namespace they get, and their limits.
+
+A tenant file (JSON or TOML) or an inline JSON string lists the tenants:
+
+    {"tenants": [
+      {"tenant_id": "acme", "api_key": "sk-acme-...",          # or "api_key_sha256": "<hex>"
+       "namespace_salt": "acme-2024",                          # default: "tenant:<tenant_id>"
+       "max_concurrent_streams": 64, "requests_per_s": 50.0, "burst_requests": 100}
+    ]}
+
+    [[tenants]]                                                # the same in TOML
+    tenant_id = "acme"
+    api_key = "sk-acme-..."
+
+Keys are kept only as SHA-256 digests. `authenticate` hashes the presented key once and compares it
+with every tenant's digest using `hmac.compare_digest`, without stopping at the first match, so the
+time taken does not depend on which tenant (if any) matched or on how many bytes agree. Keys never
+appear in logs, reprs or error messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.gateway.types import TenantId
+
+BEARER_PREFIX = "bearer "
+_TENANT_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    tenant_id: TenantId
+    # Sent to the engine as GenerateRequest.namespace_salt: cache entries are shared only within it.
+    namespace_salt: str
+    # Streams open at once; more -> RESOURCE_EXHAUSTED. None = unlimited.
+    max_concurrent_streams: int | None = None
+    # Token-bucket refill rate and size for new requests. None = unlimited.
+    requests_per_s: float | None = None
+    burst_requests: int | None = None
+    key_sha256: bytes = field(default=b"", repr=False)
+
+
+class TenantConfigError(ValueError):
+    pass
+
+
+def key_digest(api_key: str) -> bytes:
+    return hashlib.sha256(api_key.encode("utf-8")).digest()
+
+
+def _tenant_from_mapping(raw: Mapping[str, Any], index: int) -> Tenant:
+    where = f"tenants[{index}]"
+    tenant_id = raw.get("tenant_id")
+    if not isinstance(tenant_id, str) or not _TENANT_ID.fullmatch(tenant_id):
+        raise TenantConfigError(f"{where}.tenant_id: required, 1..64 of letters, digits, '_', '.', '-'")
+    if ("api_key" in raw) == ("api_key_sha256" in raw):
+        raise TenantConfigError(f"{where}: exactly one of api_key and api_key_sha256 is required")
+    if "api_key" in raw:
+        api_key = raw["api_key"]
+        if not isinstance(api_key, str) or len(api_key) < 8:
+            raise TenantConfigError(f"{where}.api_key: must be a string of at least 8 characters")
+        digest = key_digest(api_key)
+    else:
+        try:
+            digest = bytes.fromhex(str(raw["api_key_sha256"]))
+        except ValueError:
+            digest = b""
+        if len(digest) != 32:
+            raise TenantConfigError(f"{where}.api_key_sha256: must be 64 hex digits")
+    max_streams = raw.get("max_concurrent_streams")
+    rate = raw.get("requests_per_s")
+    burst = raw.get("burst_requests")
+    if max_streams is not None and (not isinstance(max_streams, int) or max_streams < 1):
+        raise TenantConfigError(f"{where}.max_concurrent_streams: must be a positive integer")
+    if rate is not None and (not isinstance(rate, (int, float)) or not rate > 0):
+        raise TenantConfigError(f"{where}.requests_per_s: must be a positive number")
+    if burst is not None and (not isinstance(burst, int) or burst < 1):
+        raise TenantConfigError(f"{where}.burst_requests: must be a positive integer")
+    return Tenant(
+        tenant_id=TenantId(tenant_id),
+        namespace_salt=str(raw.get("namespace_salt") or f"tenant:{tenant_id}"),
+        max_concurrent_streams=max_streams,
+        requests_per_s=float(rate) if rate is not None else None,
+        burst_requests=burst,
+        key_sha256=digest,
+    )
+
+
+class TenantTable:
+    def __init__(self, tenants: Iterable[Tenant], anonymous: Tenant | None = None):
+        self.tenants: tuple[Tenant, ...] = tuple(tenants)
+        ids = [t.tenant_id for t in self.tenants]
+        if len(set(ids)) != len(ids):
+            raise TenantConfigError("tenant_id values must be unique")
+        digests = [t.key_sha256 for t in self.tenants]
+        if len(set(digests)) != len(digests):
+            raise TenantConfigError("two tenants share an API key")
+        # Used for calls without an authorization entry, when configured (development only).
+        self.anonymous = anonymous
+
+    def __repr__(self) -> str:
+        return f"TenantTable(tenant_ids={[t.tenant_id for t in self.tenants]})"
+
+    @classmethod
+    def from_obj(cls, obj: Any, anonymous: Tenant | None = None) -> "TenantTable":
+        if not isinstance(obj, Mapping) or not isinstance(obj.get("tenants"), list):
+            raise TenantConfigError("tenant config: expected an object with a 'tenants' list")
+        return cls((_tenant_from_mapping(raw, i) for i, raw in enumerate(obj["tenants"])), anonymous)
+
+    @classmethod
+    def from_file(cls, path: str | Path, anonymous: Tenant | None = None) -> "TenantTable":
+        path = Path(path)
+        data = path.read_bytes()
+        try:
+            obj = tomllib.loads(data.decode("utf-8")) if path.suffix == ".toml" else json.loads(data)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise TenantConfigError(f"tenant file {path.name}: cannot parse: {exc}") from None
+        return cls.from_obj(obj, anonymous)
+
+    def authenticate(self, authorization: str | None) -> Tenant | None:
+        """The tenant whose key is in `authorization` ("Bearer <key>"), or None.
+
+        No authorization at all yields the anonymous tenant when one is configured.
+        """
+        if authorization is None:
+            return self.anonymous
+        if authorization[: len(BEARER_PREFIX)].lower() != BEARER_PREFIX:
+            return None
+        presented = key_digest(authorization[len(BEARER_PREFIX) :].strip())
+        found: Tenant | None = None
+        for tenant in self.tenants:  # no early exit: every digest is compared
+            if hmac.compare_digest(presented, tenant.key_sha256):
+                found = tenant
+        return found

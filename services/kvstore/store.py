@@ -1,0 +1,356 @@
+"""The kvstore's domain API: the radix tree, the arena that holds its bytes, and leases.
+
+Everything here runs on the service's single asyncio thread and never awaits, so each call is one
+short critical section: a reader never sees a half-written block (a block's bytes are copied into
+its extent before the node is linked), and nothing can be evicted while pinned.
+
+Shared-memory transfer:
+  fetch   begin_fetch pins the usable path; a lease keeps it pinned until release_lease or the
+          lease's TTL, and the engine reads the blocks' extents directly.
+  put     prepare_shared_put reserves extents for the blocks the store lacks (and pins the
+          existing path); the engine writes them and calls commit_shared_put, which links the
+          blocks that are still missing and frees the rest. An expired lease frees its extents:
+          an engine must finish reading/writing well within lease_ttl_s.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.kvstore.allocator import Extent
+from services.kvstore.arena import Arena
+from services.kvstore.layout import KVLayout, MatchResult
+from services.kvstore.radix_tree import Node, RadixTree
+
+LeaseId = str
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """A pinned usable prefix: blocks [0, len(nodes)); local KV for blocks >= local_from_block."""
+
+    num_tokens: int
+    nodes: list[Node]
+    local_from_block: int
+
+
+@dataclass
+class PutCounts:
+    stored_blocks: int = 0
+    existing_blocks: int = 0
+    skipped_blocks: int = 0
+    evicted_blocks: int = 0
+    stored_bytes: int = 0  # KV bytes newly stored (global and local)
+
+
+@dataclass(frozen=True)
+class PutSlot:
+    """Where the engine writes one block of a shared-memory put (None: the store has it)."""
+
+    block_index: int
+    global_extent: Extent | None
+    local_extent: Extent | None
+
+
+@dataclass
+class _PreparedPut:
+    namespace: bytes
+    layout: KVLayout
+    token_bytes: bytes
+    owner: str
+    existing: list[Node]  # pinned
+    slots: list[PutSlot]
+    counts: PutCounts
+
+
+@dataclass
+class _Lease:
+    expires_at_s: float
+    fetch: FetchPlan | None = None
+    put: _PreparedPut | None = None
+
+
+@dataclass
+class StoreCounters:
+    query_tokens: int = 0
+    matched_tokens: int = 0
+    hit_tokens: int = 0
+    fetch_bytes: int = 0
+    put_bytes: int = 0
+    expired_leases: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class KVStore:
+    def __init__(self, tree: RadixTree, arena: Arena, lease_ttl_s: float, clock: Callable[[], float] = time.monotonic):
+        self.tree = tree
+        self.arena = arena
+        self.lease_ttl_s = lease_ttl_s
+        self.counters = StoreCounters()
+        self._clock = clock
+        self._leases: dict[LeaseId, _Lease] = {}
+
+    # ---- match and fetch -----------------------------------------------------------------------
+
+    def match(self, namespace: bytes, layout: KVLayout, token_bytes: bytes) -> MatchResult:
+        result = self.tree.match(namespace, layout, token_bytes)
+        self.counters.query_tokens += len(token_bytes) // 4
+        self.counters.matched_tokens += result.matched_tokens
+        self.counters.hit_tokens += result.usable_tokens
+        return result
+
+    def begin_fetch(self, namespace: bytes, layout: KVLayout, token_bytes: bytes, max_tokens: int) -> FetchPlan:
+        """Pin and touch the longest usable prefix of at most max_tokens tokens (0: no limit)."""
+        num_blocks = len(token_bytes) // layout.block_key_bytes
+        if max_tokens:
+            num_blocks = min(num_blocks, max_tokens // layout.block_size_tokens)
+        path = self.tree.usable_path(namespace, layout, token_bytes, num_blocks)
+        local_from = len(path) - layout.needed_local_blocks(len(path))
+        self.tree.pin(path)
+        self.tree.touch(path, path[local_from:])
+        return FetchPlan(len(path) * layout.block_size_tokens, path, local_from)
+
+    def end_fetch(self, plan: FetchPlan) -> None:
+        self.tree.unpin(plan.nodes)
+
+    def lease_fetch(self, plan: FetchPlan) -> LeaseId:
+        """Keep a fetch plan pinned under a lease (shared-memory fetch)."""
+        return self._new_lease(_Lease(self._clock() + self.lease_ttl_s, fetch=plan))
+
+    # ---- put over gRPC -------------------------------------------------------------------------
+
+    def begin_put(self, namespace: bytes, layout: KVLayout, token_bytes: bytes, owner: str) -> PutSession:
+        return PutSession(self, namespace, layout, token_bytes, owner)
+
+    # ---- put over shared memory ----------------------------------------------------------------
+
+    def prepare_shared_put(
+        self,
+        namespace: bytes,
+        layout: KVLayout,
+        token_bytes: bytes,
+        owner: str,
+        num_blocks: int,
+        local_blocks: frozenset[int],
+        first_block: int = 0,
+    ) -> tuple[LeaseId, list[PutSlot], int]:
+        """Reserve extents for the blocks of [0, num_blocks) the store lacks (global KV, and local
+        KV for blocks in local_blocks). The engine has global KV only for blocks >= first_block: a
+        missing block below it means nothing more is reserved. Returns (lease, slots to write,
+        blocks already stored). Stops at the first block it cannot make room for."""
+        tree = self.tree
+        ns = tree.get_or_create_namespace(namespace, layout)
+        existing = tree.existing_path(ns.root, token_bytes, num_blocks)
+        tree.pin(existing)  # before allocating: allocation may evict
+        slots: list[PutSlot] = []
+        for node in existing:
+            if node.block_index in local_blocks and node.local_extent is None:
+                extent = tree.allocate(layout.local_bytes_per_block)
+                if extent is not None:
+                    slots.append(PutSlot(node.block_index, None, extent))
+        for index in range(len(existing), num_blocks if len(existing) >= first_block else 0):
+            g = tree.allocate(layout.global_bytes_per_block)
+            if g is None:
+                break
+            loc = tree.allocate(layout.local_bytes_per_block) if index in local_blocks else None
+            slots.append(PutSlot(index, g, loc))
+        counts = PutCounts(existing_blocks=len(existing))
+        prepared = _PreparedPut(namespace, layout, token_bytes, owner, existing, slots, counts)
+        return self._new_lease(_Lease(self._clock() + self.lease_ttl_s, put=prepared)), slots, len(existing)
+
+    def commit_shared_put(self, lease_id: LeaseId) -> PutCounts | None:
+        """Link the written blocks; None if the lease is unknown or expired (nothing stored)."""
+        lease = self._leases.pop(lease_id, None)
+        if lease is None or lease.put is None:
+            if lease is not None:
+                self._end(lease)
+            return None
+        prep = lease.put
+        tree = self.tree
+        counts = prep.counts
+        kb = prep.layout.block_key_bytes
+        path = list(prep.existing)
+        local_nodes: list[Node] = []
+        ok = all(not n.detached for n in prep.existing)
+        ns = tree.namespace(prep.namespace, prep.layout)
+        ok = ok and ns is not None and not ns.root.detached
+        cursor = prep.existing[-1] if prep.existing else (ns.root if ns is not None else None)
+        for slot in prep.slots:
+            if not ok:
+                _free_slot(tree, slot)
+                counts.skipped_blocks += slot.global_extent is not None
+                continue
+            if slot.global_extent is None:  # local KV for a block that was already stored
+                node = prep.existing[slot.block_index]
+                counts.stored_bytes += self._attach_or_free(node, slot.local_extent, local_nodes)
+                continue
+            key = prep.token_bytes[slot.block_index * kb : (slot.block_index + 1) * kb]
+            node = cursor.children.get(key)
+            if node is None:
+                node = tree.insert(cursor, key, slot.global_extent, None, prep.owner)
+                counts.stored_blocks += 1
+                counts.stored_bytes += slot.global_extent.length
+            else:  # stored meanwhile by another put
+                tree.free_reserved(slot.global_extent)
+                tree.add_owner(node, prep.owner)
+                counts.existing_blocks += 1
+            if slot.local_extent is not None:
+                counts.stored_bytes += self._attach_or_free(node, slot.local_extent, local_nodes)
+            path.append(node)
+            cursor = node
+        if ok:
+            for node in prep.existing:
+                tree.add_owner(node, prep.owner)
+            tree.touch(path, local_nodes)
+            self.counters.put_bytes += counts.stored_bytes
+        tree.unpin(prep.existing)
+        return counts
+
+    # ---- leases --------------------------------------------------------------------------------
+
+    def release_lease(self, lease_id: LeaseId) -> bool:
+        lease = self._leases.pop(lease_id, None)
+        if lease is None:
+            return False
+        self._end(lease)
+        return True
+
+    def expire_leases(self) -> int:
+        now = self._clock()
+        expired = [lid for lid, lease in self._leases.items() if lease.expires_at_s <= now]
+        for lid in expired:
+            self._end(self._leases.pop(lid))
+        self.counters.expired_leases += len(expired)
+        return len(expired)
+
+    @property
+    def num_leases(self) -> int:
+        return len(self._leases)
+
+    def close(self) -> None:
+        for lid in list(self._leases):
+            self._end(self._leases.pop(lid))
+
+    # ---- drop ----------------------------------------------------------------------------------
+
+    def drop(self, namespace: bytes, conversation_id: str) -> int:
+        if conversation_id:
+            return self.tree.drop_conversation(namespace, conversation_id)
+        return self.tree.drop_namespace(namespace)
+
+    # ---- internals -----------------------------------------------------------------------------
+
+    def _new_lease(self, lease: _Lease) -> LeaseId:
+        lease_id = secrets.token_hex(12)
+        self._leases[lease_id] = lease
+        return lease_id
+
+    def _end(self, lease: _Lease) -> None:
+        if lease.fetch is not None:
+            self.end_fetch(lease.fetch)
+        if lease.put is not None:
+            for slot in lease.put.slots:
+                _free_slot(self.tree, slot)
+            self.tree.unpin(lease.put.existing)
+
+    def _attach_or_free(self, node: Node, extent: Extent, local_nodes: list[Node]) -> int:
+        """Give `node` the local KV written at `extent` unless it has some; returns bytes stored."""
+        local_nodes.append(node)
+        if node.local_extent is None and not node.detached:
+            self.tree.attach_local(node, extent)
+            return extent.length
+        self.tree.free_reserved(extent)
+        return 0
+
+
+def _free_slot(tree: RadixTree, slot: PutSlot) -> None:
+    for extent in (slot.global_extent, slot.local_extent):
+        if extent is not None:
+            tree.free_reserved(extent)
+
+
+class PutSession:
+    """One streamed put: blocks arrive in ascending order and are linked as they come.
+
+    The session pins its cursor (the deepest block stored or found so far), so the path it
+    extends cannot be evicted between chunks; it stops storing (counting the rest as skipped) when
+    the store has no room, the path was dropped, or a block's parent is missing.
+    """
+
+    def __init__(self, store: KVStore, namespace: bytes, layout: KVLayout, token_bytes: bytes, owner: str) -> None:
+        self._store = store
+        self._tree = store.tree
+        self.layout = layout
+        self.num_blocks = len(token_bytes) // layout.block_key_bytes
+        self._token_bytes = token_bytes
+        self._owner = owner
+        self._cursor = self._tree.get_or_create_namespace(namespace, layout).root
+        self._tree.pin([self._cursor])
+        self._path: list[Node] = []
+        self._local_nodes: list[Node] = []
+        self._stopped = False
+        self._evicted_before = self._tree.evicted_blocks
+        self.counts = PutCounts()
+
+    @property
+    def next_block_index(self) -> int:
+        return self._cursor.block_index + 1
+
+    def add_block(self, index: int, global_kv: bytes | memoryview, local_kv: bytes | memoryview | None) -> None:
+        """Store block `index` (> every earlier index; sizes already validated)."""
+        tree = self._tree
+        if self._stopped or self._cursor.detached:
+            self._stopped = True
+            self.counts.skipped_blocks += 1
+            return
+        if index > self.next_block_index:  # the engine skipped blocks it knows are stored
+            between = tree.existing_path(self._cursor, self._token_bytes, index)
+            if len(between) != index - self.next_block_index:
+                self._stopped = True
+                self.counts.skipped_blocks += 1
+                return
+            self._path.extend(between)
+            self._advance(between[-1])
+        kb = self.layout.block_key_bytes
+        key = self._token_bytes[index * kb : (index + 1) * kb]
+        node = self._cursor.children.get(key)
+        if node is None:
+            g = tree.allocate(len(global_kv))
+            if g is None:
+                self._stopped = True
+                self.counts.skipped_blocks += 1
+                return
+            self._store.arena.write(g, global_kv)
+            node = tree.insert(self._cursor, key, g, None, self._owner)
+            self.counts.stored_blocks += 1
+            self.counts.stored_bytes += len(global_kv)
+            self._store.counters.put_bytes += len(global_kv)
+        else:
+            tree.add_owner(node, self._owner)
+            self.counts.existing_blocks += 1
+        self._advance(node)
+        self._path.append(node)
+        if local_kv is not None:
+            self._local_nodes.append(node)
+            if node.local_extent is None:
+                extent = tree.allocate(len(local_kv))
+                if extent is not None:
+                    self._store.arena.write(extent, local_kv)
+                    tree.attach_local(node, extent)
+                    self.counts.stored_bytes += len(local_kv)
+                    self._store.counters.put_bytes += len(local_kv)
+
+    def close(self) -> PutCounts:
+        """Touch what was stored and unpin; the session is over."""
+        self._tree.touch(self._path, self._local_nodes)
+        self._tree.unpin([self._cursor])
+        self.counts.evicted_blocks = self._tree.evicted_blocks - self._evicted_before
+        return self.counts
+
+    def _advance(self, node: Node) -> None:
+        self._tree.pin([node])
+        self._tree.unpin([self._cursor])
+        self._cursor = node

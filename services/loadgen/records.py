@@ -1,0 +1,61 @@
+"""What the driver measured: one TurnRecord per turn, one RunResult per replay of a trace."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    dialogue_index: int
+    turn_index: int
+    kind: str
+    # Seconds since the start of the run: when the request was sent and when its final event arrived.
+    sent_s: float
+    end_s: float
+    # Client-side time from sending the request to the first delta carrying a token id; None when the
+    # request failed or produced no token.
+    ttft_ms: float | None
+    # Client-side gaps between consecutive generated tokens (see driver.token_gaps_ms).
+    itl_ms: tuple[float, ...]
+    prompt_tokens: int
+    cached_device_tokens: int
+    cached_host_tokens: int
+    generated_tokens: int
+    engine_id: str
+    finish_reason: str
+    # The engine's own TTFT (GenerateFinal.timings.ttft_ms).
+    server_ttft_ms: float | None
+    # Generated ids (EOS included, as streamed): compared across runs to check cache exactness.
+    reply_token_ids: tuple[int, ...] = ()
+    # "<STATUS>: <details>" when the call failed.
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.cached_device_tokens + self.cached_host_tokens
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.dialogue_index, self.turn_index)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    label: str  # "cache" or "no-cache"
+    records: tuple[TurnRecord, ...]
+    # From the start of the measured replay (after any priming) to the last final received.
+    wall_s: float
+    model_id: str = ""
+    dropped_history_messages: int = 0
+    # Whether each dialogue's history was served once before the clock started (WorkloadConfig.prime_history).
+    primed: bool = False
+    # prime_wall_s, prime_errors when primed.
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,95 @@
+"""Starts a local stack for the bench: kvstore + N engines + gateway, each its own OS process.
+
+With the cache: the engines keep their prefix cache and use the kvstore (`--kvstore-target`), or
+only their own prefix caches when `kvstore=False`.
+Without (`cache=False`): no kvstore is started and every engine runs with `--no-prefix-cache true`, so
+each turn recomputes its whole prompt — the same trace, the same processes, nothing reused.
+All services listen on ports chosen by the OS (port 0).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.process import ServiceProcess, start_service
+
+# The engine's config field `no_prefix_cache: bool = False`; services.common.config bool flags take a value.
+NO_PREFIX_CACHE_ARGS = ("--no-prefix-cache", "true")
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    model: str = "gemma-3-270m"
+    num_engines: int = 2
+    cache: bool = True
+    # With the cache: also start a kvstore (host tier). False: only the engines' own prefix caches.
+    kvstore: bool = True
+    api_key: str = "bench-key-0000"
+    kvstore_capacity_bytes: int = 1 << 30
+    engine_args: tuple[str, ...] = ()
+    engine_timeout_s: float = 1800.0
+
+
+@dataclass
+class Stack:
+    gateway_address: str
+    processes: list[ServiceProcess] = field(default_factory=list)
+
+    def stop(self) -> None:
+        stop_processes(self.processes)
+
+
+def stop_processes(processes: Sequence[ServiceProcess]) -> None:
+    for proc in reversed(processes):
+        proc.stop()
+
+
+def write_tenants_file(directory: Path, api_key: str) -> Path:
+    path = directory / "tenants.json"
+    path.write_text(json.dumps({"tenants": [{"tenant_id": "bench", "api_key": api_key,
+                                             "namespace_salt": "bench"}]}))
+    path.chmod(0o600)
+    return path
+
+
+def engine_args(config: StackConfig, index: int, kvstore_address: str | None) -> list[str]:
+    args = ["--port", "0", "--engine-id", f"engine-{index}", "--model", config.model, *config.engine_args]
+    if not config.cache:
+        args.extend(NO_PREFIX_CACHE_ARGS)
+    elif kvstore_address is not None:
+        args += ["--kvstore-target", kvstore_address]
+    return args
+
+
+def launch_stack(config: StackConfig, log_dir: Path) -> Stack:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    label = "cache" if config.cache else "nocache"
+    procs: list[ServiceProcess] = []
+    try:
+        kv_address = None
+        if config.cache and config.kvstore:
+            kv = start_service("kvstore", ["--port", "0", "--capacity-bytes", str(config.kvstore_capacity_bytes)],
+                               log_path=log_dir / f"{label}-kvstore.log")
+            procs.append(kv)
+            kv_address = kv.address
+        engines = []
+        for i in range(config.num_engines):
+            # Start every engine before waiting for any: they load the model in parallel.
+            engine = ServiceProcess("engine", tuple(engine_args(config, i, kv_address)),
+                                    log_dir / f"{label}-engine-{i}.log").start(timeout_s=config.engine_timeout_s)
+            procs.append(engine)
+            engines.append(engine)
+        for engine in engines:
+            engine.wait_serving(timeout_s=config.engine_timeout_s)
+        targets = ",".join(f"engine-{i}={e.address}" for i, e in enumerate(engines))
+        gateway = start_service("gateway", ["--port", "0", "--engines", targets,
+                                            "--tenants-file", str(write_tenants_file(log_dir, config.api_key))],
+                                log_path=log_dir / f"{label}-gateway.log")
+        procs.append(gateway)
+    except BaseException:
+        stop_processes(procs)
+        raise
+    return Stack(gateway.address, procs)

@@ -1,0 +1,64 @@
+"""kv_transfer: payload sizes, and pack -> unpack into other blocks reproduces the KV exactly."""
+
+import pytest
+import torch
+
+from services.engine.kv_cache import KVCache
+from services.engine.kv_layout import BlockId, plan_layout
+from services.engine.kv_transfer import GLOBAL, LOCAL, host_layout, layout_tag, pack_blocks, unpack_blocks
+from services.engine.model.config import gemma3_270m_config, synthetic_config
+
+
+def test_gemma_host_layout_sizes():
+    layout = plan_layout(gemma3_270m_config(), 16, 64 * 16 * 3 * 520)
+    host = host_layout(layout)
+    # 3 global layers, 15 sliding; per layer per token: K 256 + V 256 int8 + two float32 scales.
+    assert host.global_bytes_per_block == 3 * 16 * 520 == 24960
+    assert host.local_bytes_per_block == 15 * 16 * 520 == 124800
+    assert (host.block_size_tokens, host.sliding_window_tokens) == (16, 512)
+
+
+def test_layout_tag_names_precision_and_groups():
+    layout = plan_layout(gemma3_270m_config(), 16, 1 << 24)
+    tag = layout_tag(layout, "int8")
+    assert tag.startswith("kv-int8-v1/bs16/hkv1/d256/int8/g:5,11,17;w512:0,1,2;")
+    assert tag != layout_tag(layout, "float32")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pack_unpack_round_trip_into_other_blocks(seed):
+    config = synthetic_config("synthetic-tiny")
+    layout = plan_layout(config, 4, 40 * 2 * 2 * 4 * 2 * (16 + 4))
+    cache = KVCache(layout)
+    gen = torch.Generator().manual_seed(seed)
+    for s in cache.slots:
+        s.k_cache.copy_(torch.randint(-127, 128, s.k_cache.shape, generator=gen, dtype=torch.int8))
+        s.v_cache.copy_(torch.randint(-127, 128, s.v_cache.shape, generator=gen, dtype=torch.int8))
+        s.k_scale.copy_(torch.rand(s.k_scale.shape, generator=gen))
+        s.v_scale.copy_(torch.rand(s.v_scale.shape, generator=gen))
+    num_groups = len(layout.groups)
+    src = [[BlockId(3 + g * 7 + i) for i in range(5)] for g in range(num_groups)]
+    dst = [[BlockId(20 + g * 7 + i) for i in range(5)] for g in range(num_groups)]
+    host = host_layout(layout)
+    for part, size in ((GLOBAL, host.global_bytes_per_block), (LOCAL, host.local_bytes_per_block)):
+        rows = pack_blocks(cache, src, [1, 2, 4], part)
+        assert rows.shape == (3, size) and rows.dtype == torch.uint8
+        unpack_blocks(cache, dst, [1, 2, 4], part, rows)
+        assert torch.equal(pack_blocks(cache, dst, [1, 2, 4], part), rows)
+    for g in layout.groups:
+        for slot in range(len(g.layer_ids)):
+            s = cache.slots[slot]
+            for i in (1, 2, 4):
+                a, b = src[g.group_id][i], dst[g.group_id][i]
+                assert torch.equal(s.k_cache[a], s.k_cache[b]) and torch.equal(s.v_scale[a], s.v_scale[b])
+
+
+def test_missing_block_and_bad_payload_are_refused():
+    layout = plan_layout(synthetic_config("synthetic-tiny"), 4, 1 << 16)
+    cache = KVCache(layout)
+    tables = [[BlockId(0), None] for _ in layout.groups]
+    with pytest.raises(ValueError, match="no block at index 1"):
+        pack_blocks(cache, tables, [1], GLOBAL)
+    rows = pack_blocks(cache, tables, [0], GLOBAL)
+    with pytest.raises(ValueError, match="needs"):
+        unpack_blocks(cache, tables, [0], GLOBAL, torch.zeros((1, rows.shape[1] + 4), dtype=torch.uint8))

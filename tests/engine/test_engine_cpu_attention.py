@@ -1,0 +1,91 @@
+"""kernels/cpu/attention.py against the reference, on awkward shapes, and its batch/chunk invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu.attention import paged_attention_cpu
+from kernels.kv_write import kv_write_ref
+from kernels.paged_attention import paged_attention_ref
+
+NUM_BLOCKS = 512
+
+
+def build_case(seq_lens, q_lens, hq, hkv, d, bs, window, seed=0, poison=True):
+    """Random cache contents; blocks no query can see get out-of-range table entries (poison)."""
+    gen = torch.Generator().manual_seed(seed)
+    kc = torch.zeros(NUM_BLOCKS, bs, hkv, d, dtype=torch.int8)
+    vc, ks, vs = kc.clone(), torch.zeros(NUM_BLOCKS, bs, hkv), torch.zeros(NUM_BLOCKS, bs, hkv)
+    perm = torch.randperm(NUM_BLOCKS, generator=gen)
+    max_blocks = max(-(-s // bs) for s in seq_lens) + 2
+    tables = torch.full((len(seq_lens), max_blocks), 10**6, dtype=torch.int32)  # past the end: poison
+    used = 0
+    for s, n in enumerate(seq_lens):
+        nb = -(-n // bs)
+        tables[s, :nb] = perm[used:used + nb].to(torch.int32)
+        used += nb
+        pos = torch.arange(n)
+        slots = tables[s, pos // bs].long() * bs + pos % bs
+        kv_write_ref(torch.randn(n, hkv, d, generator=gen) * 3, torch.randn(n, hkv, d, generator=gen),
+                     kc, vc, ks, vs, slots)
+        if window is not None and poison:
+            first_visible = max(0, n - q_lens[s] - window + 1)
+            tables[s, : first_visible // bs] = -7  # released blocks: any id, never read
+    q = torch.randn(sum(q_lens), hq, d, generator=gen)
+    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return q, kc, vc, ks, vs, tables, qsl, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+def sanitized(tables):
+    t = tables.clone()
+    t[(t < 0) | (t >= NUM_BLOCKS)] = 0
+    return t
+
+
+CASES = [
+    # seq_lens, q_lens, Hq, Hkv, D, BS, window
+    ([1], [1], 4, 1, 256, 16, None),
+    ([37, 100, 5], [37, 1, 2], 4, 2, 16, 16, 32),
+    ([600, 70], [1, 70], 4, 1, 64, 16, 512),
+    ([130, 300, 17], [50, 3, 17], 8, 2, 32, 8, 17),
+    ([1000], [1], 4, 1, 256, 16, 512),
+    ([65, 64, 63], [65, 1, 30], 2, 2, 8, 32, 1),
+    ([200], [200], 6, 3, 24, 16, None),
+    ([300, 45, 160], [1, 1, 33], 4, 1, 64, 16, None),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_reference(case):
+    seq_lens, q_lens, hq, hkv, d, bs, window = case
+    q, kc, vc, ks, vs, tables, qsl, lens = build_case(seq_lens, q_lens, hq, hkv, d, bs, window)
+    ref = paged_attention_ref(q, kc, vc, ks, vs, sanitized(tables), qsl, lens, 0.125, window)
+    out = paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, window)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_each_query_is_invariant_to_its_batch_and_chunk(window):
+    seq_lens, q_lens = [300, 70, 160, 45], [1, 70, 33, 1]
+    q, kc, vc, ks, vs, tables, qsl, lens = build_case(seq_lens, q_lens, 4, 1, 64, 16, window, seed=3)
+    full = paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.0625, window)
+    for s in range(len(seq_lens)):
+        a, b = int(qsl[s]), int(qsl[s + 1])
+        alone = paged_attention_cpu(q[a:b], kc, vc, ks, vs, tables[s:s + 1],
+                                    torch.tensor([0, b - a], dtype=torch.int32), lens[s:s + 1], 0.0625, window)
+        assert torch.equal(alone, full[a:b])
+        # Every query as a one-token step (decode), and the chunk split in two uneven parts.
+        for j in range(b - a):
+            one = paged_attention_cpu(q[a + j:a + j + 1], kc, vc, ks, vs, tables[s:s + 1],
+                                      torch.tensor([0, 1], dtype=torch.int32),
+                                      torch.tensor([seq_lens[s] - (b - a) + j + 1], dtype=torch.int32), 0.0625,
+                                      window)
+            assert torch.equal(one[0], alone[j])
+        if b - a > 3:
+            cut = (b - a) // 3
+            first = paged_attention_cpu(q[a:a + cut], kc, vc, ks, vs, tables[s:s + 1],
+                                        torch.tensor([0, cut], dtype=torch.int32),
+                                        torch.tensor([seq_lens[s] - (b - a) + cut], dtype=torch.int32), 0.0625,
+                                        window)
+            assert torch.equal(first, alone[:cut])

@@ -1,0 +1,243 @@
+"""The kvstore as a real process over gRPC on loopback, through the engines' client."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import grpc
+import numpy as np
+import pytest
+from kvstore_testlib import NS_A, NS_B, KVStoreProcess, block_rows
+
+from salon.kvstore.v1 import kvstore_pb2 as pb
+from salon.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+from services.common.prefix_hash import encode_token_ids
+from services.kvstore.client import KVStoreClient, layout_to_proto
+from services.kvstore.layout import KVLayout, MatchResult
+
+# The default model's sizes: 16-token blocks, 3 global + 15 sliding layers of 520 B per token.
+GEMMA = KVLayout(16, 3 * 16 * 520, 15 * 16 * 520, 512)
+SMALL = KVLayout(4, 256, 512, 9)  # window_blocks = 2
+
+
+@pytest.fixture(scope="module")
+def kvstore(tmp_path_factory):
+    proc = KVStoreProcess(tmp_path_factory.mktemp("shm"), capacity_bytes=64 << 20, lease_ttl_s=2.0)
+    yield proc
+    assert proc.stop() == 0
+
+
+def rows(ns, ctx, layout, blocks, kind):
+    size = layout.global_bytes_per_block if kind == "g" else layout.local_bytes_per_block
+    return block_rows(ns, ctx, list(blocks), size, kind, layout.block_size_tokens)
+
+
+def check_fetch(result, ns, ctx, layout, expect_tokens, from_block=0):
+    num_blocks = expect_tokens // layout.block_size_tokens
+    assert result.num_tokens == expect_tokens
+    assert result.first_global_block == min(from_block, num_blocks)
+    np.testing.assert_array_equal(result.global_kv, rows(ns, ctx, layout, range(result.first_global_block, num_blocks), "g"))
+    assert result.local_from_block == num_blocks - layout.needed_local_blocks(num_blocks)
+    np.testing.assert_array_equal(result.local_kv, rows(ns, ctx, layout, range(result.local_from_block, num_blocks), "l"))
+
+
+@pytest.mark.parametrize("put_shm,fetch_shm", [(False, False), (True, True), (False, True), (True, False)])
+async def test_round_trip_gemma_sizes(kvstore, put_shm, fetch_shm) -> None:
+    rng = random.Random(int(put_shm) * 2 + int(fetch_shm))
+    ns = bytes([rng.randrange(256) for _ in range(32)])
+    ctx = [rng.randrange(262144) for _ in range(1030)]  # 64 whole blocks + 6 tokens
+    writer = KVStoreClient(kvstore.target, use_shared_memory=put_shm)
+    reader = KVStoreClient(kvstore.target, use_shared_memory=fetch_shm)
+    try:
+        locals_from = 64 - 40  # local KV for the last 40 blocks (window before the last message + reply)
+        put = await writer.put(ns, ctx, GEMMA, rows(ns, ctx, GEMMA, range(64), "g"),
+                               rows(ns, ctx, GEMMA, range(locals_from, 64), "l"), local_first_block=locals_from,
+                               conversation_id="conv-1")
+        assert (put.stored_blocks, put.existing_blocks, put.skipped_blocks) == (64, 0, 0)
+        assert await reader.match(ns, ctx, GEMMA) == MatchResult(1024, 1024)
+        edited = ctx[:1000] + [7] * 30  # edit inside block 62: the prefix up to block 62 is usable
+        assert await reader.match(ns, edited, GEMMA) == MatchResult(992, 992)
+        early = ctx[:400] + [7] * 30  # block 25: needs local KV of blocks 0..24, only 24.. stored
+        assert await reader.match(ns, early, GEMMA) == MatchResult(400, 0)
+        result = await reader.fetch(ns, ctx, GEMMA)
+        assert result.transport == ("shared_memory" if fetch_shm else "grpc")
+        check_fetch(result, ns, ctx, GEMMA, 1024)
+        partial = await reader.fetch(ns, edited, GEMMA, from_block=50)
+        check_fetch(partial, ns, ctx, GEMMA, 992, from_block=50)
+        again = await writer.put(ns, ctx, GEMMA, rows(ns, ctx, GEMMA, range(64), "g"))
+        assert (again.stored_blocks, again.existing_blocks) == (0, 64)
+    finally:
+        await writer.close()
+        await reader.close()
+
+
+async def test_bad_requests_name_the_field(kvstore) -> None:
+    async with grpc.aio.insecure_channel(kvstore.target) as channel:
+        stub = pb_grpc.KVStoreServiceStub(channel)
+        layout = layout_to_proto(SMALL)
+        cases = [
+            (pb.MatchRequest(namespace=b"", token_ids_le32=b"", layout=layout), "namespace"),
+            (pb.MatchRequest(namespace=NS_A, token_ids_le32=b"abc", layout=layout), "token_ids_le32"),
+            (pb.MatchRequest(namespace=NS_A, layout=pb.KVLayout(block_size_tokens=4)), "layout.global_bytes_per_block"),
+        ]
+        for request, field in cases:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Match(request)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
+
+        async def chunk_first():
+            yield pb.PutRequest(chunk=pb.KVChunk(global_kv=b"x" * 256))
+
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Put(chunk_first())
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "header" in info.value.details()
+
+        async def ragged():
+            yield pb.PutRequest(header=pb.PutHeader(namespace=NS_A, token_ids_le32=encode_token_ids(range(8)), layout=layout))
+            yield pb.PutRequest(chunk=pb.KVChunk(global_kv=b"x" * 100))
+
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Put(ragged())
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "global_kv" in info.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.CommitSharedPut(pb.CommitSharedPutRequest(lease_id="nope"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND and "lease_id" in info.value.details()
+        other = pb.KVLayout(block_size_tokens=4, global_bytes_per_block=128, local_bytes_per_block=512, sliding_window_tokens=9)
+        client = KVStoreClient(kvstore.target)
+        await client.put(NS_B, list(range(8)), SMALL, np.zeros((2, 256), np.uint8))
+        await client.close()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Match(pb.MatchRequest(namespace=NS_B, token_ids_le32=encode_token_ids(range(8)), layout=other))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "layout" in info.value.details()
+
+
+async def test_namespace_isolation_and_drop(kvstore) -> None:
+    client = KVStoreClient(kvstore.target, use_shared_memory=True)
+    ns1, ns2 = b"\x01" * 32, b"\x02" * 32
+    ctx = list(range(1000, 1016))
+    try:
+        await client.put(ns1, ctx, SMALL, rows(ns1, ctx, SMALL, range(4), "g"), rows(ns1, ctx, SMALL, range(2, 4), "l"),
+                         local_first_block=2, conversation_id="c1")
+        assert await client.match(ns1, ctx, SMALL) == MatchResult(16, 16)
+        assert await client.match(ns2, ctx, SMALL) == MatchResult(0, 0)
+        assert (await client.fetch(ns2, ctx, SMALL)).num_tokens == 0
+        assert await client.drop(ns1, "other") == 0
+        assert await client.drop(ns1, "c1") == 4
+        assert await client.match(ns1, ctx, SMALL) == MatchResult(0, 0)
+    finally:
+        await client.close()
+
+
+async def test_many_puts_and_fetches_in_flight(tmp_path) -> None:
+    """64 dialogues, 3 turns each, puts and fetches interleaved on 4 clients, in a store that holds
+    about a third of them: every fetch returns exactly its own prefix's bytes or a miss."""
+    proc = KVStoreProcess(tmp_path, capacity_bytes=160_000)
+    clients = [KVStoreClient(proc.target, use_shared_memory=i % 2 == 0) for i in range(4)]
+    rng = random.Random(3)
+    prefix = [rng.randrange(5000) for _ in range(32)]  # a shared character definition
+    dialogues = [prefix + [rng.randrange(5000) for _ in range(rng.randrange(8, 40))] for _ in range(64)]
+    hits = 0
+
+    async def turn(d: int, t: int) -> None:
+        nonlocal hits
+        client = clients[(d + t) % 4]
+        ctx = dialogues[d]
+        result = await client.fetch(NS_A, ctx, SMALL)
+        if result.num_tokens:
+            hits += 1
+            check_fetch(result, NS_A, ctx, SMALL, result.num_tokens)
+        n = len(ctx) // 4
+        await client.put(NS_A, ctx, SMALL, rows(NS_A, ctx, SMALL, range(n), "g"), rows(NS_A, ctx, SMALL, range(n - 3, n), "l"),
+                         local_first_block=n - 3, conversation_id=f"d{d}")
+        dialogues[d] = ctx + [rng.randrange(5000) for _ in range(12)]
+
+    try:
+        for t in range(3):
+            await asyncio.gather(*(turn(d, t) for d in range(64)))
+        stats = await clients[0].stats()
+        assert hits > 20
+        assert stats.evicted_blocks > 0 and stats.used_bytes <= stats.capacity_bytes
+        for client in clients:
+            await client.close()
+        await asyncio.sleep(0.2)
+        assert (await KVStoreClient(proc.target).stats()).num_leases == 0
+    finally:
+        for client in clients:
+            await client.close()
+        assert proc.stop() == 0
+
+
+async def test_restart_gives_misses_then_recovers(tmp_path) -> None:
+    proc = KVStoreProcess(tmp_path, capacity_bytes=8 << 20)
+    port = proc.port
+    client = KVStoreClient(proc.target, use_shared_memory=True, timeout_s=1.0)
+    ctx = list(range(64))
+    g, loc = rows(NS_A, ctx, SMALL, range(16), "g"), rows(NS_A, ctx, SMALL, range(14, 16), "l")
+    try:
+        await client.put(NS_A, ctx, SMALL, g, loc, local_first_block=14)
+        first = await client.stats()
+        assert (await client.fetch(NS_A, ctx, SMALL)).num_tokens == 64
+        proc.kill()
+        # Dead store: misses, no exceptions.
+        assert await client.match(NS_A, ctx, SMALL) == MatchResult(0, 0)
+        assert (await client.fetch(NS_A, ctx, SMALL)).num_tokens == 0
+        assert await client.put(NS_A, ctx, SMALL, g) is None
+        proc = KVStoreProcess(tmp_path, capacity_bytes=8 << 20, port=port)
+        for _ in range(50):  # the channel reconnects by itself (backoff <= 1 s)
+            stats = await client.stats(timeout_s=0.5)
+            if stats is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert stats.started_at_unix_ms > first.started_at_unix_ms and stats.num_blocks == 0
+        assert await client.match(NS_A, ctx, SMALL) == MatchResult(0, 0)  # empty after restart
+        assert len(list(tmp_path.glob("salon-kvstore-*"))) == 1  # the dead process's arena was removed
+        put = await client.put(NS_A, ctx, SMALL, g, loc, local_first_block=14)
+        assert put.stored_blocks == 16
+        check_fetch(await client.fetch(NS_A, ctx, SMALL), NS_A, ctx, SMALL, 64)  # new arena mapped
+    finally:
+        await client.close()
+        proc.stop()
+
+
+async def test_unreleased_lease_expires(kvstore) -> None:
+    ctx = list(range(5000, 5016))
+    client = KVStoreClient(kvstore.target)
+    await client.put(NS_A, ctx, SMALL, rows(NS_A, ctx, SMALL, range(4), "g"), rows(NS_A, ctx, SMALL, range(2, 4), "l"),
+                     local_first_block=2)
+    async with grpc.aio.insecure_channel(kvstore.target) as channel:
+        stub = pb_grpc.KVStoreServiceStub(channel)
+        request = pb.FetchRequest(namespace=NS_A, token_ids_le32=encode_token_ids(ctx), layout=layout_to_proto(SMALL),
+                                  transport=pb.TRANSPORT_SHARED_MEMORY)
+        [response] = [m async for m in stub.Fetch(request)]
+        assert response.header.num_tokens == 16 and len(response.header.global_offsets) == 4
+        assert response.header.lease_ttl_ms == 2000
+        assert (await client.stats()).num_leases == 1
+        await asyncio.sleep(3.0)  # TTL 2 s, swept every 0.5 s
+        assert (await client.stats()).num_leases == 0
+        assert not (await stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=response.header.lease_id))).released
+    await client.close()
+
+
+@pytest.mark.parametrize("shm", [False, True])
+async def test_put_from_a_later_block(kvstore, shm) -> None:
+    """An engine may send only the blocks after what it knows is stored; a missing parent stores nothing."""
+    ns = bytes([7 + shm]) * 32
+    ctx = list(range(9000, 9032))  # 8 blocks
+    client = KVStoreClient(kvstore.target, use_shared_memory=shm)
+    try:
+        first = await client.put(ns, ctx[:16], SMALL, rows(ns, ctx, SMALL, range(4), "g"))
+        assert first.stored_blocks == 4
+        more = await client.put(ns, ctx, SMALL, rows(ns, ctx, SMALL, range(4, 8), "g"),
+                                rows(ns, ctx, SMALL, range(6, 8), "l"), first_block=4, local_first_block=6)
+        assert (more.stored_blocks, more.skipped_blocks) == (4, 0)
+        check_fetch(await client.fetch(ns, ctx, SMALL), ns, ctx, SMALL, 32)
+        orphan = [1] * 16 + ctx[16:]
+        lost = await client.put(ns, orphan, SMALL, rows(ns, orphan, SMALL, range(4, 8), "g"), first_block=4)
+        assert lost.stored_blocks == 0
+        assert await client.match(ns, orphan, SMALL) == MatchResult(0, 0)
+        with pytest.raises(ValueError, match="local_kv"):
+            await client.put(ns, ctx, SMALL, rows(ns, ctx, SMALL, range(4, 8), "g"),
+                             rows(ns, ctx, SMALL, range(2, 4), "l"), first_block=4, local_first_block=2)
+    finally:
+        await client.close()

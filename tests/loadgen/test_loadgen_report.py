@@ -1,0 +1,109 @@
+"""Report figures on hand-made records, with exact expected values."""
+
+import math
+
+import pytest
+
+from services.loadgen.driver import token_gaps_ms
+from services.loadgen.records import RunResult, TurnRecord
+from services.loadgen.report import compare, hit_rate, hit_rate_over_time, percentile, summarize, warm_keys
+
+
+def rec(d, t, prompt, device=0, host=0, ttft=None, end=1.0, engine="e0", itl=(), gen=3, ids=(1, 2), error=None,
+        kind="message"):
+    return TurnRecord(d, t, kind, end - 0.5, end, ttft, tuple(itl), prompt, device, host, gen, engine,
+                      "FINISH_REASON_LENGTH", ttft, tuple(ids), error)
+
+
+def test_percentile_linear_interpolation():
+    values = [40.0, 10.0, 30.0, 20.0]
+    assert percentile(values, 0) == 10.0
+    assert percentile(values, 100) == 40.0
+    assert percentile(values, 50) == 25.0  # rank 1.5
+    assert percentile(values, 90) == pytest.approx(37.0)  # rank 2.7: 30 + 0.7 * 10
+    assert percentile(list(range(1, 101)), 99) == pytest.approx(99.01)  # rank 98.01
+    assert percentile([5.0], 90) == 5.0
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_hit_rate_counts_device_and_host_over_prompt_tokens_of_successful_turns():
+    records = [rec(0, 0, 100, device=0, host=60), rec(0, 1, 120, device=100, host=4),
+               rec(1, 0, 1000, device=1000, error="UNAVAILABLE: x")]
+    assert hit_rate(records) == (60 + 104) / 220
+    assert hit_rate([]) is None
+
+
+def test_token_gaps_spread_batched_deltas():
+    assert token_gaps_ms([(1.0, 1), (1.1, 1), (1.4, 3), (1.5, 0), (1.6, 1)]) == pytest.approx(
+        [100.0, 100.0, 100.0, 100.0, 200.0])
+    assert token_gaps_ms([(0.5, 2)]) == [0.0]
+    assert token_gaps_ms([]) == []
+
+
+def test_warm_keys_exclude_each_dialogues_first_turn():
+    records = [rec(0, 0, 1), rec(0, 1, 1), rec(0, 2, 1), rec(3, 1, 1), rec(3, 2, 1)]
+    assert warm_keys(records) == {(0, 1), (0, 2), (3, 2)}
+    assert warm_keys(records, primed=True) == {(0, 0), (0, 1), (0, 2), (3, 1), (3, 2)}
+
+
+def test_hit_rate_over_time_bins_by_end_time():
+    records = [rec(0, 0, 100, host=0, end=1.0), rec(0, 1, 100, host=90, end=4.0), rec(1, 0, 200, device=200, end=10.0)]
+    bins = hit_rate_over_time(records, num_bins=2)
+    assert [(b["start_s"], b["end_s"], b["num_turns"]) for b in bins] == [(0.0, 5.0, 2), (5.0, 10.0, 1)]
+    assert [b["hit_rate"] for b in bins] == [0.45, 1.0]
+
+
+def test_summarize_exact_figures():
+    records = (rec(0, 0, 1000, ttft=400.0, end=2.0, engine="e0", itl=(10.0, 20.0), gen=3),
+               rec(0, 1, 1050, device=1000, ttft=40.0, end=4.0, engine="e0", itl=(30.0,), gen=2),
+               rec(1, 0, 200, host=100, ttft=100.0, end=5.0, engine="e1", itl=(), gen=1),
+               rec(1, 1, 0, error="DEADLINE_EXCEEDED: slow"))
+    s = summarize(RunResult("cache", records, wall_s=10.0, model_id="m"), long_history_tokens=1000)
+    assert s["num_turns"] == 4 and s["num_errors"] == 1
+    assert s["errors"] == [("DEADLINE_EXCEEDED: slow", 1)]
+    assert s["token_hit_rate"] == 1100 / 2250
+    assert s["token_hit_rate_warm_turns"] == 1000 / 1050
+    assert (s["ttft_ms_p50"], s["ttft_ms_p90"]) == (100.0, pytest.approx(340.0))  # rank 1.8: 100 + 0.8 * 300
+    assert s["ttft_ms_p50_warm_turns"] == 40.0
+    assert (s["itl_ms_p50"], s["itl_ms_p90"]) == (20.0, pytest.approx(28.0))
+    assert s["turns_per_s"] == 0.3 and s["tokens_per_s"] == 0.6
+    assert s["engine_turns"] == {"e0": 2, "e1": 1}
+    assert [(t["dialogue_index"], t["turn_index"], t["warm"]) for t in s["long_history_turns"]] == [
+        (0, 0, False), (0, 1, True)]
+
+
+def test_compare_long_history_ratio_uses_warm_turns_in_both_runs():
+    cached = RunResult("cache", (
+        rec(0, 0, 5000, ttft=9000.0), rec(0, 1, 5100, device=5000, ttft=100.0, ids=(4,)),
+        rec(0, 2, 5200, device=5100, ttft=300.0), rec(1, 0, 300, ttft=50.0), rec(1, 1, 400, ttft=20.0),
+    ), wall_s=10.0)
+    uncached = RunResult("no-cache", (
+        rec(0, 0, 5000, ttft=9000.0), rec(0, 1, 5100, ttft=8000.0), rec(0, 2, 5200, ttft=10000.0),
+        rec(1, 0, 300, ttft=60.0), rec(1, 1, 400, ttft=80.0),
+    ), wall_s=40.0)
+    c = compare(cached, uncached, long_history_tokens=4000)
+    assert c["num_long_history_turns"] == 2
+    assert c["ttft_ms_median_long_history_cache"] == 200.0
+    assert c["ttft_ms_median_long_history_no_cache"] == 9000.0
+    assert c["ttft_ratio_long_history"] == 45.0
+    assert c["ttft_ratio_warm_turns"] == 8000.0 / 100.0  # medians over (0,1), (0,2), (1,1)
+    assert c["turns_per_s_ratio"] == 4.0
+    assert c["replies_identical_fraction"] == 4 / 5
+
+
+def test_compare_primed_counts_first_turns_as_warm():
+    cached = RunResult("cache", (rec(0, 0, 5000, device=4900, ttft=100.0), rec(0, 1, 5100, device=5000, ttft=50.0)),
+                       wall_s=1.0, primed=True)
+    uncached = RunResult("no-cache", (rec(0, 0, 5000, ttft=9000.0), rec(0, 1, 5100, ttft=9500.0)), wall_s=20.0)
+    c = compare(cached, uncached, long_history_tokens=4000)
+    assert c["num_long_history_turns"] == 2
+    assert c["ttft_ratio_long_history"] == 9250.0 / 75.0
+
+
+def test_compare_without_long_turns_gives_none():
+    run = RunResult("cache", (rec(0, 0, 10, ttft=1.0), rec(0, 1, 10, ttft=1.0)), wall_s=1.0)
+    c = compare(run, run, long_history_tokens=4000)
+    assert c["ttft_ratio_long_history"] is None and c["num_long_history_turns"] == 0
+    assert c["turns_per_s_ratio"] == 1.0 and not math.isnan(c["ttft_ratio_warm_turns"])

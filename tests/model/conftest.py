@@ -1,0 +1,43 @@
+"""Shared, module-scoped model fixtures: each model is built once per test session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+REFERENCE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
+
+
+def reference_path(name: str) -> Path:
+    for base in (REFERENCE_DIR, Path(__file__).resolve().parents[2] / "shared" / "reference"):
+        if (base / name).exists():
+            return base / name
+    pytest.skip(f"reference file {name} not available")
+
+
+@pytest.fixture(scope="session")
+def greedy_refs() -> list[dict]:
+    return [json.loads(line) for line in reference_path("greedy_ref_f64.jsonl").read_text().splitlines() if line]
+
+
+@pytest.fixture(scope="session")
+def fp32_model():
+    from services.engine.model import load_model
+
+    torch.manual_seed(0)
+    return load_model("gemma-3-270m", precision="float32", progress=False)
+
+
+@pytest.fixture(scope="session")
+def int8_model():
+    from services.engine.model import load_model
+
+    return load_model("gemma-3-270m", precision="int8", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(int8_model):
+    return int8_model[1]
