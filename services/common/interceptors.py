@@ -16,12 +16,16 @@ from typing import Any
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 
-from services.common.errors import SalonError
+from services.common.errors import InvalidArgument, SalonError
 from services.common.logging import get_logger
 from services.common.metrics import RPC_DURATION_SECONDS, RPC_REQUESTS
 
 REQUEST_ID_METADATA_KEY = "x-request-id"
+
+# Polled constantly by load balancers and peers: counted in the metrics, not written to the access log.
+_QUIET_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 log = get_logger(__name__)
 
@@ -58,9 +62,12 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             wrapped = self._wrap_unary(behavior, method, request_id)
         else:
             wrapped = self._wrap_stream(behavior, method, request_id)
+        deserializer = handler.request_deserializer
+        if kind in ("unary_unary", "unary_stream") and deserializer is not None:
+            deserializer = _tolerant(deserializer)
         return factory(
             wrapped,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=deserializer,
             response_serializer=handler.response_serializer,
         )
 
@@ -69,14 +76,18 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         return time.perf_counter()
 
     def _end(self, method: str, started: float, outcome: _Outcome) -> None:
+        elapsed_s = time.perf_counter() - started
         RPC_REQUESTS.labels(self._service, method, outcome.code.name).inc()
-        RPC_DURATION_SECONDS.labels(self._service, method).observe(time.perf_counter() - started)
+        RPC_DURATION_SECONDS.labels(self._service, method).observe(elapsed_s)
+        if not method.startswith(_QUIET_SERVICES):
+            log.info("rpc_finished", code=outcome.code.name, duration_ms=round(elapsed_s * 1000.0, 3))
 
     def _wrap_unary(self, behavior: Callable[..., Awaitable[Any]], method: str, request_id: str):
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = self._begin(method, request_id)
             outcome = _Outcome()
             try:
+                _check_decoded(request)
                 return await behavior(request, context)
             except BaseException as exc:  # noqa: BLE001 - mapped below, re-raised when not ours
                 await _handle(exc, context, outcome)
@@ -91,6 +102,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             started = self._begin(method, request_id)
             outcome = _Outcome()
             try:
+                _check_decoded(request)
                 async for response in behavior(request, context):
                     yield response
             except BaseException as exc:  # noqa: BLE001
@@ -100,6 +112,31 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 self._end(method, started, outcome)
 
         return wrapped
+
+
+class _Undecodable:
+    """A request whose bytes did not parse (e.g. a string field holding invalid UTF-8). grpc itself
+    would answer UNKNOWN with the parser's exception; the handler wrapper answers INVALID_ARGUMENT."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _tolerant(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except DecodeError as exc:
+            return _Undecodable(str(exc))
+
+    return deserialize
+
+
+def _check_decoded(request: Any) -> None:
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument(f"request: does not parse ({request.error}); string fields must be valid UTF-8")
 
 
 async def _handle(exc: BaseException, context: grpc.aio.ServicerContext, outcome: _Outcome) -> None:

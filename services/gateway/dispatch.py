@@ -156,17 +156,24 @@ class Dispatcher:
             inflight_gauge.inc()
             call = handle.generate(request, timeout=timeout_s)
             try:
+                finished = False
                 async for event in call:
+                    if finished:
+                        continue  # nothing follows a final event: read the stream to its end
                     if event.HasField("final"):
                         self._finish(event.final, request, forwarded_token_ids, num_failovers, engine_id)
                         metrics.REQUESTS.labels(engine=engine_id, tenant=tenant_id, code="OK").inc()
                         yield event
-                        return
+                        # Let the call complete normally (its trace span ends with the stream).
+                        finished = True
+                        continue
                     forwarded_token_ids.extend(event.delta.token_ids)
                     if not first_token_seen and event.delta.token_ids:
                         first_token_seen = True
                         metrics.TTFT_MS.observe((time.perf_counter() - arrived_s) * 1000)
                     yield event
+                if finished:
+                    return
                 raise _EngineFailed(engine_id, "stream ended without a final event")
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc
 from services.common.process import start_service
 
-API_KEY = "e2e-key"
+API_KEY = "e2e-test-key"
 
 
 @pytest.fixture(scope="module")
