@@ -2,7 +2,7 @@
 
 Two exact ways to get the int32 accumulator acc = a_q @ w_q^T, chosen by the number of rows M:
 
-- M < SMALL_M_ROWS (decode): a small C kernel (AVX2, compiled with the system C compiler on first
+- M < SMALL_M_ROWS (decode, small batches): a small C kernel (AVX2, compiled with the system C compiler on first
   use, loaded with ctypes) reads the int8 weights directly -- batch-1 decode is bound by reading
   the weights, so reading 1 byte per weight instead of 4 is the point. Activations are widened to
   int16 once; ``_mm256_madd_epi16`` multiplies int16 pairs into int32 sums (|a*w| <= 127*127, no
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 EXACT_F32_CHUNK_K = 1024
-SMALL_M_ROWS = 16
+SMALL_M_ROWS = 64
 # Rows of w widened to float32 per block in the float path (bounds the temporary to ~40 MB at K=640).
 _W_BLOCK_ROWS = 16384
 

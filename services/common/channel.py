@@ -21,17 +21,22 @@ class ClientTLS:
     server_name_override: str | None = None
 
 
-def create_channel(target: str, tls: ClientTLS | None = None) -> grpc.aio.Channel:
-    """Open an aio channel to `target` (host:port) that propagates the trace context."""
-    options: list[tuple[str, object]] = list(grpc_options())
-    interceptors = aio_client_interceptors()
-    if tls is None:
-        return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
-    if tls.server_name_override:
-        options.append(("grpc.ssl_target_name_override", tls.server_name_override))
-    credentials = grpc.ssl_channel_credentials(
+def client_credentials(tls: ClientTLS) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(
         root_certificates=Path(tls.ca_file).read_bytes(),
         private_key=Path(tls.key_file).read_bytes() if tls.key_file else None,
         certificate_chain=Path(tls.cert_file).read_bytes() if tls.cert_file else None,
     )
-    return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
+
+
+def tls_options(tls: ClientTLS | None) -> list[tuple[str, object]]:
+    return [("grpc.ssl_target_name_override", tls.server_name_override)] if tls and tls.server_name_override else []
+
+
+def create_channel(target: str, tls: ClientTLS | None = None) -> grpc.aio.Channel:
+    """Open an aio channel to `target` (host:port) that propagates the trace context."""
+    options: list[tuple[str, object]] = [*grpc_options(), *tls_options(tls)]
+    interceptors = aio_client_interceptors()
+    if tls is None:
+        return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+    return grpc.aio.secure_channel(target, client_credentials(tls), options=options, interceptors=interceptors)

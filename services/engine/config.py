@@ -47,6 +47,11 @@ class EngineConfig:
         default=True, metadata={"help": "move KV through the kvstore's shared-memory arena (same host only)"})
     kvstore_timeout_s: float = field(
         default=1.0, metadata={"help": "longest wait for a kvstore lookup before recomputing instead"})
+    kvstore_tls_ca_file: str | None = field(
+        default=None, metadata={"help": "CA of the kvstore's certificate: talk TLS to the kvstore"})
+    kvstore_tls_cert_file: str | None = field(
+        default=None, metadata={"help": "our client certificate for the kvstore (mutual TLS)"})
+    kvstore_tls_key_file: str | None = field(default=None, metadata={"help": "key of kvstore_tls_cert_file"})
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(

@@ -65,7 +65,9 @@ class EngineService:
             tokenizer=core.tokenizer,
             limits=Limits(vocab_size=model_cfg.vocab_size, max_context_tokens=context,
                           default_max_new_tokens=self.config.default_max_new_tokens,
-                          max_new_tokens_limit=self.config.max_new_tokens_limit),
+                          max_new_tokens_limit=self.config.max_new_tokens_limit,
+                          max_token_bytes=max(len(core.tokenizer.decode([i]).encode())
+                                              for i in range(model_cfg.vocab_size))),
             model_config=model_cfg,
             block_size_tokens=self.config.block_size_tokens,
             namespace_of=None if self.config.no_prefix_cache else self._namespace_of(core),
@@ -80,10 +82,15 @@ class EngineService:
     def _host_cache(self, core: EngineCore) -> HostCache | None:
         if self.config.no_prefix_cache or not self.config.kvstore_target:
             return None
+        from services.common.channel import ClientTLS
         from services.kvstore.client import KVStoreClient
 
+        tls = None
+        if self.config.kvstore_tls_ca_file:
+            tls = ClientTLS(self.config.kvstore_tls_ca_file, self.config.kvstore_tls_cert_file,
+                            self.config.kvstore_tls_key_file)
         client = KVStoreClient(self.config.kvstore_target, use_shared_memory=self.config.kvstore_shared_memory,
-                               timeout_s=self.config.kvstore_timeout_s)
+                               timeout_s=self.config.kvstore_timeout_s, tls=tls)
         return HostCache(client, host_layout(core.layout), timeout_s=self.config.kvstore_timeout_s)
 
     def _namespace_of(self, core: EngineCore):

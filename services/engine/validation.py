@@ -29,6 +29,9 @@ class Limits:
     max_context_tokens: int
     default_max_new_tokens: int
     max_new_tokens_limit: int
+    # Bytes of the longest vocabulary piece: text longer than max_context_tokens pieces of it can
+    # never fit, so it is refused before it is tokenized (tokenizing megabytes costs seconds).
+    max_token_bytes: int = 64
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,12 @@ def parse_context(request, limits: Limits) -> ParsedContext:
     messages = request.dialogue.messages
     if not messages:
         raise InvalidArgument("dialogue.messages: at least one message is required")
+    text_bytes = len(request.character.name.encode()) + len(request.character.definition.encode())
+    for m in messages:
+        text_bytes += len(m.text.encode()) + len(m.author.encode())
+    if text_bytes > limits.max_context_tokens * limits.max_token_bytes:
+        raise OutOfRange(f"dialogue: {text_bytes} bytes of text cannot fit in the {limits.max_context_tokens}-token "
+                         "context")
     parsed = []
     for i, m in enumerate(messages):
         field = f"dialogue.messages[{i}]"

@@ -31,6 +31,7 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
 from salon.kvstore.v1 import kvstore_pb2 as pb
 from salon.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+from services.common.channel import ClientTLS, client_credentials, tls_options
 from services.common.logging import get_logger
 from services.common.prefix_hash import encode_token_ids
 from services.common.server import grpc_options
@@ -103,8 +104,10 @@ def _token_bytes(token_ids: Sequence[int] | bytes) -> bytes:
 
 
 class KVStoreClient:
-    def __init__(self, target: str, use_shared_memory: bool = False, timeout_s: float = 2.0) -> None:
+    def __init__(self, target: str, use_shared_memory: bool = False, timeout_s: float = 2.0,
+                 tls: ClientTLS | None = None) -> None:
         self.target = target
+        self.tls = tls
         self.use_shared_memory = use_shared_memory
         self.timeout_s = timeout_s
         self._channel: grpc.aio.Channel | None = None
@@ -334,11 +337,16 @@ class KVStoreClient:
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.min_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+                *tls_options(self.tls),
             ]
             # Trace unary calls only: the tracing interceptors of streaming calls re-serialize every
             # message to record its size, which costs more than the transfer itself for KV streams.
             interceptors = [i for i in aio_client_interceptors() if isinstance(i, grpc.aio.UnaryUnaryClientInterceptor)]
-            self._channel = grpc.aio.insecure_channel(self.target, options=options, interceptors=interceptors)
+            if self.tls is None:
+                self._channel = grpc.aio.insecure_channel(self.target, options=options, interceptors=interceptors)
+            else:
+                self._channel = grpc.aio.secure_channel(self.target, client_credentials(self.tls), options=options,
+                                                        interceptors=interceptors)
             self._stub = pb_grpc.KVStoreServiceStub(self._channel)
         return self._stub
 

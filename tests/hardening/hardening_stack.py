@@ -89,9 +89,8 @@ def assert_engine_clean(engine: ServiceProcess, timeout_s: float = 10.0,
         time.sleep(0.05)
 
 
-def wait_gateway_sees(gateway: ServiceProcess, num_engines: int, key: str = KEY_A, timeout_s: float = 30.0,
-                      credentials: grpc.ChannelCredentials | None = None) -> None:
-    """Wait until the gateway routes to engines (a 1-token reply succeeds) and its ring has them all."""
+def wait_gateway_sees(gateway: ServiceProcess, num_engines: int, timeout_s: float = 30.0) -> None:
+    """Wait until the gateway's ring holds `num_engines` SERVING engines (its /metrics says so)."""
     import re
     import urllib.request
 
@@ -157,13 +156,6 @@ def chat_stub(address: str, credentials: grpc.ChannelCredentials | None = None, 
     channel = (grpc.secure_channel(address, credentials, options=options) if credentials
                else grpc.insecure_channel(address, options=options))
     return channel, chat_pb2_grpc.ChatServiceStub(channel)
-
-
-def vm_rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def gateway_metric_sum(gateway: ServiceProcess, name: str) -> float:

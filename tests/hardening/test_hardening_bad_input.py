@@ -126,20 +126,31 @@ def expect(request: chat_pb2.GenerateRequest) -> Expected:
 
 # ---- strategies over every field ------------------------------------------------------------------
 
+def mostly(valid, *bad, odds: int = 12):
+    """`valid` `odds` times out of `odds + len(bad)`, else one of the bad strategies: most requests
+    then carry zero or one bad field, so both the refusals and the served replies get exercised."""
+    return st.integers(0, odds + len(bad) - 1).flatmap(lambda i: valid if i < odds else bad[i - odds])
+
+
 valid_ids = st.integers(0, VOCAB_SIZE - 1)
-any_ids = st.one_of(valid_ids, st.sampled_from(BYTE_TOKEN_IDS), st.integers(VOCAB_SIZE, 2**32 - 1))
+any_ids = mostly(st.one_of(valid_ids, st.sampled_from(BYTE_TOKEN_IDS)), st.integers(VOCAB_SIZE, 2**32 - 1),
+                 odds=30)
 short_text = st.text(max_size=12)
-floats32 = st.one_of(
-    st.floats(0, 2, width=32),
-    st.sampled_from([0.0, 1.0, 100.0, 100.5, -0.5, -1e-30, 1e30, math.inf, -math.inf, math.nan]),
+floats32 = mostly(
+    st.one_of(st.floats(0, 1, width=32), st.sampled_from([0.0, 1.0])),
+    st.sampled_from([100.5, -0.5, -1e-30, 1e30, math.inf, -math.inf, math.nan]),
+    odds=6,
 )
+temperatures = mostly(st.one_of(st.floats(0, 2, width=32), st.just(100.0)),
+                      st.sampled_from([100.5, -0.5, -1e-30, 1e30, math.inf, -math.inf, math.nan]), odds=6)
 
 
 @st.composite
 def messages(draw):
-    role = draw(st.sampled_from([chat_pb2.ROLE_UNSPECIFIED, chat_pb2.ROLE_USER, chat_pb2.ROLE_CHARACTER,
-                                 chat_pb2.ROLE_SYSTEM, 7]))
-    shape = draw(st.sampled_from(["text", "text", "ids", "both", "neither", "long"]))
+    role = draw(mostly(st.sampled_from([chat_pb2.ROLE_USER, chat_pb2.ROLE_CHARACTER, chat_pb2.ROLE_SYSTEM]),
+                       st.just(chat_pb2.ROLE_UNSPECIFIED), st.just(7), odds=20))
+    shape = draw(mostly(st.sampled_from(["text", "ids"]), st.just("both"), st.just("neither"), st.just("long"),
+                        odds=20))
     m = chat_pb2.Message(role=role, author=draw(short_text))
     if shape in ("text", "both"):
         m.text = draw(st.text(min_size=1, max_size=40))
@@ -153,16 +164,19 @@ def messages(draw):
 @st.composite
 def generate_requests(draw):
     r = chat_pb2.GenerateRequest(
-        conversation_id=draw(st.one_of(st.just(""), st.text(min_size=1, max_size=16), st.just("x" * 257),
-                                       st.just("é" * 129))),
-        request_id=draw(st.one_of(st.just(""), st.text(max_size=16), st.just("r" * 129), st.just("bad\nid"))),
+        conversation_id=draw(mostly(st.text(min_size=1, max_size=16), st.just(""), st.just("x" * 257),
+                                    st.just("é" * 129))),
+        request_id=draw(mostly(st.one_of(st.just(""), st.text(max_size=16)), st.just("r" * 129),
+                               st.just("bad\nid"))),
     )
     if draw(st.booleans()):
         r.character.name = draw(short_text)
-        r.character.definition = draw(st.one_of(short_text, st.just(LONG_TEXT)))
-    context = draw(st.sampled_from(["none", "tokens", "tokens_long", "dialogue", "dialogue_empty"]))
+        r.character.definition = draw(mostly(short_text, st.just(LONG_TEXT)))
+    context = draw(mostly(st.sampled_from(["tokens", "dialogue"]), st.just("none"), st.just("tokens_long"),
+                          st.just("dialogue_empty"), st.just("tokens_empty"), odds=16))
     if context == "tokens":
-        r.tokens.token_ids.extend(draw(st.lists(any_ids, max_size=24)))
+        r.tokens.token_ids.extend(draw(st.lists(any_ids, min_size=1, max_size=24)))
+    elif context == "tokens_empty":
         r.tokens.SetInParent()
     elif context == "tokens_long":
         r.tokens.token_ids.extend([2] + [1124] * (CONTEXT_TOKENS + draw(st.integers(-1, 40))))
@@ -172,16 +186,16 @@ def generate_requests(draw):
         r.dialogue.SetInParent()
     if draw(st.booleans()):
         s = r.sampling
-        s.max_new_tokens = draw(st.one_of(st.integers(0, 6), st.integers(400, 600),
-                                          st.sampled_from([MAX_NEW_TOKENS_LIMIT + 1, 2**32 - 1])))
-        s.temperature = draw(floats32)
+        s.max_new_tokens = draw(mostly(st.integers(0, 6), st.integers(400, 600),
+                                       st.sampled_from([MAX_NEW_TOKENS_LIMIT + 1, 2**32 - 1]), odds=8))
+        s.temperature = draw(temperatures)
         s.top_k = draw(st.one_of(st.just(0), st.integers(1, 2**32 - 1)))
         s.top_p = draw(floats32)
         if draw(st.booleans()):
             s.seed = draw(st.integers(0, 2**64 - 1))
-        s.stop_strings.extend(draw(st.one_of(st.lists(st.text(max_size=4), max_size=3),
-                                             st.just(["z"] * 17), st.just(["y" * 257]))))
-        s.stop_token_ids.extend(draw(st.one_of(st.lists(any_ids, max_size=3), st.just([5] * 65))))
+        s.stop_strings.extend(draw(mostly(st.lists(st.text(min_size=1, max_size=4), max_size=3),
+                                          st.just(["z"] * 17), st.just(["y" * 257]), st.just([""]))))
+        s.stop_token_ids.extend(draw(mostly(st.lists(any_ids, max_size=3), st.just([5] * 65))))
         s.return_logprobs = draw(st.booleans())
     return r
 
@@ -211,7 +225,7 @@ def _check(stub, request: chat_pb2.GenerateRequest) -> None:
         assert reply.final.usage.generated_tokens == len(reply.token_ids) <= want.budget
 
 
-@settings(max_examples=70, deadline=None, derandomize=True,
+@settings(max_examples=200, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
 @given(request=generate_requests())
@@ -297,3 +311,38 @@ def test_huge_message_below_the_grpc_limit_is_out_of_range(stack) -> None:
     assert info.value.details().startswith("prompt")
     print(f"2 MB message refused in {elapsed_s * 1000:.0f} ms")
     assert_engine_clean(engine)
+
+
+@pytest.mark.parametrize("num_prompt_tokens, max_new_tokens, field", [
+    (CONTEXT_TOKENS, 1, "prompt"),
+    (CONTEXT_TOKENS + 300, 0, "prompt"),
+    (CONTEXT_TOKENS - 10, 11, "sampling.max_new_tokens"),
+    (CONTEXT_TOKENS - 10, 10, None),
+])
+def test_context_edges_are_exact(stack, num_prompt_tokens, max_new_tokens, field) -> None:
+    engine, gateway = stack
+    request = chat_request("edges", max_new_tokens, prompt=[2] + [1124] * (num_prompt_tokens - 1))
+    channel, stub = chat_stub(gateway.address)
+    with channel:
+        if field is None:
+            reply = collect(stub.Generate(request, metadata=auth(KEY_A), timeout=30))
+            assert reply.final.usage.prompt_tokens == num_prompt_tokens
+            assert len(reply.token_ids) <= max_new_tokens
+        else:
+            with pytest.raises(grpc.RpcError) as info:
+                collect(stub.Generate(request, metadata=auth(KEY_A), timeout=30))
+            assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
+            assert info.value.details().startswith(field)
+
+
+def test_dialogue_history_beyond_the_context_is_out_of_range(stack) -> None:
+    _, gateway = stack
+    history = [chat_pb2.Message(role=chat_pb2.ROLE_USER if i % 2 == 0 else chat_pb2.ROLE_CHARACTER,
+                                text=f"message {i} about the tides and the wind") for i in range(120)]
+    request = chat_pb2.GenerateRequest(conversation_id="long-history", dialogue=chat_pb2.Dialogue(messages=history))
+    channel, stub = chat_stub(gateway.address)
+    with channel:
+        with pytest.raises(grpc.RpcError) as info:
+            collect(stub.Generate(request, metadata=auth(KEY_A), timeout=30))
+    assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
+    assert info.value.details().startswith("prompt")

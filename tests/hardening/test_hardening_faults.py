@@ -20,6 +20,7 @@ from hardening_stack import (
     assert_engine_clean,
     assert_gateway_clean,
     auth,
+    engine_load,
     chat_request,
     chat_stub,
     collect,
@@ -77,7 +78,8 @@ def test_stalled_engine_costs_a_deadline_not_a_hang(stack) -> None:
     with channel:
         call = stub.Generate(chat_request("stall-me", max_new_tokens=3000), metadata=auth(KEY_A), timeout=3.0)
         first = next(call)
-        owner = engines[_engine_of(call, first, engines)]
+        assert first.HasField("delta")
+        owner = engines[_engine_of(engines)]
         owner.signal(signal.SIGSTOP)
         started = time.monotonic()
         try:
@@ -93,10 +95,8 @@ def test_stalled_engine_costs_a_deadline_not_a_hang(stack) -> None:
     assert_gateway_clean(gateway)
 
 
-def _engine_of(call, first_event, engines) -> str:
+def _engine_of(engines) -> str:
     """Which engine serves a running stream: the one whose load shows a running request."""
-    from hardening_stack import engine_load
-
     busy = [eid for eid, e in engines.items() if engine_load(e.address).running_requests > 0]
     assert len(busy) == 1, busy
     return busy[0]

@@ -26,7 +26,7 @@ from services.engine.model.linear import FloatLinear, quantize_weight
 from services.engine.model.ops import quantize_symmetric
 from services.engine.model.model import CausalLM
 
-DEFAULT_ALPHA = 0.6
+DEFAULT_ALPHA = 0.5
 
 
 class _AbsMaxRecorder:

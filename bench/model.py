@@ -1,0 +1,124 @@
+"""Model benchmark: load time, weight bytes, KV bytes/token, prefill and decode tokens/s, perplexity.
+
+Decode is measured with DenseAttention (contiguous per-sequence KV, int8-emulated for the int8
+path): each step runs forward for B new tokens (one per sequence), the logits of those B rows and an
+argmax -- the model's cost per generated token, without the paged cache and scheduler. The float32
+path of the same code is the baseline measured in the same run.
+
+    python -m bench.model [--quick] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from services.engine.model import DenseAttention, load_model
+from services.engine.model.config import gemma3_270m_config, synthetic_config
+from services.engine.model.perplexity import perplexity
+
+REF_PPL = 13.829072782896715
+
+
+def _prefill_tps(model, num_tokens: int, repeats: int) -> float:
+    ids = torch.arange(1000, 1000 + num_tokens) % 200000 + 300
+    best = float("inf")
+    for _ in range(repeats):
+        attn = DenseAttention(model.config, kv_int8=model.precision == "int8")
+        start = time.perf_counter()
+        hidden = model.forward(ids, attn.begin_step([num_tokens]), attn)
+        model.logits(hidden[-1:])
+        best = min(best, time.perf_counter() - start)
+    return num_tokens / best
+
+
+def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32) -> float:
+    attn = DenseAttention(model.config, num_seqs=batch, kv_int8=model.precision == "int8")
+    ids = (torch.arange(batch * prompt_tokens) * 7919) % 200000 + 300
+    hidden = model.forward(ids, attn.begin_step([prompt_tokens] * batch), attn)
+    last = hidden.view(batch, prompt_tokens, -1)[:, -1]
+    tokens = model.logits(last).argmax(-1)
+    start = time.perf_counter()
+    for _ in range(steps):
+        hidden = model.forward(tokens, attn.begin_step([1] * batch), attn)
+        tokens = model.logits(hidden).argmax(-1)
+    return batch * steps / (time.perf_counter() - start)
+
+
+def _kv_table() -> dict[str, float]:
+    g = gemma3_270m_config()
+    baseline = 2 * g.num_layers * 8 * g.head_dim * 2  # GQA-8, bf16, every layer global, no sharing
+    int8 = g.kv_bytes_per_token()
+    ctx = 32768
+    live = sum(2 * g.num_kv_heads * (g.head_dim + 4) * (min(ctx, s.sliding_window_tokens or ctx) / ctx)
+               for s in g.layers)
+    tiny, tiny_noshare = synthetic_config("synthetic-tiny"), synthetic_config("synthetic-tiny-noshare")
+    tiny_base = 2 * tiny.num_layers * 8 * tiny.head_dim * 2
+    return {
+        "kv_bytes_per_token": int8,
+        "kv_bytes_per_token_baseline_gqa8_bf16_global": baseline,
+        "kv_reduction_x": round(baseline / int8, 2),
+        "kv_bytes_per_token_live_at_32k": round(live, 1),
+        "kv_reduction_live_at_32k_x": round(baseline / live, 1),
+        "kv_bytes_per_token_synthetic_tiny": tiny.kv_bytes_per_token(),
+        "kv_bytes_per_token_synthetic_tiny_noshare": tiny_noshare.kv_bytes_per_token(),
+        "kv_bytes_per_token_synthetic_tiny_baseline": tiny_base,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reference-dir", default="../shared/reference", help="holds gpl-3.txt")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    result: dict[str, float] = {}
+    models = {}
+    for precision in ("int8", "float32"):
+        start = time.perf_counter()
+        model, tok = load_model("gemma-3-270m", precision=precision)
+        models[precision] = model
+        result[f"load_s_{precision}"] = round(time.perf_counter() - start, 2)
+        result[f"weight_bytes_{precision}"] = model.weight_bytes()
+    result.update(_kv_table())
+    steps = 8 if args.quick else 32
+    for precision, model in models.items():
+        sfx = "" if precision == "int8" else "_fp32"
+        result[f"prefill_tokens_per_s_512{sfx}"] = round(_prefill_tps(model, 512, 2), 1)
+        if not args.quick or precision == "int8":
+            result[f"prefill_tokens_per_s_2048{sfx}"] = round(_prefill_tps(model, 2048, 1), 1)
+        for batch in (1, 8, 32):
+            result[f"decode_tokens_per_s_b{batch}{sfx}"] = round(_decode_tps(model, batch, steps), 1)
+        print(json.dumps({k: v for k, v in result.items() if k.endswith(sfx) or sfx == ""}), flush=True)
+    with open(f"{args.reference_dir}/gpl-3.txt") as f:
+        text = f.read()
+    ids = tok.encode(text, add_bos=True, parse_special=False)
+    chunks = 2 if args.quick else None
+    result["ppl_chunks"] = chunks or len(ids) // 512
+    result["ppl_fp32"] = round(perplexity(models["float32"], ids, 2, max_chunks=chunks).ppl, 4)
+    result["ppl_int8"] = round(perplexity(models["int8"], ids, 2, max_chunks=chunks, kv_int8=True).ppl, 4)
+    if not args.quick:
+        result["ppl_int8_no_kv"] = round(perplexity(models["int8"], ids, 2).ppl, 4)
+        result["ppl_fp32_int8_kv"] = round(perplexity(models["float32"], ids, 2, kv_int8=True).ppl, 4)
+        wq = models["int8"]
+        for lw in wq.layers:
+            for name in ("qkv", "o", "gate_up", "down"):
+                getattr(lw, name).quantize_activations = False
+        wq.lm_head.quantize_activations = False
+        result["ppl_int8_weights_only"] = round(perplexity(wq, ids, 2).ppl, 4)
+        result["ppl_reference_f64"] = REF_PPL
+    for k in ("ppl_fp32", "ppl_int8"):
+        if not args.quick:
+            result[k + "_vs_ref_pct"] = round(100 * (result[k] / REF_PPL - 1), 3)
+    print(f"{'metric':48s} value")
+    for k, v in result.items():
+        print(f"{k:48s} {v}")
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
