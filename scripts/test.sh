@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Convert the default model once (a no-op when cached) before tests start engines in parallel.
+.venv/bin/salon convert
 exec .venv/bin/python -m pytest -q "$@"

@@ -9,6 +9,10 @@ The division by s is folded into what produces X, so the int8 model runs no extr
     down input    <- the up projection's rows (gelu(gate) * up is linear in up)
     o input       <- the v projection's rows (attention output is a convex mix of v rows; one s per
                      head_dim channel, shared by all query heads reading that KV head)
+The int8 KV cache is smoothed the same way: keys are scaled per channel through the k-norm weight and
+queries (which stay float) by the inverse through the q-norm weight, so every score q.k is unchanged.
+RoPE rotates channel pairs (j, j + D/2), so both channels of a pair share one scale, taken from the
+pair's rotation-invariant magnitude sqrt(k_j^2 + k_{j+D/2}^2).
 The tied output projection is not smoothed (the embedding table is shared with the input lookup).
 Weights are then quantized symmetric per output channel.
 """
@@ -23,10 +27,13 @@ import torch
 from services.engine.model.builder import fused_float_weights
 from services.engine.model.config import ModelConfig
 from services.engine.model.linear import FloatLinear, quantize_weight
+from services.engine.model import ops
 from services.engine.model.ops import quantize_symmetric
 from services.engine.model.model import CausalLM
 
 DEFAULT_ALPHA = 0.5
+# Key smoothing strength: s_pair = magnitude^-KV_BETA (0: none, 1: every pair flattened to one absmax).
+DEFAULT_KV_BETA = 0.6
 
 
 class _AbsMaxRecorder:
@@ -59,6 +66,10 @@ class _AbsMaxRecorder:
 class Calibration:
     absmax: dict[str, torch.Tensor]  # per projection: absmax of each input channel
     inputs: dict[str, torch.Tensor]  # per projection: the calibration rows it was fed [R, K]
+
+    def rms(self, name: str) -> torch.Tensor:
+        """Root-mean-square of each input channel of projection ``name`` over the calibration rows."""
+        return self.inputs[name].pow(2).mean(dim=0).sqrt()
 
 
 def calibrate(model: CausalLM, run: Callable[[CausalLM], None]) -> Calibration:
@@ -109,16 +120,44 @@ def _smooth_scale(act_absmax: torch.Tensor, weight: torch.Tensor, alpha: float) 
 
 
 ALPHA_GRID = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+# The activation magnitude a_j of the smoothing formula. Per-token quantization gives each token its
+# own scale, so a channel that is large on a handful of tokens only (absmax) should not be shrunk for
+# all of them; the typical magnitude (rms over the calibration rows) is what sets most tokens' scales.
+SMOOTH_STATISTICS = ("rms", "absmax")
+DEFAULT_STATISTIC = "rms"
+
+
+def key_smoothing_scale(config: ModelConfig, w: dict[str, torch.Tensor], qkv_inputs: torch.Tensor, layer: int,
+                        beta: float) -> torch.Tensor:
+    """f32[head_dim]: the per-channel key scale of a KV-producing layer (equal on each RoPE pair).
+
+    qkv_inputs are the calibration rows fed to the layer's qkv projection (before any smoothing);
+    the keys are rebuilt from them up to the k-norm (RoPE leaves pair magnitudes unchanged).
+    """
+    p = f"layers.{layer}."
+    hkv, d = config.num_kv_heads, config.head_dim
+    k = (qkv_inputs @ w[p + "attn_k"].T).reshape(-1, hkv, d)
+    k = ops.rmsnorm(k, w[p + "attn_k_norm"], config.rms_norm_eps)
+    half = d // 2
+    pair = torch.sqrt(k[..., :half] ** 2 + k[..., half:] ** 2).amax(dim=(0, 1))  # [D/2], all KV heads
+    s = pair.clamp(min=1e-4).pow(-beta)
+    s = s / s.mean()  # per-token quantization ignores a common factor; keep magnitudes near the original
+    return torch.cat([s, s])
 
 
 def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration | None,
                           alpha: float | None = None, smooth: tuple[str, ...] = ("qkv", "gate_up", "down", "o"),
-                          alphas_chosen: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
+                          alphas_chosen: dict[str, float] | None = None,
+                          kv_beta: float = DEFAULT_KV_BETA,
+                          statistic: str = DEFAULT_STATISTIC) -> dict[str, torch.Tensor]:
     """Float weights (+ calibration, or None for no smoothing) -> int8 checkpoint tensors.
 
     alpha None: per projection, the alpha of ALPHA_GRID with the least W8A8 output error on the
     calibration rows (recorded into ``alphas_chosen`` when given); a number: that alpha everywhere.
+    statistic: the per-channel activation magnitude the scales use (one of SMOOTH_STATISTICS).
     """
+    if statistic not in SMOOTH_STATISTICS:
+        raise ValueError(f"statistic must be one of {SMOOTH_STATISTICS}, got {statistic!r}")
     out: dict[str, torch.Tensor] = {"final_norm": w["final_norm"].clone()}
     emb_q, emb_s = quantize_weight(w["embed"])
     out["embed.w_q"], out["embed.w_scale"] = emb_q, emb_s
@@ -128,6 +167,7 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
     def expand_o(s: torch.Tensor) -> torch.Tensor:  # [Hkv, D] -> [Hq * D] (query heads of a KV head share)
         return s[:, None, :].expand(hkv, group, d).reshape(hq * d)
 
+    key_scales: dict[int, torch.Tensor] = {}  # KV-producing layer -> its key scale
     for i in range(config.num_layers):
         p = f"layers.{i}."
         fused = {k: v.clone() for k, v in fused_float_weights(config, w, i).items()}
@@ -138,7 +178,7 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
         for name in smooth:
             if calib is None or (name == "o" and (shares or has_readers)):
                 continue
-            act = calib.absmax[p + name]
+            act = calib.rms(p + name) if statistic == "rms" else calib.absmax[p + name]
             expand = (lambda s: s) if name != "o" else expand_o
             if name == "o":
                 act = act.reshape(hkv, group, d).amax(dim=1)
@@ -162,7 +202,11 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
         for name, weight in fused.items():
             out[p + name + ".w_q"], out[p + name + ".w_scale"] = quantize_weight(weight)
         out.update({p + n: t for n, t in norms.items()})
-        out[p + "attn_q_norm"] = w[p + "attn_q_norm"].clone()
+        src = config.kv_source(i)
+        if calib is not None and kv_beta > 0 and src not in key_scales:
+            key_scales[src] = key_smoothing_scale(config, w, calib.inputs[f"layers.{src}.qkv"], src, kv_beta)
+        k_scale = key_scales.get(src, torch.ones(d))
+        out[p + "attn_q_norm"] = w[p + "attn_q_norm"] / k_scale  # readers of shared KV divide by the source's
         if not shares:
-            out[p + "attn_k_norm"] = w[p + "attn_k_norm"].clone()
+            out[p + "attn_k_norm"] = w[p + "attn_k_norm"] * k_scale
     return {k: v.contiguous() for k, v in out.items()}
