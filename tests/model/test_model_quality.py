@@ -3,7 +3,8 @@
 float32 path: greedy tokens equal up to the first step whose reference margin < 0.1, top-5
 log-probs within 0.02. int8 path: teacher-forced top-1 agreement with float32 >= 93%.
 Perplexity on gpl-3.txt (llama-perplexity -c 512): float32 within 0.5% of 13.829; full int8
-(W8A8 + int8 KV) at most 2% above it.
+(W8A8 + int8 KV) at most 2% above it (measured 13.986, +1.14%: rms-statistic smoothing at alpha 0.5
+plus key smoothing through the q/k norms).
 """
 
 import json
@@ -78,7 +79,6 @@ def test_fp32_perplexity(fp32_model, gpl_ids):
     assert abs(result.ppl / REF_PPL - 1) < 0.005
 
 
-@pytest.mark.xfail(reason="full int8 measured at +2.5% (14.178) against the 2% gate; calibration open", strict=False)
 def test_int8_perplexity(int8_model, gpl_ids):
     result = perplexity(int8_model[0], gpl_ids, bos_token_id=2, kv_int8=True)
     print(f"int8 (W8A8 + int8 KV) ppl {result.ppl:.4f} ({100 * (result.ppl / REF_PPL - 1):+.3f}%)")

@@ -31,7 +31,7 @@ from services.engine.model.tokenizer import Tokenizer, Vocab
 CHECKPOINT_FILE = "model-int8.safetensors"
 VOCAB_FILE = "vocab.json"
 # Bump when the checkpoint recipe changes: old caches are then rebuilt, never misread.
-CHECKPOINT_FORMAT = "salon-int8-v2"
+CHECKPOINT_FORMAT = "salon-int8-v3"
 
 
 def default_cache_dir() -> Path:

@@ -1,7 +1,8 @@
 """Float weights -> int8 checkpoint, with SmoothQuant-style smoothing folded into the weights.
 
 Smoothing moves activation outliers into the weights channel by channel: for a Linear whose input
-column j has calibration absmax a_j and whose weight column j has absmax w_j,
+column j has calibration magnitude a_j (rms over the calibration rows by default, see
+DEFAULT_STATISTIC) and whose weight column j has absmax w_j,
     s_j = a_j^alpha / w_j^(1 - alpha),   X' = X / s,   W' = W * s   (X' W'^T == X W^T exactly).
 The division by s is folded into what produces X, so the int8 model runs no extra op:
     qkv input     <- attn_norm weight (RMSNorm output is x_hat * w)
