@@ -74,7 +74,7 @@ def parse_context(request, limits: Limits) -> ParsedContext:
     for m in messages:
         text_bytes += len(m.text.encode()) + len(m.author.encode())
     if text_bytes > limits.max_context_tokens * limits.max_token_bytes:
-        raise OutOfRange(f"dialogue: {text_bytes} bytes of text cannot fit in the {limits.max_context_tokens}-token "
+        raise OutOfRange(f"prompt: the dialogue's {text_bytes} bytes of text cannot fit in the {limits.max_context_tokens}-token "
                          "context")
     parsed = []
     for i, m in enumerate(messages):
