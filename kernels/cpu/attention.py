@@ -18,8 +18,10 @@ queries share the call (other sequences, or the other tokens of its own prefill 
     vector one by an ulp, which would make a row's result depend on its index).
 
 Each distinct (sequence, tile) is dequantized once. Runs of consecutive queries reading the same
-tile (prefill chunks) multiply against it through a stride-0 expansion; scattered queries
-(decodes) gather their tiles and share one bmm. Both give the same bits per query.
+tile (prefill chunks) multiply against it in one matmul of run x G rows when this machine's BLAS gives
+such a matmul the same bits per row as the per-query bmm (checked once per shape at first use, see
+_matmul_rows_match_bmm; otherwise through a stride-0 bmm); scattered queries (decodes) gather their
+tiles and share one bmm. All give the same bits per query.
 
 Block-table entries of blocks that no query of the sequence can see are never dereferenced: they
 are replaced by block 0 before the gather. Every cache entry holds finite values (int8 times a
@@ -36,6 +38,27 @@ TILE_TOKENS = 64
 ROW_PAD = 32
 # A run of at least this many queries on one tile uses the stride-0 path instead of the gather.
 MIN_RUN_ROWS = 8
+
+
+_ROWS_MATCH: dict[tuple[int, int, int], bool] = {}
+
+
+def _matmul_rows_match_bmm(g: int, k: int, n: int) -> bool:
+    """Whether [r*g, k] @ [k, n] gives, row for row, the bits of r separate [g, k] @ [k, n] bmm products.
+
+    A BLAS picks its kernel by shape, and small row counts can take a path that sums in another order
+    (seen here: 1, 2, 3, 5-7, 9-11 rows). The fast path is used only where a probe over several run
+    lengths agrees bit for bit; the answer is cached per (g, k, n).
+    """
+    key = (g, k, n)
+    if key not in _ROWS_MATCH:
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(257 * g, k, generator=gen)
+        b = torch.randn(k, n, generator=gen)
+        per_query = torch.bmm(a.view(257, g, k), b.expand(257, k, n)).reshape(257 * g, n)
+        _ROWS_MATCH[key] = all(
+            torch.equal(a[: r * g] @ b, per_query[: r * g]) for r in (MIN_RUN_ROWS, 9, 31, 32, 100, 257))
+    return _ROWS_MATCH[key]
 
 
 def _pad_rows(x: torch.Tensor, num_rows: int) -> torch.Tensor:
@@ -115,6 +138,7 @@ def paged_attention_cpu(
     l = torch.zeros((Hkv, T_pad, G))
     acc = torch.zeros((Hkv, T_pad, G, D))
     offsets = torch.arange(tile)
+    qk_matmul, pv_matmul = _matmul_rows_match_bmm(G, D, tile), _matmul_rows_match_bmm(G, tile, D)
     for k in range(max_tiles):
         u_k = inverse[:, k]
         key_pos = tile_of[:, k, None] * tile + offsets  # [T_pad, tile]
@@ -132,7 +156,10 @@ def paged_attention_cpu(
         scores = torch.empty((Hkv, T_pad, G, tile)) if long_runs else None
         for a, b, u in long_runs:
             for h in range(Hkv):
-                scores[h, a:b] = torch.bmm(qh[h, a:b], Ku[h, u].expand(b - a, D, tile))
+                if qk_matmul:
+                    scores[h, a:b] = (qh[h, a:b].reshape(-1, D) @ Ku[h, u]).view(b - a, G, tile)
+                else:
+                    scores[h, a:b] = torch.bmm(qh[h, a:b], Ku[h, u].expand(b - a, D, tile))
         if not long_runs:
             kt = Ku[:, u_k].reshape(Hkv * T_pad, D, tile)
             scores = torch.bmm(qh.view(Hkv * T_pad, G, D), kt).view(Hkv, T_pad, G, tile)
@@ -152,7 +179,10 @@ def paged_attention_cpu(
         pv = torch.empty((Hkv, T_pad, G, D)) if long_runs else None
         for a, b, u in long_runs:
             for h in range(Hkv):
-                pv[h, a:b] = torch.bmm(p[h, a:b], Vu[h, u].expand(b - a, tile, D))
+                if pv_matmul:
+                    pv[h, a:b] = (p[h, a:b].reshape(-1, tile) @ Vu[h, u]).view(b - a, G, D)
+                else:
+                    pv[h, a:b] = torch.bmm(p[h, a:b], Vu[h, u].expand(b - a, tile, D))
         if not long_runs:
             vt = Vu[:, u_k].reshape(Hkv * T_pad, tile, D)
             pv = torch.bmm(p.view(Hkv * T_pad, G, tile), vt).view(Hkv, T_pad, G, D)
