@@ -42,6 +42,7 @@ class EngineService:
 
     async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
         names = [add_to_server(self.servicer, server)]
+        self.servicer.health = health
         self._task = asyncio.create_task(self._load(health))
         return names
 

@@ -64,6 +64,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self.config = config
         self.runtime: EngineRuntime | None = None
         self.memo = ReplyMemo()
+        # The process's health; once the model is loaded, NOT_SERVING means shutting down (draining).
+        self.health = None
 
     def _ready(self) -> EngineRuntime:
         if self.runtime is None:
@@ -211,7 +213,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             cached_kv_blocks=snap.cached_kv_blocks,
             total_kv_blocks=snap.total_kv_blocks,
             decode_tokens_per_s=snap.decode_tokens_per_s,
-            draining=False,
+            draining=self.health is not None and not self.health.serving,
         )
 
     async def GetLoad(self, request, context):
