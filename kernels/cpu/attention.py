@@ -61,6 +61,32 @@ def _matmul_rows_match_bmm(g: int, k: int, n: int) -> bool:
     return _ROWS_MATCH[key]
 
 
+def _tile_products(x: torch.Tensor, tiles: torch.Tensor, u_k: torch.Tensor, long_runs: list[tuple[int, int, int]],
+                   scattered: torch.Tensor | None, use_matmul: bool) -> torch.Tensor:
+    """Per query row t and KV head h: x[h, t] [G, K] @ tiles[h, u_k[t]] [K, N] -> [Hkv, T_pad, G, N].
+
+    Runs of rows on one tile multiply against it directly (one matmul of run x G rows, or a stride-0
+    bmm); the other rows gather their tiles into one bmm. Every path gives the same bits per row.
+    """
+    hkv, t_pad, g, k = x.shape
+    n = tiles.shape[-1]
+    if not long_runs:
+        return torch.bmm(x.reshape(hkv * t_pad, g, k), tiles[:, u_k].reshape(hkv * t_pad, k, n)).view(hkv, t_pad, g, n)
+    out = torch.empty((hkv, t_pad, g, n))
+    for a, b, u in long_runs:
+        for h in range(hkv):
+            if use_matmul:
+                out[h, a:b] = (x[h, a:b].reshape(-1, k) @ tiles[h, u]).view(b - a, g, n)
+            else:
+                out[h, a:b] = torch.bmm(x[h, a:b], tiles[h, u].expand(b - a, k, n))
+    if scattered is not None:
+        m = scattered.numel()
+        xs = x[:, scattered].reshape(hkv * m, g, k)
+        ts = tiles[:, u_k[scattered]].reshape(hkv * m, k, n)
+        out[:, scattered] = torch.bmm(xs, ts).view(hkv, m, g, n)
+    return out
+
+
 def _pad_rows(x: torch.Tensor, num_rows: int) -> torch.Tensor:
     extra = num_rows - x.shape[0]
     return x if extra == 0 else torch.cat([x, x[:1].expand(extra, *x.shape[1:])])
@@ -153,21 +179,7 @@ def paged_attention_cpu(
                 mask[a:b] = False
             scattered = torch.nonzero(mask).flatten()
 
-        scores = torch.empty((Hkv, T_pad, G, tile)) if long_runs else None
-        for a, b, u in long_runs:
-            for h in range(Hkv):
-                if qk_matmul:
-                    scores[h, a:b] = (qh[h, a:b].reshape(-1, D) @ Ku[h, u]).view(b - a, G, tile)
-                else:
-                    scores[h, a:b] = torch.bmm(qh[h, a:b], Ku[h, u].expand(b - a, D, tile))
-        if not long_runs:
-            kt = Ku[:, u_k].reshape(Hkv * T_pad, D, tile)
-            scores = torch.bmm(qh.view(Hkv * T_pad, G, D), kt).view(Hkv, T_pad, G, tile)
-        elif scattered is not None:
-            n = scattered.numel()
-            qs = qh[:, scattered].reshape(Hkv * n, G, D)
-            kt = Ku[:, u_k[scattered]].reshape(Hkv * n, D, tile)
-            scores[:, scattered] = torch.bmm(qs, kt).view(Hkv, n, G, tile)
+        scores = _tile_products(qh, Ku, u_k, long_runs, scattered, qk_matmul)
         scores = scores * sm_scale
         scores.masked_fill_(~visible[None, :, None, :], -math.inf)
 
@@ -176,21 +188,7 @@ def paged_attention_cpu(
         p = torch.exp(scores - m_new[..., None])
         l = l * alpha + p.sum(-1)
 
-        pv = torch.empty((Hkv, T_pad, G, D)) if long_runs else None
-        for a, b, u in long_runs:
-            for h in range(Hkv):
-                if pv_matmul:
-                    pv[h, a:b] = (p[h, a:b].reshape(-1, tile) @ Vu[h, u]).view(b - a, G, D)
-                else:
-                    pv[h, a:b] = torch.bmm(p[h, a:b], Vu[h, u].expand(b - a, tile, D))
-        if not long_runs:
-            vt = Vu[:, u_k].reshape(Hkv * T_pad, tile, D)
-            pv = torch.bmm(p.view(Hkv * T_pad, G, tile), vt).view(Hkv, T_pad, G, D)
-        elif scattered is not None:
-            n = scattered.numel()
-            ps = p[:, scattered].reshape(Hkv * n, G, tile)
-            vt = Vu[:, u_k[scattered]].reshape(Hkv * n, tile, D)
-            pv[:, scattered] = torch.bmm(ps, vt).view(Hkv, n, G, D)
+        pv = _tile_products(p, Vu, u_k, long_runs, scattered, pv_matmul)
         acc = acc * alpha[..., None] + pv
         m = m_new
     out = (acc / l[..., None]).transpose(0, 1).reshape(T_pad, Hq, D)
