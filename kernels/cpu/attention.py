@@ -156,8 +156,12 @@ def paged_attention_cpu(
     tables = block_tables.long()[u_seq]
     ids = torch.where(block_seen, tables.gather(1, block_idx.clamp(max=tables.shape[1] - 1)), 0)
     U = uniq.numel()
-    Ku = (k_cache[ids].float() * k_scale[ids][..., None]).view(U, tile, Hkv, D).permute(2, 0, 3, 1).contiguous()
-    Vu = (v_cache[ids].float() * v_scale[ids][..., None]).view(U, tile, Hkv, D).permute(2, 0, 1, 3).contiguous()
+    # int8 values as floats; the per-token scales are applied to the (much smaller) scores and
+    # probabilities instead: q.(s k) = (q.k) s and sum p (s v) = sum (p s) v.
+    Ku = k_cache[ids].float().view(U, tile, Hkv, D).permute(2, 0, 3, 1).contiguous()
+    Vu = v_cache[ids].float().view(U, tile, Hkv, D).permute(2, 0, 1, 3).contiguous()
+    Ks = (k_scale[ids].view(U, tile, Hkv).permute(2, 0, 1) * sm_scale).contiguous()  # [Hkv, U, tile]
+    Vs = v_scale[ids].view(U, tile, Hkv).permute(2, 0, 1).contiguous()
 
     qh = _pad_rows(q, T_pad).view(T_pad, Hkv, G, D).transpose(0, 1).contiguous()  # [Hkv, T_pad, G, D]
     m = torch.full((Hkv, T_pad, G), -math.inf)
@@ -179,8 +183,7 @@ def paged_attention_cpu(
                 mask[a:b] = False
             scattered = torch.nonzero(mask).flatten()
 
-        scores = _tile_products(qh, Ku, u_k, long_runs, scattered, qk_matmul)
-        scores = scores * sm_scale
+        scores = _tile_products(qh, Ku, u_k, long_runs, scattered, qk_matmul) * Ks[:, u_k, None, :]
         scores.masked_fill_(~visible[None, :, None, :], -math.inf)
 
         m_new = torch.maximum(m, scores.amax(-1))
@@ -188,7 +191,7 @@ def paged_attention_cpu(
         p = torch.exp(scores - m_new[..., None])
         l = l * alpha + p.sum(-1)
 
-        pv = _tile_products(p, Vu, u_k, long_runs, scattered, pv_matmul)
+        pv = _tile_products(p * Vs[:, u_k, None, :], Vu, u_k, long_runs, scattered, pv_matmul)
         acc = acc * alpha[..., None] + pv
         m = m_new
     out = (acc / l[..., None]).transpose(0, 1).reshape(T_pad, Hq, D)
