@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.common.process import ServiceProcess, ServiceStartError, start_service
+from services.common.process import ServiceProcess, ServiceStartError, start_service, threads_per_process
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +59,8 @@ def start_stack(args: argparse.Namespace) -> list[ServiceProcess]:
             engine = ServiceProcess(
                 "engine",
                 ("--port", str(port), "--metrics-port", str(metrics_port + 2 + i), "--engine-id", f"engine-{i}",
-                 "--model", args.model, "--kvstore-target", kv.address),
+                 "--model", args.model, "--kvstore-target", kv.address,
+                 "--torch-threads", str(threads_per_process(args.engines))),
                 logs / f"engine-{i}.log",
             ).start()
             procs.append(engine)

@@ -109,6 +109,11 @@ class ServiceProcess:
         return "\n" + "\n".join(lines)
 
 
+def threads_per_process(num_processes: int) -> int:
+    """An equal share of this host's cores for each of num_processes compute-bound processes (at least 1)."""
+    return max(1, (os.cpu_count() or 1) // max(1, num_processes))
+
+
 def start_service(
     service: str,
     args: Sequence[str] = (),

@@ -38,6 +38,9 @@ class EngineConfig:
     max_context_tokens: int | None = field(
         default=None, metadata={"help": "context limit (default: the model's own)"}
     )
+    torch_threads: int = field(
+        default=0, metadata={"help": "intra-op threads for the model (0: all cores); engines sharing a host "
+                                     "should split the cores, oversubscribed threads spin and slow every step"})
     warmup: bool = field(default=True, metadata={"help": "run one short request before reporting SERVING"})
     no_prefix_cache: bool = field(
         default=False, metadata={"help": "disable prefix caching (device and kvstore): recompute every prompt"})

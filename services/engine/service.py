@@ -22,6 +22,8 @@ log = get_logger(__name__)
 
 
 def build_core(config: EngineConfig) -> EngineCore:
+    if config.torch_threads > 0:
+        torch.set_num_threads(config.torch_threads)
     model, tokenizer = load_model(config.model, config.precision, config.device)
     core = EngineCore(model, tokenizer, config.scheduler_config(), config.block_size_tokens,
                       config.kv_cache_bytes, config.device, prefix_caching=not config.no_prefix_cache)

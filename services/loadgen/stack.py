@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.process import ServiceProcess, start_service
+from services.common.process import ServiceProcess, start_service, threads_per_process
 
 # The engine's config field `no_prefix_cache: bool = False`; services.common.config bool flags take a value.
 NO_PREFIX_CACHE_ARGS = ("--no-prefix-cache", "true")
@@ -56,7 +56,9 @@ def write_tenants_file(directory: Path, api_key: str) -> Path:
 
 
 def engine_args(config: StackConfig, index: int, kvstore_address: str | None) -> list[str]:
-    args = ["--port", "0", "--engine-id", f"engine-{index}", "--model", config.model, *config.engine_args]
+    args = ["--port", "0", "--engine-id", f"engine-{index}", "--model", config.model,
+            # Engines on one host split its cores: oversubscribed threads spin and slow every step.
+            "--torch-threads", str(threads_per_process(config.num_engines)), *config.engine_args]
     if not config.cache:
         args.extend(NO_PREFIX_CACHE_ARGS)
     elif kvstore_address is not None:

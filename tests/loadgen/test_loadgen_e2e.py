@@ -9,16 +9,23 @@ import json
 import subprocess
 import sys
 
+from services.common.process import threads_per_process
 from services.loadgen.stack import StackConfig, engine_args
 
 
 def test_engine_flags_for_each_mode():
+    # Two engines split this host's cores between them.
+    threads = str(threads_per_process(2))
     assert engine_args(StackConfig(model="m", cache=True), 1, "127.0.0.1:5") == [
-        "--port", "0", "--engine-id", "engine-1", "--model", "m", "--kvstore-target", "127.0.0.1:5"]
+        "--port", "0", "--engine-id", "engine-1", "--model", "m", "--torch-threads", threads,
+        "--kvstore-target", "127.0.0.1:5"]
     assert engine_args(StackConfig(model="m", cache=True, kvstore=False), 0, None) == [
-        "--port", "0", "--engine-id", "engine-0", "--model", "m"]
+        "--port", "0", "--engine-id", "engine-0", "--model", "m", "--torch-threads", threads]
     assert engine_args(StackConfig(model="m", cache=False, engine_args=("--x", "1")), 0, None) == [
-        "--port", "0", "--engine-id", "engine-0", "--model", "m", "--x", "1", "--no-prefix-cache", "true"]
+        "--port", "0", "--engine-id", "engine-0", "--model", "m", "--torch-threads", threads, "--x", "1",
+        "--no-prefix-cache", "true"]
+    assert engine_args(StackConfig(model="m", cache=True, kvstore=False, num_engines=1), 0, None)[6:8] == [
+        "--torch-threads", str(threads_per_process(1))]
 
 
 def test_bench_launch_compare_no_cache_synthetic_tiny(tmp_path):
