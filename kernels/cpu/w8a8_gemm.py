@@ -2,12 +2,14 @@
 
 Two exact ways to get the int32 accumulator acc = a_q @ w_q^T, chosen by the number of rows M:
 
-- M < SMALL_M_ROWS (decode, small batches): a small C kernel (AVX2, compiled with the system C compiler on first
+- M < SMALL_M_ROWS (decode, small batches), or any M for a weight of LARGE_WEIGHT_ELEMENTS or more (the
+  262,144 x 640 output projection, which the float path would widen to 670 MB every call): a small C kernel (AVX2, compiled with the system C compiler on first
   use, loaded with ctypes) reads the int8 weights directly -- batch-1 decode is bound by reading
   the weights, so reading 1 byte per weight instead of 4 is the point. Activations are widened to
   int16 once; ``_mm256_madd_epi16`` multiplies int16 pairs into int32 sums (|a*w| <= 127*127, no
   saturation) accumulated in int32. Each output element depends only on its own row and column,
-  so results never depend on M or the thread split.
+  so results never depend on M or the thread split; rows go through it C_ROW_BLOCK at a time (measured
+  here on the output projection: 32 rows 57 ms, 48 rows at once 119 ms, 64 rows by the float path 431 ms).
 - otherwise (prefill) or without a C compiler: float32 GEMMs (MKL) on int8-valued operands. A
   float32 dot is exact while every partial sum stays below 2^24, which holds for K chunks of at
   most 1024 (1024*127*127 < 2^24); chunk results are added in float64 (exact), so the f32 value of
@@ -31,6 +33,8 @@ import torch.nn.functional as F
 
 EXACT_F32_CHUNK_K = 1024
 SMALL_M_ROWS = 64
+LARGE_WEIGHT_ELEMENTS = 1 << 24
+C_ROW_BLOCK = 32
 # Rows of w widened to float32 per block in the float path (bounds the temporary to ~40 MB at K=640).
 _W_BLOCK_ROWS = 16384
 
@@ -148,6 +152,17 @@ def int8_acc_c(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
+def int8_acc_c_blocked(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor | None:
+    """int8_acc_c over blocks of C_ROW_BLOCK rows (exact, so the blocking never changes a result)."""
+    parts = []
+    for m0 in range(0, a_q.shape[0], C_ROW_BLOCK):
+        part = int8_acc_c(a_q[m0:m0 + C_ROW_BLOCK], w_q)
+        if part is None:
+            return None
+        parts.append(part)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def int8_acc_f32(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
     """float32[M, N] holding exactly float32(int32 a_q @ w_q^T), via float32 GEMMs on K chunks <= 1024."""
     m, k = a_q.shape
@@ -180,7 +195,8 @@ def w8a8_gemm_cpu(
         raise ValueError("a_q and w_q must be int8")
     if a_q.dim() != 2 or w_q.dim() != 2 or a_q.shape[1] != w_q.shape[1]:
         raise ValueError(f"shape mismatch: a_q {tuple(a_q.shape)} w_q {tuple(w_q.shape)}")
-    acc = int8_acc_c(a_q, w_q) if a_q.shape[0] < SMALL_M_ROWS else None
+    use_c = a_q.shape[0] < SMALL_M_ROWS or w_q.numel() >= LARGE_WEIGHT_ELEMENTS
+    acc = int8_acc_c_blocked(a_q, w_q) if use_c else None
     y = acc.to(torch.float32) if acc is not None else int8_acc_f32(a_q, w_q)
     y.mul_(a_scale[:, None]).mul_(w_scale[None, :])
     if bias is not None:

@@ -48,3 +48,15 @@ def test_row_result_independent_of_batch():
     full = w8a8_gemm_cpu(a, sa, w, sw)  # float path
     for rows in (1, 3, SMALL_M_ROWS - 1):  # C path
         assert torch.equal(w8a8_gemm_cpu(a[:rows], sa[:rows], w, sw), full[:rows])
+
+
+def test_large_weights_take_the_blocked_c_path_at_any_batch():
+    """The output projection's size: 70 rows (over SMALL_M_ROWS) go through the C kernel in row blocks."""
+    from kernels.cpu.w8a8_gemm import LARGE_WEIGHT_ELEMENTS
+
+    n, k = LARGE_WEIGHT_ELEMENTS // 640 + 3, 640
+    a, sa, w, sw = _operands(SMALL_M_ROWS + 6, n, k, seed=21)
+    exact = (a.to(torch.int64) @ w.to(torch.int64).T).to(torch.float32) * sa[:, None] * sw[None, :]
+    got = w8a8_gemm_cpu(a, sa, w, sw)
+    assert torch.equal(got, exact)
+    assert torch.equal(w8a8_gemm_cpu(a[5:9], sa[5:9], w, sw), got[5:9])
