@@ -43,9 +43,16 @@ def w8a8_gemm_ref(
     geglu: bool = False,
 ) -> torch.Tensor:
     """-> f32[M, N], or f32[M, N/2] with geglu."""
-    y = int8_matmul_exact(a_q, w_q).float() * a_scale[:, None] * w_scale[None, :]
+    return w8a8_epilogue(int8_matmul_exact(a_q, w_q).float(), a_scale, w_scale, bias, residual, geglu)
+
+
+def w8a8_epilogue(y: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                  residual: torch.Tensor | None, geglu: bool) -> torch.Tensor:
+    """The dequantization and epilogue every PyTorch path shares, in this order (y: float32(acc), overwritten):
+    y * a_scale[m] * w_scale[n]; + bias; geglu (gate rows first); + residual."""
+    y.mul_(a_scale[:, None]).mul_(w_scale[None, :])
     if bias is not None:
-        y = y + bias
+        y.add_(bias)
     if geglu:
         half = y.shape[1] // 2
         y = F.gelu(y[:, :half], approximate="tanh") * y[:, half:]

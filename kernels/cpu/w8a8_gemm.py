@@ -29,9 +29,9 @@ import threading
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-EXACT_F32_CHUNK_K = 1024
+from kernels.w8a8_gemm import EXACT_F32_CHUNK_K, w8a8_epilogue
+
 SMALL_M_ROWS = 64
 LARGE_WEIGHT_ELEMENTS = 1 << 24
 C_ROW_BLOCK = 32
@@ -198,12 +198,4 @@ def w8a8_gemm_cpu(
     use_c = a_q.shape[0] < SMALL_M_ROWS or w_q.numel() >= LARGE_WEIGHT_ELEMENTS
     acc = int8_acc_c_blocked(a_q, w_q) if use_c else None
     y = acc.to(torch.float32) if acc is not None else int8_acc_f32(a_q, w_q)
-    y.mul_(a_scale[:, None]).mul_(w_scale[None, :])
-    if bias is not None:
-        y.add_(bias)
-    if geglu:
-        half = y.shape[1] // 2
-        y = F.gelu(y[:, :half], approximate="tanh") * y[:, half:]
-    if residual is not None:
-        y = y + residual
-    return y
+    return w8a8_epilogue(y, a_scale, w_scale, bias, residual, geglu)
