@@ -18,10 +18,9 @@ engine thread takes. A lock makes the peek safe; the engine thread is the only w
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services.common.prefix_hash import BlockHash
 from services.engine.block_manager import BlockTable, KVCacheManager
@@ -34,7 +33,6 @@ class CachedPrefix:
     token_ids: list[int]
     tables: list[BlockTable]
     hashes: list[BlockHash]
-    last_used: int = field(default=0)
 
     def num_blocks_held(self) -> int:
         return sum(b is not None for t in self.tables for b in t)
@@ -50,9 +48,10 @@ class DevicePrefixCache:
     def __init__(self, kv: KVCacheManager) -> None:
         self.kv = kv
         self.layout = kv.layout
-        self._by_hash: dict[BlockHash, CachedPrefix] = {}
-        self._entries: dict[int, CachedPrefix] = {}  # id(entry) -> entry, in no order
-        self._clock = itertools.count(1)
+        # Block hash -> the entries whose prefix has that block, oldest first (the newest is tried).
+        self._by_hash: dict[BlockHash, list[CachedPrefix]] = {}
+        # id(entry) -> entry in insertion order: the first is the least recently inserted.
+        self._entries: dict[int, CachedPrefix] = {}
         self._num_blocks = 0
         self._lock = threading.Lock()
         kv.reclaimer = self
@@ -78,9 +77,10 @@ class DevicePrefixCache:
     def _find(self, hashes: Sequence[BlockHash], token_ids: Sequence[int], max_blocks: int) -> PrefixHit | None:
         bs = self.layout.block_size_tokens
         for k in range(min(len(hashes), max_blocks), 0, -1):
-            entry = self._by_hash.get(hashes[k - 1])
-            if entry is None:
+            holders = self._by_hash.get(hashes[k - 1])
+            if not holders:
                 continue
+            entry = holders[-1]
             # Verify against the stored tokens: a hash collision must never hand out wrong KV.
             if list(token_ids[:k * bs]) != entry.token_ids[:k * bs]:
                 continue
@@ -112,19 +112,19 @@ class DevicePrefixCache:
     def insert(self, namespace: bytes, token_ids: list[int], tables: list[BlockTable],
                hashes: Sequence[BlockHash]) -> None:
         """Keep a finished request's tables (this cache now owns the blocks)."""
-        entry = CachedPrefix(namespace, token_ids, tables, list(hashes), next(self._clock))
+        entry = CachedPrefix(namespace, token_ids, tables, list(hashes))
         with self._lock:
             self._entries[id(entry)] = entry
             self._num_blocks += entry.num_blocks_held()
             for h in entry.hashes:
-                self._by_hash[h] = entry  # the newest entry wins a shared prefix
+                self._by_hash.setdefault(h, []).append(entry)
 
     def reclaim(self, num_blocks: int) -> int:
         """Free least recently inserted entries until num_blocks blocks are freed (or none is left)."""
         freed = 0
         while freed < num_blocks and self._entries:
             with self._lock:
-                oldest = min(self._entries.values(), key=lambda e: e.last_used)
+                oldest = next(iter(self._entries.values()))
                 self._remove(oldest)
             freed += self.kv.free_tables(oldest.tables)
         return freed
@@ -136,9 +136,7 @@ class DevicePrefixCache:
         del self._entries[id(entry)]
         self._num_blocks -= entry.num_blocks_held()
         for h in entry.hashes:
-            if self._by_hash.get(h) is entry:
+            holders = self._by_hash[h]
+            holders.remove(entry)
+            if not holders:
                 del self._by_hash[h]
-        # A shared prefix may still be indexed by an older entry's hashes: re-point them.
-        for other in self._entries.values():
-            for h in other.hashes:
-                self._by_hash.setdefault(h, other)

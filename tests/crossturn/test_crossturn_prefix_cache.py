@@ -1,0 +1,62 @@
+"""DevicePrefixCache as a data structure: seeded random inserts, takes and reclaims against a plain model."""
+
+import random
+
+import pytest
+
+from services.common.prefix_hash import block_hashes
+from services.engine.block_manager import KVCacheManager
+from services.engine.kv_layout import plan_layout
+from services.engine.model.config import synthetic_config
+from services.engine.prefix_cache import DevicePrefixCache
+
+BS = 4
+NS = b"n" * 32
+
+
+def _tables(kv, num_tokens):
+    """Allocate tables as a request of num_tokens computed tokens would hold them, then detach them."""
+    kv.allocate_slots("tmp", 0, num_tokens)
+    return kv.detach("tmp")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_operations_keep_blocks_accounted_and_hits_verified(seed):
+    rng = random.Random(seed)
+    kv = KVCacheManager(plan_layout(synthetic_config("synthetic-tiny"), BS, 400 * 2 * 2 * BS * 2 * (16 + 4)))
+    cache = DevicePrefixCache(kv)
+    stored: list[list[int]] = []  # the model: token lists the cache may hold
+    stems = [[rng.randrange(50) for _ in range(40)] for _ in range(3)]
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.5:
+            tokens = rng.choice(stems)[: rng.randrange(BS, 40)] + [rng.randrange(50) for _ in range(rng.randrange(8))]
+            if kv.can_allocate("tmp", 0, len(tokens)):
+                tables = _tables(kv, len(tokens))
+                full = len(tokens) // BS * BS
+                cache.insert(NS, tokens, tables, block_hashes(NS, tokens[:full], BS))
+                stored.append(tokens)
+        elif op < 0.85:
+            query = rng.choice(stems)[: rng.randrange(BS + 1, 40)]
+            max_tokens = (len(query) - 1) // BS * BS
+            hashes = block_hashes(NS, query[:max_tokens], BS)
+            peek = cache.peek_usable_tokens(hashes, query, max_tokens)
+            taken = cache.take(hashes, query, max_tokens)
+            if taken is None:
+                assert peek == 0
+            else:
+                tables, n = taken
+                assert n == peek and 0 < n <= max_tokens and n % BS == 0
+                # The hit really is a stored prefix of the query.
+                assert any(t[:n] == query[:n] for t in stored)
+                assert all(len(t) == n // BS for t in tables)
+                kv.free_tables(tables)
+        else:
+            cache.reclaim(rng.randrange(1, 20))
+        held = cache.num_reclaimable_blocks()
+        assert kv.num_free_blocks + held == kv.layout.num_blocks
+        assert held == sum(e.num_blocks_held() for e in cache._entries.values())
+        indexed = {id(e) for holders in cache._by_hash.values() for e in holders}
+        assert indexed == set(cache._entries)
+    cache.clear()
+    assert kv.num_free_blocks == kv.layout.num_blocks and not cache._by_hash
