@@ -171,7 +171,7 @@ class EngineCore:
         """Write fetched host KV into the blocks just allocated for it (first step of such a request)."""
         bs = self.layout.block_size_tokens
         for chunk in output.chunks:
-            host: HostPrefix | None = getattr(chunk.request, "pending_host_kv", None)
+            host: HostPrefix | None = chunk.request.pending_host_kv  # type: ignore[assignment]
             if host is None:
                 continue
             num_blocks = host.num_tokens // bs

@@ -33,13 +33,9 @@ def _groups(layout: KVCacheLayout, part: str) -> list[KVCacheGroup]:
     return [g for g in layout.groups if (g.sliding_window_tokens is not None) == want_sliding]
 
 
-def _bytes_per_layer(layout: KVCacheLayout) -> int:
-    return layout.bytes_per_layer_block
-
-
 def host_layout(layout: KVCacheLayout) -> HostLayout:
     """What the kvstore needs to know of our KV: payload sizes and the sliding window."""
-    per_layer = _bytes_per_layer(layout)
+    per_layer = layout.bytes_per_layer_block
     windows = [g.sliding_window_tokens for g in _groups(layout, LOCAL)]
     return HostLayout(
         block_size_tokens=layout.block_size_tokens,
