@@ -4,6 +4,10 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 
+# A C compiler (with OpenMP) for the CPU int8 GEMM kernels, built on first use (kernels/cpu/w8a8_acc.c).
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libgomp1 \
+    && rm -rf /var/lib/apt/lists/*
+
 # torch first, pinned: pass PIP_INDEX_URL/PIP_EXTRA_INDEX_URL as build args to choose a CPU-only or CUDA build.
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL

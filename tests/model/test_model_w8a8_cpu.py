@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels.cpu.w8a8_gemm import SMALL_M_ROWS, int8_acc_c, w8a8_gemm_cpu
+from kernels.cpu.w8a8_gemm import SMALL_M_ROWS, VNNI_ROW_BLOCK, cpu_isas, int8_acc_c, int8_acc_c_blocked, w8a8_gemm_cpu
 from kernels.w8a8_gemm import w8a8_gemm_ref
 
 SHAPES = [(1, 1, 1), (1, 7, 33), (3, 5, 17), (4, 9, 16), (5, 640, 2048), (1, 1536, 640), (15, 33, 1040),
@@ -25,13 +25,42 @@ def test_matches_integer_reference_bitwise(m, n, k):
     assert torch.equal(w8a8_gemm_cpu(a, sa, w, sw), w8a8_gemm_ref(a, sa, w, sw))
 
 
-def test_extreme_values_do_not_saturate():
-    a = torch.full((3, 2048), -127, dtype=torch.int8)
+ISAS = cpu_isas()
+# Shapes that hit every edge of the C kernels: K not a multiple of 64 (masked tail) or 32, rows not a multiple
+# of 4, weight rows not a multiple of the 4-row block, one element, blocks of rows past VNNI_ROW_BLOCK.
+C_SHAPES = SHAPES + [(2, 6, 64), (9, 4, 128), (4, 1, 63), (6, 11, 191), (VNNI_ROW_BLOCK + 5, 7, 96)]
+
+
+@pytest.mark.parametrize("isa", ["vnni", "avx2"])
+@pytest.mark.parametrize("m,n,k", C_SHAPES)
+def test_each_c_kernel_is_exact(isa, m, n, k):
+    if isa not in ISAS:
+        pytest.skip(f"this CPU has no {isa}")
+    a, _, w, _ = _operands(m, n, k, seed=m * 7 + n * 3 + k)
+    a[0, : k // 2] = -128  # the most negative int8 (uint8 0 after the +128 of the VNNI path)
+    exact = (a.to(torch.int64) @ w.to(torch.int64).T).to(torch.int32)
+    assert torch.equal(int8_acc_c_blocked(a, w, isa), exact)
+
+
+@pytest.mark.parametrize("isa", ["vnni", "avx2"])
+@pytest.mark.parametrize("value", [-128, -127, 127])
+def test_extreme_values_do_not_saturate(isa, value):
+    if isa not in ISAS:
+        pytest.skip(f"this CPU has no {isa}")
+    a = torch.full((3, 2048), value, dtype=torch.int8)
     w = torch.full((5, 2048), -127, dtype=torch.int8)
-    acc = int8_acc_c(a, w)
-    if acc is None:
-        pytest.skip("no C compiler / AVX2 here")
-    assert torch.all(acc == 2048 * 127 * 127)
+    assert torch.all(int8_acc_c(a, w, isa) == 2048 * value * -127)
+
+
+def test_this_x86_cpu_runs_a_c_kernel():
+    """The engine's speed on CPUs rests on these kernels: on an x86 machine with a C compiler, one must load."""
+    import platform
+    import shutil
+
+    if platform.machine() != "x86_64" or shutil.which("cc") is None:
+        pytest.skip("not x86-64 with a C compiler")
+    assert ISAS, "x86-64 without AVX2"
+    assert int8_acc_c(torch.ones((1, 3), dtype=torch.int8), torch.ones((2, 3), dtype=torch.int8)) is not None
 
 
 @pytest.mark.parametrize("geglu", [False, True])
@@ -45,7 +74,7 @@ def test_epilogues_match_reference(geglu):
 
 def test_row_result_independent_of_batch():
     a, sa, w, sw = _operands(3 * SMALL_M_ROWS, 300, 1500, seed=11)
-    full = w8a8_gemm_cpu(a, sa, w, sw)  # float path
+    full = w8a8_gemm_cpu(a, sa, w, sw)  # float path without VNNI
     for rows in (1, 3, SMALL_M_ROWS - 1):  # C path
         assert torch.equal(w8a8_gemm_cpu(a[:rows], sa[:rows], w, sw), full[:rows])
 
