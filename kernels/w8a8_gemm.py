@@ -51,6 +51,12 @@ def w8a8_epilogue(y: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor,
     """The dequantization and epilogue every PyTorch path shares, in this order (y: float32(acc), overwritten):
     y * a_scale[m] * w_scale[n]; + bias; geglu (gate rows first); + residual."""
     y.mul_(a_scale[:, None]).mul_(w_scale[None, :])
+    return w8a8_epilogue_after_scales(y, bias, residual, geglu)
+
+
+def w8a8_epilogue_after_scales(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                               geglu: bool) -> torch.Tensor:
+    """The rest of w8a8_epilogue, for a y that already holds float(acc) * a_scale[m] * w_scale[n]."""
     if bias is not None:
         y.add_(bias)
     if geglu:

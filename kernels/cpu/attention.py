@@ -1,9 +1,18 @@
 """CPU fast path of paged attention, batch- and chunk-invariant by construction.
 
 Same signature and semantics as kernels.paged_attention.paged_attention_ref. Each query row is
-computed on its own, with fixed-shape operations, so its result never depends on which other
-queries share the call (other sequences, or the other tokens of its own prefill chunk):
+computed on its own, so its result never depends on which other queries share the call (other
+sequences, or the other tokens of its own prefill chunk). Two implementations, picked by the CPU:
 
+- with AVX-512: the C kernel of paged_attention.c (one work item per query row and KV head; its
+  docstring gives the exact order of operations). It reads the int8 K/V where they lie, widening them
+  in registers, so a decode step costs what its visible keys cost -- no copy of the cache per step;
+- otherwise the PyTorch path below (`paged_attention_torch`).
+
+The two give the same results to float rounding, not the same bits; one machine always uses the same
+one, which is what batch invariance and exact cache hits need.
+
+PyTorch path:
   - keys are visited in tiles of TILE_TOKENS positions aligned to absolute positions
     (tile j = positions [j*TILE, (j+1)*TILE)), from the tile holding the query's first visible key
     upwards; iteration k handles tile first_tile(query) + k of every query at once;
@@ -30,9 +39,13 @@ finite scale), and invisible keys get probability exactly 0, so what is read the
 
 from __future__ import annotations
 
+import ctypes
 import math
+from pathlib import Path
 
 import torch
+
+from kernels.cpu import native
 
 TILE_TOKENS = 64
 ROW_PAD = 32
@@ -100,7 +113,68 @@ def _runs(u: torch.Tensor) -> list[tuple[int, int, int]]:
     return [(bounds[i], bounds[i + 1], values[i]) for i in range(len(values))]
 
 
+_C_SOURCE = Path(__file__).with_name("paged_attention.c")
+_C_SIGNATURES = {"paged_attention_i8": [ctypes.c_void_p] * 6 + [ctypes.c_int64] + [ctypes.c_void_p] * 3
+                 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]}
+# Limits of the C kernel (stack buffers sized for them): query heads per KV head, head size.
+C_MAX_GROUP, C_MAX_HEAD_DIM = 8, 512
+
+
+def c_kernel_available() -> bool:
+    return native.has_avx512() and native.load(_C_SOURCE, _C_SIGNATURES) is not None
+
+
+def paged_attention_c(q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens, sm_scale,
+                      sliding_window) -> torch.Tensor | None:
+    """The C kernel; None where it cannot run here or for these shapes."""
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    if (not native.has_avx512() or k_cache.dtype != torch.int8 or v_cache.dtype != torch.int8
+            or q.dtype != torch.float32 or Hq % Hkv or Hq // Hkv > C_MAX_GROUP or D % 16 or D > C_MAX_HEAD_DIM):
+        return None
+    lib = native.load(_C_SOURCE, _C_SIGNATURES)
+    if lib is None:
+        return None
+    for t in (k_cache, v_cache, k_scale, v_scale):
+        if not t.is_contiguous() or t.dtype not in (torch.int8, torch.float32):
+            return None
+    q = q.contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    starts = query_start_loc.to(torch.int32).contiguous()
+    lens = seq_lens.to(torch.int32).contiguous()
+    row_seq = torch.repeat_interleave(torch.arange(lens.numel(), dtype=torch.int32), starts[1:] - starts[:-1])
+    out = torch.empty_like(q)
+    lib.paged_attention_i8(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
+                           v_scale.data_ptr(), tables.data_ptr(), tables.shape[1], starts.data_ptr(),
+                           lens.data_ptr(), row_seq.data_ptr(), T, Hq, Hkv, D, k_cache.shape[1], sm_scale,
+                           sliding_window or 0, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
 def paged_attention_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor,
+    v_scale: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """q f32[T, Hq, D] -> f32[T, Hq, D]: the C kernel where it runs, else the PyTorch path."""
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    out = paged_attention_c(q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens,
+                            sm_scale, sliding_window)
+    if out is not None:
+        return out
+    return paged_attention_torch(q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens,
+                                 sm_scale, sliding_window)
+
+
+def paged_attention_torch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,

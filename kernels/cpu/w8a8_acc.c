@@ -48,9 +48,11 @@ VNNI static inline __m128i hsum4_512(__m512i v0, __m512i v1, __m512i v2, __m512i
     _mm_prefetch((const char *)(w0 + pf + k), _MM_HINT_T0); _mm_prefetch((const char *)(w1 + pf + k), _MM_HINT_T0); \
     _mm_prefetch((const char *)(w2 + pf + k), _MM_HINT_T0); _mm_prefetch((const char *)(w3 + pf + k), _MM_HINT_T0);
 
-/* Rows n .. n+nr-1 of the output (nr <= 4; missing rows alias row n and are not stored). */
-VNNI static void vnni_block(const uint8_t *a, const int8_t *w, int32_t *out, int64_t M, int64_t Mp, int64_t N,
-                            int64_t K, int64_t Kp, int64_t n, int nr, int64_t pf) {
+/* Rows n .. n+nr-1 of the output (nr <= 4; missing rows alias row n and are not stored). With scales, the
+   output is float32(acc) * a_scale[m] * w_scale[n] (two float32 products, in that order), else int32 acc. */
+VNNI static void vnni_block(const uint8_t *a, const int8_t *w, void *out, const float *a_scale,
+                            const float *w_scale, int64_t M, int64_t Mp, int64_t N, int64_t K, int64_t Kp, int64_t n,
+                            int nr, int64_t pf) {
     const int8_t *w0 = w + n * K, *w1 = w0 + (nr > 1 ? K : 0), *w2 = w0 + (nr > 2 ? 2 * K : 0),
                  *w3 = w0 + (nr > 3 ? 3 * K : 0);
     const int64_t kfull = K / 64 * 64;
@@ -58,6 +60,12 @@ VNNI static void vnni_block(const uint8_t *a, const int8_t *w, int32_t *out, int
     const __m512i ones = _mm512_set1_epi8(1);
     __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
     __m128i corr = _mm_setzero_si128();
+    __m128 ws = _mm_setzero_ps();
+    if (w_scale) {
+        float t[4] = {0, 0, 0, 0};
+        for (int j = 0; j < nr; j++) t[j] = w_scale[n + j];
+        ws = _mm_loadu_ps(t);
+    }
     for (int64_t m = 0; m < Mp; m += 4) {
         const uint8_t *a0 = a + m * Kp, *a1 = a0 + Kp, *a2 = a1 + Kp, *a3 = a2 + Kp;
         __m512i c00 = _mm512_setzero_si512(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00,
@@ -78,26 +86,31 @@ VNNI static void vnni_block(const uint8_t *a, const int8_t *w, int32_t *out, int
                         hsum4_512(c20, c21, c22, c23), hsum4_512(c30, c31, c32, c33)};
         for (int i = 0; i < 4 && m + i < M; i++) {
             __m128i v = _mm_sub_epi32(r[i], corr);
-            if (nr == 4) {
-                _mm_storeu_si128((__m128i *)(out + (m + i) * N + n), v);
+            int32_t t[4];
+            if (a_scale) {
+                __m128 f = _mm_mul_ps(_mm_mul_ps(_mm_cvtepi32_ps(v), _mm_set1_ps(a_scale[m + i])), ws);
+                float *o = (float *)out + (m + i) * N + n;
+                if (nr == 4) _mm_storeu_ps(o, f);
+                else { _mm_storeu_si128((__m128i *)t, _mm_castps_si128(f)); for (int j = 0; j < nr; j++) o[j] = ((float *)t)[j]; }
             } else {
-                int32_t t[4];
-                _mm_storeu_si128((__m128i *)t, v);
-                for (int j = 0; j < nr; j++) out[(m + i) * N + n + j] = t[j];
+                int32_t *o = (int32_t *)out + (m + i) * N + n;
+                if (nr == 4) _mm_storeu_si128((__m128i *)o, v);
+                else { _mm_storeu_si128((__m128i *)t, v); for (int j = 0; j < nr; j++) o[j] = t[j]; }
             }
         }
     }
 }
 
-VNNI void w8a8_acc_vnni(const uint8_t *a, const int8_t *w, int32_t *out, int64_t M, int64_t Mp, int64_t N,
-                        int64_t K, int64_t Kp, int nthreads) {
+/* out: int32[M, N] when a_scale is NULL, else float32[M, N] dequantized (see vnni_block). */
+VNNI void w8a8_acc_vnni(const uint8_t *a, const int8_t *w, void *out, const float *a_scale, const float *w_scale,
+                        int64_t M, int64_t Mp, int64_t N, int64_t K, int64_t Kp, int nthreads) {
     const int64_t nb = (N + 3) / 4;
     const int64_t ahead = (PREFETCH_BYTES + 4 * K - 1) / (4 * K);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t b = 0; b < nb; b++) {
         int64_t n = b * 4;
         int64_t pf = b + ahead < nb ? ahead * 4 * K : 0;
-        vnni_block(a, w, out, M, Mp, N, K, Kp, n, N - n >= 4 ? 4 : (int)(N - n), pf);
+        vnni_block(a, w, out, a_scale, w_scale, M, Mp, N, K, Kp, n, N - n >= 4 ? 4 : (int)(N - n), pf);
     }
 }
 

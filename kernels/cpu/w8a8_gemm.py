@@ -25,16 +25,13 @@ Epilogue, in the reference's order: y = float(acc) * a_scale[m] * w_scale[n]; + 
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 
 import torch
 
-from kernels.w8a8_gemm import EXACT_F32_CHUNK_K, w8a8_epilogue
+from kernels.cpu import native
+from kernels.cpu.native import cpu_isas
+from kernels.w8a8_gemm import EXACT_F32_CHUNK_K, w8a8_epilogue, w8a8_epilogue_after_scales
 
 # The AVX2 kernel beats the float path below this many rows (or for weights of LARGE_WEIGHT_ELEMENTS or
 # more, which the float path would widen to float32 every call), in C_ROW_BLOCK rows at a time.
@@ -48,86 +45,49 @@ VNNI_ROW_BLOCK = 256
 _W_BLOCK_ROWS = 16384
 
 _C_SOURCE = Path(__file__).with_name("w8a8_acc.c")
-_lib_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_lib_failed = False
+_SIGNATURES = {
+    "w8a8_acc_avx2": [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int],
+    "w8a8_acc_vnni": [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int],
+}
 
 
-@functools.cache
-def cpu_isas() -> tuple[str, ...]:
-    """The C kernels this CPU can run, best first: "vnni" (AVX-512 VNNI), "avx2"; () when neither."""
-    try:
-        flags = set(next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")),
-                         "").split())
-    except OSError:
-        return ()
-    isas = []
-    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
-        isas.append("vnni")
-    if "avx2" in flags:
-        isas.append("avx2")
-    return tuple(isas) if "avx2" in isas else ()
-
-
-def _load_library(build_dir: Path | None = None) -> ctypes.CDLL | None:
-    """Compiles (once per source version) and loads the C kernels; None where that is not possible."""
-    global _lib, _lib_failed
-    with _lib_lock:
-        if _lib is not None or _lib_failed:
-            return _lib
-        try:
-            if not cpu_isas():
-                raise OSError("no AVX2")
-            source = _C_SOURCE.read_text()
-            digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-            out_dir = build_dir or Path(tempfile.gettempdir()) / "salon-kernels"
-            out_dir.mkdir(parents=True, exist_ok=True)
-            so_path = out_dir / f"w8a8_acc_{digest}.so"
-            if not so_path.exists():
-                src = out_dir / f"w8a8_acc_{digest}.c"
-                src.write_text(source)
-                tmp = out_dir / f"w8a8_acc_{digest}.{threading.get_ident()}.so"
-                subprocess.run(["cc", "-O3", "-mavx2", "-fopenmp", "-shared", "-fPIC", "-o", str(tmp), str(src)],
-                               check=True, capture_output=True, timeout=120)
-                tmp.replace(so_path)  # atomic: concurrent builders never load a half-written file
-            lib = ctypes.CDLL(str(so_path))
-            lib.w8a8_acc_avx2.restype = None
-            lib.w8a8_acc_avx2.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int]
-            lib.w8a8_acc_vnni.restype = None
-            lib.w8a8_acc_vnni.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_int]
-            _lib = lib
-        except (OSError, subprocess.SubprocessError):
-            _lib_failed = True
-        return _lib
-
-
-def int8_acc_c(a_q: torch.Tensor, w_q: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:
+def int8_acc_c(a_q: torch.Tensor, w_q: torch.Tensor, isa: str | None = None, a_scale: torch.Tensor | None = None,
+               w_scale: torch.Tensor | None = None) -> torch.Tensor | None:
     """Exact int32 a_q @ w_q^T through one call of a C kernel (the best one, or `isa`), or None when
-    it is unavailable."""
-    lib = _load_library()
+    it is unavailable. With a_scale and w_scale (VNNI only): float32(acc) * a_scale[m] * w_scale[n] instead,
+    the first step of the epilogue done as the results are stored."""
+    lib = native.load(_C_SOURCE, _SIGNATURES)
     isas = cpu_isas()
     isa = isa or (isas[0] if isas else None)
-    if lib is None or isa not in isas:
+    if lib is None or isa not in isas or (a_scale is not None and isa != "vnni"):
         return None
     m, k = a_q.shape
     n = w_q.shape[0]
     w = w_q.contiguous()
-    out = torch.empty((m, n), dtype=torch.int32)
     threads = torch.get_num_threads()
     if isa == "vnni":
         kp, mp = (k + 63) // 64 * 64, (m + 3) // 4 * 4
         a_u8 = torch.full((mp, kp), 128, dtype=torch.uint8)
         torch.bitwise_xor(a_q.view(torch.uint8), 0x80, out=a_u8[:m, :k])  # int8 x -> uint8 x + 128
-        lib.w8a8_acc_vnni(a_u8.data_ptr(), w.data_ptr(), out.data_ptr(), m, mp, n, k, kp, threads)
+        if a_scale is None:
+            out = torch.empty((m, n), dtype=torch.int32)
+            scales = (None, None)
+        else:
+            out = torch.empty((m, n), dtype=torch.float32)
+            a_scale, w_scale = a_scale.to(torch.float32).contiguous(), w_scale.to(torch.float32).contiguous()
+            scales = (a_scale.data_ptr(), w_scale.data_ptr())
+        lib.w8a8_acc_vnni(a_u8.data_ptr(), w.data_ptr(), out.data_ptr(), *scales, m, mp, n, k, kp, threads)
     else:
         kp = (k + 31) // 32 * 32
         a16 = torch.zeros((m, kp), dtype=torch.int16)
         a16[:, :k] = a_q
+        out = torch.empty((m, n), dtype=torch.int32)
         lib.w8a8_acc_avx2(a16.data_ptr(), w.data_ptr(), out.data_ptr(), m, n, k, kp, threads)
     return out
 
 
-def int8_acc_c_blocked(a_q: torch.Tensor, w_q: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:
+def int8_acc_c_blocked(a_q: torch.Tensor, w_q: torch.Tensor, isa: str | None = None,
+                       a_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None) -> torch.Tensor | None:
     """int8_acc_c over blocks of rows (exact, so the blocking never changes a result); None when no C
     kernel runs here."""
     isas = cpu_isas()
@@ -135,7 +95,7 @@ def int8_acc_c_blocked(a_q: torch.Tensor, w_q: torch.Tensor, isa: str | None = N
     rows = VNNI_ROW_BLOCK if isa == "vnni" else C_ROW_BLOCK
     parts = []
     for m0 in range(0, a_q.shape[0], rows):
-        part = int8_acc_c(a_q[m0:m0 + rows], w_q, isa)
+        part = int8_acc_c(a_q[m0:m0 + rows], w_q, isa, None if a_scale is None else a_scale[m0:m0 + rows], w_scale)
         if part is None:
             return None
         parts.append(part)
@@ -175,7 +135,11 @@ def w8a8_gemm_cpu(
     if a_q.dim() != 2 or w_q.dim() != 2 or a_q.shape[1] != w_q.shape[1]:
         raise ValueError(f"shape mismatch: a_q {tuple(a_q.shape)} w_q {tuple(w_q.shape)}")
     isas = cpu_isas()
-    use_c = "vnni" in isas or a_q.shape[0] < SMALL_M_ROWS or w_q.numel() >= LARGE_WEIGHT_ELEMENTS
-    acc = int8_acc_c_blocked(a_q, w_q) if use_c else None
+    if "vnni" in isas and a_q.device.type == "cpu":
+        y = int8_acc_c_blocked(a_q, w_q, "vnni", a_scale, w_scale)
+        if y is not None:
+            return w8a8_epilogue_after_scales(y, bias, residual, geglu)
+    use_c = a_q.shape[0] < SMALL_M_ROWS or w_q.numel() >= LARGE_WEIGHT_ELEMENTS
+    acc = int8_acc_c_blocked(a_q, w_q, "avx2" if "avx2" in isas else None) if use_c else None
     y = acc.to(torch.float32) if acc is not None else int8_acc_f32(a_q, w_q)
     return w8a8_epilogue(y, a_scale, w_scale, bias, residual, geglu)

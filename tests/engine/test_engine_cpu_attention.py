@@ -1,11 +1,13 @@
-"""kernels/cpu/attention.py against the reference, on awkward shapes, and its batch/chunk invariance."""
+"""kernels/cpu/attention.py (the C kernel and the PyTorch path) against the reference, on awkward shapes, and
+their batch/chunk invariance."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.cpu.attention import paged_attention_cpu
+from kernels.cpu import native
+from kernels.cpu.attention import C_MAX_GROUP, paged_attention_c, paged_attention_cpu, paged_attention_torch
 from kernels.kv_write import kv_write_ref
 from kernels.paged_attention import paged_attention_ref
 
@@ -56,17 +58,56 @@ CASES = [
 ]
 
 
+CASES += [
+    ([2000, 513, 9], [3, 40, 9], 4, 1, 256, 16, 512),  # Gemma's shapes: a window cutting blocks, long context
+    ([90, 31], [90, 1], 16, 2, 48, 4, None),  # 8 query heads per KV head (the C kernel's most), tiny blocks
+]
+
+
+def implementation(name):
+    """The attention function under test: the C kernel (skipped without AVX-512) or the PyTorch path."""
+    if name == "torch":
+        return paged_attention_torch
+    if not native.has_avx512():
+        pytest.skip("the C kernel needs AVX-512")
+
+    def c_kernel(q, *args):
+        out = paged_attention_c(q, *args)
+        assert out is not None, "the C kernel refused shapes it supports"
+        return out
+
+    return c_kernel
+
+
+def c_supports(hq, hkv, d):
+    return hq // hkv <= C_MAX_GROUP and d % 16 == 0
+
+
+@pytest.mark.parametrize("impl", ["c", "torch"])
 @pytest.mark.parametrize("case", CASES)
-def test_matches_reference(case):
+def test_matches_reference(impl, case):
     seq_lens, q_lens, hq, hkv, d, bs, window = case
+    if impl == "c" and not c_supports(hq, hkv, d):
+        pytest.skip("head size not a multiple of 16: the C kernel declines, the PyTorch path runs")
+    attend = implementation(impl)
     q, kc, vc, ks, vs, tables, qsl, lens = build_case(seq_lens, q_lens, hq, hkv, d, bs, window)
     ref = paged_attention_ref(q, kc, vc, ks, vs, sanitized(tables), qsl, lens, 0.125, window)
-    out = paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, window)
+    out = attend(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, window)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
 
 
+def test_c_kernel_declines_unsupported_shapes_and_the_dispatcher_falls_back():
+    q, kc, vc, ks, vs, tables, qsl, lens = build_case([20], [20], 4, 1, 24, 16, None)
+    assert paged_attention_c(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, None) is None
+    torch.testing.assert_close(paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, None),
+                               paged_attention_ref(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, None),
+                               rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", ["c", "torch"])
 @pytest.mark.parametrize("window", [None, 40])
-def test_each_query_is_invariant_to_its_batch_and_chunk(window):
+def test_each_query_is_invariant_to_its_batch_and_chunk(impl, window):
+    paged_attention_cpu = implementation(impl)
     seq_lens, q_lens = [300, 70, 160, 45], [1, 70, 33, 1]
     q, kc, vc, ks, vs, tables, qsl, lens = build_case(seq_lens, q_lens, 4, 1, 64, 16, window, seed=3)
     full = paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.0625, window)

@@ -53,7 +53,7 @@ def build_int8_model(config: ModelConfig, ckpt: dict[str, torch.Tensor], kernel_
 
     def lin(name: str, geglu: bool = False) -> Int8Linear:
         return Int8Linear(ckpt[name + ".w_q"], ckpt[name + ".w_scale"], gemm, geglu=geglu,
-                          quantize_activations=quantize_activations)
+                          quantize_activations=quantize_activations, quantize=kernel_ops.quantize_per_token)
 
     layers = []
     for i in range(config.num_layers):

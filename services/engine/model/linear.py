@@ -14,6 +14,7 @@ import torch
 from services.engine.model import ops
 
 W8A8Gemm = Callable[..., torch.Tensor]
+Quantize = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class FloatLinear:
@@ -35,12 +36,13 @@ class FloatLinear:
 
 class Int8Linear:
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, gemm: W8A8Gemm, geglu: bool = False,
-                 quantize_activations: bool = True) -> None:
+                 quantize_activations: bool = True, quantize: Quantize = ops.quantize_per_token) -> None:
         if w_q.dtype != torch.int8 or w_scale.shape != (w_q.shape[0],):
             raise ValueError("Int8Linear needs int8 w_q[N, K] and f32 w_scale[N]")
         self.w_q = w_q.contiguous()
         self.w_scale = w_scale.to(torch.float32).contiguous()
         self.gemm = gemm
+        self.quantize = quantize
         self.geglu = geglu
         # False: weight-only int8 (activations stay float) -- used to measure each part's cost.
         self.quantize_activations = quantize_activations
@@ -52,7 +54,7 @@ class Int8Linear:
             if self._w_float is None:
                 self._w_float = self.w_q.to(torch.float32) * self.w_scale[:, None]
             return FloatLinear(self._w_float, self.geglu)(x)
-        return self.from_quantized(*ops.quantize_per_token(x))
+        return self.from_quantized(*self.quantize(x))
 
     def from_quantized(self, a_q: torch.Tensor, a_scale: torch.Tensor) -> torch.Tensor:
         """The GEMM on activations already quantized per token (e.g. by a fused rmsnorm_quant)."""
