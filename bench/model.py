@@ -1,9 +1,10 @@
 """Model benchmark: load time, weight bytes, KV bytes/token, prefill and decode tokens/s, perplexity.
 
-Decode is measured with DenseAttention (contiguous per-sequence KV, int8-emulated for the int8
-path): each step runs forward for B new tokens (one per sequence), the logits of those B rows and an
-argmax -- the model's cost per generated token, without the paged cache and scheduler. The float32
-path of the same code is the baseline measured in the same run.
+Prefill and decode of the int8 model run on the engine's paged int8 KV cache and kernels (PagedKV
+below: fixed block tables, no scheduler); the float32 baseline of the same code, measured in the same
+run, uses DenseAttention (contiguous float KV). Each decode step runs forward for B new tokens (one per
+sequence), the logits of those B rows and an argmax -- the model's cost per generated token, without
+the scheduler, sampler and block manager of the engine.
 
     python -m bench.model [--quick] [--threads N]
 """
@@ -16,6 +17,9 @@ import time
 
 import torch
 
+from services.engine.attention_backend import ForwardBatch, PagedAttention
+from services.engine.kv_cache import KVCache
+from services.engine.kv_layout import plan_layout
 from services.engine.model import DenseAttention, load_model
 from services.engine.model.config import gemma3_270m_config, synthetic_config
 from services.engine.model.perplexity import perplexity
@@ -23,11 +27,52 @@ from services.engine.model.perplexity import perplexity
 REF_PPL = 13.829072782896715
 
 
+class PagedKV:
+    """DenseAttention's interface over the engine's paged int8 cache: sequence s, group g owns the fixed
+    blocks [(s * groups + g) * per_seq, ...) (sliding-window groups keep theirs: no release here)."""
+
+    BLOCK = 16
+
+    def __init__(self, model, num_seqs: int = 1, max_tokens: int = 4096) -> None:
+        cfg = model.config
+        per_seq = -(-max_tokens // self.BLOCK)
+        probe = plan_layout(cfg, self.BLOCK, 1 << 30)
+        groups = len(probe.groups)
+        layout = plan_layout(cfg, self.BLOCK, probe.page_bytes * num_seqs * groups * per_seq)
+        self.attention = PagedAttention(KVCache(layout), model.kernel_ops.kv_write, model.kernel_ops.paged_attention,
+                                        cfg.attn_scale)
+        first = torch.arange(num_seqs)[:, None] * groups * per_seq + torch.arange(per_seq)[None, :]
+        self.tables = [(first + g * per_seq).to(torch.int32) for g in range(groups)]
+        self.lens = [0] * num_seqs
+
+    def begin_step(self, query_lens: list[int]) -> torch.Tensor:
+        positions = torch.cat([torch.arange(n0, n0 + q) for n0, q in zip(self.lens, query_lens)])
+        seq_of_row = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
+        self.lens = [n0 + q for n0, q in zip(self.lens, query_lens)]
+        slots = [t[seq_of_row, positions // self.BLOCK].long() * self.BLOCK + positions % self.BLOCK
+                 for t in self.tables]
+        self.attention.batch = ForwardBatch(
+            token_ids=torch.empty(0, dtype=torch.int64), positions=positions,
+            query_start_loc=torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32),
+            seq_lens=torch.tensor(self.lens, dtype=torch.int32), block_tables=self.tables, slot_mappings=slots,
+            sample_rows=torch.empty(0, dtype=torch.int64))
+        return positions
+
+    def __call__(self, layer_idx, q, k, v):
+        return self.attention(layer_idx, q, k, v)
+
+
+def _backend(model, num_seqs: int = 1, max_tokens: int = 4096):
+    if model.precision == "int8":
+        return PagedKV(model, num_seqs, max_tokens)
+    return DenseAttention(model.config, num_seqs=num_seqs)
+
+
 def _prefill_tps(model, num_tokens: int, repeats: int) -> float:
     ids = torch.arange(1000, 1000 + num_tokens) % 200000 + 300
     best = float("inf")
     for _ in range(repeats):
-        attn = DenseAttention(model.config, kv_int8=model.precision == "int8")
+        attn = _backend(model, 1, num_tokens)
         start = time.perf_counter()
         hidden = model.forward(ids, attn.begin_step([num_tokens]), attn)
         model.logits(hidden[-1:])
@@ -36,7 +81,7 @@ def _prefill_tps(model, num_tokens: int, repeats: int) -> float:
 
 
 def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32) -> float:
-    attn = DenseAttention(model.config, num_seqs=batch, kv_int8=model.precision == "int8")
+    attn = _backend(model, batch, prompt_tokens + steps)
     ids = (torch.arange(batch * prompt_tokens) * 7919) % 200000 + 300
     hidden = model.forward(ids, attn.begin_step([prompt_tokens] * batch), attn)
     last = hidden.view(batch, prompt_tokens, -1)[:, -1]

@@ -69,6 +69,7 @@ CPU_FAST_PATH_MODULES = {
     "quantize_per_token": "kernels.cpu.quantize",
     "rmsnorm_quant": "kernels.cpu.quantize",
     "kv_write": "kernels.cpu.kv_write",
+    "rope_neox": "kernels.cpu.rope",
 }
 
 

@@ -1,0 +1,52 @@
+"""CPU fast path of NeoX RoPE: kernels.rope's semantics with cos/sin read from tables, not recomputed.
+
+The reference computes cos and sin of [T, D/2] angles in every layer of every step (36 times per Gemma
+step, a third of a batch-1 decode step on this machine). Here each (head_dim, base) has tables of cos/sin
+by position, computed with the reference's formula (float32 position x float32 inverse frequency) in
+fixed chunks of CHUNK_POSITIONS aligned to absolute positions, one torch call per chunk: a position's
+values depend neither on the batch it is in nor on how far the table had grown before (vectorized math
+can round a tensor's tail differently, so the chunk shape is fixed), and every process computes the same.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from kernels.rope import rope_inv_freq
+
+CHUNK_POSITIONS = 4096
+_lock = threading.Lock()
+_tables: dict[tuple[int, float], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _chunk(head_dim: int, base: float, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    positions = torch.arange(index * CHUNK_POSITIONS, (index + 1) * CHUNK_POSITIONS)
+    angle = positions.float()[:, None] * rope_inv_freq(head_dim, base)[None, :]
+    return torch.cos(angle), torch.sin(angle)
+
+
+def rope_tables(head_dim: int, base: float, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin f32[n, head_dim / 2] for positions [0, n), n >= num_positions (a multiple of the chunk)."""
+    key = (head_dim, float(base))
+    with _lock:
+        cos, sin = _tables.get(key, (torch.empty(0, head_dim // 2), torch.empty(0, head_dim // 2)))
+        if cos.shape[0] < num_positions:
+            have, need = cos.shape[0] // CHUNK_POSITIONS, -(-num_positions // CHUNK_POSITIONS)
+            new = [_chunk(head_dim, base, i) for i in range(have, need)]
+            cos = torch.cat([cos, *(c for c, _ in new)])
+            sin = torch.cat([sin, *(s for _, s in new)])
+            _tables[key] = (cos, sin)
+        return cos, sin
+
+
+def rope_neox_cpu(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """x f32[T, H, D], positions int64[T] -> f32[T, H, D]."""
+    half = x.shape[-1] // 2
+    if positions.numel() == 0:
+        return x.clone()
+    cos, sin = rope_tables(x.shape[-1], base, int(positions.max()) + 1)
+    cos, sin = cos[positions][:, None, :], sin[positions][:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
