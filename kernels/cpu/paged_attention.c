@@ -1,8 +1,9 @@
 /* Paged attention over the int8 KV cache for CPUs with AVX-512; the semantics of
  * kernels.paged_attention.paged_attention_ref (see that module for the addressing).
  *
- * One work item is one query row and one KV head (its G = Hq / Hkv query heads together, so each key is
- * read and widened once for all of them). The item's arithmetic depends only on its own query, position
+ * One work item is one KV head of one query row (its G = Hq / Hkv query heads together, so each key is read
+ * and widened once for all of them) -- or, with 4 query heads per KV head (attend_rows_g4), of 4 consecutive
+ * rows of one sequence, which also share each widened key; rows left over, and decodes, go one at a time. The item's arithmetic depends only on its own query, position
  * and keys -- never on the other rows of the call, on how they are grouped into sequences or on the thread
  * that runs it -- so a query gets the same bits alone or batched, in a prefill chunk or as a decode:
  *
@@ -19,6 +20,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512bw")))
 #define MAX_G 8
@@ -122,6 +124,150 @@ AVX512 static void attend_one(const float *q, const int8_t *kc, const int8_t *vc
     }
 }
 
+/* Four int32 -> float sums, one per head: [sum(v0), sum(v1), sum(v2), sum(v3)]; each output sums only its own
+   vector, in a fixed pattern. */
+AVX512 static inline __m128 hsum4_ps(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+    __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(v0, v1), _mm512_unpackhi_ps(v0, v1));
+    __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(v2, v3), _mm512_unpackhi_ps(v2, v3));
+    __m512 u = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+static const int8_t ZERO_KEY[MAX_D] __attribute__((aligned(64)));
+
+/* The path for 4 query heads per KV head (Gemma's MQA), NQ consecutive query rows of one sequence at once
+   (positions pos0 .. pos0 + NQ - 1), each key widened once for all of them. Per query and head the
+   operations are those of the NQ = 1 path, in the same order: a key a row cannot see gets score -inf and
+   weight 0 (fma(0, v, a) == a), and a chunk outside a row's range leaves that row untouched. */
+AVX512 static inline __attribute__((always_inline)) void attend_rows_g4(
+        const int NQ, const float *q, int64_t q_stride, const int8_t *kc, const int8_t *vc, const float *ks,
+        const float *vs, const int32_t *table, int64_t pos0, int64_t window, int64_t h, int64_t Hkv, int64_t D,
+        int64_t BS, float sm_scale, float *out, int64_t out_stride) {
+    enum { G = 4 };
+    float acc[4][G * MAX_D] __attribute__((aligned(64)));
+    float m[4][G], l[4][G];
+    int64_t lo[4], pos[4];
+    for (int r = 0; r < NQ; r++) {
+        pos[r] = pos0 + r;
+        lo[r] = window > 0 && pos[r] - window + 1 > 0 ? pos[r] - window + 1 : 0;
+        for (int g = 0; g < G; g++) { m[r][g] = -INFINITY; l[r][g] = 0.0f; }
+        for (int64_t i = 0; i < G * D; i++) acc[r][i] = 0.0f;
+    }
+    const int64_t row = Hkv * D;
+    for (int64_t c = lo[0] / CHUNK; c <= pos[NQ - 1] / CHUNK; c++) {
+        float sc[4][G][CHUNK] __attribute__((aligned(64)));
+        float w[4][G][CHUNK] __attribute__((aligned(64)));
+        const int8_t *kp[CHUNK], *vp[CHUNK];
+        float kscale[CHUNK], vscale[CHUNK];
+        const int64_t j0 = c * CHUNK;
+        for (int i = 0; i < CHUNK; i++) {
+            int64_t j = j0 + i;
+            if (j < lo[0] || j > pos[NQ - 1]) { kp[i] = vp[i] = 0; kscale[i] = vscale[i] = 0.0f; continue; }
+            int64_t slot = (int64_t)table[j / BS] * BS + j % BS;
+            kp[i] = kc + slot * row + h * D;
+            vp[i] = vc + slot * row + h * D;
+            kscale[i] = ks[slot * Hkv + h] * sm_scale;
+            vscale[i] = vs[slot * Hkv + h];
+        }
+        /* The next chunk's rows, fetched while this one is computed (long contexts stream from memory). */
+        if (c < pos[NQ - 1] / CHUNK) {
+            int64_t j1 = j0 + CHUNK;
+            const int8_t *nk = kc + ((int64_t)table[j1 / BS] * BS + j1 % BS) * row + h * D;
+            const int8_t *nv = vc + ((int64_t)table[j1 / BS] * BS + j1 % BS) * row + h * D;
+            for (int i = 0; i < CHUNK && (i == 0 || (j1 + i) % BS != 0); i++)  /* rows of j1's block */
+                for (int64_t dd = 0; dd < D; dd += 64) {
+                    _mm_prefetch((const char *)(nk + i * row + dd), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(nv + i * row + dd), _MM_HINT_T0);
+                }
+        }
+        /* Scores: keys two at a time when one row (8 independent FMA chains), else one (4 x NQ chains). */
+        const int KP = NQ == 1 ? 2 : 1;
+        for (int i = 0; i < CHUNK; i += KP) {
+            __m512 d[2][4][G];
+            const int8_t *kk[2];
+            int any = 0;
+            for (int p = 0; p < KP; p++) {
+                kk[p] = kp[i + p] ? kp[i + p] : ZERO_KEY;
+                any |= kp[i + p] != 0;
+                for (int r = 0; r < NQ; r++)
+                    for (int g = 0; g < G; g++) d[p][r][g] = _mm512_setzero_ps();
+            }
+            if (!any) {
+                for (int p = 0; p < KP; p++)
+                    for (int r = 0; r < NQ; r++)
+                        for (int g = 0; g < G; g++) sc[r][g][i + p] = -INFINITY;
+                continue;
+            }
+            for (int64_t dd = 0; dd < D; dd += 16) {
+                for (int p = 0; p < KP; p++) {
+                    __m512 kf = widen(kk[p] + dd);
+                    for (int r = 0; r < NQ; r++)
+                        for (int g = 0; g < G; g++)
+                            d[p][r][g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + r * q_stride + g * D + dd), kf, d[p][r][g]);
+                }
+            }
+            for (int p = 0; p < KP; p++) {
+                int64_t j = j0 + i + p;
+                for (int r = 0; r < NQ; r++) {
+                    float t[4];
+                    _mm_storeu_ps(t, _mm_mul_ps(hsum4_ps(d[p][r][0], d[p][r][1], d[p][r][2], d[p][r][3]),
+                                                _mm_set1_ps(kscale[i + p])));
+                    int seen = j >= lo[r] && j <= pos[r];
+                    for (int g = 0; g < G; g++) sc[r][g][i + p] = seen ? t[g] : -INFINITY;
+                }
+            }
+        }
+        float alpha[4][G];
+        for (int r = 0; r < NQ; r++) {
+            int active = c >= lo[r] / CHUNK && c <= pos[r] / CHUNK;
+            for (int g = 0; g < G; g++) {
+                if (!active) { alpha[r][g] = 1.0f; _mm512_store_ps(w[r][g], _mm512_setzero_ps()); continue; }
+                __m512 sv = _mm512_load_ps(sc[r][g]);
+                float m_new = fmaxf(m[r][g], _mm512_reduce_max_ps(sv));
+                alpha[r][g] = _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(m[r][g] - m_new)));
+                __m512 pv = exp_ps(_mm512_sub_ps(sv, _mm512_set1_ps(m_new)));
+                l[r][g] = l[r][g] * alpha[r][g] + _mm512_reduce_add_ps(pv);
+                m[r][g] = m_new;
+                _mm512_store_ps(w[r][g], _mm512_mul_ps(pv, _mm512_loadu_ps(vscale)));
+            }
+        }
+        for (int64_t dd = 0; dd < D; dd += 16) {
+            __m512 a[4][G];
+            for (int r = 0; r < NQ; r++)
+                for (int g = 0; g < G; g++)
+                    a[r][g] = _mm512_mul_ps(_mm512_load_ps(acc[r] + g * D + dd), _mm512_set1_ps(alpha[r][g]));
+            for (int i = 0; i < CHUNK; i++) {
+                if (!vp[i]) continue;
+                __m512 vf = widen(vp[i] + dd);
+                for (int r = 0; r < NQ; r++)
+                    for (int g = 0; g < G; g++) a[r][g] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][g][i]), vf, a[r][g]);
+            }
+            for (int r = 0; r < NQ; r++)
+                for (int g = 0; g < G; g++) _mm512_store_ps(acc[r] + g * D + dd, a[r][g]);
+        }
+    }
+    for (int r = 0; r < NQ; r++)
+        for (int g = 0; g < G; g++) {
+            __m512 lv = _mm512_set1_ps(l[r][g]);
+            for (int64_t dd = 0; dd < D; dd += 16)
+                _mm512_storeu_ps(out + r * out_stride + g * D + dd, _mm512_div_ps(_mm512_load_ps(acc[r] + g * D + dd), lv));
+        }
+}
+
+AVX512 static void attend_rows4_g4(const float *q, int64_t qs, const int8_t *kc, const int8_t *vc, const float *ks,
+                                   const float *vs, const int32_t *table, int64_t pos0, int64_t window, int64_t h,
+                                   int64_t Hkv, int64_t D, int64_t BS, float sm_scale, float *out, int64_t os) {
+    attend_rows_g4(4, q, qs, kc, vc, ks, vs, table, pos0, window, h, Hkv, D, BS, sm_scale, out, os);
+}
+
+AVX512 static void attend_rows1_g4(const float *q, int64_t qs, const int8_t *kc, const int8_t *vc, const float *ks,
+                                   const float *vs, const int32_t *table, int64_t pos0, int64_t window, int64_t h,
+                                   int64_t Hkv, int64_t D, int64_t BS, float sm_scale, float *out, int64_t os) {
+    attend_rows_g4(1, q, qs, kc, vc, ks, vs, table, pos0, window, h, Hkv, D, BS, sm_scale, out, os);
+}
+
 /* q, out: f32[T, Hq, D]; k/v cache: int8[NB, BS, Hkv, D]; k/v scale: f32[NB, BS, Hkv];
    block_tables: int32[S, bt_stride]; query_start_loc: int32[S + 1]; seq_lens: int32[S]; window 0 = none.
    row_seq: int32[T], the sequence of each query row. Needs Hq / Hkv <= MAX_G, D % 16 == 0, D <= MAX_D. */
@@ -130,13 +276,40 @@ AVX512 void paged_attention_i8(const float *q, const int8_t *kc, const int8_t *v
                                const int32_t *seq_lens, const int32_t *row_seq, int64_t T, int64_t Hq, int64_t Hkv,
                                int64_t D, int64_t BS, float sm_scale, int64_t window, float *out, int nthreads) {
     const int64_t G = Hq / Hkv;
+    if (G != 4) {
+        #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+        for (int64_t item = 0; item < T * Hkv; item++) {
+            int64_t t = item / Hkv, h = item % Hkv, s = row_seq[t];
+            int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
+            int64_t position = seq_lens[s] - q_len + (t - query_start_loc[s]);
+            int64_t lo = window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+            attend_one(q + (t * Hq + h * G) * D, kc, vc, ks, vs, block_tables + s * bt_stride, position, lo, h, G,
+                       Hkv, D, BS, sm_scale, out + (t * Hq + h * G) * D);
+        }
+        return;
+    }
+    /* Work items: runs of 4 rows of one sequence, then single rows for the rest (row_seq[t] = its sequence). */
+    int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (T > 0 ? T : 1));
+    int64_t n_items = 0;
+    for (int64_t t = 0; t < T;) {
+        int64_t end = query_start_loc[row_seq[t] + 1];
+        if (end - t >= 4) { first[n_items++] = t; t += 4; }
+        else { first[n_items++] = -(t + 1); t += 1; }  /* negative: a single row */
+    }
     #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
-    for (int64_t item = 0; item < T * Hkv; item++) {
-        int64_t t = item / Hkv, h = item % Hkv, s = row_seq[t];
+    for (int64_t item = 0; item < n_items * Hkv; item++) {
+        int64_t f = first[item / Hkv], h = item % Hkv;
+        int64_t t = f >= 0 ? f : -f - 1, s = row_seq[t];
         int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
         int64_t position = seq_lens[s] - q_len + (t - query_start_loc[s]);
-        int64_t lo = window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
-        attend_one(q + (t * Hq + h * G) * D, kc, vc, ks, vs, block_tables + s * bt_stride, position, lo, h, G, Hkv, D,
-                   BS, sm_scale, out + (t * Hq + h * G) * D);
+        const float *qp = q + (t * Hq + h * G) * D;
+        float *op = out + (t * Hq + h * G) * D;
+        if (f >= 0)
+            attend_rows4_g4(qp, Hq * D, kc, vc, ks, vs, block_tables + s * bt_stride, position, window, h, Hkv, D, BS,
+                            sm_scale, op, Hq * D);
+        else
+            attend_rows1_g4(qp, Hq * D, kc, vc, ks, vs, block_tables + s * bt_stride, position, window, h, Hkv, D, BS,
+                            sm_scale, op, Hq * D);
     }
+    free(first);
 }

@@ -104,12 +104,12 @@ def test_c_kernel_declines_unsupported_shapes_and_the_dispatcher_falls_back():
                                rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("impl", ["c", "torch"])
+@pytest.mark.parametrize("impl,heads", [("c", (4, 1)), ("c", (6, 2)), ("torch", (4, 1))])  # C: G=4 path, generic
 @pytest.mark.parametrize("window", [None, 40])
-def test_each_query_is_invariant_to_its_batch_and_chunk(impl, window):
+def test_each_query_is_invariant_to_its_batch_and_chunk(impl, heads, window):
     paged_attention_cpu = implementation(impl)
     seq_lens, q_lens = [300, 70, 160, 45], [1, 70, 33, 1]
-    q, kc, vc, ks, vs, tables, qsl, lens = build_case(seq_lens, q_lens, 4, 1, 64, 16, window, seed=3)
+    q, kc, vc, ks, vs, tables, qsl, lens = build_case(seq_lens, q_lens, *heads, 64, 16, window, seed=3)
     full = paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.0625, window)
     for s in range(len(seq_lens)):
         a, b = int(qsl[s]), int(qsl[s + 1])
