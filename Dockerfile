@@ -20,8 +20,8 @@ COPY bench ./bench
 COPY protos ./protos
 RUN pip install .
 
-# Convert the default model to the int8 checkpoint at build time so engines start fast.
-RUN salon convert
+# Convert the default model to the int8 checkpoint and build the CPU kernels at build time so engines start fast.
+RUN salon convert && python -m kernels.cpu.native
 
 EXPOSE 50051 50061 50071 9100
 CMD ["salon", "up"]

@@ -1,9 +1,10 @@
 """The C kernels of kernels/cpu/: compiled with the system C compiler on first use, loaded with ctypes.
 
 Each source is compiled with -mavx2 (kernels that need AVX-512 enable it per function) into a library
-named by the hash of its source, so a changed kernel is rebuilt and concurrent builders never load a
-half-written file. (The name also hashes the compiler flags.) Without a C compiler, or on a CPU without AVX2, `load` returns None and callers take
-their PyTorch path.
+named by the hash of its source and the compiler flags, so a changed kernel is rebuilt, and renamed into
+place, so concurrent builders never load a half-written file. Without a C compiler, or on a CPU without
+AVX2, `load` returns None and callers take their PyTorch path. `python -m kernels.cpu.native` builds
+them all ahead of time (the Dockerfile does).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 _CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
+_typed: set[tuple[str, str]] = set()
 
 
 @functools.cache
@@ -46,31 +48,51 @@ def load(source: Path, signatures: dict[str, list], build_dir: Path | None = Non
     """The library built from `source`, its functions typed by `signatures` (name -> argtypes); None
     where it cannot be built or loaded here. Built once per source version, loaded once per process."""
     key = str(source)
-    with _lock:
-        if key in _loaded:
-            return _loaded[key]
-        lib = None
-        try:
-            if "avx2" not in cpu_flags():
-                raise OSError("no AVX2")
-            text = source.read_text()
-            digest = hashlib.sha256((" ".join(_CFLAGS) + "\n" + text).encode()).hexdigest()[:16]
-            out_dir = build_dir or Path(tempfile.gettempdir()) / "salon-kernels"
-            out_dir.mkdir(parents=True, exist_ok=True)
-            so_path = out_dir / f"{source.stem}_{digest}.so"
-            if not so_path.exists():
-                src = out_dir / f"{source.stem}_{digest}.c"
-                src.write_text(text)
-                tmp = out_dir / f"{source.stem}_{digest}.{threading.get_ident()}.so"
-                subprocess.run(["cc", *_CFLAGS, "-o", str(tmp), str(src), "-lm"], check=True, capture_output=True,
-                               timeout=120)
-                tmp.replace(so_path)
-            lib = ctypes.CDLL(str(so_path))
-            for name, argtypes in signatures.items():
-                fn = getattr(lib, name)
-                fn.restype = None
-                fn.argtypes = argtypes
-        except (OSError, subprocess.SubprocessError, AttributeError):
-            lib = None
-        _loaded[key] = lib
-        return lib
+    lib = _loaded.get(key, False)
+    if lib is False:
+        with _lock:
+            if key not in _loaded:
+                _loaded[key] = _build_and_open(source, build_dir)
+            lib = _loaded[key]
+    if lib is not None and not _typed.issuperset((key, name) for name in signatures):
+        with _lock:
+            try:
+                for name, argtypes in signatures.items():
+                    fn = getattr(lib, name)
+                    fn.restype = None
+                    fn.argtypes = argtypes
+                    _typed.add((key, name))
+            except AttributeError:
+                return None
+    return lib
+
+
+def _build_and_open(source: Path, build_dir: Path | None) -> ctypes.CDLL | None:
+    try:
+        if "avx2" not in cpu_flags():
+            raise OSError("no AVX2")
+        text = source.read_text()
+        digest = hashlib.sha256((" ".join(_CFLAGS) + "\n" + text).encode()).hexdigest()[:16]
+        out_dir = build_dir or Path(tempfile.gettempdir()) / "salon-kernels"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        so_path = out_dir / f"{source.stem}_{digest}.so"
+        if not so_path.exists():
+            src = out_dir / f"{source.stem}_{digest}.c"
+            src.write_text(text)
+            tmp = out_dir / f"{source.stem}_{digest}.{threading.get_ident()}.so"
+            subprocess.run(["cc", *_CFLAGS, "-o", str(tmp), str(src), "-lm"], check=True, capture_output=True,
+                           timeout=120)
+            tmp.replace(so_path)
+        return ctypes.CDLL(str(so_path))
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def build_all() -> list[str]:
+    """Builds every kernel of kernels/cpu/ (e.g. while building an image); the names of those that failed."""
+    return [src.name for src in sorted(Path(__file__).parent.glob("*.c")) if load(src, {}) is None]
+
+
+if __name__ == "__main__":
+    failed = build_all()
+    print("built every CPU kernel" if not failed else f"could not build: {', '.join(failed)}")
