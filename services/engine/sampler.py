@@ -1,7 +1,17 @@
 """Sampling the next token of each request from its logits row.
 
-Rows are independent: greedy rows take the argmax (first index on ties); other rows are sampled one
-by one with the request's own seeded generator, so a request's tokens never depend on its batch.
+Rows are independent: greedy rows take the argmax (first index on ties); every other row is sampled
+on its own with the request's own seeded generator, so a request's tokens never depend on its batch.
+
+A sampled row: x = logits / temperature; top-k keeps the k most likely tokens (renormalized among
+them); top-p then keeps the smallest prefix of the remaining tokens, most likely first, whose mass
+reaches top_p (the token that crosses it included). One uniform u from the request's generator picks
+the token by inverse CDF over the kept weights, so every sampled token consumes exactly one draw
+(`advance_generator` skips a token's draw when a failover resumes a stream).
+
+The vocabulary is large (262,144 for Gemma), so nothing sorts it when it can be avoided: top-k is a
+partial selection, and top-p first looks among the 64 most likely tokens (TOP_P_CANDIDATES), widening the
+search only while their mass falls short of top_p -- the kept set is the same as a full sort's.
 """
 
 from __future__ import annotations
@@ -12,6 +22,9 @@ import torch
 
 from services.engine.request import SamplingParams
 
+# Top-p looks among this many most likely tokens, then among more, before sorting the whole vocabulary.
+TOP_P_CANDIDATES = (64, 2048)
+
 
 @dataclass(frozen=True)
 class SampledToken:
@@ -19,39 +32,60 @@ class SampledToken:
     logprob: float | None
 
 
-def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """f32[V] logits -> probabilities after temperature, top-k and top-p."""
+def _top_p_prefix(ids: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top_p: float):
+    """ids/w sorted most likely first, w unnormalized (float64), total: the mass they are relative to."""
+    if top_p >= 1.0:
+        return ids, w
+    keep = int(((torch.cumsum(w, 0) - w) < top_p * total).sum())
+    return ids[:keep], w[:keep]
+
+
+def kept_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """f32[V] logits of one row -> (token ids or None for all of [0, V), unnormalized weights f64) of the tokens
+    the row may be sampled from (ids most likely first)."""
     x = logits.float() / params.temperature
-    if 0 < params.top_k < x.numel():
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    if 0.0 < params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cumulative = torch.cumsum(sorted_probs, dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p (the token crossing it included).
-        drop_sorted = (cumulative - sorted_probs) >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter_(0, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
-        probs = probs / probs.sum()
-    return probs
+    vocab = x.numel()
+    if 0 < params.top_k < vocab:
+        vals, ids = torch.topk(x, params.top_k)
+        w = torch.exp(vals - vals[0]).double()
+        return _top_p_prefix(ids, w, w.sum(), params.top_p)
+    m = x.max()
+    if params.top_p >= 1.0:
+        return None, torch.exp(x - m).double()  # plain temperature sampling: the whole vocabulary
+    total = torch.exp(x - m).sum(dtype=torch.float64)
+    for k in TOP_P_CANDIDATES:
+        if k >= vocab:
+            break
+        vals, ids = torch.topk(x, k)
+        w = torch.exp(vals - m).double()
+        if w.sum() >= params.top_p * total:
+            return _top_p_prefix(ids, w, total, params.top_p)
+    vals, ids = torch.sort(x, descending=True)
+    return _top_p_prefix(ids, torch.exp(vals - m).double(), total, params.top_p)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+def _uniform(generator: torch.Generator | None) -> float:
+    return float(torch.rand(1, generator=generator, dtype=torch.float64))
+
+
+def draw(ids: torch.Tensor | None, w: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Inverse CDF with one uniform: the first kept token whose cumulative weight exceeds u * total."""
+    cumulative = torch.cumsum(w, 0)
+    i = int(torch.searchsorted(cumulative, _uniform(generator) * cumulative[-1], right=True))
+    i = min(i, w.numel() - 1)
+    return i if ids is None else int(ids[i])
 
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     if params.greedy:
         return int(torch.argmax(logits).item())
-    return draw(filtered_probs(logits, params), generator)
+    return draw(*kept_tokens(logits, params), generator)
 
 
 def advance_generator(generator: torch.Generator | None, vocab_size: int) -> None:
     """Consume the randomness one sampled token uses (failover resume skips tokens already sent)."""
     if generator is not None:
-        probs = torch.full((vocab_size,), 1.0 / vocab_size)
-        draw(probs, generator)
+        _uniform(generator)
 
 
 def sample(

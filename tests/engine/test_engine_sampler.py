@@ -1,0 +1,105 @@
+"""The sampler against a plain full-sort reference, its use of randomness, and its statistics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.engine.request import SamplingParams
+from services.engine.sampler import advance_generator, kept_tokens, sample, sample_row
+
+VOCAB = 262_144
+
+
+def reference_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k, top-p by sorting the whole vocabulary; f64[V] probabilities (0 where dropped)."""
+    x = logits.double() / params.temperature
+    if 0 < params.top_k < x.numel():
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        drop_sorted = (torch.cumsum(sorted_probs, -1) - sorted_probs) >= params.top_p
+        probs = probs.masked_fill(torch.zeros_like(drop_sorted).scatter_(0, order, drop_sorted), 0.0)
+    return probs / probs.sum()
+
+
+def as_probs(ids, w, vocab):
+    probs = torch.zeros(vocab, dtype=torch.float64)
+    if ids is None:
+        probs += w
+    else:
+        probs[ids] = w
+    return probs / probs.sum()
+
+
+def logits_of(kind: str, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(VOCAB, generator=g)
+    if kind == "peaked":  # a language model's usual shape: a few likely tokens
+        x[torch.randperm(VOCAB, generator=g)[:12]] += 14.0
+    elif kind == "spread":  # top-p needs more than 64 candidates but fewer than 2048
+        x[torch.randperm(VOCAB, generator=g)[:600]] += 12.0
+    return x  # "flat": top-p needs a sort of the whole vocabulary
+
+
+@pytest.mark.parametrize("kind", ["peaked", "spread", "flat"])
+@pytest.mark.parametrize("params", [
+    SamplingParams(1, temperature=0.7, top_p=0.9),
+    SamplingParams(1, temperature=1.3, top_p=0.5),
+    SamplingParams(1, temperature=1.0, top_k=40),
+    SamplingParams(1, temperature=0.9, top_k=300, top_p=0.8),
+    SamplingParams(1, temperature=1.0),
+])
+def test_kept_distribution_matches_full_sort_reference(kind, params):
+    x = logits_of(kind)
+    got = as_probs(*kept_tokens(x, params), VOCAB)
+    ref = reference_probs(x, params)
+    assert torch.equal(got > 0, ref > 0), "kept set differs"
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-12)
+
+
+def test_each_sampled_token_consumes_exactly_one_draw():
+    x = logits_of("peaked", seed=3)
+    for params in (SamplingParams(1, temperature=1.0), SamplingParams(1, temperature=0.8, top_p=0.9),
+                   SamplingParams(1, temperature=0.8, top_k=5)):
+        a, b = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+        for _ in range(3):
+            sample_row(x, params, a)
+            advance_generator(b, VOCAB)
+        assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
+
+
+def test_frequencies_follow_the_distribution():
+    x = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    params = SamplingParams(1, temperature=1.0, top_p=0.9)
+    probs = reference_probs(x, params)
+    g = torch.Generator().manual_seed(1234)
+    n = 20000
+    counts = torch.bincount(torch.tensor([sample_row(x, params, g) for _ in range(n)]), minlength=6).double()
+    expected = probs * n
+    assert counts[probs == 0].sum() == 0  # dropped by top-p: never drawn
+    sigma = (expected * (1 - probs)).sqrt()
+    assert torch.all((counts - expected).abs()[probs > 0] < 4 * sigma[probs > 0]), (counts, expected)
+
+
+def test_rows_are_independent_of_their_batch():
+    logits = torch.stack([logits_of("peaked", s) for s in range(4)])
+    params = [SamplingParams(1, temperature=0.8, top_p=0.95, seed=s) for s in range(4)]
+    params[1] = SamplingParams(1)  # greedy
+
+    def gens():
+        return [torch.Generator().manual_seed(s) for s in range(4)]
+
+    together = sample(logits, params, gens())
+    for r in range(4):
+        alone = sample(logits[r:r + 1], [params[r]], [gens()[r]])
+        assert alone[0].token_id == together[r].token_id
+    assert together[1].token_id == int(torch.argmax(logits[1]))
+
+
+def test_greedy_takes_the_first_of_tied_maxima():
+    x = torch.zeros(10)
+    x[[3, 7]] = 5.0
+    assert sample(x[None], [SamplingParams(1)], [None])[0].token_id == 3
