@@ -10,8 +10,9 @@ the token by inverse CDF over the kept weights, so every sampled token consumes 
 (`advance_generator` skips a token's draw when a failover resumes a stream).
 
 The vocabulary is large (262,144 for Gemma), so nothing sorts it when it can be avoided: top-k is a
-partial selection, and top-p first looks among the 64 most likely tokens (TOP_P_CANDIDATES), widening the
-search only while their mass falls short of top_p -- the kept set is the same as a full sort's.
+partial selection, and top-p first looks among the 64 most likely tokens (TOP_P_CANDIDATES) and, when their
+mass falls short of top_p, finds the cut with a histogram of the mass over logit bins, sorting only the
+tokens of the bin where it falls -- the kept set is the same as a full sort's.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import torch
 
 from services.engine.request import SamplingParams
 
-# Top-p looks among this many most likely tokens, then among more, before sorting the whole vocabulary.
-TOP_P_CANDIDATES = (64, 2048)
+# Top-p looks among this many most likely tokens first, then above a threshold found by a histogram.
+TOP_P_CANDIDATES = 64
+HISTOGRAM_BINS = 1024
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ def _top_p_prefix(ids: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top_p
 
 def kept_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor | None, torch.Tensor]:
     """f32[V] logits of one row -> (token ids or None for all of [0, V), unnormalized weights f64) of the tokens
-    the row may be sampled from (ids most likely first)."""
+    the row may be sampled from."""
     x = logits.float() / params.temperature
     vocab = x.numel()
     if 0 < params.top_k < vocab:
@@ -50,18 +52,39 @@ def kept_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Ten
         w = torch.exp(vals - vals[0]).double()
         return _top_p_prefix(ids, w, w.sum(), params.top_p)
     m = x.max()
+    e = torch.exp(x - m)
     if params.top_p >= 1.0:
-        return None, torch.exp(x - m).double()  # plain temperature sampling: the whole vocabulary
-    total = torch.exp(x - m).sum(dtype=torch.float64)
-    for k in TOP_P_CANDIDATES:
-        if k >= vocab:
-            break
-        vals, ids = torch.topk(x, k)
-        w = torch.exp(vals - m).double()
-        if w.sum() >= params.top_p * total:
+        return None, e.double()  # plain temperature sampling: the whole vocabulary
+    total = e.sum(dtype=torch.float64)
+    goal = params.top_p * total
+    if TOP_P_CANDIDATES < vocab:
+        vals, ids = torch.topk(x, TOP_P_CANDIDATES)
+        w = e[ids].double()
+        if w.sum() >= goal:
             return _top_p_prefix(ids, w, total, params.top_p)
-    vals, ids = torch.sort(x, descending=True)
-    return _top_p_prefix(ids, torch.exp(vals - m).double(), total, params.top_p)
+    return _top_p_by_histogram(x, e, total, params.top_p)
+
+
+def _top_p_by_histogram(x: torch.Tensor, e: torch.Tensor, total: torch.Tensor, top_p: float):
+    """Top-p without sorting the vocabulary: the mass of each of HISTOGRAM_BINS equal logit bins gives the
+    bin where the mass from the top crosses top_p; every token of the bins above is kept, and only the
+    crossing bin's tokens are sorted to find where the prefix ends. Returns the kept ids (not in order)."""
+    lo, hi = float(x.min()), float(x.max())
+    if not hi > lo:
+        ids = torch.argsort(x, descending=True, stable=True)
+        return _top_p_prefix(ids, e[ids].double(), total, top_p)
+    bins = ((x - lo) * (HISTOGRAM_BINS / (hi - lo))).long().clamp_(0, HISTOGRAM_BINS - 1)
+    w = e.double()
+    from_top = torch.cumsum(torch.bincount(bins, weights=w, minlength=HISTOGRAM_BINS).flip(0), 0)
+    crossing_from_top = min(int((from_top < top_p * total).sum()), HISTOGRAM_BINS - 1)
+    crossing = HISTOGRAM_BINS - 1 - crossing_from_top
+    above = from_top[crossing_from_top - 1] if crossing_from_top > 0 else torch.zeros((), dtype=torch.float64)
+    in_bin = torch.nonzero(bins == crossing).flatten()
+    in_bin = in_bin[torch.argsort(x[in_bin], descending=True, stable=True)]
+    in_w = w[in_bin]
+    keep = max(1, int(((above + torch.cumsum(in_w, 0) - in_w) < top_p * total).sum()))
+    ids = torch.cat([torch.nonzero(bins > crossing).flatten(), in_bin[:keep]])
+    return ids, w[ids]
 
 
 def _uniform(generator: torch.Generator | None) -> float:
