@@ -6,8 +6,11 @@ on its own with the request's own seeded generator, so a request's tokens never 
 A sampled row: x = logits / temperature; top-k keeps the k most likely tokens (renormalized among
 them); top-p then keeps the smallest prefix of the remaining tokens, most likely first, whose mass
 reaches top_p (the token that crosses it included). One uniform u from the request's generator picks
-the token by inverse CDF over the kept weights, so every sampled token consumes exactly one draw
-(`advance_generator` skips a token's draw when a failover resumes a stream).
+the token by inverse CDF over the kept weights in vocabulary order, so every sampled token consumes
+exactly one draw (`advance_generator` skips a token's draw when a failover resumes a stream).
+
+On CPUs with AVX-512 all sampled rows of a step go through one call of kernels/cpu/sample.c; the PyTorch
+code below is its reference and the path elsewhere (same rule, exp rounded differently).
 
 The vocabulary is large (262,144 for Gemma), so nothing sorts it when it can be avoided: top-k is a
 partial selection, and top-p first looks among the 64 most likely tokens (TOP_P_CANDIDATES) and, when their
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.cpu.sample import sample_rows_cpu
 from services.engine.request import SamplingParams
 
 # Top-p looks among this many most likely tokens first, then above a threshold found by a histogram.
@@ -87,28 +91,32 @@ def _top_p_by_histogram(x: torch.Tensor, e: torch.Tensor, total: torch.Tensor, t
     return ids, w[ids]
 
 
-def _uniform(generator: torch.Generator | None) -> float:
+def uniform(generator: torch.Generator | None) -> float:
+    """The one draw in [0, 1) a sampled token uses."""
     return float(torch.rand(1, generator=generator, dtype=torch.float64))
 
 
-def draw(ids: torch.Tensor | None, w: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Inverse CDF with one uniform: the first kept token whose cumulative weight exceeds u * total."""
+def draw(ids: torch.Tensor | None, w: torch.Tensor, u: float) -> int:
+    """The first kept token, in vocabulary order, at which the running weight exceeds u * (total weight)."""
+    if ids is not None:
+        order = torch.argsort(ids)
+        ids, w = ids[order], w[order]
     cumulative = torch.cumsum(w, 0)
-    i = int(torch.searchsorted(cumulative, _uniform(generator) * cumulative[-1], right=True))
-    i = min(i, w.numel() - 1)
+    i = min(int(torch.searchsorted(cumulative, u * cumulative[-1], right=True)), w.numel() - 1)
     return i if ids is None else int(ids[i])
 
 
-def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+def sample_row(logits: torch.Tensor, params: SamplingParams, u: float) -> int:
+    """One row by PyTorch (the reference of kernels/cpu/sample.c); u is ignored for greedy rows."""
     if params.greedy:
         return int(torch.argmax(logits).item())
-    return draw(*kept_tokens(logits, params), generator)
+    return draw(*kept_tokens(logits, params), u)
 
 
 def advance_generator(generator: torch.Generator | None, vocab_size: int) -> None:
     """Consume the randomness one sampled token uses (failover resume skips tokens already sent)."""
     if generator is not None:
-        _uniform(generator)
+        uniform(generator)
 
 
 def sample(
@@ -118,10 +126,23 @@ def sample(
     logprobs = None
     if any(p.return_logprobs for p in params):
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-    greedy_ids = torch.argmax(logits, dim=-1).tolist()
+    tokens: list[int] = [0] * len(params)
+    greedy = [r for r, p in enumerate(params) if p.greedy]
+    if greedy:
+        ids = torch.argmax(logits if len(greedy) == len(params) else logits[greedy], dim=-1).tolist()
+        for r, token in zip(greedy, ids):
+            tokens[r] = token
+    rows = [r for r, p in enumerate(params) if not p.greedy]
+    if rows:
+        us = [uniform(generators[r]) for r in rows]
+        sampled = sample_rows_cpu(logits.float(), rows, [params[r].temperature for r in rows],
+                                  [params[r].top_k for r in rows], [params[r].top_p for r in rows], us)
+        if sampled is None:
+            sampled = [sample_row(logits[r], params[r], u) for r, u in zip(rows, us)]
+        for r, token in zip(rows, sampled):
+            tokens[r] = token
     out: list[SampledToken] = []
-    for r, (p, g) in enumerate(zip(params, generators)):
-        token = greedy_ids[r] if p.greedy else sample_row(logits[r], p, g)
+    for r, (p, token) in enumerate(zip(params, tokens)):
         lp = float(logprobs[r, token]) if (logprobs is not None and p.return_logprobs) else None
         out.append(SampledToken(token, lp))
     return out

@@ -1,4 +1,5 @@
-"""The sampler against a plain full-sort reference, its use of randomness, and its statistics."""
+"""The sampler against a plain full-sort reference, the C kernel against the PyTorch path, the use of
+randomness, and the statistics."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import pytest
 import torch
 
 from services.engine.request import SamplingParams
-from services.engine.sampler import advance_generator, kept_tokens, sample, sample_row
+from kernels.cpu import native
+from kernels.cpu.sample import sample_rows_cpu
+from services.engine.sampler import advance_generator, kept_tokens, sample, sample_row, uniform
 
 VOCAB = 262_144
 
@@ -60,24 +63,47 @@ def test_kept_distribution_matches_full_sort_reference(kind, params):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-12)
 
 
+PARAMS = [SamplingParams(1, temperature=1.0), SamplingParams(1, temperature=0.8, top_p=0.9),
+          SamplingParams(1, temperature=0.8, top_k=5), SamplingParams(1, temperature=1.2, top_k=500, top_p=0.7)]
+
+
 def test_each_sampled_token_consumes_exactly_one_draw():
     x = logits_of("peaked", seed=3)
-    for params in (SamplingParams(1, temperature=1.0), SamplingParams(1, temperature=0.8, top_p=0.9),
-                   SamplingParams(1, temperature=0.8, top_k=5)):
+    for params in PARAMS:
         a, b = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
         for _ in range(3):
-            sample_row(x, params, a)
+            sample(x[None], [params], [a])
             advance_generator(b, VOCAB)
         assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
 
 
-def test_frequencies_follow_the_distribution():
+@pytest.mark.skipif(not native.has_avx512(), reason="the C sampler needs AVX-512")
+@pytest.mark.parametrize("kind", ["peaked", "spread", "flat"])
+def test_c_kernel_draws_the_tokens_of_the_pytorch_path(kind):
+    x = logits_of(kind, seed=5)
+    us = [0.0, 0.013, 0.25, 0.5, 0.77, 0.999]
+    for params in PARAMS:
+        rows = torch.stack([x] * len(us))
+        got = sample_rows_cpu(rows, list(range(len(us))), [params.temperature] * len(us), [params.top_k] * len(us),
+                              [params.top_p] * len(us), us)
+        assert got is not None, "the C sampler did not run"
+        assert got == [sample_row(x, params, u) for u in us], params
+
+
+@pytest.mark.parametrize("path", ["c", "torch"])
+def test_frequencies_follow_the_distribution(path):
+    if path == "c" and not native.has_avx512():
+        pytest.skip("the C sampler needs AVX-512")
     x = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     params = SamplingParams(1, temperature=1.0, top_p=0.9)
     probs = reference_probs(x, params)
     g = torch.Generator().manual_seed(1234)
     n = 20000
-    counts = torch.bincount(torch.tensor([sample_row(x, params, g) for _ in range(n)]), minlength=6).double()
+    if path == "c":
+        draws = sample_rows_cpu(x[None], [0] * n, [1.0] * n, [0] * n, [0.9] * n, [uniform(g) for _ in range(n)])
+    else:
+        draws = [sample_row(x, params, uniform(g)) for _ in range(n)]
+    counts = torch.bincount(torch.tensor(draws), minlength=6).double()
     expected = probs * n
     assert counts[probs == 0].sum() == 0  # dropped by top-p: never drawn
     sigma = (expected * (1 - probs)).sqrt()
