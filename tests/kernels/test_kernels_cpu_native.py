@@ -33,7 +33,7 @@ def test_signatures_given_after_a_plain_load_are_applied():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(native.__file__).parents[2])
 
 
-def test_prebuild_command(tmp_path):
+def test_prebuild_command():
     out = subprocess.run([sys.executable, "-m", "kernels.cpu.native"], capture_output=True, text=True, check=True,
                          cwd=Path(native.__file__).parents[2])
     assert out.stdout.strip() == "built every CPU kernel"
