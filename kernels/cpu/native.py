@@ -1,8 +1,8 @@
 """The C kernels of kernels/cpu/: compiled with the system C compiler on first use, loaded with ctypes.
 
 Each source is compiled with -mavx2 (kernels that need AVX-512 enable it per function) into a library
-named by the hash of its source and the compiler flags, so a changed kernel is rebuilt, and renamed into
-place, so concurrent builders never load a half-written file. Without a C compiler, or on a CPU without
+named by the hash of its source, the headers beside it and the compiler flags, so a changed kernel is
+rebuilt; it is renamed into place, so concurrent builders never load a half-written file. Without a C compiler, or on a CPU without
 AVX2, `load` returns None and callers take their PyTorch path. `python -m kernels.cpu.native` builds
 them all ahead of time (the Dockerfile does).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import os
 import subprocess
 import tempfile
 import threading
@@ -72,16 +73,15 @@ def _build_and_open(source: Path, build_dir: Path | None) -> ctypes.CDLL | None:
         if "avx2" not in cpu_flags():
             raise OSError("no AVX2")
         text = source.read_text()
-        digest = hashlib.sha256((" ".join(_CFLAGS) + "\n" + text).encode()).hexdigest()[:16]
+        headers = "".join(h.read_text() for h in sorted(source.parent.glob("*.h")))  # what it may #include
+        digest = hashlib.sha256(" ".join(_CFLAGS).encode() + b"\n" + text.encode() + headers.encode()).hexdigest()[:16]
         out_dir = build_dir or Path(tempfile.gettempdir()) / "salon-kernels"
         out_dir.mkdir(parents=True, exist_ok=True)
         so_path = out_dir / f"{source.stem}_{digest}.so"
         if not so_path.exists():
-            src = out_dir / f"{source.stem}_{digest}.c"
-            src.write_text(text)
-            tmp = out_dir / f"{source.stem}_{digest}.{threading.get_ident()}.so"
-            subprocess.run(["cc", *_CFLAGS, "-o", str(tmp), str(src), "-lm"], check=True, capture_output=True,
-                           timeout=120)
+            tmp = out_dir / f"{source.stem}_{digest}.{os.getpid()}.{threading.get_ident()}.so"
+            subprocess.run(["cc", *_CFLAGS, "-I", str(source.parent), "-o", str(tmp), str(source), "-lm"], check=True,
+                           capture_output=True, timeout=120)
             tmp.replace(so_path)
         return ctypes.CDLL(str(so_path))
     except (OSError, subprocess.SubprocessError):

@@ -11,35 +11,20 @@
  *     u * (kept mass); u in [0, 1) comes from the caller (one uniform per token from the request's
  *     generator). If rounding leaves none, the last kept token.
  * A histogram over NBINS equal logit bins, of counts (top-k) or of masses (top-p), finds the bin where a
- * cut falls; only that bin's tokens are sorted. exp is the kernel's own polynomial (relative error
- * ~1e-7); masses are float64 sums in a fixed order.
+ * cut falls; only that bin's tokens are sorted. exp is simd_math.h's exp_ps; masses are float64 sums in a
+ * fixed order.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "simd_math.h"
+
 #define AVX512 __attribute__((target("avx512f,avx512bw")))
 #define NBINS 1024
 #define SUBHIST 4
 
-AVX512 static inline __m512 exp_ps(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.3762626647949f);
-    __mmask16 tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_maskz_mov_ps(~tiny, _mm512_scalef_ps(p, n));
-}
 
 typedef struct { float x; int32_t id; } Entry;
 
