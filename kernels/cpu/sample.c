@@ -191,8 +191,10 @@ AVX512 void sample_rows(const float *logits, const int64_t *rows, int64_t R, int
         float *x = malloc(sizeof(float) * V), *e = malloc(sizeof(float) * V);
         uint16_t *bins = malloc(sizeof(uint16_t) * V);
         Entry *entries = malloc(sizeof(Entry) * V);
+        const int ok = x && e && bins && entries;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t r = 0; r < R; r++) {
+            if (!ok) { tokens[r] = -1; continue; }  /* out of memory: the caller samples this row itself */
             const float *row = logits + rows[r] * V;
             for (int64_t i = 0; i < V; i++) x[i] = row[i] / temperature[r];
             tokens[r] = sample_row(x, e, bins, entries, V, top_k[r], top_p[r], u[r]);

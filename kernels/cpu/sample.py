@@ -17,7 +17,7 @@ _SIGNATURES = {"sample_rows": [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ct
 def sample_rows_cpu(logits: torch.Tensor, rows: list[int], temperature: list[float], top_k: list[int],
                     top_p: list[float], uniforms: list[float]) -> list[int] | None:
     """One token for each of `rows` of logits f32[R, V] (see sample.c for the rule); None where the kernel
-    cannot run."""
+    cannot run (or could not allocate its scratch)."""
     if not native.has_avx512() or logits.dtype != torch.float32 or logits.device.type != "cpu":
         return None
     lib = native.load(_C_SOURCE, _SIGNATURES)
@@ -33,4 +33,5 @@ def sample_rows_cpu(logits: torch.Tensor, rows: list[int], temperature: list[flo
     tokens = torch.empty(len(rows), dtype=torch.int64)
     lib.sample_rows(logits.data_ptr(), row_ids.data_ptr(), len(rows), vocab, temps.data_ptr(), ks.data_ptr(),
                     ps.data_ptr(), us.data_ptr(), tokens.data_ptr(), torch.get_num_threads())
-    return tokens.tolist()
+    out = tokens.tolist()
+    return None if min(out, default=0) < 0 else out
