@@ -20,7 +20,6 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "simd_math.h"
 
@@ -273,28 +272,22 @@ AVX512 void paged_attention_i8(const float *q, const int8_t *kc, const int8_t *v
         }
         return;
     }
-    /* Work items: runs of 4 rows of one sequence, then single rows for the rest (row_seq[t] = its sequence). */
-    int64_t *first = (int64_t *)malloc(sizeof(int64_t) * (T > 0 ? T : 1));
-    int64_t n_items = 0;
-    for (int64_t t = 0; t < T;) {
-        int64_t end = query_start_loc[row_seq[t] + 1];
-        if (end - t >= 4) { first[n_items++] = t; t += 4; }
-        else { first[n_items++] = -(t + 1); t += 1; }  /* negative: a single row */
-    }
+    /* Work items: runs of 4 rows of one sequence from its first row on, then single rows for the rest; an
+       item is named by its first row, and the other rows of a run have nothing to do. */
     #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
-    for (int64_t item = 0; item < n_items * Hkv; item++) {
-        int64_t f = first[item / Hkv], h = item % Hkv;
-        int64_t t = f >= 0 ? f : -f - 1, s = row_seq[t];
-        int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
-        int64_t position = seq_lens[s] - q_len + (t - query_start_loc[s]);
+    for (int64_t item = 0; item < T * Hkv; item++) {
+        int64_t t = item / Hkv, h = item % Hkv, s = row_seq[t];
+        int64_t q_len = query_start_loc[s + 1] - query_start_loc[s], offset = t - query_start_loc[s];
+        int64_t in_runs = q_len / 4 * 4;
+        if (offset < in_runs && offset % 4 != 0) continue;
+        int64_t position = seq_lens[s] - q_len + offset;
         const float *qp = q + (t * Hq + h * G) * D;
         float *op = out + (t * Hq + h * G) * D;
-        if (f >= 0)
+        if (offset < in_runs)
             attend_rows4_g4(qp, Hq * D, kc, vc, ks, vs, block_tables + s * bt_stride, position, window, h, Hkv, D, BS,
                             sm_scale, op, Hq * D);
         else
             attend_rows1_g4(qp, Hq * D, kc, vc, ks, vs, block_tables + s * bt_stride, position, window, h, Hkv, D, BS,
                             sm_scale, op, Hq * D);
     }
-    free(first);
 }
