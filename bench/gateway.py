@@ -5,11 +5,13 @@ Starts real processes on loopback: `--engines` engine processes (synthetic model
      (max_new_tokens=1) for `--seconds-per-rate`, alternating every 0.5 s between going straight to
      an engine (the baseline) and going through the gateway, so both paths see the same machine
      load. Latency is call start -> final event. added = gateway percentile - direct percentile.
+     The gateway process's CPU time over the run, divided by the requests it served, is reported
+     as its CPU cost per request (Linux /proc; an upper bound: it includes its idle watch streams).
   2. Load spread. Zipf-skewed dialogues whose hottest ones all hash to one engine, with longer
      replies, go through the gateway; the requests each engine served are compared with where pure
      consistent hashing (the ring owner, no load bound) would have put them.
 
-    python -m bench.gateway [--quick]
+    python -m bench.gateway [--quick] [--trace-sample-ratio R]
 
 The last line is `RESULT {json}` with added_latency_ms_p50/p99 and requests_per_s at the target rate
 (500/s, or the highest rate run), the per-rate table, and the spread figures.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import tempfile
 import time
@@ -48,6 +51,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far; None where /proc cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def timed_call(call) -> float | None:
     """Milliseconds from the call's start to its final event; None if it failed."""
     started = time.perf_counter()
@@ -60,7 +72,8 @@ async def timed_call(call) -> float | None:
     return None
 
 
-async def run_rate(rate: float, seconds: float, gateway_stub, engine_stubs, max_new_tokens: int) -> dict:
+async def run_rate(rate: float, seconds: float, gateway_stub, engine_stubs, max_new_tokens: int,
+                   gateway_pid: int | None = None) -> dict:
     """Open loop at `rate` requests/s; phases alternate between direct and gateway every PHASE_S."""
     latencies: dict[str, list[float]] = {"direct": [], "gateway": []}
     failures: Counter = Counter()
@@ -68,6 +81,7 @@ async def run_rate(rate: float, seconds: float, gateway_stub, engine_stubs, max_
     sampling = chat_pb2.SamplingParams(max_new_tokens=max_new_tokens)
     metadata = (("authorization", f"Bearer {API_KEY}"),)
     interval_s = 1.0 / rate
+    cpu_before_s = process_cpu_s(gateway_pid) if gateway_pid else None
     start = time.perf_counter()
     num_sent = 0
 
@@ -99,7 +113,10 @@ async def run_rate(rate: float, seconds: float, gateway_stub, engine_stubs, max_
         await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
     send_s = time.perf_counter() - start
     await asyncio.gather(*tasks)
+    cpu_after_s = process_cpu_s(gateway_pid) if gateway_pid else None
     row = {"rate_per_s": rate, "achieved_per_s": num_sent / send_s, "failures": dict(failures)}
+    if cpu_before_s is not None and cpu_after_s is not None and latencies["gateway"]:
+        row["gateway_cpu_ms_per_request"] = (cpu_after_s - cpu_before_s) * 1000 / len(latencies["gateway"])
     for path, values in latencies.items():
         row[f"{path}_ms_p50"] = percentile(values, 50)
         row[f"{path}_ms_p99"] = percentile(values, 99)
@@ -145,7 +162,8 @@ async def run_skew(gateway_stub, engine_ids: list[str], num_requests: int, concu
     }
 
 
-def start_stack(num_engines: int, workdir: Path, engine_args: list[str]) -> tuple[list[ServiceProcess], ServiceProcess]:
+def start_stack(num_engines: int, workdir: Path, engine_args: list[str],
+                gateway_args: list[str] = ()) -> tuple[list[ServiceProcess], ServiceProcess]:
     # Started together, then waited on: model loading overlaps.
     engines = [
         ServiceProcess("engine", ("--port", "0", "--model", "synthetic-tiny", "--engine-id", f"e{i}",
@@ -159,7 +177,8 @@ def start_stack(num_engines: int, workdir: Path, engine_args: list[str]) -> tupl
     tenants.write_text(json.dumps({"tenants": [{"tenant_id": BENCH_TENANT, "api_key": API_KEY}]}))
     spec = ",".join(f"e{i}={e.address}" for i, e in enumerate(engines))
     gateway = start_service("gateway", ["--port", "0", "--engines", spec, "--tenants-file", str(tenants),
-                                        "--log-json", "true"], log_path=workdir / "gateway.log", timeout_s=60)
+                                        "--log-json", "true", *gateway_args],
+                            log_path=workdir / "gateway.log", timeout_s=60)
     return engines, gateway
 
 
@@ -192,7 +211,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     seconds = 3.0 if args.quick else args.seconds_per_rate
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         workdir = Path(tmp)
-        engines, gateway = start_stack(args.engines, workdir, args.engine_arg)
+        # The same ratio for every process: direct calls to an engine are new traces there, gateway
+        # calls inherit the gateway's decision, so both paths record the same share of requests.
+        ratio = [] if args.trace_sample_ratio is None else ["--trace-sample-ratio", str(args.trace_sample_ratio)]
+        engines, gateway = start_stack(args.engines, workdir, [*args.engine_arg, *ratio], ratio)
         try:
             gateway_channel = grpc.aio.insecure_channel(gateway.address)
             engine_channels = [grpc.aio.insecure_channel(e.address) for e in engines]
@@ -203,13 +225,14 @@ async def main_async(args: argparse.Namespace) -> dict:
             await run_rate(50, 1.0, gateway_stub, engine_stubs, 1)
             rows = []
             print(f"{'rate/s':>7} {'sent/s':>7} {'direct p50':>10} {'p99':>7} {'gateway p50':>11} {'p99':>7} "
-                  f"{'added p50':>9} {'p99':>7}  failures")
+                  f"{'added p50':>9} {'p99':>7} {'gw cpu ms/req':>13}  failures")
             for rate in rates:
-                row = await run_rate(rate, seconds, gateway_stub, engine_stubs, 1)
+                row = await run_rate(rate, seconds, gateway_stub, engine_stubs, 1, gateway.process.pid)
                 rows.append(row)
                 print(f"{rate:>7} {row['achieved_per_s']:>7.0f} {row['direct_ms_p50']:>10.2f} "
                       f"{row['direct_ms_p99']:>7.2f} {row['gateway_ms_p50']:>11.2f} {row['gateway_ms_p99']:>7.2f} "
-                      f"{row['added_ms_p50']:>9.2f} {row['added_ms_p99']:>7.2f}  {row['failures']}", flush=True)
+                      f"{row['added_ms_p50']:>9.2f} {row['added_ms_p99']:>7.2f} "
+                      f"{row.get('gateway_cpu_ms_per_request', float('nan')):>13.3f}  {row['failures']}", flush=True)
             skew = await run_skew(gateway_stub, [f"e{i}" for i in range(args.engines)],
                                   num_requests=300 if args.quick else 1500, concurrency=48,
                                   max_new_tokens=8 if args.quick else 16)
@@ -232,6 +255,9 @@ async def main_async(args: argparse.Namespace) -> dict:
         "direct_latency_ms_p99": round(target["direct_ms_p99"], 3),
         "gateway_latency_ms_p50": round(target["gateway_ms_p50"], 3),
         "gateway_latency_ms_p99": round(target["gateway_ms_p99"], 3),
+        "gateway_cpu_ms_per_request": (round(target["gateway_cpu_ms_per_request"], 3)
+                                       if "gateway_cpu_ms_per_request" in target else None),
+        "trace_sample_ratio": args.trace_sample_ratio,
         "num_engines": args.engines,
         "added_latency_ms_p99_by_rate": {str(r["rate_per_s"]): round(r["added_ms_p99"], 3) for r in rows},
         "direct_latency_ms_p99_by_rate": {str(r["rate_per_s"]): round(r["direct_ms_p99"], 3) for r in rows},
@@ -247,6 +273,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="rates 50/100/250/500 for 3 s each, short skew run")
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--seconds-per-rate", type=float, default=8.0)
+    parser.add_argument("--trace-sample-ratio", type=float, default=None,
+                        help="--trace-sample-ratio of every process (default: the services' default, every trace)")
     parser.add_argument("--engine-arg", action="append", default=[],
                         help="extra flag for the engines, e.g. --engine-arg=--device=cuda (repeatable)")
     args = parser.parse_args()

@@ -39,9 +39,30 @@ class _Outcome:
         self.code = grpc.StatusCode.OK
 
 
+class _MethodMetrics:
+    """One method's RPC metric children, bound once (labels() costs a lock and a dict lookup per call)."""
+
+    __slots__ = ("_service", "_method", "duration_s", "_requests_by_code")
+
+    def __init__(self, service: str, method: str) -> None:
+        self._service = service
+        self._method = method
+        self.duration_s = RPC_DURATION_SECONDS.labels(service, method)
+        self._requests_by_code: dict[grpc.StatusCode, Any] = {}
+
+    def requests(self, code: grpc.StatusCode):
+        child = self._requests_by_code.get(code)
+        if child is None:
+            child = self._requests_by_code[code] = RPC_REQUESTS.labels(self._service, self._method, code.name)
+        return child
+
+
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, service: str) -> None:
         self._service = service
+        # method -> (the handler it was built for, the wrapped handler). A method's handler is one
+        # object for the server's life, so each is wrapped once; a new handler object replaces the entry.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -52,16 +73,24 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        metadata = {k: v for k, v in (handler_call_details.invocation_metadata or ()) if isinstance(v, str)}
-        request_id = metadata.get(REQUEST_ID_METADATA_KEY) or uuid.uuid4().hex
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped_handler = self._wrap_handler(handler, method)
+        self._wrapped[method] = (handler, wrapped_handler)
+        return wrapped_handler
+
+    def _wrap_handler(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         kind, factory = _handler_kind(handler)
         behavior = getattr(handler, kind)
+        method_metrics = _MethodMetrics(self._service, method)
+        access_logged = not method.startswith(_QUIET_SERVICES)
         # Streaming handlers are async generators, or coroutines that write with context.write
         # (grpc.health.v1's Watch): those are wrapped like unary ones, they return when done.
         if kind in ("unary_unary", "stream_unary") or not inspect.isasyncgenfunction(behavior):
-            wrapped = self._wrap_unary(behavior, method, request_id)
+            wrapped = _wrap_unary(behavior, method, method_metrics, access_logged)
         else:
-            wrapped = self._wrap_stream(behavior, method, request_id)
+            wrapped = _wrap_stream(behavior, method, method_metrics, access_logged)
         deserializer = handler.request_deserializer
         if kind in ("unary_unary", "unary_stream") and deserializer is not None:
             deserializer = _tolerant(deserializer)
@@ -71,47 +100,62 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             response_serializer=handler.response_serializer,
         )
 
-    def _begin(self, method: str, request_id: str) -> float:
-        structlog.contextvars.bind_contextvars(rpc_method=method, request_id=request_id)
-        return time.perf_counter()
 
-    def _end(self, method: str, started: float, outcome: _Outcome) -> None:
-        elapsed_s = time.perf_counter() - started
-        RPC_REQUESTS.labels(self._service, method, outcome.code.name).inc()
-        RPC_DURATION_SECONDS.labels(self._service, method).observe(elapsed_s)
-        if not method.startswith(_QUIET_SERVICES):
-            log.info("rpc_finished", code=outcome.code.name, duration_ms=round(elapsed_s * 1000.0, 3))
+def _request_id(context: grpc.aio.ServicerContext) -> str:
+    """The caller's x-request-id (the last one sent), else a new id."""
+    request_id = None
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_METADATA_KEY and isinstance(value, str):
+            request_id = value
+    return request_id or uuid.uuid4().hex
 
-    def _wrap_unary(self, behavior: Callable[..., Awaitable[Any]], method: str, request_id: str):
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            started = self._begin(method, request_id)
-            outcome = _Outcome()
-            try:
-                _check_decoded(request)
-                return await behavior(request, context)
-            except BaseException as exc:  # noqa: BLE001 - mapped below, re-raised when not ours
-                await _handle(exc, context, outcome)
-                raise
-            finally:
-                self._end(method, started, outcome)
 
-        return wrapped
+def _begin(method: str, context: grpc.aio.ServicerContext) -> float:
+    structlog.contextvars.bind_contextvars(rpc_method=method, request_id=_request_id(context))
+    return time.perf_counter()
 
-    def _wrap_stream(self, behavior: Callable[..., AsyncIterator[Any]], method: str, request_id: str):
-        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            started = self._begin(method, request_id)
-            outcome = _Outcome()
-            try:
-                _check_decoded(request)
-                async for response in behavior(request, context):
-                    yield response
-            except BaseException as exc:  # noqa: BLE001
-                await _handle(exc, context, outcome)
-                raise
-            finally:
-                self._end(method, started, outcome)
 
-        return wrapped
+def _end(started: float, outcome: _Outcome, method_metrics: _MethodMetrics, access_logged: bool) -> None:
+    elapsed_s = time.perf_counter() - started
+    method_metrics.requests(outcome.code).inc()
+    method_metrics.duration_s.observe(elapsed_s)
+    if access_logged:
+        log.info("rpc_finished", code=outcome.code.name, duration_ms=round(elapsed_s * 1000.0, 3))
+
+
+def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str, method_metrics: _MethodMetrics,
+                access_logged: bool):
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = _begin(method, context)
+        outcome = _Outcome()
+        try:
+            _check_decoded(request)
+            return await behavior(request, context)
+        except BaseException as exc:  # noqa: BLE001 - mapped below, re-raised when not ours
+            await _handle(exc, context, outcome)
+            raise
+        finally:
+            _end(started, outcome, method_metrics, access_logged)
+
+    return wrapped
+
+
+def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str, method_metrics: _MethodMetrics,
+                 access_logged: bool):
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        started = _begin(method, context)
+        outcome = _Outcome()
+        try:
+            _check_decoded(request)
+            async for response in behavior(request, context):
+                yield response
+        except BaseException as exc:  # noqa: BLE001
+            await _handle(exc, context, outcome)
+            raise
+        finally:
+            _end(started, outcome, method_metrics, access_logged)
+
+    return wrapped
 
 
 class _Undecodable:

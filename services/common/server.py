@@ -47,6 +47,11 @@ class ServerConfig:
     grace_s: float = field(default=5.0, metadata={"help": "seconds in-flight RPCs get to finish on shutdown"})
     log_json: bool | None = field(default=None, metadata={"help": "JSON log lines (default: unless stderr is a TTY)"})
     trace_file: str | None = field(default=None, metadata={"help": "also write finished spans to this JSON-lines file"})
+    trace_sample_ratio: float | None = field(
+        default=None,
+        metadata={"help": "share of new traces recorded, 0..1 (parent-based: callers' decisions are kept); "
+                          "default: OTEL_TRACES_SAMPLER, else every trace"},
+    )
     tls_cert_file: str | None = field(default=None, metadata={"help": "PEM certificate chain: serve TLS"})
     tls_key_file: str | None = field(default=None, metadata={"help": "PEM private key for tls_cert_file"})
     tls_client_ca_file: str | None = field(
@@ -114,7 +119,7 @@ def grpc_options() -> list[tuple[str, int]]:
 async def serve(service: Service, config: ServerConfig) -> None:
     """Run `service` until SIGTERM/SIGINT, then shut it down gracefully."""
     configure_logging(service.name, config.log_json)
-    configure_tracing(service.name, config.trace_file)
+    configure_tracing(service.name, config.trace_file, sample_ratio=config.trace_sample_ratio)
     metrics_port = start_metrics_server(config.metrics_port, config.host) if config.metrics_port is not None else None
 
     server = grpc.aio.server(

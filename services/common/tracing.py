@@ -6,6 +6,12 @@ The exporter follows the standard OTEL_* variables: OTLP/gRPC when OTEL_EXPORTER
 ..._TRACES_ENDPOINT) is set and OTEL_TRACES_EXPORTER is not "none"; otherwise spans are still made
 (log lines carry their ids) but not exported. `trace_file` adds a JSON-lines file exporter, one span
 per line, used by the tests and for local debugging.
+
+Sampling is parent-based everywhere: a call that arrives with a trace context keeps its caller's
+decision, so a trace is either recorded in every service or in none. `sample_ratio` sets the share of
+new traces (those started here) that are recorded; unset, the SDK's own choice applies
+(OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG, by default every trace). An unsampled request still
+carries its trace id downstream (flag 00), so the services it reaches do not start traces of their own.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -61,12 +68,25 @@ class JsonLinesSpanExporter(SpanExporter):
         return None
 
 
-def configure_tracing(service: str, trace_file: str | None = None, environ: Mapping[str, str] | None = None) -> None:
+def ratio_sampler(sample_ratio: float) -> ParentBased:
+    """Follow the caller's decision; record `sample_ratio` of the traces that start here."""
+    if not 0.0 <= sample_ratio <= 1.0:
+        raise ValueError(f"trace_sample_ratio: must be within [0, 1], got {sample_ratio}")
+    return ParentBased(TraceIdRatioBased(sample_ratio))
+
+
+def configure_tracing(
+    service: str,
+    trace_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    sample_ratio: float | None = None,
+) -> None:
     """Install the global tracer provider for this process."""
     environ = os.environ if environ is None else environ
     if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return
-    provider = TracerProvider(resource=Resource.create({"service.name": f"salon-{service}"}))
+    sampler = None if sample_ratio is None else ratio_sampler(sample_ratio)
+    provider = TracerProvider(resource=Resource.create({"service.name": f"salon-{service}"}), sampler=sampler)
     exporter_choice = environ.get("OTEL_TRACES_EXPORTER", "otlp").lower()
     endpoint_set = bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     if endpoint_set and exporter_choice != "none":

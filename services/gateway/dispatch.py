@@ -22,6 +22,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -30,6 +31,7 @@ from salon.engine.v1 import engine_pb2
 from services.common.errors import RETRY_AFTER_METADATA_KEY, SalonError, Unavailable
 from services.common.logging import get_logger
 from services.gateway import metrics
+from services.gateway.call_trace import CallTrace
 from services.gateway.membership import EnginePool
 from services.gateway.routing import RouteDecision, RoutingPolicy
 from services.gateway.sessions import SessionTable
@@ -40,6 +42,7 @@ log = get_logger(__name__)
 # Engine failures after which the stream moves to another engine. CANCELLED reaches us only when the
 # engine side cancelled (our own cancellation arrives as asyncio.CancelledError instead).
 _FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+_ENGINE_GENERATE_METHOD = "/salon.engine.v1.EngineService/Generate"
 
 
 class UpstreamError(SalonError):
@@ -69,6 +72,25 @@ class _EngineFailed(Exception):
         self.reason = reason
 
 
+class _EngineMetrics:
+    """One engine's metric children, bound once rather than looked up by label on every reply."""
+
+    __slots__ = ("_engine_id", "inflight", "_ok_by_tenant")
+
+    def __init__(self, engine_id: EngineId):
+        self._engine_id = engine_id
+        self.inflight = metrics.ENGINE_INFLIGHT.labels(engine=engine_id)
+        self._ok_by_tenant: dict[TenantId, Any] = {}
+
+    def ok(self, tenant_id: TenantId):
+        """The counter of this engine's replies to `tenant_id` that ended OK."""
+        child = self._ok_by_tenant.get(tenant_id)
+        if child is None:
+            child = self._ok_by_tenant[tenant_id] = metrics.REQUESTS.labels(
+                engine=self._engine_id, tenant=tenant_id, code="OK")
+        return child
+
+
 class Dispatcher:
     def __init__(self, pool: EnginePool, policy: RoutingPolicy, sessions: SessionTable, settings: DispatchSettings):
         self.pool = pool
@@ -76,6 +98,13 @@ class Dispatcher:
         self.sessions = sessions
         self.settings = settings
         self._background: set[asyncio.Task] = set()
+        self._metrics_by_engine: dict[EngineId, _EngineMetrics] = {}
+
+    def _engine_metrics(self, engine_id: EngineId) -> _EngineMetrics:
+        engine_metrics = self._metrics_by_engine.get(engine_id)
+        if engine_metrics is None:
+            engine_metrics = self._metrics_by_engine[engine_id] = _EngineMetrics(engine_id)
+        return engine_metrics
 
     async def close(self) -> None:
         if self._background:
@@ -152,17 +181,20 @@ class Dispatcher:
             if num_failovers == 0 and num_refusals == 0:
                 metrics.ADDED_LATENCY_MS.observe((time.perf_counter() - arrived_s) * 1000)
             handle.num_inflight += 1
-            inflight_gauge = metrics.ENGINE_INFLIGHT.labels(engine=engine_id)
-            inflight_gauge.inc()
-            call = handle.generate(request, timeout=timeout_s)
+            engine_metrics = self._engine_metrics(engine_id)
+            engine_metrics.inflight.inc()
+            call_trace = CallTrace(_ENGINE_GENERATE_METHOD)
+            call_code, call_details = grpc.StatusCode.CANCELLED, None  # until the call says otherwise
+            call = handle.generate(request, timeout=timeout_s, metadata=call_trace.metadata)
             try:
                 finished = False
                 async for event in call:
                     if finished:
                         continue  # nothing follows a final event: read the stream to its end
                     if event.HasField("final"):
+                        call_code = grpc.StatusCode.OK  # the reply is whole, whatever follows it
                         self._finish(event.final, request, forwarded_token_ids, num_failovers, engine_id)
-                        metrics.REQUESTS.labels(engine=engine_id, tenant=tenant_id, code="OK").inc()
+                        engine_metrics.ok(tenant_id).inc()
                         yield event
                         # Let the call complete normally (its trace span ends with the stream).
                         finished = True
@@ -172,11 +204,13 @@ class Dispatcher:
                         first_token_seen = True
                         metrics.TTFT_MS.observe((time.perf_counter() - arrived_s) * 1000)
                     yield event
+                call_code = grpc.StatusCode.OK
                 if finished:
                     return
                 raise _EngineFailed(engine_id, "stream ended without a final event")
             except grpc.aio.AioRpcError as exc:
-                code = exc.code()
+                code = call_code = exc.code()
+                call_details = exc.details()
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not forwarded_token_ids \
                         and num_refusals < self.settings.max_refusal_retries:
                     num_refusals += 1
@@ -195,8 +229,9 @@ class Dispatcher:
                 failure = exc
             finally:
                 call.cancel()
+                call_trace.end(call_code, call_details)
                 handle.num_inflight -= 1
-                inflight_gauge.dec()
+                engine_metrics.inflight.dec()
 
             # The engine failed mid-stream (or before streaming): move to the next one.
             handle.mark_failed(failure.reason)

@@ -79,7 +79,10 @@ class EngineHandle:
         # Generate with the events parsed straight into the public message type: the engine's
         # GenerateResponse is wire-identical to salon.chat.v1.GenerateResponse (same field numbers and
         # types, checked by tests/gateway/test_gateway_wire.py), so events pass through untranslated.
-        self.generate = self.channel.unary_stream(
+        # Its channel has no tracing interceptor: the dispatcher passes the trace context itself
+        # (call_trace.py). Same target and options, so gRPC shares one connection between the two.
+        self._generate_channel = create_channel(endpoint.address, settings.tls, traced=False)
+        self.generate = self._generate_channel.unary_stream(
             "/salon.engine.v1.EngineService/Generate",
             request_serializer=engine_pb2.GenerateRequest.SerializeToString,
             response_deserializer=chat_pb2.GenerateResponse.FromString,
@@ -132,6 +135,7 @@ class EngineHandle:
                     await task
         self._set_serving(False, "closed")
         await self.channel.close()
+        await self._generate_channel.close()
 
     def mark_failed(self, reason: str) -> None:
         """A stream to this engine failed: leave the ring now; re-open the health watch to come back."""
