@@ -80,7 +80,7 @@ class EngineCore:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         # The seeded sampler skips the draws of the tokens another engine already streamed.
         for _ in range(request.num_resumed_tokens):
-            advance_generator(request.generator, self.config.vocab_size)
+            advance_generator(request.generator)
         self._outputs[request.request_id] = OutputState(request, self.tokenizer)
         self.scheduler.add(request)
 

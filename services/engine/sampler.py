@@ -113,7 +113,7 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, u: float) -> int:
     return draw(*kept_tokens(logits, params), u)
 
 
-def advance_generator(generator: torch.Generator | None, vocab_size: int) -> None:
+def advance_generator(generator: torch.Generator | None) -> None:
     """Consume the randomness one sampled token uses (failover resume skips tokens already sent)."""
     if generator is not None:
         uniform(generator)
