@@ -85,15 +85,16 @@ def chain_hash(namespace: bytes, parent: BlockHash, block_token_bytes: bytes) ->
     return BlockHash(h.digest())
 
 
-def block_hashes(namespace: bytes, token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
-    """Chained hashes of the whole blocks of token_ids (len(token_ids) // block_size of them)."""
+def block_hashes(namespace: bytes, token_ids: Sequence[int], block_size: int,
+                 parent: BlockHash = ROOT_PARENT) -> list[BlockHash]:
+    """Chained hashes of the whole blocks of token_ids (len(token_ids) // block_size of them); with `parent`,
+    token_ids continue a context whose last whole block hashed to it."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     num_blocks = len(token_ids) // block_size
     encoded = encode_token_ids(token_ids[: num_blocks * block_size])
     block_bytes = block_size * TOKEN_ID_BYTES
     hashes: list[BlockHash] = []
-    parent = ROOT_PARENT
     for i in range(num_blocks):
         parent = chain_hash(namespace, parent, encoded[i * block_bytes : (i + 1) * block_bytes])
         hashes.append(parent)

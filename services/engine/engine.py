@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import torch
 
 from kernels.backend import select_ops
-from services.common.prefix_hash import block_hashes
 from services.engine import metrics
 from services.engine.block_manager import BlockTable, KVCacheManager
 from services.engine.config import SchedulerConfig
@@ -145,7 +144,7 @@ class EngineCore:
         # At least the last token is computed: its logits give the next token.
         max_tokens = (request.num_tokens - 1) // bs * bs
         metrics.PREFIX_QUERY_TOKENS.inc(request.num_prompt_tokens)
-        hashes = block_hashes(request.namespace, tokens[:max_tokens], bs)
+        hashes = request.block_hashes(max_tokens, bs)
         device_tokens = self.prefix_cache.peek_usable_tokens(hashes, tokens, max_tokens)
         host_tokens = host.num_tokens if host is not None and host.num_tokens <= max_tokens else 0
         retain_from = request.retain_local_from
@@ -199,7 +198,7 @@ class EngineCore:
         block_tokens = tokens[:num_blocks * bs]
         if self.host_sink is not None:
             self.host_sink(self._host_put(request, tables, block_tokens, num_blocks))
-        self.prefix_cache.insert(request.namespace, tokens, tables, block_hashes(request.namespace, block_tokens, bs))
+        self.prefix_cache.insert(request.namespace, tokens, tables, request.block_hashes(num_blocks * bs, bs))
 
     def _host_put(self, request: Request, tables: list[BlockTable], block_tokens: list[int],
                   num_blocks: int) -> HostPut:

@@ -15,6 +15,8 @@ from typing import NewType
 
 import torch
 
+from services.common.prefix_hash import ROOT_PARENT, BlockHash, block_hashes
+
 RequestId = NewType("RequestId", str)
 
 
@@ -85,6 +87,9 @@ class Request:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
+    # Chained hashes of the first whole blocks, computed once and extended as needed (tokens only grow).
+    _block_hashes: list[BlockHash] = field(default_factory=list, repr=False)
+    _hash_block_size: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if not self.sampling.greedy:
@@ -103,6 +108,20 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    def block_hashes(self, num_tokens: int, block_size: int) -> list[BlockHash]:
+        """The chained hashes (services/common/prefix_hash.py) of the whole blocks of the first num_tokens
+        tokens, under the request's namespace."""
+        if self.namespace is None:
+            raise ValueError("a request without a cache namespace has no block hashes")
+        if block_size != self._hash_block_size:
+            self._block_hashes, self._hash_block_size = [], block_size
+        known, wanted = self._block_hashes, num_tokens // block_size
+        if len(known) < wanted:
+            start = len(known) * block_size
+            known.extend(block_hashes(self.namespace, self.token_slice(start, wanted * block_size), block_size,
+                                      known[-1] if known else ROOT_PARENT))
+        return known[:wanted]
 
     def token_at(self, position: int) -> int:
         n = len(self.prompt_token_ids)

@@ -20,7 +20,6 @@ from salon.engine.v1 import engine_pb2, engine_pb2_grpc
 from services.common.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from services.common.logging import get_logger
 from services.engine import metrics
-from services.common.prefix_hash import block_hashes
 from services.engine.async_engine import EngineLoop
 from services.engine.config import EngineConfig
 from services.engine.host_cache import HostCache
@@ -129,8 +128,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         prefix_cache = rt.loop.core.prefix_cache
         device = 0
         if prefix_cache is not None:
-            hashes = block_hashes(req.namespace, tokens[:max_tokens], bs)
-            device = prefix_cache.peek_usable_tokens(hashes, tokens, max_tokens)
+            device = prefix_cache.peek_usable_tokens(req.block_hashes(max_tokens, bs), tokens, max_tokens)
         req.host_prefix = await rt.host_cache.lookup(req.namespace, tokens, max_tokens, min_tokens=device)
 
     async def Generate(self, request, context):

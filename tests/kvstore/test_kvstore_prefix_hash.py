@@ -88,3 +88,11 @@ def test_encoding_is_canonical_little_endian() -> None:
         decode_token_ids(b"\x00\x00\x00")
     with pytest.raises(ValueError):
         block_hashes(NS, [1, 2], 0)
+
+
+def test_a_context_continued_from_its_last_hash_hashes_like_the_whole() -> None:
+    ids = list(range(100, 180))
+    whole = block_hashes(NS, ids, 16)
+    head = block_hashes(NS, ids[:32], 16)
+    assert head + block_hashes(NS, ids[32:], 16, parent=head[-1]) == whole
+
