@@ -1,16 +1,17 @@
 /* Paged attention over the int8 KV cache for CPUs with AVX-512; the semantics of
  * kernels.paged_attention.paged_attention_ref (see that module for the addressing).
  *
- * One work item is one KV head of one query row (its G = Hq / Hkv query heads together, so each key is read
- * and widened once for all of them) -- or, with 4 query heads per KV head (attend_rows_g4), of 4 consecutive
- * rows of one sequence, which also share each widened key; rows left over, and decodes, go one at a time. The item's arithmetic depends only on its own query, position
- * and keys -- never on the other rows of the call, on how they are grouped into sequences or on the thread
- * that runs it -- so a query gets the same bits alone or batched, in a prefill chunk or as a decode:
+ * One work item is one KV head (its G = Hq / Hkv query heads together, so each key is read and widened once
+ * for all of them) of 4 consecutive rows of one sequence, which also share each widened key; rows left over,
+ * and decodes, go one at a time. A query's arithmetic depends only on its own query, position and keys --
+ * never on the other rows of the call, on how they are grouped into sequences or on the thread that runs
+ * it -- so a query gets the same bits alone or batched, in a prefill chunk or as a decode:
  *
  *   keys are visited in chunks of 16 positions aligned to absolute positions (16c .. 16c + 15), from the
  *   chunk holding the first visible key (window start or 0) to the one holding the query itself; every
  *   such chunk has a visible key. Keys outside [lo, position] get score -inf and are never read.
- *   score = dot(q, k) * (k_scale * sm_scale); dot: 16-lane FMAs over D in order, then a fixed reduction;
+ *   score = dot(q, k) * (k_scale * sm_scale); dot: 16-lane FMAs over D in order, then a fixed reduction
+ *   of each head's own vector (hsum4_ps);
  *   online softmax per chunk: m' = max(m, chunk max), alpha = exp(m - m'), p = exp(score - m'),
  *   l = l * alpha + sum(p), acc = acc * alpha + sum_j (p_j * v_scale_j) * v_j in key order;
  *   out = acc / l.
@@ -33,81 +34,6 @@ AVX512 static inline __m512 widen(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-/* One query row t of sequence s at `position`, KV head h: out[t, h*G .. h*G+G-1, :]. */
-AVX512 static void attend_one(const float *q, const int8_t *kc, const int8_t *vc, const float *ks, const float *vs,
-                              const int32_t *table, int64_t position, int64_t lo, int64_t h, int64_t G,
-                              int64_t Hkv, int64_t D, int64_t BS, float sm_scale, float *out) {
-    float acc[MAX_G * MAX_D] __attribute__((aligned(64)));
-    float m[MAX_G], l[MAX_G];
-    for (int64_t g = 0; g < G; g++) { m[g] = -INFINITY; l[g] = 0.0f; }
-    for (int64_t i = 0; i < G * D; i++) acc[i] = 0.0f;
-    const int64_t row = Hkv * D;  /* elements between consecutive tokens of a block */
-    for (int64_t c = lo / CHUNK; c <= position / CHUNK; c++) {
-        float sc[MAX_G][CHUNK] __attribute__((aligned(64)));
-        float w[MAX_G][CHUNK] __attribute__((aligned(64)));
-        const int8_t *vrow[CHUNK];
-        int64_t j0 = c * CHUNK;
-        for (int64_t i = 0; i < CHUNK; i++) {
-            int64_t j = j0 + i;
-            if (j < lo || j > position) {
-                for (int64_t g = 0; g < G; g++) sc[g][i] = -INFINITY;
-                vrow[i] = 0;
-                continue;
-            }
-            int64_t slot = (int64_t)table[j / BS] * BS + j % BS;
-            const int8_t *kp = kc + slot * row + h * D;
-            vrow[i] = vc + slot * row + h * D;
-            __m512 d0 = _mm512_setzero_ps(), d1 = d0, d2 = d0, d3 = d0, d4 = d0, d5 = d0, d6 = d0, d7 = d0;
-            for (int64_t d = 0; d < D; d += 16) {
-                __m512 kf = widen(kp + d);
-                const float *qd = q + d;
-                d0 = _mm512_fmadd_ps(_mm512_loadu_ps(qd), kf, d0);
-                if (G > 1) d1 = _mm512_fmadd_ps(_mm512_loadu_ps(qd + D), kf, d1);
-                if (G > 2) d2 = _mm512_fmadd_ps(_mm512_loadu_ps(qd + 2 * D), kf, d2);
-                if (G > 3) d3 = _mm512_fmadd_ps(_mm512_loadu_ps(qd + 3 * D), kf, d3);
-                if (G > 4) d4 = _mm512_fmadd_ps(_mm512_loadu_ps(qd + 4 * D), kf, d4);
-                if (G > 5) d5 = _mm512_fmadd_ps(_mm512_loadu_ps(qd + 5 * D), kf, d5);
-                if (G > 6) d6 = _mm512_fmadd_ps(_mm512_loadu_ps(qd + 6 * D), kf, d6);
-                if (G > 7) d7 = _mm512_fmadd_ps(_mm512_loadu_ps(qd + 7 * D), kf, d7);
-            }
-            float kscale = ks[slot * Hkv + h] * sm_scale;
-            __m512 dv[MAX_G] = {d0, d1, d2, d3, d4, d5, d6, d7};
-            for (int64_t g = 0; g < G; g++) sc[g][i] = _mm512_reduce_add_ps(dv[g]) * kscale;
-        }
-        float alpha[MAX_G];
-        for (int64_t g = 0; g < G; g++) {
-            __m512 s = _mm512_load_ps(sc[g]);
-            float m_new = fmaxf(m[g], _mm512_reduce_max_ps(s));
-            alpha[g] = _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(m[g] - m_new)));
-            __m512 p = exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(m_new)));
-            l[g] = l[g] * alpha[g] + _mm512_reduce_add_ps(p);
-            m[g] = m_new;
-            _mm512_store_ps(w[g], p);
-        }
-        for (int64_t i = 0; i < CHUNK; i++) {
-            if (!vrow[i]) continue;
-            int64_t j = j0 + i;
-            float vscale = vs[((int64_t)table[j / BS] * BS + j % BS) * Hkv + h];
-            for (int64_t g = 0; g < G; g++) w[g][i] *= vscale;
-        }
-        for (int64_t d = 0; d < D; d += 16) {
-            __m512 a[MAX_G];
-            for (int64_t g = 0; g < G; g++) a[g] = _mm512_mul_ps(_mm512_load_ps(acc + g * D + d), _mm512_set1_ps(alpha[g]));
-            for (int64_t i = 0; i < CHUNK; i++) {
-                if (!vrow[i]) continue;
-                __m512 vf = widen(vrow[i] + d);
-                for (int64_t g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_set1_ps(w[g][i]), vf, a[g]);
-            }
-            for (int64_t g = 0; g < G; g++) _mm512_store_ps(acc + g * D + d, a[g]);
-        }
-    }
-    for (int64_t g = 0; g < G; g++) {
-        __m512 inv_l = _mm512_set1_ps(l[g]);
-        for (int64_t d = 0; d < D; d += 16)
-            _mm512_storeu_ps(out + g * D + d, _mm512_div_ps(_mm512_load_ps(acc + g * D + d), inv_l));
-    }
-}
-
 /* Four int32 -> float sums, one per head: [sum(v0), sum(v1), sum(v2), sum(v3)]; each output sums only its own
    vector, in a fixed pattern. */
 AVX512 static inline __m128 hsum4_ps(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
@@ -121,17 +47,17 @@ AVX512 static inline __m128 hsum4_ps(__m512 v0, __m512 v1, __m512 v2, __m512 v3)
 
 static const int8_t ZERO_KEY[MAX_D] __attribute__((aligned(64)));
 
-/* The path for 4 query heads per KV head (Gemma's MQA), NQ consecutive query rows of one sequence at once
-   (positions pos0 .. pos0 + NQ - 1), each key widened once for all of them. Per query and head the
-   operations are those of the NQ = 1 path, in the same order: a key a row cannot see gets score -inf and
-   weight 0 (fma(0, v, a) == a), and a chunk outside a row's range leaves that row untouched. */
-AVX512 static inline __attribute__((always_inline)) void attend_rows_g4(
-        const int NQ, const float *q, int64_t q_stride, const int8_t *kc, const int8_t *vc, const float *ks,
-        const float *vs, const int32_t *table, int64_t pos0, int64_t window, int64_t h, int64_t Hkv, int64_t D,
-        int64_t BS, float sm_scale, float *out, int64_t out_stride) {
-    enum { G = 4 };
-    float acc[4][G * MAX_D] __attribute__((aligned(64)));
-    float m[4][G], l[4][G];
+/* NQ consecutive query rows of one sequence (positions pos0 .. pos0 + NQ - 1), KV head h with its G query
+   heads, each key widened once for all of them. Per query and head the operations are those of the NQ = 1
+   path, in the same order: a key a row cannot see gets score -inf and weight 0 (fma(0, v, a) == a), and a
+   chunk outside a row's range leaves that row untouched. Inlined with constant NQ (and G = 4, Gemma's MQA,
+   also constant) so that the accumulators live in registers. */
+AVX512 static inline __attribute__((always_inline)) void attend_rows(
+        const int NQ, const int G, const float *q, int64_t q_stride, const int8_t *kc, const int8_t *vc,
+        const float *ks, const float *vs, const int32_t *table, int64_t pos0, int64_t window, int64_t h, int64_t Hkv,
+        int64_t D, int64_t BS, float sm_scale, float *out, int64_t out_stride) {
+    float acc[4][MAX_G * MAX_D] __attribute__((aligned(64)));
+    float m[4][MAX_G], l[4][MAX_G];
     int64_t lo[4], pos[4];
     for (int r = 0; r < NQ; r++) {
         pos[r] = pos0 + r;
@@ -141,8 +67,8 @@ AVX512 static inline __attribute__((always_inline)) void attend_rows_g4(
     }
     const int64_t row = Hkv * D;
     for (int64_t c = lo[0] / CHUNK; c <= pos[NQ - 1] / CHUNK; c++) {
-        float sc[4][G][CHUNK] __attribute__((aligned(64)));
-        float w[4][G][CHUNK] __attribute__((aligned(64)));
+        float sc[4][MAX_G][CHUNK] __attribute__((aligned(64)));
+        float w[4][MAX_G][CHUNK] __attribute__((aligned(64)));
         const int8_t *kp[CHUNK], *vp[CHUNK];
         float kscale[CHUNK], vscale[CHUNK];
         const int64_t j0 = c * CHUNK;
@@ -169,7 +95,7 @@ AVX512 static inline __attribute__((always_inline)) void attend_rows_g4(
         /* Scores: keys two at a time when one row (8 independent FMA chains), else one (4 x NQ chains). */
         const int KP = NQ == 1 ? 2 : 1;
         for (int i = 0; i < CHUNK; i += KP) {
-            __m512 d[2][4][G];
+            __m512 d[2][4][MAX_G];
             const int8_t *kk[2];
             int any = 0;
             for (int p = 0; p < KP; p++) {
@@ -195,15 +121,19 @@ AVX512 static inline __attribute__((always_inline)) void attend_rows_g4(
             for (int p = 0; p < KP; p++) {
                 int64_t j = j0 + i + p;
                 for (int r = 0; r < NQ; r++) {
-                    float t[4];
-                    _mm_storeu_ps(t, _mm_mul_ps(hsum4_ps(d[p][r][0], d[p][r][1], d[p][r][2], d[p][r][3]),
-                                                _mm_set1_ps(kscale[i + p])));
+                    float t[MAX_G];
+                    const __m512 zero = _mm512_setzero_ps();
+                    for (int g = 0; g < G; g += 4)  /* heads past G sum a zero vector, never stored */
+                        _mm_storeu_ps(t + g, _mm_mul_ps(hsum4_ps(d[p][r][g], g + 1 < G ? d[p][r][g + 1] : zero,
+                                                                 g + 2 < G ? d[p][r][g + 2] : zero,
+                                                                 g + 3 < G ? d[p][r][g + 3] : zero),
+                                                        _mm_set1_ps(kscale[i + p])));
                     int seen = j >= lo[r] && j <= pos[r];
                     for (int g = 0; g < G; g++) sc[r][g][i + p] = seen ? t[g] : -INFINITY;
                 }
             }
         }
-        float alpha[4][G];
+        float alpha[4][MAX_G];
         for (int r = 0; r < NQ; r++) {
             int active = c >= lo[r] / CHUNK && c <= pos[r] / CHUNK;
             for (int g = 0; g < G; g++) {
@@ -218,7 +148,7 @@ AVX512 static inline __attribute__((always_inline)) void attend_rows_g4(
             }
         }
         for (int64_t dd = 0; dd < D; dd += 16) {
-            __m512 a[4][G];
+            __m512 a[4][MAX_G];
             for (int r = 0; r < NQ; r++)
                 for (int g = 0; g < G; g++)
                     a[r][g] = _mm512_mul_ps(_mm512_load_ps(acc[r] + g * D + dd), _mm512_set1_ps(alpha[r][g]));
@@ -240,18 +170,6 @@ AVX512 static inline __attribute__((always_inline)) void attend_rows_g4(
         }
 }
 
-AVX512 static void attend_rows4_g4(const float *q, int64_t qs, const int8_t *kc, const int8_t *vc, const float *ks,
-                                   const float *vs, const int32_t *table, int64_t pos0, int64_t window, int64_t h,
-                                   int64_t Hkv, int64_t D, int64_t BS, float sm_scale, float *out, int64_t os) {
-    attend_rows_g4(4, q, qs, kc, vc, ks, vs, table, pos0, window, h, Hkv, D, BS, sm_scale, out, os);
-}
-
-AVX512 static void attend_rows1_g4(const float *q, int64_t qs, const int8_t *kc, const int8_t *vc, const float *ks,
-                                   const float *vs, const int32_t *table, int64_t pos0, int64_t window, int64_t h,
-                                   int64_t Hkv, int64_t D, int64_t BS, float sm_scale, float *out, int64_t os) {
-    attend_rows_g4(1, q, qs, kc, vc, ks, vs, table, pos0, window, h, Hkv, D, BS, sm_scale, out, os);
-}
-
 /* q, out: f32[T, Hq, D]; k/v cache: int8[NB, BS, Hkv, D]; k/v scale: f32[NB, BS, Hkv];
    block_tables: int32[S, bt_stride]; query_start_loc: int32[S + 1]; seq_lens: int32[S]; window 0 = none.
    row_seq: int32[T], the sequence of each query row. Needs Hq / Hkv <= MAX_G, D % 16 == 0, D <= MAX_D. */
@@ -260,18 +178,6 @@ AVX512 void paged_attention_i8(const float *q, const int8_t *kc, const int8_t *v
                                const int32_t *seq_lens, const int32_t *row_seq, int64_t T, int64_t Hq, int64_t Hkv,
                                int64_t D, int64_t BS, float sm_scale, int64_t window, float *out, int nthreads) {
     const int64_t G = Hq / Hkv;
-    if (G != 4) {
-        #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
-        for (int64_t item = 0; item < T * Hkv; item++) {
-            int64_t t = item / Hkv, h = item % Hkv, s = row_seq[t];
-            int64_t q_len = query_start_loc[s + 1] - query_start_loc[s];
-            int64_t position = seq_lens[s] - q_len + (t - query_start_loc[s]);
-            int64_t lo = window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
-            attend_one(q + (t * Hq + h * G) * D, kc, vc, ks, vs, block_tables + s * bt_stride, position, lo, h, G,
-                       Hkv, D, BS, sm_scale, out + (t * Hq + h * G) * D);
-        }
-        return;
-    }
     /* Work items: runs of 4 rows of one sequence from its first row on, then single rows for the rest; an
        item is named by its first row, and the other rows of a run have nothing to do. */
     #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
@@ -283,11 +189,15 @@ AVX512 void paged_attention_i8(const float *q, const int8_t *kc, const int8_t *v
         int64_t position = seq_lens[s] - q_len + offset;
         const float *qp = q + (t * Hq + h * G) * D;
         float *op = out + (t * Hq + h * G) * D;
-        if (offset < in_runs)
-            attend_rows4_g4(qp, Hq * D, kc, vc, ks, vs, block_tables + s * bt_stride, position, window, h, Hkv, D, BS,
-                            sm_scale, op, Hq * D);
+        const int32_t *table = block_tables + s * bt_stride;
+        const int64_t qs = Hq * D;
+        if (G == 4 && offset < in_runs)
+            attend_rows(4, 4, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
+        else if (G == 4)
+            attend_rows(1, 4, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
+        else if (offset < in_runs)
+            attend_rows(4, (int)G, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
         else
-            attend_rows1_g4(qp, Hq * D, kc, vc, ks, vs, block_tables + s * bt_stride, position, window, h, Hkv, D, BS,
-                            sm_scale, op, Hq * D);
+            attend_rows(1, (int)G, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
     }
 }
