@@ -68,25 +68,22 @@ AVX512 static inline double block_mass(const float *e, const uint16_t *bins, int
     return _mm512_reduce_add_pd(s);
 }
 
-/* The token at which the running mass of {bin > cut}, in vocabulary order, exceeds u * (their mass). */
-AVX512 static int64_t walk(const float *e, const uint16_t *bins, int64_t V, int cut, double u) {
+/* The token at which the running mass of {bin > cut}, in vocabulary order, exceeds u * (their mass). The
+   masses of whole blocks of 16 (kept in `block`) let the walk skip to the block where the target falls. */
+AVX512 static int64_t walk(const float *e, const uint16_t *bins, int64_t V, int cut, double u, double *block) {
+    const int64_t nb = V / 16;
     double total = 0.0;
-    int64_t i;
-    for (i = 0; i + 16 <= V; i += 16) total += block_mass(e, bins, i, cut);
-    for (; i < V; i++)
+    for (int64_t b = 0; b < nb; b++) total += block[b] = block_mass(e, bins, b * 16, cut);
+    for (int64_t i = nb * 16; i < V; i++)
         if (bins[i] > cut) total += e[i];
     const double target = u * total;
     double run = 0.0;
-    int64_t last = -1;
-    for (i = 0; i + 16 <= V; i += 16) {
-        double m = block_mass(e, bins, i, cut);
-        if (run + m <= target) { run += m; if (m > 0) for (int j = 15; j >= 0; j--) if (bins[i + j] > cut) { last = i + j; break; } continue; }
-        for (int j = 0; j < 16; j++)
-            if (bins[i + j] > cut) { run += e[i + j]; last = i + j; if (run > target) return last; }
-    }
+    int64_t i = 0;
+    for (int64_t b = 0; b < nb && run + block[b] <= target; b++, i += 16) run += block[b];
     for (; i < V; i++)
-        if (bins[i] > cut) { run += e[i]; last = i; if (run > target) return last; }
-    return last;
+        if (bins[i] > cut && (run += e[i]) > target) return i;
+    for (i = V - 1; i > 0 && bins[i] <= cut; i--) {}  /* rounding left none: the last kept token */
+    return i;
 }
 
 /* The first token of `kept` (n entries, any order) at which the running mass in vocabulary order exceeds u * total. */
@@ -102,9 +99,9 @@ static int64_t walk_list(Entry *kept, int64_t n, const float *e, double u) {
     return kept[n - 1].id;
 }
 
-/* One row. x: f32[V] holding the row / temperature; e, bins, entries: scratch of V. */
-AVX512 static int64_t sample_row(const float *x, float *e, uint16_t *bins, Entry *entries, int64_t V, int64_t top_k,
-                                 double top_p, double u) {
+/* One row. x: f32[V] holding the row / temperature; e, bins, entries: scratch of V; block: of V / 16. */
+AVX512 static int64_t sample_row(const float *x, float *e, uint16_t *bins, Entry *entries, double *block, int64_t V,
+                                 int64_t top_k, double top_p, double u) {
     __m512 mv = _mm512_set1_ps(-INFINITY), nv = _mm512_set1_ps(INFINITY);
     int64_t i = 0;
     for (; i + 16 <= V; i += 16) {
@@ -157,7 +154,7 @@ AVX512 static int64_t sample_row(const float *x, float *e, uint16_t *bins, Entry
         }
         return walk_list(entries, n, e, u);
     }
-    if (top_p >= 1.0) return walk(e, bins, V, -1, u);
+    if (top_p >= 1.0) return walk(e, bins, V, -1, u, block);
     /* Top-p: masses of the bins from the top down to the one where the prefix reaches top_p * total. */
     double mass[SUBHIST][NBINS] = {{0}};
     for (i = 0; i + SUBHIST <= V; i += SUBHIST)
@@ -179,7 +176,7 @@ AVX512 static int64_t sample_row(const float *x, float *e, uint16_t *bins, Entry
         run += e[entries[j].id];
         bins[entries[j].id] = NBINS;
     }
-    return walk(e, bins, V, cut, u);
+    return walk(e, bins, V, cut, u, block);
 }
 
 /* Rows rows[0..R) of logits f32[., V]; per sampled row: temperature > 0, top_k (0 = none), top_p (1 = none),
@@ -191,14 +188,15 @@ AVX512 void sample_rows(const float *logits, const int64_t *rows, int64_t R, int
         float *x = malloc(sizeof(float) * V), *e = malloc(sizeof(float) * V);
         uint16_t *bins = malloc(sizeof(uint16_t) * V);
         Entry *entries = malloc(sizeof(Entry) * V);
-        const int ok = x && e && bins && entries;
+        double *block = malloc(sizeof(double) * (V / 16 + 1));
+        const int ok = x && e && bins && entries && block;
         #pragma omp for schedule(dynamic, 1)
         for (int64_t r = 0; r < R; r++) {
             if (!ok) { tokens[r] = -1; continue; }  /* out of memory: the caller samples this row itself */
             const float *row = logits + rows[r] * V;
             for (int64_t i = 0; i < V; i++) x[i] = row[i] / temperature[r];
-            tokens[r] = sample_row(x, e, bins, entries, V, top_k[r], top_p[r], u[r]);
+            tokens[r] = sample_row(x, e, bins, entries, block, V, top_k[r], top_p[r], u[r]);
         }
-        free(x); free(e); free(bins); free(entries);
+        free(x); free(e); free(bins); free(entries); free(block);
     }
 }
