@@ -120,24 +120,19 @@ _C_SIGNATURES = {"paged_attention_i8": [ctypes.c_void_p] * 6 + [ctypes.c_int64] 
 C_MAX_GROUP, C_MAX_HEAD_DIM = 8, 512
 
 
-def c_kernel_available() -> bool:
-    return native.has_avx512() and native.load(_C_SOURCE, _C_SIGNATURES) is not None
-
-
 def paged_attention_c(q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens, sm_scale,
                       sliding_window) -> torch.Tensor | None:
     """The C kernel; None where it cannot run here or for these shapes."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    if (not native.has_avx512() or k_cache.dtype != torch.int8 or v_cache.dtype != torch.int8
-            or q.dtype != torch.float32 or Hq % Hkv or Hq // Hkv > C_MAX_GROUP or D % 16 or D > C_MAX_HEAD_DIM):
+    if (not native.has_avx512() or q.dtype != torch.float32 or Hq % Hkv or Hq // Hkv > C_MAX_GROUP or D % 16
+            or D > C_MAX_HEAD_DIM or any(t.dtype != torch.int8 for t in (k_cache, v_cache))
+            or any(t.dtype != torch.float32 for t in (k_scale, v_scale))
+            or not all(t.is_contiguous() for t in (k_cache, v_cache, k_scale, v_scale))):
         return None
     lib = native.load(_C_SOURCE, _C_SIGNATURES)
     if lib is None:
         return None
-    for t in (k_cache, v_cache, k_scale, v_scale):
-        if not t.is_contiguous() or t.dtype not in (torch.int8, torch.float32):
-            return None
     q = q.contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     starts = query_start_loc.to(torch.int32).contiguous()
