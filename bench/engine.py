@@ -23,9 +23,9 @@ import time
 import torch
 
 from services.engine.config import SchedulerConfig
-from services.engine.engine import EngineCore
-from services.engine.model_loading import load_model
-from services.engine.request import Request, RequestId, SamplingParams
+from services.engine.core.engine_core import EngineCore
+from services.engine.core.request import Request, RequestId, SamplingParams
+from services.engine.worker.model_loading import load_model
 
 
 def make_requests(n: int, prompt_tokens: int, new_tokens: int, tag: str, vocab: int,
@@ -52,7 +52,7 @@ def drive(core: EngineCore, pending: list[Request], max_in_flight: int) -> dict:
         while pending and len(in_flight) < max_in_flight:
             r = pending.pop(0)
             r.arrival_s = time.monotonic()
-            core.add_request(r)
+            core.add(r)
             in_flight[r.request_id] = r
         for rid in in_flight:
             max_blocks = max(max_blocks, core.kv_manager.num_held_blocks(rid))

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.kv_write import kv_write_ref, kv_write_triton
-from kernels.paged_attention import paged_attention_ref, paged_attention_triton
+from kernels.paged_attention import PagedAttentionArgs, paged_attention_ref, paged_attention_triton
 from kernels.quantize import rmsnorm_quant_ref, rmsnorm_quant_triton
 from kernels.rope import rope_neox_ref, rope_neox_triton
 from kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
@@ -128,10 +128,10 @@ def bench_decode(quick: bool, hbm_peak: float | None) -> dict:
             inputs = paged_inputs(batch, context, 1, "cuda")
             q, k_cache, v_cache, k_scale, v_scale, tables, qsl, seq_lens = inputs
             for window in (None, WINDOW):
-                args = (*inputs, HEAD_DIM**-0.5, window)
-                t = time_ms(lambda: paged_attention_triton(*args))
+                args = PagedAttentionArgs(*inputs, HEAD_DIM**-0.5, window)
+                t = time_ms(lambda: paged_attention_triton(args))
                 gbps = kv_bytes_read(batch, context, window) / (t * 1e-3) / 1e9
-                t_ref = time_ms(lambda: paged_attention_ref(*args), rep_ms=50) if batch <= 64 else None
+                t_ref = time_ms(lambda: paged_attention_ref(args), rep_ms=50) if batch <= 64 else None
                 rows.append(dict(batch=batch, context_tokens=context, window=window, triton_ms=t, gbps=gbps,
                                  hbm_peak_frac=gbps / hbm_peak if hbm_peak else None, torch_ref_ms=t_ref,
                                  sdpa_bf16_ms=None))
@@ -156,9 +156,9 @@ def bench_prefill(quick: bool) -> dict:
         inputs = paged_inputs(1, prompt, prompt, "cuda")
         q = inputs[0]
         for window in (None, WINDOW):
-            args = (*inputs, HEAD_DIM**-0.5, window)
-            t = time_ms(lambda: paged_attention_triton(*args))
-            t_ref = time_ms(lambda: paged_attention_ref(*args), rep_ms=50)
+            args = PagedAttentionArgs(*inputs, HEAD_DIM**-0.5, window)
+            t = time_ms(lambda: paged_attention_triton(args))
+            t_ref = time_ms(lambda: paged_attention_ref(args), rep_ms=50)
             rows.append(dict(prompt_tokens=prompt, window=window, triton_ms=t, torch_ref_ms=t_ref))
         k = torch.randn(1, HEADS_KV, prompt, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
         qd = q.view(1, prompt, HEADS_Q, HEAD_DIM).transpose(1, 2).to(torch.bfloat16)
@@ -235,8 +235,8 @@ def run_cpu(quick: bool) -> dict:
         batch, context = 3, 40
         inputs = paged_inputs(batch, context, q_len, "cpu")
         inputs = (inputs[0][:, :, :16].contiguous(), *(t[..., :16].contiguous() for t in inputs[1:3]), *inputs[3:])
-        args = (*inputs, 0.25, 24)
-        errors[label] = (paged_attention_triton(*args) - paged_attention_ref(*args)).abs().max().item()
+        args = PagedAttentionArgs(*inputs, 0.25, 24)
+        errors[label] = (paged_attention_triton(args) - paged_attention_ref(args)).abs().max().item()
     for name, err in errors.items():
         print(f"interpreter check {name:26s} max abs error vs reference {err:.3g}")
 
@@ -250,10 +250,10 @@ def run_cpu(quick: bool) -> dict:
     timings["gemm_ref_m1_k640_n4096_ms"] = (time.perf_counter() - t0) / 5 * 1e3
     contexts = [1024] if quick else [1024, 4096]
     for context in contexts:
-        args = (*paged_inputs(1, context, 1, "cpu"), HEAD_DIM**-0.5, None)
+        args = PagedAttentionArgs(*paged_inputs(1, context, 1, "cpu"), HEAD_DIM**-0.5, None)
         t0 = time.perf_counter()
         for _ in range(3):
-            paged_attention_ref(*args)
+            paged_attention_ref(args)
         timings[f"decode_ref_b1_ctx{context}_ms"] = (time.perf_counter() - t0) / 3 * 1e3
     for name, ms in timings.items():
         print(f"cpu torch reference {name}: {ms:.2f}")

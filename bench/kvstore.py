@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
+from services.common.kvstore_client.client import KVStoreClient
+from services.common.kvstore_client.layout import KVLayout
 from services.common.prefix_hash import encode_token_ids, namespace_digest
 from services.kvstore.arena import Arena
-from services.kvstore.client import KVStoreClient
-from services.kvstore.layout import KVLayout
 from services.kvstore.radix_tree import RadixTree
 from services.kvstore.store import KVStore
 

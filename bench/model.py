@@ -1,10 +1,11 @@
 """Model benchmark: load time, weight bytes, KV bytes/token, prefill and decode tokens/s, perplexity.
 
-Prefill and decode of the int8 model run on the engine's paged int8 KV cache and kernels (PagedKV
-below: fixed block tables, no scheduler); the float32 baseline of the same code, measured in the same
-run, uses DenseAttention (contiguous float KV). Each decode step runs forward for B new tokens (one per
-sequence), the logits of those B rows and an argmax -- the model's cost per generated token, without
-the scheduler, sampler and block manager of the engine.
+Prefill and decode run through the engine's own step path (EngineSteps below: ModelRunner over the
+paged int8 KV cache and the kernels, blocks from the KV cache manager, no scheduler); the float32
+baseline is the same path with float32 weights (the engine's --precision float32), measured in the
+same run. Each decode step runs forward for B new tokens (one per sequence), the logits of those B
+rows and greedy sampling -- the model's cost per generated token, without the scheduler and the
+engine loop.
 
     python -m bench.model [--quick] [--threads N]
 """
@@ -17,79 +18,66 @@ import time
 
 import torch
 
-from services.engine.attention_backend import ForwardBatch, PagedAttention
-from services.engine.kv_cache import KVCache
-from services.engine.kv_layout import plan_layout
-from services.engine.model import DenseAttention, load_model
+from services.engine.core.kv_cache_manager import KVCacheManager
+from services.engine.core.request import Request, RequestId, SamplingParams
+from services.engine.core.scheduler import ScheduledChunk, SchedulerOutput
+from services.engine.kv.kv_cache import KVCache
+from services.engine.kv.kv_layout import plan_layout
+from services.engine.model import load_model
 from services.engine.model.config import gemma3_270m_config, synthetic_config
 from services.engine.model.perplexity import perplexity
+from services.engine.worker.model_runner import ModelRunner
 
 REF_PPL = 13.829072782896715
 
 
-class PagedKV:
-    """DenseAttention's interface over the engine's paged int8 cache: sequence s, group g owns the fixed
-    blocks [(s * groups + g) * per_seq, ...) (sliding-window groups keep theirs: no release here)."""
+class EngineSteps:
+    """Fixed sequences stepped through the engine's own step path: ModelRunner over the paged KV cache
+    with the kernels of the model's op family, blocks from the KV cache manager (sliding-window blocks
+    released as in serving), greedy sampling of each sequence's last row. No scheduler."""
 
     BLOCK = 16
 
     def __init__(self, model, num_seqs: int = 1, max_tokens: int = 4096) -> None:
         cfg = model.config
-        per_seq = -(-max_tokens // self.BLOCK)
         probe = plan_layout(cfg, self.BLOCK, 1 << 30)
-        groups = len(probe.groups)
-        layout = plan_layout(cfg, self.BLOCK, probe.page_bytes * num_seqs * groups * per_seq)
-        self.attention = PagedAttention(KVCache(layout), model.kernel_ops.kv_write, model.kernel_ops.paged_attention,
-                                        cfg.attn_scale)
-        first = torch.arange(num_seqs)[:, None] * groups * per_seq + torch.arange(per_seq)[None, :]
-        self.tables = [(first + g * per_seq).to(torch.int32) for g in range(groups)]
-        self.lens = [0] * num_seqs
+        blocks = len(probe.groups) * num_seqs * (-(-max_tokens // self.BLOCK) + 1)
+        layout = plan_layout(cfg, self.BLOCK, probe.page_bytes * blocks)
+        self.kv = KVCacheManager(layout)
+        self.runner = ModelRunner(model, KVCache(layout), model.kernel_ops)
+        self.requests = [Request(RequestId(f"s{i}"), [], SamplingParams(max_new_tokens=1 << 30), frozenset(), 1 << 30)
+                         for i in range(num_seqs)]
 
-    def begin_step(self, query_lens: list[int]) -> torch.Tensor:
-        positions = torch.cat([torch.arange(n0, n0 + q) for n0, q in zip(self.lens, query_lens)])
-        seq_of_row = torch.repeat_interleave(torch.arange(len(query_lens)), torch.tensor(query_lens))
-        self.lens = [n0 + q for n0, q in zip(self.lens, query_lens)]
-        slots = [t[seq_of_row, positions // self.BLOCK].long() * self.BLOCK + positions % self.BLOCK
-                 for t in self.tables]
-        self.attention.batch = ForwardBatch(
-            token_ids=torch.empty(0, dtype=torch.int64), positions=positions,
-            query_start_loc=torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32),
-            seq_lens=torch.tensor(self.lens, dtype=torch.int32), block_tables=self.tables, slot_mappings=slots,
-            sample_rows=torch.empty(0, dtype=torch.int64))
-        return positions
-
-    def __call__(self, layer_idx, q, k, v):
-        return self.attention(layer_idx, q, k, v)
-
-
-def _backend(model, num_seqs: int = 1, max_tokens: int = 4096):
-    if model.precision == "int8":
-        return PagedKV(model, num_seqs, max_tokens)
-    return DenseAttention(model.config, num_seqs=num_seqs)
+    def step(self, token_ids: list[list[int]]) -> list[int]:
+        """Compute each sequence's next tokens; the greedy next token of each."""
+        chunks = []
+        for request, ids in zip(self.requests, token_ids):
+            start = request.num_computed_tokens
+            if not self.kv.allocate_slots(request.request_id, start, len(ids)):
+                raise RuntimeError("the bench's KV cache is too small")
+            chunks.append(ScheduledChunk(request, ids, start, self.kv.block_tables(request.request_id), True))
+            request.num_computed_tokens = start + len(ids)
+        return [t.token_id for t in self.runner.execute(SchedulerOutput(chunks, []))]
 
 
 def _prefill_tps(model, num_tokens: int, repeats: int) -> float:
-    ids = torch.arange(1000, 1000 + num_tokens) % 200000 + 300
+    ids = ((torch.arange(1000, 1000 + num_tokens) % 200000) + 300).tolist()
     best = float("inf")
     for _ in range(repeats):
-        attn = _backend(model, 1, num_tokens)
+        steps = EngineSteps(model, 1, num_tokens)
         start = time.perf_counter()
-        hidden = model.forward(ids, attn.begin_step([num_tokens]), attn)
-        model.logits(hidden[-1:])
+        steps.step([ids])
         best = min(best, time.perf_counter() - start)
     return num_tokens / best
 
 
 def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32) -> float:
-    attn = _backend(model, batch, prompt_tokens + steps)
-    ids = (torch.arange(batch * prompt_tokens) * 7919) % 200000 + 300
-    hidden = model.forward(ids, attn.begin_step([prompt_tokens] * batch), attn)
-    last = hidden.view(batch, prompt_tokens, -1)[:, -1]
-    tokens = model.logits(last).argmax(-1)
+    run = EngineSteps(model, batch, prompt_tokens + steps + 1)
+    ids = ((torch.arange(batch * prompt_tokens) * 7919) % 200000 + 300).view(batch, prompt_tokens).tolist()
+    tokens = run.step(ids)
     start = time.perf_counter()
     for _ in range(steps):
-        hidden = model.forward(tokens, attn.begin_step([1] * batch), attn)
-        tokens = model.logits(hidden).argmax(-1)
+        tokens = run.step([[t] for t in tokens])
     return batch * steps / (time.perf_counter() - start)
 
 

@@ -65,7 +65,7 @@ def triton_ops() -> Ops:
 # op -> module under kernels/cpu/ that defines `<op>_cpu`.
 CPU_FAST_PATH_MODULES = {
     "w8a8_gemm": "kernels.cpu.w8a8_gemm",
-    "paged_attention": "kernels.cpu.attention",
+    "paged_attention": "kernels.cpu.paged_attention",
     "quantize_per_token": "kernels.cpu.quantize",
     "rmsnorm_quant": "kernels.cpu.quantize",
     "kv_write": "kernels.cpu.kv_write",

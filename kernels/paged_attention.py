@@ -8,17 +8,37 @@ Visibility: the query at position p sees key k iff k <= p and (no window or p - 
 Table entries of blocks that no query of the sequence can see (wholly before the window, or past the end)
 may hold any id, so no implementation may read them.
 Query head h reads KV head h // (Hq / Hkv). K/V are dequantized as int8 * per-(token, head) scale.
+
+Every implementation (`paged_attention_ref` here, `paged_attention_triton` below, `paged_attention_cpu`
+in kernels/cpu/) takes one PagedAttentionArgs and returns f32[T, Hq, D].
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from kernels.triton_launch import check, check_tensor, is_interpreted, next_pow2, on_device
+
+
+@dataclass(frozen=True)
+class PagedAttentionArgs:
+    """One layer's attention call. T = query rows, S = sequences, NB = cache blocks, BS = block size."""
+
+    q: torch.Tensor  # f32[T, Hq, D], RoPE applied
+    k_cache: torch.Tensor  # int8[NB, BS, Hkv, D]
+    v_cache: torch.Tensor  # int8[NB, BS, Hkv, D]
+    k_scale: torch.Tensor  # f32[NB, BS, Hkv]
+    v_scale: torch.Tensor  # f32[NB, BS, Hkv]
+    block_tables: torch.Tensor  # int32[S, max_blocks]
+    query_start_loc: torch.Tensor  # int32[S + 1]
+    seq_lens: torch.Tensor  # int32[S]: tokens of each sequence including this call's queries
+    sm_scale: float
+    sliding_window: int | None
 
 
 def visible_key_range(position: int, seq_len: int, sliding_window: int | None) -> tuple[int, int]:
@@ -40,19 +60,11 @@ def gather_keys_ref(
     return values[start:start + hi - lo]
 
 
-def paged_attention_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sm_scale: float,
-    sliding_window: int | None,
-) -> torch.Tensor:
-    """q f32[T, Hq, D] -> f32[T, Hq, D]; softmax in float32."""
+def paged_attention_ref(a: PagedAttentionArgs) -> torch.Tensor:
+    """-> f32[T, Hq, D]; softmax in float32."""
+    q, k_cache, v_cache, k_scale, v_scale = a.q, a.k_cache, a.v_cache, a.k_scale, a.v_scale
+    block_tables, query_start_loc, seq_lens = a.block_tables, a.query_start_loc, a.seq_lens
+    sm_scale, sliding_window = a.sm_scale, a.sliding_window
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     out = torch.zeros_like(q)
@@ -278,7 +290,9 @@ def _paged_prefill_kernel(
     tl.store(out_ptr + o_off, out, mask=mask_r[:, None] & mask_d[None, :])
 
 
-def _check_paged_args(q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens, sliding_window):
+def _check_paged_args(a: PagedAttentionArgs) -> None:
+    q, k_cache, v_cache, k_scale, v_scale = a.q, a.k_cache, a.v_cache, a.k_scale, a.v_scale
+    block_tables, query_start_loc, seq_lens, sliding_window = a.block_tables, a.query_start_loc, a.seq_lens, a.sliding_window
     dev = q.device
     check_tensor("q", q, torch.float32, 3, dev)
     T, Hq, D = q.shape
@@ -305,26 +319,16 @@ def _check_paged_args(q, k_cache, v_cache, k_scale, v_scale, block_tables, query
     check(sliding_window is None or sliding_window >= 1, f"sliding_window: must be None or >= 1, got {sliding_window}")
 
 
-def paged_attention_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sm_scale: float,
-    sliding_window: int | None,
-    *,
-    split_tokens: int | None = None,
-) -> torch.Tensor:
+def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = None) -> torch.Tensor:
     """Same semantics as paged_attention_ref. A batch where every sequence has exactly one query runs the
     split-KV decode kernel (+ reduction); anything else runs the prefill kernel. Deciding which, and the
     prefill grid, reads query_start_loc on the host (one synchronization).
     split_tokens: keys per split (a multiple of the key tile), aligned to absolute positions and used by both
     kernels; keep it fixed for a deployment, since a token's exact result depends on it."""
-    _check_paged_args(q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens, sliding_window)
+    _check_paged_args(a)
+    q, k_cache, v_cache, k_scale, v_scale = a.q, a.k_cache, a.v_cache, a.k_scale, a.v_scale
+    block_tables, query_start_loc, seq_lens = a.block_tables, a.query_start_loc, a.seq_lens
+    sm_scale, sliding_window = a.sm_scale, a.sliding_window
     dev = q.device
     T, Hq, D = q.shape
     NB, BS, Hkv, _ = k_cache.shape

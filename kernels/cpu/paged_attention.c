@@ -29,6 +29,9 @@
 #define MAX_D 512
 #define CHUNK 16
 
+/* The limits above, read by the binding (kernels/cpu/paged_attention.py) so they are written down once. */
+const int64_t salon_paged_attention_max_group = MAX_G;
+const int64_t salon_paged_attention_max_head_dim = MAX_D;
 
 AVX512 static inline __m512 widen(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));

@@ -6,8 +6,8 @@ import sys
 
 from services.common.config import parse_config
 from services.common.server import run
+from services.engine.api.service import EngineService
 from services.engine.config import EngineConfig
-from services.engine.service import EngineService
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,14 +9,13 @@ from services.common.server import ServerConfig
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Knobs of continuous batching (see scheduler.py)."""
+    """Knobs of continuous batching (see core/scheduler.py)."""
 
-    # Tokens computed per step, shared by decodes (1 each) and prefill chunks.
-    max_num_batched_tokens: int = 256
-    # Requests in the running batch at once.
-    max_num_running: int = 64
-    # Requests waiting for admission before new ones get RESOURCE_EXHAUSTED.
-    max_waiting_requests: int = 256
+    max_num_batched_tokens: int = field(
+        default=256, metadata={"help": "token budget of one step, shared by decodes (1 each) and prefill chunks"})
+    max_num_running: int = field(default=64, metadata={"help": "largest running batch"})
+    max_waiting_requests: int = field(
+        default=256, metadata={"help": "requests waiting for admission before new ones get RESOURCE_EXHAUSTED"})
 
 
 @dataclass(frozen=True)
@@ -30,9 +29,7 @@ class EngineConfig:
     device: str = field(default="cpu", metadata={"help": "torch device (cpu | cuda)"})
     block_size_tokens: int = field(default=16, metadata={"help": "tokens per KV block"})
     kv_cache_bytes: int = field(default=1 << 30, metadata={"help": "bytes of paged KV cache (int8 + scales)"})
-    max_num_batched_tokens: int = field(default=256, metadata={"help": "token budget of one step"})
-    max_num_running: int = field(default=64, metadata={"help": "largest running batch"})
-    max_waiting_requests: int = field(default=256, metadata={"help": "queue limit (RESOURCE_EXHAUSTED past it)"})
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     default_max_new_tokens: int = field(default=256, metadata={"help": "max_new_tokens when the request gives 0"})
     max_new_tokens_limit: int = field(default=8192, metadata={"help": "largest max_new_tokens accepted"})
     max_context_tokens: int | None = field(
@@ -55,10 +52,3 @@ class EngineConfig:
     kvstore_tls_cert_file: str | None = field(
         default=None, metadata={"help": "our client certificate for the kvstore (mutual TLS)"})
     kvstore_tls_key_file: str | None = field(default=None, metadata={"help": "key of kvstore_tls_cert_file"})
-
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_num_running=self.max_num_running,
-            max_waiting_requests=self.max_waiting_requests,
-        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.common.server import ServerConfig
+from services.gateway.routing import LOAD_FACTOR, MIN_CAPACITY
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,9 @@ class GatewayConfig:
     concurrency_retry_after_ms: int = field(default=250, metadata={"help": "retry hint when a tenant's streams are full"})
     # Routing.
     routing_policy: str = field(default="bounded_load", metadata={"help": "bounded_load | least_loaded"})
-    load_factor: float = field(default=1.25, metadata={"help": "c of bounded loads: cap = c x mean load"})
+    load_factor: float = field(default=LOAD_FACTOR, metadata={"help": "c of bounded loads: cap = c x mean load"})
     min_capacity_streams: int = field(
-        default=8, metadata={"help": "below this many streams an engine never counts as full (no spill)"}
+        default=MIN_CAPACITY, metadata={"help": "below this many streams an engine never counts as full (no spill)"}
     )
     max_failovers: int = field(default=2, metadata={"help": "engine moves per reply after mid-stream failures"})
     # Session table.

@@ -3,8 +3,8 @@
 A file in a tmpfs directory (normally /dev/shm), created by the kvstore, sized to capacity and
 pre-touched (every page written once at start, so no page fault lands on the fetch path). The
 kvstore reads and writes it through a memoryview; engines on the same host map the same file
-(`ArenaMapping`) and read fetched blocks / write put blocks at offsets the kvstore hands out under
-a lease. Which byte ranges are in use is decided by ExtentAllocator, not here.
+(services/common/kvstore_client/arena_mapping.py) and read fetched blocks / write put blocks at
+offsets the kvstore hands out under a lease. Which byte ranges are in use is decided by ExtentAllocator, not here.
 
 The file name carries the owner's pid; `remove_stale_arenas` deletes files of dead owners.
 """
@@ -62,30 +62,6 @@ class Arena:
         except BufferError:  # a view is still exported somewhere; the mapping goes with the process
             pass
         self.path.unlink(missing_ok=True)
-
-
-class ArenaMapping:
-    """An engine's mapping of a kvstore's arena (read and write)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        fd = os.open(name, os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            # MAP_POPULATE maps every page now: otherwise each first access to an arena page from this
-            # process is a page fault, which costs more than copying the page.
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            self._mmap = mmap.mmap(fd, size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        self.array = np.frombuffer(self._mmap, dtype=np.uint8)
-
-    def close(self) -> None:
-        self.array = None  # type: ignore[assignment]
-        try:
-            self._mmap.close()
-        except BufferError:
-            pass
 
 
 def remove_stale_arenas(directory: str) -> list[Path]:

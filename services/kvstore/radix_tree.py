@@ -32,8 +32,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from services.common.kvstore_client.layout import MISS, KVLayout, MatchResult
 from services.kvstore.allocator import Extent, ExtentAllocator, aligned
-from services.kvstore.layout import MISS, KVLayout, MatchResult
 
 
 class LayoutMismatch(ValueError):

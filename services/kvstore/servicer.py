@@ -14,8 +14,8 @@ import grpc
 from salon.kvstore.v1 import kvstore_pb2 as pb
 from salon.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from services.common.errors import InvalidArgument, NotFound
+from services.common.kvstore_client.layout import KVLayout
 from services.kvstore import metrics
-from services.kvstore.layout import KVLayout
 from services.kvstore.radix_tree import LayoutMismatch
 from services.kvstore.store import KVStore, PutCounts
 

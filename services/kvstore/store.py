@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from services.common.kvstore_client.layout import KVLayout, MatchResult
 from services.kvstore.allocator import Extent
 from services.kvstore.arena import Arena
-from services.kvstore.layout import KVLayout, MatchResult
 from services.kvstore.radix_tree import Node, RadixTree
 
 LeaseId = str

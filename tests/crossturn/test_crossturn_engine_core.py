@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from services.common.prefix_hash import namespace_digest
-from services.engine.config import SchedulerConfig
-from services.engine.engine import EngineCore
-from services.engine.host_cache import HostPrefix
-from services.engine.model_loading import load_model
-from services.engine.request import Request, RequestId, SamplingParams
+from services.engine.kv.prefix_hit import host_hit
+from services.engine.worker.model_loading import load_model
+from tests import engine_testlib
+from tests.engine_testlib import BLOCK_SIZE_TOKENS as BS
+from tests.engine_testlib import blocks_accounted as accounted
+from tests.engine_testlib import run_one as run
+from tests.engine_testlib import tokens
 
-BS = 16
 NS = namespace_digest("synthetic-tiny", "test-layout", "tenant-a")
 
 
@@ -27,37 +28,15 @@ def model_and_tokenizer():
 
 
 def make_core(mt, prefix_caching=True, kv_bytes=4 << 20, budget=64):
-    model, tok = mt
-    return EngineCore(model, tok, SchedulerConfig(budget, 64, 256), BS, kv_bytes, prefix_caching=prefix_caching)
-
-
-def tokens(n, seed):
-    return [2] + [1000 + (i * 7919 + seed * 104729) % 200000 for i in range(n - 1)]
+    return engine_testlib.make_core(mt, budget=budget, kv_bytes=kv_bytes, prefix_caching=prefix_caching)
 
 
 def req(rid, prompt, max_new=12, namespace=NS, retain_from=None):
-    r = Request(RequestId(rid), list(prompt), SamplingParams(max_new_tokens=max_new), frozenset(), 4096)
-    r.namespace = namespace
-    r.retain_local_from = retain_from
-    return r
-
-
-def run(core, request):
-    core.add_request(request)
-    out = []
-    while core.has_work():
-        for e in core.step():
-            out += e.token_ids
-    return out
+    return engine_testlib.make_request(rid, prompt, max_new, namespace=namespace, retain_from=retain_from)
 
 
 def reference(mt, prompt, max_new=12):
     return run(make_core(mt, prefix_caching=False), req("ref", prompt, max_new, namespace=None))
-
-
-def accounted(core):
-    cached = core.prefix_cache.num_reclaimable_blocks() if core.prefix_cache else 0
-    return core.kv_manager.num_free_blocks + cached == core.layout.num_blocks
 
 
 def test_next_turn_hits_the_device_cache_and_matches_no_cache(model_and_tokenizer):
@@ -123,8 +102,8 @@ def test_cache_is_reclaimed_under_memory_pressure_instead_of_refusing_work(model
         run(core, req(f"r{i}", tokens(150, 10 + i)))
         assert accounted(core)
     assert core.scheduler.num_preemptions == 0
-    assert core.prefix_cache.num_entries >= 1
-    core.prefix_cache.clear()
+    assert core.prefix.device.num_entries >= 1
+    core.prefix.device.clear()
     assert core.kv_manager.num_free_blocks == core.layout.num_blocks
 
 
@@ -132,12 +111,7 @@ def test_preempted_request_resumes_from_its_cached_blocks(model_and_tokenizer):
     probe = make_core(model_and_tokenizer)
     core = make_core(model_and_tokenizer, kv_bytes=probe.layout.page_bytes * 40, budget=32)
     requests = [req(f"p{i}", tokens(60 + 10 * i, 20 + i), max_new=60) for i in range(6)]
-    for r in requests:
-        core.add_request(r)
-    outputs = {r.request_id: [] for r in requests}
-    while core.has_work():
-        for e in core.step():
-            outputs[e.request_id] += e.token_ids
+    outputs, _ = engine_testlib.run(core, requests)
     assert core.scheduler.num_preemptions > 0
     for r in requests:
         assert outputs[r.request_id] == reference(model_and_tokenizer, r.prompt_token_ids, 60)
@@ -145,10 +119,10 @@ def test_preempted_request_resumes_from_its_cached_blocks(model_and_tokenizer):
 
 
 def test_host_prefix_written_into_blocks_matches_no_cache(model_and_tokenizer):
-    """A HostPut from one engine, served back as a HostPrefix to another, reproduces the tokens."""
+    """A HostPut from one engine, served back as a host hit to another, reproduces the tokens."""
     producer = make_core(model_and_tokenizer)
     puts = []
-    producer.host_sink = puts.append
+    producer.set_host_sink(puts.append)
     p1 = tokens(100, 30)
     reply = run(producer, req("t1", p1))
     (put,) = puts
@@ -159,12 +133,11 @@ def test_host_prefix_written_into_blocks_matches_no_cache(model_and_tokenizer):
     local_first = n_blocks - 2
     assert put.local_first_block <= local_first
     local = put.local_kv[local_first - put.local_first_block:]
-    prefix = HostPrefix(n_blocks * BS, put.global_kv, local, local_first)
+    prefix = host_hit(n_blocks * BS, put.global_kv, local, local_first)
     p2 = p1 + reply + tokens(20, 31)[1:]
     consumer = make_core(model_and_tokenizer)
     second = req("t2", p2)
-    second.host_prefix = prefix
-    out = run(consumer, second)
+    out = run(consumer, second, prefix)
     assert second.num_cached_host_tokens == n_blocks * BS and second.num_cached_device_tokens == 0
     assert out == reference(model_and_tokenizer, p2)
     assert accounted(consumer)
@@ -174,14 +147,13 @@ def test_corrupt_host_kv_would_change_the_output(model_and_tokenizer):
     """The host path really uses the fetched bytes (so the exactness test above can fail)."""
     producer = make_core(model_and_tokenizer)
     puts = []
-    producer.host_sink = puts.append
+    producer.set_host_sink(puts.append)
     p1 = tokens(100, 40)
     reply = run(producer, req("t1", p1))
     (put,) = puts
     n_blocks = len(put.token_ids) // BS
     noise = torch.randint(0, 256, put.global_kv.shape, generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    prefix = HostPrefix(n_blocks * BS, noise, put.local_kv[-2:], n_blocks - 2)
+    prefix = host_hit(n_blocks * BS, noise, put.local_kv[-2:], n_blocks - 2)
     p2 = p1 + reply + tokens(20, 41)[1:]
     second = req("t2", p2, max_new=24)
-    second.host_prefix = prefix
-    assert run(make_core(model_and_tokenizer), second) != reference(model_and_tokenizer, p2, 24)
+    assert run(make_core(model_and_tokenizer), second, prefix) != reference(model_and_tokenizer, p2, 24)

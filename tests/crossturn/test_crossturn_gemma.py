@@ -13,14 +13,12 @@ from pathlib import Path
 import pytest
 
 from services.common.prefix_hash import namespace_digest
-from services.engine.config import SchedulerConfig
-from services.engine.engine import EngineCore
-from services.engine.host_cache import HostPrefix
-from services.engine.model_loading import load_model
-from services.engine.prompt import Character, ChatMessage, PromptRenderer, Role
-from services.engine.request import Request, RequestId, SamplingParams
+from services.engine.api.prompt import Character, ChatMessage, PromptRenderer, Role
+from services.engine.kv.prefix_hit import host_hit
+from services.engine.worker.model_loading import load_model
+from tests.engine_testlib import BLOCK_SIZE_TOKENS as BS
+from tests.engine_testlib import make_core, make_request, run_one
 
-BS = 16
 NS = namespace_digest("gemma-3-270m", "test", "tenant")
 GPL = (Path(__file__).resolve().parents[3] / "shared" / "reference" / "gpl-3.txt")
 
@@ -31,8 +29,7 @@ def gemma():
 
 
 def core_for(gemma, caching=True):
-    model, tok = gemma
-    return EngineCore(model, tok, SchedulerConfig(256, 16, 64), BS, 64 << 20, prefix_caching=caching)
+    return make_core(gemma, budget=256, kv_bytes=64 << 20, max_running=16, max_waiting=64, prefix_caching=caching)
 
 
 def paragraphs():
@@ -50,15 +47,9 @@ def render(gemma, messages):
 
 
 def run(core, prompt, retain_from=None, namespace=NS, host=None, max_new=16):
-    r = Request(RequestId(f"r{id(prompt)}-{len(prompt)}"), list(prompt), SamplingParams(max_new_tokens=max_new),
-                frozenset({1, 106, 212}), 32768)
-    r.namespace, r.retain_local_from, r.host_prefix = namespace, retain_from, host
-    core.add_request(r)
-    out = []
-    while core.has_work():
-        for e in core.step():
-            out += e.token_ids
-    return out, r
+    r = make_request(f"r{id(prompt)}-{len(prompt)}", prompt, max_new, namespace=namespace, retain_from=retain_from,
+                     stop_token_ids=frozenset({1, 106, 212}), max_context_tokens=32768)
+    return run_one(core, r, host), r
 
 
 def reference(gemma, prompt, max_new=16):
@@ -73,7 +64,7 @@ def test_device_and_host_hits_match_no_cache_on_gemma(gemma):
     assert len(prompt1) > 560
     producer = core_for(gemma)
     puts = []
-    producer.host_sink = puts.append
+    producer.set_host_sink(puts.append)
     reply, r1 = run(producer, prompt1, retain_from=max(0, last1 - 512 - BS))
     assert reply == reference(gemma, prompt1)
 
@@ -93,7 +84,7 @@ def test_device_and_host_hits_match_no_cache_on_gemma(gemma):
     window_blocks = -(-(512 - 1) // BS)
     local_first = n_blocks - window_blocks
     assert put.local_first_block <= local_first
-    host = HostPrefix(n_blocks * BS, put.global_kv, put.local_kv[local_first - put.local_first_block:], local_first)
+    host = host_hit(n_blocks * BS, put.global_kv, put.local_kv[local_first - put.local_first_block:], local_first)
     out3, r3 = run(core_for(gemma), prompt2, retain_from=max(0, last2 - 512 - BS), host=host)
     assert r3.num_cached_host_tokens == n_blocks * BS
     assert out3 == out2

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from services.engine.kv_cache import KVCache
-from services.engine.kv_layout import BlockId, plan_layout
-from services.engine.kv_transfer import GLOBAL, LOCAL, host_layout, layout_tag, pack_blocks, unpack_blocks
+from services.engine.kv.kv_cache import KVCache
+from services.engine.kv.kv_layout import BlockId, plan_layout
+from services.engine.kv.kv_transfer import GLOBAL, LOCAL, host_layout, layout_tag, pack_blocks, unpack_blocks
 from services.engine.model.config import gemma3_270m_config, synthetic_config
 
 

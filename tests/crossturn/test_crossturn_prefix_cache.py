@@ -5,10 +5,11 @@ import random
 import pytest
 
 from services.common.prefix_hash import block_hashes
-from services.engine.block_manager import KVCacheManager
-from services.engine.kv_layout import plan_layout
+from services.engine.core.kv_cache_manager import KVCacheManager
+from services.engine.kv.kv_layout import plan_layout
+from services.engine.kv.prefix_cache import DevicePrefixCache
 from services.engine.model.config import synthetic_config
-from services.engine.prefix_cache import DevicePrefixCache
+from tests.engine_testlib import make_request
 
 BS = 4
 NS = b"n" * 32
@@ -39,14 +40,11 @@ def test_random_operations_keep_blocks_accounted_and_hits_verified(seed):
         elif op < 0.85:
             query = rng.choice(stems)[: rng.randrange(BS + 1, 40)]
             max_tokens = (len(query) - 1) // BS * BS
-            hashes = block_hashes(NS, query[:max_tokens], BS)
-            peek = cache.peek_usable_tokens(hashes, query, max_tokens)
-            taken = cache.take(hashes, query, max_tokens)
-            if taken is None:
-                assert peek == 0
-            else:
-                tables, n = taken
-                assert n == peek and 0 < n <= max_tokens and n % BS == 0
+            hit = cache.lookup(make_request("q", query, namespace=NS))
+            if hit is not None:
+                n = hit.num_tokens
+                tables = cache.take(hit)
+                assert 0 < n <= max_tokens and n % BS == 0
                 # The hit really is a stored prefix of the query.
                 assert any(t[:n] == query[:n] for t in stored)
                 assert all(len(t) == n // BS for t in tables)

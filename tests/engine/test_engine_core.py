@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine.config import SchedulerConfig
-from services.engine.engine import EngineCore
-from services.engine.model_loading import load_model
-from services.engine.request import FinishReason, Request, RequestId, SamplingParams
+from services.engine.core.request import FinishReason
+from services.engine.worker.model_loading import load_model
+from tests import engine_testlib
+from tests.engine_testlib import make_core, make_request, tokens
 
 
 @pytest.fixture(scope="module")
@@ -16,29 +16,12 @@ def model_and_tokenizer():
     return load_model("synthetic-tiny", "int8")
 
 
-def make_core(model_and_tokenizer, budget=256, kv_bytes=4 << 20, max_running=64):
-    model, tok = model_and_tokenizer
-    return EngineCore(model, tok, SchedulerConfig(budget, max_running, 256), 16, kv_bytes)
-
-
-def prompt(n, seed):
-    return [2] + [(1000 + (i * 7919 + seed * 104729) % 200000) for i in range(n - 1)]
-
-
 def request(rid, n, prompt_seed, max_new=24, **kw):
-    return Request(RequestId(rid), prompt(n, prompt_seed), SamplingParams(max_new_tokens=max_new, **kw), frozenset(), 4096)
+    return make_request(rid, tokens(n, prompt_seed), max_new, **kw)
 
 
 def run(core, requests):
-    for r in requests:
-        core.add_request(r)
-    out = {r.request_id: [] for r in requests}
-    finish = {}
-    while core.has_work():
-        for e in core.step():
-            out[e.request_id] += e.token_ids
-            if e.finish_reason is not None:
-                finish[e.request_id] = e.finish_reason
+    out, finish = engine_testlib.run(core, requests)
     assert core.kv_manager.num_free_blocks == core.layout.num_blocks
     return out, finish
 
@@ -69,14 +52,14 @@ def test_preemption_recomputes_and_frees_everything(model_and_tokenizer):
 def test_abort_and_stop_conditions_free_blocks(model_and_tokenizer):
     core = make_core(model_and_tokenizer, budget=16)
     a, b = request("a", 100, 1, max_new=50), request("b", 40, 2, max_new=50)
-    core.add_request(a)
-    core.add_request(b)
+    core.add(a)
+    core.add(b)
     core.step()
     assert core.kv_manager.num_held_blocks("a") > 0
-    event = core.finish_request("a", FinishReason.ABORTED)
+    event = core.abort("a", FinishReason.ABORTED)
     assert event.finish_reason is FinishReason.ABORTED
     assert core.kv_manager.num_held_blocks("a") == 0
-    core.finish_request("b", FinishReason.ERROR, "boom")
+    core.abort("b", FinishReason.ERROR, "boom")
     assert core.kv_manager.num_free_blocks == core.layout.num_blocks and not core.has_work()
     # A stop token taken from the greedy output ends the reply right there.
     ref, _ = run(core, [request("c", 30, 3, max_new=10)])
@@ -91,7 +74,7 @@ def test_abort_and_stop_conditions_free_blocks(model_and_tokenizer):
 def test_sliding_layers_hold_bounded_blocks_during_long_decode(model_and_tokenizer):
     core = make_core(model_and_tokenizer, budget=64)
     r = request("long", 200, 4, max_new=300)
-    core.add_request(r)
+    core.add(r)
     sliding = [g.group_id for g in core.layout.groups if g.sliding_window_tokens is not None]
     while core.has_request("long"):
         core.step()

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from services.engine.config import SchedulerConfig
-from services.engine.engine import EngineCore
-from services.engine.model_loading import load_model
-from services.engine.request import Request, RequestId, SamplingParams
+from services.engine.core.request import Request, RequestId, SamplingParams
+from services.engine.worker.model_loading import load_model
+from tests.engine_testlib import make_core
 
 # The reference data lives in ../shared/reference beside the repository.
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "greedy_ref_f64.jsonl"
@@ -34,12 +33,11 @@ def prompts():
 
 
 def generate(gemma, prompt_sets, budget, kv_bytes=256 << 20):
-    model, tok = gemma
-    core = EngineCore(model, tok, SchedulerConfig(budget, 64, 256), 16, kv_bytes)
+    core = make_core(gemma, budget=budget, kv_bytes=kv_bytes)
     requests = []
     for i, (ids, params) in enumerate(prompt_sets):
         r = Request(RequestId(f"r{i}"), list(ids), params, frozenset(), 32768)
-        core.add_request(r)
+        core.add(r)
         requests.append(r)
     while core.has_work():
         core.step()
@@ -71,7 +69,7 @@ def test_greedy_tokens_survive_preemption(gemma, prompts):
     reference, _ = generate(gemma, sets, 128)
     probe_model, _ = gemma
     # About enough blocks for three of the six requests at a time: the newest get preempted.
-    from services.engine.kv_layout import plan_layout
+    from services.engine.kv.kv_layout import plan_layout
 
     page = plan_layout(probe_model.config, 16, 1 << 30).page_bytes
     outs, core = generate(gemma, sets, 128, kv_bytes=page * 30)

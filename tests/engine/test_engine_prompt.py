@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine.prompt import Character, ChatMessage, PromptRenderer, ReplyMemo, Role
+from services.engine.api.prompt import Character, ChatMessage, PromptRenderer, ReplyMemo, Role
 
 START, END, NL = 105, 106, 107
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.kv_write import kv_write_ref
-
+from kernels.paged_attention import PagedAttentionArgs
 
 # Awkward paged-attention batches shared by the reference and kernel tests.
 PAGED_CASES = {
@@ -40,9 +40,9 @@ class PagedCase:
     dense_k: list[torch.Tensor]  # per sequence, dequantized f32[L, Hkv, D], built without the block table
     dense_v: list[torch.Tensor]
 
-    def args(self) -> tuple:
-        return (self.q, self.k_cache, self.v_cache, self.k_scale, self.v_scale, self.block_tables,
-                self.query_start_loc, self.seq_lens, self.sm_scale, self.sliding_window)
+    def args(self) -> PagedAttentionArgs:
+        return PagedAttentionArgs(self.q, self.k_cache, self.v_cache, self.k_scale, self.v_scale, self.block_tables,
+                                  self.query_start_loc, self.seq_lens, self.sm_scale, self.sliding_window)
 
     def to(self, device: str) -> "PagedCase":
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from kernels_cases import make_paged_case
 
 from kernels import backend
 from kernels.backend import OP_NAMES, Ops, select_ops
 from kernels.paged_attention import paged_attention_ref
 from kernels.w8a8_gemm import w8a8_gemm_ref
-from kernels_cases import make_paged_case
 
 
 def test_ops_is_frozen_and_names_every_contract_op():
@@ -51,5 +51,5 @@ def test_selected_cpu_ops_agree_with_references():
                                w8a8_gemm_ref(a, a_s, w, w_s, residual=res, geglu=True), rtol=1e-5, atol=1e-5)
     case = make_paged_case([23, 9, 6], [1, 3, 6], num_q_heads=4, num_kv_heads=1, head_dim=16, block_size=4,
                            sliding_window=6, seed=2)
-    torch.testing.assert_close(ops.paged_attention(*case.args()), paged_attention_ref(*case.args()),
+    torch.testing.assert_close(ops.paged_attention(case.args()), paged_attention_ref(case.args()),
                                rtol=1e-5, atol=1e-5)

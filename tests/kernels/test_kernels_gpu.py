@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from kernels_cases import make_paged_case
 
 from kernels.kv_write import kv_write_ref, kv_write_triton
 from kernels.paged_attention import paged_attention_ref, paged_attention_triton
 from kernels.quantize import quantize_per_token_ref, quantize_per_token_triton, rmsnorm_quant_ref, rmsnorm_quant_triton
 from kernels.rope import rope_neox_ref, rope_neox_triton
 from kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
-from kernels_cases import make_paged_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
@@ -66,50 +68,47 @@ def test_gpu_rope_and_kv_write():
 def test_gpu_paged_decode_long_contexts(window):
     case = make_paged_case([32768, 4097, 513, 1, 20000], [1] * 5, num_q_heads=4, num_kv_heads=1, head_dim=256,
                            block_size=16, sliding_window=window, seed=3).to(DEV)
-    out = paged_attention_triton(*case.args())
-    torch.testing.assert_close(out, paged_attention_ref(*case.args()), rtol=1e-4, atol=1e-4)
+    out = paged_attention_triton(case.args())
+    torch.testing.assert_close(out, paged_attention_ref(case.args()), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("window", [None, 512])
 def test_gpu_paged_prefill_mixed_batch(window):
     case = make_paged_case([2000, 1300, 77, 5000], [2000, 257, 77, 1], num_q_heads=4, num_kv_heads=1,
                            head_dim=256, block_size=16, sliding_window=window, seed=4).to(DEV)
-    out = paged_attention_triton(*case.args())
-    torch.testing.assert_close(out, paged_attention_ref(*case.args()), rtol=1e-4, atol=1e-4)
+    out = paged_attention_triton(case.args())
+    torch.testing.assert_close(out, paged_attention_ref(case.args()), rtol=1e-4, atol=1e-4)
 
 
 def test_gpu_paged_prefill_chunked_is_bit_identical_to_whole():
     case = make_paged_case([1500], [1500], num_q_heads=4, num_kv_heads=1, head_dim=256, block_size=16,
                            sliding_window=512, seed=5).to(DEV)
-    whole = paged_attention_triton(*case.args())
+    whole = paged_attention_triton(case.args())
     parts = []
     for lo, hi in [(0, 700), (700, 1033), (1033, 1034), (1034, 1500)]:  # [1033, 1034) runs as decode
-        args = list(case.args())
-        args[0] = case.q[lo:hi]
-        args[6] = torch.tensor([0, hi - lo], dtype=torch.int32, device=DEV)
-        args[7] = torch.tensor([hi], dtype=torch.int32, device=DEV)
-        parts.append(paged_attention_triton(*args))
+        args = dataclasses.replace(case.args(), q=case.q[lo:hi],
+                                   query_start_loc=torch.tensor([0, hi - lo], dtype=torch.int32, device=DEV),
+                                   seq_lens=torch.tensor([hi], dtype=torch.int32, device=DEV))
+        parts.append(paged_attention_triton(args))
     assert torch.equal(torch.cat(parts), whole)
 
 
 def test_gpu_paged_decode_batch_invariant():
     case = make_paged_case([9000, 300, 4500], [1, 1, 1], num_q_heads=4, num_kv_heads=1, head_dim=256,
                            block_size=16, sliding_window=None, seed=6).to(DEV)
-    batch = paged_attention_triton(*case.args())
-    args = list(case.args())
-    args[0], args[5] = case.q[2:3], case.block_tables[2:3]
-    args[6] = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
-    args[7] = case.seq_lens[2:3]
-    assert torch.equal(paged_attention_triton(*args), batch[2:3])
+    batch = paged_attention_triton(case.args())
+    args = dataclasses.replace(case.args(), q=case.q[2:3], block_tables=case.block_tables[2:3],
+                               query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=DEV),
+                               seq_lens=case.seq_lens[2:3])
+    assert torch.equal(paged_attention_triton(args), batch[2:3])
 
 
 def test_gpu_paged_decode_row_same_in_mixed_batch():
     # a decoding sequence batched with another's prefill runs the prefill kernel: same bits as decode alone
     case = make_paged_case([9000, 700], [1, 700], num_q_heads=4, num_kv_heads=1, head_dim=256, block_size=16,
                            sliding_window=None, seed=7).to(DEV)
-    mixed = paged_attention_triton(*case.args())
-    args = list(case.args())
-    args[0], args[5] = case.q[:1], case.block_tables[:1]
-    args[6] = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
-    args[7] = case.seq_lens[:1]
-    assert torch.equal(paged_attention_triton(*args), mixed[:1])
+    mixed = paged_attention_triton(case.args())
+    args = dataclasses.replace(case.args(), q=case.q[:1], block_tables=case.block_tables[:1],
+                               query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=DEV),
+                               seq_lens=case.seq_lens[:1])
+    assert torch.equal(paged_attention_triton(args), mixed[:1])

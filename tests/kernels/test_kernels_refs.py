@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
+from kernels_cases import PAGED_CASES, dense_attention, make_paged_case
 
 from kernels.kv_write import kv_write_ref
 from kernels.paged_attention import paged_attention_ref
 from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, rmsnorm_quant_ref
 from kernels.rope import rope_neox_ref
 from kernels.w8a8_gemm import w8a8_gemm_ref
-from kernels_cases import PAGED_CASES, dense_attention, make_paged_case
 
 
 def test_quantize_exact_values_ties_to_even_and_zero_rows():
@@ -116,7 +116,7 @@ def test_paged_attention_ref_matches_dense_sdpa(name):
     seq_lens, q_lens, hq, hkv, d, bs, window = PAGED_CASES[name]
     case = make_paged_case(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
                            sliding_window=window, seed=len(name))
-    out = paged_attention_ref(*case.args())
+    out = paged_attention_ref(case.args())
     torch.testing.assert_close(out, dense_attention(case), rtol=1e-5, atol=1e-5)
 
 
@@ -125,7 +125,7 @@ def test_paged_attention_ref_never_touches_unused_table_entries(name):
     seq_lens, q_lens, hq, hkv, d, bs, window = PAGED_CASES[name]
     case = make_paged_case(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
                            sliding_window=window, seed=len(name), poison="nan_block")
-    out = paged_attention_ref(*case.args())
+    out = paged_attention_ref(case.args())
     assert not out.isnan().any()
     torch.testing.assert_close(out, dense_attention(case), rtol=1e-5, atol=1e-5)
 
@@ -133,6 +133,6 @@ def test_paged_attention_ref_never_touches_unused_table_entries(name):
 def test_paged_attention_window_of_one_returns_own_value():
     case = make_paged_case([9], [3], num_q_heads=2, num_kv_heads=1, head_dim=8, block_size=4,
                            sliding_window=1, seed=0)
-    out = paged_attention_ref(*case.args())
+    out = paged_attention_ref(case.args())
     own_v = case.dense_v[0][6:9]  # positions 6, 7, 8 see only themselves
     torch.testing.assert_close(out, own_v.expand(3, 2, 8), rtol=1e-6, atol=1e-6)

@@ -4,12 +4,15 @@ because the interpreter is slow. Large shapes on a real GPU are in test_kernels_
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from kernels_cases import PAGED_CASES, make_paged_case
 from triton.runtime import interpreter
 
 from kernels.kv_write import kv_write_ref, kv_write_triton
-from kernels.paged_attention import paged_attention_ref, paged_attention_triton
+from kernels.paged_attention import PagedAttentionArgs, paged_attention_ref, paged_attention_triton
 from kernels.quantize import (
     quantize_per_token_ref,
     quantize_per_token_triton,
@@ -18,7 +21,6 @@ from kernels.quantize import (
 )
 from kernels.rope import rope_neox_ref, rope_neox_triton
 from kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
-from kernels_cases import PAGED_CASES, make_paged_case
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -133,8 +135,8 @@ def _case(name, seed=None, **overrides):
 @pytest.mark.parametrize("name", sorted(PAGED_CASES))
 def test_paged_attention_matches_reference(name):
     case = _case(name)
-    out = paged_attention_triton(*case.to(DEVICE).args())
-    torch.testing.assert_close(out.cpu(), paged_attention_ref(*case.args()), rtol=1e-4, atol=1e-5)
+    out = paged_attention_triton(case.to(DEVICE).args())
+    torch.testing.assert_close(out.cpu(), paged_attention_ref(case.args()), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(PAGED_CASES))
@@ -142,9 +144,9 @@ def test_paged_attention_never_touches_unused_table_entries(name):
     # unused entries point at a real block whose scales are NaN: a kernel that loads it, even masked to zero
     # weight afterwards, returns NaN
     case = _case(name, poison="nan_block")
-    out = paged_attention_triton(*case.to(DEVICE).args()).cpu()
+    out = paged_attention_triton(case.to(DEVICE).args()).cpu()
     assert not out.isnan().any()
-    torch.testing.assert_close(out, paged_attention_ref(*case.args()), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, paged_attention_ref(case.args()), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("window", [None, 37, 16])
@@ -152,8 +154,8 @@ def test_paged_decode_split_kv_long_context(window):
     # 100-key contexts over 16-key splits: up to 7 partials per sequence, some splits before the window
     case = make_paged_case([100, 37, 64, 1], [1, 1, 1, 1], num_q_heads=4, num_kv_heads=1, head_dim=16,
                            block_size=8, sliding_window=window, seed=7)
-    out = paged_attention_triton(*case.to(DEVICE).args(), split_tokens=16 if DEVICE == "cpu" else 64)
-    torch.testing.assert_close(out.cpu(), paged_attention_ref(*case.args()), rtol=1e-4, atol=1e-5)
+    out = paged_attention_triton(case.to(DEVICE).args(), split_tokens=16 if DEVICE == "cpu" else 64)
+    torch.testing.assert_close(out.cpu(), paged_attention_ref(case.args()), rtol=1e-4, atol=1e-5)
 
 
 @pytest.fixture
@@ -172,19 +174,18 @@ def row_independent_dot(monkeypatch):
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
 
 
-def _sub_batch(case, rows: slice, seqs: slice, q_lens: list[int]) -> tuple:
+def _sub_batch(case, rows: slice, seqs: slice, q_lens: list[int]) -> PagedAttentionArgs:
     """Arguments for querying some of `case`'s sequences, over the same cache."""
-    args = list(case.args())
-    args[0], args[5], args[7] = case.q[rows], case.block_tables[seqs], case.seq_lens[seqs]
-    args[6] = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-    return tuple(args)
+    return dataclasses.replace(
+        case.args(), q=case.q[rows], block_tables=case.block_tables[seqs], seq_lens=case.seq_lens[seqs],
+        query_start_loc=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE))
 
 
 def test_paged_decode_is_batch_invariant(row_independent_dot):
     batch = make_paged_case([45, 20, 9], [1, 1, 1], num_q_heads=4, num_kv_heads=1, head_dim=16, block_size=4,
                             sliding_window=None, seed=3).to(DEVICE)
-    out_batch = paged_attention_triton(*batch.args())
-    out_alone = paged_attention_triton(*_sub_batch(batch, slice(1, 2), slice(1, 2), [1]))
+    out_batch = paged_attention_triton(batch.args())
+    out_alone = paged_attention_triton(_sub_batch(batch, slice(1, 2), slice(1, 2), [1]))
     assert torch.equal(out_batch[1:2], out_alone)
 
 
@@ -192,14 +193,13 @@ def test_paged_decode_is_batch_invariant(row_independent_dot):
 def test_paged_prefill_chunked_equals_whole(row_independent_dot, window):
     whole = make_paged_case([45], [45], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4,
                             sliding_window=window, seed=5).to(DEVICE)
-    out_whole = paged_attention_triton(*whole.args())
+    out_whole = paged_attention_triton(whole.args())
     chunks = []  # the same cache queried as chunks [0, 20), [20, 21) and [21, 45); [20, 21) runs as decode
     for lo, hi in [(0, 20), (20, 21), (21, 45)]:
-        args = list(whole.args())
-        args[0] = whole.q[lo:hi]
-        args[6] = torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE)
-        args[7] = torch.tensor([hi], dtype=torch.int32, device=DEVICE)
-        chunks.append(paged_attention_triton(*args))
+        args = dataclasses.replace(whole.args(), q=whole.q[lo:hi],
+                                   query_start_loc=torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE),
+                                   seq_lens=torch.tensor([hi], dtype=torch.int32, device=DEVICE))
+        chunks.append(paged_attention_triton(args))
     assert torch.equal(torch.cat(chunks), out_whole)
 
 
@@ -207,24 +207,18 @@ def test_paged_decode_row_same_in_mixed_batch(row_independent_dot):
     # a decoding sequence batched with another's prefill runs the prefill kernel: same bits as decode alone
     mixed = make_paged_case([53, 23], [1, 23], num_q_heads=4, num_kv_heads=1, head_dim=16, block_size=4,
                             sliding_window=30, seed=8).to(DEVICE)
-    out_mixed = paged_attention_triton(*mixed.args())
-    out_alone = paged_attention_triton(*_sub_batch(mixed, slice(0, 1), slice(0, 1), [1]))
+    out_mixed = paged_attention_triton(mixed.args())
+    out_alone = paged_attention_triton(_sub_batch(mixed, slice(0, 1), slice(0, 1), [1]))
     assert torch.equal(out_mixed[:1], out_alone)
-    torch.testing.assert_close(out_mixed.cpu(), paged_attention_ref(*mixed.to("cpu").args()), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out_mixed.cpu(), paged_attention_ref(mixed.to("cpu").args()), rtol=1e-4, atol=1e-5)
 
 
 def test_paged_attention_rejects_bad_arguments():
     case = _case("decode_batch_mqa").to(DEVICE)
-    args = list(case.args())
-    args[5] = case.block_tables.long()
     with pytest.raises(ValueError, match="block_tables: expected dtype torch.int32"):
-        paged_attention_triton(*args)
+        paged_attention_triton(dataclasses.replace(case.args(), block_tables=case.block_tables.long()))
     gqa = _case("chunked_prefill_gqa").to(DEVICE)  # 4 query heads over 2 KV heads
-    args = list(gqa.args())
-    args[0] = gqa.q[:, :3]
     with pytest.raises(ValueError, match="not a multiple"):
-        paged_attention_triton(*args)
-    args = list(case.args())
-    args[9] = 0
+        paged_attention_triton(dataclasses.replace(gqa.args(), q=gqa.q[:, :3]))
     with pytest.raises(ValueError, match="sliding_window"):
-        paged_attention_triton(*args)
+        paged_attention_triton(dataclasses.replace(case.args(), sliding_window=0))

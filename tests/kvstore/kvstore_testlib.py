@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 
+from services.common.kvstore_client.layout import KVLayout
 from services.common.prefix_hash import encode_token_ids
 from services.kvstore.arena import Arena
-from services.kvstore.layout import KVLayout
 from services.kvstore.radix_tree import RadixTree
 from services.kvstore.store import KVStore
 

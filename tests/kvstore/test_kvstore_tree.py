@@ -6,8 +6,8 @@ import pytest
 from kvstore_testlib import LAYOUT, NS_A, NS_B, fetch_bytes, make_store, payload, put
 
 from services.common import prefix_hash
+from services.common.kvstore_client.layout import KVLayout, MatchResult
 from services.common.prefix_hash import encode_token_ids
-from services.kvstore.layout import KVLayout, MatchResult
 from services.kvstore.radix_tree import LayoutMismatch
 
 GLOBAL_ONLY = G = KVLayout(4, 64, 0, 0)

@@ -2,11 +2,18 @@
 
 import pytest
 
+from bench.loadgen.dialogue import EMPTY_REPLY_TEXT, DialogueState, strip_trailing_eos
+from bench.loadgen.driver import build_request
+from bench.loadgen.workload import (
+    DialogueSpec,
+    HistoryMessage,
+    Role,
+    TurnAction,
+    TurnKind,
+    WorkloadConfig,
+    generate_trace,
+)
 from salon.chat.v1 import chat_pb2
-from services.loadgen.dialogue import EMPTY_REPLY_TEXT, DialogueState, strip_trailing_eos
-from services.loadgen.driver import build_request
-from services.loadgen.workload import (DialogueSpec, HistoryMessage, Role, TurnAction, TurnKind, WorkloadConfig,
-                                       generate_trace)
 
 U, C = Role.USER, Role.CHARACTER
 

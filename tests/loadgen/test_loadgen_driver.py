@@ -10,9 +10,9 @@ import grpc
 import pytest
 from loadgen_scripted import KEY, ScriptedChat, scripted  # noqa: F401 (fixture)
 
+from bench.loadgen.driver import DriverConfig, replay
+from bench.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
 from salon.chat.v1 import chat_pb2
-from services.loadgen.driver import DriverConfig, replay
-from services.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
 
 
 def _trace():

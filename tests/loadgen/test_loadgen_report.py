@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from services.loadgen.driver import token_gaps_ms
-from services.loadgen.records import RunResult, TurnRecord
-from services.loadgen.report import compare, hit_rate, hit_rate_over_time, percentile, summarize, warm_keys
+from bench.loadgen.driver import token_gaps_ms
+from bench.loadgen.records import RunResult, TurnRecord
+from bench.loadgen.report import compare, hit_rate, hit_rate_over_time, percentile, summarize, warm_keys
 
 
 def rec(d, t, prompt, device=0, host=0, ttft=None, end=1.0, engine="e0", itl=(), gen=3, ids=(1, 2), error=None,

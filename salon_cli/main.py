@@ -1,0 +1,32 @@
+"""The `salon` command: run the local stack, chat with it, convert the model, regenerate stubs, benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="salon", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="start kvstore, engine(s) and gateway on localhost", add_help=False)
+    sub.add_parser("chat", help="interactive chat with the running gateway", add_help=False)
+    sub.add_parser("convert", help="convert the GGUF model to the cached int8 checkpoint", add_help=False)
+    sub.add_parser("protos", help="regenerate the Python stubs from protos/", add_help=False)
+    sub.add_parser("bench", help="replay a dialogue workload through the gateway", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "up":
+        from salon_cli.up import main as run
+    elif args.command == "chat":
+        from salon_cli.chat import main as run
+    elif args.command == "convert":
+        from salon_cli.convert import main as run
+    elif args.command == "protos":
+        from services.common.protogen import main as run
+    else:
+        from salon_cli.bench import main as run
+    return run(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

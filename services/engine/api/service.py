@@ -1,0 +1,119 @@
+"""The engine as a services.common.server Service: load + warm the model off the loop, then SERVING."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import torch
+
+from services.common.logging import get_logger
+from services.common.prefix_hash import namespace_digest
+from services.common.server import HealthState
+from services.engine.api.servicer import EngineRuntime, EngineServicer, add_to_server
+from services.engine.api.validation import Limits
+from services.engine.config import EngineConfig
+from services.engine.core.engine_core import EngineCore, warmup
+from services.engine.core.engine_loop import EngineLoop
+from services.engine.kv.host_cache import HostCache
+from services.engine.kv.kv_transfer import host_layout, layout_tag
+from services.engine.worker.model_loading import load_model
+
+log = get_logger(__name__)
+
+
+def build_core(config: EngineConfig) -> EngineCore:
+    if config.torch_threads > 0:
+        torch.set_num_threads(config.torch_threads)
+    model, tokenizer = load_model(config.model, config.precision, config.device)
+    core = EngineCore(model, tokenizer, config.scheduler, config.block_size_tokens,
+                      config.kv_cache_bytes, config.device, prefix_caching=not config.no_prefix_cache)
+    if config.warmup:
+        warmup(core)
+    return core
+
+
+class EngineService:
+    name = "engine"
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.servicer = EngineServicer(config)
+        self._loop: EngineLoop | None = None
+        self._host: HostCache | None = None
+        self._task: asyncio.Task | None = None
+
+    async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
+        names = [add_to_server(self.servicer, server)]
+        self.servicer.health = health
+        self._task = asyncio.create_task(self._load(health))
+        return names
+
+    async def _load(self, health: HealthState) -> None:
+        try:
+            core = await asyncio.to_thread(build_core, self.config)
+        except Exception:
+            log.exception("model_load_failed", model=self.config.model)
+            raise
+        model_cfg = core.config
+        context = min(model_cfg.max_context_tokens, self.config.max_context_tokens or model_cfg.max_context_tokens)
+        self._loop = EngineLoop(core, asyncio.get_running_loop())
+        host_cache = self._host_cache(core)
+        if host_cache is not None:
+            loop = asyncio.get_running_loop()
+            core.set_host_sink(lambda put: loop.call_soon_threadsafe(host_cache.store, put))
+        self._host = host_cache
+        self._loop.start()
+        self.servicer.runtime = EngineRuntime(
+            loop=self._loop,
+            tokenizer=core.tokenizer,
+            limits=Limits(vocab_size=model_cfg.vocab_size, max_context_tokens=context,
+                          default_max_new_tokens=self.config.default_max_new_tokens,
+                          max_new_tokens_limit=self.config.max_new_tokens_limit,
+                          max_token_bytes=max(len(core.tokenizer.decode([i]).encode())
+                                              for i in range(model_cfg.vocab_size))),
+            model_config=model_cfg,
+            block_size_tokens=self.config.block_size_tokens,
+            namespace_of=None if self.config.no_prefix_cache else self._namespace_of(core),
+            host_cache=host_cache,
+            sliding_window_tokens=max((layer.sliding_window_tokens or 0 for layer in model_cfg.layers), default=0),
+        )
+        log.info("engine_ready", model=model_cfg.model_id, kv_blocks=core.layout.num_blocks,
+                 kv_bytes=core.layout.capacity_bytes, kv_groups=len(core.layout.groups),
+                 threads=torch.get_num_threads())
+        await health.set_serving()
+
+    def _host_cache(self, core: EngineCore) -> HostCache | None:
+        if self.config.no_prefix_cache or not self.config.kvstore_target:
+            return None
+        from services.common.channel import ClientTLS
+        from services.common.kvstore_client.client import KVStoreClient
+
+        tls = None
+        if self.config.kvstore_tls_ca_file:
+            tls = ClientTLS(self.config.kvstore_tls_ca_file, self.config.kvstore_tls_cert_file,
+                            self.config.kvstore_tls_key_file)
+        client = KVStoreClient(self.config.kvstore_target, use_shared_memory=self.config.kvstore_shared_memory,
+                               timeout_s=self.config.kvstore_timeout_s, tls=tls)
+        return HostCache(client, host_layout(core.layout), timeout_s=self.config.kvstore_timeout_s)
+
+    def _namespace_of(self, core: EngineCore):
+        tag = layout_tag(core.layout, self.config.precision)
+        model_id = core.config.model_id
+        cache: dict[str, bytes] = {}
+
+        def namespace_of(salt: str) -> bytes:
+            digest = cache.get(salt)
+            if digest is None:
+                digest = cache[salt] = namespace_digest(model_id, tag, salt)
+            return digest
+
+        return namespace_of
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self._loop is not None:
+            await asyncio.to_thread(self._loop.stop)
+        if self._host is not None:
+            await self._host.close()

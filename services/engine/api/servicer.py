@@ -1,0 +1,245 @@
+"""salon.engine.v1.EngineService: a thin gRPC edge over the engine loop.
+
+Generate: validate -> render (off the loop: tokenizing long histories is CPU work) -> admission
+(queue limit) -> kvstore lookup when the device cache has less -> submit to the step thread ->
+stream TokenDelta events -> GenerateFinal. When the call is cancelled or its deadline passes, the
+request is aborted and its blocks freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable
+
+import grpc
+
+from salon.chat.v1 import chat_pb2
+from salon.engine.v1 import engine_pb2, engine_pb2_grpc
+from services.common.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+from services.common.logging import get_logger
+from services.engine import metrics
+from services.engine.api.prompt import PromptRenderer, ReplyMemo
+from services.engine.api.validation import (
+    Limits,
+    check_id_string,
+    check_ids,
+    parse_context,
+    parse_sampling,
+    resolve_max_new_tokens,
+)
+from services.engine.config import EngineConfig
+from services.engine.core.engine_loop import EngineLoop
+from services.engine.core.output import RequestEvent
+from services.engine.core.request import FinishReason, Request, RequestId
+from services.engine.kv.host_cache import HostCache
+from services.engine.kv.prefix_hit import PrefixHit, cacheable_prefix_tokens
+from services.engine.model.config import ModelConfig
+from services.engine.model.tokenizer import Tokenizer
+
+log = get_logger(__name__)
+
+_FINISH = {
+    FinishReason.STOP_TOKEN: chat_pb2.FINISH_REASON_STOP_TOKEN,
+    FinishReason.STOP_STRING: chat_pb2.FINISH_REASON_STOP_STRING,
+    FinishReason.LENGTH: chat_pb2.FINISH_REASON_LENGTH,
+    FinishReason.CONTEXT_FULL: chat_pb2.FINISH_REASON_CONTEXT_FULL,
+    FinishReason.ABORTED: chat_pb2.FINISH_REASON_ABORTED,
+}
+
+
+@dataclasses.dataclass
+class EngineRuntime:
+    """What the servicer needs once the model is loaded."""
+
+    loop: EngineLoop
+    tokenizer: Tokenizer
+    limits: Limits
+    model_config: ModelConfig
+    block_size_tokens: int
+    # Cache namespace digest for a tenant's namespace salt; None when prefix caching is off.
+    namespace_of: Callable[[str], bytes] | None = None
+    # The kvstore (cross-turn cache in host memory); None when not configured.
+    host_cache: HostCache | None = None
+    # Widest sliding window of the model (0 if none): sets how much KV before the last message is kept.
+    sliding_window_tokens: int = 0
+
+
+class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.runtime: EngineRuntime | None = None
+        self.memo = ReplyMemo()
+        # The process's health; once the model is loaded, NOT_SERVING means shutting down (draining).
+        self.health = None
+
+    def _ready(self) -> EngineRuntime:
+        if self.runtime is None:
+            raise Unavailable("the engine is still loading its model")
+        return self.runtime
+
+    # ---- Generate --------------------------------------------------------------------------------
+    async def _build_request(self, request, context, rt: EngineRuntime) -> Request:
+        arrival = time.monotonic()
+        check_id_string("request_id", request.request_id, required=False)
+        check_id_string("conversation_id", request.conversation_id, required=False)
+        check_id_string("namespace_salt", request.namespace_salt, required=False)
+        parsed = parse_context(request, rt.limits)
+        sampling = parse_sampling(request.sampling, rt.limits)
+        resumed = check_ids("resume_token_ids", request.resume_token_ids, rt.limits.vocab_size)
+        if parsed.prompt_token_ids is not None:
+            prompt = parsed.prompt_token_ids
+            last_message_start = len(prompt)
+        else:
+            namespace = request.namespace_salt
+            renderer = PromptRenderer(rt.tokenizer, rt.model_config.bos_token_id,
+                                      lambda text: self.memo.get(namespace, text))
+            rendered = await asyncio.to_thread(renderer.render_prompt, parsed.character, parsed.messages)
+            prompt, last_message_start = rendered.token_ids, rendered.last_message_start
+        max_new = resolve_max_new_tokens(sampling.max_new_tokens, len(prompt), len(resumed), rt.limits)
+        sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
+        if not rt.loop.fits(len(prompt) + max_new):
+            raise ResourceExhausted(
+                f"prompt: {len(prompt)} tokens + max_new_tokens {max_new} need more KV memory than this engine has")
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
+        eos = set(rt.model_config.eos_token_ids) | set(sampling.stop_token_ids)
+        req = Request(
+            request_id=RequestId(request.request_id or f"eng-{uuid.uuid4().hex}"),
+            prompt_token_ids=prompt,
+            sampling=sampling,
+            stop_token_ids=frozenset(eos),
+            max_context_tokens=rt.limits.max_context_tokens,
+            arrival_s=arrival,
+            deadline_s=deadline,
+            namespace_salt=request.namespace_salt,
+        )
+        req.output_token_ids.extend(resumed)
+        req.num_resumed_tokens = len(resumed)
+        req.conversation_id = request.conversation_id
+        if rt.namespace_of is not None:
+            req.namespace = rt.namespace_of(request.namespace_salt)
+            if rt.sliding_window_tokens:
+                # Keep the window before the last message: a regeneration or edit of it reuses that KV.
+                req.retain_local_from = max(0, last_message_start - rt.sliding_window_tokens - rt.block_size_tokens)
+        return req
+
+    async def _lookup_host(self, req: Request, rt: EngineRuntime) -> PrefixHit | None:
+        """Fetch the kvstore's usable prefix when it beats what the engine's own cache holds."""
+        if rt.host_cache is None or req.namespace is None:
+            return None
+        max_tokens = cacheable_prefix_tokens(req.num_tokens, rt.block_size_tokens)
+        device_tokens = rt.loop.probe_prefix(req)
+        return await rt.host_cache.lookup(req.namespace, req.token_slice(0, req.num_tokens), max_tokens,
+                                          min_tokens=device_tokens)
+
+    async def Generate(self, request, context):
+        rt = self._ready()
+        req = await self._build_request(request, context, rt)
+        if rt.loop.is_active(req.request_id):
+            raise ResourceExhausted(f"request_id: {req.request_id!r} is already running on this engine")
+        if rt.loop.num_waiting >= self.config.scheduler.max_waiting_requests:
+            metrics.REJECTED.inc()
+            raise ResourceExhausted(
+                f"engine queue is full ({self.config.scheduler.max_waiting_requests} requests waiting); retry later",
+                retry_after_ms=1000)
+        host_hit = await self._lookup_host(req, rt)
+        events = rt.loop.submit(req, host_hit)
+        finished = False
+        generated: list[int] = []
+        text_parts: list[str] = []
+        try:
+            while True:
+                event: RequestEvent = await events.get()
+                generated.extend(event.token_ids)
+                text_parts.append(event.text)
+                if event.token_ids or event.text:
+                    yield engine_pb2.GenerateResponse(delta=chat_pb2.TokenDelta(
+                        text=event.text, token_ids=event.token_ids, logprobs=event.logprobs))
+                if event.finish_reason is None:
+                    continue
+                finished = True
+                if event.finish_reason is FinishReason.ERROR:
+                    raise Internal(f"request {req.request_id} failed: {event.error}")
+                if event.error == "deadline exceeded":
+                    raise DeadlineExceeded(f"request {req.request_id}: deadline exceeded")
+                self._remember_reply(req, event, generated, "".join(text_parts))
+                yield engine_pb2.GenerateResponse(final=self._final(req, event))
+                return
+        finally:
+            if not finished:
+                rt.loop.abort(req.request_id)
+
+    def _remember_reply(self, req: Request, event: RequestEvent, generated: list[int], text: str) -> None:
+        """Keep the ids of a whole reply so next turn's rendering of its text reproduces them."""
+        if event.finish_reason not in (FinishReason.STOP_TOKEN, FinishReason.LENGTH) or req.num_resumed_tokens:
+            return
+        body = generated[:-1] if event.finish_reason is FinishReason.STOP_TOKEN else generated
+        if text:
+            self.memo.put(req.namespace_salt, text, body)
+
+    def _final(self, req: Request, event: RequestEvent) -> chat_pb2.GenerateFinal:
+        st = event.final
+        return chat_pb2.GenerateFinal(
+            finish_reason=_FINISH[event.finish_reason],
+            usage=chat_pb2.Usage(
+                prompt_tokens=st.prompt_tokens,
+                cached_tokens=chat_pb2.CachedTokens(device=st.cached_tokens_device, host=st.cached_tokens_host),
+                generated_tokens=st.generated_tokens,
+            ),
+            timings=chat_pb2.Timings(queue_ms=st.queue_ms, ttft_ms=st.ttft_ms, total_ms=st.total_ms,
+                                     itl_ms_mean=st.itl_ms_mean),
+            engine_id=self.config.engine_id,
+            request_id=req.request_id,
+        )
+
+    # ---- other RPCs ------------------------------------------------------------------------------
+    async def Abort(self, request, context):
+        rt = self._ready()
+        return engine_pb2.AbortResponse(aborted=rt.loop.abort(request.request_id))
+
+    def _load_report(self) -> engine_pb2.LoadReport:
+        rt = self.runtime
+        if rt is None:
+            return engine_pb2.LoadReport(engine_id=self.config.engine_id,
+                                         max_waiting_requests=self.config.scheduler.max_waiting_requests)
+        snap = rt.loop.load
+        return engine_pb2.LoadReport(
+            engine_id=self.config.engine_id,
+            running_requests=snap.running_requests,
+            waiting_requests=rt.loop.num_waiting,
+            max_waiting_requests=self.config.scheduler.max_waiting_requests,
+            free_kv_blocks=snap.free_kv_blocks,
+            cached_kv_blocks=snap.cached_kv_blocks,
+            total_kv_blocks=snap.total_kv_blocks,
+            decode_tokens_per_s=snap.decode_tokens_per_s,
+            draining=self.health is not None and not self.health.serving,
+        )
+
+    async def GetLoad(self, request, context):
+        return engine_pb2.GetLoadResponse(load=self._load_report())
+
+    async def WatchLoad(self, request, context):
+        interval_s = (request.interval_ms or 500) / 1000.0
+        while True:
+            yield engine_pb2.WatchLoadResponse(load=self._load_report())
+            await asyncio.sleep(interval_s)
+
+    async def GetModelInfo(self, request, context):
+        rt = self._ready()
+        cfg = rt.model_config
+        return engine_pb2.GetModelInfoResponse(model=chat_pb2.ModelInfo(
+            model_id=cfg.model_id,
+            max_context_tokens=rt.limits.max_context_tokens,
+            vocab_size=cfg.vocab_size,
+            eos_token_ids=list(cfg.eos_token_ids),
+            bos_token_id=cfg.bos_token_id,
+            kv_block_size_tokens=rt.block_size_tokens,
+        ))
+
+
+def add_to_server(servicer: EngineServicer, server: grpc.aio.Server) -> str:
+    engine_pb2_grpc.add_EngineServiceServicer_to_server(servicer, server)
+    return engine_pb2.DESCRIPTOR.services_by_name["EngineService"].full_name

@@ -1,0 +1,140 @@
+"""Checking an EngineService GenerateRequest field by field and converting it to domain objects.
+
+Every error names the offending field. Protobuf stays at this edge: the rest of the engine sees
+SamplingParams, ChatMessage and Character dataclasses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from salon.chat.v1 import chat_pb2
+from services.common.errors import InvalidArgument, OutOfRange
+from services.engine.api.prompt import Character, ChatMessage, Role
+from services.engine.core.request import SamplingParams
+
+MAX_ID_BYTES = 256
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 64
+MAX_TEMPERATURE = 100.0
+
+_ROLES = {chat_pb2.ROLE_USER: Role.USER, chat_pb2.ROLE_CHARACTER: Role.CHARACTER, chat_pb2.ROLE_SYSTEM: Role.SYSTEM}
+
+
+@dataclass(frozen=True)
+class Limits:
+    vocab_size: int
+    max_context_tokens: int
+    default_max_new_tokens: int
+    max_new_tokens_limit: int
+    # Bytes of the longest vocabulary piece: text longer than max_context_tokens pieces of it can
+    # never fit, so it is refused before it is tokenized (tokenizing megabytes costs seconds).
+    max_token_bytes: int = 64
+
+
+@dataclass(frozen=True)
+class ParsedContext:
+    """Either a structured dialogue to render or a ready prompt."""
+
+    character: Character | None
+    messages: list[ChatMessage] | None
+    prompt_token_ids: list[int] | None
+
+
+def check_ids(field: str, ids, vocab_size: int) -> list[int]:
+    ids = list(ids)
+    for i, t in enumerate(ids):
+        if t >= vocab_size:
+            raise InvalidArgument(f"{field}[{i}]: token id {t} is not below the vocabulary size {vocab_size}")
+    return ids
+
+
+def check_id_string(field: str, value: str, required: bool) -> None:
+    if required and not value:
+        raise InvalidArgument(f"{field} is required")
+    if len(value.encode()) > MAX_ID_BYTES:
+        raise InvalidArgument(f"{field} is longer than {MAX_ID_BYTES} bytes")
+
+
+def parse_context(request, limits: Limits) -> ParsedContext:
+    which = request.WhichOneof("context")
+    if which is None:
+        raise InvalidArgument("context: one of dialogue or tokens is required")
+    if which == "tokens":
+        ids = check_ids("tokens.token_ids", request.tokens.token_ids, limits.vocab_size)
+        if not ids:
+            raise InvalidArgument("tokens.token_ids: at least one token id is required")
+        return ParsedContext(None, None, ids)
+    messages = request.dialogue.messages
+    if not messages:
+        raise InvalidArgument("dialogue.messages: at least one message is required")
+    text_bytes = len(request.character.name.encode()) + len(request.character.definition.encode())
+    for m in messages:
+        text_bytes += len(m.text.encode()) + len(m.author.encode())
+    if text_bytes > limits.max_context_tokens * limits.max_token_bytes:
+        raise OutOfRange(f"prompt: the dialogue's {text_bytes} bytes of text cannot fit in the {limits.max_context_tokens}-token "
+                         "context")
+    parsed = []
+    for i, m in enumerate(messages):
+        field = f"dialogue.messages[{i}]"
+        role = _ROLES.get(m.role)
+        if role is None:
+            raise InvalidArgument(f"{field}.role: {m.role} is not a known role (USER, CHARACTER or SYSTEM)")
+        if bool(m.text) == bool(m.token_ids):
+            raise InvalidArgument(f"{field}: exactly one of text and token_ids must be set")
+        ids = tuple(check_ids(f"{field}.token_ids", m.token_ids, limits.vocab_size)) if m.token_ids else None
+        parsed.append(ChatMessage(role=role, text=m.text, author=m.author, token_ids=ids))
+    character = Character(request.character.name, request.character.definition) if request.HasField("character") else None
+    return ParsedContext(character, parsed, None)
+
+
+def parse_sampling(sampling, limits: Limits) -> SamplingParams:
+    t = sampling.temperature
+    if not math.isfinite(t) or t < 0 or t > MAX_TEMPERATURE:
+        raise InvalidArgument(f"sampling.temperature: {t} is not a finite number in [0, {MAX_TEMPERATURE:g}]")
+    p = sampling.top_p
+    if not math.isfinite(p) or p < 0 or p > 1:
+        raise InvalidArgument(f"sampling.top_p: {p} is not in [0, 1]")
+    if sampling.max_new_tokens > limits.max_new_tokens_limit:
+        raise InvalidArgument(
+            f"sampling.max_new_tokens: {sampling.max_new_tokens} exceeds the limit {limits.max_new_tokens_limit}")
+    if len(sampling.stop_strings) > MAX_STOP_STRINGS:
+        raise InvalidArgument(f"sampling.stop_strings: more than {MAX_STOP_STRINGS} stop strings")
+    for i, s in enumerate(sampling.stop_strings):
+        if not s or len(s) > MAX_STOP_STRING_CHARS:
+            raise InvalidArgument(f"sampling.stop_strings[{i}]: must be 1..{MAX_STOP_STRING_CHARS} characters")
+    if len(sampling.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidArgument(f"sampling.stop_token_ids: more than {MAX_STOP_TOKEN_IDS} ids")
+    stop_ids = check_ids("sampling.stop_token_ids", sampling.stop_token_ids, limits.vocab_size)
+    return SamplingParams(
+        max_new_tokens=sampling.max_new_tokens,  # 0 = default, resolved against the prompt length
+        temperature=float(t),
+        top_k=int(sampling.top_k),
+        top_p=1.0 if p == 0 else float(p),
+        seed=sampling.seed if sampling.HasField("seed") else None,
+        stop_strings=tuple(sampling.stop_strings),
+        stop_token_ids=tuple(stop_ids),
+        return_logprobs=sampling.return_logprobs,
+    )
+
+
+def resolve_max_new_tokens(requested: int, num_prompt_tokens: int, num_resumed: int, limits: Limits) -> int:
+    """The reply budget: the request's (or the default), checked against the room left in the context."""
+    room = limits.max_context_tokens - num_prompt_tokens
+    if room < 1:
+        raise OutOfRange(
+            f"prompt: {num_prompt_tokens} tokens leave no room to generate in the context of "
+            f"{limits.max_context_tokens} tokens")
+    if requested == 0:
+        budget = min(limits.default_max_new_tokens, room)
+    elif requested > room:
+        raise OutOfRange(
+            f"sampling.max_new_tokens: {requested} does not fit: the prompt has {num_prompt_tokens} of "
+            f"{limits.max_context_tokens} context tokens")
+    else:
+        budget = requested
+    if num_resumed >= budget:
+        raise InvalidArgument(f"resume_token_ids: {num_resumed} tokens already reach max_new_tokens={budget}")
+    return budget

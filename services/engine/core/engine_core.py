@@ -1,0 +1,201 @@
+"""The engine core: one synchronous step loop over scheduler, model runner and output states.
+
+    step():  schedule -> write fetched host KV -> run the model -> record computed tokens
+             -> append sampled tokens -> stop checks / text deltas -> retire finished requests
+
+Commands (add, abort, step) and queries (probe_prefix, load, fits, expired) are all the engine loop
+(engine_loop.py) and the servicer need; nothing outside reaches into the scheduler or the caches.
+Prefix caching (when enabled) is prefix_caching.py: the scheduler starts an admitted request from
+the longer of its device hit and the host hit it was submitted with; a finished or preempted
+request's blocks go to the device cache, and their KV to the kvstore (`host_sink`).
+
+Not thread-safe: exactly one thread (engine_loop.EngineLoop) calls the commands; `probe_prefix`
+may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernels.backend import select_ops
+from services.engine.config import SchedulerConfig
+from services.engine.core.kv_cache_manager import KVCacheManager
+from services.engine.core.output import OutputState, RequestEvent, final_stats
+from services.engine.core.prefix_caching import PrefixCaching
+from services.engine.core.request import FinishReason, Request, RequestId, SamplingParams
+from services.engine.core.scheduler import Scheduler, SchedulerOutput
+from services.engine.kv.host_cache import HostPut
+from services.engine.kv.kv_cache import KVCache
+from services.engine.kv.kv_layout import KVCacheLayout, plan_layout
+from services.engine.kv.kv_transfer import GLOBAL, LOCAL, unpack_blocks
+from services.engine.kv.prefix_hit import PrefixHit
+from services.engine.worker.model_runner import ModelRunner
+from services.engine.worker.sampler import advance_generator
+
+
+@dataclass(frozen=True)
+class StepStats:
+    num_batched_tokens: int
+    num_sequences: int
+    num_sampled: int
+    duration_s: float
+    num_preempted: int
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    running_requests: int
+    waiting_requests: int
+    free_kv_blocks: int
+    cached_kv_blocks: int
+    total_kv_blocks: int
+    decode_tokens_per_s: float
+    num_preemptions: int
+
+
+class EngineCore:
+    def __init__(self, model, tokenizer, scheduler_config: SchedulerConfig, block_size_tokens: int,
+                 kv_cache_bytes: int, device: str = "cpu", prefix_caching: bool = True) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = model.config
+        self.layout: KVCacheLayout = plan_layout(self.config, block_size_tokens, kv_cache_bytes)
+        self.kv_cache = KVCache(self.layout, device)
+        self.kv_manager = KVCacheManager(self.layout)
+        self.prefix = PrefixCaching(self.kv_manager, self.kv_cache) if prefix_caching else None
+        self.scheduler = Scheduler(scheduler_config, self.kv_manager, self.prefix)
+        self.runner = ModelRunner(model, self.kv_cache, select_ops(device), device)
+        self._outputs: dict[str, OutputState] = {}
+        self.last_step: StepStats | None = None
+
+    # ---- queries -------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._outputs
+
+    def fits(self, num_tokens: int) -> bool:
+        """Whether one request of num_tokens tokens (prompt + max new tokens) fits in the KV cache at all."""
+        chunk = self.scheduler.config.max_num_batched_tokens
+        return self.kv_manager.max_blocks_for_tokens(num_tokens, chunk) <= self.layout.num_blocks
+
+    def probe_prefix(self, request: Request) -> int:
+        """Tokens of the request's context the device cache could give it now (any thread; a hint that
+        decides whether the kvstore is worth asking)."""
+        return 0 if self.prefix is None else self.prefix.device_hit_tokens(request)
+
+    def expired(self, now_s: float) -> list[RequestId]:
+        """Queued or running requests whose deadline has passed."""
+        requests = list(self.scheduler.waiting) + list(self.scheduler.running)
+        return [r.request_id for r in requests if r.deadline_s is not None and now_s > r.deadline_s]
+
+    def load(self, decode_tokens_per_s: float = 0.0) -> LoadSnapshot:
+        return LoadSnapshot(
+            running_requests=self.scheduler.num_running,
+            waiting_requests=self.scheduler.num_waiting,
+            free_kv_blocks=self.kv_manager.num_free_blocks,
+            cached_kv_blocks=self.kv_manager.num_reclaimable_blocks,
+            total_kv_blocks=self.layout.num_blocks,
+            decode_tokens_per_s=decode_tokens_per_s,
+            num_preemptions=self.scheduler.num_preemptions,
+        )
+
+    # ---- commands ------------------------------------------------------------------------------
+    def set_host_sink(self, sink: Callable[[HostPut], None] | None) -> None:
+        """Where the KV of retired requests goes, for the kvstore (no-op without prefix caching)."""
+        if self.prefix is not None:
+            self.prefix.host_sink = sink
+
+    def add(self, request: Request, host_hit: PrefixHit | None = None) -> None:
+        """Queue a request; host_hit: KV fetched from the kvstore for its context (kv/host_cache.py)."""
+        if request.request_id in self._outputs:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        # The seeded sampler skips the draws of the tokens another engine already streamed.
+        for _ in range(request.num_resumed_tokens):
+            advance_generator(request.generator)
+        self._outputs[request.request_id] = OutputState(request, self.tokenizer)
+        self.scheduler.add(request, host_hit if self.prefix is not None else None)
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORTED,
+              error: str | None = None) -> RequestEvent | None:
+        """End a request from outside the step (abort, deadline, error); frees its blocks at once."""
+        state = self._outputs.pop(request_id, None)
+        if state is None:
+            return None
+        self._retire(state.request, keep=reason is not FinishReason.ERROR)
+        return RequestEvent(request_id, [], [], "", reason, final_stats(state.request), error)
+
+    def fail_all(self, error: str) -> list[RequestEvent]:
+        return [e for rid in list(self._outputs) if (e := self.abort(rid, FinishReason.ERROR, error))]
+
+    def step(self) -> list[RequestEvent]:
+        t0 = time.monotonic()
+        output = self.scheduler.schedule()
+        if output.is_empty:
+            return []
+        now = time.monotonic()
+        for chunk in output.chunks:
+            if chunk.request.first_scheduled_s is None:
+                chunk.request.first_scheduled_s = now
+        self._write_host_kv(output)
+        sampled = self.runner.execute(output)
+        self.scheduler.on_computed(output)
+        now = time.monotonic()
+        events: list[RequestEvent] = []
+        sampled_chunks = [c for c in output.chunks if c.needs_sample]
+        for chunk, token in zip(sampled_chunks, sampled):
+            request = chunk.request
+            state = self._outputs[request.request_id]
+            request.output_token_ids.append(token.token_id)
+            if request.first_token_s is None:
+                request.first_token_s = now
+            request.last_token_s = now
+            text, finish = state.on_token(token.token_id)
+            logprobs = [token.logprob] if token.logprob is not None else []
+            final = None
+            if finish is not None:
+                self._outputs.pop(request.request_id)
+                self._retire(request, keep=True)
+                final = final_stats(request, now)
+            events.append(RequestEvent(request.request_id, [token.token_id], logprobs, text, finish, final))
+        self.last_step = StepStats(output.num_batched_tokens, len(output.chunks), len(sampled),
+                                   time.monotonic() - t0, len(output.preempted))
+        return events
+
+    def _retire(self, request: Request, keep: bool) -> None:
+        if self.prefix is not None:
+            self.prefix.retire(request, keep)
+        self.scheduler.remove(request)
+
+    def _write_host_kv(self, output: SchedulerOutput) -> None:
+        """Write KV fetched from the kvstore into the blocks just allocated for it."""
+        bs = self.layout.block_size_tokens
+        for chunk in output.chunks:
+            host = chunk.host_kv
+            if host is None:
+                continue
+            num_blocks = chunk.start_position // bs
+            unpack_blocks(self.kv_cache, chunk.block_tables, range(num_blocks), GLOBAL, host.global_kv)
+            if host.local_kv.shape[0]:
+                unpack_blocks(self.kv_cache, chunk.block_tables, range(host.local_first_block, num_blocks),
+                              LOCAL, host.local_kv)
+
+
+def warmup(core: EngineCore, prompt_len: int = 24, new_tokens: int = 4) -> None:
+    """Run one short greedy request to the end (first-call costs paid before SERVING)."""
+    request = Request(
+        request_id=RequestId("__warmup__"),
+        prompt_token_ids=[core.config.bos_token_id] + [1000 + i for i in range(prompt_len - 1)],
+        sampling=SamplingParams(max_new_tokens=new_tokens),
+        stop_token_ids=frozenset(),
+        max_context_tokens=core.config.max_context_tokens,
+    )
+    core.add(request)
+    with torch.inference_mode():
+        while core.has_request(request.request_id):
+            core.step()

@@ -1,0 +1,117 @@
+"""Moving a request's KV between the paged cache and host-cache payloads (the kvstore's unit).
+
+The kvstore stores, per block of 16 tokens, two opaque payloads: *global* (the KV of every global-
+attention layer: every block of a context needs it) and *local* (the KV of every sliding-window
+layer: only the blocks inside the window before a match point need it). This module defines what
+those bytes are, so that any engine with the same layout reads what another one wrote:
+
+    payload(block b, part) = for each KV cache group of that part, in group order:
+                               for each of its layers, in slot order:
+                                 K int8[BS, Hkv, D] ‖ V int8[BS, Hkv, D] ‖ K scale f32[BS, Hkv] ‖ V scale f32[BS, Hkv]
+
+Packing gathers the rows of many blocks at once (one index per tensor) into a uint8 matrix whose
+row i is block i's payload; unpacking scatters such a matrix back into freshly allocated blocks.
+The layout tag names everything that decides these bytes, and goes into the cache namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from services.common.kvstore_client.layout import KVLayout
+from services.engine.kv.kv_cache import KVCache
+from services.engine.kv.kv_layout import BlockId, KVCacheGroup, KVCacheLayout
+
+GLOBAL = "global"
+LOCAL = "local"
+
+
+def _groups(layout: KVCacheLayout, part: str) -> list[KVCacheGroup]:
+    want_sliding = part == LOCAL
+    return [g for g in layout.groups if (g.sliding_window_tokens is not None) == want_sliding]
+
+
+def host_layout(layout: KVCacheLayout) -> KVLayout:
+    """The kvstore's view of our KV (services/common/kvstore_client/layout.py): payload sizes, sliding window."""
+    per_layer = layout.bytes_per_layer_block
+    windows = [g.sliding_window_tokens for g in _groups(layout, LOCAL)]
+    return KVLayout(
+        block_size_tokens=layout.block_size_tokens,
+        global_bytes_per_block=per_layer * sum(len(g.layer_ids) for g in _groups(layout, GLOBAL)),
+        local_bytes_per_block=per_layer * sum(len(g.layer_ids) for g in _groups(layout, LOCAL)),
+        # A match point is usable when the widest window's KV is present (narrower ones are inside it).
+        sliding_window_tokens=max(windows, default=0),
+    )
+
+
+def layout_tag(layout: KVCacheLayout, precision: str) -> str:
+    """Everything that decides the payload bytes; part of the cache namespace."""
+    groups = ";".join(
+        f"{'g' if g.sliding_window_tokens is None else 'w' + str(g.sliding_window_tokens)}:"
+        + ",".join(map(str, g.layer_ids))
+        for g in layout.groups
+    )
+    return (f"kv-int8-v1/bs{layout.block_size_tokens}/hkv{layout.num_kv_heads}/d{layout.head_dim}/"
+            f"{precision}/{groups}")
+
+
+def _block_ids(tables: Sequence[Sequence[BlockId | None]], group: KVCacheGroup, block_indices: Sequence[int]
+               ) -> torch.Tensor:
+    table = tables[group.group_id]
+    ids = []
+    for i in block_indices:
+        block = table[i] if i < len(table) else None
+        if block is None:
+            raise ValueError(f"group {group.group_id} holds no block at index {i}")
+        ids.append(int(block))
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def pack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], block_indices: Sequence[int],
+                part: str) -> torch.Tensor:
+    """uint8[len(block_indices), bytes_per_block]: row i is the `part` payload of block block_indices[i]."""
+    columns: list[torch.Tensor] = []
+    n = len(block_indices)
+    for group in _groups(cache.layout, part):
+        ids = _block_ids(tables, group, block_indices).to(cache.slots[0].k_cache.device)
+        for slot in range(len(group.layer_ids)):
+            tensors = cache.slots[slot]
+            for t in (tensors.k_cache, tensors.v_cache, tensors.k_scale, tensors.v_scale):
+                columns.append(t.index_select(0, ids).reshape(n, -1).view(torch.uint8))
+    if not columns:
+        return torch.empty((n, 0), dtype=torch.uint8)
+    return torch.cat(columns, dim=1).cpu()
+
+
+def unpack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], block_indices: Sequence[int],
+                  part: str, payloads: torch.Tensor) -> None:
+    """Write payload rows (as made by pack_blocks) into the blocks the tables hold at block_indices."""
+    n = len(block_indices)
+    if payloads.dtype != torch.uint8 or payloads.dim() != 2 or payloads.shape[0] != n:
+        raise ValueError(f"payloads must be uint8[{n}, bytes], got {payloads.dtype}{list(payloads.shape)}")
+    offset = 0
+    for group in _groups(cache.layout, part):
+        ids = _block_ids(tables, group, block_indices).to(cache.slots[0].k_cache.device)
+        for slot in range(len(group.layer_ids)):
+            tensors = cache.slots[slot]
+            for t in (tensors.k_cache, tensors.v_cache, tensors.k_scale, tensors.v_scale):
+                row_bytes = t[0].numel() * t.element_size()
+                chunk = payloads[:, offset:offset + row_bytes].contiguous().view(t.dtype).reshape(n, *t.shape[1:])
+                t.index_copy_(0, ids, chunk.to(t.device))
+                offset += row_bytes
+    if offset != payloads.shape[1]:
+        raise ValueError(f"payload rows have {payloads.shape[1]} bytes, the {part} layout needs {offset}")
+
+
+def local_start_block(layout: KVCacheLayout, tables: Sequence[Sequence[BlockId | None]], num_blocks: int) -> int:
+    """First block index from which every sliding group holds all blocks up to num_blocks."""
+    start = 0
+    for group in _groups(layout, LOCAL):
+        table = tables[group.group_id]
+        i = num_blocks
+        while i > 0 and i - 1 < len(table) and table[i - 1] is not None:
+            i -= 1
+        start = max(start, i)
+    return start

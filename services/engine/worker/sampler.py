@@ -1,0 +1,148 @@
+"""Sampling the next token of each request from its logits row.
+
+Rows are independent: greedy rows take the argmax (first index on ties); every other row is sampled
+on its own with the request's own seeded generator, so a request's tokens never depend on its batch.
+
+A sampled row: x = logits / temperature; top-k keeps the k most likely tokens (renormalized among
+them); top-p then keeps the smallest prefix of the remaining tokens, most likely first, whose mass
+reaches top_p (the token that crosses it included). One uniform u from the request's generator picks
+the token by inverse CDF over the kept weights in vocabulary order, so every sampled token consumes
+exactly one draw (`advance_generator` skips a token's draw when a failover resumes a stream).
+
+On CPUs with AVX-512 all sampled rows of a step go through one call of kernels/cpu/sample.c; the PyTorch
+code below is its reference and the path elsewhere (same rule, exp rounded differently).
+
+The vocabulary is large (262,144 for Gemma), so nothing sorts it when it can be avoided: top-k is a
+partial selection, and top-p first looks among the 64 most likely tokens (TOP_P_CANDIDATES) and, when their
+mass falls short of top_p, finds the cut with a histogram of the mass over logit bins, sorting only the
+tokens of the bin where it falls -- the kept set is the same as a full sort's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.cpu.sample import sample_rows_cpu
+from services.engine.core.request import SamplingParams
+
+# Top-p looks among this many most likely tokens first, then above a threshold found by a histogram.
+TOP_P_CANDIDATES = 64
+HISTOGRAM_BINS = 1024
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None
+
+
+def _top_p_prefix(ids: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top_p: float):
+    """ids/w sorted most likely first, w unnormalized (float64), total: the mass they are relative to."""
+    if top_p >= 1.0:
+        return ids, w
+    keep = int(((torch.cumsum(w, 0) - w) < top_p * total).sum())
+    return ids[:keep], w[:keep]
+
+
+def kept_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """f32[V] logits of one row -> (token ids or None for all of [0, V), unnormalized weights f64) of the tokens
+    the row may be sampled from."""
+    x = logits.float() / params.temperature
+    vocab = x.numel()
+    if 0 < params.top_k < vocab:
+        vals, ids = torch.topk(x, params.top_k)
+        w = torch.exp(vals - vals[0]).double()
+        return _top_p_prefix(ids, w, w.sum(), params.top_p)
+    m = x.max()
+    e = torch.exp(x - m)
+    if params.top_p >= 1.0:
+        return None, e.double()  # plain temperature sampling: the whole vocabulary
+    total = e.sum(dtype=torch.float64)
+    goal = params.top_p * total
+    if TOP_P_CANDIDATES < vocab:
+        vals, ids = torch.topk(x, TOP_P_CANDIDATES)
+        w = e[ids].double()
+        if w.sum() >= goal:
+            return _top_p_prefix(ids, w, total, params.top_p)
+    return _top_p_by_histogram(x, e, total, params.top_p)
+
+
+def _top_p_by_histogram(x: torch.Tensor, e: torch.Tensor, total: torch.Tensor, top_p: float):
+    """Top-p without sorting the vocabulary: the mass of each of HISTOGRAM_BINS equal logit bins gives the
+    bin where the mass from the top crosses top_p; every token of the bins above is kept, and only the
+    crossing bin's tokens are sorted to find where the prefix ends. Returns the kept ids (not in order)."""
+    lo, hi = float(x.min()), float(x.max())
+    if not hi > lo:
+        ids = torch.argsort(x, descending=True, stable=True)
+        return _top_p_prefix(ids, e[ids].double(), total, top_p)
+    bins = ((x - lo) * (HISTOGRAM_BINS / (hi - lo))).long().clamp_(0, HISTOGRAM_BINS - 1)
+    w = e.double()
+    from_top = torch.cumsum(torch.bincount(bins, weights=w, minlength=HISTOGRAM_BINS).flip(0), 0)
+    crossing_from_top = min(int((from_top < top_p * total).sum()), HISTOGRAM_BINS - 1)
+    crossing = HISTOGRAM_BINS - 1 - crossing_from_top
+    above = from_top[crossing_from_top - 1] if crossing_from_top > 0 else torch.zeros((), dtype=torch.float64)
+    in_bin = torch.nonzero(bins == crossing).flatten()
+    in_bin = in_bin[torch.argsort(x[in_bin], descending=True, stable=True)]
+    in_w = w[in_bin]
+    keep = max(1, int(((above + torch.cumsum(in_w, 0) - in_w) < top_p * total).sum()))
+    ids = torch.cat([torch.nonzero(bins > crossing).flatten(), in_bin[:keep]])
+    return ids, w[ids]
+
+
+def uniform(generator: torch.Generator | None) -> float:
+    """The one draw in [0, 1) a sampled token uses."""
+    return float(torch.rand(1, generator=generator, dtype=torch.float64))
+
+
+def draw(ids: torch.Tensor | None, w: torch.Tensor, u: float) -> int:
+    """The first kept token, in vocabulary order, at which the running weight exceeds u * (total weight)."""
+    if ids is not None:
+        order = torch.argsort(ids)
+        ids, w = ids[order], w[order]
+    cumulative = torch.cumsum(w, 0)
+    i = min(int(torch.searchsorted(cumulative, u * cumulative[-1], right=True)), w.numel() - 1)
+    return i if ids is None else int(ids[i])
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, u: float) -> int:
+    """One row by PyTorch (the reference of kernels/cpu/sample.c); u is ignored for greedy rows."""
+    if params.greedy:
+        return int(torch.argmax(logits).item())
+    return draw(*kept_tokens(logits, params), u)
+
+
+def advance_generator(generator: torch.Generator | None) -> None:
+    """Consume the randomness one sampled token uses (failover resume skips tokens already sent)."""
+    if generator is not None:
+        uniform(generator)
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[SampledToken]:
+    """logits f32[R, V] -> one token per row."""
+    logprobs = None
+    if any(p.return_logprobs for p in params):
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+    tokens: list[int] = [0] * len(params)
+    greedy = [r for r, p in enumerate(params) if p.greedy]
+    if greedy:
+        ids = torch.argmax(logits if len(greedy) == len(params) else logits[greedy], dim=-1).tolist()
+        for r, token in zip(greedy, ids):
+            tokens[r] = token
+    rows = [r for r, p in enumerate(params) if not p.greedy]
+    if rows:
+        us = [uniform(generators[r]) for r in rows]
+        sampled = sample_rows_cpu(logits.float(), rows, [params[r].temperature for r in rows],
+                                  [params[r].top_k for r in rows], [params[r].top_p for r in rows], us)
+        if sampled is None:
+            sampled = [sample_row(logits[r], params[r], u) for r, u in zip(rows, us)]
+        for r, token in zip(rows, sampled):
+            tokens[r] = token
+    out: list[SampledToken] = []
+    for r, (p, token) in enumerate(zip(params, tokens)):
+        lp = float(logprobs[r, token]) if (logprobs is not None and p.return_logprobs) else None
+        out.append(SampledToken(token, lp))
+    return out

@@ -1,0 +1,105 @@
+"""The scheduler with no model: admission, chunking and the exact preemption order.
+
+A one-layer all-global config with 4-token blocks and a 6-block pool; "computing" a step means
+recording its chunks and appending one output token to every sampled request.
+"""
+
+from __future__ import annotations
+
+from services.engine.config import SchedulerConfig
+from services.engine.core.kv_cache_manager import KVCacheManager
+from services.engine.core.request import Request, RequestId, RequestStatus, SamplingParams
+from services.engine.core.scheduler import Scheduler, SchedulerOutput
+from services.engine.kv.kv_layout import plan_layout
+from services.engine.model.config import LayerSpec, ModelConfig
+
+BS = 4
+OUTPUT_TOKEN = 7
+
+
+def one_layer_config() -> ModelConfig:
+    return ModelConfig(model_id="scheduler-test", vocab_size=100, d_model=8, num_layers=1, num_heads=1,
+                       num_kv_heads=1, head_dim=4, ffn_dim=8, rms_norm_eps=1e-6, max_context_tokens=1024,
+                       bos_token_id=1, eos_token_ids=(2,), layers=(LayerSpec("global", None, 10_000.0),))
+
+
+def make_scheduler(num_blocks: int, budget: int = 64, max_running: int = 8) -> Scheduler:
+    cfg = one_layer_config()
+    page = plan_layout(cfg, BS, 1 << 20).page_bytes
+    kv = KVCacheManager(plan_layout(cfg, BS, num_blocks * page))
+    return Scheduler(SchedulerConfig(budget, max_running, 16), kv)
+
+
+def request(rid: str, num_prompt_tokens: int, arrival_s: float) -> Request:
+    return Request(RequestId(rid), [1] * num_prompt_tokens, SamplingParams(max_new_tokens=100), frozenset(), 1024,
+                   arrival_s=arrival_s)
+
+
+def step(scheduler: Scheduler) -> SchedulerOutput:
+    output = scheduler.schedule()
+    scheduler.on_computed(output)
+    for chunk in output.chunks:
+        if chunk.needs_sample:
+            chunk.request.output_token_ids.append(OUTPUT_TOKEN)
+    return output
+
+
+def chunks(output: SchedulerOutput) -> list[tuple[str, int, int]]:
+    return [(c.request.request_id, c.start_position, c.num_tokens) for c in output.chunks]
+
+
+def test_newest_running_request_is_preempted_first_and_requeued_by_arrival():
+    s = make_scheduler(num_blocks=6)
+    a, b, c = request("a", 8, 0.0), request("b", 8, 1.0), request("c", 4, 2.0)
+    for r in (a, b, c):
+        s.add(r)
+    kv = s.kv
+
+    out = step(s)  # everything fits: 2 + 2 + 1 blocks
+    assert chunks(out) == [("a", 0, 8), ("b", 0, 8), ("c", 0, 4)] and out.preempted == []
+    assert [kv.block_tables(r) for r in "abc"] == [[[0, 1]], [[2, 3]], [[4]]]
+
+    out = step(s)  # a takes the last free block; b needs one more: c, the newest, is preempted
+    assert chunks(out) == [("a", 8, 1), ("b", 8, 1)] and out.preempted == ["c"]
+    assert kv.block_tables("a") == [[0, 1, 5]] and kv.block_tables("b") == [[2, 3, 4]]
+    assert c.status is RequestStatus.WAITING and c.num_computed_tokens == 0 and c.num_preemptions == 1
+    assert c.output_token_ids == [OUTPUT_TOKEN]  # kept: recomputed as part of its prompt when readmitted
+
+    for _ in range(3):  # a and b fill their third blocks; c (5 tokens, 2 blocks) cannot come back
+        out = step(s)
+        assert [r for r, _, _ in chunks(out)] == ["a", "b"] and out.preempted == []
+
+    out = step(s)  # a needs a fourth block: b is now the newest running request
+    assert chunks(out) == [("a", 12, 1)] and out.preempted == ["b"]
+    assert kv.block_tables("a") == [[0, 1, 5, 4]]  # b's blocks were freed tail first: 4, 3, 2
+    assert kv.num_free_blocks == 2
+    # Back in the queue by arrival: b (1.0) ahead of c (2.0); neither fits yet, nothing is admitted.
+    assert [r.request_id for r in s.waiting] == ["b", "c"]
+    assert s.num_preemptions == 2
+
+    s.remove(a)  # a finishes: b is readmitted first and recomputes its 13 tokens in one chunk
+    out = step(s)
+    assert chunks(out)[0] == ("b", 0, 13)
+    assert [r.request_id for r in s.running] == ["b", "c"]
+
+
+def test_chunked_prefill_shares_the_budget_with_decodes_oldest_first():
+    s = make_scheduler(num_blocks=64, budget=10)
+    a, b = request("a", 12, 0.0), request("b", 30, 1.0)
+    s.add(a)
+    s.add(b)
+    assert chunks(step(s)) == [("a", 0, 10)]
+    assert chunks(step(s)) == [("a", 10, 2), ("b", 0, 8)]  # a's tail is sampled; b's prefill starts
+    assert chunks(step(s)) == [("a", 12, 1), ("b", 8, 9)]  # a decodes, b takes the rest of the budget
+    out = step(s)
+    assert chunks(out) == [("a", 13, 1), ("b", 17, 9)] and not out.chunks[1].needs_sample
+    out = step(s)
+    assert chunks(out) == [("a", 14, 1), ("b", 26, 4)] and out.chunks[1].needs_sample
+
+
+def test_no_admission_past_the_running_limit():
+    s = make_scheduler(num_blocks=64, max_running=2)
+    for i in range(3):
+        s.add(request(f"r{i}", 4, float(i)))
+    assert [r for r, _, _ in chunks(step(s))] == ["r0", "r1"]
+    assert [r.request_id for r in s.waiting] == ["r2"]

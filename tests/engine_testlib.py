@@ -1,0 +1,68 @@
+"""Engine cores and requests for in-process tests (no gRPC): one place for every test area.
+
+    core = make_core(model_and_tokenizer, budget=64, kv_bytes=4 << 20)
+    out = run(core, [make_request("a", tokens(150, seed=1), max_new=24)])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.engine.config import SchedulerConfig
+from services.engine.core.engine_core import EngineCore
+from services.engine.core.request import FinishReason, Request, RequestId, SamplingParams
+from services.engine.kv.prefix_hit import PrefixHit
+
+BLOCK_SIZE_TOKENS = 16
+
+
+def make_core(model_and_tokenizer, budget: int = 256, kv_bytes: int = 4 << 20, max_running: int = 64,
+              max_waiting: int = 256, prefix_caching: bool = True,
+              block_size_tokens: int = BLOCK_SIZE_TOKENS) -> EngineCore:
+    model, tok = model_and_tokenizer
+    return EngineCore(model, tok, SchedulerConfig(budget, max_running, max_waiting), block_size_tokens, kv_bytes,
+                      prefix_caching=prefix_caching)
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    """A BOS and n - 1 distinct-looking token ids, the same for the same (n, seed)."""
+    return [2] + [1000 + (i * 7919 + seed * 104729) % 200000 for i in range(n - 1)]
+
+
+def make_request(rid: str, prompt: Sequence[int], max_new: int = 12, *, namespace: bytes | None = None,
+                 retain_from: int | None = None, stop_token_ids: frozenset[int] = frozenset(),
+                 max_context_tokens: int = 4096, **sampling) -> Request:
+    """A request with SamplingParams(max_new_tokens=max_new, **sampling) and, optionally, a cache namespace."""
+    r = Request(RequestId(rid), list(prompt), SamplingParams(max_new_tokens=max_new, **sampling), stop_token_ids,
+                max_context_tokens)
+    r.namespace = namespace
+    r.retain_local_from = retain_from
+    return r
+
+
+def run(core: EngineCore, requests: Sequence[Request], host_hits: dict[str, PrefixHit] | None = None
+        ) -> tuple[dict[str, list[int]], dict[str, FinishReason]]:
+    """Add the requests (with their host hits) and step until the engine is idle: tokens and finish
+    reason per request id."""
+    for r in requests:
+        core.add(r, (host_hits or {}).get(r.request_id))
+    out: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    finish: dict[str, FinishReason] = {}
+    while core.has_work():
+        for e in core.step():
+            out[e.request_id] += e.token_ids
+            if e.finish_reason is not None:
+                finish[e.request_id] = e.finish_reason
+    return out, finish
+
+
+def run_one(core: EngineCore, request: Request, host_hit: PrefixHit | None = None) -> list[int]:
+    """The tokens one request generates on its own."""
+    out, _ = run(core, [request], {request.request_id: host_hit} if host_hit is not None else None)
+    return out[request.request_id]
+
+
+def blocks_accounted(core: EngineCore) -> bool:
+    """Every block is free or held by the device cache (nothing leaked by a request)."""
+    cached = core.kv_manager.num_reclaimable_blocks
+    return core.kv_manager.num_free_blocks + cached == core.layout.num_blocks
