@@ -5,6 +5,8 @@ Cache layout (one layer):
     k_scale, v_scale  f32 [num_blocks, block_size, num_kv_heads]
     slot = block_id * block_size + offset_in_block   (slot_mapping[t] is token t's slot)
 Each (token, head) row of head_dim values is quantized like an activation row (kernels.quantize).
+Float caches (bfloat16 or float32 k_cache/v_cache, no scales: k_scale = v_scale = None) store the
+values as they are, rounded to the cache's dtype.
 """
 
 from __future__ import annotations
@@ -17,11 +19,15 @@ from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref
 from kernels.triton_launch import check, check_tensor, next_pow2, on_device
 
 
-def _write_one_ref(x: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def _write_one_ref(x: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None,
+                   slot_mapping: torch.Tensor) -> None:
     T, H, D = x.shape
-    q, s = quantize_per_token_ref(x.reshape(T * H, D))
     block_size = cache.shape[1]
     blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
+    if scale is None:
+        cache[blocks, offsets] = x.to(cache.dtype)
+        return
+    q, s = quantize_per_token_ref(x.reshape(T * H, D))
     cache[blocks, offsets] = q.reshape(T, H, D)
     scale[blocks, offsets] = s.reshape(T, H)
 
@@ -31,8 +37,8 @@ def kv_write_ref(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
     slot_mapping: torch.Tensor,
 ) -> None:
     """In place: token t's K/V go to slot slot_mapping[t] of the caches."""
@@ -77,11 +83,15 @@ def kv_write_triton(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """In place, same semantics as kv_write_ref. Caches and scales must be contiguous."""
+    """In place, same semantics as kv_write_ref. Caches and scales must be contiguous. Float caches (no
+    scales) are a plain scatter on the device: kv_write_ref does it without a kernel."""
+    if k_scale is None and v_scale is None and k_cache.dtype != torch.int8:
+        kv_write_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)
+        return
     dev = k.device
     check_tensor("k", k, torch.float32, 3, dev)
     T, H, D = k.shape

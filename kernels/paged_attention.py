@@ -7,7 +7,8 @@ Addressing:
 Visibility: the query at position p sees key k iff k <= p and (no window or p - k < W).
 Table entries of blocks that no query of the sequence can see (wholly before the window, or past the end)
 may hold any id, so no implementation may read them.
-Query head h reads KV head h // (Hq / Hkv). K/V are dequantized as int8 * per-(token, head) scale.
+Query head h reads KV head h // (Hq / Hkv). K/V are dequantized as int8 * per-(token, head) scale;
+float caches (bfloat16 / float32, k_scale = v_scale = None) are read as they are.
 
 Every implementation (`paged_attention_ref` here, `paged_attention_triton` below, `paged_attention_cpu`
 in kernels/cpu/) takes one PagedAttentionArgs and returns f32[T, Hq, D].
@@ -30,10 +31,10 @@ class PagedAttentionArgs:
     """One layer's attention call. T = query rows, S = sequences, NB = cache blocks, BS = block size."""
 
     q: torch.Tensor  # f32[T, Hq, D], RoPE applied
-    k_cache: torch.Tensor  # int8[NB, BS, Hkv, D]
-    v_cache: torch.Tensor  # int8[NB, BS, Hkv, D]
-    k_scale: torch.Tensor  # f32[NB, BS, Hkv]
-    v_scale: torch.Tensor  # f32[NB, BS, Hkv]
+    k_cache: torch.Tensor  # int8[NB, BS, Hkv, D], or bf16/f32 for float caches
+    v_cache: torch.Tensor  # same shape and dtype as k_cache
+    k_scale: torch.Tensor | None  # f32[NB, BS, Hkv] for int8 caches, else None
+    v_scale: torch.Tensor | None
     block_tables: torch.Tensor  # int32[S, max_blocks]
     query_start_loc: torch.Tensor  # int32[S + 1]
     seq_lens: torch.Tensor  # int32[S]: tokens of each sequence including this call's queries
@@ -48,13 +49,15 @@ def visible_key_range(position: int, seq_len: int, sliding_window: int | None) -
 
 
 def gather_keys_ref(
-    cache: torch.Tensor, scale: torch.Tensor, block_ids: torch.Tensor, lo: int, hi: int
+    cache: torch.Tensor, scale: torch.Tensor | None, block_ids: torch.Tensor, lo: int, hi: int
 ) -> torch.Tensor:
     """Dequantized f32[hi - lo, Hkv, D] for key positions [lo, hi), reading only the blocks covering them."""
     block_size = cache.shape[1]
     first, last = lo // block_size, (hi - 1) // block_size
     ids = block_ids[first:last + 1].long()
-    values = cache[ids].float() * scale[ids][..., None]  # [nb, BS, Hkv, D]
+    values = cache[ids].float()  # [nb, BS, Hkv, D]
+    if scale is not None:
+        values = values * scale[ids][..., None]
     values = values.reshape(-1, *cache.shape[2:])
     start = lo - first * block_size
     return values[start:start + hi - lo]
@@ -112,6 +115,7 @@ def _paged_decode_split_kernel(
     stride_qt, stride_qh, stride_cb, stride_co, stride_ch, stride_sb, stride_so, stride_bt,
     GROUP: tl.constexpr, SPLIT_TOKENS: tl.constexpr, HAS_WINDOW: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
 ):
     # Grid (sequence, kv head, split). Split i covers key positions [i * SPLIT_TOKENS, (i + 1) * SPLIT_TOKENS):
     # fixed absolute ranges, so a sequence's result does not depend on the rest of the batch. Writes the
@@ -152,7 +156,10 @@ def _paged_decode_split_kernel(
         scale_off = block * stride_sb + (keys % block_size) * stride_so + kvh
         kv_mask = valid[:, None] & mask_d[None, :]
         k = tl.load(k_cache_ptr + slot_off[:, None] + offs_d[None, :], mask=kv_mask, other=0).to(tl.float32)
-        k_s = tl.load(k_scale_ptr + scale_off, mask=valid, other=0.0)
+        if HAS_SCALE:
+            k_s = tl.load(k_scale_ptr + scale_off, mask=valid, other=0.0)
+        else:
+            k_s = tl.full((BLOCK_N,), 1.0, tl.float32)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (k_s * sm_scale)[None, :]
         scores = tl.where(valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -160,7 +167,10 @@ def _paged_decode_split_kernel(
         p = tl.exp(scores - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + slot_off[:, None] + offs_d[None, :], mask=kv_mask, other=0).to(tl.float32)
-        v_s = tl.load(v_scale_ptr + scale_off, mask=valid, other=0.0)
+        if HAS_SCALE:
+            v_s = tl.load(v_scale_ptr + scale_off, mask=valid, other=0.0)
+        else:
+            v_s = tl.full((BLOCK_N,), 1.0, tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p * v_s[None, :], v, input_precision=DOT_PRECISION)
         m = m_new
 
@@ -212,6 +222,7 @@ def _paged_prefill_kernel(
     stride_qt, stride_qh, stride_cb, stride_co, stride_ch, stride_sb, stride_so, stride_bt, stride_ot, stride_oh,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_Q: tl.constexpr, HAS_WINDOW: tl.constexpr,
     SPLIT_TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
 ):
     # Grid (sequence, query tile, kv head). Rows of the program = BLOCK_Q query tokens x BLOCK_G heads of the
     # group (row r: token r // BLOCK_G, head r % BLOCK_G), so one K/V tile serves every query head.
@@ -263,7 +274,10 @@ def _paged_prefill_kernel(
             scale_off = block * stride_sb + (keys % block_size) * stride_so + kvh
             kv_mask = valid[:, None] & mask_d[None, :]
             k = tl.load(k_cache_ptr + slot_off[:, None] + offs_d[None, :], mask=kv_mask, other=0).to(tl.float32)
-            k_s = tl.load(k_scale_ptr + scale_off, mask=valid, other=0.0)
+            if HAS_SCALE:
+                k_s = tl.load(k_scale_ptr + scale_off, mask=valid, other=0.0)
+            else:
+                k_s = tl.full((BLOCK_N,), 1.0, tl.float32)
             scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (k_s * sm_scale)[None, :]
             visible = valid[None, :] & (keys[None, :] <= pos[:, None])
             if HAS_WINDOW:
@@ -274,7 +288,10 @@ def _paged_prefill_kernel(
             p = tl.exp(scores - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(v_cache_ptr + slot_off[:, None] + offs_d[None, :], mask=kv_mask, other=0).to(tl.float32)
-            v_s = tl.load(v_scale_ptr + scale_off, mask=valid, other=0.0)
+            if HAS_SCALE:
+                v_s = tl.load(v_scale_ptr + scale_off, mask=valid, other=0.0)
+            else:
+                v_s = tl.full((BLOCK_N,), 1.0, tl.float32)
             acc_i = acc_i * alpha[:, None] + tl.dot(p * v_s[None, :], v, input_precision=DOT_PRECISION)
             m_i = m_new
         # MERGE (identical in _paged_decode_reduce_kernel)
@@ -296,19 +313,29 @@ def _check_paged_args(a: PagedAttentionArgs) -> None:
     dev = q.device
     check_tensor("q", q, torch.float32, 3, dev)
     T, Hq, D = q.shape
-    check_tensor("k_cache", k_cache, torch.int8, 4, dev)
+    check(k_cache.dtype in (torch.int8, torch.bfloat16, torch.float32),
+          f"k_cache: expected dtype int8, bfloat16 or float32, got {k_cache.dtype}")
+    check_tensor("k_cache", k_cache, k_cache.dtype, 4, dev)
     NB, BS, Hkv, Dc = k_cache.shape
     check(Dc == D, f"k_cache: head_dim {Dc} does not match q's {D}")
     check(Hkv > 0 and Hq % Hkv == 0, f"q: {Hq} query heads is not a multiple of k_cache's {Hkv} KV heads")
-    check_tensor("v_cache", v_cache, torch.int8, 4, dev)
+    check_tensor("v_cache", v_cache, k_cache.dtype, 4, dev)
     check(v_cache.shape == k_cache.shape, f"v_cache: expected shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     check(v_cache.stride() == k_cache.stride(), "v_cache: must have the same strides as k_cache")
     check(k_cache.stride(3) == 1, "k_cache: head_dim must be contiguous")
+    if k_cache.dtype != torch.int8:
+        check(k_scale is None and v_scale is None, "k_scale, v_scale: float caches have no scales (pass None)")
+        return _check_tables(block_tables, query_start_loc, seq_lens, sliding_window, dev)
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        check(scale is not None, f"{name}: int8 caches need per-token scales")
         check_tensor(name, scale, torch.float32, 3, dev)
         check(scale.shape == (NB, BS, Hkv), f"{name}: expected shape {(NB, BS, Hkv)}, got {tuple(scale.shape)}")
         check(scale.stride(2) == 1, f"{name}: the KV-head dimension must be contiguous")
     check(v_scale.stride() == k_scale.stride(), "v_scale: must have the same strides as k_scale")
+    _check_tables(block_tables, query_start_loc, seq_lens, sliding_window, dev)
+
+
+def _check_tables(block_tables, query_start_loc, seq_lens, sliding_window, dev) -> None:
     check_tensor("block_tables", block_tables, torch.int32, 2, dev)
     S = block_tables.shape[0]
     check(block_tables.stride(1) == 1, "block_tables: rows must be contiguous")
@@ -344,6 +371,9 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
     window = sliding_window or 0
     q_lens = query_start_loc[1:] - query_start_loc[:-1]
     common = (sm_scale, window, BS)
+    has_scale = k_scale is not None
+    if not has_scale:  # float caches: the kernels never read the scale pointers (HAS_SCALE=False)
+        k_scale = v_scale = torch.empty((1, 1, 1), dtype=torch.float32, device=dev)
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
                k_scale.stride(0), k_scale.stride(1), block_tables.stride(0))
     block_n = 16 if interp else 32  # key tile: the same in both kernels (part of the per-row arithmetic)
@@ -359,6 +389,7 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
             part_m, part_l, part_acc, *common, num_splits, D, *strides,
             GROUP=group, SPLIT_TOKENS=split, HAS_WINDOW=sliding_window is not None,
             BLOCK_H=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=precision,
+            HAS_SCALE=has_scale,
             **({} if interp else dict(num_warps=4, num_stages=2)),
         )
         on_device(_paged_decode_reduce_kernel, dev)[(S, Hq)](
@@ -373,7 +404,7 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
         q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens, out,
         *common, D, *strides, out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=block_g, BLOCK_Q=block_q, HAS_WINDOW=sliding_window is not None,
-        SPLIT_TOKENS=split, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=precision,
+        SPLIT_TOKENS=split, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=precision, HAS_SCALE=has_scale,
         **({} if interp else dict(num_warps=8 if block_d >= 256 else 4, num_stages=2)),
     )
     return out

@@ -12,11 +12,11 @@ from kernels.quantize import SCALE_FLOOR
 
 
 def kv_write_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 k_scale: torch.Tensor, v_scale: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """In place: token t's K/V go to slot slot_mapping[t] of the caches."""
+                 k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, slot_mapping: torch.Tensor) -> None:
+    """In place: token t's K/V go to slot slot_mapping[t] of the caches (float caches: kv_write_ref)."""
     lib = library()
     caches = (k_cache, v_cache, k_scale, v_scale)
-    if (lib is None or k.dtype != torch.float32 or v.dtype != torch.float32
+    if (lib is None or k_scale is None or v_scale is None or k.dtype != torch.float32 or v.dtype != torch.float32
             or any(not c.is_contiguous() or c.device.type != "cpu" for c in caches)
             or k_cache.dtype != torch.int8 or v_cache.dtype != torch.int8):
         kv_write_ref(k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping)

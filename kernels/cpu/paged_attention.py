@@ -58,7 +58,7 @@ def paged_attention_c(a: PagedAttentionArgs) -> torch.Tensor | None:
     q, k_cache, v_cache, k_scale, v_scale = a.q, a.k_cache, a.v_cache, a.k_scale, a.v_scale
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    if (not c_kernel_supports(Hq, Hkv, D) or q.dtype != torch.float32
+    if (not c_kernel_supports(Hq, Hkv, D) or q.dtype != torch.float32 or k_scale is None or v_scale is None
             or any(t.dtype != torch.int8 for t in (k_cache, v_cache))
             or any(t.dtype != torch.float32 for t in (k_scale, v_scale))
             or not all(t.is_contiguous() for t in (k_cache, v_cache, k_scale, v_scale))):

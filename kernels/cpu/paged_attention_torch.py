@@ -152,8 +152,12 @@ def paged_attention_torch(a: PagedAttentionArgs) -> torch.Tensor:
     # probabilities instead: q.(s k) = (q.k) s and sum p (s v) = sum (p s) v.
     Ku = k_cache[ids].float().view(U, tile, Hkv, D).permute(2, 0, 3, 1).contiguous()
     Vu = v_cache[ids].float().view(U, tile, Hkv, D).permute(2, 0, 1, 3).contiguous()
-    Ks = (k_scale[ids].view(U, tile, Hkv).permute(2, 0, 1) * sm_scale).contiguous()  # [Hkv, U, tile]
-    Vs = v_scale[ids].view(U, tile, Hkv).permute(2, 0, 1).contiguous()
+    if k_scale is None:  # float caches: unit scales
+        Ks = torch.full((Hkv, U, tile), sm_scale)
+        Vs = torch.ones((Hkv, U, tile))
+    else:
+        Ks = (k_scale[ids].view(U, tile, Hkv).permute(2, 0, 1) * sm_scale).contiguous()  # [Hkv, U, tile]
+        Vs = v_scale[ids].view(U, tile, Hkv).permute(2, 0, 1).contiguous()
 
     qh = _pad_rows(q, T_pad).view(T_pad, Hkv, G, D).transpose(0, 1).contiguous()  # [Hkv, T_pad, G, D]
     m = torch.full((Hkv, T_pad, G), -math.inf)

@@ -25,10 +25,13 @@ class EngineConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     model: str = field(default="gemma-3-270m", metadata={"help": "gemma-3-270m | synthetic-tiny | ..."})
     precision: str = field(default="int8", metadata={"help": "int8 | float32 weights"})
+    kv_dtype: str = field(default="auto", metadata={
+        "help": "KV cache values: int8 (+ a float32 scale per token and head) | bfloat16 | float32 | auto "
+                "(int8 with --precision int8, float32 with float32: the exact reference path)"})
     engine_id: str = field(default="e0", metadata={"help": "stable id of this replica (load reports, finals)"})
     device: str = field(default="cpu", metadata={"help": "torch device (cpu | cuda)"})
     block_size_tokens: int = field(default=16, metadata={"help": "tokens per KV block"})
-    kv_cache_bytes: int = field(default=1 << 30, metadata={"help": "bytes of paged KV cache (int8 + scales)"})
+    kv_cache_bytes: int = field(default=1 << 30, metadata={"help": "bytes of paged KV cache (values + scales)"})
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     default_max_new_tokens: int = field(default=256, metadata={"help": "max_new_tokens when the request gives 0"})
     max_new_tokens_limit: int = field(default=8192, metadata={"help": "largest max_new_tokens accepted"})
@@ -52,3 +55,9 @@ class EngineConfig:
     kvstore_tls_cert_file: str | None = field(
         default=None, metadata={"help": "our client certificate for the kvstore (mutual TLS)"})
     kvstore_tls_key_file: str | None = field(default=None, metadata={"help": "key of kvstore_tls_cert_file"})
+
+    def resolved_kv_dtype(self) -> str:
+        """kv_dtype with "auto" resolved from the precision."""
+        if self.kv_dtype != "auto":
+            return self.kv_dtype
+        return "float32" if self.precision == "float32" else "int8"

@@ -44,6 +44,15 @@ class PagedCase:
         return PagedAttentionArgs(self.q, self.k_cache, self.v_cache, self.k_scale, self.v_scale, self.block_tables,
                                   self.query_start_loc, self.seq_lens, self.sm_scale, self.sliding_window)
 
+    def as_float(self, dtype: torch.dtype) -> "PagedCase":
+        """The same case over a float cache (no scales) holding the int8 cache's dequantized values, rounded
+        to dtype; dense_k / dense_v are rounded the same way, so dense_attention stays the exact answer."""
+        k = (self.k_cache.float() * self.k_scale[..., None]).to(dtype)
+        v = (self.v_cache.float() * self.v_scale[..., None]).to(dtype)
+        return PagedCase(**{**vars(self), "k_cache": k, "v_cache": v, "k_scale": None, "v_scale": None,
+                            "dense_k": [x.to(dtype).float() for x in self.dense_k],
+                            "dense_v": [x.to(dtype).float() for x in self.dense_v]})
+
     def to(self, device: str) -> "PagedCase":
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
         return PagedCase(**moved)

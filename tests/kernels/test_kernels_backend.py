@@ -53,3 +53,7 @@ def test_selected_cpu_ops_agree_with_references():
                            sliding_window=6, seed=2)
     torch.testing.assert_close(ops.paged_attention(case.args()), paged_attention_ref(case.args()),
                                rtol=1e-5, atol=1e-5)
+    for dtype in (torch.float32, torch.bfloat16):  # float caches: the PyTorch path (the C kernel reads int8)
+        fcase = case.as_float(dtype)
+        torch.testing.assert_close(ops.paged_attention(fcase.args()), paged_attention_ref(fcase.args()),
+                                   rtol=1e-5, atol=1e-5)

@@ -120,6 +120,25 @@ def test_paged_attention_ref_matches_dense_sdpa(name):
     torch.testing.assert_close(out, dense_attention(case), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(PAGED_CASES))
+def test_paged_attention_ref_on_float_caches_matches_dense_sdpa(name, dtype):
+    seq_lens, q_lens, hq, hkv, d, bs, window = PAGED_CASES[name]
+    case = make_paged_case(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
+                           sliding_window=window, seed=len(name)).as_float(dtype)
+    torch.testing.assert_close(paged_attention_ref(case.args()), dense_attention(case), rtol=1e-5, atol=1e-5)
+
+
+def test_kv_write_ref_stores_float_caches_as_they_are():
+    g = torch.Generator().manual_seed(4)
+    k, v = torch.randn(3, 2, 8, generator=g), torch.randn(3, 2, 8, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        kc, vc = torch.zeros(4, 4, 2, 8, dtype=dtype), torch.zeros(4, 4, 2, 8, dtype=dtype)
+        kv_write_ref(k, v, kc, vc, None, None, torch.tensor([13, 0, 6]))
+        assert torch.equal(kc[3, 1], k[0].to(dtype)) and torch.equal(vc[1, 2], v[2].to(dtype))
+        assert kc[2].eq(0).all()
+
+
 @pytest.mark.parametrize("name", sorted(PAGED_CASES))
 def test_paged_attention_ref_never_touches_unused_table_entries(name):
     seq_lens, q_lens, hq, hkv, d, bs, window = PAGED_CASES[name]

@@ -139,6 +139,14 @@ def test_paged_attention_matches_reference(name):
     torch.testing.assert_close(out.cpu(), paged_attention_ref(case.args()), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["decode_batch_mqa", "chunked_prefill_gqa", "mixed_with_empty_query"])
+def test_paged_attention_on_float_caches_matches_reference(name, dtype):
+    case = _case(name).as_float(dtype)
+    out = paged_attention_triton(case.to(DEVICE).args())
+    torch.testing.assert_close(out.cpu(), paged_attention_ref(case.args()), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", sorted(PAGED_CASES))
 def test_paged_attention_never_touches_unused_table_entries(name):
     # unused entries point at a real block whose scales are NaN: a kernel that loads it, even masked to zero

@@ -59,11 +59,12 @@ class LoadSnapshot:
 
 class EngineCore:
     def __init__(self, model, tokenizer, scheduler_config: SchedulerConfig, block_size_tokens: int,
-                 kv_cache_bytes: int, device: str = "cpu", prefix_caching: bool = True) -> None:
+                 kv_cache_bytes: int, device: str = "cpu", prefix_caching: bool = True,
+                 kv_dtype: str = "int8") -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
-        self.layout: KVCacheLayout = plan_layout(self.config, block_size_tokens, kv_cache_bytes)
+        self.layout: KVCacheLayout = plan_layout(self.config, block_size_tokens, kv_cache_bytes, kv_dtype)
         self.kv_cache = KVCache(self.layout, device)
         self.kv_manager = KVCacheManager(self.layout)
         self.prefix = PrefixCaching(self.kv_manager, self.kv_cache) if prefix_caching else None

@@ -1,4 +1,4 @@
-"""The paged KV cache tensors: one int8 K/V tensor pair (plus float32 scales) per slot.
+"""The paged KV cache tensors: one K/V tensor pair per slot (int8 with float32 scales, or bf16/f32).
 
 Addressing follows kv_layout.py: layer L reads/writes slot `layout.layer_locations[L].slot`, at the
 block ids of its group's block table. The tensors know nothing about requests.
@@ -13,24 +13,36 @@ import torch
 from services.engine.kv.kv_layout import KVCacheLayout
 
 
+TORCH_KV_DTYPES = {"int8": torch.int8, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
 @dataclass
 class SlotTensors:
-    k_cache: torch.Tensor  # int8[num_blocks, BS, Hkv, D]
+    k_cache: torch.Tensor  # [num_blocks, BS, Hkv, D] of the layout's kv_dtype
     v_cache: torch.Tensor
-    k_scale: torch.Tensor  # f32[num_blocks, BS, Hkv]
-    v_scale: torch.Tensor
+    k_scale: torch.Tensor | None  # f32[num_blocks, BS, Hkv] for int8 caches, else None
+    v_scale: torch.Tensor | None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What the slot stores, in payload order (kv_transfer.py): K, V, then the scales if any."""
+        return [t for t in (self.k_cache, self.v_cache, self.k_scale, self.v_scale) if t is not None]
 
 
 class KVCache:
     def __init__(self, layout: KVCacheLayout, device: torch.device | str = "cpu") -> None:
         self.layout = layout
         shape = (layout.num_blocks, layout.block_size_tokens, layout.num_kv_heads, layout.head_dim)
+        dtype = TORCH_KV_DTYPES[layout.kv_dtype]
+
+        def scale() -> torch.Tensor | None:
+            return torch.zeros(shape[:3], dtype=torch.float32, device=device) if layout.has_scales else None
+
         self.slots = [
             SlotTensors(
-                k_cache=torch.zeros(shape, dtype=torch.int8, device=device),
-                v_cache=torch.zeros(shape, dtype=torch.int8, device=device),
-                k_scale=torch.zeros(shape[:3], dtype=torch.float32, device=device),
-                v_scale=torch.zeros(shape[:3], dtype=torch.float32, device=device),
+                k_cache=torch.zeros(shape, dtype=dtype, device=device),
+                v_cache=torch.zeros(shape, dtype=dtype, device=device),
+                k_scale=scale(),
+                v_scale=scale(),
             )
             for _ in range(layout.slots_per_block)
         ]
@@ -39,7 +51,4 @@ class KVCache:
         return self.slots[self.layout.layer_locations[layer_idx].slot]
 
     def allocated_bytes(self) -> int:
-        return sum(
-            t.numel() * t.element_size()
-            for s in self.slots for t in (s.k_cache, s.v_cache, s.k_scale, s.v_scale)
-        )
+        return sum(t.numel() * t.element_size() for s in self.slots for t in s.tensors())

@@ -23,6 +23,11 @@ from typing import NewType
 
 from services.engine.model.config import ModelConfig
 
+# What a cache slot stores per (token, KV head): int8 values + one float32 scale, or plain floats.
+KV_DTYPES = ("int8", "bfloat16", "float32")
+_VALUE_BYTES = {"int8": 1, "bfloat16": 2, "float32": 4}
+_SCALE_BYTES = {"int8": 4, "bfloat16": 0, "float32": 0}
+
 BlockId = NewType("BlockId", int)
 GroupId = NewType("GroupId", int)
 # One request's blocks in one group: entry i holds token positions [i*BS, (i+1)*BS), or None once a
@@ -56,11 +61,22 @@ class KVCacheLayout:
     groups: tuple[KVCacheGroup, ...]
     # Every model layer (sharing ones included) -> where its KV lives.
     layer_locations: tuple[LayerLocation, ...]
+    # One of KV_DTYPES.
+    kv_dtype: str = "int8"
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {self.kv_dtype!r}")
+
+    @property
+    def has_scales(self) -> bool:
+        """int8 caches store one float32 scale per (token, KV head) beside K and V."""
+        return _SCALE_BYTES[self.kv_dtype] > 0
 
     @property
     def bytes_per_layer_block(self) -> int:
-        """int8 K and V plus a float32 scale per token per KV head for each."""
-        per_token = 2 * self.num_kv_heads * (self.head_dim + 4)
+        """K and V of every token of a block, plus (int8) a float32 scale per token per KV head for each."""
+        per_token = 2 * self.num_kv_heads * (self.head_dim * _VALUE_BYTES[self.kv_dtype] + _SCALE_BYTES[self.kv_dtype])
         return self.block_size_tokens * per_token
 
     @property
@@ -94,7 +110,8 @@ def plan_groups(config: ModelConfig) -> tuple[int, tuple[KVCacheGroup, ...]]:
     return slots, tuple(groups)
 
 
-def plan_layout(config: ModelConfig, block_size_tokens: int, capacity_bytes: int) -> KVCacheLayout:
+def plan_layout(config: ModelConfig, block_size_tokens: int, capacity_bytes: int,
+                kv_dtype: str = "int8") -> KVCacheLayout:
     """The layout with as many blocks as fit in capacity_bytes."""
     slots, groups = plan_groups(config)
     own: dict[int, LayerLocation] = {}
@@ -102,8 +119,10 @@ def plan_layout(config: ModelConfig, block_size_tokens: int, capacity_bytes: int
         for slot, layer in enumerate(g.layer_ids):
             own[layer] = LayerLocation(g.group_id, slot, g.sliding_window_tokens)
     locations = tuple(own[config.kv_source(i)] for i in range(config.num_layers))
-    probe = KVCacheLayout(block_size_tokens, 0, slots, config.num_kv_heads, config.head_dim, groups, locations)
+    probe = KVCacheLayout(block_size_tokens, 0, slots, config.num_kv_heads, config.head_dim, groups, locations,
+                          kv_dtype)
     num_blocks = capacity_bytes // probe.page_bytes
     if num_blocks < 1:
         raise ValueError(f"kv_cache_bytes={capacity_bytes} holds no block of {probe.page_bytes} bytes")
-    return KVCacheLayout(block_size_tokens, num_blocks, slots, config.num_kv_heads, config.head_dim, groups, locations)
+    return KVCacheLayout(block_size_tokens, num_blocks, slots, config.num_kv_heads, config.head_dim, groups, locations,
+                         kv_dtype)

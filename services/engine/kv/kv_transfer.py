@@ -7,7 +7,8 @@ those bytes are, so that any engine with the same layout reads what another one 
 
     payload(block b, part) = for each KV cache group of that part, in group order:
                                for each of its layers, in slot order:
-                                 K int8[BS, Hkv, D] ‖ V int8[BS, Hkv, D] ‖ K scale f32[BS, Hkv] ‖ V scale f32[BS, Hkv]
+                                 K [BS, Hkv, D] ‖ V [BS, Hkv, D] ‖ K scale f32[BS, Hkv] ‖ V scale f32[BS, Hkv]
+                                 (values in the layout's kv_dtype; the scales of int8 caches only)
 
 Packing gathers the rows of many blocks at once (one index per tensor) into a uint8 matrix whose
 row i is block i's payload; unpacking scatters such a matrix back into freshly allocated blocks.
@@ -53,7 +54,7 @@ def layout_tag(layout: KVCacheLayout, precision: str) -> str:
         + ",".join(map(str, g.layer_ids))
         for g in layout.groups
     )
-    return (f"kv-int8-v1/bs{layout.block_size_tokens}/hkv{layout.num_kv_heads}/d{layout.head_dim}/"
+    return (f"kv-{layout.kv_dtype}-v1/bs{layout.block_size_tokens}/hkv{layout.num_kv_heads}/d{layout.head_dim}/"
             f"{precision}/{groups}")
 
 
@@ -78,7 +79,7 @@ def pack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], bloc
         ids = _block_ids(tables, group, block_indices).to(cache.slots[0].k_cache.device)
         for slot in range(len(group.layer_ids)):
             tensors = cache.slots[slot]
-            for t in (tensors.k_cache, tensors.v_cache, tensors.k_scale, tensors.v_scale):
+            for t in tensors.tensors():
                 columns.append(t.index_select(0, ids).reshape(n, -1).view(torch.uint8))
     if not columns:
         return torch.empty((n, 0), dtype=torch.uint8)
@@ -96,7 +97,7 @@ def unpack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], bl
         ids = _block_ids(tables, group, block_indices).to(cache.slots[0].k_cache.device)
         for slot in range(len(group.layer_ids)):
             tensors = cache.slots[slot]
-            for t in (tensors.k_cache, tensors.v_cache, tensors.k_scale, tensors.v_scale):
+            for t in tensors.tensors():
                 row_bytes = t[0].numel() * t.element_size()
                 chunk = payloads[:, offset:offset + row_bytes].contiguous().view(t.dtype).reshape(n, *t.shape[1:])
                 t.index_copy_(0, ids, chunk.to(t.device))
