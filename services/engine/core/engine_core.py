@@ -163,7 +163,9 @@ class EngineCore:
                 self._outputs.pop(request.request_id)
                 self._retire(request, keep=True)
                 final = final_stats(request, now)
-            events.append(RequestEvent(request.request_id, [token.token_id], logprobs, text, finish, final))
+            top = [token.top_logprobs] if token.top_logprobs else []
+            events.append(RequestEvent(request.request_id, [token.token_id], logprobs, text, finish, final,
+                                       top_logprobs=top))
         self.last_step = StepStats(output.num_batched_tokens, len(output.chunks), len(sampled),
                                    time.monotonic() - t0, len(output.preempted))
         return events

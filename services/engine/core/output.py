@@ -9,7 +9,7 @@ are part of its token ids but not of its text.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.engine.core.request import FinishReason, Request
 from services.engine.model.tokenizer import IncrementalDetokenizer
@@ -39,6 +39,8 @@ class RequestEvent:
     finish_reason: FinishReason | None = None
     final: FinalStats | None = None
     error: str | None = None
+    # Per token of token_ids: (token id, log-prob) of the most likely tokens (SamplingParams.num_top_logprobs).
+    top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
 
 
 class OutputState:

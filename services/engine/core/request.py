@@ -45,6 +45,8 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     return_logprobs: bool = False
+    # With each token, the log-probs of this many most likely tokens (0: none), from the model's logits.
+    num_top_logprobs: int = 0
 
     @property
     def greedy(self) -> bool:

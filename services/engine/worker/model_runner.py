@@ -6,9 +6,12 @@ block table entry p // BS of each group, at slot block_id * BS + p % BS of that 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kernels.backend import Ops
+from services.engine.core.request import Request
 from services.engine.core.scheduler import SchedulerOutput
 from services.engine.kv.kv_cache import KVCache
 from services.engine.worker.attention_backend import ForwardBatch, PagedAttention
@@ -22,6 +25,9 @@ class ModelRunner:
         self.layout = kv_cache.layout
         self.device = torch.device(device)
         self.attention = PagedAttention(kv_cache, ops.kv_write, ops.paged_attention, model.config.attn_scale)
+        # Called with the sampled requests and their logits rows f32[R, V] each step (tests check exactness
+        # on logits through it); None: nothing extra is done.
+        self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
 
     def build_batch(self, output: SchedulerOutput) -> ForwardBatch:
         bs = self.layout.block_size_tokens
@@ -71,4 +77,6 @@ class ModelRunner:
             return []
         logits = self.model.logits(hidden[batch.sample_rows]).float().cpu()
         sampled = [c.request for c in output.chunks if c.needs_sample]
+        if self.logits_observer is not None:
+            self.logits_observer(sampled, logits)
         return sample(logits, [r.sampling for r in sampled], [r.generator for r in sampled])

@@ -36,6 +36,8 @@ HISTOGRAM_BINS = 1024
 class SampledToken:
     token_id: int
     logprob: float | None
+    # (token id, log-prob) of the request's num_top_logprobs most likely tokens, most likely first.
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 def _top_p_prefix(ids: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top_p: float):
@@ -124,7 +126,7 @@ def sample(
 ) -> list[SampledToken]:
     """logits f32[R, V] -> one token per row."""
     logprobs = None
-    if any(p.return_logprobs for p in params):
+    if any(p.return_logprobs or p.num_top_logprobs for p in params):
         logprobs = torch.log_softmax(logits.float(), dim=-1)
     tokens: list[int] = [0] * len(params)
     greedy = [r for r, p in enumerate(params) if p.greedy]
@@ -144,5 +146,9 @@ def sample(
     out: list[SampledToken] = []
     for r, (p, token) in enumerate(zip(params, tokens)):
         lp = float(logprobs[r, token]) if (logprobs is not None and p.return_logprobs) else None
-        out.append(SampledToken(token, lp))
+        top: tuple[tuple[int, float], ...] = ()
+        if p.num_top_logprobs and logprobs is not None:
+            vals, ids = torch.topk(logprobs[r], p.num_top_logprobs)
+            top = tuple(zip(ids.tolist(), vals.tolist()))
+        out.append(SampledToken(token, lp, top))
     return out
