@@ -1,0 +1,74 @@
+"""The engine's own serving path against the exact reference (greedy_ref_f64.jsonl).
+
+Every reference case runs through EngineCore itself -- scheduler, chunked prefill, paged KV cache, the
+CPU kernels, the sampler -- all eight batched together, each asking for the top log-probs of every
+token. Greedy ids must equal the reference up to the first step whose reference margin is < 0.1 (past a
+near-tie, rounding may legitimately pick the other token), and the reference's top-5 log-probs must be
+matched at every step up to there:
+
+- float32 weights with a float32 KV cache (--precision float32, the reference path): within 0.02;
+- the default int8 path (W8A8 + int8 KV): the figures are printed, and gated loosely.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.engine_testlib import make_core, make_request, run
+
+TOP = 8  # the engine reports this many; the reference's top 5 must be among them
+
+
+def serve(model_and_tokenizer, refs, kv_dtype):
+    core = make_core(model_and_tokenizer, budget=256, kv_bytes=256 << 20, kv_dtype=kv_dtype)
+    requests = [make_request(f"ref{i}", rec["prompt_ids"], len(rec["generated_ids"]), max_context_tokens=32768,
+                             num_top_logprobs=TOP) for i, rec in enumerate(refs)]
+    tops = {r.request_id: [] for r in requests}
+    for r in requests:
+        core.add(r)
+    while core.has_work():
+        for e in core.step():
+            tops[e.request_id].extend(e.top_logprobs)
+    assert core.kv_manager.num_free_blocks + core.kv_manager.num_reclaimable_blocks == core.layout.num_blocks
+    return [(r.output_token_ids, tops[r.request_id]) for r in requests]
+
+
+def compare(refs, served):
+    """Per case: (ids equal up to the first small margin, worst top-5 log-prob error there, errors)."""
+    out = []
+    for rec, (ids, tops) in zip(refs, served):
+        worst, errors, exact = 0.0, [], True
+        for s, step in enumerate(rec["steps"]):
+            engine = dict(tops[s])
+            for entry in step["top5"]:
+                err = abs(engine[entry["id"]] - entry["logprob"]) if entry["id"] in engine else float("inf")
+                errors.append(err)
+                worst = max(worst, err)
+            if step["margin_top1_top2"] < 0.1:
+                break
+            if ids[s] != rec["generated_ids"][s]:
+                exact = False
+                break
+        out.append((exact, worst, errors))
+    return out
+
+
+def test_float32_serving_path_matches_the_exact_reference(fp32_model, greedy_refs):
+    results = compare(greedy_refs, serve(fp32_model, greedy_refs, "float32"))
+    worst = max(w for _, w, _ in results)
+    print(f"float32 serving path: exact greedy ids {sum(e for e, _, _ in results)}/8, worst top-5 error {worst:.4f}")
+    for rec, (exact, w, _) in zip(greedy_refs, results):
+        assert exact, rec["prompt"][:40]
+        assert w < 0.02, (rec["prompt"][:40], w)
+
+
+def test_int8_serving_path_against_the_exact_reference(int8_model, greedy_refs):
+    results = compare(greedy_refs, serve(int8_model, greedy_refs, "int8"))
+    exact = sum(e for e, _, _ in results)
+    errors = [x for _, _, errs in results for x in errs]
+    mean = sum(errors) / len(errors)
+    print(f"int8 serving path: exact greedy ids (to the first margin < 0.1) {exact}/8, "
+          f"top-5 log-prob error mean {mean:.3f} max {max(errors):.3f}")
+    # Measured: 6/8, mean 0.209, max 0.964 (full int8, before the issue-15 recipe work). Loose gates.
+    assert exact >= 5
+    assert mean < 0.3
