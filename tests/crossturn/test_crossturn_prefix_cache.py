@@ -58,3 +58,24 @@ def test_random_operations_keep_blocks_accounted_and_hits_verified(seed):
         assert indexed == set(cache._entries)
     cache.clear()
     assert kv.num_free_blocks == kv.layout.num_blocks and not cache._by_hash
+
+
+def test_forced_hash_collision_on_the_real_lookup_path_is_a_miss(monkeypatch):
+    """Every block hash collides (requests hash through a function that ignores the tokens): the device
+    cache still answers by the stored tokens -- a miss for other tokens, never their KV."""
+    import services.engine.core.request as request_module
+
+    def colliding(namespace, token_ids, block_size, parent=None):
+        return [bytes([i % 256]) * 32 for i in range(len(token_ids) // block_size)]
+
+    monkeypatch.setattr(request_module, "block_hashes", colliding)
+    kv = KVCacheManager(plan_layout(synthetic_config("synthetic-tiny"), BS, 400 * 2 * 2 * BS * 2 * (16 + 4)))
+    cache = DevicePrefixCache(kv)
+    a, b = list(range(100, 121)), list(range(300, 321))
+    stored = make_request("a", a, namespace=NS)
+    cache.insert(NS, a[:20], _tables(kv, 20), stored.block_hashes(20, BS))
+    other = make_request("b", b, namespace=NS)
+    assert other.block_hashes(20, BS) == stored.block_hashes(20, BS)  # the collision is real
+    assert cache.lookup(other) is None
+    hit = cache.lookup(make_request("a2", a, namespace=NS))
+    assert hit is not None and hit.num_tokens == 20

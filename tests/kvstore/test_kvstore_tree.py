@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from kvstore_testlib import LAYOUT, NS_A, NS_B, fetch_bytes, make_store, payload, put
 
-from services.common import prefix_hash
 from services.common.kvstore_client.layout import KVLayout, MatchResult
 from services.common.prefix_hash import encode_token_ids
 from services.kvstore.radix_tree import LayoutMismatch
@@ -210,16 +209,20 @@ def test_drop_while_pinned_frees_on_release(tmp_path) -> None:
     store.tree.check_invariants()
 
 
-def test_forced_hash_collision_is_a_miss(tmp_path, monkeypatch) -> None:
-    """Even if every chained hash collided, the store answers by exact tokens: a miss, never A's KV."""
-    monkeypatch.setattr(prefix_hash, "chain_hash", lambda namespace, parent, block: prefix_hash.BlockHash(b"\0" * 32))
-    a, b = list(range(8)), list(range(100, 108))
-    assert prefix_hash.block_hashes(NS_A, a, 4) == prefix_hash.block_hashes(NS_A, b, 4)
+def test_blocks_are_keyed_by_their_exact_tokens_not_a_hash(tmp_path) -> None:
+    """The tree has no hash to collide: each child is keyed by its block's token bytes, so a context that
+    differs from a stored one in any single token of a block diverges at that block -- a shorter match,
+    never the other context's KV for it."""
     store = make_store(tmp_path, 1 << 16)
+    a = list(range(12))
     put(store, NS_A, a, layout=G)
-    assert match(store, b, layout=G) == MatchResult(0, 0)
-    assert fetch_bytes(store, NS_A, b, layout=G) == (0, [])
-    assert fetch_bytes(store, NS_A, a, layout=G)[0] == 8
+    for changed_at, expect_blocks in ((0, 0), (3, 0), (4, 1), (9, 2), (11, 2)):
+        b = list(a)
+        b[changed_at] += 1000
+        assert match(store, b, layout=G).matched_tokens == 4 * expect_blocks, changed_at
+        n, rows = fetch_bytes(store, NS_A, b, layout=G)
+        assert n == 4 * expect_blocks and [g for g, _ in rows] == [payload(NS_A, a, i, "g", 64, 4) for i in range(expect_blocks)]
+    assert match(store, a, layout=G).matched_tokens == 12
 
 
 def test_shared_put_and_fetch_leases(tmp_path) -> None:
