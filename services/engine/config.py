@@ -16,6 +16,9 @@ class SchedulerConfig:
     max_num_running: int = field(default=64, metadata={"help": "largest running batch"})
     max_waiting_requests: int = field(
         default=256, metadata={"help": "requests waiting for admission before new ones get RESOURCE_EXHAUSTED"})
+    long_prefill_tokens: int = field(
+        default=64, metadata={"help": "a prefill chunk's first share of a step, before leftover budget extends it "
+                                      "(0: no cap); lets short prefills share steps with long ones"})
 
 
 @dataclass(frozen=True)

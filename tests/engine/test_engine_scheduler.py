@@ -23,11 +23,12 @@ def one_layer_config() -> ModelConfig:
                        bos_token_id=1, eos_token_ids=(2,), layers=(LayerSpec("global", None, 10_000.0),))
 
 
-def make_scheduler(num_blocks: int, budget: int = 64, max_running: int = 8) -> Scheduler:
+def make_scheduler(num_blocks: int, budget: int = 64, max_running: int = 8, long_prefill_tokens: int = 64
+                   ) -> Scheduler:
     cfg = one_layer_config()
     page = plan_layout(cfg, BS, 1 << 20).page_bytes
     kv = KVCacheManager(plan_layout(cfg, BS, num_blocks * page))
-    return Scheduler(SchedulerConfig(budget, max_running, 16), kv)
+    return Scheduler(SchedulerConfig(budget, max_running, 16, long_prefill_tokens), kv)
 
 
 def request(rid: str, num_prompt_tokens: int, arrival_s: float) -> Request:
@@ -103,3 +104,23 @@ def test_no_admission_past_the_running_limit():
         s.add(request(f"r{i}", 4, float(i)))
     assert [r for r, _, _ in chunks(step(s))] == ["r0", "r1"]
     assert [r.request_id for r in s.waiting] == ["r2"]
+
+
+def test_a_short_prefill_shares_the_step_with_a_long_one_and_the_long_one_takes_the_rest():
+    s = make_scheduler(num_blocks=256, budget=256, long_prefill_tokens=64)
+    long, short = request("long", 900, 0.0), request("short", 30, 1.0)
+    s.add(long)
+    assert chunks(step(s)) == [("long", 0, 256)]  # alone: the cap's leftover extends it to the whole budget
+    s.add(short)
+    # The long prefill's capped share (64), the short one whole (30), then the rest back to the long one.
+    assert chunks(step(s)) == [("long", 256, 226), ("short", 0, 30)]
+    assert chunks(step(s)) == [("long", 482, 255), ("short", 30, 1)]  # short now decodes
+
+
+def test_without_the_cap_the_short_prefill_waits_for_the_long_one():
+    s = make_scheduler(num_blocks=256, budget=256, long_prefill_tokens=0)
+    long, short = request("long", 900, 0.0), request("short", 30, 1.0)
+    s.add(long)
+    step(s)
+    s.add(short)
+    assert chunks(step(s)) == [("long", 256, 256)]

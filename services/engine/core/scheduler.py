@@ -2,8 +2,11 @@
 
 Every step has a token budget shared by everything in it. Running requests come first, oldest
 first: a decoding request takes 1 token, a prefilling one takes the rest of its prompt up to the
-remaining budget (chunked prefill, so a long prompt never stalls the decodes). Then waiting requests
-are admitted, oldest first, while budget, batch slots and KV blocks last.
+remaining budget and at most `long_prefill_tokens` (chunked prefill, so a long prompt never stalls the
+decodes). Then waiting requests are admitted, oldest first, while budget, batch slots and KV blocks
+last, under the same cap. Whatever budget is left then goes to the prefills the cap cut, oldest first:
+a long prefill alone still fills the step, but a returning turn's few new tokens (after a cache hit)
+never wait behind another dialogue's long history.
 
 When the blocks a running request needs are not free, the newest running request is preempted
 (its blocks are freed and it goes back to the head of the queue; its tokens are recomputed when it
@@ -115,12 +118,14 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        chunks: list[ScheduledChunk] = []
+        cap = self.config.long_prefill_tokens or budget
+        planned: dict[RequestId, int] = {}  # tokens each scheduled request computes, in scheduling order
+        order: list[Request] = []
         preempted: list[RequestId] = []
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget, cap)
             while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -128,7 +133,8 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                chunks.append(self._chunk(request, num_new))
+                planned[request.request_id] = num_new
+                order.append(request)
                 budget -= num_new
                 i += 1
         # No admission in a step that had to preempt: the pool is short.
@@ -136,15 +142,30 @@ class Scheduler:
             request = self.waiting[0]
             if self.prefix is not None and not request.prefix_looked_up:
                 self._start_from_cached_prefix(request)
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget, cap)
             if not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new):
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             bisect.insort(self.running, request, key=lambda r: r.arrival_s)
-            chunks.append(self._chunk(request, num_new))
+            planned[request.request_id] = num_new
+            order.append(request)
             budget -= num_new
-        return SchedulerOutput(chunks, preempted)
+        budget = self._extend_capped_prefills(order, planned, budget)
+        return SchedulerOutput([self._chunk(r, planned[r.request_id]) for r in order], preempted)
+
+    def _extend_capped_prefills(self, order: list[Request], planned: dict[RequestId, int], budget: int) -> int:
+        """Give the budget left after every request had its (capped) turn to the prefills the cap cut,
+        in scheduling order; no preemption for it. Returns the budget still left."""
+        for request in order:
+            if budget <= 0:
+                break
+            num_new = planned[request.request_id]
+            more = min(request.num_tokens - request.num_computed_tokens - num_new, budget)
+            if more > 0 and self.kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new + more):
+                planned[request.request_id] = num_new + more
+                budget -= more
+        return budget
 
     def _start_from_cached_prefix(self, request: Request) -> None:
         """Before admission: start the request from the longest usable cached prefix of its context."""
