@@ -16,11 +16,13 @@ from bench.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
 from salon.chat.v1 import chat_pb2
 
 
-def _trace(prime=False):
+def _trace(prime=None):
+    """The test trace; prime=None leaves WorkloadConfig's default (no priming) in force."""
+    primed = {} if prime is None else {"prime_history": prime}
     return generate_trace(WorkloadConfig(seed=3, num_dialogues=4, num_initial_dialogues=2, arrival_rate_per_s=50.0,
                                          turns_per_dialogue=5, history_messages_mean=6, regenerate_fraction=0.3,
                                          edit_fraction=0.3, think_s_mean=0.01, away_fraction=0.0, max_new_tokens=7,
-                                         prime_history=prime))
+                                         **primed))
 
 
 def _body(message):
