@@ -9,9 +9,10 @@ Priming is off unless asked for (WorkloadConfig.prime_history and DriverConfig.p
 the clock starts, each dialogue's previous session's last turn is replayed -- the history without
 its last reply, one new token -- so the measured turns meet histories the server has served.
 
-Timing is client-side and the same for every transport: TTFT is from handing the turn to the
-transport to the first delta that carries a token id; the inter-token gaps come from delta arrival
-times (token_gaps_ms).
+Timing is client-side and the same for every transport: TTFT is from handing the prepared turn
+(transport.prepare: the request encoded, or the prompt rendered, before the turn waits for a slot)
+to the transport to the first delta that carries a token id; the inter-token gaps come from delta
+arrival times (token_gaps_ms).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ class Driver:
             return None
         async with limit:
             try:
-                async for _ in self.transport.generate(prime_request(state.spec, state.messages)):
+                async for _ in self.transport.generate(self.transport.prepare(prime_request(state.spec,
+                                                                                            state.messages))):
                     pass
             except TransportError as exc:
                 return f"{state.spec.conversation_id}: {exc}"
@@ -129,9 +131,9 @@ class Driver:
         for turn_index, action in enumerate(spec.turns):
             await asyncio.sleep(action.think_s * self.config.time_scale)
             messages = state.begin_turn(action)
-            request = turn_request(spec, messages, action, turn_index, self.trace.config)
+            prepared = self.transport.prepare(turn_request(spec, messages, action, turn_index, self.trace.config))
             async with limit:
-                record = await self._generate(request, spec.dialogue_index, turn_index, action)
+                record = await self._generate(prepared, spec.dialogue_index, turn_index, action)
             if record.ok:
                 state.finish_turn(strip_trailing_eos(list(record.reply_token_ids), eos_ids))
             else:
@@ -140,7 +142,7 @@ class Driver:
             if self.on_turn is not None:
                 self.on_turn(record)
 
-    async def _generate(self, request: TurnRequest, dialogue_index: int, turn_index: int,
+    async def _generate(self, prepared: object, dialogue_index: int, turn_index: int,
                         action: TurnAction) -> TurnRecord:
         sent_s = self._now_s()
         arrivals: list[tuple[float, int]] = []
@@ -148,7 +150,7 @@ class Driver:
         usage: TurnUsage | None = None
         error = None
         try:
-            async for event in self.transport.generate(request):
+            async for event in self.transport.generate(prepared):
                 if isinstance(event, TokenDelta):
                     arrivals.append((self._now_s(), len(event.token_ids)))
                     token_ids.extend(event.token_ids)

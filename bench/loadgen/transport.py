@@ -5,7 +5,8 @@ only carries one turn there and back:
 
     async with transport:                       connect (and whatever the server needs)
         info = await transport.model_info()     once, before the run: id, context, EOS ids
-        async for event in transport.generate(turn):
+        prepared = transport.prepare(turn)       the client's own work (encoding, rendering), off the clock
+        async for event in transport.generate(prepared):
             TokenDelta ...                      token ids as they arrive (the driver times them)
             TurnUsage                           last: prompt / cached / generated counts
 
@@ -13,7 +14,7 @@ A failed turn raises TransportError("<STATUS>: <details>"); the driver records i
 goes on unchanged. Implementations: transport_grpc.ChatGrpcTransport (salon.chat.v1 through the
 gateway) and transport_llama_server.LlamaServerTransport (llama-server's /completion, the prompt
 rendered by salon's own renderer and sent as token ids). Another API (an HTTP front) is one more
-class with these three methods.
+class with these four methods.
 """
 
 from __future__ import annotations
@@ -80,4 +81,6 @@ class Transport(Protocol):
 
     async def model_info(self) -> ModelInfo: ...
 
-    def generate(self, request: TurnRequest) -> AsyncIterator[TokenDelta | TurnUsage]: ...
+    def prepare(self, request: TurnRequest) -> object: ...
+
+    def generate(self, prepared: object) -> AsyncIterator[TokenDelta | TurnUsage]: ...

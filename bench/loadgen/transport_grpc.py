@@ -62,10 +62,13 @@ class ChatGrpcTransport:
                                               timeout=60)).model
         return ModelInfo(info.model_id, info.max_context_tokens, frozenset(info.eos_token_ids))
 
-    async def generate(self, turn: TurnRequest) -> AsyncIterator[TokenDelta | TurnUsage]:
+    def prepare(self, turn: TurnRequest) -> chat_pb2.GenerateRequest:
+        return to_proto_request(turn)
+
+    async def generate(self, request: chat_pb2.GenerateRequest) -> AsyncIterator[TokenDelta | TurnUsage]:
         final = None
         try:
-            call = self._stub.Generate(to_proto_request(turn), metadata=self._metadata,
+            call = self._stub.Generate(request, metadata=self._metadata,
                                        timeout=self.request_timeout_s)
             async for event in call:
                 if event.HasField("delta"):

@@ -20,6 +20,29 @@ TINY = ["--engines", "1", "--dialogues", "4", "--turns", "3", "--long-dialogues"
         "--regenerate-fraction", "0.3", "--max-new-tokens", "4", "--no-progress", "--startup-timeout-s", "600"]
 
 
+def test_memoized_rendering_is_the_renderers_own():
+    """The peer's prompts (rendered piece by piece, pieces memoized) equal PromptRenderer.render, turn after
+    turn of a dialogue that regenerates and edits, with replies carried as token ids."""
+    from bench.loadgen.dialogue import DialogueState
+    from bench.loadgen.driver import turn_request
+    from bench.loadgen.runs import load_rendering
+    from bench.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
+
+    rendering = load_rendering("gemma-3-270m")
+    trace = generate_trace(WorkloadConfig(seed=4, num_dialogues=3, turns_per_dialogue=6, history_messages_mean=8,
+                                          regenerate_fraction=0.3, edit_fraction=0.3))
+    kinds = set()
+    for spec in trace.dialogues:
+        state = DialogueState(spec)
+        for t, action in enumerate(spec.turns):
+            kinds.add(action.kind)
+            turn = turn_request(spec, state.begin_turn(action), action, t, trace.config)
+            ids = rendering.prompt_ids(turn)
+            assert ids == rendering.reference_ids(turn), (spec.dialogue_index, t)
+            state.finish_turn([1000 + 7 * t + i for i in range(5)])
+    assert kinds == set(TurnKind)
+
+
 def _bench(tmp_path, *args):
     report = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "salon_cli.main", "bench", "--launch", "--compare-llama-server",
