@@ -3,7 +3,7 @@
 Against a running stack:   salon bench --target 127.0.0.1:50051 --api-key KEY
 Starting its own stack:    salon bench --launch [--model synthetic-tiny] [--engines 2] [--compare-no-cache]
 Side by side with the peer: salon bench --launch --compare-llama-server [--llama-cpp DIR]
-Hit rate against capacity:  salon bench --launch --working-set [--kvstore-fractions 0.5,0.25,0.125]
+Hit rate against capacity:  salon bench --launch --working-set [--kvstore-fractions 0.75,0.5,0.25]
 
 Traces (--preset; bench/loadgen/presets.py says exactly what each holds; --quick: its short variant):
   default       8 dialogues with ~4,300-token histories, 4 turns, 24 new tokens, think times; 8 streams
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="engines' KV below the dialogues' KV; sweep the kvstore capacity (needs --launch)")
     mode.add_argument("--kvstore-fractions", default=None,
                       help="kvstore capacities of --working-set as fractions of the working set "
-                           "(default 0.5,0.25,0.125; --quick 0.5,0.125)")
+                           "(default 0.75,0.5,0.25; --quick 0.75,0.25)")
     mode.add_argument("--concurrency", type=int, default=None, help="turns in flight at once (default: the preset's)")
     mode.add_argument("--time-scale", type=float, default=None,
                       help="multiplies think times and arrivals (0: none; default: the preset's)")

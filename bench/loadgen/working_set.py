@@ -28,8 +28,11 @@ from bench.loadgen.dialogue import DialogueState, growth_tokens
 from bench.loadgen.driver import turn_request
 from bench.loadgen.workload import Trace
 
-DEFAULT_FRACTIONS = (0.5, 0.25, 0.125)
-DEFAULT_FRACTIONS_QUICK = (0.5, 0.125)
+# Dialogues that return in about the order they left meet LRU's cliff: below the capacity their reuse
+# distance needs, each tier evicts what is asked for next and the hit rate drops to near zero, so the
+# points sit near W, where the curve bends.
+DEFAULT_FRACTIONS = (0.75, 0.5, 0.25)
+DEFAULT_FRACTIONS_QUICK = (0.75, 0.25)
 ENGINE_HEADROOM = 1.25
 # The first run's kvstore bound: x the plain block estimate (regenerations and edits add branches), plus 16 MiB.
 KVSTORE_BOUND_FACTOR = 1.5
