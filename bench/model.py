@@ -6,7 +6,7 @@ run, uses DenseAttention (contiguous float KV). Each decode step runs forward fo
 sequence), the logits of those B rows and an argmax -- the model's cost per generated token, without
 the scheduler, sampler and block manager of the engine.
 
-    python -m bench.model [--quick] [--threads N]
+    python -m bench.model [--model NAME|PATH] [--quick] [--threads N]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from services.engine.attention_backend import ForwardBatch, PagedAttention
 from services.engine.kv_cache import KVCache
 from services.engine.kv_layout import plan_layout
 from services.engine.model import DenseAttention, load_model
-from services.engine.model.config import gemma3_270m_config, synthetic_config
+from services.engine.model.config import synthetic_config
 from services.engine.model.perplexity import perplexity
 
 REF_PPL = 13.829072782896715
@@ -69,7 +69,7 @@ def _backend(model, num_seqs: int = 1, max_tokens: int = 4096):
 
 
 def _prefill_tps(model, num_tokens: int, repeats: int) -> float:
-    ids = torch.arange(1000, 1000 + num_tokens) % 200000 + 300
+    ids = torch.arange(1000, 1000 + num_tokens) % (model.config.vocab_size - 300) + 300
     best = float("inf")
     for _ in range(repeats):
         attn = _backend(model, 1, num_tokens)
@@ -82,7 +82,7 @@ def _prefill_tps(model, num_tokens: int, repeats: int) -> float:
 
 def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32) -> float:
     attn = _backend(model, batch, prompt_tokens + steps)
-    ids = (torch.arange(batch * prompt_tokens) * 7919) % 200000 + 300
+    ids = (torch.arange(batch * prompt_tokens) * 7919) % (model.config.vocab_size - 300) + 300
     hidden = model.forward(ids, attn.begin_step([prompt_tokens] * batch), attn)
     last = hidden.view(batch, prompt_tokens, -1)[:, -1]
     tokens = model.logits(last).argmax(-1)
@@ -93,8 +93,7 @@ def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32) -> float
     return batch * steps / (time.perf_counter() - start)
 
 
-def _kv_table() -> dict[str, float]:
-    g = gemma3_270m_config()
+def _kv_table(g) -> dict[str, float]:
     baseline = 2 * g.num_layers * 8 * g.head_dim * 2  # GQA-8, bf16, every layer global, no sharing
     int8 = g.kv_bytes_per_token()
     ctx = 32768
@@ -116,6 +115,7 @@ def _kv_table() -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="gemma-3-270m", help="a known model name or a path to a .gguf")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reference-dir", default="../shared/reference", help="holds gpl-3.txt")
@@ -125,11 +125,11 @@ def main() -> None:
     models = {}
     for precision in ("int8", "float32"):
         start = time.perf_counter()
-        model, tok = load_model("gemma-3-270m", precision=precision)
+        model, tok = load_model(args.model, precision=precision)
         models[precision] = model
         result[f"load_s_{precision}"] = round(time.perf_counter() - start, 2)
         result[f"weight_bytes_{precision}"] = model.weight_bytes()
-    result.update(_kv_table())
+    result.update(_kv_table(models["int8"].config))
     steps = 8 if args.quick else 32
     for precision, model in models.items():
         sfx = "" if precision == "int8" else "_fp32"
@@ -141,24 +141,26 @@ def main() -> None:
         print(json.dumps({k: v for k, v in result.items() if k.endswith(sfx) or sfx == ""}), flush=True)
     with open(f"{args.reference_dir}/gpl-3.txt") as f:
         text = f.read()
-    ids = tok.encode(text, add_bos=True, parse_special=False)
+    ids = tok.encode(text, parse_special=False)
+    bos = tok.bos_token_id if tok.add_bos else None  # llama-perplexity replaces each chunk's first token by BOS
+    ref_ppl = REF_PPL if args.model == "gemma-3-270m" else None  # the float64 reference exists for Gemma only
     chunks = 2 if args.quick else None
     result["ppl_chunks"] = chunks or len(ids) // 512
-    result["ppl_fp32"] = round(perplexity(models["float32"], ids, 2, max_chunks=chunks).ppl, 4)
-    result["ppl_int8"] = round(perplexity(models["int8"], ids, 2, max_chunks=chunks, kv_int8=True).ppl, 4)
+    result["ppl_fp32"] = round(perplexity(models["float32"], ids, bos, max_chunks=chunks).ppl, 4)
+    result["ppl_int8"] = round(perplexity(models["int8"], ids, bos, max_chunks=chunks, kv_int8=True).ppl, 4)
     if not args.quick:
-        result["ppl_int8_no_kv"] = round(perplexity(models["int8"], ids, 2).ppl, 4)
-        result["ppl_fp32_int8_kv"] = round(perplexity(models["float32"], ids, 2, kv_int8=True).ppl, 4)
+        result["ppl_int8_no_kv"] = round(perplexity(models["int8"], ids, bos).ppl, 4)
+        result["ppl_fp32_int8_kv"] = round(perplexity(models["float32"], ids, bos, kv_int8=True).ppl, 4)
         wq = models["int8"]
         for lw in wq.layers:
             for name in ("qkv", "o", "gate_up", "down"):
                 getattr(lw, name).quantize_activations = False
         wq.lm_head.quantize_activations = False
-        result["ppl_int8_weights_only"] = round(perplexity(wq, ids, 2).ppl, 4)
-        result["ppl_reference_f64"] = REF_PPL
+        result["ppl_int8_weights_only"] = round(perplexity(wq, ids, bos).ppl, 4)
+        result["ppl_reference_f64"] = ref_ppl
     for k in ("ppl_fp32", "ppl_int8"):
-        if not args.quick:
-            result[k + "_vs_ref_pct"] = round(100 * (result[k] / REF_PPL - 1), 3)
+        if not args.quick and ref_ppl is not None:
+            result[k + "_vs_ref_pct"] = round(100 * (result[k] / ref_ppl - 1), 3)
     print(f"{'metric':48s} value")
     for k, v in result.items():
         print(f"{k:48s} {v}")
