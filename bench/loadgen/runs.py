@@ -76,11 +76,11 @@ def run_salon(trace: Trace, side: SalonSide, cache: bool, driver: DriverConfig,
 def load_rendering(model: str):
     """salon's renderer over salon's tokenizer for `model` (every model uses the Gemma vocabulary)."""
     from bench.loadgen.transport_llama_server import SalonRendering
-    from services.engine.model.checkpoint import real_vocab
-    from services.engine.model.config import config_for
+    from services.engine.model.loader import open_model_file
     from services.engine.model.tokenizer import Tokenizer
 
-    return SalonRendering(Tokenizer(real_vocab(progress=False)), config_for(model).bos_token_id)
+    model_file = open_model_file(model)
+    return SalonRendering(Tokenizer(model_file.vocab), model_file.config.bos_token_id)
 
 
 def peer_context_tokens(trace: Trace, round_to: int = 256) -> int:
@@ -104,13 +104,13 @@ def run_llama_server(trace: Trace, build, driver: DriverConfig, threads: int | N
     """Replays the trace through llama-server (raises bench.peer.PeerError when it cannot start)."""
     from bench.loadgen.transport_llama_server import LlamaServerTransport
     from bench.peer import LlamaServer
-    from services.engine.model.config import config_for
-    from services.engine.model.gguf_file import default_gguf_path
+    from services.engine.model.loader import config_for
+    from services.engine.model.sources import resolve_source
 
     threads = threads or os.cpu_count() or 1
     ctx = peer_context_tokens(trace)
     config = config_for(PEER_MODEL)
-    server = LlamaServer(build, default_gguf_path(), threads=threads, num_slots=driver.concurrency,
+    server = LlamaServer(build, resolve_source(PEER_MODEL).path, threads=threads, num_slots=driver.concurrency,
                          ctx_tokens_per_slot=ctx, startup_timeout_s=startup_timeout_s)
     transport = LlamaServerTransport(server, rendering or load_rendering(PEER_MODEL), config.model_id,
                                      frozenset(config.eos_token_ids))

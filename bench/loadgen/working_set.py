@@ -73,7 +73,7 @@ def plan(tokens: Sequence[int], model: str, num_engines: int, concurrency: int, 
     from services.engine.core.kv_cache_manager import KVCacheManager
     from services.engine.kv.kv_layout import plan_layout
     from services.engine.kv.kv_transfer import host_layout
-    from services.engine.model.config import config_for
+    from services.engine.model.loader import config_for
 
     config = config_for(model)
     layout = plan_layout(config, block_size_tokens, 1 << 40)
@@ -147,7 +147,7 @@ def sweep(trace: Trace, side, driver, fractions: Sequence[float], progress, long
     `progress(label, fn)` runs fn(on_turn) with a progress bar; `side` is a runs.SalonSide."""
     from bench.loadgen.report import summarize
     from bench.loadgen.runs import load_rendering, run_salon
-    from services.engine.model.config import config_for
+    from services.engine.model.loader import config_for
 
     rendering = rendering or load_rendering(side.model)
     tokens = dialogue_tokens(trace, rendering, config_for(side.model).max_context_tokens)

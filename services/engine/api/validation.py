@@ -19,6 +19,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TEMPERATURE = 100.0
+# vLLM's ranges: repetition_penalty > 0 (1 = none); frequency / presence in [-2, 2]; min_p in [0, 1].
+MAX_REPETITION_PENALTY = 100.0
+MAX_FREQUENCY_PRESENCE_PENALTY = 2.0
 
 _ROLES = {chat_pb2.ROLE_USER: Role.USER, chat_pb2.ROLE_CHARACTER: Role.CHARACTER, chat_pb2.ROLE_SYSTEM: Role.SYSTEM}
 
@@ -108,6 +111,11 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
     if len(sampling.stop_token_ids) > MAX_STOP_TOKEN_IDS:
         raise InvalidArgument(f"sampling.stop_token_ids: more than {MAX_STOP_TOKEN_IDS} ids")
     stop_ids = check_ids("sampling.stop_token_ids", sampling.stop_token_ids, limits.vocab_size)
+    repetition = _field(sampling, "repetition_penalty", 1.0) or 1.0  # 0 (unset) = none, as for top_p
+    frequency = _field(sampling, "frequency_penalty", 0.0)
+    presence = _field(sampling, "presence_penalty", 0.0)
+    min_p = _field(sampling, "min_p", 0.0)
+    check_penalties(repetition, frequency, presence, min_p)
     return SamplingParams(
         max_new_tokens=sampling.max_new_tokens,  # 0 = default, resolved against the prompt length
         temperature=float(t),
@@ -117,7 +125,31 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
         stop_strings=tuple(sampling.stop_strings),
         stop_token_ids=tuple(stop_ids),
         return_logprobs=sampling.return_logprobs,
+        repetition_penalty=repetition,
+        frequency_penalty=frequency,
+        presence_penalty=presence,
+        min_p=min_p,
     )
+
+
+def check_penalties(repetition_penalty: float, frequency_penalty: float, presence_penalty: float,
+                    min_p: float) -> None:
+    """Raises InvalidArgument naming the first penalty outside its range (vLLM's ranges)."""
+    r = repetition_penalty
+    if not math.isfinite(r) or r <= 0 or r > MAX_REPETITION_PENALTY:
+        raise InvalidArgument(f"sampling.repetition_penalty: {r} is not in (0, {MAX_REPETITION_PENALTY:g}] "
+                              "(1 = no penalty)")
+    for name, v in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
+        if not math.isfinite(v) or abs(v) > MAX_FREQUENCY_PRESENCE_PENALTY:
+            raise InvalidArgument(f"sampling.{name}: {v} is not in [-{MAX_FREQUENCY_PRESENCE_PENALTY:g}, "
+                                  f"{MAX_FREQUENCY_PRESENCE_PENALTY:g}]")
+    if not math.isfinite(min_p) or min_p < 0 or min_p > 1:
+        raise InvalidArgument(f"sampling.min_p: {min_p} is not in [0, 1]")
+
+
+def _field(message, name: str, default: float) -> float:
+    """A sampling field the API may not carry yet (the proto gains it later): its value, or the default."""
+    return float(getattr(message, name)) if name in message.DESCRIPTOR.fields_by_name else default
 
 
 def resolve_max_new_tokens(requested: int, num_prompt_tokens: int, num_resumed: int, limits: Limits) -> int:
