@@ -19,6 +19,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TEMPERATURE = 100.0
+MAX_TOP_LOGPROBS = 20
+MAX_ABS_PENALTY = 2.0
+MAX_REPETITION_PENALTY = 2.0
 
 _ROLES = {chat_pb2.ROLE_USER: Role.USER, chat_pb2.ROLE_CHARACTER: Role.CHARACTER, chat_pb2.ROLE_SYSTEM: Role.SYSTEM}
 
@@ -36,11 +39,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class ParsedContext:
-    """Either a structured dialogue to render or a ready prompt."""
+    """A structured dialogue to render, plain text to tokenize, or a ready prompt."""
 
     character: Character | None
     messages: list[ChatMessage] | None
     prompt_token_ids: list[int] | None
+    text: str | None = None
 
 
 def check_ids(field: str, ids, vocab_size: int) -> list[int]:
@@ -61,16 +65,35 @@ def check_id_string(field: str, value: str, required: bool) -> None:
 def parse_context(request, limits: Limits) -> ParsedContext:
     which = request.WhichOneof("context")
     if which is None:
-        raise InvalidArgument("context: one of dialogue or tokens is required")
+        raise InvalidArgument("context: one of dialogue, tokens or text is required")
     if which == "tokens":
         ids = check_ids("tokens.token_ids", request.tokens.token_ids, limits.vocab_size)
         if not ids:
             raise InvalidArgument("tokens.token_ids: at least one token id is required")
         return ParsedContext(None, None, ids)
-    messages = request.dialogue.messages
+    if which == "text":
+        check_text_size("text", request.text, limits)
+        return ParsedContext(None, None, None, text=request.text)
+    parsed = parse_dialogue(request.dialogue, limits, request.character)
+    character = Character(request.character.name, request.character.definition) if request.HasField("character") else None
+    return ParsedContext(character, parsed, None)
+
+
+def check_text_size(field: str, text: str, limits: Limits) -> None:
+    """Refuse text that cannot fit in the context before tokenizing it (bounded cost)."""
+    if not text:
+        raise InvalidArgument(f"{field}: at least one character is required")
+    num_bytes = len(text.encode())
+    if num_bytes > limits.max_context_tokens * limits.max_token_bytes:
+        raise OutOfRange(f"{field}: {num_bytes} bytes of text cannot fit in the {limits.max_context_tokens}-token context")
+
+
+def parse_dialogue(dialogue, limits: Limits, character) -> list[ChatMessage]:
+    """The dialogue's messages as ChatMessages (each checked, the whole bounded in size)."""
+    messages = dialogue.messages
     if not messages:
         raise InvalidArgument("dialogue.messages: at least one message is required")
-    text_bytes = len(request.character.name.encode()) + len(request.character.definition.encode())
+    text_bytes = len(character.name.encode()) + len(character.definition.encode())
     for m in messages:
         text_bytes += len(m.text.encode()) + len(m.author.encode())
     if text_bytes > limits.max_context_tokens * limits.max_token_bytes:
@@ -86,8 +109,7 @@ def parse_context(request, limits: Limits) -> ParsedContext:
             raise InvalidArgument(f"{field}: exactly one of text and token_ids must be set")
         ids = tuple(check_ids(f"{field}.token_ids", m.token_ids, limits.vocab_size)) if m.token_ids else None
         parsed.append(ChatMessage(role=role, text=m.text, author=m.author, token_ids=ids))
-    character = Character(request.character.name, request.character.definition) if request.HasField("character") else None
-    return ParsedContext(character, parsed, None)
+    return parsed
 
 
 def parse_sampling(sampling, limits: Limits) -> SamplingParams:
@@ -108,6 +130,19 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
     if len(sampling.stop_token_ids) > MAX_STOP_TOKEN_IDS:
         raise InvalidArgument(f"sampling.stop_token_ids: more than {MAX_STOP_TOKEN_IDS} ids")
     stop_ids = check_ids("sampling.stop_token_ids", sampling.stop_token_ids, limits.vocab_size)
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = getattr(sampling, name)
+        if not math.isfinite(v) or abs(v) > MAX_ABS_PENALTY:
+            raise InvalidArgument(f"sampling.{name}: {v} is not in [-{MAX_ABS_PENALTY:g}, {MAX_ABS_PENALTY:g}]")
+    rep = sampling.repetition_penalty
+    if not math.isfinite(rep) or rep < 0 or rep > MAX_REPETITION_PENALTY:
+        raise InvalidArgument(f"sampling.repetition_penalty: {rep} is not in (0, {MAX_REPETITION_PENALTY:g}] "
+                              "(0 means the default 1)")
+    min_p = sampling.min_p
+    if not math.isfinite(min_p) or min_p < 0 or min_p > 1:
+        raise InvalidArgument(f"sampling.min_p: {min_p} is not in [0, 1]")
+    if sampling.top_logprobs > MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"sampling.top_logprobs: {sampling.top_logprobs} is more than {MAX_TOP_LOGPROBS}")
     return SamplingParams(
         max_new_tokens=sampling.max_new_tokens,  # 0 = default, resolved against the prompt length
         temperature=float(t),
@@ -117,6 +152,11 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
         stop_strings=tuple(sampling.stop_strings),
         stop_token_ids=tuple(stop_ids),
         return_logprobs=sampling.return_logprobs,
+        num_top_logprobs=int(sampling.top_logprobs),
+        presence_penalty=float(sampling.presence_penalty),
+        frequency_penalty=float(sampling.frequency_penalty),
+        repetition_penalty=1.0 if rep == 0 else float(rep),
+        min_p=float(min_p),
     )
 
 

@@ -23,7 +23,7 @@ from services.common.logging import get_logger
 from services.engine import metrics
 from services.engine.core.engine_core import EngineCore, LoadSnapshot
 from services.engine.core.output import RequestEvent
-from services.engine.core.request import FinishReason, Request
+from services.engine.core.request import FinishReason, Request, RequestId
 from services.engine.kv.prefix_hit import PrefixHit
 
 log = get_logger(__name__)
@@ -41,6 +41,8 @@ class Command:
     request: Request | None = None
     host_hit: PrefixHit | None = None
     request_id: str = ""
+    # ADD: a request whose computed prompt the new one repeats (its KV is copied, EngineCore.add).
+    prefill_from: RequestId | None = None
 
 
 class _TokenRate:
@@ -84,14 +86,16 @@ class EngineLoop:
     def num_waiting(self) -> int:
         return max(0, self.load.waiting_requests + self._pending_admissions)
 
-    def submit(self, request: Request, host_hit: PrefixHit | None = None) -> asyncio.Queue:
-        """Hand a request to the step thread; its events arrive on the returned queue."""
+    def submit(self, request: Request, host_hit: PrefixHit | None = None,
+               prefill_from: RequestId | None = None) -> asyncio.Queue:
+        """Hand a request to the step thread; its events arrive on the returned queue. prefill_from: a
+        request whose computed prompt this one repeats (EngineCore.add)."""
         if request.request_id in self._streams:
             raise KeyError(request.request_id)
         events: asyncio.Queue = asyncio.Queue()
         self._streams[request.request_id] = events
         self._pending_admissions += 1
-        self._commands.put(Command(CommandKind.ADD, request=request, host_hit=host_hit))
+        self._commands.put(Command(CommandKind.ADD, request=request, host_hit=host_hit, prefill_from=prefill_from))
         return events
 
     def abort(self, request_id: str) -> bool:
@@ -154,7 +158,7 @@ class EngineLoop:
             assert command.request is not None
             self._loop.call_soon_threadsafe(self._admitted)
             metrics.PROMPT_TOKENS.inc(command.request.num_prompt_tokens)
-            self.core.add(command.request, command.host_hit)
+            self.core.add(command.request, command.host_hit, command.prefill_from)
         elif command.kind is CommandKind.ABORT:
             event = self.core.abort(command.request_id, FinishReason.ABORTED)
             if event is not None:

@@ -47,6 +47,15 @@ class SamplingParams:
     return_logprobs: bool = False
     # With each token, the log-probs of this many most likely tokens (0: none), from the model's logits.
     num_top_logprobs: int = 0
+    # Penalties with vLLM's semantics, applied by the sampler to a row's logits before temperature:
+    # presence/frequency subtract (once / per occurrence) for tokens of the reply so far; repetition
+    # divides positive (multiplies negative) logits of tokens in the prompt or the reply. The defaults
+    # are no-ops.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # Keep only tokens with probability >= min_p x the most likely token's (0: off).
+    min_p: float = 0.0
 
     @property
     def greedy(self) -> bool:
