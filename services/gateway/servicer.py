@@ -36,8 +36,11 @@ def to_engine_request(request: chat_pb2.GenerateRequest, request_id: str, namesp
         engine_request.character.CopyFrom(request.character)
     if request.HasField("sampling"):
         engine_request.sampling.CopyFrom(request.sampling)
-    if request.WhichOneof("context") == "dialogue":
+    which = request.WhichOneof("context")
+    if which == "dialogue":
         engine_request.dialogue.CopyFrom(request.dialogue)
+    elif which == "text":
+        engine_request.text = request.text
     else:
         engine_request.tokens.CopyFrom(request.tokens)
     return engine_request
