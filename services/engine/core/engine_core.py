@@ -161,6 +161,7 @@ class EngineCore:
             request = chunk.request
             state = self._outputs[request.request_id]
             request.output_token_ids.append(token.token_id)
+            inter_token_s = None if request.last_token_s is None else now - request.last_token_s
             if request.first_token_s is None:
                 request.first_token_s = now
             request.last_token_s = now
@@ -173,7 +174,7 @@ class EngineCore:
                 final = final_stats(request, now)
             top = [token.top_logprobs] if token.top_logprobs else []
             events.append(RequestEvent(request.request_id, [token.token_id], logprobs, text, finish, final,
-                                       top_logprobs=top))
+                                       top_logprobs=top, inter_token_s=inter_token_s))
         self.last_step = StepStats(output.num_batched_tokens, len(output.chunks), len(sampled),
                                    time.monotonic() - t0, len(output.preempted))
         return events

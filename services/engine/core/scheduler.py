@@ -174,7 +174,7 @@ class Scheduler:
         offered = self._offered_host_hits.pop(request.request_id, None)
         if request.namespace is None or self.kv.has_blocks(request.request_id):
             return
-        metrics.PREFIX_QUERY_TOKENS.inc(request.num_prompt_tokens)
+        metrics.PREFIX_CACHE_QUERIES.inc(request.num_prompt_tokens)
         hit = self.prefix.lookup(request, offered)
         retain_from = request.retain_local_from
         if hit is not None and hit.host_kv is not None:
@@ -192,7 +192,7 @@ class Scheduler:
             request.num_cached_device_tokens = hit.num_tokens
         if hit is not None:
             request.num_computed_tokens = hit.num_tokens
-            metrics.PREFIX_HIT_TOKENS.labels(hit.source.value).inc(hit.num_tokens)
+            metrics.PREFIX_CACHE_HITS.labels(hit.source.value).inc(hit.num_tokens)
         self.kv.set_retention(request.request_id, retain_from)
 
     def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:

@@ -53,8 +53,8 @@ def choice_request(base: engine_pb2.GenerateRequest, index: int) -> engine_pb2.G
 
 
 async def run_choices(dispatcher: Dispatcher, base: engine_pb2.GenerateRequest, n: int, tenant_id: TenantId,
-                      deadline_s: float | None, arrived_s: float,
-                      context: contextvars.Context) -> AsyncIterator[ChoiceEvent]:
+                      deadline_s: float | None, arrived_s: float, context: contextvars.Context,
+                      model: str = "") -> AsyncIterator[ChoiceEvent]:
     """Every choice's events, tagged with the choice's index; raises the first choice error."""
     queue: asyncio.Queue[ChoiceEvent | _Done] = asyncio.Queue(maxsize=_QUEUE_EVENTS)
     prompt_computed = asyncio.Event()
@@ -65,7 +65,7 @@ async def run_choices(dispatcher: Dispatcher, base: engine_pb2.GenerateRequest, 
             if index > 0:
                 await prompt_computed.wait()
             request = choice_request(base, index)
-            async with contextlib.aclosing(dispatcher.stream(request, tenant_id, deadline_s, arrived_s)) as events:
+            async with contextlib.aclosing(dispatcher.stream(request, tenant_id, deadline_s, arrived_s, model)) as events:
                 async for event in events:
                     if index == 0 and not prompt_computed.is_set() and (
                             event.HasField("final") or event.delta.token_ids):

@@ -139,7 +139,8 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         set_request_attributes(span, operation, info.model_id, engine_request.sampling, body.n)
         context = contextvars.copy_context()
         context.run(_enter, span, request_id, engine_request.conversation_id, tenant)
-        events = run_choices(front.dispatcher, engine_request, body.n, tenant.tenant_id, None, arrived_s, context)
+        events = run_choices(front.dispatcher, engine_request, body.n, tenant.tenant_id, None, arrived_s, context,
+                             info.model_id)
     except BaseException:
         release()
         raise
