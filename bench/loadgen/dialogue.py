@@ -46,6 +46,20 @@ def strip_trailing_eos(token_ids: list[int], eos_token_ids: Collection[int]) -> 
     return token_ids[:end]
 
 
+def growth_tokens(spec: DialogueSpec, max_new_tokens: int) -> int:
+    """Estimated tokens of the character block and of every turn's user message and reply."""
+    user_words = max((len((t.user_text or "").split()) for t in spec.turns), default=0)
+    growth = len(spec.turns) * (8 + (16 * user_words + 9) // 10 + 8 + max_new_tokens)
+    return growth + 16 + (16 * len(spec.character_definition.split()) + 9) // 10
+
+
+def context_tokens_needed(spec: DialogueSpec, max_new_tokens: int) -> int:
+    """The smallest context in which `fit_context` keeps the dialogue's whole history (an estimate that
+    errs high): a server given this much per dialogue sees exactly the trace's prompts."""
+    history = sum(estimate_tokens(ChatMessage(m.role, m.author, text=m.text)) for m in spec.history)
+    return history + max_new_tokens + growth_tokens(spec, max_new_tokens)
+
+
 class DialogueState:
     def __init__(self, spec: DialogueSpec) -> None:
         self.spec = spec
@@ -58,10 +72,7 @@ class DialogueState:
         Room is kept for every turn of the trace (a user message and a full reply each). Returns the
         number of messages dropped.
         """
-        user_words = max((len((t.user_text or "").split()) for t in self.spec.turns), default=0)
-        growth = len(self.spec.turns) * (8 + (16 * user_words + 9) // 10 + 8 + max_new_tokens)
-        fixed = 16 + (16 * len((self.spec.character_definition).split()) + 9) // 10
-        budget = max_context_tokens - max_new_tokens - growth - fixed
+        budget = max_context_tokens - max_new_tokens - growth_tokens(self.spec, max_new_tokens)
         dropped = 0
         while len(self.messages) > 2 and sum(estimate_tokens(m) for m in self.messages) > budget:
             del self.messages[:2]

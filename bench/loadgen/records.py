@@ -19,6 +19,7 @@ class TurnRecord:
     # Client-side gaps between consecutive generated tokens (see driver.token_gaps_ms).
     itl_ms: tuple[float, ...]
     prompt_tokens: int
+    # Prompt tokens the server did not compute (transport.TurnUsage): llama-server's prompt cache counts as device.
     cached_device_tokens: int
     cached_host_tokens: int
     generated_tokens: int
@@ -46,7 +47,7 @@ class TurnRecord:
 
 @dataclass(frozen=True)
 class RunResult:
-    label: str  # "cache" or "no-cache"
+    label: str  # "cache", "no-cache" (salon) or "llama-server" (the peer)
     records: tuple[TurnRecord, ...]
     # From the start of the measured replay (after any priming) to the last final received.
     wall_s: float
@@ -54,7 +55,7 @@ class RunResult:
     dropped_history_messages: int = 0
     # Whether each dialogue's history was served once before the clock started (WorkloadConfig.prime_history).
     primed: bool = False
-    # prime_wall_s, prime_errors when primed.
+    # prime_wall_s, prime_errors when primed; mode_detail (e.g. the working-set capacities) when set.
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -7,11 +7,18 @@ Definitions (the ones printed by `salon bench`):
   method): the q-th percentile of sorted x[0..n-1] sits at rank q/100 * (n-1);
 - TTFT: client-side, per successful turn that produced a token; ITL: all client-side token gaps;
 - turns/s = successful turns / run wall time; tokens/s = generated tokens / run wall time;
-- a warm turn is one whose history the stack has seen before: every turn when the run was primed
-  (RunResult.primed), else any turn but the first of its dialogue in the run;
+- steady turns/s: the rate in the middle of the run, without its ramp-up (cold first turns, an
+  idle pipeline) and its tail (fewer dialogues left than streams): with e_1 <= ... <= e_n the end
+  times of the n successful turns, i = ceil(n/10), j = floor(9n/10): (j - i) / (e_j - e_i); None
+  when n < 10;
+- a warm (returning) turn is one whose history the server has seen before: every turn when the run
+  was primed (RunResult.primed), else any turn but the first of its dialogue in the run;
 - ttft_ratio_long_history = median TTFT without cache / median TTFT with cache, both over the same
   warm turns (same dialogue and turn index, successful in both runs) whose prompt has at least
-  `long_history_tokens` tokens in the cached run.
+  `long_history_tokens` tokens in the cached run; None (with the count) when fewer than
+  MIN_LONG_HISTORY_TURNS such turns exist: a ratio from a handful of turns is not a figure;
+- peer comparison (compare_peer): salon / peer of steady turns/s and of the warm turns' TTFT p50 / p90,
+  both runs replaying the same trace; reported against the targets, never asserted.
 """
 
 from __future__ import annotations
@@ -23,6 +30,20 @@ from collections.abc import Iterable, Sequence
 from bench.loadgen.records import RunResult, TurnRecord
 
 DEFAULT_LONG_HISTORY_TOKENS = 4000
+MIN_LONG_HISTORY_TURNS = 10
+# Issue-16 targets for salon against llama-server on the same trace (reported, not asserted).
+TARGET_STEADY_TURNS_PER_S_RATIO = 3.0  # salon's steady turns/s >= 3x the peer's
+TARGET_TTFT_P90_WARM_RATIO = 0.25  # salon's TTFT p90 of returning turns <= 0.25x the peer's
+
+
+RUN_KINDS = {"cache": "salon with its caches", "no-cache": "salon without cache",
+             "llama-server": "llama-server with its prompt cache"}
+
+
+def mode_title(label: str, primed: bool, detail: str | None = None) -> str:
+    """What produced a run's figures, as every printed headline names it: server and cache, priming, detail."""
+    title = f"{RUN_KINDS.get(label, label)}, {'primed' if primed else 'not primed'}"
+    return f"{title}, {detail}" if detail else title
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -74,6 +95,16 @@ def hit_rate_over_time(records: Sequence[TurnRecord], num_bins: int = 10) -> lis
     return bins
 
 
+def steady_turns_per_s(records: Iterable[TurnRecord]) -> float | None:
+    ends = sorted(r.end_s for r in records if r.ok)
+    n = len(ends)
+    if n < 10:
+        return None
+    i, j = math.ceil(n / 10), (9 * n) // 10  # 1-based ranks
+    span_s = ends[j - 1] - ends[i - 1]
+    return None if span_s <= 0 else (j - i) / span_s
+
+
 def summarize(run: RunResult, long_history_tokens: int = DEFAULT_LONG_HISTORY_TOKENS) -> dict:
     ok = [r for r in run.records if r.ok]
     ttfts = [r.ttft_ms for r in ok if r.ttft_ms is not None]
@@ -81,8 +112,10 @@ def summarize(run: RunResult, long_history_tokens: int = DEFAULT_LONG_HISTORY_TO
     prompt = sum(r.prompt_tokens for r in ok)
     wall_s = run.wall_s if run.wall_s > 0 else float("nan")
     warm = warm_keys(run.records, run.primed)
+    warm_ttfts = [r.ttft_ms for r in ok if r.key in warm and r.ttft_ms is not None]
     return {
         "label": run.label,
+        "mode": mode_title(run.label, run.primed, run.extra.get("mode_detail")),
         "model_id": run.model_id,
         "primed": run.primed,
         "prime_wall_s": run.extra.get("prime_wall_s"),
@@ -101,10 +134,13 @@ def summarize(run: RunResult, long_history_tokens: int = DEFAULT_LONG_HISTORY_TO
         "ttft_ms_p50": percentile(ttfts, 50),
         "ttft_ms_p90": percentile(ttfts, 90),
         "ttft_ms_p99": percentile(ttfts, 99),
-        "ttft_ms_p50_warm_turns": median([r.ttft_ms for r in ok if r.key in warm and r.ttft_ms is not None]),
+        "num_warm_turns": len([r for r in ok if r.key in warm]),
+        "ttft_ms_p50_warm_turns": percentile(warm_ttfts, 50),
+        "ttft_ms_p90_warm_turns": percentile(warm_ttfts, 90),
         "itl_ms_p50": percentile(itls, 50),
         "itl_ms_p90": percentile(itls, 90),
         "turns_per_s": len(ok) / wall_s,
+        "steady_turns_per_s": steady_turns_per_s(ok),
         "tokens_per_s": sum(r.generated_tokens for r in ok) / wall_s,
         "prompt_tokens_per_s": prompt / wall_s,
         "engine_turns": dict(sorted(Counter(r.engine_id for r in ok).items())),
@@ -119,7 +155,8 @@ def summarize(run: RunResult, long_history_tokens: int = DEFAULT_LONG_HISTORY_TO
     }
 
 
-def compare(cached: RunResult, uncached: RunResult, long_history_tokens: int = DEFAULT_LONG_HISTORY_TOKENS) -> dict:
+def compare(cached: RunResult, uncached: RunResult, long_history_tokens: int = DEFAULT_LONG_HISTORY_TOKENS,
+            min_long_history_turns: int = MIN_LONG_HISTORY_TURNS) -> dict:
     with_cache = {r.key: r for r in cached.records if r.ok and r.ttft_ms is not None}
     without = {r.key: r for r in uncached.records if r.ok and r.ttft_ms is not None}
     both = sorted(set(with_cache) & set(without) & warm_keys(cached.records, cached.primed))
@@ -131,6 +168,8 @@ def compare(cached: RunResult, uncached: RunResult, long_history_tokens: int = D
         return (None if slow is None or not fast else slow / fast), slow, fast
 
     long_ratio, long_slow, long_fast = ratio(long_keys)
+    if len(long_keys) < min_long_history_turns:
+        long_ratio = None
     warm_ratio, _, _ = ratio(both)
     cached_ok = [r for r in cached.records if r.ok]
     uncached_ok = [r for r in uncached.records if r.ok]
@@ -144,6 +183,7 @@ def compare(cached: RunResult, uncached: RunResult, long_history_tokens: int = D
     return {
         "long_history_tokens": long_history_tokens,
         "num_long_history_turns": len(long_keys),
+        "min_long_history_turns": min_long_history_turns,
         "ttft_ms_median_long_history_cache": long_fast,
         "ttft_ms_median_long_history_no_cache": long_slow,
         "ttft_ratio_long_history": long_ratio,
@@ -151,3 +191,49 @@ def compare(cached: RunResult, uncached: RunResult, long_history_tokens: int = D
         "turns_per_s_ratio": turns_ratio,
         "replies_identical_fraction": identical / len(same) if same else None,
     }
+
+
+def compare_peer(salon: dict, peer: dict) -> dict:
+    """salon / peer ratios of two summaries of the same trace, with the targets they are read against."""
+    def ratio(a, b):
+        return None if a is None or b is None or b <= 0 else a / b
+
+    steady = ratio(salon["steady_turns_per_s"], peer["steady_turns_per_s"])
+    p90 = ratio(salon["ttft_ms_p90_warm_turns"], peer["ttft_ms_p90_warm_turns"])
+    return {
+        "steady_turns_per_s_ratio": steady,
+        "turns_per_s_ratio": ratio(salon["turns_per_s"], peer["turns_per_s"]),
+        "ttft_ms_p50_warm_turns_ratio": ratio(salon["ttft_ms_p50_warm_turns"], peer["ttft_ms_p50_warm_turns"]),
+        "ttft_ms_p90_warm_turns_ratio": p90,
+        "target_steady_turns_per_s_ratio": TARGET_STEADY_TURNS_PER_S_RATIO,
+        "target_ttft_ms_p90_warm_turns_ratio": TARGET_TTFT_P90_WARM_RATIO,
+        "meets_steady_turns_per_s_target": None if steady is None else steady >= TARGET_STEADY_TURNS_PER_S_RATIO,
+        "meets_ttft_ms_p90_warm_turns_target": None if p90 is None else p90 <= TARGET_TTFT_P90_WARM_RATIO,
+    }
+
+
+def fmt(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def describe(summary: dict) -> str:
+    """The printed form of a summary; its first line names the mode that produced the figures."""
+    return "\n".join([
+        f"[{summary['mode']}] {summary['num_turns']} turns ({summary['num_errors']} errors) in "
+        f"{summary['wall_s']:.1f} s, model {summary['model_id']}, kinds {summary['turn_kinds']}"
+        + (f"; histories primed in {summary['prime_wall_s']:.1f} s ({len(summary['prime_errors'])} errors)"
+           if summary["primed"] else "")
+        + (f"; {summary['dropped_history_messages']} history messages dropped to fit the context"
+           if summary["dropped_history_messages"] else ""),
+        f"  token hit rate {fmt(summary['token_hit_rate'], 4)} (device {summary['cached_device_tokens']}, "
+        f"host {summary['cached_host_tokens']} of {summary['prompt_tokens']} prompt tokens); "
+        f"returning turns {fmt(summary['token_hit_rate_warm_turns'], 4)}",
+        f"  TTFT ms p50 {fmt(summary['ttft_ms_p50'])} p90 {fmt(summary['ttft_ms_p90'])} "
+        f"p99 {fmt(summary['ttft_ms_p99'])}; returning turns ({summary['num_warm_turns']}) p50 "
+        f"{fmt(summary['ttft_ms_p50_warm_turns'])} p90 {fmt(summary['ttft_ms_p90_warm_turns'])}; "
+        f"ITL ms p50 {fmt(summary['itl_ms_p50'])} p90 {fmt(summary['itl_ms_p90'])}",
+        f"  {summary['turns_per_s']:.3f} turns/s (steady {fmt(summary['steady_turns_per_s'], 3)}), "
+        f"{summary['tokens_per_s']:.2f} generated tokens/s, "
+        f"{summary['prompt_tokens_per_s']:.0f} prompt tokens/s; per engine {summary['engine_turns']}",
+        *[f"  error: {err} x{n}" for err, n in summary["errors"]],
+    ])

@@ -10,9 +10,12 @@ All services listen on ports chosen by the OS (port 0).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import grpc
 
 from services.common.process import ServiceProcess, start_service, threads_per_process
 
@@ -29,6 +32,8 @@ class StackConfig:
     kvstore: bool = True
     api_key: str = "bench-key-0000"
     kvstore_capacity_bytes: int = 1 << 30
+    # Each engine's paged KV cache (--kv-cache-bytes); None: the engine's default.
+    engine_kv_cache_bytes: int | None = None
     engine_args: tuple[str, ...] = ()
     engine_timeout_s: float = 1800.0
 
@@ -37,9 +42,39 @@ class StackConfig:
 class Stack:
     gateway_address: str
     processes: list[ServiceProcess] = field(default_factory=list)
+    kvstore_address: str | None = None
 
     def stop(self) -> None:
         stop_processes(self.processes)
+
+    def kvstore_stats(self, settle_s: float = 5.0) -> dict | None:
+        """The kvstore's GetStats as a dict, once the reply KV still being put after the last turn has landed
+        (its counts unchanged over 0.5 s, or settle_s passed); None without a kvstore."""
+        if self.kvstore_address is None:
+            return None
+        from salon.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+        with grpc.insecure_channel(self.kvstore_address) as channel:
+            stub = kvstore_pb2_grpc.KVStoreServiceStub(channel)
+
+            def get():
+                return stub.GetStats(kvstore_pb2.GetStatsRequest(), timeout=10)
+
+            stats = get()
+            deadline = time.monotonic() + settle_s
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                again = get()
+                settled = _state(again) == _state(stats)
+                stats = again
+                if settled:
+                    break
+        return {f.name: getattr(stats, f.name) for f in stats.DESCRIPTOR.fields}
+
+
+def _state(stats) -> tuple[int, ...]:
+    return (stats.used_bytes, stats.num_blocks, stats.num_local_blocks, stats.evicted_blocks,
+            stats.evicted_local_blocks)
 
 
 def stop_processes(processes: Sequence[ServiceProcess]) -> None:
@@ -58,7 +93,10 @@ def write_tenants_file(directory: Path, api_key: str) -> Path:
 def engine_args(config: StackConfig, index: int, kvstore_address: str | None) -> list[str]:
     args = ["--port", "0", "--engine-id", f"engine-{index}", "--model", config.model,
             # Engines on one host split its cores: oversubscribed threads spin and slow every step.
-            "--torch-threads", str(threads_per_process(config.num_engines)), *config.engine_args]
+            "--torch-threads", str(threads_per_process(config.num_engines))]
+    if config.engine_kv_cache_bytes is not None:
+        args += ["--kv-cache-bytes", str(config.engine_kv_cache_bytes)]
+    args += config.engine_args
     if not config.cache:
         args.extend(NO_PREFIX_CACHE_ARGS)
     elif kvstore_address is not None:
@@ -94,4 +132,4 @@ def launch_stack(config: StackConfig, log_dir: Path) -> Stack:
     except BaseException:
         stop_processes(procs)
         raise
-    return Stack(gateway.address, procs)
+    return Stack(gateway.address, procs, kv_address)

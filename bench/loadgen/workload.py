@@ -12,11 +12,11 @@ Shape of the traffic (each knob is a field of WorkloadConfig):
   later (exponential, mean `away_s_mean`);
 - a turn is a new user message, or (after the first turn) a regeneration of the last reply
   (`regenerate_fraction`) or an edit of the last user message (`edit_fraction`);
-- `prime_history`: the histories were served before the run, as in a product where every message
-  went through the service. Before the clock starts, the driver replays each dialogue's previous
-  session's last turn (the history without its last reply, one new token, unmeasured), so the
-  first measured turn is a returning user, not a history the stack has never seen. Without it,
-  every dialogue's first turn prefills its whole history cold.
+- `prime_history` (off by default): the histories were served before the run, as in a product where
+  every message went through the service. Before the clock starts, the driver replays each
+  dialogue's previous session's last turn (the history without its last reply, one new token,
+  unmeasured), so the first measured turn is a returning user. Without it (the default), every
+  dialogue's first turn prefills its whole history cold, as a history the server has never seen.
 
 Reproducibility: dialogue i is generated from its own generator seeded with (seed, i) and the
 arrival times from (seed, "arrivals"), so the same config gives the same trace, and dialogue i does
@@ -65,7 +65,7 @@ class WorkloadConfig:
     away_fraction: float = 0.1
     away_s_mean: float = 8.0
     max_new_tokens: int = 24
-    prime_history: bool = True
+    prime_history: bool = False
     temperature: float = 0.7
     top_p: float = 0.95
 

@@ -3,7 +3,8 @@
 import pytest
 
 from bench.loadgen.dialogue import EMPTY_REPLY_TEXT, DialogueState, strip_trailing_eos
-from bench.loadgen.driver import build_request
+from bench.loadgen.driver import turn_request
+from bench.loadgen.transport_grpc import to_proto_request
 from bench.loadgen.workload import (
     DialogueSpec,
     HistoryMessage,
@@ -91,7 +92,8 @@ def test_request_carries_text_history_and_token_id_replies():
     state = DialogueState(spec)
     state.begin_turn(turns[0])
     state.finish_turn([7, 8])
-    request = build_request(spec, state.begin_turn(turns[1]), turns[1], 1, WorkloadConfig(max_new_tokens=5))
+    request = to_proto_request(turn_request(spec, state.begin_turn(turns[1]), turns[1], 1,
+                                            WorkloadConfig(max_new_tokens=5)))
     assert request.conversation_id == "conv-0" and request.request_id == "conv-0-t1"
     assert request.character.name == "Ada" and request.character.definition == "Ada is kind."
     assert request.sampling.max_new_tokens == 5 and request.sampling.seed == 99

@@ -11,14 +11,18 @@ import pytest
 from loadgen_scripted import KEY, ScriptedChat, scripted  # noqa: F401 (fixture)
 
 from bench.loadgen.driver import DriverConfig, replay
+from bench.loadgen.transport_grpc import ChatGrpcTransport
 from bench.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
 from salon.chat.v1 import chat_pb2
 
 
-def _trace():
+def _trace(prime=None):
+    """The test trace; prime=None leaves WorkloadConfig's default (no priming) in force."""
+    primed = {} if prime is None else {"prime_history": prime}
     return generate_trace(WorkloadConfig(seed=3, num_dialogues=4, num_initial_dialogues=2, arrival_rate_per_s=50.0,
                                          turns_per_dialogue=5, history_messages_mean=6, regenerate_fraction=0.3,
-                                         edit_fraction=0.3, think_s_mean=0.01, away_fraction=0.0, max_new_tokens=7))
+                                         edit_fraction=0.3, think_s_mean=0.01, away_fraction=0.0, max_new_tokens=7,
+                                         **primed))
 
 
 def _body(message):
@@ -28,10 +32,10 @@ def _body(message):
 async def test_driver_sends_whole_dialogue_and_replies_as_token_ids(scripted):
     servicer = ScriptedChat()
     target = await scripted(servicer)
-    trace = _trace()
+    trace = _trace(prime=True)
     kinds = [t.kind for d in trace.dialogues for t in d.turns]
     assert TurnKind.REGENERATE in kinds and TurnKind.EDIT in kinds  # the seed exercises every kind
-    result = await replay(trace, DriverConfig(target, KEY, concurrency=3, time_scale=1.0), "cache")
+    result = await replay(trace, ChatGrpcTransport(target, KEY), DriverConfig(concurrency=3, time_scale=1.0), "cache")
 
     assert len(result.records) == trace.num_turns and all(r.ok for r in result.records)
     assert result.model_id == "scripted" and result.primed and result.extra["prime_errors"] == []
@@ -83,7 +87,7 @@ async def test_failed_turn_is_recorded_and_the_dialogue_continues_unchanged(scri
     spec = trace.dialogues[0]
     servicer = ScriptedChat(fail_request_ids={f"{spec.conversation_id}-t1"})
     target = await scripted(servicer)
-    result = await replay(trace, DriverConfig(target, KEY, concurrency=8, time_scale=0.0), "cache")
+    result = await replay(trace, ChatGrpcTransport(target, KEY), DriverConfig(concurrency=8, time_scale=0.0), "cache")
     failed = [r for r in result.records if not r.ok]
     assert [(r.dialogue_index, r.turn_index) for r in failed] == [(0, 1)]
     assert failed[0].error == "RESOURCE_EXHAUSTED: busy" and failed[0].ttft_ms is None
@@ -105,15 +109,18 @@ async def test_failed_turn_is_recorded_and_the_dialogue_continues_unchanged(scri
 
 
 async def test_unprimed_run_starts_cold(scripted):
-    servicer = ScriptedChat()
-    target = await scripted(servicer)
-    result = await replay(_trace(), DriverConfig(target, KEY, time_scale=0.0, prime=False), "no-cache")
-    assert not result.primed and all(not r.request_id.endswith("-prime") for r in servicer.requests)
-    assert len(servicer.requests) == len(result.records)
+    """Nothing is primed by default, and a driver told not to prime does not, even for a priming trace."""
+    for trace, driver in ((_trace(), DriverConfig(time_scale=0.0)),
+                          (_trace(prime=True), DriverConfig(time_scale=0.0, prime=False))):
+        servicer = ScriptedChat()
+        target = await scripted(servicer)
+        result = await replay(trace, ChatGrpcTransport(target, KEY), driver, "no-cache")
+        assert not result.primed and all(not r.request_id.endswith("-prime") for r in servicer.requests)
+        assert len(servicer.requests) == len(result.records) == trace.num_turns
 
 
 async def test_wrong_key_fails_fast(scripted):
     target = await scripted(ScriptedChat())
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await replay(_trace(), DriverConfig(target, "wrong-key-0", time_scale=0.0), "cache")
+        await replay(_trace(), ChatGrpcTransport(target, "wrong-key-0"), DriverConfig(time_scale=0.0), "cache")
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED

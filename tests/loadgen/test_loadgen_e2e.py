@@ -24,6 +24,8 @@ def test_engine_flags_for_each_mode():
     assert engine_args(StackConfig(model="m", cache=False, engine_args=("--x", "1")), 0, None) == [
         "--port", "0", "--engine-id", "engine-0", "--model", "m", "--torch-threads", threads, "--x", "1",
         "--no-prefix-cache", "true"]
+    assert engine_args(StackConfig(model="m", cache=True, engine_kv_cache_bytes=4096, engine_args=("--x", "1")), 0,
+                       "127.0.0.1:5")[8:] == ["--kv-cache-bytes", "4096", "--x", "1", "--kvstore-target", "127.0.0.1:5"]
     assert engine_args(StackConfig(model="m", cache=True, kvstore=False, num_engines=1), 0, None)[6:8] == [
         "--torch-threads", str(threads_per_process(1))]
 
@@ -32,8 +34,8 @@ def test_bench_launch_compare_no_cache_synthetic_tiny(tmp_path):
     report, plot = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = subprocess.run(
         [sys.executable, "-m", "salon_cli.main", "bench", "--launch", "--model", "synthetic-tiny",
-         "--engines", "2", "--compare-no-cache", "--seed", "3", "--dialogues", "3", "--initial-dialogues", "3",
-         "--turns", "3", "--history-messages", "10", "--long-dialogues", "1", "--long-history-messages", "120",
+         "--engines", "2", "--compare-no-cache", "--seed", "3", "--dialogues", "4", "--initial-dialogues", "4",
+         "--turns", "4", "--history-messages", "10", "--long-dialogues", "4", "--long-history-messages", "60",
          "--regenerate-fraction", "0.3", "--edit-fraction", "0.3", "--max-new-tokens", "6", "--temperature", "0",
          "--time-scale", "0", "--long-history-tokens", "1000", "--startup-timeout-s", "240", "--no-progress",
          "--log-dir", str(tmp_path / "logs"), "--json", str(report), "--plot", str(plot)],
@@ -46,8 +48,8 @@ def test_bench_launch_compare_no_cache_synthetic_tiny(tmp_path):
     data = json.loads(report.read_text())
     cache, nocache = data["runs"]["cache"], data["runs"]["no-cache"]
     assert cache["num_errors"] == 0 and nocache["num_errors"] == 0, (cache["errors"], nocache["errors"])
-    assert cache["num_turns"] == nocache["num_turns"] == 9
-    assert set(cache["engine_turns"]) <= {"engine-0", "engine-1"} and sum(cache["engine_turns"].values()) == 9
+    assert cache["num_turns"] == nocache["num_turns"] == 16
+    assert set(cache["engine_turns"]) <= {"engine-0", "engine-1"} and sum(cache["engine_turns"].values()) == 16
 
     # Exactness: same prompts, same greedy replies, with and without the cache.
     key = lambda r: (r["dialogue_index"], r["turn_index"])  # noqa: E731
@@ -61,7 +63,9 @@ def test_bench_launch_compare_no_cache_synthetic_tiny(tmp_path):
 
     assert nocache["token_hit_rate"] == 0.0
     assert cache["token_hit_rate_warm_turns"] >= 0.8
-    assert result["num_long_history_turns"] >= 1 and result["ttft_ratio_long_history"] > 0
+    # Unprimed: each dialogue's first turn is cold, the 3 after it return; all 12 are long (>= 1000 tokens).
+    assert not cache["primed"] and result["primed"] is False
+    assert result["num_long_history_turns"] == 12 and result["ttft_ratio_long_history"] > 0
     for name in ("token_hit_rate", "ttft_ms_p50", "ttft_ms_p90", "turns_per_s", "turns_per_s_ratio"):
         assert isinstance(result[name], float), name
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -6,7 +6,18 @@ import pytest
 
 from bench.loadgen.driver import token_gaps_ms
 from bench.loadgen.records import RunResult, TurnRecord
-from bench.loadgen.report import compare, hit_rate, hit_rate_over_time, percentile, summarize, warm_keys
+from bench.loadgen.report import (
+    MIN_LONG_HISTORY_TURNS,
+    compare,
+    compare_peer,
+    hit_rate,
+    hit_rate_over_time,
+    mode_title,
+    percentile,
+    steady_turns_per_s,
+    summarize,
+    warm_keys,
+)
 
 
 def rec(d, t, prompt, device=0, host=0, ttft=None, end=1.0, engine="e0", itl=(), gen=3, ids=(1, 2), error=None,
@@ -83,7 +94,7 @@ def test_compare_long_history_ratio_uses_warm_turns_in_both_runs():
         rec(0, 0, 5000, ttft=9000.0), rec(0, 1, 5100, ttft=8000.0), rec(0, 2, 5200, ttft=10000.0),
         rec(1, 0, 300, ttft=60.0), rec(1, 1, 400, ttft=80.0),
     ), wall_s=40.0)
-    c = compare(cached, uncached, long_history_tokens=4000)
+    c = compare(cached, uncached, long_history_tokens=4000, min_long_history_turns=2)
     assert c["num_long_history_turns"] == 2
     assert c["ttft_ms_median_long_history_cache"] == 200.0
     assert c["ttft_ms_median_long_history_no_cache"] == 9000.0
@@ -97,7 +108,7 @@ def test_compare_primed_counts_first_turns_as_warm():
     cached = RunResult("cache", (rec(0, 0, 5000, device=4900, ttft=100.0), rec(0, 1, 5100, device=5000, ttft=50.0)),
                        wall_s=1.0, primed=True)
     uncached = RunResult("no-cache", (rec(0, 0, 5000, ttft=9000.0), rec(0, 1, 5100, ttft=9500.0)), wall_s=20.0)
-    c = compare(cached, uncached, long_history_tokens=4000)
+    c = compare(cached, uncached, long_history_tokens=4000, min_long_history_turns=2)
     assert c["num_long_history_turns"] == 2
     assert c["ttft_ratio_long_history"] == 9250.0 / 75.0
 
@@ -107,3 +118,57 @@ def test_compare_without_long_turns_gives_none():
     c = compare(run, run, long_history_tokens=4000)
     assert c["ttft_ratio_long_history"] is None and c["num_long_history_turns"] == 0
     assert c["turns_per_s_ratio"] == 1.0 and not math.isnan(c["ttft_ratio_warm_turns"])
+
+
+def test_long_history_ratio_needs_at_least_ten_returning_turns():
+    """Nine long returning turns give no ratio (and say how many there were); ten give one."""
+    assert MIN_LONG_HISTORY_TURNS == 10
+
+    def runs(num_turns):
+        cached = RunResult("cache", tuple(rec(d, t, 5000 + t, device=4000, ttft=100.0 + t)
+                                          for d in range(num_turns) for t in range(2)), wall_s=1.0)
+        uncached = RunResult("no-cache", tuple(rec(d, t, 5000 + t, ttft=4000.0) for d in range(num_turns)
+                                               for t in range(2)), wall_s=9.0)
+        return compare(cached, uncached, long_history_tokens=4000)
+
+    nine, ten = runs(9), runs(10)
+    assert (nine["num_long_history_turns"], nine["ttft_ratio_long_history"]) == (9, None)
+    assert nine["ttft_ms_median_long_history_cache"] == 101.0  # the medians are still reported
+    assert (ten["num_long_history_turns"], ten["ttft_ratio_long_history"]) == (10, 4000.0 / 101.0)
+
+
+def test_steady_turns_per_s_drops_the_first_and_last_tenth():
+    # 20 turns: two early ones, sixteen one second apart, and a long tail of two stragglers.
+    ends = [0.5, 0.6] + [float(s) for s in range(3, 19)] + [60.0, 100.0]
+    records = [rec(i, 0, 10, end=e) for i, e in enumerate(ends)]
+    # n = 20: ranks i = 2, j = 18 -> (18 - 2) / (e_18 - e_2) = 16 / (18 - 0.6)
+    assert steady_turns_per_s(records) == pytest.approx(16 / 17.4)
+    assert steady_turns_per_s(records[:9]) is None  # too few turns for a steady state
+    failed = [rec(99, 0, 10, end=1000.0, error="UNAVAILABLE: x")]
+    assert steady_turns_per_s(records + failed) == steady_turns_per_s(records)
+
+
+def test_summary_of_returning_turns_and_mode():
+    records = tuple(rec(d, t, 100, ttft=float(10 * d + t + 1)) for d in range(3) for t in range(3))
+    s = summarize(RunResult("llama-server", records, wall_s=3.0), long_history_tokens=50)
+    returning = sorted(float(10 * d + t + 1) for d in range(3) for t in (1, 2))  # 2, 3, 12, 13, 22, 23
+    assert s["num_warm_turns"] == 6
+    assert s["ttft_ms_p50_warm_turns"] == percentile(returning, 50) == 12.5
+    assert s["ttft_ms_p90_warm_turns"] == pytest.approx(22.5)  # rank 4.5
+    assert s["mode"] == "llama-server with its prompt cache, not primed"
+    assert mode_title("cache", True, "working set: kvstore 4.0 MiB") == (
+        "salon with its caches, primed, working set: kvstore 4.0 MiB")
+
+
+def test_compare_peer_ratios_and_targets():
+    salon = {"steady_turns_per_s": 9.0, "turns_per_s": 8.0, "ttft_ms_p50_warm_turns": 50.0,
+             "ttft_ms_p90_warm_turns": 100.0}
+    peer = {"steady_turns_per_s": 3.0, "turns_per_s": 4.0, "ttft_ms_p50_warm_turns": 100.0,
+            "ttft_ms_p90_warm_turns": 300.0}
+    c = compare_peer(salon, peer)
+    assert (c["steady_turns_per_s_ratio"], c["turns_per_s_ratio"]) == (3.0, 2.0)
+    assert (c["ttft_ms_p50_warm_turns_ratio"], c["ttft_ms_p90_warm_turns_ratio"]) == (0.5, 1 / 3)
+    assert c["meets_steady_turns_per_s_target"] is True and c["meets_ttft_ms_p90_warm_turns_target"] is False
+    assert (c["target_steady_turns_per_s_ratio"], c["target_ttft_ms_p90_warm_turns_ratio"]) == (3.0, 0.25)
+    none = compare_peer({**salon, "steady_turns_per_s": None}, peer)
+    assert none["steady_turns_per_s_ratio"] is None and none["meets_steady_turns_per_s_target"] is None

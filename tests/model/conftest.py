@@ -41,3 +41,25 @@ def int8_model():
 @pytest.fixture(scope="session")
 def tokenizer(int8_model):
     return int8_model[1]
+
+
+SMOLLM = "smollm2-135m-instruct"
+
+
+def smollm_reference(name: str) -> list[dict]:
+    path = reference_path(f"{SMOLLM}/{name}")
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+@pytest.fixture(scope="session")
+def smollm_fp32():
+    from services.engine.model import load
+
+    return load(SMOLLM, precision="float32", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm_int8():
+    from services.engine.model import load
+
+    return load(SMOLLM, precision="int8", progress=False)

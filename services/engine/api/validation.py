@@ -20,8 +20,9 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TEMPERATURE = 100.0
 MAX_TOP_LOGPROBS = 20
-MAX_ABS_PENALTY = 2.0
-MAX_REPETITION_PENALTY = 2.0
+# vLLM's ranges: repetition_penalty > 0 (1 = none); frequency / presence in [-2, 2]; min_p in [0, 1].
+MAX_REPETITION_PENALTY = 100.0
+MAX_FREQUENCY_PRESENCE_PENALTY = 2.0
 
 _ROLES = {chat_pb2.ROLE_USER: Role.USER, chat_pb2.ROLE_CHARACTER: Role.CHARACTER, chat_pb2.ROLE_SYSTEM: Role.SYSTEM}
 
@@ -130,17 +131,11 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
     if len(sampling.stop_token_ids) > MAX_STOP_TOKEN_IDS:
         raise InvalidArgument(f"sampling.stop_token_ids: more than {MAX_STOP_TOKEN_IDS} ids")
     stop_ids = check_ids("sampling.stop_token_ids", sampling.stop_token_ids, limits.vocab_size)
-    for name in ("presence_penalty", "frequency_penalty"):
-        v = getattr(sampling, name)
-        if not math.isfinite(v) or abs(v) > MAX_ABS_PENALTY:
-            raise InvalidArgument(f"sampling.{name}: {v} is not in [-{MAX_ABS_PENALTY:g}, {MAX_ABS_PENALTY:g}]")
-    rep = sampling.repetition_penalty
-    if not math.isfinite(rep) or rep < 0 or rep > MAX_REPETITION_PENALTY:
-        raise InvalidArgument(f"sampling.repetition_penalty: {rep} is not in (0, {MAX_REPETITION_PENALTY:g}] "
-                              "(0 means the default 1)")
-    min_p = sampling.min_p
-    if not math.isfinite(min_p) or min_p < 0 or min_p > 1:
-        raise InvalidArgument(f"sampling.min_p: {min_p} is not in [0, 1]")
+    repetition = float(sampling.repetition_penalty) or 1.0  # 0 (unset) = none, as for top_p
+    frequency = float(sampling.frequency_penalty)
+    presence = float(sampling.presence_penalty)
+    min_p = float(sampling.min_p)
+    check_penalties(repetition, frequency, presence, min_p)
     if sampling.top_logprobs > MAX_TOP_LOGPROBS:
         raise InvalidArgument(f"sampling.top_logprobs: {sampling.top_logprobs} is more than {MAX_TOP_LOGPROBS}")
     return SamplingParams(
@@ -153,11 +148,26 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
         stop_token_ids=tuple(stop_ids),
         return_logprobs=sampling.return_logprobs,
         num_top_logprobs=int(sampling.top_logprobs),
-        presence_penalty=float(sampling.presence_penalty),
-        frequency_penalty=float(sampling.frequency_penalty),
-        repetition_penalty=1.0 if rep == 0 else float(rep),
-        min_p=float(min_p),
+        repetition_penalty=repetition,
+        frequency_penalty=frequency,
+        presence_penalty=presence,
+        min_p=min_p,
     )
+
+
+def check_penalties(repetition_penalty: float, frequency_penalty: float, presence_penalty: float,
+                    min_p: float) -> None:
+    """Raises InvalidArgument naming the first penalty outside its range (vLLM's ranges)."""
+    r = repetition_penalty
+    if not math.isfinite(r) or r <= 0 or r > MAX_REPETITION_PENALTY:
+        raise InvalidArgument(f"sampling.repetition_penalty: {r} is not in (0, {MAX_REPETITION_PENALTY:g}] "
+                              "(1 = no penalty)")
+    for name, v in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
+        if not math.isfinite(v) or abs(v) > MAX_FREQUENCY_PRESENCE_PENALTY:
+            raise InvalidArgument(f"sampling.{name}: {v} is not in [-{MAX_FREQUENCY_PRESENCE_PENALTY:g}, "
+                                  f"{MAX_FREQUENCY_PRESENCE_PENALTY:g}]")
+    if not math.isfinite(min_p) or min_p < 0 or min_p > 1:
+        raise InvalidArgument(f"sampling.min_p: {min_p} is not in [0, 1]")
 
 
 def resolve_max_new_tokens(requested: int, num_prompt_tokens: int, num_resumed: int, limits: Limits) -> int:

@@ -47,19 +47,23 @@ class SamplingParams:
     return_logprobs: bool = False
     # With each token, the log-probs of this many most likely tokens (0: none), from the model's logits.
     num_top_logprobs: int = 0
-    # Penalties with vLLM's semantics, applied by the sampler to a row's logits before temperature:
-    # presence/frequency subtract (once / per occurrence) for tokens of the reply so far; repetition
-    # divides positive (multiplies negative) logits of tokens in the prompt or the reply. The defaults
-    # are no-ops.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    # Penalties (vLLM's semantics, applied to the logits before anything else, greedy rows included):
+    # repetition: a token seen in the prompt or the output has its logit divided by it (if > 0) or
+    # multiplied by it (if <= 0); 1 = none. frequency / presence: subtracted once per occurrence / once
+    # for any occurrence of the token in the output so far; 0 = none.
     repetition_penalty: float = 1.0
-    # Keep only tokens with probability >= min_p x the most likely token's (0: off).
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # Keep only tokens whose probability (after temperature) is at least min_p times the top one's; 0 = none.
     min_p: float = 0.0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
 @dataclass(eq=False)  # identity: requests are compared and removed by object, never by value

@@ -1,10 +1,12 @@
 """Assembling a CausalLM from named tensors: float weights (from the GGUF) or an int8 checkpoint.
 
-Float weight names (GGUF names, shortened): embed, final_norm, layers.{i}.{attn_norm, attn_q, attn_k,
-attn_v, attn_q_norm, attn_k_norm, attn_output, post_attention_norm, ffn_norm, ffn_gate, ffn_up,
-ffn_down, post_ffw_norm}; Linear weights are [out_features, in_features].
-Int8 checkpoint names: the norms as above (smoothing folded in), embed.w_q/embed.w_scale and
-layers.{i}.{qkv,o,gate_up,down}.{w_q,w_scale}.
+Float weight names (GGUF names, shortened; models/*.py map the file's names onto them): embed, final_norm,
+lm_head (untied files only), rope_freqs (Llama 3 files only), layers.{i}.{attn_norm, attn_q, attn_k, attn_v,
+attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down} and, for Gemma 3, layers.{i}.{attn_q_norm, attn_k_norm,
+post_attention_norm, post_ffw_norm}; Linear weights are [out_features, in_features].
+The layers see fused projections: layers.{i}.qkv (q, k, v rows; q only for a KV-sharing layer), .o,
+.gate_up (gate rows, then up rows), .down. Int8 checkpoint names: those fused names + .w_q / .w_scale,
+embed.w_q / embed.w_scale (and lm_head.* when untied), the norms as above (smoothing folded in).
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import torch
 
 from kernels.backend import Ops
 from services.engine.model.config import ModelConfig
+from services.engine.model.layers import Embedding
 from services.engine.model.linear import FloatLinear, Int8Linear
-from services.engine.model.model import CausalLM, Embedding, LayerWeights
+from services.engine.model.model import CausalLM
 
-NORMS = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
+FUSED = ("qkv", "o", "gate_up", "down")
 
 
 def fused_float_weights(config: ModelConfig, w: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
@@ -32,36 +35,70 @@ def fused_float_weights(config: ModelConfig, w: dict[str, torch.Tensor], i: int)
     }
 
 
+class FloatWeights:
+    """Float32 tensors by name; linear() builds FloatLinears of the fused projections."""
+
+    precision = "float32"
+
+    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor]) -> None:
+        self.config = config
+        self.w = w
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        return self.w.get(name)
+
+    def linear(self, name: str, gate_activation: str | None = None) -> FloatLinear:
+        layer, _, part = name.rpartition(".")
+        if layer.startswith("layers."):
+            return FloatLinear(fused_float_weights(self.config, self.w, int(layer.split(".")[1]))[part],
+                               gate_activation)
+        return FloatLinear(self.w[name], gate_activation)
+
+    def embedding(self) -> Embedding:
+        return Embedding(self.w["embed"])
+
+
+class Int8Weights:
+    """An int8 checkpoint; linear() builds Int8Linears on the kernel ops' W8A8 GEMM."""
+
+    precision = "int8"
+
+    def __init__(self, ckpt: dict[str, torch.Tensor], kernel_ops: Ops, quantize_activations: bool = True,
+                 activation_terms: int = 1) -> None:
+        self.ckpt = ckpt
+        self.kernel_ops = kernel_ops
+        self.quantize_activations = quantize_activations
+        self.activation_terms = activation_terms
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        return self.ckpt.get(name)
+
+    def linear(self, name: str, gate_activation: str | None = None) -> Int8Linear:
+        return Int8Linear(self.ckpt[name + ".w_q"], self.ckpt[name + ".w_scale"], self.kernel_ops.w8a8_gemm,
+                          gate_activation=gate_activation, quantize_activations=self.quantize_activations,
+                          quantize=self.kernel_ops.quantize_per_token, activation_terms=self.activation_terms)
+
+    def embedding(self) -> Embedding:
+        return Embedding(self.ckpt["embed.w_q"], self.ckpt["embed.w_scale"])
+
+
+def build_model(config: ModelConfig, weights: FloatWeights | Int8Weights, kernel_ops: Ops) -> CausalLM:
+    from services.engine.model.models import architecture
+
+    arch = architecture(config.architecture)
+    layers = [arch.build_layer(config, i, weights, kernel_ops) for i in range(config.num_layers)]
+    lm_head = weights.linear("embed" if config.tied_embeddings else "lm_head")
+    return CausalLM(config, weights.embedding(), layers, weights.tensor("final_norm"), lm_head, weights.precision,
+                    kernel_ops)
+
+
 def build_float_model(config: ModelConfig, w: dict[str, torch.Tensor], kernel_ops: Ops) -> CausalLM:
-    layers = []
-    for i in range(config.num_layers):
-        p = f"layers.{i}."
-        fused = fused_float_weights(config, w, i)
-        layers.append(LayerWeights(
-            attn_norm=w[p + "attn_norm"], qkv=FloatLinear(fused["qkv"]), q_norm=w[p + "attn_q_norm"],
-            k_norm=w.get(p + "attn_k_norm"), o=FloatLinear(fused["o"]),
-            post_attention_norm=w[p + "post_attention_norm"], ffn_norm=w[p + "ffn_norm"],
-            gate_up=FloatLinear(fused["gate_up"], geglu=True), down=FloatLinear(fused["down"]),
-            post_ffw_norm=w[p + "post_ffw_norm"]))
-    embed = Embedding(w["embed"])
-    return CausalLM(config, embed, layers, w["final_norm"], FloatLinear(w["embed"]), "float32", kernel_ops)
+    return build_model(config, FloatWeights(config, w), kernel_ops)
 
 
 def build_int8_model(config: ModelConfig, ckpt: dict[str, torch.Tensor], kernel_ops: Ops,
                      quantize_activations: bool = True) -> CausalLM:
-    gemm = kernel_ops.w8a8_gemm
+    from services.engine.model.models import architecture
 
-    def lin(name: str, geglu: bool = False) -> Int8Linear:
-        return Int8Linear(ckpt[name + ".w_q"], ckpt[name + ".w_scale"], gemm, geglu=geglu,
-                          quantize_activations=quantize_activations, quantize=kernel_ops.quantize_per_token)
-
-    layers = []
-    for i in range(config.num_layers):
-        p = f"layers.{i}."
-        layers.append(LayerWeights(
-            attn_norm=ckpt[p + "attn_norm"], qkv=lin(p + "qkv"), q_norm=ckpt[p + "attn_q_norm"],
-            k_norm=ckpt.get(p + "attn_k_norm"), o=lin(p + "o"), post_attention_norm=ckpt[p + "post_attention_norm"],
-            ffn_norm=ckpt[p + "ffn_norm"], gate_up=lin(p + "gate_up", geglu=True), down=lin(p + "down"),
-            post_ffw_norm=ckpt[p + "post_ffw_norm"]))
-    embed = Embedding(ckpt["embed.w_q"], ckpt["embed.w_scale"])
-    return CausalLM(config, embed, layers, ckpt["final_norm"], lin("embed"), "int8", kernel_ops)
+    terms = architecture(config.architecture).INT8_ACTIVATION_TERMS
+    return build_model(config, Int8Weights(ckpt, kernel_ops, quantize_activations, terms), kernel_ops)

@@ -1,150 +1,120 @@
-"""The int8 checkpoint on disk, `convert` (GGUF -> int8 safetensors, once) and `load_model`.
+"""The int8 checkpoint on disk: `convert` (GGUF -> calibrated int8 safetensors, once per file) and its cache.
 
-Cache layout (default ~/.cache/salon, overridable): <cache_dir>/<model_id>/
-    model-int8.safetensors   int8 weights (per output channel) + scales + smoothed norms
-    vocab.json               the tokenizer vocabulary (tokens, scores, types, special ids)
-The float32 path always dequantizes the GGUF (a few seconds) so it stays the exact reference.
+Cache layout (default ~/.cache/salon, overridable):
+    <cache_dir>/int8/<sha256 of the GGUF>/model-int8.safetensors
+        int8 weights (per output channel) + scales + smoothed norms; metadata: format, sha256, model id
+    <cache_dir>/int8/<sha256>/convert.lock
+Keyed by the file's content, so a renamed or re-downloaded file finds its checkpoint and a changed file
+never reads a stale one. Engines that start together convert once: the first takes the lock and
+converts, the others wait on the lock and then find the finished file. The file is written under a
+temporary name and renamed into place (cache_files.atomic_write): a conversion that dies half-way leaves
+no checkpoint behind, only a temporary file that is never read.
+The float32 path always dequantizes the GGUF (seconds) so it stays the exact reference.
 """
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm import tqdm
 
-from kernels.backend import Ops, select_ops
+from kernels.backend import select_ops
 from services.engine.model.attention import DenseAttention
-from services.engine.model.builder import build_float_model, build_int8_model
+from services.engine.model.builder import build_float_model
+from services.engine.model.cache_files import atomic_write, file_lock
 from services.engine.model.calibration_text import CALIBRATION_TEXT
-from services.engine.model.config import ModelConfig, config_for
-from services.engine.model.gguf_file import check_config, default_gguf_path, open_gguf, read_float_weights, read_vocab
+from services.engine.model.config import ModelConfig
 from services.engine.model.model import CausalLM
 from services.engine.model.quantize import DEFAULT_ALPHA, build_int8_checkpoint, calibrate
-from services.engine.model.synthetic import synthetic_weights
-from services.engine.model.tokenizer import Tokenizer, Vocab
+from services.engine.model.tokenizer import Tokenizer
 
 CHECKPOINT_FILE = "model-int8.safetensors"
-VOCAB_FILE = "vocab.json"
 # Bump when the checkpoint recipe changes: old caches are then rebuilt, never misread.
-CHECKPOINT_FORMAT = "salon-int8-v3"
+CHECKPOINT_FORMAT = "salon-int8-v4"
 
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "salon"
 
 
-def checkpoint_dir(model_id: str, cache_dir: Path | None = None) -> Path:
-    return Path(cache_dir or default_cache_dir()) / model_id
-
-
-def _float_weights_from_gguf(config: ModelConfig, gguf_path: Path | None, progress: bool):
-    reader = open_gguf(gguf_path or default_gguf_path())
-    check_config(reader, config)
-    bar = tqdm(total=len(reader.tensors), desc="dequantize GGUF", unit="tensor", disable=not progress)
-    with bar:
-        weights = read_float_weights(reader, bar)
-    return weights, read_vocab(reader)
+def checkpoint_path(sha256: str, cache_dir: Path | None = None) -> Path:
+    return Path(cache_dir or default_cache_dir()) / "int8" / sha256 / CHECKPOINT_FILE
 
 
 def calibrate_and_quantize(config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
                            alpha: float = DEFAULT_ALPHA) -> dict[str, torch.Tensor]:
     float_model = build_float_model(config, weights, select_ops("cpu"))
-    ids = tokenizer.encode(CALIBRATION_TEXT, add_bos=True, parse_special=False)
+    ids = tokenizer.encode(CALIBRATION_TEXT, add_bos=config.add_bos, parse_special=False)
 
     def run(model: CausalLM) -> None:
         attn = DenseAttention(config)
         model.forward(torch.tensor(ids), attn.begin_step([len(ids)]), attn)
 
-    return build_int8_checkpoint(config, weights, calibrate(float_model, run), alpha=alpha)
+    from services.engine.model.models import architecture
+
+    smooth = architecture(config.architecture).INT8_SMOOTH
+    return build_int8_checkpoint(config, weights, calibrate(float_model, run), alpha=alpha, smooth=smooth)
 
 
-def convert(model_id: str = "gemma-3-270m", cache_dir: Path | None = None, gguf_path: Path | None = None,
-            overwrite: bool = False, progress: bool = True) -> Path:
-    """GGUF -> calibrated int8 safetensors checkpoint in the cache; returns its directory."""
-    config = config_for(model_id)
-    out_dir = checkpoint_dir(model_id, cache_dir)
-    ckpt_path = out_dir / CHECKPOINT_FILE
-    if ckpt_path.exists() and not overwrite and _format_of(ckpt_path) == CHECKPOINT_FORMAT:
-        return out_dir
-    weights, vocab = _float_weights_from_gguf(config, gguf_path, progress)
-    tokenizer = Tokenizer(vocab)
-    steps = tqdm(total=2, desc="calibrate + quantize", disable=not progress)
-    with steps:
-        tensors = calibrate_and_quantize(config, weights, tokenizer)
-        steps.update(1)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / VOCAB_FILE).write_text(json.dumps(asdict(vocab)))
-        tmp = ckpt_path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata={"format": CHECKPOINT_FORMAT, "model_id": model_id})
-        tmp.replace(ckpt_path)  # a reader never sees a half-written checkpoint
-        steps.update(1)
-    return out_dir
-
-
-def _format_of(path: Path) -> str | None:
-    from safetensors import safe_open
-
+def is_complete(path: Path, sha256: str) -> bool:
+    """A finished checkpoint of this recipe for this file (the header of a renamed-into-place file)."""
     try:
         with safe_open(str(path), "pt") as f:
-            return (f.metadata() or {}).get("format")
-    except Exception:  # unreadable or truncated: treat as absent
-        return None
+            meta = f.metadata() or {}
+    except Exception:  # absent or unreadable: treat as absent
+        return False
+    return meta.get("format") == CHECKPOINT_FORMAT and meta.get("sha256") == sha256
 
 
-def _load_vocab(path: Path) -> Vocab:
-    raw = json.loads(path.read_text())
-    return Vocab(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+def ensure_checkpoint(model_file, cache_dir: Path | None = None, overwrite: bool = False,
+                      progress: bool = True) -> tuple[Path, bool]:
+    """(path of the int8 checkpoint of `model_file`, whether this call converted it)."""
+    from services.engine.model.models import architecture
+
+    source, config = model_file.source, model_file.config
+    path = checkpoint_path(source.sha256, cache_dir)
+    if not overwrite and is_complete(path, source.sha256):
+        return path, False
+    with file_lock(path.with_name("convert.lock")):
+        if not overwrite and is_complete(path, source.sha256):
+            return path, False  # another process converted it while this one waited
+        steps = tqdm(total=3, desc=f"convert {source.model_id} to int8", disable=not progress)
+        with steps:
+            weights = architecture(config.architecture).read_weights(model_file.gguf, config)
+            steps.update(1)
+            tensors = calibrate_and_quantize(config, weights, Tokenizer(model_file.vocab))
+            steps.update(1)
+            meta = {"format": CHECKPOINT_FORMAT, "sha256": source.sha256, "model_id": source.model_id}
+            atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+            steps.update(1)
+    return path, True
 
 
-def load_model(name: str = "gemma-3-270m", precision: str = "int8", cache_dir: Path | None = None,
-               kernel_ops: Ops | None = None, progress: bool = True) -> tuple[CausalLM, Tokenizer]:
-    """(CausalLM, Tokenizer). The real model's int8 checkpoint is converted on first use."""
-    if precision not in ("int8", "float32"):
-        raise ValueError(f"precision must be 'int8' or 'float32', got {precision!r}")
-    config = config_for(name)
-    kernel_ops = kernel_ops or select_ops("cpu")
-    if config.random_weights_seed is not None:
-        return _load_synthetic(config, precision, kernel_ops, cache_dir, progress)
-    if precision == "float32":
-        weights, vocab = _float_weights_from_gguf(config, None, progress)
-        return build_float_model(config, weights, kernel_ops), Tokenizer(vocab)
-    out_dir = convert(name, cache_dir, progress=progress)
-    tensors = load_file(str(out_dir / CHECKPOINT_FILE))
-    return build_int8_model(config, tensors, kernel_ops), Tokenizer(_load_vocab(out_dir / VOCAB_FILE))
+def convert(model: str = "gemma-3-270m", cache_dir: Path | None = None, overwrite: bool = False,
+            progress: bool = True) -> Path:
+    """GGUF (a known name or a path) -> calibrated int8 checkpoint in the cache; returns its path."""
+    from services.engine.model.loader import open_model_file
 
-
-def real_vocab(cache_dir: Path | None = None, progress: bool = False) -> Vocab:
-    """The Gemma vocabulary (synthetic models use it too, so token ids mean the same)."""
-    out_dir = convert("gemma-3-270m", cache_dir, progress=progress)
-    return _load_vocab(out_dir / VOCAB_FILE)
-
-
-def _load_synthetic(config: ModelConfig, precision: str, kernel_ops: Ops, cache_dir: Path | None,
-                    progress: bool) -> tuple[CausalLM, Tokenizer]:
-    tokenizer = Tokenizer(real_vocab(cache_dir, progress))
-    weights = synthetic_weights(config)
-    if precision == "float32":
-        return build_float_model(config, weights, kernel_ops), tokenizer
-    calib_tensors = calibrate_and_quantize(config, weights, tokenizer)
-    return build_int8_model(config, calib_tensors, kernel_ops), tokenizer
+    return ensure_checkpoint(open_model_file(model, cache_dir), cache_dir, overwrite, progress)[0]
 
 
 def main_convert(argv: list[str] | None = None) -> int:
-    """`salon convert [--model ID] [--cache-dir DIR] [--gguf PATH] [--overwrite]`."""
+    """`salon convert [--model NAME|PATH] [--cache-dir DIR] [--overwrite]`."""
     import argparse
 
+    from services.engine.model.loader import open_model_file
+
     parser = argparse.ArgumentParser(prog="salon convert", description="GGUF -> cached int8 checkpoint")
-    parser.add_argument("--model", default="gemma-3-270m")
+    parser.add_argument("--model", default="gemma-3-270m", help="a known model name or a path to a .gguf")
     parser.add_argument("--cache-dir", type=Path, default=None)
-    parser.add_argument("--gguf", type=Path, default=None)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    out_dir = convert(args.model, args.cache_dir, args.gguf, overwrite=args.overwrite)
-    print(f"converted {args.model} -> {out_dir / CHECKPOINT_FILE} in {time.monotonic() - started:.1f} s")
+    path, converted = ensure_checkpoint(open_model_file(args.model, args.cache_dir), args.cache_dir, args.overwrite)
+    verb = "converted" if converted else "already converted"
+    print(f"{verb} {args.model} -> {path} in {time.monotonic() - started:.1f} s")
     return 0

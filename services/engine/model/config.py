@@ -1,17 +1,21 @@
 """Model architecture description: one frozen dataclass per model, one LayerSpec per layer.
 
-The per-layer spec carries every attention knob the runtime needs to size and address the KV
-cache: attention type (global or sliding window of W tokens), RoPE base, and cross-layer KV
-sharing (a layer with ``kv_source_layer`` set reads the KV written by that earlier layer and
-owns no cache of its own).
+Real models get theirs from the GGUF's metadata (models/gemma3.py, models/llama.py: `config_from_gguf`);
+synthetic ones (random weights, for tests and development) are defined here. The per-layer spec carries
+every attention knob the runtime needs to size and address the KV cache: attention type (global or
+sliding window of W tokens), RoPE base and position scale, and cross-layer KV sharing (a layer with
+``kv_source_layer`` set reads the KV written by that earlier layer and owns no cache of its own).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 AttentionKind = Literal["global", "sliding"]
+# Activation of the gated MLP: out = act(gate(x)) * up(x).
+Activation = Literal["gelu_tanh", "silu"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,8 @@ class LayerSpec:
     # None: this layer computes and caches its own K/V. Otherwise the index of an earlier layer whose
     # K/V this layer reads (that layer must itself produce KV and have the same attention geometry).
     kv_source_layer: int | None = None
+    # Linear RoPE scaling: the rotation angle uses position * rope_position_scale (1 / the file's factor).
+    rope_position_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.attention == "sliding" and (self.sliding_window_tokens is None or self.sliding_window_tokens < 1):
@@ -44,6 +50,7 @@ class ModelConfig:
     rms_norm_eps: float
     max_context_tokens: int
     bos_token_id: int
+    # Tokens that end generation: the file's EOS, its end-of-turn marker(s) (llama.cpp's EOG set).
     eos_token_ids: tuple[int, ...]
     layers: tuple[LayerSpec, ...]
     # Attention logits are multiplied by this (Gemma 3: 1/sqrt(query_pre_attn_scalar=256)).
@@ -51,6 +58,23 @@ class ModelConfig:
     pad_token_id: int = 0
     # Synthetic configs draw seeded random weights instead of loading a checkpoint.
     random_weights_seed: int | None = None
+    # The architecture's code (models/<architecture>.py) and the knobs it reads.
+    architecture: str = "gemma3"
+    activation: Activation = "gelu_tanh"
+    # Gemma 3: RMSNorm of each head's q and k before RoPE, and RMSNorm of each sublayer's output.
+    qk_norm: bool = True
+    post_norms: bool = True
+    # Input embeddings are multiplied by this (Gemma: sqrt(d_model); Llama: 1).
+    embedding_multiplier: float = 1.0
+    # The output projection is the embedding matrix (no separate `output` tensor in the file).
+    tied_embeddings: bool = True
+    # Whether a prompt starts with BOS (tokenizer.ggml.add_bos_token).
+    add_bos: bool = True
+    # The file's RoPE layout: "neox" (halves) or "adjacent" (pairs 2i, 2i+1: llama files, whose q/k rows are
+    # permuted back at load). The runtime always rotates halves.
+    rope_type_in_file: str = "neox"
+    # sha256 of the GGUF the weights come from ("" for synthetic models): names the weights exactly.
+    weights_sha256: str = ""
 
     def __post_init__(self) -> None:
         if len(self.layers) != self.num_layers:
@@ -88,25 +112,20 @@ class ModelConfig:
         return int(len(self.kv_layers()) * per_layer)
 
 
-GEMMA3_EOS_TOKEN_IDS = (1, 106, 212)
 GEMMA3_VOCAB_SIZE = 262144
+# The Gemma vocabulary's end-of-generation ids (<eos>, <end_of_turn>, </s>): synthetic models use that vocabulary.
+GEMMA3_EOS_TOKEN_IDS = (1, 106, 212)
 
 
-def gemma3_270m_config() -> ModelConfig:
-    """Gemma 3 270M: 18 layers, MQA (1 KV head), every 6th layer global, the rest 512-token windows."""
-    layers = tuple(
-        LayerSpec("global", None, 1_000_000.0) if i % 6 == 5 else LayerSpec("sliding", 512, 10_000.0)
-        for i in range(18)
-    )
-    return ModelConfig(
-        model_id="gemma-3-270m", vocab_size=GEMMA3_VOCAB_SIZE, d_model=640, num_layers=18, num_heads=4,
-        num_kv_heads=1, head_dim=256, ffn_dim=2048, rms_norm_eps=1e-6, max_context_tokens=32768,
-        bos_token_id=2, eos_token_ids=GEMMA3_EOS_TOKEN_IDS, layers=layers, attn_scale=1.0 / 16.0,
-    )
+def gemma3_270m_config():
+    """Gemma 3 270M's config, read from its GGUF (18 layers, MQA, every 6th layer global, 512-token windows)."""
+    from services.engine.model.loader import config_for
+
+    return config_for("gemma-3-270m")
 
 
 def synthetic_config(name: str) -> ModelConfig:
-    """Small random-weight configs over the real Gemma vocabulary (the real tokenizer applies).
+    """Small random-weight Gemma-3-architecture configs over the real Gemma vocabulary (its tokenizer applies).
 
     synthetic-tiny: 4 layers, d_model 64, 4 query heads over 2 KV heads (GQA), head_dim 16;
       layer 0 sliding (W=32), layer 1 global, layer 2 sliding (W=32) reusing layer 0's KV,
@@ -128,12 +147,5 @@ def synthetic_config(name: str) -> ModelConfig:
         model_id=name, vocab_size=GEMMA3_VOCAB_SIZE, d_model=64, num_layers=4, num_heads=4, num_kv_heads=2,
         head_dim=16, ffn_dim=128, rms_norm_eps=1e-6, max_context_tokens=4096, bos_token_id=2,
         eos_token_ids=GEMMA3_EOS_TOKEN_IDS, layers=layers, attn_scale=1.0 / 4.0, random_weights_seed=1234,
+        embedding_multiplier=math.sqrt(64),
     )
-
-
-def config_for(name: str) -> ModelConfig:
-    if name == "gemma-3-270m":
-        return gemma3_270m_config()
-    if name.startswith("synthetic-"):
-        return synthetic_config(name)
-    raise ValueError(f"unknown model {name!r}")

@@ -1,7 +1,8 @@
 """Perplexity with llama-perplexity's method (-c 512).
 
-The token stream (BOS prepended, no special parsing) is cut into consecutive chunks of
-``chunk_tokens``; each chunk's first token is replaced by BOS, the chunk runs as its own sequence
+The token stream (BOS prepended when the model adds one, no special parsing) is cut into consecutive
+chunks of ``chunk_tokens``; each chunk's first token is replaced by BOS (for models that add one; llama-
+perplexity leaves the chunk as it is otherwise, bos_token_id=None here), the chunk runs as its own sequence
 from position 0, and only the second half is scored: logits at positions [n/2, n-1) predict the
 tokens at [n/2 + 1, n). PPL = exp(mean NLL) over all scored tokens.
 """
@@ -38,7 +39,7 @@ def chunk_nll(model: CausalLM, chunk: list[int], kv_int8: bool) -> tuple[float, 
     return nll, n - 1 - first
 
 
-def perplexity(model: CausalLM, token_ids: list[int], bos_token_id: int, chunk_tokens: int = 512,
+def perplexity(model: CausalLM, token_ids: list[int], bos_token_id: int | None, chunk_tokens: int = 512,
                kv_int8: bool = False, max_chunks: int | None = None) -> PerplexityResult:
     num_chunks = len(token_ids) // chunk_tokens
     if max_chunks is not None:
@@ -46,7 +47,8 @@ def perplexity(model: CausalLM, token_ids: list[int], bos_token_id: int, chunk_t
     total, count, per_chunk = 0.0, 0, []
     for c in range(num_chunks):
         chunk = list(token_ids[c * chunk_tokens:(c + 1) * chunk_tokens])
-        chunk[0] = bos_token_id
+        if bos_token_id is not None:
+            chunk[0] = bos_token_id
         nll, scored = chunk_nll(model, chunk, kv_int8)
         total, count = total + nll, count + scored
         per_chunk.append(nll / scored)

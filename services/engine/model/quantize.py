@@ -10,11 +10,14 @@ The division by s is folded into what produces X, so the int8 model runs no extr
     down input    <- the up projection's rows (gelu(gate) * up is linear in up)
     o input       <- the v projection's rows (attention output is a convex mix of v rows; one s per
                      head_dim channel, shared by all query heads reading that KV head)
-The int8 KV cache is smoothed the same way: keys are scaled per channel through the k-norm weight and
-queries (which stay float) by the inverse through the q-norm weight, so every score q.k is unchanged.
+The int8 KV cache is smoothed the same way: keys are scaled per channel and queries (which stay float) by
+the inverse, so every score q.k is unchanged. Where the architecture has per-head q/k norms (Gemma 3) the
+scales go into the k-norm and q-norm weights (one scale per head_dim channel); where it has none (Llama)
+they go into the k rows of the qkv projection and the inverse into the q rows of the query heads that read
+that KV head (one scale per KV head and channel; a row scale leaves a per-row int8 quantization exact).
 RoPE rotates channel pairs (j, j + D/2), so both channels of a pair share one scale, taken from the
 pair's rotation-invariant magnitude sqrt(k_j^2 + k_{j+D/2}^2).
-The tied output projection is not smoothed (the embedding table is shared with the input lookup).
+The output projection is not smoothed (when tied, its table is shared with the input lookup).
 Weights are then quantized symmetric per output channel.
 """
 
@@ -27,6 +30,7 @@ import torch
 
 from services.engine.model.builder import fused_float_weights
 from services.engine.model.config import ModelConfig
+from services.engine.model.models import architecture
 from services.engine.model.linear import FloatLinear, quantize_weight
 from services.engine.model import ops
 from services.engine.model.ops import quantize_symmetric
@@ -49,7 +53,7 @@ class _AbsMaxRecorder:
         self.inner = inner
         self.absmax: torch.Tensor | None = None
         self.rows: list[torch.Tensor] = []
-        self.geglu = inner.geglu
+        self.gate_activation = inner.gate_activation
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] < 2:
@@ -146,6 +150,19 @@ def key_smoothing_scale(config: ModelConfig, w: dict[str, torch.Tensor], qkv_inp
     return torch.cat([s, s])
 
 
+def key_row_scale(config: ModelConfig, w: dict[str, torch.Tensor], qkv_inputs: torch.Tensor, layer: int,
+                  beta: float) -> torch.Tensor:
+    """f32[Hkv, head_dim]: per KV head and channel, the key scale of a layer without q/k norms (equal on each
+    RoPE pair), from the keys the calibration rows produce (k rows in half-split order)."""
+    hkv, d = config.num_kv_heads, config.head_dim
+    k = (qkv_inputs @ w[f"layers.{layer}.attn_k"].T).reshape(-1, hkv, d)
+    half = d // 2
+    pair = torch.sqrt(k[..., :half] ** 2 + k[..., half:] ** 2).amax(dim=0)  # [Hkv, D/2]
+    s = pair.clamp(min=1e-4).pow(-beta)
+    s = s / s.mean(dim=1, keepdim=True)
+    return torch.cat([s, s], dim=1)
+
+
 def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration | None,
                           alpha: float | None = None, smooth: tuple[str, ...] = ("qkv", "gate_up", "down", "o"),
                           alphas_chosen: dict[str, float] | None = None,
@@ -159,9 +176,14 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
     """
     if statistic not in SMOOTH_STATISTICS:
         raise ValueError(f"statistic must be one of {SMOOTH_STATISTICS}, got {statistic!r}")
+    arch = architecture(config.architecture)
     out: dict[str, torch.Tensor] = {"final_norm": w["final_norm"].clone()}
     emb_q, emb_s = quantize_weight(w["embed"])
     out["embed.w_q"], out["embed.w_scale"] = emb_q, emb_s
+    if not config.tied_embeddings:
+        out["lm_head.w_q"], out["lm_head.w_scale"] = quantize_weight(w["lm_head"])
+    if "rope_freqs" in w:
+        out["rope_freqs"] = w["rope_freqs"].clone()
     hq, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
     group = hq // hkv
 
@@ -172,7 +194,7 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
     for i in range(config.num_layers):
         p = f"layers.{i}."
         fused = {k: v.clone() for k, v in fused_float_weights(config, w, i).items()}
-        norms = {n: w[p + n].clone() for n in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")}
+        norms = {n: w[p + n].clone() for n in arch.LAYER_NORMS}
         shares = config.layers[i].kv_source_layer is not None
         has_readers = any(spec.kv_source_layer == i for spec in config.layers)
         scales: dict[str, torch.Tensor] = {}
@@ -200,9 +222,15 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
             s_v = scales["o"].reshape(hkv, group, d)[:, 0, :]  # the per-(KV head, channel) scale
             fused["qkv"][(hq + hkv) * d:].view(hkv, d, -1).div_(s_v[:, :, None])
             fused["o"] *= scales["o"]
+        if arch.KEY_SMOOTHING == "qk_rows" and calib is not None and kv_beta > 0:
+            s_k = key_row_scale(config, w, calib.inputs[p + "qkv"], i, kv_beta)  # [Hkv, D]
+            fused["qkv"][hq * d:(hq + hkv) * d].view(hkv, d, -1).mul_(s_k[:, :, None])
+            fused["qkv"][:hq * d].view(hkv, group, d, -1).div_(s_k[:, None, :, None])
         for name, weight in fused.items():
             out[p + name + ".w_q"], out[p + name + ".w_scale"] = quantize_weight(weight)
         out.update({p + n: t for n, t in norms.items()})
+        if arch.KEY_SMOOTHING != "qk_norm":
+            continue
         src = config.kv_source(i)
         if calib is not None and kv_beta > 0 and src not in key_scales:
             key_scales[src] = key_smoothing_scale(config, w, calib.inputs[f"layers.{src}.qkv"], src, kv_beta)

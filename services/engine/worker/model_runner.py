@@ -79,4 +79,4 @@ class ModelRunner:
         sampled = [c.request for c in output.chunks if c.needs_sample]
         if self.logits_observer is not None:
             self.logits_observer(sampled, logits)
-        return sample(logits, [r.sampling for r in sampled], [r.generator for r in sampled])
+        return sample(logits, [r.sampling for r in sampled], [r.generator for r in sampled], sampled)

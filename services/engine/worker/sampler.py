@@ -3,11 +3,18 @@
 Rows are independent: greedy rows take the argmax (first index on ties); every other row is sampled
 on its own with the request's own seeded generator, so a request's tokens never depend on its batch.
 
-A sampled row: x = logits / temperature; top-k keeps the k most likely tokens (renormalized among
-them); top-p then keeps the smallest prefix of the remaining tokens, most likely first, whose mass
-reaches top_p (the token that crosses it included). One uniform u from the request's generator picks
-the token by inverse CDF over the kept weights in vocabulary order, so every sampled token consumes
-exactly one draw (`advance_generator` skips a token's draw when a failover resumes a stream).
+Every row first gets the request's penalties (vLLM's semantics, `apply_penalties`), greedy rows too:
+repetition (tokens of the prompt or the output: logit / p if positive, logit * p otherwise), then
+frequency (minus f times the token's count in the output), then presence (minus p for a token that occurs
+in the output). They depend only on the row's own request (its TokenHistory), so batching changes nothing.
+
+A sampled row: x = logits / temperature; min_p keeps the tokens whose probability is at least min_p times
+the most likely one's, i.e. x_i >= max(x) + ln(min_p) -- always a prefix of the rank order, so it is applied
+as a cut of top-k (effective_top_k); top-k keeps the k most likely tokens (renormalized among them); top-p
+then keeps the smallest prefix of the remaining tokens, most likely first, whose mass reaches top_p (the
+token that crosses it included). One uniform u from the request's generator picks the token by inverse CDF
+over the kept weights in vocabulary order, so every sampled token consumes exactly one draw
+(`advance_generator` skips a token's draw when a failover resumes a stream).
 
 On CPUs with AVX-512 all sampled rows of a step go through one call of kernels/cpu/sample.c; the PyTorch
 code below is its reference and the path elsewhere (same rule, exp rounded differently).
@@ -20,7 +27,10 @@ tokens of the bin where it falls -- the kept set is the same as a full sort's.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -40,6 +50,38 @@ class SampledToken:
     top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
+class TokenHistory(Protocol):
+    """What penalties read of a request (Request has both)."""
+
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams, history: TokenHistory) -> torch.Tensor:
+    """f32[V] logits of one row -> a new row with the request's repetition, frequency and presence penalties."""
+    out = logits.float().clone()
+    output = torch.as_tensor(list(history.output_token_ids), dtype=torch.int64)
+    if params.repetition_penalty != 1.0:
+        seen = torch.unique(torch.cat([torch.as_tensor(list(history.prompt_token_ids), dtype=torch.int64), output]))
+        vals = out[seen]
+        out[seen] = torch.where(vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty)
+    if output.numel() and (params.frequency_penalty != 0.0 or params.presence_penalty != 0.0):
+        ids, counts = torch.unique(output, return_counts=True)
+        out[ids] -= params.frequency_penalty * counts.to(torch.float32)
+        out[ids] -= params.presence_penalty
+    return out
+
+
+def effective_top_k(logits: torch.Tensor, params: SamplingParams) -> int:
+    """top_k with min_p folded in: min_p keeps the tokens with x_i >= max(x) + ln(min_p) (x = logits /
+    temperature), a prefix of the rank order of the length counted here; 0 = no limit."""
+    if params.min_p <= 0.0:
+        return params.top_k
+    x = logits.float() / params.temperature
+    kept = int((x >= x.max() + math.log(params.min_p)).sum())
+    return kept if params.top_k <= 0 else min(kept, params.top_k)
+
+
 def _top_p_prefix(ids: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top_p: float):
     """ids/w sorted most likely first, w unnormalized (float64), total: the mass they are relative to."""
     if top_p >= 1.0:
@@ -49,12 +91,13 @@ def _top_p_prefix(ids: torch.Tensor, w: torch.Tensor, total: torch.Tensor, top_p
 
 
 def kept_tokens(logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """f32[V] logits of one row -> (token ids or None for all of [0, V), unnormalized weights f64) of the tokens
-    the row may be sampled from."""
+    """f32[V] logits of one row (penalties applied) -> (token ids or None for all of [0, V), unnormalized weights
+    f64) of the tokens the row may be sampled from."""
+    top_k = effective_top_k(logits, params)
     x = logits.float() / params.temperature
     vocab = x.numel()
-    if 0 < params.top_k < vocab:
-        vals, ids = torch.topk(x, params.top_k)
+    if 0 < top_k < vocab:
+        vals, ids = torch.topk(x, top_k)
         w = torch.exp(vals - vals[0]).double()
         return _top_p_prefix(ids, w, w.sum(), params.top_p)
     m = x.max()
@@ -122,12 +165,23 @@ def advance_generator(generator: torch.Generator | None) -> None:
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+    histories: Sequence[TokenHistory] | None = None,
 ) -> list[SampledToken]:
-    """logits f32[R, V] -> one token per row."""
+    """logits f32[R, V] -> one token per row; histories[r]: row r's request (needed when it has penalties).
+
+    Log-probs are those of the model's distribution (before penalties), as vLLM returns by default."""
+    penalized = [r for r, p in enumerate(params) if p.has_penalties]
+    raw = logits
+    if penalized:
+        if histories is None:
+            raise ValueError("sampling with penalties needs each row's token history")
+        logits = logits.float().clone()
+        for r in penalized:
+            logits[r] = apply_penalties(logits[r], params[r], histories[r])
     logprobs = None
     if any(p.return_logprobs or p.num_top_logprobs for p in params):
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        logprobs = torch.log_softmax(raw.float(), dim=-1)
     tokens: list[int] = [0] * len(params)
     greedy = [r for r, p in enumerate(params) if p.greedy]
     if greedy:
@@ -138,7 +192,8 @@ def sample(
     if rows:
         us = [uniform(generators[r]) for r in rows]
         sampled = sample_rows_cpu(logits.float(), rows, [params[r].temperature for r in rows],
-                                  [params[r].top_k for r in rows], [params[r].top_p for r in rows], us)
+                                  [effective_top_k(logits[r], params[r]) for r in rows],
+                                  [params[r].top_p for r in rows], us)
         if sampled is None:
             sampled = [sample_row(logits[r], params[r], u) for r, u in zip(rows, us)]
         for r, token in zip(rows, sampled):

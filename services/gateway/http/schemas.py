@@ -54,7 +54,7 @@ class SamplingFields(_Body):
     min_p: float | None = Field(None, ge=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=100)
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(None, max_length=64)

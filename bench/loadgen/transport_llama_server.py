@@ -1,0 +1,108 @@
+"""The peer transport: the same turns through llama-server (bench/peer.py's LlamaServer), prompt cache on.
+
+Each turn's prompt is rendered exactly as a salon engine renders it -- salon's own PromptRenderer and
+tokenizer (services/engine/api/prompt.py), history text tokenized message by message, replies kept as
+the ids the server generated -- and sent to /completion as token ids. So both servers see the same
+prompt tokens for the same dialogue state, and a returning turn's prompt extends the previous one
+exactly, which is what llama-server's prompt cache (`cache_prompt`, slot KV and its host-memory
+cache) reuses. Decoding is greedy (llama-server's /completion here has no seeded sampling to match).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from bench.loadgen.dialogue import ChatMessage
+from bench.loadgen.transport import ModelInfo, TokenDelta, TransportError, TurnRequest, TurnUsage
+from bench.loadgen.workload import Role
+from bench.peer import Completion, LlamaServer, PeerError
+from services.engine.api import prompt as salon_prompt
+
+_ROLES = {Role.USER: salon_prompt.Role.USER, Role.CHARACTER: salon_prompt.Role.CHARACTER}
+
+
+class SalonRendering:
+    """Dialogue messages -> prompt token ids, with the engine's renderer over the engine's tokenizer.
+
+    PromptRenderer renders piece by piece -- [BOS] + character block + each message + the generation
+    prompt -- so the pieces are memoized: a dialogue re-sends its whole history every turn, and only
+    its new messages are tokenized (tens of milliseconds per 2k-token prompt otherwise, on the client).
+    `reference_ids` is the renderer's own render(); a test holds the two equal.
+    """
+
+    def __init__(self, tokenizer, bos_token_id: int) -> None:
+        self.renderer = salon_prompt.PromptRenderer(tokenizer, bos_token_id)
+        self.bos_token_id = bos_token_id
+        # Grows with the distinct messages of a run (a bench run's dialogues, a few MB at most).
+        self._message_ids: dict[ChatMessage, list[int]] = {}
+        self._character_ids: dict[tuple[str, str], list[int]] = {}
+
+    def prompt_ids(self, turn: TurnRequest) -> list[int]:
+        key = (turn.character_name, turn.character_definition)
+        if key not in self._character_ids:
+            self._character_ids[key] = self.renderer.character_ids(salon_prompt.Character(*key))
+        ids = [self.bos_token_id, *self._character_ids[key]]
+        for m in turn.messages:
+            if m not in self._message_ids:
+                self._message_ids[m] = self.renderer.message_ids(to_prompt_message(m))
+            ids += self._message_ids[m]
+        return ids + self.renderer.model_header
+
+    def reference_ids(self, turn: TurnRequest) -> list[int]:
+        character = salon_prompt.Character(turn.character_name, turn.character_definition)
+        return self.renderer.render(character, [to_prompt_message(m) for m in turn.messages])
+
+
+def to_prompt_message(message: ChatMessage) -> salon_prompt.ChatMessage:
+    return salon_prompt.ChatMessage(role=_ROLES[message.role], text=message.text or "", author=message.author,
+                                    token_ids=message.token_ids)
+
+
+class LlamaServerTransport:
+    name = "llama-server"
+
+    def __init__(self, server: LlamaServer, rendering: SalonRendering, model_id: str,
+                 eos_token_ids: frozenset[int]) -> None:
+        self.server, self.rendering = server, rendering
+        self._info = ModelInfo(f"{model_id} (llama.cpp)", server.ctx_tokens_per_slot, eos_token_ids)
+        # Turns whose stream carried fewer ids than llama-server generated (a token held back inside a
+        # multi-byte character at the end of a reply): their next prompt lacks that token.
+        self.num_held_back_turns = 0
+
+    async def __aenter__(self) -> LlamaServerTransport:
+        await self.server.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.server.__aexit__(*exc)
+
+    async def model_info(self) -> ModelInfo:
+        return self._info
+
+    def prepare(self, turn: TurnRequest) -> tuple[list[int], int]:
+        return self.rendering.prompt_ids(turn), turn.max_new_tokens
+
+    async def generate(self, prepared: tuple[list[int], int]) -> AsyncIterator[TokenDelta | TurnUsage]:
+        ids, max_new_tokens = prepared
+        completion: Completion | None = None
+        try:
+            async for item in self.server.stream(ids, max_new_tokens):
+                if isinstance(item, Completion):
+                    completion = item
+                else:
+                    yield TokenDelta(tuple(item))
+        except PeerError as exc:
+            raise TransportError(f"PEER: {exc}") from exc
+        if completion.num_prompt_tokens != len(ids):
+            raise TransportError(f"PEER: llama-server evaluated {completion.num_prompt_tokens} prompt tokens, "
+                                 f"{len(ids)} were sent")
+        if len(completion.token_ids) != completion.num_generated_tokens:
+            self.num_held_back_turns += 1
+        yield TurnUsage(
+            prompt_tokens=len(ids),
+            cached_device_tokens=completion.num_cached_prompt_tokens or 0,
+            cached_host_tokens=0,
+            generated_tokens=completion.num_generated_tokens,
+            engine_id="llama-server",
+            finish_reason=completion.stop_type or "",
+        )

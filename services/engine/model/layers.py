@@ -1,0 +1,70 @@
+"""Layers the architectures share: the token embedding, rotary position embedding, RMSNorm -> Linear.
+
+Every architecture file (models/*.py) is written with these and the Linear classes (linear.py); the
+precision lives entirely in the Linear objects and the embedding table.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.backend import Ops
+from kernels.rope import rope_inv_freq
+from services.engine.model import ops
+from services.engine.model.linear import Int8Linear
+
+
+class Embedding:
+    """Token table: float32 rows, or int8 rows with one float32 scale per row."""
+
+    def __init__(self, table: torch.Tensor, row_scale: torch.Tensor | None = None) -> None:
+        self.table = table
+        self.row_scale = row_scale
+
+    def lookup(self, token_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.table[token_ids].to(torch.float32)
+        if self.row_scale is not None:
+            rows = rows * self.row_scale[token_ids][:, None]
+        return rows
+
+    def nbytes(self) -> int:
+        extra = 0 if self.row_scale is None else self.row_scale.numel() * 4
+        return self.table.numel() * self.table.element_size() + extra
+
+
+class Rotary:
+    """NeoX-layout RoPE (channel pairs (i, i + D/2)) with one layer's base.
+
+    Plain RoPE runs the kernel op (kernels.rope semantics). With linear scaling (angle from
+    position * position_scale) or per-pair frequency factors (Llama 3's rope_freqs: inv_freq[i] / factor[i])
+    the same formula runs here in float32.
+    """
+
+    def __init__(self, kernel_rope, head_dim: int, base: float, position_scale: float = 1.0,
+                 freq_factors: torch.Tensor | None = None) -> None:
+        self.kernel_rope = kernel_rope
+        self.base = base
+        self.plain = position_scale == 1.0 and freq_factors is None
+        inv_freq = rope_inv_freq(head_dim, base)
+        if freq_factors is not None:
+            inv_freq = inv_freq / freq_factors.to(torch.float32)
+        self.inv_freq = inv_freq
+        self.position_scale = position_scale
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x f32[T, H, D], positions int64[T] -> f32[T, H, D]."""
+        if self.plain:
+            return self.kernel_rope(x, positions, self.base)
+        half = x.shape[-1] // 2
+        pos = positions.to(torch.float32) * self.position_scale
+        angle = pos[:, None] * self.inv_freq.to(x.device)[None, :]
+        cos, sin = torch.cos(angle)[:, None, :], torch.sin(angle)[:, None, :]
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, linear, eps: float, kernel_ops: Ops) -> torch.Tensor:
+    """linear(rmsnorm(x)); int8 layers take the fused rmsnorm_quant kernel's output directly."""
+    if isinstance(linear, Int8Linear) and linear.quantize_activations and linear.activation_terms == 1:
+        return linear.from_quantized(*kernel_ops.rmsnorm_quant(x, norm_weight, eps))
+    return linear(ops.rmsnorm(x, norm_weight, eps))

