@@ -66,6 +66,9 @@ class HttpServer:
     def __init__(self, app: FastAPI, host: str, port: int, grace_s: float = 5.0):
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit it: a response's header and body writes go out at once instead
+        # of the body waiting for the client's delayed ACK (40 ms per request on Linux).
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.bind((host, port))
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",

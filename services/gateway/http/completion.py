@@ -28,6 +28,7 @@ class _Choice:
     def __init__(self, index: int):
         self.index = index
         self.text: list[str] = []
+        self.token_ids: list[int] = []
         self.chat_logprobs: list[dict] = []
         self.completion_logprobs: list[dict] = []
         self.num_text_chars = 0
@@ -41,7 +42,7 @@ class _Choice:
 class Completion:
     def __init__(self, *, kind: str, response_id: str, model: str, num_choices: int,
                  events: AsyncIterator[ChoiceEvent], span: Span, release: Callable[[], None],
-                 logprobs: bool, include_usage: bool, arrived_s: float):
+                 logprobs: bool, include_usage: bool, arrived_s: float, return_token_ids: bool = False):
         self.kind = kind  # "chat" or "text_completion"
         self.response_id = response_id
         self.model = model
@@ -54,6 +55,7 @@ class Completion:
         self.include_usage = include_usage
         self.arrived_s = arrived_s
         self.ttft_s: float | None = None
+        self.return_token_ids = return_token_ids
         self._closed = False
 
     # ---- events ----------------------------------------------------------------------------------
@@ -73,6 +75,7 @@ class Completion:
             if self.ttft_s is None and event.delta.token_ids:
                 self.ttft_s = time.perf_counter() - self.arrived_s
             choice.text.append(event.delta.text)
+            choice.token_ids.extend(event.delta.token_ids)
             if self.logprobs:
                 if self.kind == "chat":
                     choice.chat_logprobs.extend(convert.chat_logprobs(event.delta))
@@ -106,6 +109,12 @@ class Completion:
             await self.close()
 
     def _whole_choice(self, c: _Choice) -> dict:
+        out = self._whole_choice_fields(c)
+        if self.return_token_ids:
+            out["token_ids"] = c.token_ids
+        return out
+
+    def _whole_choice_fields(self, c: _Choice) -> dict:
         text = "".join(c.text)
         if self.kind == "chat":
             return {"index": c.index, "message": {"role": "assistant", "content": text},
@@ -134,6 +143,12 @@ class Completion:
         return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
     def _delta_choice(self, index: int, delta: chat_pb2.TokenDelta | None, finish_reason: str | None) -> dict:
+        out = self._delta_choice_fields(index, delta, finish_reason)
+        if self.return_token_ids:
+            out["token_ids"] = list(delta.token_ids) if delta is not None else []
+        return out
+
+    def _delta_choice_fields(self, index: int, delta: chat_pb2.TokenDelta | None, finish_reason: str | None) -> dict:
         if self.kind == "chat":
             logprobs = {"content": convert.chat_logprobs(delta)} if (self.logprobs and delta is not None) else None
             return {"index": index, "delta": {"content": delta.text} if delta is not None else {},

@@ -149,7 +149,7 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
     completion = Completion(kind=operation, response_id=prefix + request_id, model=info.model_id, num_choices=body.n,
                             events=events, span=span, release=release, logprobs=logprobs,
                             include_usage=bool(body.stream and stream_options and stream_options.include_usage),
-                            arrived_s=arrived_s)
+                            arrived_s=arrived_s, return_token_ids=body.return_token_ids)
     headers = {REQUEST_ID_HEADER: request_id}
     if body.stream:
         first = await completion.first()

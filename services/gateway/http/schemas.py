@@ -59,6 +59,8 @@ class SamplingFields(_Body):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(None, max_length=64)
     user: str | None = Field(None, max_length=256)
+    # vLLM's extension: each choice of each chunk (or the whole choice) also carries its token ids.
+    return_token_ids: bool = False
     # Refused (see UNSUPPORTED); declared so the refusal can say why.
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
