@@ -4,6 +4,7 @@ Against a running stack:   salon bench --target 127.0.0.1:50051 --api-key KEY
 Starting its own stack:    salon bench --launch [--model synthetic-tiny] [--engines 2] [--compare-no-cache]
 Side by side with the peer: salon bench --launch --compare-llama-server [--llama-cpp DIR]
 Hit rate against capacity:  salon bench --launch --working-set [--kvstore-fractions 0.75,0.5,0.25]
+Over the OpenAI HTTP API:   salon bench --launch --api openai
 
 Traces (--preset; bench/loadgen/presets.py says exactly what each holds; --quick: its short variant):
   default       8 dialogues with ~4,300-token histories, 4 turns, 24 new tokens, think times; 8 streams
@@ -21,6 +22,10 @@ GGUF, concurrency, reply length, greedy, the prompts rendered by salon as token 
 prints steady turns/s and returning turns' TTFT side by side (bench/loadgen/runs.py).
 --working-set sizes each engine's KV below the dialogues' KV and sweeps the kvstore's capacity
 (bench/loadgen/working_set.py): token hit rate against capacity as a table and a PNG.
+--api openai replays the trace over the gateway's OpenAI HTTP API as a stateless client (no
+conversation ids: the gateway routes by each dialogue's opening), then over gRPC with ids on a fresh
+stack, and reports both hit rates and what the HTTP front adds to a turn (bench/loadgen/http_overhead.py:
+paired one-token turns through both fronts of the HTTP run's stack).
 Every headline names its mode (server, cache, primed or not, working set). Flags override the preset.
 """
 
@@ -85,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--no-cache", action="store_true",
                       help="run without any cache (launched: no kvstore, engines with --no-prefix-cache true)")
     mode.add_argument("--compare-no-cache", action="store_true", help="run with and without cache (needs --launch)")
+    mode.add_argument("--api", choices=("grpc", "openai"), default="grpc",
+                      help="openai: over the HTTP API without conversation ids, then gRPC with ids (needs --launch)")
     mode.add_argument("--compare-llama-server", action="store_true",
                       help="then replay the same trace through llama-server on the same GGUF (needs --launch)")
     peer_layer.add_argument(mode)
@@ -132,6 +139,9 @@ def usage_error(args: argparse.Namespace) -> str | None:
         return f"{needs_launch[0]} needs --launch (it starts the stacks it compares)"
     if args.no_cache and (args.compare_no_cache or args.working_set):
         return "choose one of --no-cache and --compare-no-cache / --working-set"
+    if args.api == "openai" and (not args.launch or args.compare_no_cache or args.compare_llama_server
+                                 or args.working_set or args.no_cache):
+        return "--api openai needs --launch and runs on its own (not with the other comparisons or --no-cache)"
     if args.working_set and (args.compare_no_cache or args.compare_llama_server or args.no_kvstore):
         return "--working-set runs on its own (not with --compare-no-cache, --compare-llama-server or --no-kvstore)"
     if args.compare_llama_server and args.model != PEER_MODEL:
@@ -271,6 +281,8 @@ def run_with_progress(label: str, trace: Trace, args, fn):
 
 def _run_modes(trace: Trace, side: SalonSide, driver: DriverConfig, args, context: dict,
                config: WorkloadConfig) -> int:
+    if args.api == "openai":
+        return _run_openai(trace, side, driver, args, context, config)
     runs: dict[str, RunResult] = {}
     for cache in ([True, False] if args.compare_no_cache else [not args.no_cache]):
         label = "cache" if cache else "no-cache"
@@ -325,6 +337,52 @@ def _run_modes(trace: Trace, side: SalonSide, driver: DriverConfig, args, contex
         print(f"plot: {args.plot}")
     print("RESULT " + json.dumps(result), flush=True)
     return 1 if all(s["num_errors"] == s["num_turns"] for s in summaries.values()) else 0
+
+
+def _run_openai(trace: Trace, side: SalonSide, driver: DriverConfig, args, context: dict,
+                config: WorkloadConfig) -> int:
+    """The trace over HTTP without conversation ids, then over gRPC with ids (a fresh stack each)."""
+    from bench.loadgen.http_overhead import measure_sync
+    from bench.loadgen.stack import StackConfig
+
+    def overhead(stack) -> dict:
+        print("measuring the HTTP front's added latency (paired one-token turns)", flush=True)
+        return {"http_overhead": measure_sync(stack.gateway_address, stack.http_url, StackConfig().api_key,
+                                              num_pairs=20 if args.quick else 60)}
+
+    runs: dict[str, RunResult] = {}
+    runs["openai"], _ = run_with_progress("openai", trace, args, lambda on_turn: run_salon(
+        trace, side, True, driver, on_turn, log_prefix="openai", api="openai", label="openai",
+        mode_detail="over the OpenAI HTTP API, no conversation ids", after_run=overhead))
+    runs["grpc"], _ = run_with_progress("grpc", trace, args, lambda on_turn: run_salon(
+        trace, side, True, driver, on_turn, log_prefix="grpc", label="grpc",
+        mode_detail="over gRPC with conversation ids"))
+    summaries = {label: summarize(run, args.long_history_tokens) for label, run in runs.items()}
+    for summary in summaries.values():
+        print(describe(summary))
+    http, grpc_summary = summaries["openai"], summaries["grpc"]
+    overhead_figures = runs["openai"].extra.get("http_overhead", {})
+    print(f"hit rate over HTTP without conversation ids {_fmt(http['token_hit_rate'], 4)}, over gRPC with ids "
+          f"{_fmt(grpc_summary['token_hit_rate'], 4)}; TTFT p50 {_fmt(http['ttft_ms_p50'])} ms vs "
+          f"{_fmt(grpc_summary['ttft_ms_p50'])} ms; HTTP added latency per turn p50 "
+          f"{_fmt(overhead_figures.get('http_added_latency_ms_p50'))} ms, p99 "
+          f"{_fmt(overhead_figures.get('http_added_latency_ms_p99'))} ms", flush=True)
+    result = result_line(http, {**context, "working_set": False, "api": "openai"}, None, None)
+    result.update({
+        "grpc_token_hit_rate": grpc_summary["token_hit_rate"],
+        "grpc_ttft_ms_p50": grpc_summary["ttft_ms_p50"], "grpc_num_errors": grpc_summary["num_errors"],
+        "ttft_ms_p50_added_over_grpc": None if http["ttft_ms_p50"] is None or grpc_summary["ttft_ms_p50"] is None
+        else http["ttft_ms_p50"] - grpc_summary["ttft_ms_p50"],
+        **{k: v for k, v in overhead_figures.items() if k != "num_pairs"},
+        "http_overhead_pairs": overhead_figures.get("num_pairs"), "peer": None, "peer_error": "not requested (--compare-llama-server)",
+    })
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"workload": dataclasses.asdict(config), "runs": summaries, "result": result,
+                                         "records": {label: [dataclasses.asdict(r) for r in run.records]
+                                                     for label, run in runs.items()}}, indent=1, default=str))
+    print("RESULT " + json.dumps(result), flush=True)
+    return 1 if any(s["num_errors"] == s["num_turns"] for s in summaries.values()) else 0
 
 
 def _run_working_set(trace: Trace, side: SalonSide, driver: DriverConfig, fractions, args, context: dict,

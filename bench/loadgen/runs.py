@@ -44,9 +44,14 @@ class SalonSide:
 
 def run_salon(trace: Trace, side: SalonSide, cache: bool, driver: DriverConfig,
               on_turn: Callable[[TurnRecord], None] | None = None, log_prefix: str = "",
-              mode_detail: str | None = None) -> tuple[RunResult, dict | None]:
-    """Replays the trace through salon (with or without its caches); (RunResult, kvstore GetStats or None)."""
-    label = "cache" if cache else "no-cache"
+              mode_detail: str | None = None, api: str = "grpc", label: str | None = None,
+              after_run: Callable[[object], dict] | None = None) -> tuple[RunResult, dict | None]:
+    """Replays the trace through salon (with or without its caches); (RunResult, kvstore GetStats or None).
+
+    api "grpc": salon.chat.v1 with conversation ids; "openai": the HTTP API as a stateless client (no
+    conversation ids; needs a launched stack). after_run(stack) runs on the launched stack before it
+    stops; what it returns lands in the run's `extra`."""
+    label = label or ("cache" if cache else "no-cache")
     stack = None
     target, api_key = side.target, side.api_key
     if side.launch:
@@ -55,16 +60,26 @@ def run_salon(trace: Trace, side: SalonSide, cache: bool, driver: DriverConfig,
         config = StackConfig(model=side.model, num_engines=side.num_engines, cache=cache,
                              kvstore=cache and side.kvstore, engine_args=side.engine_args,
                              kvstore_capacity_bytes=side.kvstore_capacity_bytes,
-                             engine_kv_cache_bytes=side.engine_kv_cache_bytes, engine_timeout_s=side.startup_timeout_s)
+                             engine_kv_cache_bytes=side.engine_kv_cache_bytes, engine_timeout_s=side.startup_timeout_s,
+                             http=api == "openai")
         log_dir = side.log_dir / log_prefix if log_prefix else side.log_dir
         print(f"starting {label} stack: {side.num_engines} engine(s) of {side.model}, logs in {log_dir}", flush=True)
         stack = launch_stack(config, log_dir)
         target, api_key = stack.gateway_address, config.api_key
     try:
         # Priming fills a cache; without one it would only cost time, so the no-cache run skips it.
-        transport = ChatGrpcTransport(target, api_key, side.request_timeout_s)
+        if api == "openai":
+            from bench.loadgen.transport_openai import OpenAIHttpTransport
+
+            if stack is None:
+                raise ValueError("the OpenAI transport needs a launched stack (--launch)")
+            transport = OpenAIHttpTransport(stack.http_url, api_key, request_timeout_s=side.request_timeout_s)
+        else:
+            transport = ChatGrpcTransport(target, api_key, side.request_timeout_s)
         run = asyncio.run(replay(trace, transport, replace(driver, prime=driver.prime and cache), label, on_turn))
         stats = stack.kvstore_stats() if stack is not None else None
+        if after_run is not None and stack is not None:
+            run = replace(run, extra={**run.extra, **after_run(stack)})
     finally:
         if stack is not None:
             stack.stop()

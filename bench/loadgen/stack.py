@@ -36,6 +36,8 @@ class StackConfig:
     engine_kv_cache_bytes: int | None = None
     engine_args: tuple[str, ...] = ()
     engine_timeout_s: float = 1800.0
+    # Also serve the gateway's OpenAI-compatible HTTP API (Stack.http_url).
+    http: bool = False
 
 
 @dataclass
@@ -43,6 +45,8 @@ class Stack:
     gateway_address: str
     processes: list[ServiceProcess] = field(default_factory=list)
     kvstore_address: str | None = None
+    # The gateway's HTTP API (StackConfig.http), e.g. http://127.0.0.1:PORT.
+    http_url: str | None = None
 
     def stop(self) -> None:
         stop_processes(self.processes)
@@ -126,10 +130,12 @@ def launch_stack(config: StackConfig, log_dir: Path) -> Stack:
             engine.wait_serving(timeout_s=config.engine_timeout_s)
         targets = ",".join(f"engine-{i}={e.address}" for i, e in enumerate(engines))
         gateway = start_service("gateway", ["--port", "0", "--engines", targets,
-                                            "--tenants-file", str(write_tenants_file(log_dir, config.api_key))],
+                                            "--tenants-file", str(write_tenants_file(log_dir, config.api_key)),
+                                            *(["--http-port", "0"] if config.http else [])],
                                 log_path=log_dir / f"{label}-gateway.log")
         procs.append(gateway)
     except BaseException:
         stop_processes(procs)
         raise
-    return Stack(gateway.address, procs, kv_address)
+    http_url = f"http://127.0.0.1:{gateway.extra_ports['http_port']}" if config.http else None
+    return Stack(gateway.address, procs, kv_address, http_url)

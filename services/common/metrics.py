@@ -6,7 +6,10 @@ the RPC-level counters below are recorded by the server interceptor for every se
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import Counter, Histogram, disable_created_metrics, start_http_server
+
+# No `_created` series: they double every counter and histogram and no dashboard reads them.
+disable_created_metrics()
 
 RPC_REQUESTS = Counter(
     "salon_rpc_requests_total",

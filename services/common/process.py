@@ -21,7 +21,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-_LISTENING = re.compile(r"^LISTENING (\S+) port=(\d+) metrics_port=(\S+)")
+_LISTENING = re.compile(r"^LISTENING (\S+) port=(\d+) metrics_port=(\S+)(.*)")
+_EXTRA_PORT = re.compile(r"(\w+)=(\d+)")
 
 
 class ServiceStartError(RuntimeError):
@@ -39,6 +40,8 @@ class ServiceProcess:
     process: subprocess.Popen | None = field(default=None, init=False)
     port: int | None = field(default=None, init=False)
     metrics_port: int | None = field(default=None, init=False)
+    # Further listeners the service announced (e.g. the gateway's `http_port`).
+    extra_ports: dict[str, int] = field(default_factory=dict, init=False)
 
     @property
     def address(self) -> str:
@@ -62,6 +65,7 @@ class ServiceProcess:
             raise ServiceStartError(f"{self.service} did not start: {line!r}{self._log_tail()}")
         self.port = int(match.group(2))
         self.metrics_port = None if match.group(3) == "None" else int(match.group(3))
+        self.extra_ports = {name: int(value) for name, value in _EXTRA_PORT.findall(match.group(4))}
         # Keep draining stdout so the child never blocks on a full pipe.
         threading.Thread(target=_drain, args=(self.process.stdout,), daemon=True).start()
         return self

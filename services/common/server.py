@@ -148,7 +148,9 @@ async def serve(service: Service, config: ServerConfig) -> None:
     credentials = server_credentials(config)
     port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     await server.start()
-    print(f"LISTENING {service.name} port={port} metrics_port={metrics_port}", flush=True)
+    # A service with more listeners (the gateway's HTTP API) names them after the standard two.
+    extra = "".join(f" {name}={value}" for name, value in getattr(service, "listening_ports", {}).items())
+    print(f"LISTENING {service.name} port={port} metrics_port={metrics_port}{extra}", flush=True)
     log.info("listening", port=port, metrics_port=metrics_port, tls=credentials is not None)
 
     stop = asyncio.Event()
@@ -159,6 +161,9 @@ async def serve(service: Service, config: ServerConfig) -> None:
 
     log.info("shutting_down", grace_s=config.grace_s)
     await health.set_not_serving()
+    stop_accepting = getattr(service, "stop_accepting", None)
+    if stop_accepting is not None:
+        await stop_accepting()
     await server.stop(config.grace_s)
     await service.stop()
     shutdown_tracing()

@@ -2,9 +2,10 @@
 
 W3C trace context travels in gRPC metadata through gateway -> engine -> kvstore: the server
 interceptor continues the caller's trace and the client interceptors (see channel.py) pass it on.
-The exporter follows the standard OTEL_* variables: OTLP/gRPC when OTEL_EXPORTER_OTLP_ENDPOINT (or
-..._TRACES_ENDPOINT) is set and OTEL_TRACES_EXPORTER is not "none"; otherwise spans are still made
-(log lines carry their ids) but not exported. `trace_file` adds a JSON-lines file exporter, one span
+The exporter follows the standard OTEL_* variables: OTLP when OTEL_EXPORTER_OTLP_ENDPOINT (or
+..._TRACES_ENDPOINT) is set and OTEL_TRACES_EXPORTER is not "none", over gRPC or, with
+OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL=http/protobuf, over HTTP; otherwise spans are still made (log
+lines carry their ids) but not exported. OTEL_SERVICE_NAME names the service (default `salon-<svc>`). `trace_file` adds a JSON-lines file exporter, one span
 per line, used by the tests and for local debugging.
 
 Sampling is parent-based everywhere: a call that arrives with a trace context keeps its caller's
@@ -75,6 +76,31 @@ def ratio_sampler(sample_ratio: float) -> ParentBased:
     return ParentBased(TraceIdRatioBased(sample_ratio))
 
 
+OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+def service_name(service: str, environ: Mapping[str, str]) -> str:
+    """OTEL_SERVICE_NAME when set, else `salon-<service>`."""
+    return environ.get("OTEL_SERVICE_NAME") or f"salon-{service}"
+
+
+def otlp_exporter(environ: Mapping[str, str]):
+    """The OTLP span exporter the standard variables ask for: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else
+    OTEL_EXPORTER_OTLP_PROTOCOL: `grpc` (the default) or `http/protobuf`. The exporter itself reads the
+    endpoint, headers and timeout variables."""
+    protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "grpc").strip().lower()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        return HttpExporter()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter()
+    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not supported (one of {', '.join(OTLP_PROTOCOLS)})")
+
+
 def configure_tracing(
     service: str,
     trace_file: str | None = None,
@@ -86,13 +112,12 @@ def configure_tracing(
     if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return
     sampler = None if sample_ratio is None else ratio_sampler(sample_ratio)
-    provider = TracerProvider(resource=Resource.create({"service.name": f"salon-{service}"}), sampler=sampler)
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name(service, environ)}),
+                              sampler=sampler)
     exporter_choice = environ.get("OTEL_TRACES_EXPORTER", "otlp").lower()
     endpoint_set = bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     if endpoint_set and exporter_choice != "none":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(otlp_exporter(environ)))
     if trace_file:
         provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(trace_file)))
     trace.set_tracer_provider(provider)

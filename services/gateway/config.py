@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.common.server import ServerConfig
-from services.gateway.routing import LOAD_FACTOR, MIN_CAPACITY
+from services.gateway.routing import LOAD_FACTOR, MIN_CAPACITY, OPENING_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -47,3 +47,8 @@ class GatewayConfig:
     engine_tls_cert_file: str | None = field(default=None, metadata={"help": "our client certificate (mutual TLS)"})
     engine_tls_key_file: str | None = field(default=None, metadata={"help": "key of engine_tls_cert_file"})
     model_info_ttl_s: float = field(default=30.0, metadata={"help": "how long GetModelInfo answers are cached"})
+    # The OpenAI-compatible HTTP API (services/gateway/http/).
+    http_port: int | None = field(default=None, metadata={"help": "OpenAI-compatible HTTP API port (0 = free port; "
+                                                                  "default: off)"})
+    opening_max_bytes: int = field(default=OPENING_MAX_BYTES, metadata={
+        "help": "bytes of a stateless dialogue's opening hashed into its routing key (0: no prefix routing)"})

@@ -158,8 +158,10 @@ class Dispatcher:
         tenant_id: TenantId,
         deadline_s: float | None,
         arrived_s: float,
+        model: str = "",
     ) -> AsyncIterator[chat_pb2.GenerateResponse]:
-        """Yield the reply's events. `deadline_s` is absolute (time.monotonic), None for no deadline."""
+        """Yield the reply's events. `deadline_s` is absolute (time.monotonic), None for no deadline;
+        `model` labels the latency metrics."""
         key = dialogue_key(tenant_id, request.conversation_id)
         decision = await self._place(key)
         exclude: set[EngineId] = set()
@@ -179,7 +181,7 @@ class Dispatcher:
                 request.resume_token_ids[:] = forwarded_token_ids
             timeout_s = None if deadline_s is None else max(0.001, deadline_s - time.monotonic())
             if num_failovers == 0 and num_refusals == 0:
-                metrics.ADDED_LATENCY_MS.observe((time.perf_counter() - arrived_s) * 1000)
+                metrics.ADDED_LATENCY.labels(model).observe(time.perf_counter() - arrived_s)
             handle.num_inflight += 1
             engine_metrics = self._engine_metrics(engine_id)
             engine_metrics.inflight.inc()
@@ -202,7 +204,7 @@ class Dispatcher:
                     forwarded_token_ids.extend(event.delta.token_ids)
                     if not first_token_seen and event.delta.token_ids:
                         first_token_seen = True
-                        metrics.TTFT_MS.observe((time.perf_counter() - arrived_s) * 1000)
+                        metrics.TIME_TO_FIRST_TOKEN.labels(model).observe(time.perf_counter() - arrived_s)
                     yield event
                 call_code = grpc.StatusCode.OK
                 if finished:

@@ -1,10 +1,13 @@
-"""Prometheus metrics of the gateway (default registry; served by the bootstrap on metrics_port)."""
+"""Prometheus metrics of the gateway (default registry; served by the bootstrap on metrics_port).
+Latencies are `_seconds` histograms; the turn's latencies carry the served `model`."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-_LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 5000)
+# The engines' 5 ms .. 120 s buckets, with finer ones below for the gateway's own sub-millisecond work.
+_LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
+                      0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 120.0)
 
 REQUESTS = Counter(
     "salon_gateway_requests_total",
@@ -30,16 +33,18 @@ FAILOVERS = Counter(
     "Streams moved to another engine after the serving engine failed mid-stream.",
     ["from_engine"],
 )
-ADDED_LATENCY_MS = Histogram(
-    "salon_gateway_added_latency_ms",
+ADDED_LATENCY = Histogram(
+    "salon_gateway_added_latency_seconds",
     "Time the gateway spends before the engine call is issued (auth, admission, routing, session "
-    "lookup), milliseconds.",
-    buckets=_LATENCY_BUCKETS_MS,
+    "lookup), seconds.",
+    ["model"],
+    buckets=_LATENCY_BUCKETS_S,
 )
-TTFT_MS = Histogram(
-    "salon_gateway_ttft_ms",
-    "Time from request arrival at the gateway to the first token forwarded, milliseconds.",
-    buckets=_LATENCY_BUCKETS_MS,
+TIME_TO_FIRST_TOKEN = Histogram(
+    "salon_gateway_time_to_first_token_seconds",
+    "Time from request arrival at the gateway to the first token forwarded, seconds.",
+    ["model"],
+    buckets=_LATENCY_BUCKETS_S,
 )
 REFUSALS = Counter(
     "salon_gateway_refusals_total",

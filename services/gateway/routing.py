@@ -2,6 +2,29 @@
 
 A dialogue is known by its DialogueKey (`<tenant_id>/<conversation_id>`, see types.py).
 
+Dialogues without a conversation id (stateless clients: the OpenAI HTTP API):
+
+    conversation id = the `x-salon-conversation-id` header when the client sends one, else
+                      "~opening/" + hex(the chained block hash of the dialogue's *opening*)
+    opening         = for a chat: the system/character block (the leading system and developer
+                      messages) and the first user message, rendered as role-tagged, length-
+                      prefixed UTF-8; for a text completion: the prompt's text (or its token ids,
+                      4 bytes each); in both cases cut to OPENING_MAX_BYTES
+    hash            = services/common/prefix_hash.chain_hash over 64-byte blocks of the opening,
+                      chained under the tenant's namespace salt; the last block's hash names it
+
+    Every turn of a dialogue re-sends its opening unchanged, so a stateless client's turns share one
+    key: the session table and the ring send them to the engine that holds the dialogue's KV (llm-d's
+    "precise prefix-cache routing", for the price of hashing at most OPENING_MAX_BYTES per request).
+    Dialogues that open differently hash apart and spread over the ring. Two dialogues with the same
+    opening share an engine, which is what their common prefix wants anyway.
+
+    OPENING_MAX_BYTES      2048  how much of the opening is hashed (`--opening-max-bytes`). Smaller
+                                 groups more dialogues whose openings agree that far (a shared long
+                                 character definition puts all its dialogues on one engine, bounded by
+                                 LOAD_FACTOR); 0 turns prefix routing off: each stateless request
+                                 is placed alone (least loaded of the ring order of a random key).
+
 Decision rule (BoundedLoadPolicy, consistent hashing with bounded loads):
 
     eligible  = engines that are SERVING, not draining, and not excluded for this request
@@ -50,12 +73,39 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.common.prefix_hash import ROOT_PARENT, chain_hash
 from services.gateway.ring import DEFAULT_VNODES_PER_ENGINE, HashRing
 from services.gateway.types import DialogueKey, EngineId
 
 LOAD_FACTOR = 1.25
 MIN_CAPACITY = 8
 VNODES_PER_ENGINE = DEFAULT_VNODES_PER_ENGINE
+OPENING_MAX_BYTES = 2048
+OPENING_BLOCK_BYTES = 64
+OPENING_CONVERSATION_PREFIX = "~opening/"
+
+
+def opening_conversation_id(namespace_salt: str, opening: bytes, max_bytes: int = OPENING_MAX_BYTES) -> str | None:
+    """The conversation id of a dialogue that brought none: the chained hash of its opening (see above);
+    None when prefix routing is off (max_bytes 0) or the opening is empty."""
+    opening = opening[:max_bytes]
+    if not opening:
+        return None
+    namespace = namespace_salt.encode("utf-8")
+    parent = ROOT_PARENT
+    for start in range(0, len(opening), OPENING_BLOCK_BYTES):
+        parent = chain_hash(namespace, parent, opening[start:start + OPENING_BLOCK_BYTES])
+    return OPENING_CONVERSATION_PREFIX + parent.hex()
+
+
+def render_opening(parts: list[tuple[str, str]]) -> bytes:
+    """(role, text) pieces as role-tagged, length-prefixed UTF-8 (unambiguous: no two lists agree)."""
+    out = bytearray()
+    for role, text in parts:
+        for field in (role, text):
+            data = field.encode("utf-8")
+            out += len(data).to_bytes(4, "little") + data
+    return bytes(out)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,17 @@ def pool_settings(config: GatewayConfig) -> PoolSettings:
     )
 
 
+def build_http_server(config: GatewayConfig, tenants: TenantTable, admission: AdmissionControl,
+                      dispatcher: Dispatcher, pool: EnginePool):
+    """The OpenAI-compatible front on config.http_port, over the same core as the gRPC servicer."""
+    from services.gateway.http.app import HttpServer, build_app
+    from services.gateway.http.catalog import ModelCatalog
+    from services.gateway.http.routes import Front
+
+    front = Front(tenants, admission, dispatcher, ModelCatalog(pool, config.model_info_ttl_s), config.opening_max_bytes)
+    return HttpServer(build_app(front), config.server.host, config.http_port, config.server.grace_s)
+
+
 class GatewayService:
     name = "gateway"
 
@@ -90,6 +101,9 @@ class GatewayService:
         self.sessions: SessionTable | None = None
         self.dispatcher: Dispatcher | None = None
         self._ready_task: asyncio.Task | None = None
+        self.http = None
+        # Ports besides gRPC and metrics, printed in the LISTENING line (services/common/server.py).
+        self.listening_ports: dict[str, int] = {}
 
     async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
         if not self.tenants.tenants and self.tenants.anonymous is None:
@@ -107,6 +121,10 @@ class GatewayService:
         )
         chat_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
         self.pool.start()
+        if self.config.http_port is not None:
+            self.http = build_http_server(self.config, self.tenants, servicer.admission, self.dispatcher, self.pool)
+            self.http.start()
+            self.listening_ports["http_port"] = self.http.port
         self._ready_task = asyncio.create_task(self._serve_when_routable(health))
         log.info("gateway_config", engines=[e.engine_id for e in self.endpoints], dns=self.config.engines_dns,
                  policy=self.policy.name, sessions="redis" if self.config.redis_url else "memory",
@@ -119,6 +137,11 @@ class GatewayService:
         await self.pool.wait_for(lambda loads: any(load.accepting for load in loads.values()), timeout_s=1e9)
         await health.set_serving()
         log.info("gateway_serving")
+
+    async def stop_accepting(self) -> None:
+        """Stop the HTTP front (its streams get the grace period) before the gRPC server stops."""
+        if self.http is not None:
+            await self.http.stop()
 
     async def stop(self) -> None:
         if self._ready_task is not None:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import structlog
+from opentelemetry import trace
 
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.engine.v1 import engine_pb2
@@ -15,6 +16,7 @@ from services.common.errors import ResourceExhausted, Unauthenticated, Unavailab
 from services.common.logging import bind_request_context, get_logger
 from services.gateway import metrics
 from services.gateway.dispatch import Dispatcher
+from services.gateway.genai_span import set_request_attributes, set_response_attributes
 from services.gateway.membership import EnginePool
 from services.gateway.ratelimit import AdmissionControl
 from services.gateway.tenants import Tenant, TenantTable
@@ -36,8 +38,11 @@ def to_engine_request(request: chat_pb2.GenerateRequest, request_id: str, namesp
         engine_request.character.CopyFrom(request.character)
     if request.HasField("sampling"):
         engine_request.sampling.CopyFrom(request.sampling)
-    if request.WhichOneof("context") == "dialogue":
+    which = request.WhichOneof("context")
+    if which == "dialogue":
         engine_request.dialogue.CopyFrom(request.dialogue)
+    elif which == "text":
+        engine_request.text = request.text
     else:
         engine_request.tokens.CopyFrom(request.tokens)
     return engine_request
@@ -90,7 +95,17 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             remaining_s = context.time_remaining()
             deadline_s = None if remaining_s is None else time.monotonic() + remaining_s
             engine_request = to_engine_request(request, request_id, tenant.namespace_salt)
-            async for event in self.dispatcher.stream(engine_request, tenant.tenant_id, deadline_s, arrived_s):
+            model = self._model_info.model_id if self._model_info is not None else ""
+            span = trace.get_current_span()
+            operation = "text_completion" if request.WhichOneof("context") != "dialogue" else "chat"
+            set_request_attributes(span, operation, model, request.sampling)
+            first_token_s = None
+            async for event in self.dispatcher.stream(engine_request, tenant.tenant_id, deadline_s, arrived_s, model):
+                if first_token_s is None and event.delta.token_ids:
+                    first_token_s = time.perf_counter() - arrived_s
+                if event.HasField("final"):
+                    reason = chat_pb2.FinishReason.Name(event.final.finish_reason).removeprefix("FINISH_REASON_")
+                    set_response_attributes(span, request_id, model, [reason.lower()], [event.final], first_token_s)
                 yield event
         finally:
             self.admission.release(tenant)

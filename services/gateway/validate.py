@@ -23,8 +23,10 @@ def validate_generate(request: chat_pb2.GenerateRequest) -> None:
         raise InvalidArgument("request_id: must contain printable characters only")
     which = request.WhichOneof("context")
     if which is None:
-        raise InvalidArgument("context: one of dialogue or tokens is required")
+        raise InvalidArgument("context: one of dialogue, tokens or text is required")
     if which == "dialogue" and not request.dialogue.messages:
         raise InvalidArgument("dialogue.messages: at least one message is required")
+    if which == "text" and not request.text:
+        raise InvalidArgument("text: at least one character is required")
     if which == "tokens" and not request.tokens.token_ids:
         raise InvalidArgument("tokens.token_ids: at least one token id is required")

@@ -24,17 +24,18 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18salon/chat/v1/chat.proto\x12\rsalon.chat.v1\"-\n\tCharacter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ndefinition\x18\x02 \x01(\t\"]\n\x07Message\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.salon.chat.v1.Role\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\"4\n\x08\x44ialogue\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.salon.chat.v1.Message\"$\n\x0fTokenizedPrompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\xbe\x01\n\x0eSamplingParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x0cstop_strings\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x17\n\x0freturn_logprobs\x18\x08 \x01(\x08\x42\x07\n\x05_seed\"\x86\x02\n\x0fGenerateRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12+\n\tcharacter\x18\x03 \x01(\x0b\x32\x18.salon.chat.v1.Character\x12+\n\x08\x64ialogue\x18\x04 \x01(\x0b\x32\x17.salon.chat.v1.DialogueH\x00\x12\x30\n\x06tokens\x18\x05 \x01(\x0b\x32\x1e.salon.chat.v1.TokenizedPromptH\x00\x12/\n\x08sampling\x18\x06 \x01(\x0b\x32\x1d.salon.chat.v1.SamplingParamsB\t\n\x07\x63ontext\",\n\x0c\x43\x61\x63hedTokens\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\r\"l\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x32\n\rcached_tokens\x18\x02 \x01(\x0b\x32\x1b.salon.chat.v1.CachedTokens\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\"S\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x13\n\x0bitl_ms_mean\x18\x04 \x01(\x01\"?\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\"\xcb\x01\n\rGenerateFinal\x12\x32\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1b.salon.chat.v1.FinishReason\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.salon.chat.v1.Usage\x12\'\n\x07timings\x18\x03 \x01(\x0b\x32\x16.salon.chat.v1.Timings\x12\x11\n\tengine_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\tfailovers\x18\x06 \x01(\r\"v\n\x10GenerateResponse\x12*\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x19.salon.chat.v1.TokenDeltaH\x00\x12-\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.salon.chat.v1.GenerateFinalH\x00\x42\x07\n\x05\x65vent\"\x15\n\x13GetModelInfoRequest\"?\n\x14GetModelInfoResponse\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.salon.chat.v1.ModelInfo\"\x98\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x14\n\x0c\x62os_token_id\x18\x05 \x01(\r\x12\x1c\n\x14kv_block_size_tokens\x18\x06 \x01(\r*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_CHARACTER\x10\x02\x12\x0f\n\x0bROLE_SYSTEM\x10\x03*\xbf\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x01\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x1e\n\x1a\x46INISH_REASON_CONTEXT_FULL\x10\x04\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x05\x32\xb5\x01\n\x0b\x43hatService\x12M\n\x08Generate\x12\x1e.salon.chat.v1.GenerateRequest\x1a\x1f.salon.chat.v1.GenerateResponse0\x01\x12W\n\x0cGetModelInfo\x12\".salon.chat.v1.GetModelInfoRequest\x1a#.salon.chat.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18salon/chat/v1/chat.proto\x12\rsalon.chat.v1\"-\n\tCharacter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ndefinition\x18\x02 \x01(\t\"]\n\x07Message\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.salon.chat.v1.Role\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\"4\n\x08\x44ialogue\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.salon.chat.v1.Message\"$\n\x0fTokenizedPrompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\xb4\x02\n\x0eSamplingParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x0cstop_strings\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x17\n\x0freturn_logprobs\x18\x08 \x01(\x08\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12\x14\n\x0ctop_logprobs\x18\r \x01(\rB\x07\n\x05_seed\"\x96\x02\n\x0fGenerateRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12+\n\tcharacter\x18\x03 \x01(\x0b\x32\x18.salon.chat.v1.Character\x12+\n\x08\x64ialogue\x18\x04 \x01(\x0b\x32\x17.salon.chat.v1.DialogueH\x00\x12\x30\n\x06tokens\x18\x05 \x01(\x0b\x32\x1e.salon.chat.v1.TokenizedPromptH\x00\x12\x0e\n\x04text\x18\x10 \x01(\tH\x00\x12/\n\x08sampling\x18\x06 \x01(\x0b\x32\x1d.salon.chat.v1.SamplingParamsB\t\n\x07\x63ontext\",\n\x0c\x43\x61\x63hedTokens\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\r\"l\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x32\n\rcached_tokens\x18\x02 \x01(\x0b\x32\x1b.salon.chat.v1.CachedTokens\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\"S\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x13\n\x0bitl_ms_mean\x18\x04 \x01(\x01\"\x8b\x01\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x35\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x1f.salon.chat.v1.PositionLogprobs\x12\x13\n\x0btoken_bytes\x18\x05 \x03(\x0c\"F\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\"C\n\x10PositionLogprobs\x12/\n\ncandidates\x18\x01 \x03(\x0b\x32\x1b.salon.chat.v1.TokenLogprob\"\xcb\x01\n\rGenerateFinal\x12\x32\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1b.salon.chat.v1.FinishReason\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.salon.chat.v1.Usage\x12\'\n\x07timings\x18\x03 \x01(\x0b\x32\x16.salon.chat.v1.Timings\x12\x11\n\tengine_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\tfailovers\x18\x06 \x01(\r\"v\n\x10GenerateResponse\x12*\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x19.salon.chat.v1.TokenDeltaH\x00\x12-\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.salon.chat.v1.GenerateFinalH\x00\x42\x07\n\x05\x65vent\"\x15\n\x13GetModelInfoRequest\"?\n\x14GetModelInfoResponse\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.salon.chat.v1.ModelInfo\"\x98\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x14\n\x0c\x62os_token_id\x18\x05 \x01(\r\x12\x1c\n\x14kv_block_size_tokens\x18\x06 \x01(\r*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_CHARACTER\x10\x02\x12\x0f\n\x0bROLE_SYSTEM\x10\x03*\xbf\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x01\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x1e\n\x1a\x46INISH_REASON_CONTEXT_FULL\x10\x04\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x05\x32\xb5\x01\n\x0b\x43hatService\x12M\n\x08Generate\x12\x1e.salon.chat.v1.GenerateRequest\x1a\x1f.salon.chat.v1.GenerateResponse0\x01\x12W\n\x0cGetModelInfo\x12\".salon.chat.v1.GetModelInfoRequest\x1a#.salon.chat.v1.GetModelInfoResponseB4\n\rsalon.chat.v1P\x01Z!salon/gen/go/salon/chat/v1;chatv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'salon.chat.v1.chat_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=1610
-  _globals['_ROLE']._serialized_end=1690
-  _globals['_FINISHREASON']._serialized_start=1693
-  _globals['_FINISHREASON']._serialized_end=1884
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\rsalon.chat.v1P\001Z!salon/gen/go/salon/chat/v1;chatv1'
+  _globals['_ROLE']._serialized_start=1962
+  _globals['_ROLE']._serialized_end=2042
+  _globals['_FINISHREASON']._serialized_start=2045
+  _globals['_FINISHREASON']._serialized_end=2236
   _globals['_CHARACTER']._serialized_start=43
   _globals['_CHARACTER']._serialized_end=88
   _globals['_MESSAGE']._serialized_start=90
@@ -44,27 +45,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOKENIZEDPROMPT']._serialized_start=239
   _globals['_TOKENIZEDPROMPT']._serialized_end=275
   _globals['_SAMPLINGPARAMS']._serialized_start=278
-  _globals['_SAMPLINGPARAMS']._serialized_end=468
-  _globals['_GENERATEREQUEST']._serialized_start=471
-  _globals['_GENERATEREQUEST']._serialized_end=733
-  _globals['_CACHEDTOKENS']._serialized_start=735
-  _globals['_CACHEDTOKENS']._serialized_end=779
-  _globals['_USAGE']._serialized_start=781
-  _globals['_USAGE']._serialized_end=889
-  _globals['_TIMINGS']._serialized_start=891
-  _globals['_TIMINGS']._serialized_end=974
-  _globals['_TOKENDELTA']._serialized_start=976
-  _globals['_TOKENDELTA']._serialized_end=1039
-  _globals['_GENERATEFINAL']._serialized_start=1042
-  _globals['_GENERATEFINAL']._serialized_end=1245
-  _globals['_GENERATERESPONSE']._serialized_start=1247
-  _globals['_GENERATERESPONSE']._serialized_end=1365
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1367
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1388
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1390
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1453
-  _globals['_MODELINFO']._serialized_start=1456
-  _globals['_MODELINFO']._serialized_end=1608
-  _globals['_CHATSERVICE']._serialized_start=1887
-  _globals['_CHATSERVICE']._serialized_end=2068
+  _globals['_SAMPLINGPARAMS']._serialized_end=586
+  _globals['_GENERATEREQUEST']._serialized_start=589
+  _globals['_GENERATEREQUEST']._serialized_end=867
+  _globals['_CACHEDTOKENS']._serialized_start=869
+  _globals['_CACHEDTOKENS']._serialized_end=913
+  _globals['_USAGE']._serialized_start=915
+  _globals['_USAGE']._serialized_end=1023
+  _globals['_TIMINGS']._serialized_start=1025
+  _globals['_TIMINGS']._serialized_end=1108
+  _globals['_TOKENDELTA']._serialized_start=1111
+  _globals['_TOKENDELTA']._serialized_end=1250
+  _globals['_TOKENLOGPROB']._serialized_start=1252
+  _globals['_TOKENLOGPROB']._serialized_end=1322
+  _globals['_POSITIONLOGPROBS']._serialized_start=1324
+  _globals['_POSITIONLOGPROBS']._serialized_end=1391
+  _globals['_GENERATEFINAL']._serialized_start=1394
+  _globals['_GENERATEFINAL']._serialized_end=1597
+  _globals['_GENERATERESPONSE']._serialized_start=1599
+  _globals['_GENERATERESPONSE']._serialized_end=1717
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1719
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1740
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1742
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1805
+  _globals['_MODELINFO']._serialized_start=1808
+  _globals['_MODELINFO']._serialized_end=1960
+  _globals['_CHATSERVICE']._serialized_start=2239
+  _globals['_CHATSERVICE']._serialized_end=2420
 # @@protoc_insertion_point(module_scope)

@@ -66,7 +66,7 @@ class TokenizedPrompt(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_strings", "stop_token_ids", "return_logprobs")
+    __slots__ = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_strings", "stop_token_ids", "return_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "top_logprobs")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,11 @@ class SamplingParams(_message.Message):
     STOP_STRINGS_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     temperature: float
     top_k: int
@@ -83,23 +88,30 @@ class SamplingParams(_message.Message):
     stop_strings: _containers.RepeatedScalarFieldContainer[str]
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     return_logprobs: bool
-    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_strings: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_logprobs: _Optional[bool] = ...) -> None: ...
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    min_p: float
+    top_logprobs: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_strings: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_logprobs: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("conversation_id", "request_id", "character", "dialogue", "tokens", "sampling")
+    __slots__ = ("conversation_id", "request_id", "character", "dialogue", "tokens", "text", "sampling")
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHARACTER_FIELD_NUMBER: _ClassVar[int]
     DIALOGUE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     conversation_id: str
     request_id: str
     character: Character
     dialogue: Dialogue
     tokens: TokenizedPrompt
+    text: str
     sampling: SamplingParams
-    def __init__(self, conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., character: _Optional[_Union[Character, _Mapping]] = ..., dialogue: _Optional[_Union[Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[TokenizedPrompt, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    def __init__(self, conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., character: _Optional[_Union[Character, _Mapping]] = ..., dialogue: _Optional[_Union[Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[TokenizedPrompt, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class CachedTokens(_message.Message):
     __slots__ = ("device", "host")
@@ -132,14 +144,34 @@ class Timings(_message.Message):
     def __init__(self, queue_ms: _Optional[float] = ..., ttft_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., itl_ms_mean: _Optional[float] = ...) -> None: ...
 
 class TokenDelta(_message.Message):
-    __slots__ = ("text", "token_ids", "logprobs")
+    __slots__ = ("text", "token_ids", "logprobs", "top_logprobs", "token_bytes")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BYTES_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[PositionLogprobs]
+    token_bytes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., top_logprobs: _Optional[_Iterable[_Union[PositionLogprobs, _Mapping]]] = ..., token_bytes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob", "token_bytes")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    token_bytes: bytes
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., token_bytes: _Optional[bytes] = ...) -> None: ...
+
+class PositionLogprobs(_message.Message):
+    __slots__ = ("candidates",)
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    candidates: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, candidates: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class GenerateFinal(_message.Message):
     __slots__ = ("finish_reason", "usage", "timings", "engine_id", "request_id", "failovers")

@@ -8,24 +8,62 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "conversation_id", "namespace_salt", "character", "dialogue", "tokens", "sampling", "resume_token_ids")
+    __slots__ = ("request_id", "conversation_id", "namespace_salt", "character", "dialogue", "tokens", "text", "sampling", "resume_token_ids", "prefill_from_request_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_SALT_FIELD_NUMBER: _ClassVar[int]
     CHARACTER_FIELD_NUMBER: _ClassVar[int]
     DIALOGUE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FROM_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     conversation_id: str
     namespace_salt: str
     character: _chat_pb2.Character
     dialogue: _chat_pb2.Dialogue
     tokens: _chat_pb2.TokenizedPrompt
+    text: str
     sampling: _chat_pb2.SamplingParams
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., namespace_salt: _Optional[str] = ..., character: _Optional[_Union[_chat_pb2.Character, _Mapping]] = ..., dialogue: _Optional[_Union[_chat_pb2.Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[_chat_pb2.TokenizedPrompt, _Mapping]] = ..., sampling: _Optional[_Union[_chat_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    prefill_from_request_id: str
+    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., namespace_salt: _Optional[str] = ..., character: _Optional[_Union[_chat_pb2.Character, _Mapping]] = ..., dialogue: _Optional[_Union[_chat_pb2.Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[_chat_pb2.TokenizedPrompt, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[_chat_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., prefill_from_request_id: _Optional[str] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("namespace_salt", "character", "text", "dialogue", "add_special_tokens")
+    NAMESPACE_SALT_FIELD_NUMBER: _ClassVar[int]
+    CHARACTER_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DIALOGUE_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    namespace_salt: str
+    character: _chat_pb2.Character
+    text: str
+    dialogue: _chat_pb2.Dialogue
+    add_special_tokens: bool
+    def __init__(self, namespace_salt: _Optional[str] = ..., character: _Optional[_Union[_chat_pb2.Character, _Mapping]] = ..., text: _Optional[str] = ..., dialogue: _Optional[_Union[_chat_pb2.Dialogue, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids", "max_context_tokens")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_context_tokens: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., max_context_tokens: _Optional[int] = ...) -> None: ...
+
+class DetokenizeRequest(_message.Message):
+    __slots__ = ("token_ids",)
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DetokenizeResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("delta", "final")

@@ -61,6 +61,16 @@ class EngineServiceStub:
                 request_serializer=salon_dot_engine_dot_v1_dot_engine__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=salon_dot_engine_dot_v1_dot_engine__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/salon.engine.v1.EngineService/Tokenize',
+                request_serializer=salon_dot_engine_dot_v1_dot_engine__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=salon_dot_engine_dot_v1_dot_engine__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/salon.engine.v1.EngineService/Detokenize',
+                request_serializer=salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServiceServicer:
@@ -104,6 +114,20 @@ class EngineServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """Tokenize turns text, or a dialogue rendered as Generate renders it, into the model's token ids.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Detokenize turns token ids back into text.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +155,16 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=salon_dot_engine_dot_v1_dot_engine__pb2.GetModelInfoRequest.FromString,
                     response_serializer=salon_dot_engine_dot_v1_dot_engine__pb2.GetModelInfoResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=salon_dot_engine_dot_v1_dot_engine__pb2.TokenizeRequest.FromString,
+                    response_serializer=salon_dot_engine_dot_v1_dot_engine__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeRequest.FromString,
+                    response_serializer=salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +304,60 @@ class EngineService:
             '/salon.engine.v1.EngineService/GetModelInfo',
             salon_dot_engine_dot_v1_dot_engine__pb2.GetModelInfoRequest.SerializeToString,
             salon_dot_engine_dot_v1_dot_engine__pb2.GetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/salon.engine.v1.EngineService/Tokenize',
+            salon_dot_engine_dot_v1_dot_engine__pb2.TokenizeRequest.SerializeToString,
+            salon_dot_engine_dot_v1_dot_engine__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/salon.engine.v1.EngineService/Detokenize',
+            salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeRequest.SerializeToString,
+            salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

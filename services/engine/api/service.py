@@ -17,6 +17,7 @@ from services.engine.core.engine_core import EngineCore, warmup
 from services.engine.core.engine_loop import EngineLoop
 from services.engine.kv.host_cache import HostCache
 from services.engine.kv.kv_transfer import host_layout, layout_tag
+from services.engine import metrics
 from services.engine.worker.model_loading import load_model
 
 log = get_logger(__name__)
@@ -56,6 +57,7 @@ class EngineService:
             log.exception("model_load_failed", model=self.config.model)
             raise
         model_cfg = core.config
+        metrics.set_model(model_cfg.model_id)
         context = min(model_cfg.max_context_tokens, self.config.max_context_tokens or model_cfg.max_context_tokens)
         self._loop = EngineLoop(core, asyncio.get_running_loop())
         host_cache = self._host_cache(core)

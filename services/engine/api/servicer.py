@@ -18,15 +18,17 @@ import grpc
 
 from salon.chat.v1 import chat_pb2
 from salon.engine.v1 import engine_pb2, engine_pb2_grpc
-from services.common.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+from services.common.errors import DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
 from services.common.logging import get_logger
 from services.engine import metrics
-from services.engine.api.prompt import PromptRenderer, ReplyMemo
+from services.engine.api.prompt import Character, PromptRenderer, ReplyMemo
 from services.engine.api.validation import (
     Limits,
     check_id_string,
     check_ids,
+    check_text_size,
     parse_context,
+    parse_dialogue,
     parse_sampling,
     resolve_max_new_tokens,
 )
@@ -92,6 +94,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         if parsed.prompt_token_ids is not None:
             prompt = parsed.prompt_token_ids
             last_message_start = len(prompt)
+        elif parsed.text is not None:
+            prompt = await asyncio.to_thread(rt.tokenizer.encode, parsed.text, True, False)
+            last_message_start = len(prompt)
         else:
             namespace = request.namespace_salt
             renderer = PromptRenderer(rt.tokenizer, rt.model_config.bos_token_id,
@@ -146,7 +151,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 f"engine queue is full ({self.config.scheduler.max_waiting_requests} requests waiting); retry later",
                 retry_after_ms=1000)
         host_hit = await self._lookup_host(req, rt)
-        events = rt.loop.submit(req, host_hit)
+        events = rt.loop.submit(req, host_hit, prefill_from=RequestId(request.prefill_from_request_id) or None)
+        with_bytes = req.sampling.return_logprobs or req.sampling.num_top_logprobs > 0
         finished = False
         generated: list[int] = []
         text_parts: list[str] = []
@@ -156,8 +162,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 generated.extend(event.token_ids)
                 text_parts.append(event.text)
                 if event.token_ids or event.text:
-                    yield engine_pb2.GenerateResponse(delta=chat_pb2.TokenDelta(
-                        text=event.text, token_ids=event.token_ids, logprobs=event.logprobs))
+                    yield engine_pb2.GenerateResponse(delta=self._delta(event, rt.tokenizer, with_bytes))
                 if event.finish_reason is None:
                     continue
                 finished = True
@@ -171,6 +176,17 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         finally:
             if not finished:
                 rt.loop.abort(req.request_id)
+
+    @staticmethod
+    def _delta(event: RequestEvent, tokenizer: Tokenizer, with_bytes: bool) -> chat_pb2.TokenDelta:
+        delta = chat_pb2.TokenDelta(text=event.text, token_ids=event.token_ids, logprobs=event.logprobs)
+        if with_bytes:
+            delta.token_bytes.extend(_piece_bytes(tokenizer, t) for t in event.token_ids)
+        for position in event.top_logprobs:
+            delta.top_logprobs.add(candidates=[
+                chat_pb2.TokenLogprob(token_id=t, logprob=lp, token_bytes=_piece_bytes(tokenizer, t))
+                for t, lp in position])
+        return delta
 
     def _remember_reply(self, req: Request, event: RequestEvent, generated: list[int], text: str) -> None:
         """Keep the ids of a whole reply so next turn's rendering of its text reproduces them."""
@@ -227,6 +243,30 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             yield engine_pb2.WatchLoadResponse(load=self._load_report())
             await asyncio.sleep(interval_s)
 
+    async def Tokenize(self, request, context):
+        rt = self._ready()
+        which = request.WhichOneof("input")
+        if which == "text":
+            check_text_size("text", request.text, rt.limits)
+            special = request.add_special_tokens
+            ids = await asyncio.to_thread(rt.tokenizer.encode, request.text, special, special)
+        elif which == "dialogue":
+            messages = parse_dialogue(request.dialogue, rt.limits, request.character)
+            character = Character(request.character.name, request.character.definition) \
+                if request.HasField("character") else None
+            namespace = request.namespace_salt
+            renderer = PromptRenderer(rt.tokenizer, rt.model_config.bos_token_id,
+                                      lambda text: self.memo.get(namespace, text))
+            ids = await asyncio.to_thread(renderer.render, character, messages)
+        else:
+            raise InvalidArgument("input: one of text or dialogue is required")
+        return engine_pb2.TokenizeResponse(token_ids=ids, max_context_tokens=rt.limits.max_context_tokens)
+
+    async def Detokenize(self, request, context):
+        rt = self._ready()
+        ids = check_ids("token_ids", request.token_ids, rt.limits.vocab_size)
+        return engine_pb2.DetokenizeResponse(text=rt.tokenizer.decode(ids))
+
     async def GetModelInfo(self, request, context):
         rt = self._ready()
         cfg = rt.model_config
@@ -238,6 +278,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             bos_token_id=cfg.bos_token_id,
             kv_block_size_tokens=rt.block_size_tokens,
         ))
+
+
+def _piece_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
+    return b"" if tokenizer.is_special(token_id) else tokenizer.token_bytes(token_id)
 
 
 def add_to_server(servicer: EngineServicer, server: grpc.aio.Server) -> str:

@@ -19,6 +19,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_TEMPERATURE = 100.0
+MAX_TOP_LOGPROBS = 20
 # vLLM's ranges: repetition_penalty > 0 (1 = none); frequency / presence in [-2, 2]; min_p in [0, 1].
 MAX_REPETITION_PENALTY = 100.0
 MAX_FREQUENCY_PRESENCE_PENALTY = 2.0
@@ -39,11 +40,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class ParsedContext:
-    """Either a structured dialogue to render or a ready prompt."""
+    """A structured dialogue to render, plain text to tokenize, or a ready prompt."""
 
     character: Character | None
     messages: list[ChatMessage] | None
     prompt_token_ids: list[int] | None
+    text: str | None = None
 
 
 def check_ids(field: str, ids, vocab_size: int) -> list[int]:
@@ -64,16 +66,35 @@ def check_id_string(field: str, value: str, required: bool) -> None:
 def parse_context(request, limits: Limits) -> ParsedContext:
     which = request.WhichOneof("context")
     if which is None:
-        raise InvalidArgument("context: one of dialogue or tokens is required")
+        raise InvalidArgument("context: one of dialogue, tokens or text is required")
     if which == "tokens":
         ids = check_ids("tokens.token_ids", request.tokens.token_ids, limits.vocab_size)
         if not ids:
             raise InvalidArgument("tokens.token_ids: at least one token id is required")
         return ParsedContext(None, None, ids)
-    messages = request.dialogue.messages
+    if which == "text":
+        check_text_size("text", request.text, limits)
+        return ParsedContext(None, None, None, text=request.text)
+    parsed = parse_dialogue(request.dialogue, limits, request.character)
+    character = Character(request.character.name, request.character.definition) if request.HasField("character") else None
+    return ParsedContext(character, parsed, None)
+
+
+def check_text_size(field: str, text: str, limits: Limits) -> None:
+    """Refuse text that cannot fit in the context before tokenizing it (bounded cost)."""
+    if not text:
+        raise InvalidArgument(f"{field}: at least one character is required")
+    num_bytes = len(text.encode())
+    if num_bytes > limits.max_context_tokens * limits.max_token_bytes:
+        raise OutOfRange(f"{field}: {num_bytes} bytes of text cannot fit in the {limits.max_context_tokens}-token context")
+
+
+def parse_dialogue(dialogue, limits: Limits, character) -> list[ChatMessage]:
+    """The dialogue's messages as ChatMessages (each checked, the whole bounded in size)."""
+    messages = dialogue.messages
     if not messages:
         raise InvalidArgument("dialogue.messages: at least one message is required")
-    text_bytes = len(request.character.name.encode()) + len(request.character.definition.encode())
+    text_bytes = len(character.name.encode()) + len(character.definition.encode())
     for m in messages:
         text_bytes += len(m.text.encode()) + len(m.author.encode())
     if text_bytes > limits.max_context_tokens * limits.max_token_bytes:
@@ -89,8 +110,7 @@ def parse_context(request, limits: Limits) -> ParsedContext:
             raise InvalidArgument(f"{field}: exactly one of text and token_ids must be set")
         ids = tuple(check_ids(f"{field}.token_ids", m.token_ids, limits.vocab_size)) if m.token_ids else None
         parsed.append(ChatMessage(role=role, text=m.text, author=m.author, token_ids=ids))
-    character = Character(request.character.name, request.character.definition) if request.HasField("character") else None
-    return ParsedContext(character, parsed, None)
+    return parsed
 
 
 def parse_sampling(sampling, limits: Limits) -> SamplingParams:
@@ -111,11 +131,13 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
     if len(sampling.stop_token_ids) > MAX_STOP_TOKEN_IDS:
         raise InvalidArgument(f"sampling.stop_token_ids: more than {MAX_STOP_TOKEN_IDS} ids")
     stop_ids = check_ids("sampling.stop_token_ids", sampling.stop_token_ids, limits.vocab_size)
-    repetition = _field(sampling, "repetition_penalty", 1.0) or 1.0  # 0 (unset) = none, as for top_p
-    frequency = _field(sampling, "frequency_penalty", 0.0)
-    presence = _field(sampling, "presence_penalty", 0.0)
-    min_p = _field(sampling, "min_p", 0.0)
+    repetition = float(sampling.repetition_penalty) or 1.0  # 0 (unset) = none, as for top_p
+    frequency = float(sampling.frequency_penalty)
+    presence = float(sampling.presence_penalty)
+    min_p = float(sampling.min_p)
     check_penalties(repetition, frequency, presence, min_p)
+    if sampling.top_logprobs > MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"sampling.top_logprobs: {sampling.top_logprobs} is more than {MAX_TOP_LOGPROBS}")
     return SamplingParams(
         max_new_tokens=sampling.max_new_tokens,  # 0 = default, resolved against the prompt length
         temperature=float(t),
@@ -125,6 +147,7 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
         stop_strings=tuple(sampling.stop_strings),
         stop_token_ids=tuple(stop_ids),
         return_logprobs=sampling.return_logprobs,
+        num_top_logprobs=int(sampling.top_logprobs),
         repetition_penalty=repetition,
         frequency_penalty=frequency,
         presence_penalty=presence,
@@ -145,11 +168,6 @@ def check_penalties(repetition_penalty: float, frequency_penalty: float, presenc
                                   f"{MAX_FREQUENCY_PRESENCE_PENALTY:g}]")
     if not math.isfinite(min_p) or min_p < 0 or min_p > 1:
         raise InvalidArgument(f"sampling.min_p: {min_p} is not in [0, 1]")
-
-
-def _field(message, name: str, default: float) -> float:
-    """A sampling field the API may not carry yet (the proto gains it later): its value, or the default."""
-    return float(getattr(message, name)) if name in message.DESCRIPTOR.fields_by_name else default
 
 
 def resolve_max_new_tokens(requested: int, num_prompt_tokens: int, num_resumed: int, limits: Limits) -> int:

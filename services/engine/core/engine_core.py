@@ -32,7 +32,8 @@ from services.engine.kv.host_cache import HostPut
 from services.engine.kv.kv_cache import KVCache
 from services.engine.kv.kv_layout import KVCacheLayout, plan_layout
 from services.engine.kv.kv_transfer import GLOBAL, LOCAL, unpack_blocks
-from services.engine.kv.prefix_hit import PrefixHit
+from services.engine.kv.prefix_fork import fork_hit
+from services.engine.kv.prefix_hit import PrefixHit, better_hit
 from services.engine.worker.model_runner import ModelRunner
 from services.engine.worker.sampler import advance_generator
 
@@ -112,10 +113,17 @@ class EngineCore:
         if self.prefix is not None:
             self.prefix.host_sink = sink
 
-    def add(self, request: Request, host_hit: PrefixHit | None = None) -> None:
-        """Queue a request; host_hit: KV fetched from the kvstore for its context (kv/host_cache.py)."""
+    def add(self, request: Request, host_hit: PrefixHit | None = None, prefill_from: RequestId | None = None) -> None:
+        """Queue a request; host_hit: KV fetched from the kvstore for its context (kv/host_cache.py);
+        prefill_from: a running request whose computed prompt this one repeats (another choice of the
+        same completion): the KV of the shared whole blocks is copied from it (kv/prefix_fork.py)."""
         if request.request_id in self._outputs:
             raise ValueError(f"duplicate request id {request.request_id!r}")
+        if prefill_from is not None and self.prefix is not None and request.namespace is not None:
+            parent = self._outputs.get(prefill_from)
+            if parent is not None and self.kv_manager.has_blocks(prefill_from):
+                fork = fork_hit(self.kv_cache, self.kv_manager.block_tables(prefill_from), parent.request, request)
+                host_hit = better_hit(fork, host_hit)
         # The seeded sampler skips the draws of the tokens another engine already streamed.
         for _ in range(request.num_resumed_tokens):
             advance_generator(request.generator)
@@ -153,6 +161,7 @@ class EngineCore:
             request = chunk.request
             state = self._outputs[request.request_id]
             request.output_token_ids.append(token.token_id)
+            inter_token_s = None if request.last_token_s is None else now - request.last_token_s
             if request.first_token_s is None:
                 request.first_token_s = now
             request.last_token_s = now
@@ -165,7 +174,7 @@ class EngineCore:
                 final = final_stats(request, now)
             top = [token.top_logprobs] if token.top_logprobs else []
             events.append(RequestEvent(request.request_id, [token.token_id], logprobs, text, finish, final,
-                                       top_logprobs=top))
+                                       top_logprobs=top, inter_token_s=inter_token_s))
         self.last_step = StepStats(output.num_batched_tokens, len(output.chunks), len(sampled),
                                    time.monotonic() - t0, len(output.preempted))
         return events

@@ -23,7 +23,7 @@ from services.common.logging import get_logger
 from services.engine import metrics
 from services.engine.core.engine_core import EngineCore, LoadSnapshot
 from services.engine.core.output import RequestEvent
-from services.engine.core.request import FinishReason, Request
+from services.engine.core.request import FinishReason, Request, RequestId
 from services.engine.kv.prefix_hit import PrefixHit
 
 log = get_logger(__name__)
@@ -41,6 +41,8 @@ class Command:
     request: Request | None = None
     host_hit: PrefixHit | None = None
     request_id: str = ""
+    # ADD: a request whose computed prompt the new one repeats (its KV is copied, EngineCore.add).
+    prefill_from: RequestId | None = None
 
 
 class _TokenRate:
@@ -84,14 +86,16 @@ class EngineLoop:
     def num_waiting(self) -> int:
         return max(0, self.load.waiting_requests + self._pending_admissions)
 
-    def submit(self, request: Request, host_hit: PrefixHit | None = None) -> asyncio.Queue:
-        """Hand a request to the step thread; its events arrive on the returned queue."""
+    def submit(self, request: Request, host_hit: PrefixHit | None = None,
+               prefill_from: RequestId | None = None) -> asyncio.Queue:
+        """Hand a request to the step thread; its events arrive on the returned queue. prefill_from: a
+        request whose computed prompt this one repeats (EngineCore.add)."""
         if request.request_id in self._streams:
             raise KeyError(request.request_id)
         events: asyncio.Queue = asyncio.Queue()
         self._streams[request.request_id] = events
         self._pending_admissions += 1
-        self._commands.put(Command(CommandKind.ADD, request=request, host_hit=host_hit))
+        self._commands.put(Command(CommandKind.ADD, request=request, host_hit=host_hit, prefill_from=prefill_from))
         return events
 
     def abort(self, request_id: str) -> bool:
@@ -154,7 +158,7 @@ class EngineLoop:
             assert command.request is not None
             self._loop.call_soon_threadsafe(self._admitted)
             metrics.PROMPT_TOKENS.inc(command.request.num_prompt_tokens)
-            self.core.add(command.request, command.host_hit)
+            self.core.add(command.request, command.host_hit, command.prefill_from)
         elif command.kind is CommandKind.ABORT:
             event = self.core.abort(command.request_id, FinishReason.ABORTED)
             if event is not None:
@@ -171,31 +175,37 @@ class EngineLoop:
         stats = self.core.last_step
         now = time.monotonic()
         if stats is not None:
-            metrics.STEP_MS.observe(stats.duration_s * 1000.0)
+            metrics.STEP_DURATION.observe(stats.duration_s)
             metrics.BATCH_SIZE.observe(stats.num_sequences)
             metrics.BATCH_TOKENS.observe(stats.num_batched_tokens)
-            metrics.PREEMPTIONS.inc(stats.num_preempted)
-            metrics.GENERATED_TOKENS.inc(stats.num_sampled)
+            metrics.NUM_PREEMPTIONS.inc(stats.num_preempted)
+            metrics.GENERATION_TOKENS.inc(stats.num_sampled)
             self._rate.add(now, stats.num_sampled)
         for event in events:
-            if event.final is not None:
-                metrics.TTFT_MS.observe(event.final.ttft_ms)
-                metrics.QUEUE_MS.observe(event.final.queue_ms)
-                if event.final.itl_ms_mean > 0:
-                    metrics.ITL_MS.observe(event.final.itl_ms_mean)
+            if event.inter_token_s is not None:
+                metrics.INTER_TOKEN_LATENCY.observe(event.inter_token_s)
+            final = event.final
+            if final is not None:
+                metrics.TIME_TO_FIRST_TOKEN.observe(final.ttft_ms / 1000.0)
+                metrics.REQUEST_QUEUE_TIME.observe(final.queue_ms / 1000.0)
+                metrics.E2E_REQUEST_LATENCY.observe(final.total_ms / 1000.0)
+                metrics.REQUEST_PROMPT_TOKENS.observe(final.prompt_tokens)
+                metrics.REQUEST_GENERATION_TOKENS.observe(final.generated_tokens)
             self._send(event)
 
     def _send(self, event: RequestEvent) -> None:
         if event.finish_reason is not None:
-            metrics.REQUESTS_FINISHED.labels(event.finish_reason.value).inc()
+            metrics.REQUEST_SUCCESS.labels(event.finish_reason.value).inc()
         self._loop.call_soon_threadsafe(self._deliver, event)
 
     def _publish(self) -> None:
         snap = self.core.load(self._rate.rate(time.monotonic()))
         self.load = snap  # one reference assignment: readers see a whole snapshot
-        metrics.RUNNING.set(snap.running_requests)
-        metrics.WAITING.set(snap.waiting_requests)
+        metrics.NUM_REQUESTS_RUNNING.set(snap.running_requests)
+        metrics.NUM_REQUESTS_WAITING.set(snap.waiting_requests)
         metrics.KV_BLOCKS_FREE.set(snap.free_kv_blocks)
         metrics.KV_BLOCKS_CACHED.set(snap.cached_kv_blocks)
-        metrics.KV_BLOCKS_USED.set(snap.total_kv_blocks - snap.free_kv_blocks - snap.cached_kv_blocks)
+        used_blocks = snap.total_kv_blocks - snap.free_kv_blocks - snap.cached_kv_blocks
+        metrics.KV_BLOCKS_USED.set(used_blocks)
+        metrics.KV_CACHE_USAGE_RATIO.set(used_blocks / snap.total_kv_blocks if snap.total_kv_blocks else 0.0)
         metrics.DECODE_TOKENS_PER_S.set(snap.decode_tokens_per_s)

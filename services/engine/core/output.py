@@ -41,6 +41,8 @@ class RequestEvent:
     error: str | None = None
     # Per token of token_ids: (token id, log-prob) of the most likely tokens (SamplingParams.num_top_logprobs).
     top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    # Seconds since the request's previous token was sampled here (None for its first token).
+    inter_token_s: float | None = None
 
 
 class OutputState:

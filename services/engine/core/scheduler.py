@@ -100,8 +100,8 @@ class Scheduler:
         """Queue a request; host_hit: KV the kvstore gave for its context (used if it beats the device)."""
         request.status = RequestStatus.WAITING
         if host_hit is not None:
-            if host_hit.source is not CacheSource.HOST or host_hit.host_kv is None:
-                raise ValueError("host_hit must be a host PrefixHit")
+            if host_hit.host_kv is None:
+                raise ValueError("host_hit must carry its KV (a kvstore hit or a copy from a running request)")
             self._offered_host_hits[request.request_id] = host_hit
         self.waiting.append(request)
 
@@ -174,12 +174,16 @@ class Scheduler:
         offered = self._offered_host_hits.pop(request.request_id, None)
         if request.namespace is None or self.kv.has_blocks(request.request_id):
             return
-        metrics.PREFIX_QUERY_TOKENS.inc(request.num_prompt_tokens)
+        metrics.PREFIX_CACHE_QUERIES.inc(request.num_prompt_tokens)
         hit = self.prefix.lookup(request, offered)
         retain_from = request.retain_local_from
         if hit is not None and hit.host_kv is not None:
             self._host_kv_to_load[request.request_id] = hit.host_kv
-            request.num_cached_host_tokens = hit.num_tokens
+            # A copy of a running request's prompt KV (kv/prefix_fork.py) came from the device.
+            if hit.source is CacheSource.DEVICE:
+                request.num_cached_device_tokens = hit.num_tokens
+            else:
+                request.num_cached_host_tokens = hit.num_tokens
             # Sliding-window blocks before the fetched window hold nothing: never keep them.
             floor = hit.host_kv.local_first_block * self.kv.layout.block_size_tokens
             retain_from = floor if retain_from is None else max(retain_from, floor)
@@ -188,7 +192,7 @@ class Scheduler:
             request.num_cached_device_tokens = hit.num_tokens
         if hit is not None:
             request.num_computed_tokens = hit.num_tokens
-            metrics.PREFIX_HIT_TOKENS.labels(hit.source.value).inc(hit.num_tokens)
+            metrics.PREFIX_CACHE_HITS.labels(hit.source.value).inc(hit.num_tokens)
         self.kv.set_retention(request.request_id, retain_from)
 
     def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
