@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from salon.chat.v1 import chat_pb2 as salon_dot_chat_dot_v1_dot_chat__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csalon/engine/v1/engine.proto\x12\x0fsalon.engine.v1\x1a\x18salon/chat/v1/chat.proto\"\xb8\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x16\n\x0enamespace_salt\x18\x03 \x01(\t\x12+\n\tcharacter\x18\x04 \x01(\x0b\x32\x18.salon.chat.v1.Character\x12+\n\x08\x64ialogue\x18\x05 \x01(\x0b\x32\x17.salon.chat.v1.DialogueH\x00\x12\x30\n\x06tokens\x18\x06 \x01(\x0b\x32\x1e.salon.chat.v1.TokenizedPromptH\x00\x12/\n\x08sampling\x18\x07 \x01(\x0b\x32\x1d.salon.chat.v1.SamplingParams\x12\x18\n\x10resume_token_ids\x18\x08 \x03(\rB\t\n\x07\x63ontext\"v\n\x10GenerateResponse\x12*\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x19.salon.chat.v1.TokenDeltaH\x00\x12-\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.salon.chat.v1.GenerateFinalH\x00\x42\x07\n\x05\x65vent\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x10\n\x0eGetLoadRequest\"<\n\x0fGetLoadResponse\x12)\n\x04load\x18\x01 \x01(\x0b\x32\x1b.salon.engine.v1.LoadReport\">\n\x11WatchLoadResponse\x12)\n\x04load\x18\x01 \x01(\x0b\x32\x1b.salon.engine.v1.LoadReport\"\x15\n\x13GetModelInfoRequest\"?\n\x14GetModelInfoResponse\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.salon.chat.v1.ModelInfo\"\'\n\x10WatchLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\"\xeb\x01\n\nLoadReport\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x18\n\x10running_requests\x18\x02 \x01(\r\x12\x18\n\x10waiting_requests\x18\x03 \x01(\r\x12\x1c\n\x14max_waiting_requests\x18\x04 \x01(\r\x12\x16\n\x0e\x66ree_kv_blocks\x18\x05 \x01(\r\x12\x17\n\x0ftotal_kv_blocks\x18\x06 \x01(\r\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x07 \x01(\x01\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\x12\x18\n\x10\x63\x61\x63hed_kv_blocks\x18\t \x01(\r2\xab\x03\n\rEngineService\x12Q\n\x08Generate\x12 .salon.engine.v1.GenerateRequest\x1a!.salon.engine.v1.GenerateResponse0\x01\x12\x46\n\x05\x41\x62ort\x12\x1d.salon.engine.v1.AbortRequest\x1a\x1e.salon.engine.v1.AbortResponse\x12L\n\x07GetLoad\x12\x1f.salon.engine.v1.GetLoadRequest\x1a .salon.engine.v1.GetLoadResponse\x12T\n\tWatchLoad\x12!.salon.engine.v1.WatchLoadRequest\x1a\".salon.engine.v1.WatchLoadResponse0\x01\x12[\n\x0cGetModelInfo\x12$.salon.engine.v1.GetModelInfoRequest\x1a%.salon.engine.v1.GetModelInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csalon/engine/v1/engine.proto\x12\x0fsalon.engine.v1\x1a\x18salon/chat/v1/chat.proto\"\xd1\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63onversation_id\x18\x02 \x01(\t\x12\x16\n\x0enamespace_salt\x18\x03 \x01(\t\x12+\n\tcharacter\x18\x04 \x01(\x0b\x32\x18.salon.chat.v1.Character\x12+\n\x08\x64ialogue\x18\x05 \x01(\x0b\x32\x17.salon.chat.v1.DialogueH\x00\x12\x30\n\x06tokens\x18\x06 \x01(\x0b\x32\x1e.salon.chat.v1.TokenizedPromptH\x00\x12/\n\x08sampling\x18\x07 \x01(\x0b\x32\x1d.salon.chat.v1.SamplingParams\x12\x18\n\x10resume_token_ids\x18\x08 \x03(\r\x12\x17\n\x0fnamespace_grant\x18\t \x01(\x0c\x42\t\n\x07\x63ontext\"v\n\x10GenerateResponse\x12*\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x19.salon.chat.v1.TokenDeltaH\x00\x12-\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.salon.chat.v1.GenerateFinalH\x00\x42\x07\n\x05\x65vent\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\x10\n\x0eGetLoadRequest\"<\n\x0fGetLoadResponse\x12)\n\x04load\x18\x01 \x01(\x0b\x32\x1b.salon.engine.v1.LoadReport\">\n\x11WatchLoadResponse\x12)\n\x04load\x18\x01 \x01(\x0b\x32\x1b.salon.engine.v1.LoadReport\"\x15\n\x13GetModelInfoRequest\"?\n\x14GetModelInfoResponse\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.salon.chat.v1.ModelInfo\"e\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x16\n\x0enamespace_salt\x18\x02 \x01(\t\x12\x17\n\x0fnamespace_grant\x18\x03 \x01(\x0c\"r\n\x1a\x44\x65leteConversationResponse\x12\x18\n\x10\x61\x62orted_requests\x18\x01 \x01(\r\x12\x1d\n\x15\x64\x65vice_blocks_dropped\x18\x02 \x01(\x04\x12\x1b\n\x13host_blocks_dropped\x18\x03 \x01(\x04\"\'\n\x10WatchLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\"\xeb\x01\n\nLoadReport\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x18\n\x10running_requests\x18\x02 \x01(\r\x12\x18\n\x10waiting_requests\x18\x03 \x01(\r\x12\x1c\n\x14max_waiting_requests\x18\x04 \x01(\r\x12\x16\n\x0e\x66ree_kv_blocks\x18\x05 \x01(\r\x12\x17\n\x0ftotal_kv_blocks\x18\x06 \x01(\r\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x07 \x01(\x01\x12\x10\n\x08\x64raining\x18\x08 \x01(\x08\x12\x18\n\x10\x63\x61\x63hed_kv_blocks\x18\t \x01(\r2\x9a\x04\n\rEngineService\x12Q\n\x08Generate\x12 .salon.engine.v1.GenerateRequest\x1a!.salon.engine.v1.GenerateResponse0\x01\x12\x46\n\x05\x41\x62ort\x12\x1d.salon.engine.v1.AbortRequest\x1a\x1e.salon.engine.v1.AbortResponse\x12L\n\x07GetLoad\x12\x1f.salon.engine.v1.GetLoadRequest\x1a .salon.engine.v1.GetLoadResponse\x12T\n\tWatchLoad\x12!.salon.engine.v1.WatchLoadRequest\x1a\".salon.engine.v1.WatchLoadResponse0\x01\x12[\n\x0cGetModelInfo\x12$.salon.engine.v1.GetModelInfoRequest\x1a%.salon.engine.v1.GetModelInfoResponse\x12m\n\x12\x44\x65leteConversation\x12*.salon.engine.v1.DeleteConversationRequest\x1a+.salon.engine.v1.DeleteConversationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,27 +33,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'salon.engine.v1.engine_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=76
-  _globals['_GENERATEREQUEST']._serialized_end=388
-  _globals['_GENERATERESPONSE']._serialized_start=390
-  _globals['_GENERATERESPONSE']._serialized_end=508
-  _globals['_ABORTREQUEST']._serialized_start=510
-  _globals['_ABORTREQUEST']._serialized_end=544
-  _globals['_ABORTRESPONSE']._serialized_start=546
-  _globals['_ABORTRESPONSE']._serialized_end=578
-  _globals['_GETLOADREQUEST']._serialized_start=580
-  _globals['_GETLOADREQUEST']._serialized_end=596
-  _globals['_GETLOADRESPONSE']._serialized_start=598
-  _globals['_GETLOADRESPONSE']._serialized_end=658
-  _globals['_WATCHLOADRESPONSE']._serialized_start=660
-  _globals['_WATCHLOADRESPONSE']._serialized_end=722
-  _globals['_GETMODELINFOREQUEST']._serialized_start=724
-  _globals['_GETMODELINFOREQUEST']._serialized_end=745
-  _globals['_GETMODELINFORESPONSE']._serialized_start=747
-  _globals['_GETMODELINFORESPONSE']._serialized_end=810
-  _globals['_WATCHLOADREQUEST']._serialized_start=812
-  _globals['_WATCHLOADREQUEST']._serialized_end=851
-  _globals['_LOADREPORT']._serialized_start=854
-  _globals['_LOADREPORT']._serialized_end=1089
-  _globals['_ENGINESERVICE']._serialized_start=1092
-  _globals['_ENGINESERVICE']._serialized_end=1519
+  _globals['_GENERATEREQUEST']._serialized_end=413
+  _globals['_GENERATERESPONSE']._serialized_start=415
+  _globals['_GENERATERESPONSE']._serialized_end=533
+  _globals['_ABORTREQUEST']._serialized_start=535
+  _globals['_ABORTREQUEST']._serialized_end=569
+  _globals['_ABORTRESPONSE']._serialized_start=571
+  _globals['_ABORTRESPONSE']._serialized_end=603
+  _globals['_GETLOADREQUEST']._serialized_start=605
+  _globals['_GETLOADREQUEST']._serialized_end=621
+  _globals['_GETLOADRESPONSE']._serialized_start=623
+  _globals['_GETLOADRESPONSE']._serialized_end=683
+  _globals['_WATCHLOADRESPONSE']._serialized_start=685
+  _globals['_WATCHLOADRESPONSE']._serialized_end=747
+  _globals['_GETMODELINFOREQUEST']._serialized_start=749
+  _globals['_GETMODELINFOREQUEST']._serialized_end=770
+  _globals['_GETMODELINFORESPONSE']._serialized_start=772
+  _globals['_GETMODELINFORESPONSE']._serialized_end=835
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=837
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=938
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=940
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=1054
+  _globals['_WATCHLOADREQUEST']._serialized_start=1056
+  _globals['_WATCHLOADREQUEST']._serialized_end=1095
+  _globals['_LOADREPORT']._serialized_start=1098
+  _globals['_LOADREPORT']._serialized_end=1333
+  _globals['_ENGINESERVICE']._serialized_start=1336
+  _globals['_ENGINESERVICE']._serialized_end=1874
 # @@protoc_insertion_point(module_scope)
