@@ -33,25 +33,26 @@ def test_a_locked_arena_stays_and_an_unlocked_one_goes_whatever_its_pid(tmp_path
 
 
 def test_a_restart_after_sigkill_reclaims_the_arena_and_a_second_store_leaves_a_live_one(tmp_path) -> None:
-    first = KVStoreProcess(tmp_path, capacity_bytes=1 << 20)
-    first_arena = _arenas(tmp_path)
-    assert len(first_arena) == 1
-    second = KVStoreProcess(tmp_path, capacity_bytes=1 << 20)  # same directory, first still running
+    procs = [KVStoreProcess(tmp_path, capacity_bytes=1 << 20)]
     try:
+        first_arena = _arenas(tmp_path)
+        assert len(first_arena) == 1
+        procs.append(KVStoreProcess(tmp_path, capacity_bytes=1 << 20))  # same directory, first still running
         both = _arenas(tmp_path)
         assert len(both) == 2 and first_arena < both
-    finally:
-        assert second.stop() == 0
-    assert _arenas(tmp_path) == first_arena  # a clean stop removes its own arena
-    first.kill()
-    assert _arenas(tmp_path) == first_arena  # SIGKILL leaves the file behind...
-    (tmp_path / f"{ARENA_PREFIX}1-0badf00d").write_bytes(b"\0" * 4096)  # ...as a PID 1 kvstore would
-    third = KVStoreProcess(tmp_path, capacity_bytes=1 << 20)
-    try:
+        assert procs.pop().stop() == 0
+        assert _arenas(tmp_path) == first_arena  # a clean stop removes its own arena
+        procs[0].kill()
+        assert _arenas(tmp_path) == first_arena  # SIGKILL leaves the file behind...
+        (tmp_path / f"{ARENA_PREFIX}1-0badf00d").write_bytes(b"\0" * 4096)  # ...as a PID 1 kvstore would
+        procs.append(KVStoreProcess(tmp_path, capacity_bytes=1 << 20))
         remaining = _arenas(tmp_path)
         assert len(remaining) == 1 and not remaining & first_arena  # ...and the next start removes them
+        assert procs[-1].stop() == 0
     finally:
-        assert third.stop() == 0
+        for proc in procs:
+            if proc.proc.poll() is None:
+                proc.kill()
 
 
 def _fake_arena(directory, name: str = f"{ARENA_PREFIX}1-feedface", mode: int = 0o600):
