@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -46,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-url", default=None, help="share the session table through Redis")
     p.add_argument("--api-key", default=os.environ.get("SALON_API_KEY", "salon-dev-key"), help="key of the local tenant")
     p.add_argument("--state-dir", type=Path, default=Path.home() / ".cache" / "salon" / "stack")
+    p.add_argument("--shm-dir", type=Path, default=None,
+                   help="tmpfs directory for the kvstore's arena (default: a private 0700 one in /dev/shm "
+                        "for this state dir)")
     p.add_argument("--internal-auth", choices=MODES, default=MTLS,
                    help="mtls: certificates for every internal link (made in STATE_DIR/tls); insecure-loopback: none")
     p.add_argument("--exit-when-serving", action="store_true", help="stop everything once all are SERVING")
@@ -103,10 +108,21 @@ def _client_flags(secrets: StackSecrets | None, prefix: str, role: str, mode: st
             f"--{prefix}-tls-key-file", str(files.key)]
 
 
+def private_shm_dir(state_dir: Path) -> Path:
+    """This stack's own tmpfs directory (0700): its arena is never next to another stack's."""
+    base = Path("/dev/shm")
+    if not base.is_dir():
+        return state_dir / "shm"
+    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    return base / f"salon-{os.getuid()}-{tag}"
+
+
 def plan_stack(args: argparse.Namespace) -> list[Child]:
     """The children, in start order (kvstore, engines, gateway)."""
     state = args.state_dir
     state.mkdir(parents=True, exist_ok=True)
+    shm_dir = args.shm_dir or private_shm_dir(state)
+    shm_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     secrets = write_stack_secrets(state / "tls")
     mode = args.internal_auth
     parent = ["--parent-pid", str(os.getpid())]
@@ -114,6 +130,7 @@ def plan_stack(args: argparse.Namespace) -> list[Child]:
     children = [Child("kvstore", "kvstore", (
         "--port", str(args.kvstore_port), "--metrics-port", str(args.metrics_base_port + 1),
         "--capacity-bytes", str(args.kvstore_capacity_bytes), "--namespace-grant-key-file", str(secrets.grant_key),
+        "--shm-dir", str(shm_dir),
         *_internal_flags(secrets, "kvstore", mode), *parent), state / "kvstore.log", state / "kvstore.pid")]
     engine_targets = []
     for i in range(args.engines):
@@ -121,7 +138,7 @@ def plan_stack(args: argparse.Namespace) -> list[Child]:
         port = args.engine_base_port + i
         children.append(Child(name, "engine", (
             "--port", str(port), "--metrics-port", str(args.metrics_base_port + 2 + i), "--engine-id", name,
-            "--model", args.model, "--kvstore-target", kvstore_target,
+            "--model", args.model, "--kvstore-target", kvstore_target, "--kvstore-shm-dir", str(shm_dir),
             "--torch-threads", str(threads_per_process(args.engines)),
             *_internal_flags(secrets, "engine", mode), *_client_flags(secrets, "kvstore", "engine", mode), *parent),
             state / f"{name}.log", state / f"{name}.pid"))
@@ -235,4 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print("stopping...", flush=True)
         stop_stack(children)
+        if args.shm_dir is None:  # the private tmpfs directory goes once its arena has
+            with contextlib.suppress(OSError):
+                private_shm_dir(args.state_dir).rmdir()
     return 0
