@@ -14,14 +14,23 @@ ARG PIP_EXTRA_INDEX_URL
 RUN pip install "torch==2.13.0"
 COPY pyproject.toml README.md ./
 COPY salon ./salon
+COPY salon_cli ./salon_cli
 COPY services ./services
 COPY kernels ./kernels
 COPY bench ./bench
 COPY protos ./protos
 RUN pip install .
 
+# The services run as an unprivileged user (uid 10001, as the Kubernetes manifests expect). Its home
+# holds the converted model and the CPU kernels (a private 0700 cache: kernels/cpu/native.py loads
+# code only from such a place); /certs is where compose's `certs` step writes the stack's certificates.
+RUN groupadd --gid 10001 salon && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/salon salon \
+    && mkdir -p /certs && chown salon:salon /certs && chmod 0700 /certs
+USER 10001:10001
+ENV HOME=/home/salon
+
 # Convert the default model to the int8 checkpoint and build the CPU kernels at build time so engines start fast.
 RUN salon convert && python -m kernels.cpu.native
 
-EXPOSE 50051 50061 50071 9100
+EXPOSE 50051
 CMD ["salon", "up"]

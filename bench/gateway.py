@@ -33,6 +33,7 @@ import grpc
 
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.engine.v1 import engine_pb2, engine_pb2_grpc
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import ServiceProcess, start_service
 from services.gateway.ring import HashRing
 from services.gateway.types import TenantId, dialogue_key
@@ -167,17 +168,18 @@ def start_stack(num_engines: int, workdir: Path, engine_args: list[str],
     # Started together, then waited on: model loading overlaps.
     engines = [
         ServiceProcess("engine", ("--port", "0", "--model", "synthetic-tiny", "--engine-id", f"e{i}",
-                                  "--kv-cache-bytes", str(64 << 20), *engine_args),
+                                  "--kv-cache-bytes", str(64 << 20), *INSECURE_LOOPBACK_FLAGS, *engine_args),
                        workdir / f"engine-{i}.log").start(600)
         for i in range(num_engines)
     ]
     for engine in engines:
         engine.wait_serving(600)
     tenants = workdir / "tenants.json"
-    tenants.write_text(json.dumps({"tenants": [{"tenant_id": BENCH_TENANT, "api_key": API_KEY}]}))
+    tenants.write_text(json.dumps({"tenants": [{"tenant_id": BENCH_TENANT, "api_key": API_KEY,
+                                                 "namespace_salt": "bench-salt"}]}))
     spec = ",".join(f"e{i}={e.address}" for i, e in enumerate(engines))
     gateway = start_service("gateway", ["--port", "0", "--engines", spec, "--tenants-file", str(tenants),
-                                        "--log-json", "true", *gateway_args],
+                                        "--log-json", "true", *INSECURE_LOOPBACK_FLAGS, *gateway_args],
                             log_path=workdir / "gateway.log", timeout_s=60)
     return engines, gateway
 

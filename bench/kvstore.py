@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.kvstore_client.client import KVStoreClient
 from services.common.kvstore_client.layout import KVLayout
 from services.common.prefix_hash import encode_token_ids, namespace_digest
@@ -104,7 +105,7 @@ def bench_match(num_dialogues: int, history_tokens_mean: int, num_queries: int) 
 def start_kvstore(shm_dir: str, capacity_bytes: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.kvstore", "--port", "0", "--capacity-bytes", str(capacity_bytes),
-         "--shm-dir", shm_dir, "--log-json", "true"],
+         "--shm-dir", shm_dir, "--log-json", "true", *INSECURE_LOOPBACK_FLAGS],
         cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
@@ -140,7 +141,9 @@ async def bench_transfer(context_tokens: int, repeats: int) -> dict:
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as shm_dir:
         proc, target = start_kvstore(shm_dir, capacity)
         try:
-            clients = {"grpc": KVStoreClient(target, timeout_s=60), "shm": KVStoreClient(target, True, timeout_s=60)}
+            shm_client = KVStoreClient(target, True, timeout_s=60, arena_dir=shm_dir)
+            assert await shm_client.map_arena(), "the kvstore's arena could not be mapped"
+            clients = {"grpc": KVStoreClient(target, timeout_s=60), "shm": shm_client}
             for name, client in clients.items():
                 times = []
                 for r in range(repeats):

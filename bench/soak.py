@@ -34,6 +34,7 @@ import grpc
 
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.engine.v1 import engine_pb2, engine_pb2_grpc
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import ServiceProcess, start_service
 
 KEY_OPEN = "sk-soak-open-4b1d9e"
@@ -102,8 +103,9 @@ class Stack:
 def start_stack(workdir: Path) -> Stack:
     tenants = workdir / "tenants.json"
     tenants.write_text(json.dumps({"tenants": [
-        {"tenant_id": "open", "api_key": KEY_OPEN},
-        {"tenant_id": "limited", "api_key": KEY_LIMITED, "max_concurrent_streams": LIMITED_STREAMS},
+        {"tenant_id": "open", "api_key": KEY_OPEN, "namespace_salt": "soak-open"},
+        {"tenant_id": "limited", "api_key": KEY_LIMITED, "namespace_salt": "soak-limited",
+         "max_concurrent_streams": LIMITED_STREAMS},
     ]}))
     engines: dict[str, ServiceProcess] = {}
     try:
@@ -111,11 +113,13 @@ def start_stack(workdir: Path) -> Stack:
             engines[engine_id] = start_service("engine", [
                 "--port", "0", "--model", "synthetic-tiny", "--engine-id", engine_id, "--kv-cache-bytes",
                 str(32 << 20), "--max-num-running", str(MAX_NUM_RUNNING), "--max-waiting-requests",
-                str(MAX_WAITING_REQUESTS)], log_path=workdir / f"soak-{engine_id}.log", timeout_s=180)
+                str(MAX_WAITING_REQUESTS), *INSECURE_LOOPBACK_FLAGS],
+                log_path=workdir / f"soak-{engine_id}.log", timeout_s=180)
         spec = ",".join(f"{e}={p.address}" for e, p in engines.items())
         gateway = start_service("gateway", [
             "--port", "0", "--metrics-port", "0", "--engines", spec, "--tenants-file", str(tenants),
-            "--load-interval-ms", "100", "--grace-s", "1"], log_path=workdir / "soak-gateway.log", timeout_s=60)
+            "--load-interval-ms", "100", "--grace-s", "1", *INSECURE_LOOPBACK_FLAGS],
+            log_path=workdir / "soak-gateway.log", timeout_s=60)
     except BaseException:
         for p in engines.values():
             p.kill()

@@ -1,4 +1,5 @@
-"""The `salon` command: run the local stack, chat with it, convert the model, regenerate stubs, benchmark."""
+"""The `salon` command: run the local stack, chat with it, convert the model, make certificates,
+regenerate stubs, benchmark."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("up", help="start kvstore, engine(s) and gateway on localhost", add_help=False)
     sub.add_parser("chat", help="interactive chat with the running gateway", add_help=False)
     sub.add_parser("convert", help="convert the GGUF model to the cached int8 checkpoint", add_help=False)
+    sub.add_parser("certs", help="make a CA, service certificates and the stack's secrets", add_help=False)
     sub.add_parser("protos", help="regenerate the Python stubs from protos/", add_help=False)
     sub.add_parser("bench", help="replay a dialogue workload through the gateway", add_help=False)
     args, rest = parser.parse_known_args(argv)
@@ -21,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         from salon_cli.chat import main as run
     elif args.command == "convert":
         from salon_cli.convert import main as run
+    elif args.command == "certs":
+        from salon_cli.certs import main as run
     elif args.command == "protos":
         from services.common.protogen import main as run
     else:

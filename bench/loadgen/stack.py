@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import ServiceProcess, start_service, threads_per_process
 
 # The engine's config field `no_prefix_cache: bool = False`; services.common.config bool flags take a value.
@@ -97,7 +98,7 @@ def write_tenants_file(directory: Path, api_key: str) -> Path:
 def engine_args(config: StackConfig, index: int, kvstore_address: str | None) -> list[str]:
     args = ["--port", "0", "--engine-id", f"engine-{index}", "--model", config.model,
             # Engines on one host split its cores: oversubscribed threads spin and slow every step.
-            "--torch-threads", str(threads_per_process(config.num_engines))]
+            "--torch-threads", str(threads_per_process(config.num_engines)), *INSECURE_LOOPBACK_FLAGS]
     if config.engine_kv_cache_bytes is not None:
         args += ["--kv-cache-bytes", str(config.engine_kv_cache_bytes)]
     args += config.engine_args
@@ -115,7 +116,8 @@ def launch_stack(config: StackConfig, log_dir: Path) -> Stack:
     try:
         kv_address = None
         if config.cache and config.kvstore:
-            kv = start_service("kvstore", ["--port", "0", "--capacity-bytes", str(config.kvstore_capacity_bytes)],
+            kv = start_service("kvstore", ["--port", "0", "--capacity-bytes", str(config.kvstore_capacity_bytes),
+                                           *INSECURE_LOOPBACK_FLAGS],
                                log_path=log_dir / f"{label}-kvstore.log")
             procs.append(kv)
             kv_address = kv.address
@@ -129,7 +131,7 @@ def launch_stack(config: StackConfig, log_dir: Path) -> Stack:
         for engine in engines:
             engine.wait_serving(timeout_s=config.engine_timeout_s)
         targets = ",".join(f"engine-{i}={e.address}" for i, e in enumerate(engines))
-        gateway = start_service("gateway", ["--port", "0", "--engines", targets,
+        gateway = start_service("gateway", ["--port", "0", "--engines", targets, *INSECURE_LOOPBACK_FLAGS,
                                             "--tenants-file", str(write_tenants_file(log_dir, config.api_key)),
                                             *(["--http-port", "0"] if config.http else [])],
                                 log_path=log_dir / f"{label}-gateway.log")

@@ -5,6 +5,15 @@ named by the hash of its source, the headers beside it and the compiler flags, s
 rebuilt; it is renamed into place, so concurrent builders never load a half-written file. Without a C compiler, or on a CPU without
 AVX2, `load` returns None and callers take their PyTorch path. `python -m kernels.cpu.native` builds
 them all ahead of time (the Dockerfile does).
+
+Libraries run inside the engine, so they are built and loaded only from a private place: the
+directory is SALON_KERNEL_CACHE_DIR, else $XDG_CACHE_HOME/salon/kernels, else ~/.cache/salon/kernels,
+created 0700. Before anything is loaded, the directory, each directory above it and the library
+itself must be owned by this user (or root) and not writable by group or others (a world-writable
+ancestor is allowed only with the sticky bit, as /tmp has). A library that fails the check is
+removed and rebuilt; a directory that fails it is refused (a warning says why, and the kernels take
+their PyTorch paths). The library is opened once, checked on that descriptor and loaded through it,
+so it cannot be swapped between the check and the load.
 """
 
 from __future__ import annotations
@@ -13,9 +22,10 @@ import ctypes
 import functools
 import hashlib
 import os
+import stat
 import subprocess
-import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 _CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
@@ -45,6 +55,73 @@ def cpu_isas() -> tuple[str, ...]:
     return ("vnni", "avx2") if has_avx512() and "avx512_vnni" in cpu_flags() else ("avx2",)
 
 
+class UnsafeBuildPath(OSError):
+    """A build directory or library that another user could have written; the message says why."""
+
+
+def cache_dir() -> Path:
+    """Where this user's kernels are built (see the module docstring)."""
+    configured = os.environ.get("SALON_KERNEL_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "salon" / "kernels"
+
+
+def _trusted_owner(st: os.stat_result) -> bool:
+    return st.st_uid in (os.getuid(), 0)
+
+
+def _check_private_dir(path: Path) -> None:
+    """UnsafeBuildPath unless `path` and every directory above it are safe to load code from."""
+    st = os.stat(path, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeBuildPath(f"kernel cache {path} is not a directory")
+    if not _trusted_owner(st) or st.st_mode & 0o022:
+        raise UnsafeBuildPath(f"kernel cache {path} is owned by uid {st.st_uid} with mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}: it must be this user's and not writable by group or others")
+    for parent in Path(os.path.realpath(path)).parents:
+        pst = os.stat(parent)
+        sticky = pst.st_mode & stat.S_ISVTX
+        if not _trusted_owner(pst) or (pst.st_mode & 0o022 and not sticky):
+            raise UnsafeBuildPath(f"kernel cache {path}: {parent} above it can be changed by other users "
+                                  f"(uid {pst.st_uid}, mode {stat.S_IMODE(pst.st_mode):04o})")
+
+
+def private_build_dir(path: Path | None = None) -> Path:
+    """The kernel cache, created 0700 if missing and checked; UnsafeBuildPath if it cannot be trusted."""
+    path = path or cache_dir()
+    if not path.exists():
+        path.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)
+    _check_private_dir(path)
+    return path
+
+
+def _open_trusted_library(so_path: Path) -> int | None:
+    """A descriptor of the library if it is safe to load; None if missing; UnsafeBuildPath otherwise."""
+    try:
+        fd = os.open(so_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UnsafeBuildPath(f"{so_path}: cannot be opened safely ({exc.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or not _trusted_owner(st) or st.st_mode & 0o022:
+        os.close(fd)
+        raise UnsafeBuildPath(f"{so_path}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}")
+    return fd
+
+
+def _dlopen(fd: int, so_path: Path) -> ctypes.CDLL:
+    """Load the library behind an open descriptor (the checked file, whatever the path names now)."""
+    proc_path = f"/proc/self/fd/{fd}"
+    try:
+        return ctypes.CDLL(proc_path if os.path.exists(proc_path) else str(so_path))
+    finally:
+        os.close(fd)
+
+
 def load(source: Path, signatures: dict[str, list], build_dir: Path | None = None) -> ctypes.CDLL | None:
     """The library built from `source`, its functions typed by `signatures` (name -> argtypes); None
     where it cannot be built or loaded here. Built once per source version, loaded once per process."""
@@ -68,22 +145,40 @@ def load(source: Path, signatures: dict[str, list], build_dir: Path | None = Non
     return lib
 
 
+def library_name(source: Path) -> str:
+    """The file name of `source`'s library: its stem and the hash of everything that decides its bytes."""
+    text = source.read_text()
+    headers = "".join(h.read_text() for h in sorted(source.parent.glob("*.h")))  # what it may #include
+    digest = hashlib.sha256(" ".join(_CFLAGS).encode() + b"\n" + text.encode() + headers.encode()).hexdigest()[:16]
+    return f"{source.stem}_{digest}.so"
+
+
 def _build_and_open(source: Path, build_dir: Path | None) -> ctypes.CDLL | None:
     try:
         if "avx2" not in cpu_flags():
             raise OSError("no AVX2")
-        text = source.read_text()
-        headers = "".join(h.read_text() for h in sorted(source.parent.glob("*.h")))  # what it may #include
-        digest = hashlib.sha256(" ".join(_CFLAGS).encode() + b"\n" + text.encode() + headers.encode()).hexdigest()[:16]
-        out_dir = build_dir or Path(tempfile.gettempdir()) / "salon-kernels"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        so_path = out_dir / f"{source.stem}_{digest}.so"
-        if not so_path.exists():
-            tmp = out_dir / f"{source.stem}_{digest}.{os.getpid()}.{threading.get_ident()}.so"
+        out_dir = private_build_dir(build_dir)
+        so_path = out_dir / library_name(source)
+        try:
+            fd = _open_trusted_library(so_path)
+        except UnsafeBuildPath as exc:
+            warnings.warn(f"kernels: rebuilding {so_path.name}: {exc}", RuntimeWarning, stacklevel=2)
+            so_path.unlink()
+            fd = None
+        if fd is None:
+            tmp = so_path.with_name(f"{so_path.stem}.{os.getpid()}.{threading.get_ident()}.so")
             subprocess.run(["cc", *_CFLAGS, "-I", str(source.parent), "-o", str(tmp), str(source), "-lm"], check=True,
                            capture_output=True, timeout=120)
+            os.chmod(tmp, 0o644)
             tmp.replace(so_path)
-        return ctypes.CDLL(str(so_path))
+            fd = _open_trusted_library(so_path)
+            if fd is None:
+                raise OSError(f"{so_path} vanished after it was built")
+        return _dlopen(fd, so_path)
+    except UnsafeBuildPath as exc:
+        warnings.warn(f"kernels: not loading native kernels ({exc}); using the PyTorch paths", RuntimeWarning,
+                      stacklevel=2)
+        return None
     except (OSError, subprocess.SubprocessError):
         return None
 

@@ -1,4 +1,8 @@
-"""The server interceptor every service runs: typed errors -> gRPC status, request context, RPC metrics.
+"""The server interceptor every service runs: caller's role, typed errors -> gRPC status, request
+context, RPC metrics.
+
+With an AccessPolicy (internal services in mtls mode), each method's allowed roles are resolved once
+per method and checked before the handler runs: a caller without one gets UNAUTHENTICATED.
 
 Servicers stay thin: they raise `SalonError`s (services/common/errors.py) and this interceptor turns
 them into the status code, message and trailing metadata the client sees. Anything else that escapes a
@@ -21,6 +25,7 @@ from google.protobuf.message import DecodeError
 from services.common.errors import InvalidArgument, SalonError
 from services.common.logging import get_logger
 from services.common.metrics import RPC_DURATION_SECONDS, RPC_REQUESTS
+from services.common.peer_identity import AccessPolicy, require_role
 
 REQUEST_ID_METADATA_KEY = "x-request-id"
 
@@ -58,8 +63,9 @@ class _MethodMetrics:
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, policy: AccessPolicy | None = None) -> None:
         self._service = service
+        self._policy = policy
         # method -> (the handler it was built for, the wrapped handler). A method's handler is one
         # object for the server's life, so each is wrapped once; a new handler object replaces the entry.
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
@@ -85,12 +91,13 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         behavior = getattr(handler, kind)
         method_metrics = _MethodMetrics(self._service, method)
         access_logged = not method.startswith(_QUIET_SERVICES)
+        roles = self._policy.roles_for(method) if self._policy is not None else None
         # Streaming handlers are async generators, or coroutines that write with context.write
         # (grpc.health.v1's Watch): those are wrapped like unary ones, they return when done.
         if kind in ("unary_unary", "stream_unary") or not inspect.isasyncgenfunction(behavior):
-            wrapped = _wrap_unary(behavior, method, method_metrics, access_logged)
+            wrapped = _wrap_unary(behavior, method, method_metrics, access_logged, roles)
         else:
-            wrapped = _wrap_stream(behavior, method, method_metrics, access_logged)
+            wrapped = _wrap_stream(behavior, method, method_metrics, access_logged, roles)
         deserializer = handler.request_deserializer
         if kind in ("unary_unary", "unary_stream") and deserializer is not None:
             deserializer = _tolerant(deserializer)
@@ -124,11 +131,13 @@ def _end(started: float, outcome: _Outcome, method_metrics: _MethodMetrics, acce
 
 
 def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str, method_metrics: _MethodMetrics,
-                access_logged: bool):
+                access_logged: bool, roles: frozenset[str] | None):
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = _begin(method, context)
         outcome = _Outcome()
         try:
+            if roles is not None:
+                require_role(context, roles, method)
             _check_decoded(request)
             return await behavior(request, context)
         except BaseException as exc:  # noqa: BLE001 - mapped below, re-raised when not ours
@@ -141,11 +150,13 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str, method_met
 
 
 def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str, method_metrics: _MethodMetrics,
-                 access_logged: bool):
+                 access_logged: bool, roles: frozenset[str] | None):
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         started = _begin(method, context)
         outcome = _Outcome()
         try:
+            if roles is not None:
+                require_role(context, roles, method)
             _check_decoded(request)
             async for response in behavior(request, context):
                 yield response

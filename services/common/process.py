@@ -1,8 +1,9 @@
 """Start a salon service as a separate OS process and wait until it serves.
 
 Used by `salon up` and by the tests, so both run the services exactly as production does:
-`python -m services.<svc> --port 0 ...`, reading the `LISTENING <svc> port=<p> metrics_port=<m>` line
-the bootstrap prints, then waiting for grpc.health.v1 to report SERVING.
+`python -m services.<svc> --port 0 ...`, reading the `LISTENING <svc> port=<p> metrics_port=<m> health_port=<h>`
+line the bootstrap prints, then waiting for grpc.health.v1 to report SERVING (on the plaintext health
+port when the service has one: a mutual-TLS port takes no caller without a certificate).
 """
 
 from __future__ import annotations
@@ -42,10 +43,16 @@ class ServiceProcess:
     metrics_port: int | None = field(default=None, init=False)
     # Further listeners the service announced (e.g. the gateway's `http_port`).
     extra_ports: dict[str, int] = field(default_factory=dict, init=False)
+    health_port: int | None = field(default=None, init=False)
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def health_address(self) -> str:
+        """Where grpc.health.v1 answers without a client certificate."""
+        return f"127.0.0.1:{self.health_port}" if self.health_port is not None else self.address
 
     def start(self, timeout_s: float = 120.0) -> ServiceProcess:
         env = dict(os.environ if self.env is None else self.env)
@@ -65,14 +72,16 @@ class ServiceProcess:
             raise ServiceStartError(f"{self.service} did not start: {line!r}{self._log_tail()}")
         self.port = int(match.group(2))
         self.metrics_port = None if match.group(3) == "None" else int(match.group(3))
-        self.extra_ports = {name: int(value) for name, value in _EXTRA_PORT.findall(match.group(4))}
+        ports = {name: int(value) for name, value in _EXTRA_PORT.findall(match.group(4))}
+        self.health_port = ports.pop("health_port", None)
+        self.extra_ports = ports
         # Keep draining stdout so the child never blocks on a full pipe.
         threading.Thread(target=_drain, args=(self.process.stdout,), daemon=True).start()
         return self
 
     def wait_serving(self, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.address) as channel:
+        with grpc.insecure_channel(self.health_address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:

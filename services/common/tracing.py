@@ -8,8 +8,14 @@ OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL=http/protobuf, over HTTP; otherwise spans a
 lines carry their ids) but not exported. OTEL_SERVICE_NAME names the service (default `salon-<svc>`). `trace_file` adds a JSON-lines file exporter, one span
 per line, used by the tests and for local debugging.
 
-Sampling is parent-based everywhere: a call that arrives with a trace context keeps its caller's
-decision, so a trace is either recorded in every service or in none. `sample_ratio` sets the share of
+Trust: only the W3C trace context propagates, never baggage. The internal services continue the
+context their (authenticated) caller sent. The public port does not: a client's `traceparent`,
+`tracestate` and `baggage` are ignored (extract_inbound=False installs InjectOnlyPropagator), so a
+client can neither force its requests to be recorded nor smuggle values into the internal calls; every
+public request starts a trace of its own, which the gateway passes on to the engines.
+
+Sampling is parent-based behind the gateway: a call that arrives with a trace context keeps its
+caller's decision, so a trace is either recorded in every service or in none. `sample_ratio` sets the share of
 new traces (those started here) that are recorded; unset, the SDK's own choice applies
 (OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG, by default every trace). An unsampled request still
 carries its trace id downstream (flag 00), so the services it reaches do not start traces of their own.
@@ -22,7 +28,16 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 
-from opentelemetry import trace
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.propagators.textmap import (
+    CarrierT,
+    Getter,
+    Setter,
+    TextMapPropagator,
+    default_getter,
+    default_setter,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -32,6 +47,26 @@ from opentelemetry.sdk.trace.export import (
     SpanExportResult,
 )
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+
+class InjectOnlyPropagator(TextMapPropagator):
+    """W3C trace context out, nothing in: what arrives on a public port starts a trace of its own."""
+
+    def __init__(self) -> None:
+        self._inner = TraceContextTextMapPropagator()
+
+    def extract(self, carrier: CarrierT, context: otel_context.Context | None = None,
+                getter: Getter = default_getter) -> otel_context.Context:
+        return context if context is not None else otel_context.Context()
+
+    def inject(self, carrier: CarrierT, context: otel_context.Context | None = None,
+               setter: Setter = default_setter) -> None:
+        self._inner.inject(carrier, context, setter)
+
+    @property
+    def fields(self) -> set[str]:
+        return self._inner.fields
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -106,9 +141,12 @@ def configure_tracing(
     trace_file: str | None = None,
     environ: Mapping[str, str] | None = None,
     sample_ratio: float | None = None,
+    extract_inbound: bool = True,
 ) -> None:
-    """Install the global tracer provider for this process."""
+    """Install the global tracer provider and propagator for this process. extract_inbound=False for a
+    public port: inbound trace context and baggage are ignored."""
     environ = os.environ if environ is None else environ
+    propagate.set_global_textmap(TraceContextTextMapPropagator() if extract_inbound else InjectOnlyPropagator())
     if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return
     sampler = None if sample_ratio is None else ratio_sampler(sample_ratio)

@@ -7,12 +7,17 @@ from dataclasses import dataclass, field
 from services.common.server import ServerConfig
 from services.gateway.routing import LOAD_FACTOR, MIN_CAPACITY, OPENING_MAX_BYTES
 
+# Largest public request message: a long dialogue is well under a MiB; more is refused by grpc itself
+# (RESOURCE_EXHAUSTED) before it is parsed.
+PUBLIC_MAX_RECEIVE_MESSAGE_BYTES = 4 << 20
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
     """salon gateway: the public salon.chat.v1.ChatService in front of a pool of engines."""
 
-    server: ServerConfig = field(default_factory=ServerConfig)
+    server: ServerConfig = field(
+        default_factory=lambda: ServerConfig(max_receive_message_bytes=PUBLIC_MAX_RECEIVE_MESSAGE_BYTES))
     # Membership.
     engines: str = field(default="", metadata={"help": "static engines: id=host:port,id=host:port"})
     engines_dns: str | None = field(
@@ -24,6 +29,11 @@ class GatewayConfig:
     # Tenants.
     tenants_file: str | None = field(default=None, metadata={"help": "tenant table, JSON or TOML (see tenants.py)"})
     tenants_json: str | None = field(default=None, metadata={"help": "tenant table as an inline JSON string"})
+    salt_secret_file: str | None = field(
+        default=None, metadata={"help": "secret for tenant salts: HMAC(secret, tenant id) unless a tenant sets one "
+                                        "(the same file on every gateway replica)"})
+    namespace_grant_key_file: str | None = field(
+        default=None, metadata={"help": "key shared with the kvstores: sign namespace grants for the engines"})
     allow_anonymous: bool = field(
         default=False, metadata={"help": "serve calls without an API key as tenant 'anonymous' (development only)"}
     )
@@ -46,6 +56,9 @@ class GatewayConfig:
     engine_tls_ca_file: str | None = field(default=None, metadata={"help": "CA of the engines' certificates"})
     engine_tls_cert_file: str | None = field(default=None, metadata={"help": "our client certificate (mutual TLS)"})
     engine_tls_key_file: str | None = field(default=None, metadata={"help": "key of engine_tls_cert_file"})
+    engine_tls_server_name: str | None = field(
+        default=None, metadata={"help": "name the engines' certificate must carry (default: the dialed host; set it "
+                                        "when engines are dialed by IP, e.g. engine.salon.svc)"})
     model_info_ttl_s: float = field(default=30.0, metadata={"help": "how long GetModelInfo answers are cached"})
     # The OpenAI-compatible HTTP API (services/gateway/http/).
     http_port: int | None = field(default=None, metadata={"help": "OpenAI-compatible HTTP API port (0 = free port; "

@@ -159,9 +159,12 @@ class Dispatcher:
         deadline_s: float | None,
         arrived_s: float,
         model: str = "",
+        reply_request_id: str = "",
     ) -> AsyncIterator[chat_pb2.GenerateResponse]:
         """Yield the reply's events. `deadline_s` is absolute (time.monotonic), None for no deadline;
-        `model` labels the latency metrics."""
+        `model` labels the latency metrics; reply_request_id: the id GenerateFinal reports (the caller's
+        own; default the engine request's)."""
+        reply_request_id = reply_request_id or request.request_id
         key = dialogue_key(tenant_id, request.conversation_id)
         decision = await self._place(key)
         exclude: set[EngineId] = set()
@@ -195,7 +198,7 @@ class Dispatcher:
                         continue  # nothing follows a final event: read the stream to its end
                     if event.HasField("final"):
                         call_code = grpc.StatusCode.OK  # the reply is whole, whatever follows it
-                        self._finish(event.final, request, forwarded_token_ids, num_failovers, engine_id)
+                        self._finish(event.final, reply_request_id, forwarded_token_ids, num_failovers, engine_id)
                         engine_metrics.ok(tenant_id).inc()
                         yield event
                         # Let the call complete normally (its trace span ends with the stream).
@@ -246,7 +249,7 @@ class Dispatcher:
             if max_new_tokens and len(forwarded_token_ids) >= max_new_tokens:
                 # Every token was sent; only the final event was lost. Nothing is left to resume.
                 final = chat_pb2.GenerateFinal(finish_reason=chat_pb2.FINISH_REASON_LENGTH, engine_id=engine_id)
-                self._finish(final, request, forwarded_token_ids, num_failovers, engine_id)
+                self._finish(final, reply_request_id, forwarded_token_ids, num_failovers, engine_id)
                 metrics.REQUESTS.labels(engine=engine_id, tenant=tenant_id, code="OK").inc()
                 yield chat_pb2.GenerateResponse(final=final)
                 return
@@ -259,14 +262,14 @@ class Dispatcher:
     @staticmethod
     def _finish(
         final: chat_pb2.GenerateFinal,
-        request: engine_pb2.GenerateRequest,
+        reply_request_id: str,
         forwarded_token_ids: list[int],
         num_failovers: int,
         engine_id: EngineId,
     ) -> None:
         """Make the final event describe the whole reply, across failovers."""
         final.failovers = num_failovers
-        final.request_id = request.request_id
+        final.request_id = reply_request_id
         if not final.engine_id:
             final.engine_id = engine_id
         if num_failovers:

@@ -8,29 +8,34 @@ import contextlib
 import grpc
 
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc
-from services.common.channel import ClientTLS
+from services.common import internal_auth, namespace_grant
 from services.common.logging import get_logger
 from services.common.server import HealthState
 from services.gateway.config import GatewayConfig
 from services.gateway.dispatch import DispatchSettings, Dispatcher
+from services.gateway.grants import Grants
 from services.gateway.membership import EnginePool, PoolSettings, parse_engine_list
 from services.gateway.ratelimit import AdmissionControl
 from services.gateway.routing import make_policy
 from services.gateway.servicer import ChatServicer
 from services.gateway.sessions import InMemorySessionTable, SessionTable
 from services.gateway.sessions_redis import RedisSessionTable
-from services.gateway.tenants import Tenant, TenantConfigError, TenantTable
+from services.gateway.tenants import Tenant, TenantConfigError, TenantTable, derive_salt
 from services.gateway.types import TenantId
 
 log = get_logger(__name__)
 
 
 def build_tenants(config: GatewayConfig) -> TenantTable:
-    anonymous = Tenant(TenantId("anonymous"), "tenant:anonymous") if config.allow_anonymous else None
+    secret = namespace_grant.load_key(config.salt_secret_file) if config.salt_secret_file else None
+    anonymous = None
+    if config.allow_anonymous:
+        salt = derive_salt(secret, "anonymous") if secret is not None else "tenant:anonymous"
+        anonymous = Tenant(TenantId("anonymous"), salt)
     if config.tenants_file and config.tenants_json:
         raise TenantConfigError("give tenants_file or tenants_json, not both")
     if config.tenants_file:
-        return TenantTable.from_file(config.tenants_file, anonymous)
+        return TenantTable.from_file(config.tenants_file, anonymous, secret)
     if config.tenants_json:
         import json
 
@@ -38,7 +43,7 @@ def build_tenants(config: GatewayConfig) -> TenantTable:
             obj = json.loads(config.tenants_json)
         except json.JSONDecodeError as exc:
             raise TenantConfigError(f"tenants_json: cannot parse: {exc.msg}") from None
-        return TenantTable.from_obj(obj, anonymous)
+        return TenantTable.from_obj(obj, anonymous, secret)
     return TenantTable((), anonymous)
 
 
@@ -62,9 +67,8 @@ def pool_settings(config: GatewayConfig) -> PoolSettings:
         if not sep or not host or not port.isdigit():
             raise ValueError(f"engines_dns: expected name:port, got {config.engines_dns!r}")
         dns_name, dns_port = host, int(port)
-    tls = None
-    if config.engine_tls_ca_file:
-        tls = ClientTLS(config.engine_tls_ca_file, config.engine_tls_cert_file, config.engine_tls_key_file)
+    tls = internal_auth.client_tls_or_none("--engine-tls", config.engine_tls_ca_file, config.engine_tls_cert_file,
+                                           config.engine_tls_key_file, config.engine_tls_server_name)
     return PoolSettings(
         health_service=config.health_service,
         load_interval_ms=config.load_interval_ms,
@@ -76,18 +80,21 @@ def pool_settings(config: GatewayConfig) -> PoolSettings:
 
 
 def build_http_server(config: GatewayConfig, tenants: TenantTable, admission: AdmissionControl,
-                      dispatcher: Dispatcher, pool: EnginePool):
+                      dispatcher: Dispatcher, pool: EnginePool, grants: Grants):
     """The OpenAI-compatible front on config.http_port, over the same core as the gRPC servicer."""
     from services.gateway.http.app import HttpServer, build_app
     from services.gateway.http.catalog import ModelCatalog
     from services.gateway.http.routes import Front
 
-    front = Front(tenants, admission, dispatcher, ModelCatalog(pool, config.model_info_ttl_s), config.opening_max_bytes)
+    front = Front(tenants, admission, dispatcher, ModelCatalog(pool, config.model_info_ttl_s), grants,
+                  config.opening_max_bytes)
     return HttpServer(build_app(front), config.server.host, config.http_port, config.server.grace_s)
 
 
 class GatewayService:
     name = "gateway"
+    # The public port: tenants authenticate per call (API keys); the inbound trace context is ignored.
+    access_policy = None
 
     def __init__(self, config: GatewayConfig):
         self.config = config
@@ -97,6 +104,8 @@ class GatewayService:
         if not self.endpoints and self.settings.dns_name is None:
             raise ValueError("no engines: give --engines and/or --engines-dns")
         self.policy = make_policy(config.routing_policy, config.load_factor, config.min_capacity_streams)
+        self.grants = Grants(namespace_grant.load_key(config.namespace_grant_key_file)
+                             if config.namespace_grant_key_file else None)
         self.pool: EnginePool | None = None
         self.sessions: SessionTable | None = None
         self.dispatcher: Dispatcher | None = None
@@ -106,6 +115,8 @@ class GatewayService:
         self.listening_ports: dict[str, int] = {}
 
     async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
+        internal_auth.check_client(self.config.server.internal_auth, self.settings.tls, "--engine-tls",
+                                   [e.address for e in self.endpoints], any_target=self.settings.dns_name is not None)
         if not self.tenants.tenants and self.tenants.anonymous is None:
             log.warning("no_tenants", detail="every call will be refused UNAUTHENTICATED")
         self.sessions = build_sessions(self.config)
@@ -118,11 +129,13 @@ class GatewayService:
             self.dispatcher,
             self.pool,
             self.config.model_info_ttl_s,
+            self.grants,
         )
         chat_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
         self.pool.start()
         if self.config.http_port is not None:
-            self.http = build_http_server(self.config, self.tenants, servicer.admission, self.dispatcher, self.pool)
+            self.http = build_http_server(self.config, self.tenants, servicer.admission, self.dispatcher, self.pool,
+                                          self.grants)
             self.http.start()
             self.listening_ports["http_port"] = self.http.port
         self._ready_task = asyncio.create_task(self._serve_when_routable(health))

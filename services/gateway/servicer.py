@@ -1,7 +1,21 @@
-"""salon.chat.v1.ChatService: authenticate, validate, admit, then hand the reply to the dispatcher."""
+"""salon.chat.v1.ChatService: authenticate, validate, admit, then hand the reply to the dispatcher.
+
+Before anything reaches an engine:
+  * the tenant's API key decides its namespace salt, and (with a grant key) a namespace grant that
+    lets the engines store KV in that namespace (services/common/namespace_grant.py);
+  * a prompt whose count of messages or ids cannot fit the engines' context (known from
+    GetModelInfo) is refused here, before it is copied and forwarded (services/common/prompt_bounds.py);
+  * the engine's request id is always generated here: a client's request_id or x-request-id is kept
+    for its logs and echoed in GenerateFinal.request_id, never used as the engine's id (two tenants'
+    ids would collide there).
+
+DeleteConversation fans out to every known engine, then forgets the dialogue's session entry.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,27 +26,33 @@ from opentelemetry import trace
 
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.engine.v1 import engine_pb2
-from services.common.errors import ResourceExhausted, Unauthenticated, Unavailable
+from services.common.errors import OutOfRange, ResourceExhausted, Unauthenticated, Unavailable
 from services.common.logging import bind_request_context, get_logger
 from services.gateway import metrics
 from services.gateway.dispatch import Dispatcher
+from services.gateway.grants import Grants
 from services.gateway.genai_span import set_request_attributes, set_response_attributes
 from services.gateway.membership import EnginePool
 from services.gateway.ratelimit import AdmissionControl
+from services.common.prompt_bounds import prompt_count_problem
 from services.gateway.tenants import Tenant, TenantTable
-from services.gateway.validate import validate_generate
+from services.gateway.types import dialogue_key
+from services.gateway.validate import validate_conversation_id, validate_generate
 
 log = get_logger(__name__)
 
 AUTHORIZATION_METADATA_KEY = "authorization"
 _MODEL_INFO_TIMEOUT_S = 5.0
+_DELETE_TIMEOUT_S = 10.0
 
 
-def to_engine_request(request: chat_pb2.GenerateRequest, request_id: str, namespace_salt: str) -> engine_pb2.GenerateRequest:
+def to_engine_request(request: chat_pb2.GenerateRequest, request_id: str, namespace_salt: str,
+                      grant: bytes = b"") -> engine_pb2.GenerateRequest:
     engine_request = engine_pb2.GenerateRequest(
         request_id=request_id,
         conversation_id=request.conversation_id,
         namespace_salt=namespace_salt,
+        namespace_grant=grant,
     )
     if request.HasField("character"):
         engine_request.character.CopyFrom(request.character)
@@ -50,14 +70,45 @@ def to_engine_request(request: chat_pb2.GenerateRequest, request_id: str, namesp
 
 class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
     def __init__(self, tenants: TenantTable, admission: AdmissionControl, dispatcher: Dispatcher,
-                 pool: EnginePool, model_info_ttl_s: float):
+                 pool: EnginePool, model_info_ttl_s: float, grants: Grants):
         self.tenants = tenants
         self.admission = admission
         self.dispatcher = dispatcher
         self.pool = pool
         self.model_info_ttl_s = model_info_ttl_s
+        self.grants = grants
         self._model_info: chat_pb2.ModelInfo | None = None
         self._model_info_expires_s = 0.0
+        self._model_info_refresh: asyncio.Task | None = None
+
+    def _grant(self, tenant: Tenant) -> bytes:
+        return self.grants.for_tenant(tenant)
+
+    def _check_prompt_counts(self, request: chat_pb2.GenerateRequest) -> None:
+        """OUT_OF_RANGE when the counts alone cannot fit the engines' context (once it is known)."""
+        info = self._model_info
+        if info is None or time.monotonic() >= self._model_info_expires_s:
+            self._refresh_model_info_later()
+        if info is None or not info.max_context_tokens:
+            return  # the engine applies the same bound
+        problem = prompt_count_problem(request, info.max_context_tokens)
+        if problem is not None:
+            metrics.REFUSALS.labels(reason="invalid").inc()
+            raise OutOfRange(problem)
+
+    def _refresh_model_info_later(self) -> None:
+        if self._model_info_refresh is not None and not self._model_info_refresh.done():
+            return
+
+        async def refresh() -> None:
+            try:
+                await self._fetch_model_info()
+            except Unavailable:
+                pass
+
+        # A fresh context: this runs for the gateway, not inside the request's trace or log fields.
+        self._model_info_refresh = asyncio.get_running_loop().create_task(refresh(), name="model-info",
+                                                                          context=contextvars.Context())
 
     def _authenticate(self, context: grpc.aio.ServicerContext) -> Tenant:
         authorization = None
@@ -85,22 +136,22 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             metrics.REFUSALS.labels(reason=refusal.reason).inc()
             raise ResourceExhausted(refusal.message, refusal.retry_after_ms)
         try:
-            request_id = (
-                request.request_id
-                or structlog.contextvars.get_contextvars().get("request_id")
-                or uuid.uuid4().hex
-            )
-            bind_request_context(request_id=request_id, conversation_id=request.conversation_id,
-                                 tenant=tenant.tenant_id)
+            self._check_prompt_counts(request)
+            # The caller's id (field, else x-request-id) is for its own correlation only.
+            client_request_id = request.request_id or structlog.contextvars.get_contextvars().get("request_id") or ""
+            request_id = uuid.uuid4().hex
+            bind_request_context(request_id=request_id, client_request_id=client_request_id or None,
+                                 conversation_id=request.conversation_id, tenant=tenant.tenant_id)
             remaining_s = context.time_remaining()
             deadline_s = None if remaining_s is None else time.monotonic() + remaining_s
-            engine_request = to_engine_request(request, request_id, tenant.namespace_salt)
+            engine_request = to_engine_request(request, request_id, tenant.namespace_salt, self._grant(tenant))
             model = self._model_info.model_id if self._model_info is not None else ""
             span = trace.get_current_span()
             operation = "text_completion" if request.WhichOneof("context") != "dialogue" else "chat"
             set_request_attributes(span, operation, model, request.sampling)
             first_token_s = None
-            async for event in self.dispatcher.stream(engine_request, tenant.tenant_id, deadline_s, arrived_s, model):
+            async for event in self.dispatcher.stream(engine_request, tenant.tenant_id, deadline_s, arrived_s, model,
+                                                      reply_request_id=client_request_id or request_id):
                 if first_token_s is None and event.delta.token_ids:
                     first_token_s = time.perf_counter() - arrived_s
                 if event.HasField("final"):
@@ -110,12 +161,50 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         finally:
             self.admission.release(tenant)
 
+    async def DeleteConversation(
+        self, request: chat_pb2.DeleteConversationRequest, context: grpc.aio.ServicerContext
+    ) -> chat_pb2.DeleteConversationResponse:
+        tenant = self._authenticate(context)
+        validate_conversation_id(request.conversation_id)
+        refusal = self.admission.admit(tenant, time.monotonic())
+        if refusal is not None:
+            metrics.REFUSALS.labels(reason=refusal.reason).inc()
+            raise ResourceExhausted(refusal.message, refusal.retry_after_ms)
+        try:
+            bind_request_context(conversation_id=request.conversation_id, tenant=tenant.tenant_id)
+            handles = self.pool.handles()
+            if not handles:
+                raise Unavailable("DeleteConversation: no engine is known; retry shortly")
+            engine_request = engine_pb2.DeleteConversationRequest(
+                conversation_id=request.conversation_id, namespace_salt=tenant.namespace_salt,
+                namespace_grant=self._grant(tenant))
+            results = await asyncio.gather(*(h.stub.DeleteConversation(engine_request, timeout=_DELETE_TIMEOUT_S)
+                                             for h in handles), return_exceptions=True)
+            session_ok = await self.dispatcher.sessions.delete(dialogue_key(tenant.tenant_id, request.conversation_id))
+        finally:
+            self.admission.release(tenant)
+        failed = [f"{h.engine_id or h.address}: {_error_name(r)}" for h, r in zip(handles, results)
+                  if isinstance(r, BaseException)]
+        if not session_ok:
+            failed.append("session table: unreachable")
+        if failed:
+            log.warning("delete_incomplete", failed=failed)
+            raise Unavailable(f"DeleteConversation: not confirmed by {', '.join(failed)}; retry (deleting is idempotent)")
+        done = [r for r in results if not isinstance(r, BaseException)]
+        log.info("conversation_deleted", engines=len(done))
+        return chat_pb2.DeleteConversationResponse(
+            engines=len(done), device_blocks_dropped=sum(r.device_blocks_dropped for r in done),
+            host_blocks_dropped=sum(r.host_blocks_dropped for r in done))
+
     async def GetModelInfo(
         self, request: chat_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> chat_pb2.GetModelInfoResponse:
         self._authenticate(context)
         if self._model_info is not None and time.monotonic() < self._model_info_expires_s:
             return chat_pb2.GetModelInfoResponse(model=self._model_info)
+        return chat_pb2.GetModelInfoResponse(model=await self._fetch_model_info())
+
+    async def _fetch_model_info(self) -> chat_pb2.ModelInfo:
         last_error = "no engine is serving"
         for handle in sorted(self.pool.handles(), key=lambda h: (not h.accepting, h.num_inflight)):
             if not handle.accepting:
@@ -128,5 +217,9 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
                 continue
             self._model_info = response.model
             self._model_info_expires_s = time.monotonic() + self.model_info_ttl_s
-            return chat_pb2.GetModelInfoResponse(model=response.model)
+            return response.model
         raise Unavailable(f"GetModelInfo: {last_error}")
+
+
+def _error_name(error: BaseException) -> str:
+    return error.code().name if isinstance(error, grpc.aio.AioRpcError) else type(error).__name__

@@ -32,6 +32,10 @@ class SessionTable(Protocol):
 
     async def claim(self, dialogue_key: DialogueKey, engine_id: EngineId) -> EngineId: ...
 
+    async def delete(self, dialogue_key: DialogueKey) -> bool:
+        """Forget the dialogue (DeleteConversation); False if the store could not confirm it."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -86,6 +90,10 @@ class InMemorySessionTable:
             return holder
         self._write(dialogue_key, engine_id)
         return engine_id
+
+    async def delete(self, dialogue_key: DialogueKey) -> bool:
+        self._entries.pop(dialogue_key, None)
+        return True
 
     async def close(self) -> None:
         self._entries.clear()

@@ -105,6 +105,10 @@ class RedisSessionTable:
         )
         return EngineId(holder) if holder else engine_id
 
+    async def delete(self, dialogue_key: DialogueKey) -> bool:
+        ok, _ = await self._call("delete", lambda: self._redis.delete(self._key(dialogue_key)))
+        return ok
+
     async def close(self) -> None:
         await self._redis.aclose()
         await self._pool.disconnect()

@@ -4,13 +4,18 @@ A tenant file (JSON or TOML) or an inline JSON string lists the tenants:
 
     {"tenants": [
       {"tenant_id": "acme", "api_key": "sk-acme-...",          # or "api_key_sha256": "<hex>"
-       "namespace_salt": "acme-2024",                          # default: "tenant:<tenant_id>"
+       "namespace_salt": "...",                                # default: HMAC(salt secret, tenant id)
        "max_concurrent_streams": 64, "requests_per_s": 50.0, "burst_requests": 100}
     ]}
 
     [[tenants]]                                                # the same in TOML
     tenant_id = "acme"
     api_key = "sk-acme-..."
+
+Namespace salts decide which cache entries a tenant shares (only its own), so they must be neither
+guessable nor shared: unless a tenant names its own, its salt is HMAC-SHA256(salt secret, tenant id)
+(the gateway's --salt-secret-file; every gateway replica must use the same one, or cache entries
+stop being found across replicas). A table where two tenants end up with one salt is refused.
 
 Keys are kept only as SHA-256 digests. `authenticate` hashes the presented key once and compares it
 with every tenant's digest using `hmac.compare_digest`, without stopping at the first match, so the
@@ -57,7 +62,24 @@ def key_digest(api_key: str) -> bytes:
     return hashlib.sha256(api_key.encode("utf-8")).digest()
 
 
-def _tenant_from_mapping(raw: Mapping[str, Any], index: int) -> Tenant:
+def derive_salt(salt_secret: bytes, tenant_id: str) -> str:
+    """The namespace salt of a tenant that names none: HMAC-SHA256(secret, tenant id), hex."""
+    return hmac.new(salt_secret, b"salon tenant salt v1\x00" + tenant_id.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _salt(raw: Mapping[str, Any], tenant_id: str, where: str, salt_secret: bytes | None) -> str:
+    salt = raw.get("namespace_salt")
+    if salt is not None:
+        if not isinstance(salt, str) or not salt:
+            raise TenantConfigError(f"{where}.namespace_salt: must be a non-empty string")
+        return salt
+    if salt_secret is None:
+        raise TenantConfigError(f"{where}.namespace_salt: not set, and no salt secret (--salt-secret-file) "
+                                "to derive it from")
+    return derive_salt(salt_secret, tenant_id)
+
+
+def _tenant_from_mapping(raw: Mapping[str, Any], index: int, salt_secret: bytes | None = None) -> Tenant:
     where = f"tenants[{index}]"
     tenant_id = raw.get("tenant_id")
     if not isinstance(tenant_id, str) or not _TENANT_ID.fullmatch(tenant_id):
@@ -87,7 +109,7 @@ def _tenant_from_mapping(raw: Mapping[str, Any], index: int) -> Tenant:
         raise TenantConfigError(f"{where}.burst_requests: must be a positive integer")
     return Tenant(
         tenant_id=TenantId(tenant_id),
-        namespace_salt=str(raw.get("namespace_salt") or f"tenant:{tenant_id}"),
+        namespace_salt=_salt(raw, tenant_id, where, salt_secret),
         max_concurrent_streams=max_streams,
         requests_per_s=float(rate) if rate is not None else None,
         burst_requests=burst,
@@ -104,6 +126,12 @@ class TenantTable:
         digests = [t.key_sha256 for t in self.tenants]
         if len(set(digests)) != len(digests):
             raise TenantConfigError("two tenants share an API key")
+        by_salt: dict[str, str] = {}
+        for tenant in (*self.tenants, *((anonymous,) if anonymous is not None else ())):
+            other = by_salt.setdefault(tenant.namespace_salt, tenant.tenant_id)
+            if other != tenant.tenant_id:
+                raise TenantConfigError(f"tenants {other} and {tenant.tenant_id} have the same namespace_salt: "
+                                        "tenants never share cache entries")
         # Used for calls without an authorization entry, when configured (development only).
         self.anonymous = anonymous
 
@@ -111,20 +139,21 @@ class TenantTable:
         return f"TenantTable(tenant_ids={[t.tenant_id for t in self.tenants]})"
 
     @classmethod
-    def from_obj(cls, obj: Any, anonymous: Tenant | None = None) -> "TenantTable":
+    def from_obj(cls, obj: Any, anonymous: Tenant | None = None, salt_secret: bytes | None = None) -> "TenantTable":
         if not isinstance(obj, Mapping) or not isinstance(obj.get("tenants"), list):
             raise TenantConfigError("tenant config: expected an object with a 'tenants' list")
-        return cls((_tenant_from_mapping(raw, i) for i, raw in enumerate(obj["tenants"])), anonymous)
+        return cls((_tenant_from_mapping(raw, i, salt_secret) for i, raw in enumerate(obj["tenants"])), anonymous)
 
     @classmethod
-    def from_file(cls, path: str | Path, anonymous: Tenant | None = None) -> "TenantTable":
+    def from_file(cls, path: str | Path, anonymous: Tenant | None = None,
+                  salt_secret: bytes | None = None) -> "TenantTable":
         path = Path(path)
         data = path.read_bytes()
         try:
             obj = tomllib.loads(data.decode("utf-8")) if path.suffix == ".toml" else json.loads(data)
         except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise TenantConfigError(f"tenant file {path.name}: cannot parse: {exc}") from None
-        return cls.from_obj(obj, anonymous)
+        return cls.from_obj(obj, anonymous, salt_secret)
 
     def authenticate(self, authorization: str | None) -> Tenant | None:
         """The tenant whose key is in `authorization` ("Bearer <key>"), or None.

@@ -10,13 +10,17 @@ MAX_CONVERSATION_ID_BYTES = 256
 MAX_REQUEST_ID_BYTES = 128
 
 
-def validate_generate(request: chat_pb2.GenerateRequest) -> None:
-    """Raise InvalidArgument naming the first offending field."""
-    num_bytes = len(request.conversation_id.encode("utf-8"))
+def validate_conversation_id(conversation_id: str) -> None:
+    num_bytes = len(conversation_id.encode("utf-8"))
     if num_bytes == 0:
         raise InvalidArgument("conversation_id: required (1..256 bytes)")
     if num_bytes > MAX_CONVERSATION_ID_BYTES:
         raise InvalidArgument(f"conversation_id: {num_bytes} bytes, at most {MAX_CONVERSATION_ID_BYTES} allowed")
+
+
+def validate_generate(request: chat_pb2.GenerateRequest) -> None:
+    """Raise InvalidArgument naming the first offending field."""
+    validate_conversation_id(request.conversation_id)
     if len(request.request_id.encode("utf-8")) > MAX_REQUEST_ID_BYTES:
         raise InvalidArgument(f"request_id: at most {MAX_REQUEST_ID_BYTES} bytes")
     if not request.request_id.isprintable():

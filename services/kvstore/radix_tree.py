@@ -29,7 +29,7 @@ Match is a query (no recency change); fetch and put touch what they use.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from services.common.kvstore_client.layout import MISS, KVLayout, MatchResult
@@ -95,7 +95,9 @@ class TreeStats:
 
 
 class RadixTree:
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, on_free: Callable[[Extent], None] | None = None) -> None:
+        # Called with every extent just before it returns to the allocator (the store zeroes it there).
+        self._on_free = on_free
         self.allocator = ExtentAllocator(capacity_bytes)
         self.capacity_bytes = self.allocator.capacity_bytes
         self.used_bytes = 0
@@ -327,6 +329,8 @@ class RadixTree:
         node.global_extent = node.local_extent = None
 
     def _free(self, extent: Extent) -> None:
+        if self._on_free is not None:
+            self._on_free(extent)
         self.used_bytes -= extent.length
         self.allocator.free(extent)
 

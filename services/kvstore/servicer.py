@@ -3,23 +3,34 @@
 Each handler does its tree work in one synchronous step (no await inside a store call), so the
 tree is never seen half-changed. A Fetch over gRPC holds its pins across the stream's awaits and
 drops them in `finally` (also when the client goes away).
+
+Who may do what: the bootstrap lets only engine identities call (services/common/peer_identity.py);
+here, with a namespace grant key, Put / PrepareSharedPut / Drop also need a NamespaceClaim that a
+gateway's grant backs (services/common/namespace_grant.py), and each caller (its identity, or its
+address without TLS) holds at most max_leases_per_peer leases.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import grpc
 
 from salon.kvstore.v1 import kvstore_pb2 as pb
 from salon.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
-from services.common.errors import InvalidArgument, NotFound
+from services.common import namespace_grant
+from services.common.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from services.common.kvstore_client.layout import KVLayout
+from services.common.peer_identity import peer_key
+from services.common.prefix_hash import namespace_digest
 from services.kvstore import metrics
 from services.kvstore.radix_tree import LayoutMismatch
-from services.kvstore.store import KVStore, PutCounts
+from services.kvstore.store import KVStore, LeaseLimit, PutCounts, unwritten_slot
 
 MAX_NAMESPACE_BYTES = 64
+INLINE_CHECK_BYTES = 1 << 20
 GRPC = "grpc"
 SHM = "shared_memory"
 
@@ -58,11 +69,28 @@ def counts_to_proto(counts: PutCounts) -> pb.PutCounts:
     )
 
 
+def check_claim(namespace: bytes, claim: pb.NamespaceClaim, grant_key: bytes | None, field: str,
+                now_unix_s: float) -> None:
+    """PermissionDenied unless a gateway's grant backs `claim` and the claim names `namespace`
+    (nothing is checked without a grant key)."""
+    if grant_key is None:
+        return
+    if not claim.grant:
+        raise PermissionDenied(f"{field}: required (this kvstore accepts only namespaces a gateway granted)")
+    problem = namespace_grant.verify(grant_key, claim.tenant_salt, claim.grant, now_unix_s)
+    if problem is not None:
+        raise PermissionDenied(f"{field}.grant: {problem}")
+    if namespace_digest(claim.model_id, claim.layout_tag, claim.tenant_salt) != namespace:
+        raise PermissionDenied(f"{field}: the claimed tenant, model and layout do not make this namespace")
+
+
 class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
-    def __init__(self, store: KVStore, started_at_unix_ms: int, fetch_chunk_bytes: int) -> None:
+    def __init__(self, store: KVStore, started_at_unix_ms: int, fetch_chunk_bytes: int,
+                 grant_key: bytes | None = None) -> None:
         self._store = store
         self._started_at_unix_ms = started_at_unix_ms
         self._fetch_chunk_bytes = fetch_chunk_bytes
+        self._grant_key = grant_key
         self._evicted_seen = (0, 0)
 
     # ---- Match / Fetch -------------------------------------------------------------------------
@@ -96,8 +124,14 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
         first_global = min(request.from_block_index, len(plan.nodes))
         header = pb.FetchHeader(num_tokens=plan.num_tokens, local_from_block_index=plan.local_from_block)
         if request.transport == pb.TRANSPORT_SHARED_MEMORY and plan.nodes:
+            peer = peer_key(context)
+            try:
+                store.check_lease_room(peer)
+            except LeaseLimit as exc:
+                store.end_fetch(plan)
+                raise ResourceExhausted(str(exc), retry_after_ms=int(store.lease_ttl_s * 1000)) from None
             header.shm_name = store.arena.name
-            header.lease_id = store.lease_fetch(plan)
+            header.lease_id = store.lease_fetch(plan, peer)
             header.lease_ttl_ms = int(store.lease_ttl_s * 1000)
             header.global_offsets.extend([n.global_extent.offset for n in plan.nodes[first_global:]])
             header.local_offsets.extend([n.local_extent.offset for n in plan.nodes[plan.local_from_block :]])
@@ -139,7 +173,7 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
                 if kind == "header":
                     if session is not None:
                         raise InvalidArgument("header: a Put stream has exactly one header, first")
-                    session = self._begin_put(message.header)
+                    session = self._begin_put(message.header, context)
                 elif kind == "chunk":
                     if session is None:
                         raise InvalidArgument("chunk: the first message of a Put stream must be the header")
@@ -153,10 +187,11 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
             self._sync_evictions()
         return pb.PutResponse(counts=counts_to_proto(counts))
 
-    def _begin_put(self, header: pb.PutHeader):
+    def _begin_put(self, header: pb.PutHeader, context):
         namespace = check_namespace(header.namespace)
         layout = layout_from_proto(header.layout, "header.layout")
         token_bytes = check_tokens(header.token_ids_le32, "header.token_ids_le32")
+        check_claim(namespace, header.claim, self._grant_key, "header.claim", time.time())
         try:
             return self._store.begin_put(namespace, layout, token_bytes, header.conversation_id)
         except LayoutMismatch as exc:
@@ -193,6 +228,7 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
         namespace = check_namespace(header.namespace)
         layout = layout_from_proto(header.layout, "header.layout")
         token_bytes = check_tokens(header.token_ids_le32, "header.token_ids_le32")
+        check_claim(namespace, header.claim, self._grant_key, "header.claim", time.time())
         whole_blocks = len(token_bytes) // layout.block_key_bytes
         if request.num_blocks > whole_blocks:
             raise InvalidArgument(f"num_blocks: {request.num_blocks} exceeds the {whole_blocks} whole blocks of the tokens")
@@ -202,10 +238,12 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
         try:
             lease, slots, existing = self._store.prepare_shared_put(
                 namespace, layout, token_bytes, header.conversation_id, request.num_blocks, local_blocks,
-                request.first_block_index,
+                request.first_block_index, peer=peer_key(context),
             )
         except LayoutMismatch as exc:
             raise InvalidArgument(str(exc)) from None
+        except LeaseLimit as exc:
+            raise ResourceExhausted(str(exc), retry_after_ms=int(self._store.lease_ttl_s * 1000)) from None
         self._sync_evictions()
         response = pb.PrepareSharedPutResponse(
             lease_id=lease,
@@ -224,7 +262,21 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
         return response
 
     async def CommitSharedPut(self, request: pb.CommitSharedPutRequest, context: grpc.aio.ServicerContext) -> pb.CommitSharedPutResponse:
-        counts = self._store.commit_shared_put(request.lease_id)
+        store = self._store
+        slots = store.put_slots(request.lease_id)
+        if slots is None:
+            raise NotFound(f"lease_id: no prepared put {request.lease_id!r} (released or expired)")
+        # The lease owns these extents (an expiry meanwhile only quarantines them): large puts are read
+        # off the event loop, small ones inline (a thread hop costs more than the checksum).
+        check = (unwritten_slot, store.arena, slots, list(request.global_crc32), list(request.local_crc32))
+        num_bytes = sum(e.length for slot in slots for e in (slot.global_extent, slot.local_extent) if e is not None)
+        problem = await asyncio.to_thread(*check) if num_bytes > INLINE_CHECK_BYTES else check[0](*check[1:])
+        if problem is not None:
+            if store.put_slots(request.lease_id) is slots:
+                store.release_lease(request.lease_id)
+            metrics.REFUSED_COMMITS.inc()
+            raise FailedPrecondition(f"{problem}; nothing was stored")
+        counts = store.commit_shared_put(request.lease_id)
         if counts is None:
             raise NotFound(f"lease_id: no prepared put {request.lease_id!r} (released or expired)")
         metrics.PUT_BYTES.labels(SHM).inc(counts.stored_bytes)
@@ -251,10 +303,13 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
             matched_tokens=c.matched_tokens,
             num_leases=self._store.num_leases,
             num_namespaces=stats.num_namespaces,
+            shm_name=self._store.arena.name,
+            quarantined_bytes=self._store.quarantined_bytes,
         )
 
     async def Drop(self, request: pb.DropRequest, context: grpc.aio.ServicerContext) -> pb.DropResponse:
         namespace = check_namespace(request.namespace)
+        check_claim(namespace, request.claim, self._grant_key, "claim", time.time())
         return pb.DropResponse(dropped_blocks=self._store.drop(namespace, request.conversation_id))
 
     def _sync_evictions(self) -> None:

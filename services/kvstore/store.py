@@ -6,17 +6,30 @@ its extent before the node is linked), and nothing can be evicted while pinned.
 
 Shared-memory transfer:
   fetch   begin_fetch pins the usable path; a lease keeps it pinned until release_lease or the
-          lease's TTL, and the engine reads the blocks' extents directly.
-  put     prepare_shared_put reserves extents for the blocks the store lacks (and pins the
-          existing path); the engine writes them and calls commit_shared_put, which links the
-          blocks that are still missing and frees the rest. An expired lease frees its extents:
-          an engine must finish reading/writing well within lease_ttl_s.
+          lease's TTL, and the engine reads the blocks' extents directly (and discards what it read
+          if its lease ended meanwhile).
+  put     prepare_shared_put reserves extents for the blocks the store lacks (zeroed, and the
+          existing path pinned); the engine writes them and calls commit_shared_put, which links
+          the blocks that are still missing and frees the rest. The servicer first checks every
+          slot's bytes against the engine's checksums (put_slots), so a slot that was never written
+          is never linked.
+
+The store never returns bytes it did not write:
+  * free arena bytes are zero (the tree zeroes every extent it frees; prepared slots are zeroed
+    again), so unwritten space never holds another namespace's KV;
+  * an expired put lease's extents are quarantined for one lease TTL before they can be reused: an
+    engine checks its lease's remaining time before it writes, so a late write lands in quarantined
+    space, never in a block that another namespace owns by then;
+  * each peer holds at most max_leases_per_peer leases (LeaseLimit), so no caller can pin or
+    reserve the whole arena.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
+import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +39,10 @@ from services.kvstore.arena import Arena
 from services.kvstore.radix_tree import Node, RadixTree
 
 LeaseId = str
+
+
+class LeaseLimit(Exception):
+    """The peer already holds max_leases_per_peer leases."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +86,7 @@ class _PreparedPut:
 @dataclass
 class _Lease:
     expires_at_s: float
+    peer: str
     fetch: FetchPlan | None = None
     put: _PreparedPut | None = None
 
@@ -85,13 +103,19 @@ class StoreCounters:
 
 
 class KVStore:
-    def __init__(self, tree: RadixTree, arena: Arena, lease_ttl_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, tree: RadixTree, arena: Arena, lease_ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 max_leases_per_peer: int = 256):
         self.tree = tree
         self.arena = arena
         self.lease_ttl_s = lease_ttl_s
+        self.max_leases_per_peer = max_leases_per_peer
         self.counters = StoreCounters()
         self._clock = clock
         self._leases: dict[LeaseId, _Lease] = {}
+        self._leases_by_peer: dict[str, int] = {}
+        # (reusable from, extents) of expired put leases, oldest first; their bytes stay reserved.
+        self._quarantine: deque[tuple[float, list[Extent]]] = deque()
+        self.quarantined_bytes = 0
 
     # ---- match and fetch -----------------------------------------------------------------------
 
@@ -116,9 +140,14 @@ class KVStore:
     def end_fetch(self, plan: FetchPlan) -> None:
         self.tree.unpin(plan.nodes)
 
-    def lease_fetch(self, plan: FetchPlan) -> LeaseId:
-        """Keep a fetch plan pinned under a lease (shared-memory fetch)."""
-        return self._new_lease(_Lease(self._clock() + self.lease_ttl_s, fetch=plan))
+    def lease_fetch(self, plan: FetchPlan, peer: str = "") -> LeaseId:
+        """Keep a fetch plan pinned under a lease (shared-memory fetch); check_lease_room(peer) first."""
+        return self._new_lease(_Lease(self._clock() + self.lease_ttl_s, peer, fetch=plan))
+
+    def check_lease_room(self, peer: str) -> None:
+        """LeaseLimit if `peer` may not take another lease."""
+        if self._leases_by_peer.get(peer, 0) >= self.max_leases_per_peer:
+            raise LeaseLimit(f"{peer} already holds {self.max_leases_per_peer} shared-memory leases")
 
     # ---- put over gRPC -------------------------------------------------------------------------
 
@@ -136,11 +165,14 @@ class KVStore:
         num_blocks: int,
         local_blocks: frozenset[int],
         first_block: int = 0,
+        peer: str = "",
     ) -> tuple[LeaseId, list[PutSlot], int]:
-        """Reserve extents for the blocks of [0, num_blocks) the store lacks (global KV, and local
-        KV for blocks in local_blocks). The engine has global KV only for blocks >= first_block: a
-        missing block below it means nothing more is reserved. Returns (lease, slots to write,
-        blocks already stored). Stops at the first block it cannot make room for."""
+        """Reserve zeroed extents for the blocks of [0, num_blocks) the store lacks (global KV, and
+        local KV for blocks in local_blocks). The engine has global KV only for blocks >= first_block:
+        a missing block below it means nothing more is reserved. Returns (lease, slots to write,
+        blocks already stored). Stops at the first block it cannot make room for. LeaseLimit (nothing
+        reserved) when `peer` holds too many leases."""
+        self.check_lease_room(peer)
         tree = self.tree
         ns = tree.get_or_create_namespace(namespace, layout)
         existing = tree.existing_path(ns.root, token_bytes, num_blocks)
@@ -157,13 +189,23 @@ class KVStore:
                 break
             loc = tree.allocate(layout.local_bytes_per_block) if index in local_blocks else None
             slots.append(PutSlot(index, g, loc))
+        for slot in slots:
+            for extent in (slot.global_extent, slot.local_extent):
+                if extent is not None:
+                    self.arena.zero(extent)
         counts = PutCounts(existing_blocks=len(existing))
         prepared = _PreparedPut(namespace, layout, token_bytes, owner, existing, slots, counts)
-        return self._new_lease(_Lease(self._clock() + self.lease_ttl_s, put=prepared)), slots, len(existing)
+        return self._new_lease(_Lease(self._clock() + self.lease_ttl_s, peer, put=prepared)), slots, len(existing)
+
+    def put_slots(self, lease_id: LeaseId) -> list[PutSlot] | None:
+        """The slots of a prepared put (a query: to check what the engine wrote); None if unknown."""
+        lease = self._leases.get(lease_id)
+        return None if lease is None or lease.put is None else lease.put.slots
 
     def commit_shared_put(self, lease_id: LeaseId) -> PutCounts | None:
-        """Link the written blocks; None if the lease is unknown or expired (nothing stored)."""
-        lease = self._leases.pop(lease_id, None)
+        """Link the written blocks (the caller has checked them against the engine's checksums);
+        None if the lease is unknown or expired (nothing stored)."""
+        lease = self._pop_lease(lease_id)
         if lease is None or lease.put is None:
             if lease is not None:
                 self._end(lease)
@@ -212,27 +254,47 @@ class KVStore:
     # ---- leases --------------------------------------------------------------------------------
 
     def release_lease(self, lease_id: LeaseId) -> bool:
-        lease = self._leases.pop(lease_id, None)
+        """End a lease at its holder's word (it is done reading or writing): space is free at once."""
+        lease = self._pop_lease(lease_id)
         if lease is None:
             return False
         self._end(lease)
         return True
 
     def expire_leases(self) -> int:
+        """End the leases past their TTL; an expired put's space goes to quarantine, not back to use."""
         now = self._clock()
         expired = [lid for lid, lease in self._leases.items() if lease.expires_at_s <= now]
         for lid in expired:
-            self._end(self._leases.pop(lid))
+            self._end(self._pop_lease(lid), quarantine_until_s=now + self.lease_ttl_s)
         self.counters.expired_leases += len(expired)
         return len(expired)
+
+    def release_quarantine(self) -> int:
+        """Free quarantined extents whose time is up; returns how many."""
+        now, freed = self._clock(), 0
+        while self._quarantine and self._quarantine[0][0] <= now:
+            _, extents = self._quarantine.popleft()
+            for extent in extents:
+                self.quarantined_bytes -= extent.length
+                self.tree.free_reserved(extent)
+            freed += len(extents)
+        return freed
 
     @property
     def num_leases(self) -> int:
         return len(self._leases)
 
+    def num_leases_of(self, peer: str) -> int:
+        return self._leases_by_peer.get(peer, 0)
+
     def close(self) -> None:
         for lid in list(self._leases):
-            self._end(self._leases.pop(lid))
+            self._end(self._pop_lease(lid))
+        while self._quarantine:
+            for extent in self._quarantine.popleft()[1]:
+                self.quarantined_bytes -= extent.length
+                self.tree.free_reserved(extent)
 
     # ---- drop ----------------------------------------------------------------------------------
 
@@ -246,14 +308,31 @@ class KVStore:
     def _new_lease(self, lease: _Lease) -> LeaseId:
         lease_id = secrets.token_hex(12)
         self._leases[lease_id] = lease
+        self._leases_by_peer[lease.peer] = self._leases_by_peer.get(lease.peer, 0) + 1
         return lease_id
 
-    def _end(self, lease: _Lease) -> None:
+    def _pop_lease(self, lease_id: LeaseId) -> _Lease | None:
+        lease = self._leases.pop(lease_id, None)
+        if lease is not None:
+            left = self._leases_by_peer[lease.peer] - 1
+            if left:
+                self._leases_by_peer[lease.peer] = left
+            else:
+                del self._leases_by_peer[lease.peer]
+        return lease
+
+    def _end(self, lease: _Lease, quarantine_until_s: float | None = None) -> None:
         if lease.fetch is not None:
             self.end_fetch(lease.fetch)
         if lease.put is not None:
-            for slot in lease.put.slots:
-                _free_slot(self.tree, slot)
+            if quarantine_until_s is None:
+                for slot in lease.put.slots:
+                    _free_slot(self.tree, slot)
+            else:
+                extents = [e for slot in lease.put.slots for e in (slot.global_extent, slot.local_extent)
+                           if e is not None]
+                self.quarantined_bytes += sum(e.length for e in extents)
+                self._quarantine.append((quarantine_until_s, extents))
             self.tree.unpin(lease.put.existing)
 
     def _attach_or_free(self, node: Node, extent: Extent, local_nodes: list[Node]) -> int:
@@ -264,6 +343,23 @@ class KVStore:
             return extent.length
         self.tree.free_reserved(extent)
         return 0
+
+
+def unwritten_slot(arena: Arena, slots: list[PutSlot], global_crc32: list[int], local_crc32: list[int]) -> str | None:
+    """What is wrong with a prepared put's slots given the engine's checksums (None: all written).
+
+    Reads only the slots' extents, which the lease owns, so it may run in a worker thread."""
+    g_slots = [s for s in slots if s.global_extent is not None]
+    l_slots = [s for s in slots if s.local_extent is not None]
+    if len(global_crc32) != len(g_slots) or len(local_crc32) != len(l_slots):
+        return (f"global_crc32 / local_crc32: {len(global_crc32)} / {len(local_crc32)} checksums for "
+                f"{len(g_slots)} / {len(l_slots)} written slots")
+    for kind, chosen, sums in (("global", g_slots, global_crc32), ("local", l_slots, local_crc32)):
+        for slot, expected in zip(chosen, sums):
+            extent = slot.global_extent if kind == "global" else slot.local_extent
+            if zlib.crc32(arena.read(extent)) != expected:
+                return f"block {slot.block_index}: the {kind} KV at offset {extent.offset} is not what was written"
+    return None
 
 
 def _free_slot(tree: RadixTree, slot: PutSlot) -> None:

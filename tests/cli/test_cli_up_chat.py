@@ -34,9 +34,14 @@ def test_up_reports_where_everything_listens_and_exits_cleanly(tmp_path):
     _gw, args = up_args(tmp_path)
     result = subprocess.run([*SALON, *args, "--exit-when-serving"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    for name in ("kvstore", "engine", "gateway"):
-        assert re.search(rf"{name}\s+127\.0\.0\.1:\d+", result.stdout), result.stdout
-    assert {"kvstore.log", "engine-0.log", "gateway.log", "tenants.json"} <= {p.name for p in Path(tmp_path).iterdir()}
+    for name in ("kvstore", "engine-0", "gateway"):
+        assert re.search(rf"{name}\s+127\.0\.0\.1:\d+\s+pid \d+", result.stdout), result.stdout
+    assert "mutual TLS between services" in result.stdout
+    assert {"kvstore.log", "engine-0.log", "gateway.log", "tenants.json", "tls"} <= {p.name for p in Path(tmp_path).iterdir()}
+    tls = Path(tmp_path) / "tls"
+    assert {"ca.pem", "gateway.pem", "engine.pem", "kvstore.pem", "namespace-grant.key", "salt-secret.key"} <= {
+        p.name for p in tls.iterdir()}
+    assert tls.stat().st_mode & 0o777 == 0o700 and (tls / "engine.key").stat().st_mode & 0o777 == 0o600
 
 
 def test_chat_streams_and_the_second_turn_hits_the_cache(tmp_path):
@@ -62,5 +67,10 @@ def test_chat_streams_and_the_second_turn_hits_the_cache(tmp_path):
         # Turn 1's prompt and reply (less the never-computed last token), in whole 16-token blocks.
         assert c2 == (p1 + g1 - 1) // 16 * 16 and p2 > p1
     finally:
-        os.killpg(up.pid, signal.SIGINT)
+        # SIGHUP (the terminal went away) stops the stack as Ctrl-C does: cleanly, every child with it.
+        children = [int((Path(tmp_path) / f"{n}.pid").read_text()) for n in ("kvstore", "engine-0", "gateway")
+                    if (Path(tmp_path) / f"{n}.pid").exists()]
+        up.send_signal(signal.SIGHUP)
         assert up.wait(60) == 0
+        assert children and not [p for p in children if Path(f"/proc/{p}").exists()
+                                 and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()]

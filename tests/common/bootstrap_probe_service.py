@@ -2,16 +2,27 @@
 
 It registers the KVStore API but answers every RPC with a typed error (or an unexpected exception), so
 the test can check how the bootstrap maps errors, serves health and reflection, and shuts down.
+ReleaseLease makes the service give up (health.fatal: the process exits with EXIT_FATAL). With
+`--internal` first on the command line it is an internal service that only engine identities may call.
 """
 
 import asyncio
+import sys
 
 from salon.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.peer_identity import AccessPolicy
 from services.common.server import ServerConfig, run
 
 
 class ProbeServicer(kvstore_pb2_grpc.KVStoreServiceServicer):
+    def __init__(self, health) -> None:
+        self.health = health
+
+    async def ReleaseLease(self, request, context):
+        self.health.fatal("probe: asked to give up")
+        return kvstore_pb2.ReleaseLeaseResponse(released=True)
+
     async def Match(self, request, context):
         raise InvalidArgument("namespace: must be 32 bytes, got 0")
 
@@ -29,8 +40,12 @@ class ProbeServicer(kvstore_pb2_grpc.KVStoreServiceServicer):
 class ProbeService:
     name = "probe"
 
+    def __init__(self, internal: bool = False) -> None:
+        self.access_policy = AccessPolicy({"/salon.kvstore.v1.KVStoreService/": frozenset({"engine"})}) \
+            if internal else None
+
     async def start(self, server, health):
-        kvstore_pb2_grpc.add_KVStoreServiceServicer_to_server(ProbeServicer(), server)
+        kvstore_pb2_grpc.add_KVStoreServiceServicer_to_server(ProbeServicer(health), server)
 
         async def become_ready():
             await asyncio.sleep(0.3)
@@ -46,4 +61,6 @@ class ProbeService:
 if __name__ == "__main__":
     from services.common.config import parse_config
 
-    run(ProbeService(), parse_config(ServerConfig, env_prefix="SALON_PROBE_"))
+    internal = sys.argv[1:2] == ["--internal"]
+    run(ProbeService(internal), parse_config(ServerConfig, sys.argv[2:] if internal else None,
+                                             env_prefix="SALON_PROBE_"))

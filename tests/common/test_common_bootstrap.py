@@ -172,3 +172,120 @@ def test_health_watch_streams_status_changes(probe):
             if response.status == health_pb2.HealthCheckResponse.SERVING:
                 break
     assert seen[-1] == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_fatal_reports_not_serving_and_exits_for_the_supervisor(probe):
+    """health.fatal(): NOT_SERVING, then the process stops with EXIT_FATAL (70) instead of running on."""
+    proc, port, _m, tmp_path = probe
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=20)
+        while next(watch).status != health_pb2.HealthCheckResponse.SERVING:
+            pass
+        kvstore_pb2_grpc.KVStoreServiceStub(ch).ReleaseLease(kvstore_pb2.ReleaseLeaseRequest(), timeout=5)
+        statuses = []
+        try:
+            for response in watch:
+                statuses.append(response.status)
+        except grpc.RpcError:
+            pass  # the server went away
+    assert proc.wait(15) == 70
+    assert statuses == [health_pb2.HealthCheckResponse.NOT_SERVING]
+    records = [json.loads(line) for line in (tmp_path / "probe.log").read_text().splitlines() if line.startswith("{")]
+    assert any(r.get("event") == "fatal" and "asked to give up" in r.get("reason", "") for r in records)
+
+
+def test_sighup_stops_it_like_sigterm(probe):
+    proc, _port, _m, _ = probe
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(15) == 0
+    assert "PROBE STOPPED" in proc.stdout.read()
+
+
+def test_it_stops_when_its_parent_dies(tmp_path):
+    """--parent-pid: when the supervisor is SIGKILLed, the service still stops (PR_SET_PDEATHSIG)."""
+    parent = subprocess.Popen(
+        ["bash", "-c", f'"{sys.executable}" "{PROBE}" --parent-pid $$ > "{tmp_path}/out" 2>/dev/null & echo $!; sleep 60'],
+        stdout=subprocess.PIPE, text=True)
+    probe_pid = int(parent.stdout.readline())
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "out").exists() or "LISTENING" not in (tmp_path / "out").read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    parent.kill()
+    parent.wait(5)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{probe_pid}").exists() and "zombie" not in _proc_state(probe_pid):
+        assert time.monotonic() < deadline, "the service outlived its parent"
+        time.sleep(0.05)
+    assert "PROBE STOPPED" in (tmp_path / "out").read_text()  # a graceful stop, not a kill
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
+
+
+@pytest.mark.parametrize("internal, flags, message", [
+    (False, ["--tls-cert-file", "{server_cert}"], "--tls-cert-file and --tls-key-file go together"),
+    (False, ["--tls-key-file", "{server_key}"], "--tls-cert-file and --tls-key-file go together"),
+    (False, ["--tls-client-ca-file", "{ca}"], "--tls-client-ca-file needs --tls-cert-file"),
+    (True, ["--tls-cert-file", "{server_cert}", "--tls-key-file", "{server_key}"],
+     "--internal-auth mtls needs --tls-cert-file, --tls-key-file and --tls-client-ca-file"),
+    (True, [], "--internal-auth mtls needs"),
+    (True, ["--internal-auth", "insecure-loopback", "--host", "0.0.0.0"], "listens on loopback only"),
+    (True, ["--internal-auth", "insecure-loopback", "--tls-cert-file", "{server_cert}", "--tls-key-file",
+            "{server_key}"], "serves plaintext"),
+    (True, ["--internal-auth", "plaintext"], "is not one of mtls, insecure-loopback"),
+])
+def test_a_half_or_unsafe_security_config_refuses_to_start(tmp_path, tls_files, internal, flags, message):
+    values = {"server_cert": tls_files.server_cert, "server_key": tls_files.server_key, "ca": tls_files.ca_cert}
+    argv = [sys.executable, str(PROBE), *(["--internal"] if internal else []), *(f.format(**values) for f in flags)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result
+    assert message in result.stderr and "LISTENING" not in result.stdout
+
+
+def test_an_internal_service_takes_only_the_roles_it_names(tmp_path, tls_files):
+    """Only an engine identity may call the (probe) kvstore API: another role or a certificate without a
+    salon identity gets UNAUTHENTICATED, a caller without a certificate does not get past TLS. Health
+    answers any TLS peer, and plaintext on the health port."""
+    proc = subprocess.Popen(
+        [sys.executable, str(PROBE), "--internal", "--tls-cert-file", str(tls_files.cert("kvstore")),
+         "--tls-key-file", str(tls_files.key("kvstore")), "--tls-client-ca-file", str(tls_files.ca_cert),
+         "--health-port", "0"], stdout=subprocess.PIPE, stderr=open(tmp_path / "probe.log", "w"), text=True)
+    try:
+        m = re.match(r"LISTENING probe port=(\d+) metrics_port=None health_port=(\d+)", proc.stdout.readline())
+        assert m
+        port, health_port = int(m.group(1)), int(m.group(2))
+        ca = tls_files.ca_cert.read_bytes()
+
+        def as_(cert, key):
+            return grpc.ssl_channel_credentials(ca, key.read_bytes(), cert.read_bytes())
+
+        def stats(credentials):
+            with grpc.secure_channel(f"127.0.0.1:{port}", credentials) as ch:
+                return kvstore_pb2_grpc.KVStoreServiceStub(ch).GetStats(kvstore_pb2.GetStatsRequest(), timeout=5)
+
+        with pytest.raises(grpc.RpcError) as info:
+            stats(as_(tls_files.cert("engine"), tls_files.key("engine")))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # past the role check: the probe's answer
+        for cert, key, who in ((tls_files.cert("gateway"), tls_files.key("gateway"), "spiffe://salon/gateway/gateway"),
+                               (tls_files.client_cert, tls_files.client_key, "without a salon identity")):
+            with pytest.raises(grpc.RpcError) as info:
+                stats(as_(cert, key))
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "only engine identities may call" in info.value.details() and who in info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            stats(grpc.ssl_channel_credentials(ca))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # no certificate: the handshake fails
+        assert _health_over(port, as_(tls_files.cert("gateway"), tls_files.key("gateway"))) is not None
+        with grpc.insecure_channel(f"127.0.0.1:{health_port}") as ch:
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            with pytest.raises(grpc.RpcError) as info:  # the health port serves health only
+                kvstore_pb2_grpc.KVStoreServiceStub(ch).GetStats(kvstore_pb2.GetStatsRequest(), timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        proc.kill()
+        proc.wait()

@@ -15,6 +15,7 @@ import pytest
 
 from salon.chat.v1 import chat_pb2
 from salon.engine.v1 import engine_pb2, engine_pb2_grpc
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import start_service
 
 CHARACTER = chat_pb2.Character(name="Ada", definition="Ada is a patient teacher of sailing. " * 6)
@@ -59,13 +60,16 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("crossturn")
     procs = {}
     try:
-        procs["kv"] = start_service("kvstore", ["--port", "0", "--capacity-bytes", str(256 << 20)],
+        procs["kv"] = start_service("kvstore", [*INSECURE_LOOPBACK_FLAGS, "--port", "0",
+                                                "--capacity-bytes", str(256 << 20)],
                                     log_path=tmp / "kv.log")
         engine_args = ["--port", "0", "--model", "synthetic-tiny", "--kvstore-target", procs["kv"].address,
                        "--kvstore-timeout-s", "0.5"]
+        engine_args += INSECURE_LOOPBACK_FLAGS
         procs["a"] = start_service("engine", [*engine_args, "--engine-id", "a"], log_path=tmp / "a.log")
         procs["b"] = start_service("engine", [*engine_args, "--engine-id", "b"], log_path=tmp / "b.log")
-        procs["plain"] = start_service("engine", ["--port", "0", "--model", "synthetic-tiny", "--engine-id", "plain",
+        procs["plain"] = start_service("engine", [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--model",
+                                                  "synthetic-tiny", "--engine-id", "plain",
                                                   "--no-prefix-cache", "true"], log_path=tmp / "plain.log")
         yield procs, tmp
     finally:
@@ -120,7 +124,8 @@ def test_dead_then_restarted_kvstore_means_recompute_then_hits_again(cluster):
     assert final.usage.cached_tokens.host == 0
     assert out == generate(procs["plain"].address, messages)[0]
     assert time.monotonic() - started < 30
-    procs["kv"] = start_service("kvstore", ["--port", str(port), "--capacity-bytes", str(256 << 20)],
+    procs["kv"] = start_service("kvstore", [*INSECURE_LOOPBACK_FLAGS, "--port", str(port),
+                                            "--capacity-bytes", str(256 << 20)],
                                 log_path=tmp / "kv2.log")
     # The engines reconnect by themselves: a put from one engine, then a hit on the other (a new
     # dialogue each try, so engine b's own cache never has it).

@@ -1,4 +1,5 @@
-"""docker-compose.yml: valid against the Compose spec, commands are real entry points with real flags, ports agree."""
+"""docker-compose.yml: valid against the Compose spec, commands are real entry points with real flags, ports
+agree, only public ports are published, and every internal link is mutual TLS with identities."""
 
 import dataclasses
 import importlib
@@ -26,7 +27,9 @@ def _flag(command, name):
 
 
 def _salon_services():
-    return {name: svc for name, svc in _compose()["services"].items() if svc.get("image") == "salon:latest"}
+    """The services that run a salon service (the image also runs the one-shot certs step)."""
+    return {name: svc for name, svc in _compose()["services"].items()
+            if svc.get("image") == "salon:latest" and svc["command"][2].startswith("services.")}
 
 
 def test_compose_file_matches_the_compose_spec():
@@ -57,16 +60,55 @@ def test_service_command_is_a_real_entry_point_with_valid_flags(name):
     assert config.server.port == int(port)
 
 
+def _published(svc) -> list[tuple[str, str]]:
+    """(host address, container port) of each published port ("" = every interface)."""
+    out = []
+    for entry in svc.get("ports", []):
+        parts = str(entry).split(":")
+        address = parts[0] if len(parts) == 3 else ""
+        out.append((address, parts[-1]))
+    return out
+
+
+def test_only_public_ports_are_published():
+    services = _compose()["services"]
+    published = {name: _published(svc) for name, svc in services.items() if svc.get("ports")}
+    assert published.pop("gateway") == [("", "50051")]  # the public gRPC port, on every interface
+    for name, ports in published.items():  # anything else (Jaeger's UI) only on this host's loopback
+        assert all(address == "127.0.0.1" for address, _ in ports), (name, ports)
+    assert set(published) <= {"jaeger"}
+
+
+def test_internal_links_are_mutual_tls_with_identities():
+    salon = _salon_services()
+    for name in ("kvstore", "engine-0", "engine-1"):
+        command = salon[name]["command"]
+        role = name.split("-")[0]
+        assert _flag(command, "--tls-cert-file") == f"/certs/tls/{role}.pem", name
+        assert _flag(command, "--tls-client-ca-file") == "/certs/tls/ca.pem", name
+        assert "--internal-auth" not in command  # the default: mtls
+    for name in ("engine-0", "engine-1"):
+        assert _flag(salon[name]["command"], "--kvstore-tls-cert-file") == "/certs/tls/engine.pem"
+    gateway = salon["gateway"]["command"]
+    assert _flag(gateway, "--engine-tls-cert-file") == "/certs/tls/gateway.pem"
+    assert _flag(gateway, "--namespace-grant-key-file") == _flag(salon["kvstore"]["command"],
+                                                                    "--namespace-grant-key-file")
+    assert "--salt-secret-file" in gateway
+    certs = _compose()["services"]["certs"]["command"]
+    assert certs[:3] == ["python", "-m", "salon_cli.certs"] and _flag(certs, "--out") == "/certs/tls"
+    for name in salon:
+        assert salon[name]["depends_on"], name  # after the certificates exist (directly or through the kvstore)
+
+
 def test_ports_agree():
     services = _compose()["services"]
     salon = _salon_services()
     by_host = {}
     for name, svc in salon.items():
         command = svc["command"]
-        port, metrics_port = _flag(command, "--port"), _flag(command, "--metrics-port")
-        published = {p.split(":")[1] for p in svc["ports"]}
-        assert {port, metrics_port} <= published, (name, svc["ports"])
-        assert svc["healthcheck"]["test"][-1] == f"127.0.0.1:{port}", name
+        port = _flag(command, "--port")
+        probe_port = _flag(command, "--health-port") if "--health-port" in command else port
+        assert svc["healthcheck"]["test"][-1] == f"127.0.0.1:{probe_port}", name
         by_host[name] = port
     gateway = salon["gateway"]["command"]
     for entry in _flag(gateway, "--engines").split(","):
@@ -80,6 +122,5 @@ def test_ports_agree():
             assert by_host[host] == port, name
     redis_url = _flag(gateway, "--redis-url")
     assert redis_url.startswith("redis://redis:6379") and "redis" in services
-    collector = services["otel-collector"]
     endpoint = salon["gateway"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
-    assert endpoint.endswith(":4317") and "4317:4317" in collector["ports"]
+    assert endpoint == "http://otel-collector:4317" and "otel-collector" in services

@@ -1,4 +1,5 @@
-"""deploy/k8s: valid Kubernetes objects, SALON_* variables that the services really read, probes on the right ports."""
+"""deploy/k8s: valid Kubernetes objects, SALON_* variables that the services really read, probes on the right
+ports, mutual TLS on every internal link, NetworkPolicies and PodDisruptionBudgets per tier, non-root pods."""
 
 import dataclasses
 import importlib
@@ -60,13 +61,69 @@ def test_env_names_are_config_fields_and_probes_hit_the_grpc_port(service):
     prefix = f"SALON_{service.upper()}_"
     env = {e["name"]: e.get("value", "x") for e in container["env"] if e["name"].startswith(prefix)}
     resolved = {k: ("engine-0" if "$(" in v else v) for k, v in env.items()}
-    if service == "engine":
-        resolved[prefix + "KVSTORE_TARGET"] = "10.0.0.1:50061"
     unknown = set(env) - env_names(_config_class(service), prefix)
     assert not unknown, f"{service} has no config field for {sorted(unknown)}"
     config = parse_config(_config_class(service), [], env_prefix=prefix, environ=resolved)
     port = config.server.port
-    assert {p["containerPort"] for p in container["ports"]} >= {port, config.server.metrics_port}
-    assert container["readinessProbe"]["grpc"]["port"] == port
+    probe_port = config.server.health_port if config.server.health_port is not None else port
+    assert {p["containerPort"] for p in container["ports"]} >= {port, config.server.metrics_port, probe_port}
+    assert container["readinessProbe"]["grpc"]["port"] == probe_port
     liveness = container["livenessProbe"]
-    assert (liveness.get("grpc") or liveness.get("tcpSocket"))["port"] == port
+    assert (liveness.get("grpc") or liveness.get("tcpSocket"))["port"] == probe_port
+    assert all("hostPort" not in p for p in container["ports"])
+    if service != "gateway":  # internal: mutual TLS, the default mode
+        assert config.server.internal_auth == "mtls" and config.server.tls_client_ca_file
+        assert config.server.tls_cert_file and config.server.tls_key_file
+        assert config.server.health_port is not None  # probes cannot present a client certificate
+    if service == "engine":
+        assert config.kvstore_tls_cert_file and config.kvstore_target.startswith("kvstore.salon.svc:")
+    if service == "gateway":
+        assert config.engine_tls_cert_file and config.engine_tls_server_name == "engine.salon.svc"
+        assert config.salt_secret_file and config.namespace_grant_key_file
+
+
+def _by_kind(kind):
+    return {o["metadata"]["name"]: o for o in _objects() if o["kind"] == kind}
+
+
+def _tier(name: str) -> dict:
+    return {"app.kubernetes.io/name": name}
+
+
+def test_network_policies_let_each_tier_be_reached_only_by_its_callers():
+    policies = _by_kind("NetworkPolicy")
+    deny = policies["default-deny-ingress"]["spec"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+
+    def rules(tier):
+        (policy,) = [p for p in policies.values() if p["spec"]["podSelector"].get("matchLabels") == _tier(tier)]
+        return {(p["port"]): [f for f in rule.get("from", [])] for rule in policy["spec"]["ingress"]
+                for p in rule["ports"]}
+
+    for tier, port, callers in (("engine", 50071, "gateway"), ("kvstore", 50061, "engine"), ("redis", 6379, "gateway")):
+        assert rules(tier)[port] == [{"podSelector": {"matchLabels": _tier(callers)}}], tier
+    assert rules("gateway")[50051] == []  # the public port: from anywhere
+    for tier, health_port in (("engine", 50072), ("kvstore", 50062)):
+        assert rules(tier)[health_port] == []  # health only (plaintext): the kubelet's probes
+
+
+def test_every_tier_has_a_disruption_budget():
+    budgets = _by_kind("PodDisruptionBudget")
+    selected = {tuple(b["spec"]["selector"]["matchLabels"].items()) for b in budgets.values()}
+    for tier in ("gateway", "engine", "kvstore", "redis"):
+        assert tuple(_tier(tier).items()) in selected, tier
+    assert budgets["gateway"]["spec"]["minAvailable"] == 1
+
+
+def test_every_pod_runs_as_a_non_root_user_without_privilege_escalation():
+    workloads = [o for o in _objects() if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet")]
+    assert len(workloads) == 4
+    for obj in workloads:
+        pod = obj["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] > 0, obj
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and context["capabilities"]["drop"] == ["ALL"]
+        for volume in pod.get("volumes", []):
+            if "secret" in volume:
+                assert volume["secret"]["defaultMode"] & 0o007 == 0  # not readable by others

@@ -7,11 +7,13 @@ import grpc
 
 from salon.chat.v1 import chat_pb2
 from salon.engine.v1 import engine_pb2, engine_pb2_grpc
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import start_service
 
 
 def test_sigterm_drains_streams_and_reports_draining(tmp_path):
-    engine = start_service("engine", ["--port", "0", "--model", "synthetic-tiny", "--grace-s", "30"],
+    engine = start_service("engine", [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--model", "synthetic-tiny",
+                                      "--grace-s", "30"],
                            log_path=tmp_path / "engine.log")
     try:
         with grpc.insecure_channel(engine.address) as ch:

@@ -11,6 +11,7 @@ import pytest
 
 from salon.chat.v1 import chat_pb2
 from salon.engine.v1 import engine_pb2, engine_pb2_grpc
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import start_service
 
 USER, CHARACTER = chat_pb2.ROLE_USER, chat_pb2.ROLE_CHARACTER
@@ -18,8 +19,9 @@ USER, CHARACTER = chat_pb2.ROLE_USER, chat_pb2.ROLE_CHARACTER
 
 def start_engine(tmp_path_factory, name: str, *flags: str):
     log = tmp_path_factory.mktemp(name) / "engine.log"
-    return start_service("engine", ["--port", "0", "--model", "synthetic-tiny", "--engine-id", name,
-                                    "--kv-cache-bytes", str(8 << 20), *flags], log_path=log, timeout_s=300)
+    return start_service("engine", [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--model", "synthetic-tiny",
+                                    "--engine-id", name, "--kv-cache-bytes", str(8 << 20), *flags],
+                         log_path=log, timeout_s=300)
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ def test_user_text_cannot_forge_turn_markers(tokenizer):
 
 def test_next_turn_extends_prompt_plus_generated_reply(tokenizer):
     memo = ReplyMemo()
-    r = PromptRenderer(tokenizer, bos_token_id=2, known_reply_ids=lambda t: memo.get("ns", t))
+    r = PromptRenderer(tokenizer, bos_token_id=2, known_reply_ids=lambda t: memo.get("ns", "conv", t))
     character = Character("Ada", "A patient mathematician who loves puzzles.")
     history = [ChatMessage(Role.SYSTEM, "Be brief."), ChatMessage(Role.USER, "Hi Ada!", author="Bob")]
     prompt_n = r.render(character, history)
@@ -44,7 +44,7 @@ def test_next_turn_extends_prompt_plus_generated_reply(tokenizer):
     body = [t for piece in ("Hel", "lo", " Bob", ",", " ready", "?")
             for t in tokenizer.encode(piece, add_bos=False, parse_special=False)]
     assert tokenizer.decode(body) == reply_text
-    memo.put("ns", reply_text, body)
+    memo.put("ns", "conv", reply_text, body)
     reply_ids = body + [END]
     history_n1 = history + [ChatMessage(Role.CHARACTER, reply_text), ChatMessage(Role.USER, "Yes.", author="Bob")]
     prompt_n1 = r.render(character, history_n1)
@@ -65,3 +65,37 @@ def test_every_turn_prefix_of_the_next(tokenizer):
         if prev is not None:
             assert without_prompt[: len(prev)] == prev
         prev = without_prompt
+
+
+def test_reply_memo_is_per_conversation_and_forgets_a_deleted_one() -> None:
+    memo = ReplyMemo()
+    memo.put("ns", "a", "Hello", [1, 2])
+    memo.put("ns", "a", "Bye", [3])
+    memo.put("ns", "b", "Hello", [4])
+    assert memo.get("ns", "a", "Hello") == [1, 2] and memo.get("ns", "b", "Hello") == [4]
+    assert memo.get("ns", "c", "Hello") is None and memo.get("other", "a", "Hello") is None
+    assert memo.drop_conversation("ns", "a") == 2
+    assert memo.get("ns", "a", "Hello") is None and memo.get("ns", "a", "Bye") is None
+    assert memo.get("ns", "b", "Hello") == [4]
+
+
+def test_rendering_stops_past_max_tokens_and_when_told(tokenizer) -> None:
+    import threading
+
+    from services.engine.api.prompt import RenderStopped
+
+    r = PromptRenderer(tokenizer, bos_token_id=2)
+    msgs = [ChatMessage(Role.USER, f"message number {i} about the harbour") for i in range(200)]
+    full = r.render(None, msgs)
+    with pytest.raises(RenderStopped) as info:
+        r.render_prompt(None, msgs, max_tokens=100)
+    assert not info.value.cancelled and 100 < info.value.num_tokens < 100 + len(full) // 100
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(RenderStopped) as info:
+        r.render_prompt(None, msgs, stop=stop)
+    assert info.value.cancelled
+    assert r.render_prompt(None, msgs, max_tokens=len(full)).token_ids == full
+    # The bound the validation uses before rendering holds: every message costs its overhead + 1 token.
+    one = r.render(None, [ChatMessage(Role.USER, "a")])
+    assert len(one) >= r.prompt_overhead_tokens + r.message_overhead_tokens + 1

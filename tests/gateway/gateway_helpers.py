@@ -103,6 +103,7 @@ import grpc  # noqa: E402
 
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc  # noqa: E402
 from salon.engine.v1 import engine_pb2, engine_pb2_grpc  # noqa: E402
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS  # noqa: E402
 from services.common.process import ServiceProcess, start_service  # noqa: E402
 
 ENGINE_MODEL = "synthetic-tiny"
@@ -126,7 +127,7 @@ def start_engines(engine_ids: Sequence[str], log_dir: Path, ports: Sequence[int]
     try:
         for i, engine_id in enumerate(engine_ids):
             args = ("--port", str(ports[i] if ports else 0), "--model", ENGINE_MODEL, "--engine-id", engine_id,
-                    "--kv-cache-bytes", str(ENGINE_KV_CACHE_BYTES))
+                    "--kv-cache-bytes", str(ENGINE_KV_CACHE_BYTES), *INSECURE_LOOPBACK_FLAGS)
             procs[engine_id] = ServiceProcess("engine", args, log_dir / f"engine-{engine_id}.log").start(180)
         for proc in procs.values():
             proc.wait_serving(180)
@@ -153,10 +154,21 @@ def start_gateway(
         f"{e[0]}={e[1]}" if isinstance(e, tuple) else f"{engine_id_of(e)}={e.address}" for e in engines
     )
     args = ["--port", "0", "--metrics-port", "0", "--engines", spec, "--tenants-file", str(tenants_file),
-            "--grace-s", "1", *extra]
+            "--salt-secret-file", str(write_salt_secret(log_dir)), "--grace-s", "1", *extra]
+    if "--engine-tls-ca-file" not in extra:
+        args += INSECURE_LOOPBACK_FLAGS
     if redis_url:
         args += ["--redis-url", redis_url]
     return start_service("gateway", args, log_path=log_dir / f"{name}.log", timeout_s=60)
+
+
+SALT_SECRET = "5a1f" * 16  # the tests' salt secret (hex): globex's salt is HMAC(this, "globex")
+
+
+def write_salt_secret(directory: Path) -> Path:
+    path = directory / "salt-secret.key"
+    path.write_text(SALT_SECRET)
+    return path
 
 
 def engine_id_of(engine: ServiceProcess) -> str:

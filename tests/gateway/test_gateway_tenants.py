@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import random
 
@@ -12,16 +13,40 @@ from services.gateway.ratelimit import AdmissionControl, TokenBucket
 from services.gateway.tenants import Tenant, TenantConfigError, TenantTable
 from services.gateway.types import TenantId
 
-from gateway_helpers import ACME_KEY, GLOBEX_KEY, TENANTS, write_tenants
+from gateway_helpers import ACME_KEY, GLOBEX_KEY, SALT_SECRET, TENANTS, write_tenants
+
+SECRET = bytes.fromhex(SALT_SECRET)
 
 
 def test_json_file(tmp_path) -> None:
-    table = TenantTable.from_file(write_tenants(tmp_path / "t.json"))
+    table = TenantTable.from_file(write_tenants(tmp_path / "t.json"), salt_secret=SECRET)
     acme = table.authenticate(f"Bearer {ACME_KEY}")
     assert acme is not None and acme.tenant_id == "acme" and acme.namespace_salt == "acme-salt"
     globex = table.authenticate(f"bearer {GLOBEX_KEY}")
-    assert globex.tenant_id == "globex" and globex.namespace_salt == "tenant:globex"
+    # Not configured: HMAC-SHA256(secret, label + tenant id), never guessable from the id alone.
+    expected = hmac.new(SECRET, b"salon tenant salt v1\x00globex", hashlib.sha256).hexdigest()
+    assert globex.tenant_id == "globex" and globex.namespace_salt == expected
     assert globex.max_concurrent_streams == 2
+    other = TenantTable.from_file(write_tenants(tmp_path / "t.json"), salt_secret=b"another secret, 32 bytes long!!!")
+    assert other.authenticate(f"Bearer {GLOBEX_KEY}").namespace_salt != expected
+
+
+def test_a_tenant_without_a_salt_needs_the_secret() -> None:
+    with pytest.raises(TenantConfigError, match=r"tenants\[1\]\.namespace_salt: not set.*salt-secret-file"):
+        TenantTable.from_obj(TENANTS)
+
+
+@pytest.mark.parametrize("tenants", [
+    [{"tenant_id": "a", "api_key": "12345678", "namespace_salt": "same"},
+     {"tenant_id": "b", "api_key": "87654321", "namespace_salt": "same"}],
+    # A configured salt equal to another tenant's derived one.
+    [{"tenant_id": "a", "api_key": "12345678"},
+     {"tenant_id": "b", "api_key": "87654321",
+      "namespace_salt": hmac.new(SECRET, b"salon tenant salt v1\x00a", hashlib.sha256).hexdigest()}],
+])
+def test_duplicate_salts_are_refused_at_load(tenants) -> None:
+    with pytest.raises(TenantConfigError, match="tenants a and b have the same namespace_salt"):
+        TenantTable.from_obj({"tenants": tenants}, salt_secret=SECRET)
 
 
 def test_toml_file_and_hashed_key(tmp_path) -> None:
@@ -30,7 +55,7 @@ def test_toml_file_and_hashed_key(tmp_path) -> None:
         f'[[tenants]]\ntenant_id = "a"\napi_key = "plain-secret-key"\n\n'
         f'[[tenants]]\ntenant_id = "b"\napi_key_sha256 = "{digest}"\nrequests_per_s = 5\n'
     )
-    table = TenantTable.from_file(tmp_path / "t.toml")
+    table = TenantTable.from_file(tmp_path / "t.toml", salt_secret=SECRET)
     assert table.authenticate("Bearer plain-secret-key").tenant_id == "a"
     b = table.authenticate("Bearer hashed-secret-key")
     assert b.tenant_id == "b" and b.requests_per_s == 5.0
@@ -41,13 +66,13 @@ def test_toml_file_and_hashed_key(tmp_path) -> None:
                       f"Bearer {ACME_KEY[:-1]}"]
 )
 def test_unknown_or_malformed_keys(authorization) -> None:
-    table = TenantTable.from_obj(TENANTS)
+    table = TenantTable.from_obj(TENANTS, salt_secret=SECRET)
     assert table.authenticate(authorization) is None
 
 
 def test_anonymous_only_without_authorization() -> None:
     anon = Tenant(TenantId("anonymous"), "tenant:anonymous")
-    table = TenantTable.from_obj(TENANTS, anonymous=anon)
+    table = TenantTable.from_obj(TENANTS, anonymous=anon, salt_secret=SECRET)
     assert table.authenticate(None) is anon
     assert table.authenticate("Bearer wrong-key-123") is None
 
@@ -71,11 +96,11 @@ def test_anonymous_only_without_authorization() -> None:
 )
 def test_bad_config_names_the_field(tenants, field) -> None:
     with pytest.raises(TenantConfigError, match=field):
-        TenantTable.from_obj(tenants)
+        TenantTable.from_obj(tenants, salt_secret=SECRET)
 
 
 def test_keys_never_in_repr_or_errors(tmp_path) -> None:
-    table = TenantTable.from_obj(TENANTS)
+    table = TenantTable.from_obj(TENANTS, salt_secret=SECRET)
     text = repr(table) + repr(table.tenants)
     assert ACME_KEY not in text and GLOBEX_KEY not in text
     bad = tmp_path / "bad.json"
@@ -92,7 +117,7 @@ def test_every_key_is_compared(monkeypatch) -> None:
     calls = []
     real = tenants_module.hmac.compare_digest
     monkeypatch.setattr(tenants_module.hmac, "compare_digest", lambda a, b: calls.append(1) or real(a, b))
-    table = TenantTable.from_obj(TENANTS)
+    table = TenantTable.from_obj(TENANTS, salt_secret=SECRET)
     table.authenticate(f"Bearer {ACME_KEY}")
     assert len(calls) == 2
     calls.clear()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.common.config import parse_config
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import start_service
 from services.common.tracing import ratio_sampler
 from services.gateway.config import GatewayConfig
@@ -40,8 +41,8 @@ def stack(tmp_path_factory):
     tenants = write_tenants(tmp / "tenants.json")
     procs = []
     try:
-        engine = start_service("engine", ["--port", "0", "--model", "synthetic-tiny", "--engine-id", "e0",
-                                          "--kv-cache-bytes", str(16 << 20), "--log-json", "true",
+        engine = start_service("engine", [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--model", "synthetic-tiny",
+                                          "--engine-id", "e0", "--kv-cache-bytes", str(16 << 20), "--log-json", "true",
                                           "--trace-file", str(tmp / "engine.spans.jsonl")],
                                log_path=tmp / "engine.log", timeout_s=180)
         procs.append(engine)
@@ -123,3 +124,40 @@ def test_unsampled_request_records_no_span_anywhere_but_keeps_its_trace_id(stack
     time.sleep(0.5)  # spans are written as they end: give a stray one the time to appear
     assert _records(tmp / "gateway-none.spans.jsonl") == []
     assert [s for s in _records(tmp / "engine.spans.jsonl") if s["trace_id"] == trace_id] == []
+
+
+def test_the_public_port_ignores_inbound_trace_context_and_baggage(stack) -> None:
+    """A client cannot force its request to be recorded (sampled flag 01) on a gateway that records
+    none, nor continue its own trace: the gateway starts a trace of its own for every request."""
+    tmp = stack["tmp"]
+    client_trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    metadata = (*auth(ACME_KEY), ("traceparent", f"00-{client_trace_id}-00f067aa0ba902b7-01"),
+                ("baggage", "tenant=someone-else"))
+    channel, stub = chat_stub(stack["none"])
+    with channel:
+        _tokens, _text, final = collect(stub.Generate(chat_request("trace-forced", max_new_tokens=3),
+                                                      metadata=metadata, timeout=60))
+    assert final is not None
+    line = _wait_for(lambda: _access_line(tmp / "gateway-none.log", CHAT_GENERATE, "trace-forced"))
+    assert line and line["trace_id"] != client_trace_id
+    time.sleep(0.5)
+    assert _records(tmp / "gateway-none.spans.jsonl") == []
+    assert [s for s in _records(tmp / "engine.spans.jsonl") if s["trace_id"] in (client_trace_id, line["trace_id"])] == []
+
+
+def test_inject_only_propagator_reads_nothing_and_writes_only_trace_context() -> None:
+    from opentelemetry import baggage, trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    from services.common.tracing import InjectOnlyPropagator
+
+    propagator = InjectOnlyPropagator()
+    carrier = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "baggage": "k=v"}
+    context = propagator.extract(carrier)
+    assert not trace.get_current_span(context).get_span_context().is_valid
+    assert baggage.get_all(context) == {}
+    span = NonRecordingSpan(SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0xF067AA0BA902B7, False,
+                                        TraceFlags(TraceFlags.SAMPLED)))
+    out: dict[str, str] = {}
+    propagator.inject(out, context=baggage.set_baggage("k", "v", trace.set_span_in_context(span)))
+    assert set(out) == {"traceparent"}

@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.engine.v1 import engine_pb2, engine_pb2_grpc
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import ServiceProcess, start_service
 
 MODEL = "synthetic-tiny"
@@ -46,6 +47,8 @@ def write_tenants(path: Path, tenants: dict = TENANTS) -> Path:
 def start_engine(engine_id: str, log_dir: Path, extra: Sequence[str] = (), wait: bool = True) -> ServiceProcess:
     args = ["--port", "0", "--model", MODEL, "--engine-id", engine_id, "--kv-cache-bytes",
             str(ENGINE_KV_CACHE_BYTES), "--log-json", "true", *extra]
+    if "--tls-client-ca-file" not in extra:
+        args += INSECURE_LOOPBACK_FLAGS
     return start_service("engine", args, log_path=log_dir / f"engine-{engine_id}.log", wait_serving=wait,
                          timeout_s=180)
 
@@ -55,6 +58,8 @@ def start_gateway(engines: dict[str, ServiceProcess], tenants_file: Path, log_di
     spec = ",".join(f"{engine_id}={proc.address}" for engine_id, proc in engines.items())
     args = ["--port", "0", "--metrics-port", "0", "--engines", spec, "--tenants-file", str(tenants_file),
             "--grace-s", "1", "--load-interval-ms", "100", "--log-json", "true", *extra]
+    if "--engine-tls-ca-file" not in extra:
+        args += INSECURE_LOOPBACK_FLAGS
     return start_service("gateway", args, log_path=log_dir / f"{name}.log", wait_serving=wait, timeout_s=60)
 
 

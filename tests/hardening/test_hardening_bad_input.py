@@ -1,7 +1,10 @@
 """Bad input over every public field of salon.chat.v1.GenerateRequest, through a real gateway + engine.
 
 A plain reference (`expect`) says, for each generated request, which fields are wrong (by the rules the
-proto documents) and whether the prompt fits the context. The stack must answer exactly that code,
+proto documents) and whether the prompt fits the context. Precedence: what the gateway checks (ids of
+the call, a context present and non-empty), then the count bound (a prompt whose number of ids or
+messages alone cannot fit is OUT_OF_RANGE before other fields are looked at: cost bounded before
+work), then every other field, then the rendered prompt's length. The stack must answer exactly that code,
 with a message starting with one of the offending fields' names, or stream a reply within the budget.
 Afterwards both processes live and the engine's KV accounting shows nothing leaked.
 """
@@ -64,6 +67,8 @@ class Expected:
     bad_fields: tuple[str, ...]  # INVALID_ARGUMENT naming one of these
     prompt_too_long: bool  # else OUT_OF_RANGE "prompt"
     budget: int | None  # tokens the reply may have; None when max_new_tokens does not fit
+    edge_bad_fields: tuple[str, ...] = ()  # bad fields the gateway checks (before the count bound)
+    too_many_to_fit: bool = False  # the count bound refuses it (OUT_OF_RANGE "prompt") before the fields
 
 
 def _ids_bad(ids) -> bool:
@@ -115,13 +120,22 @@ def expect(request: chat_pb2.GenerateRequest) -> Expected:
         bad.append("sampling.stop_token_ids")
     too_long = prompt_tokens_min >= CONTEXT_TOKENS
     room_min = CONTEXT_TOKENS - prompt_tokens_max
+    edge = [f for f in bad if f in ("conversation_id", "request_id", "context", "dialogue.messages")]
+    if which == "tokens" and not request.tokens.token_ids:
+        edge.append("tokens.token_ids")
+    if which == "tokens":
+        count_bound = len(request.tokens.token_ids)
+    elif which == "dialogue":
+        count_bound = sum(max(1, len(m.token_ids)) for m in request.dialogue.messages)
+    else:
+        count_bound = 0
     if s.max_new_tokens == 0:
         budget = DEFAULT_MAX_NEW_TOKENS
     elif s.max_new_tokens <= room_min:
         budget = s.max_new_tokens
     else:
         budget = None
-    return Expected(tuple(bad), too_long, budget)
+    return Expected(tuple(bad), too_long, budget, tuple(edge), count_bound >= CONTEXT_TOKENS)
 
 
 # ---- strategies over every field ------------------------------------------------------------------
@@ -208,7 +222,13 @@ def _check(stub, request: chat_pb2.GenerateRequest) -> None:
     except grpc.RpcError as exc:
         error = exc
     event("refused: " + error.code().name if error is not None else "served")
-    if want.bad_fields:
+    if want.edge_bad_fields:
+        assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert error.details().startswith(want.edge_bad_fields), (error.details(), want.edge_bad_fields)
+    elif want.too_many_to_fit:
+        assert error is not None and error.code() == grpc.StatusCode.OUT_OF_RANGE, error
+        assert error.details().startswith("prompt"), error.details()
+    elif want.bad_fields:
         assert error is not None, f"accepted a request with bad {want.bad_fields}"
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (error.code(), error.details())
         assert error.details().startswith(want.bad_fields), (error.details(), want.bad_fields)

@@ -15,6 +15,7 @@ import pytest
 
 from salon.chat.v1 import chat_pb2
 from salon.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import start_service
 from hardening_stack import (
     KEY_A,
@@ -37,8 +38,9 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tenants")
     procs = {}
     try:
-        procs["kv"] = start_service("kvstore", ["--port", "0", "--capacity-bytes", str(64 << 20), "--log-json",
-                                                "true", "--trace-file", str(tmp / "kv.spans.jsonl")],
+        procs["kv"] = start_service("kvstore", [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--capacity-bytes",
+                                                str(64 << 20), "--log-json", "true",
+                                                "--trace-file", str(tmp / "kv.spans.jsonl")],
                                     log_path=tmp / "kvstore.log")
         tenants = write_tenants(tmp / "tenants.json")
         for i in range(2):

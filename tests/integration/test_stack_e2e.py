@@ -12,6 +12,7 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import start_service
 
 API_KEY = "e2e-test-key"
@@ -22,16 +23,17 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
     spans = tmp / "spans.jsonl"
     tenants = tmp / "tenants.json"
-    tenants.write_text(json.dumps({"tenants": [{"tenant_id": "t1", "api_key": API_KEY}]}))
+    tenants.write_text(json.dumps({"tenants": [{"tenant_id": "t1", "api_key": API_KEY, "namespace_salt": "t1-salt"}]}))
     common = ["--port", "0", "--metrics-port", "0", "--log-json", "true", "--trace-file", str(spans)]
     procs = []
     try:
-        kv = start_service("kvstore", common, log_path=tmp / "kvstore.log")
+        kv = start_service("kvstore", [*common, *INSECURE_LOOPBACK_FLAGS], log_path=tmp / "kvstore.log")
         procs.append(kv)
-        engine = start_service("engine", [*common, "--model", "synthetic-tiny", "--engine-id", "e0",
+        engine = start_service("engine", [*INSECURE_LOOPBACK_FLAGS, *common, "--model", "synthetic-tiny",
+                                          "--engine-id", "e0",
                                           "--kvstore-target", kv.address], log_path=tmp / "engine.log")
         procs.append(engine)
-        gateway = start_service("gateway", [*common, "--engines", f"e0={engine.address}",
+        gateway = start_service("gateway", [*common, *INSECURE_LOOPBACK_FLAGS, "--engines", f"e0={engine.address}",
                                             "--tenants-file", str(tenants)], log_path=tmp / "gateway.log")
         procs.append(gateway)
         yield {"kvstore": kv, "engine": engine, "gateway": gateway, "spans": spans, "tmp": tmp}

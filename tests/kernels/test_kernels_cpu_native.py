@@ -37,3 +37,79 @@ def test_prebuild_command():
     out = subprocess.run([sys.executable, "-m", "kernels.cpu.native"], capture_output=True, text=True, check=True,
                          cwd=Path(native.__file__).parents[2])
     assert out.stdout.strip() == "built every CPU kernel"
+
+
+# ---- only private builds are loaded ---------------------------------------------------------------
+
+_PLANT = """#include <stdio.h>
+__attribute__((constructor)) static void planted(void) { FILE *f = fopen("%s", "w"); if (f) fclose(f); }
+void quantize_rows(void) {}
+"""
+
+
+def _plant(tmp_path: Path, directory: Path, mode: int = 0o644) -> Path:
+    """A library at the name the quantize kernel would load, that leaves a marker file when loaded."""
+    marker = tmp_path / "planted-code-ran"
+    src = tmp_path / "plant.c"
+    src.write_text(_PLANT % marker)
+    target = directory / native.library_name(Path(native.__file__).with_name("quantize.c"))
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(target), str(src)], check=True)
+    target.chmod(mode)
+    return marker
+
+
+def _load_quantize(cache_dir: Path) -> subprocess.CompletedProcess:
+    """native.load of the quantize kernel in a fresh process whose kernel cache is `cache_dir`."""
+    code = ("import sys, warnings; from pathlib import Path; from kernels.cpu import native\n"
+            "warnings.simplefilter('always')\n"
+            "lib = native.load(Path(native.__file__).with_name('quantize.c'), {})\n"
+            "print('LOADED' if lib is not None else 'REFUSED')\n")
+    import os
+
+    env = {**os.environ, "SALON_KERNEL_CACHE_DIR": str(cache_dir)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=Path(native.__file__).parents[2])
+
+
+def test_a_library_planted_in_a_world_writable_directory_is_not_loaded(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    marker = _plant(tmp_path, shared)
+    result = _load_quantize(shared)
+    assert "REFUSED" in result.stdout, result
+    assert "writable by group or others" in result.stderr and "mode 0777" in result.stderr
+    assert not marker.exists(), "the planted library ran"
+
+
+def test_a_library_another_user_could_write_is_rebuilt_not_loaded(tmp_path):
+    import os
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    for mode in (0o666, 0o664):
+        marker = _plant(tmp_path, private, mode)
+        result = _load_quantize(private)
+        assert "LOADED" in result.stdout and "rebuilding" in result.stderr, result
+        assert not marker.exists(), "the planted library ran"
+        rebuilt = private / native.library_name(Path(native.__file__).with_name("quantize.c"))
+        assert rebuilt.stat().st_mode & 0o022 == 0
+    if os.getuid() == 0:  # owned by someone else
+        marker = _plant(tmp_path, private)
+        os.chown(private / native.library_name(Path(native.__file__).with_name("quantize.c")), 4242, -1)
+        result = _load_quantize(private)
+        assert "LOADED" in result.stdout and "owned by uid 4242" in result.stderr, result
+        assert not marker.exists()
+
+
+def test_the_cache_is_created_private_and_a_loose_parent_is_refused(tmp_path):
+    fresh = tmp_path / "cache" / "kernels"
+    result = _load_quantize(fresh)
+    assert "LOADED" in result.stdout, result
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)  # writable by anyone, no sticky bit: another user could swap the directory below
+    (loose / "kernels").mkdir(mode=0o700)
+    result = _load_quantize(loose / "kernels")
+    assert "REFUSED" in result.stdout and "can be changed by other users" in result.stderr, result

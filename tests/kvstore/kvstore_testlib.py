@@ -29,10 +29,11 @@ def payload(namespace: bytes, token_ids: list[int], block_index: int, kind: str,
     return out[:length]
 
 
-def make_store(tmp_path, capacity_bytes: int, lease_ttl_s: float = 30.0, clock=None) -> KVStore:
+def make_store(tmp_path, capacity_bytes: int, lease_ttl_s: float = 30.0, clock=None, **kwargs) -> KVStore:
     arena = Arena(str(tmp_path), capacity_bytes)
-    kwargs = {"clock": clock} if clock is not None else {}
-    return KVStore(RadixTree(capacity_bytes), arena, lease_ttl_s, **kwargs)
+    if clock is not None:
+        kwargs["clock"] = clock
+    return KVStore(RadixTree(capacity_bytes, on_free=arena.zero), arena, lease_ttl_s, **kwargs)
 
 
 def put(
@@ -81,16 +82,21 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS  # noqa: E402
+from services.common.kvstore_client.client import KVStoreClient  # noqa: E402
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class KVStoreProcess:
     """`python -m services.kvstore` as a subprocess; `port` parsed from its LISTENING line."""
 
-    def __init__(self, shm_dir, capacity_bytes: int, port: int = 0, lease_ttl_s: float = 30.0) -> None:
+    def __init__(self, shm_dir, capacity_bytes: int, port: int = 0, lease_ttl_s: float = 30.0,
+                 extra: tuple[str, ...] = INSECURE_LOOPBACK_FLAGS) -> None:
+        self.shm_dir = str(shm_dir)
         args = [
             sys.executable, "-m", "services.kvstore", "--port", str(port), "--capacity-bytes", str(capacity_bytes),
-            "--shm-dir", str(shm_dir), "--lease-ttl-s", str(lease_ttl_s), "--grace-s", "1",
+            "--shm-dir", str(shm_dir), "--lease-ttl-s", str(lease_ttl_s), "--grace-s", "1", *extra,
         ]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         self.proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -107,6 +113,13 @@ class KVStoreProcess:
             self.proc.kill()
             raise RuntimeError("kvstore did not start")
         self.target = f"127.0.0.1:{self.port}"
+
+    async def client(self, use_shared_memory: bool = False, **kwargs) -> KVStoreClient:
+        """An engine's client of this kvstore, its arena mapped when use_shared_memory."""
+        client = KVStoreClient(self.target, use_shared_memory=use_shared_memory, arena_dir=self.shm_dir, **kwargs)
+        if use_shared_memory:
+            assert await client.map_arena(), "the arena could not be mapped"
+        return client
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

@@ -47,8 +47,8 @@ async def test_round_trip_gemma_sizes(kvstore, put_shm, fetch_shm) -> None:
     rng = random.Random(int(put_shm) * 2 + int(fetch_shm))
     ns = bytes([rng.randrange(256) for _ in range(32)])
     ctx = [rng.randrange(262144) for _ in range(1030)]  # 64 whole blocks + 6 tokens
-    writer = KVStoreClient(kvstore.target, use_shared_memory=put_shm)
-    reader = KVStoreClient(kvstore.target, use_shared_memory=fetch_shm)
+    writer = await kvstore.client(use_shared_memory=put_shm)
+    reader = await kvstore.client(use_shared_memory=fetch_shm)
     try:
         locals_from = 64 - 40  # local KV for the last 40 blocks (window before the last message + reply)
         put = await writer.put(ns, ctx, GEMMA, rows(ns, ctx, GEMMA, range(64), "g"),
@@ -113,7 +113,7 @@ async def test_bad_requests_name_the_field(kvstore) -> None:
 
 
 async def test_namespace_isolation_and_drop(kvstore) -> None:
-    client = KVStoreClient(kvstore.target, use_shared_memory=True)
+    client = await kvstore.client(use_shared_memory=True)
     ns1, ns2 = b"\x01" * 32, b"\x02" * 32
     ctx = list(range(1000, 1016))
     try:
@@ -133,7 +133,7 @@ async def test_many_puts_and_fetches_in_flight(tmp_path) -> None:
     """64 dialogues, 3 turns each, puts and fetches interleaved on 4 clients, in a store that holds
     about a third of them: every fetch returns exactly its own prefix's bytes or a miss."""
     proc = KVStoreProcess(tmp_path, capacity_bytes=160_000)
-    clients = [KVStoreClient(proc.target, use_shared_memory=i % 2 == 0) for i in range(4)]
+    clients = [await proc.client(use_shared_memory=i % 2 == 0) for i in range(4)]
     rng = random.Random(3)
     prefix = [rng.randrange(5000) for _ in range(32)]  # a shared character definition
     dialogues = [prefix + [rng.randrange(5000) for _ in range(rng.randrange(8, 40))] for _ in range(64)]
@@ -171,7 +171,7 @@ async def test_many_puts_and_fetches_in_flight(tmp_path) -> None:
 async def test_restart_gives_misses_then_recovers(tmp_path) -> None:
     proc = KVStoreProcess(tmp_path, capacity_bytes=8 << 20)
     port = proc.port
-    client = KVStoreClient(proc.target, use_shared_memory=True, timeout_s=1.0)
+    client = await proc.client(use_shared_memory=True, timeout_s=1.0)
     ctx = list(range(64))
     g, loc = rows(NS_A, ctx, SMALL, range(16), "g"), rows(NS_A, ctx, SMALL, range(14, 16), "l")
     try:
@@ -192,9 +192,13 @@ async def test_restart_gives_misses_then_recovers(tmp_path) -> None:
         assert stats.started_at_unix_ms > first.started_at_unix_ms and stats.num_blocks == 0
         assert await client.match(NS_A, ctx, SMALL) == MatchResult(0, 0)  # empty after restart
         assert len(list(tmp_path.glob("salon-kvstore-*"))) == 1  # the dead process's arena was removed
-        put = await client.put(NS_A, ctx, SMALL, g, loc, local_first_block=14)
+        old_arena = client._arena.name
+        put = await client.put(NS_A, ctx, SMALL, g, loc, local_first_block=14)  # over gRPC: the arena changed
         assert put.stored_blocks == 16
-        check_fetch(await client.fetch(NS_A, ctx, SMALL), NS_A, ctx, SMALL, 64)  # new arena mapped
+        assert await client.map_arena() and client._arena.name != old_arena  # mapped off the loop meanwhile
+        result = await client.fetch(NS_A, ctx, SMALL)
+        assert result.transport == "shared_memory"
+        check_fetch(result, NS_A, ctx, SMALL, 64)
     finally:
         await client.close()
         proc.stop()
@@ -224,7 +228,7 @@ async def test_put_from_a_later_block(kvstore, shm) -> None:
     """An engine may send only the blocks after what it knows is stored; a missing parent stores nothing."""
     ns = bytes([7 + shm]) * 32
     ctx = list(range(9000, 9032))  # 8 blocks
-    client = KVStoreClient(kvstore.target, use_shared_memory=shm)
+    client = await kvstore.client(use_shared_memory=shm)
     try:
         first = await client.put(ns, ctx[:16], SMALL, rows(ns, ctx, SMALL, range(4), "g"))
         assert first.stored_blocks == 4

@@ -16,13 +16,14 @@ from services.common.process import threads_per_process
 def test_engine_flags_for_each_mode():
     # Two engines split this host's cores between them.
     threads = str(threads_per_process(2))
+    dev = ["--internal-auth", "insecure-loopback"]  # the benchmark's stack is local: no certificates
     assert engine_args(StackConfig(model="m", cache=True), 1, "127.0.0.1:5") == [
-        "--port", "0", "--engine-id", "engine-1", "--model", "m", "--torch-threads", threads,
+        "--port", "0", "--engine-id", "engine-1", "--model", "m", "--torch-threads", threads, *dev,
         "--kvstore-target", "127.0.0.1:5"]
     assert engine_args(StackConfig(model="m", cache=True, kvstore=False), 0, None) == [
-        "--port", "0", "--engine-id", "engine-0", "--model", "m", "--torch-threads", threads]
+        "--port", "0", "--engine-id", "engine-0", "--model", "m", "--torch-threads", threads, *dev]
     assert engine_args(StackConfig(model="m", cache=False, engine_args=("--x", "1")), 0, None) == [
-        "--port", "0", "--engine-id", "engine-0", "--model", "m", "--torch-threads", threads, "--x", "1",
+        "--port", "0", "--engine-id", "engine-0", "--model", "m", "--torch-threads", threads, *dev, "--x", "1",
         "--no-prefix-cache", "true"]
     assert engine_args(StackConfig(model="m", cache=True, engine_kv_cache_bytes=4096, engine_args=("--x", "1")), 0,
                        "127.0.0.1:5")[8:] == ["--kv-cache-bytes", "4096", "--x", "1", "--kvstore-target", "127.0.0.1:5"]

@@ -12,9 +12,8 @@ matched at every step up to there:
 
 from __future__ import annotations
 
-import pytest
 
-from tests.engine_testlib import make_core, make_request, run
+from tests.engine_testlib import make_core, make_request
 
 TOP = 8  # the engine reports this many; the reference's top 5 must be among them
 

@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc
 from services.common.process import start_service
-from tests.hardening.hardening_stack import MODEL, stop_all, wait_gateway_sees
+from tests.hardening.hardening_stack import MODEL, stop_all
 from tests.openai.openai_stack import KEY, TENANTS
 
 INBOUND_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -197,6 +197,22 @@ class GenerateResponse(_message.Message):
     final: GenerateFinal
     def __init__(self, delta: _Optional[_Union[TokenDelta, _Mapping]] = ..., final: _Optional[_Union[GenerateFinal, _Mapping]] = ...) -> None: ...
 
+class DeleteConversationRequest(_message.Message):
+    __slots__ = ("conversation_id",)
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    conversation_id: str
+    def __init__(self, conversation_id: _Optional[str] = ...) -> None: ...
+
+class DeleteConversationResponse(_message.Message):
+    __slots__ = ("engines", "device_blocks_dropped", "host_blocks_dropped")
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BLOCKS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    HOST_BLOCKS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    engines: int
+    device_blocks_dropped: int
+    host_blocks_dropped: int
+    def __init__(self, engines: _Optional[int] = ..., device_blocks_dropped: _Optional[int] = ..., host_blocks_dropped: _Optional[int] = ...) -> None: ...
+
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -46,6 +46,11 @@ class ChatServiceStub:
                 request_serializer=salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.DeleteConversation = channel.unary_unary(
+                '/salon.chat.v1.ChatService/DeleteConversation',
+                request_serializer=salon_dot_chat_dot_v1_dot_chat__pb2.DeleteConversationRequest.SerializeToString,
+                response_deserializer=salon_dot_chat_dot_v1_dot_chat__pb2.DeleteConversationResponse.FromString,
+                _registered_method=True)
 
 
 class ChatServiceServicer:
@@ -68,6 +73,17 @@ class ChatServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteConversation(self, request, context):
+        """DeleteConversation erases a dialogue: its cached KV on every engine (device memory) and in the
+        kvstores (host memory; blocks that another live conversation of the tenant also holds, such as a
+        shared character definition, stay), and the gateway's record of where it was served. The next
+        turn of that dialogue computes its whole prompt again. UNAVAILABLE when some engine could not
+        confirm (retry: deleting is idempotent); a reply still streaming for the dialogue is ended.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChatServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +96,11 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoRequest.FromString,
                     response_serializer=salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoResponse.SerializeToString,
+            ),
+            'DeleteConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConversation,
+                    request_deserializer=salon_dot_chat_dot_v1_dot_chat__pb2.DeleteConversationRequest.FromString,
+                    response_serializer=salon_dot_chat_dot_v1_dot_chat__pb2.DeleteConversationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -138,6 +159,33 @@ class ChatService:
             '/salon.chat.v1.ChatService/GetModelInfo',
             salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoRequest.SerializeToString,
             salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/salon.chat.v1.ChatService/DeleteConversation',
+            salon_dot_chat_dot_v1_dot_chat__pb2.DeleteConversationRequest.SerializeToString,
+            salon_dot_chat_dot_v1_dot_chat__pb2.DeleteConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "conversation_id", "namespace_salt", "character", "dialogue", "tokens", "text", "sampling", "resume_token_ids", "prefill_from_request_id")
+    __slots__ = ("request_id", "conversation_id", "namespace_salt", "character", "dialogue", "tokens", "text", "sampling", "resume_token_ids", "prefill_from_request_id", "namespace_grant")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_SALT_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FROM_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_GRANT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     conversation_id: str
     namespace_salt: str
@@ -29,7 +30,8 @@ class GenerateRequest(_message.Message):
     sampling: _chat_pb2.SamplingParams
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prefill_from_request_id: str
-    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., namespace_salt: _Optional[str] = ..., character: _Optional[_Union[_chat_pb2.Character, _Mapping]] = ..., dialogue: _Optional[_Union[_chat_pb2.Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[_chat_pb2.TokenizedPrompt, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[_chat_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., prefill_from_request_id: _Optional[str] = ...) -> None: ...
+    namespace_grant: bytes
+    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., namespace_salt: _Optional[str] = ..., character: _Optional[_Union[_chat_pb2.Character, _Mapping]] = ..., dialogue: _Optional[_Union[_chat_pb2.Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[_chat_pb2.TokenizedPrompt, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[_chat_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., prefill_from_request_id: _Optional[str] = ..., namespace_grant: _Optional[bytes] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("namespace_salt", "character", "text", "dialogue", "add_special_tokens")
@@ -110,6 +112,26 @@ class GetModelInfoResponse(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     model: _chat_pb2.ModelInfo
     def __init__(self, model: _Optional[_Union[_chat_pb2.ModelInfo, _Mapping]] = ...) -> None: ...
+
+class DeleteConversationRequest(_message.Message):
+    __slots__ = ("conversation_id", "namespace_salt", "namespace_grant")
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_SALT_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_GRANT_FIELD_NUMBER: _ClassVar[int]
+    conversation_id: str
+    namespace_salt: str
+    namespace_grant: bytes
+    def __init__(self, conversation_id: _Optional[str] = ..., namespace_salt: _Optional[str] = ..., namespace_grant: _Optional[bytes] = ...) -> None: ...
+
+class DeleteConversationResponse(_message.Message):
+    __slots__ = ("aborted_requests", "device_blocks_dropped", "host_blocks_dropped")
+    ABORTED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BLOCKS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    HOST_BLOCKS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    aborted_requests: int
+    device_blocks_dropped: int
+    host_blocks_dropped: int
+    def __init__(self, aborted_requests: _Optional[int] = ..., device_blocks_dropped: _Optional[int] = ..., host_blocks_dropped: _Optional[int] = ...) -> None: ...
 
 class WatchLoadRequest(_message.Message):
     __slots__ = ("interval_ms",)

@@ -27,7 +27,8 @@ if _version_not_supported:
 
 class EngineServiceStub:
     """EngineService runs the model with continuous batching. It streams the same events as the public
-    Chat API, so the gateway forwards them without translation.
+    Chat API, so the gateway forwards them without translation. Only gateway identities may call it
+    (mutual TLS): the namespace salt and resume tokens it trusts come from a gateway.
     """
 
     def __init__(self, channel):
@@ -71,11 +72,17 @@ class EngineServiceStub:
                 request_serializer=salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeRequest.SerializeToString,
                 response_deserializer=salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
+        self.DeleteConversation = channel.unary_unary(
+                '/salon.engine.v1.EngineService/DeleteConversation',
+                request_serializer=salon_dot_engine_dot_v1_dot_engine__pb2.DeleteConversationRequest.SerializeToString,
+                response_deserializer=salon_dot_engine_dot_v1_dot_engine__pb2.DeleteConversationResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServiceServicer:
     """EngineService runs the model with continuous batching. It streams the same events as the public
-    Chat API, so the gateway forwards them without translation.
+    Chat API, so the gateway forwards them without translation. Only gateway identities may call it
+    (mutual TLS): the namespace salt and resume tokens it trusts come from a gateway.
     """
 
     def Generate(self, request, context):
@@ -128,6 +135,17 @@ class EngineServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteConversation(self, request, context):
+        """DeleteConversation erases a dialogue from this engine: its running and queued requests end
+        (FINISH_REASON_ABORTED, nothing kept), its KV leaves the device cache and, through this host's
+        kvstore, host memory (blocks another live conversation also put stay), and the reply ids the
+        engine remembered for it are forgotten. UNAVAILABLE when the kvstore could not confirm the drop
+        (retry: deleting is idempotent).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -166,6 +184,11 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     request_deserializer=salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeRequest.FromString,
                     response_serializer=salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeResponse.SerializeToString,
             ),
+            'DeleteConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConversation,
+                    request_deserializer=salon_dot_engine_dot_v1_dot_engine__pb2.DeleteConversationRequest.FromString,
+                    response_serializer=salon_dot_engine_dot_v1_dot_engine__pb2.DeleteConversationResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'salon.engine.v1.EngineService', rpc_method_handlers)
@@ -176,7 +199,8 @@ def add_EngineServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class EngineService:
     """EngineService runs the model with continuous batching. It streams the same events as the public
-    Chat API, so the gateway forwards them without translation.
+    Chat API, so the gateway forwards them without translation. Only gateway identities may call it
+    (mutual TLS): the namespace salt and resume tokens it trusts come from a gateway.
     """
 
     @staticmethod
@@ -358,6 +382,33 @@ class EngineService:
             '/salon.engine.v1.EngineService/Detokenize',
             salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeRequest.SerializeToString,
             salon_dot_engine_dot_v1_dot_engine__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/salon.engine.v1.EngineService/DeleteConversation',
+            salon_dot_engine_dot_v1_dot_engine__pb2.DeleteConversationRequest.SerializeToString,
+            salon_dot_engine_dot_v1_dot_engine__pb2.DeleteConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,6 +28,18 @@ class KVLayout(_message.Message):
     sliding_window_tokens: int
     def __init__(self, block_size_tokens: _Optional[int] = ..., global_bytes_per_block: _Optional[int] = ..., local_bytes_per_block: _Optional[int] = ..., sliding_window_tokens: _Optional[int] = ...) -> None: ...
 
+class NamespaceClaim(_message.Message):
+    __slots__ = ("tenant_salt", "model_id", "layout_tag", "grant")
+    TENANT_SALT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_TAG_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    tenant_salt: str
+    model_id: str
+    layout_tag: str
+    grant: bytes
+    def __init__(self, tenant_salt: _Optional[str] = ..., model_id: _Optional[str] = ..., layout_tag: _Optional[str] = ..., grant: _Optional[bytes] = ...) -> None: ...
+
 class MatchRequest(_message.Message):
     __slots__ = ("namespace", "token_ids_le32", "layout")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
@@ -101,16 +113,18 @@ class FetchResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[FetchHeader, _Mapping]] = ..., chunk: _Optional[_Union[KVChunk, _Mapping]] = ...) -> None: ...
 
 class PutHeader(_message.Message):
-    __slots__ = ("namespace", "token_ids_le32", "layout", "conversation_id")
+    __slots__ = ("namespace", "token_ids_le32", "layout", "conversation_id", "claim")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_LE32_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     token_ids_le32: bytes
     layout: KVLayout
     conversation_id: str
-    def __init__(self, namespace: _Optional[bytes] = ..., token_ids_le32: _Optional[bytes] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., conversation_id: _Optional[str] = ...) -> None: ...
+    claim: NamespaceClaim
+    def __init__(self, namespace: _Optional[bytes] = ..., token_ids_le32: _Optional[bytes] = ..., layout: _Optional[_Union[KVLayout, _Mapping]] = ..., conversation_id: _Optional[str] = ..., claim: _Optional[_Union[NamespaceClaim, _Mapping]] = ...) -> None: ...
 
 class PutRequest(_message.Message):
     __slots__ = ("header", "chunk")
@@ -185,10 +199,14 @@ class PrepareSharedPutResponse(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., shm_name: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SharedPutSlot, _Mapping]]] = ..., existing_blocks: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
 
 class CommitSharedPutRequest(_message.Message):
-    __slots__ = ("lease_id",)
+    __slots__ = ("lease_id", "global_crc32", "local_crc32")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_CRC32_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_CRC32_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
-    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+    global_crc32: _containers.RepeatedScalarFieldContainer[int]
+    local_crc32: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lease_id: _Optional[str] = ..., global_crc32: _Optional[_Iterable[int]] = ..., local_crc32: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseLeaseRequest(_message.Message):
     __slots__ = ("lease_id",)
@@ -207,7 +225,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("used_bytes", "capacity_bytes", "num_blocks", "query_tokens", "hit_tokens", "evicted_blocks", "started_at_unix_ms", "num_local_blocks", "evicted_local_blocks", "matched_tokens", "num_leases", "num_namespaces")
+    __slots__ = ("used_bytes", "capacity_bytes", "num_blocks", "query_tokens", "hit_tokens", "evicted_blocks", "started_at_unix_ms", "num_local_blocks", "evicted_local_blocks", "matched_tokens", "num_leases", "num_namespaces", "shm_name", "quarantined_bytes")
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +238,8 @@ class GetStatsResponse(_message.Message):
     MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_LEASES_FIELD_NUMBER: _ClassVar[int]
     NUM_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    SHM_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_BYTES_FIELD_NUMBER: _ClassVar[int]
     used_bytes: int
     capacity_bytes: int
     num_blocks: int
@@ -232,15 +252,19 @@ class GetStatsResponse(_message.Message):
     matched_tokens: int
     num_leases: int
     num_namespaces: int
-    def __init__(self, used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ..., query_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., started_at_unix_ms: _Optional[int] = ..., num_local_blocks: _Optional[int] = ..., evicted_local_blocks: _Optional[int] = ..., matched_tokens: _Optional[int] = ..., num_leases: _Optional[int] = ..., num_namespaces: _Optional[int] = ...) -> None: ...
+    shm_name: str
+    quarantined_bytes: int
+    def __init__(self, used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ..., query_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., started_at_unix_ms: _Optional[int] = ..., num_local_blocks: _Optional[int] = ..., evicted_local_blocks: _Optional[int] = ..., matched_tokens: _Optional[int] = ..., num_leases: _Optional[int] = ..., num_namespaces: _Optional[int] = ..., shm_name: _Optional[str] = ..., quarantined_bytes: _Optional[int] = ...) -> None: ...
 
 class DropRequest(_message.Message):
-    __slots__ = ("namespace", "conversation_id")
+    __slots__ = ("namespace", "conversation_id", "claim")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     conversation_id: str
-    def __init__(self, namespace: _Optional[bytes] = ..., conversation_id: _Optional[str] = ...) -> None: ...
+    claim: NamespaceClaim
+    def __init__(self, namespace: _Optional[bytes] = ..., conversation_id: _Optional[str] = ..., claim: _Optional[_Union[NamespaceClaim, _Mapping]] = ...) -> None: ...
 
 class DropResponse(_message.Message):
     __slots__ = ("dropped_blocks",)

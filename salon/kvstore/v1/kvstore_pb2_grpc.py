@@ -27,7 +27,9 @@ if _version_not_supported:
 
 class KVStoreServiceStub:
     """KVStoreService is a cache: after a restart it is empty (started_at_unix_ms changes), and every
-    miss is an ordinary answer.
+    miss is an ordinary answer. Only engine identities may call it (mutual TLS; see the README's
+    security section); Put, PrepareSharedPut and Drop also need a NamespaceClaim when the kvstore
+    checks namespace grants.
     """
 
     def __init__(self, channel):
@@ -80,7 +82,9 @@ class KVStoreServiceStub:
 
 class KVStoreServiceServicer:
     """KVStoreService is a cache: after a restart it is empty (started_at_unix_ms changes), and every
-    miss is an ordinary answer.
+    miss is an ordinary answer. Only engine identities may call it (mutual TLS; see the README's
+    security section); Put, PrepareSharedPut and Drop also need a NamespaceClaim when the kvstore
+    checks namespace grants.
     """
 
     def Match(self, request, context):
@@ -112,15 +116,18 @@ class KVStoreServiceServicer:
 
     def PrepareSharedPut(self, request, context):
         """PrepareSharedPut reserves arena space for the blocks of a context the store lacks and returns
-        where to write them, under a lease. The engine writes the bytes, then calls CommitSharedPut.
+        where to write them, under a lease. The reserved bytes are zeroed. The engine writes the bytes,
+        then calls CommitSharedPut. RESOURCE_EXHAUSTED when the caller holds too many leases.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CommitSharedPut(self, request, context):
-        """CommitSharedPut links the blocks written under a PrepareSharedPut lease (NOT_FOUND if the
-        lease expired or was released: nothing was stored).
+        """CommitSharedPut links the blocks written under a PrepareSharedPut lease, after checking each
+        slot's bytes against the checksum the engine sends: FAILED_PRECONDITION (nothing stored) when a
+        slot does not hold what the engine says it wrote; NOT_FOUND if the lease expired or was
+        released (nothing stored). An expired put lease's space is not reused for one lease TTL.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,7 +207,9 @@ def add_KVStoreServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class KVStoreService:
     """KVStoreService is a cache: after a restart it is empty (started_at_unix_ms changes), and every
-    miss is an ordinary answer.
+    miss is an ordinary answer. Only engine identities may call it (mutual TLS; see the README's
+    security section); Put, PrepareSharedPut and Drop also need a NamespaceClaim when the kvstore
+    checks namespace grants.
     """
 
     @staticmethod

@@ -8,7 +8,15 @@ MAX_RECONNECT_BACKOFF_MS) when the store comes back, possibly with a new arena, 
 KV travels as uint8 matrices whose row i is one block's payload (services/engine/kv/kv_transfer.py
 defines the bytes). With use_shared_memory=True (engine on the kvstore's host) fetched rows are
 copied straight out of the shared arena and put rows written straight into it; gRPC carries only
-offsets and a lease. If the arena cannot be mapped (another host), the client falls back to gRPC.
+offsets and a lease. The arena is mapped ahead of time, off the event loop (`start`, and again in the
+background when a reply names a new arena after a kvstore restart); until it is mapped, or if it
+cannot be (another host, or a file that fails arena_mapping's checks), KV moves over gRPC.
+
+A shared-memory put checks its lease's remaining time before it writes (the kvstore quarantines an
+expired lease's space for one TTL, so a write that starts in time can never land in another
+namespace's block), writes in a worker thread, and sends a checksum of every slot with the commit:
+the kvstore links nothing a slot does not hold. Puts and drops carry a NamespaceClaim when the
+engine has one (the gateway's grant for the tenant, services/common/namespace_grant.py).
 
     client = KVStoreClient("127.0.0.1:50061", use_shared_memory=True)
     hit = await client.match(namespace, token_ids, layout)           # MatchResult
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,7 +41,7 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from salon.kvstore.v1 import kvstore_pb2 as pb
 from salon.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from services.common.channel import ClientTLS, client_credentials, tls_options
-from services.common.kvstore_client.arena_mapping import ArenaMapping
+from services.common.kvstore_client.arena_mapping import ArenaMapping, ArenaRefused
 from services.common.kvstore_client.layout import MISS, KVLayout, MatchResult
 from services.common.logging import get_logger
 from services.common.prefix_hash import encode_token_ids
@@ -44,6 +53,28 @@ MAX_RECONNECT_BACKOFF_MS = 1000
 # A shared-memory read or write counts only if it ended this long before the lease's end.
 LEASE_MARGIN_S = 1.0
 PUT_CHUNK_BYTES = 4 << 20
+INLINE_WRITE_BYTES = 1 << 20
+_MAP_RETRY_MAX_S = 5.0
+# How often a shared-memory client asks which arena the kvstore has (a restart makes a new one).
+ARENA_CHECK_INTERVAL_S = 2.0
+
+
+class _ArenaChanged(Exception):
+    """A shared-memory reply names an arena this client has not mapped (the kvstore restarted)."""
+
+
+@dataclass(frozen=True)
+class NamespaceClaim:
+    """Which tenant a namespace belongs to and a gateway's grant for it (see NamespaceClaim in the proto)."""
+
+    tenant_salt: str
+    model_id: str
+    layout_tag: str
+    grant: bytes
+
+    def to_proto(self) -> pb.NamespaceClaim:
+        return pb.NamespaceClaim(tenant_salt=self.tenant_salt, model_id=self.model_id, layout_tag=self.layout_tag,
+                                 grant=self.grant)
 
 
 @dataclass(frozen=True)
@@ -105,16 +136,48 @@ def _token_bytes(token_ids: Sequence[int] | bytes) -> bytes:
 
 class KVStoreClient:
     def __init__(self, target: str, use_shared_memory: bool = False, timeout_s: float = 2.0,
-                 tls: ClientTLS | None = None) -> None:
+                 tls: ClientTLS | None = None, arena_dir: str = "/dev/shm", arena_owner_uid: int | None = None) -> None:
         self.target = target
         self.tls = tls
         self.use_shared_memory = use_shared_memory
         self.timeout_s = timeout_s
+        # Where the kvstore's arena must be, and whose (arena_mapping.py); None: this process's uid.
+        self.arena_dir = arena_dir
+        self.arena_owner_uid = arena_owner_uid
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.KVStoreServiceStub | None = None
         self._arena: ArenaMapping | None = None
+        self._mapping: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
+        self._refused_arenas: set[str] = set()
         self._healthy = True
         self._background: set[asyncio.Task] = set()
+
+    def start(self) -> None:
+        """Map the kvstore's arena ahead of the first transfer, off the event loop, and again whenever
+        the kvstore restarts with a new one (checked every ARENA_CHECK_INTERVAL_S; shared memory only).
+        Transfers use gRPC until it is mapped."""
+        if self.use_shared_memory and self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_arena(), name="kvstore-arena-watch")
+
+    async def _watch_arena(self) -> None:
+        while True:
+            stats = await self.stats()
+            if stats is not None and stats.shm_name:
+                self._map_later(stats.shm_name)
+            await asyncio.sleep(ARENA_CHECK_INTERVAL_S)
+
+    async def map_arena(self) -> bool:
+        """Map the arena now and wait for it (tests and benches); True if shared memory is usable."""
+        if self.use_shared_memory:
+            self._map_later(None)
+            if self._mapping is not None:
+                await asyncio.shield(self._mapping)
+        return self._arena is not None
+
+    @property
+    def arena_mapped(self) -> bool:
+        return self._arena is not None
 
     # ---- public API ----------------------------------------------------------------------------
 
@@ -147,7 +210,7 @@ class KVStoreClient:
         out_global / out_local: optional uint8 [rows, bytes_per_block] buffers the engine reuses; the
         result's arrays are then views of their first rows (fresh memory costs page faults that
         dominate a large fetch). Buffers too small are ignored."""
-        shm = self.use_shared_memory
+        shm = self.use_shared_memory and self._arena is not None
         request = pb.FetchRequest(
             namespace=namespace,
             token_ids_le32=_token_bytes(token_ids),
@@ -157,11 +220,17 @@ class KVStoreClient:
             from_block_index=from_block,
         )
         started = time.monotonic()
+        deadline = started + (timeout_s or self.timeout_s)
+        out = (out_global, out_local)
         try:
-            call = self._get_stub().Fetch(request, timeout=timeout_s or self.timeout_s)
-            out = (out_global, out_local)
-            result = await (self._read_shm(call, layout, from_block, started, out) if shm
-                            else self._read_grpc(call, layout, from_block, out))
+            try:
+                call = self._get_stub().Fetch(request, timeout=timeout_s or self.timeout_s)
+                result = await (self._read_shm(call, layout, from_block, started, out) if shm
+                                else self._read_grpc(call, layout, from_block, out))
+            except _ArenaChanged:  # mapped in the background; this once, the bytes come over gRPC
+                request.transport = pb.TRANSPORT_GRPC
+                call = self._get_stub().Fetch(request, timeout=max(0.001, deadline - time.monotonic()))
+                result = await self._read_grpc(call, layout, from_block, out)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError, ValueError) as exc:
             self._failed("fetch", exc)
             return _empty_fetch(layout)
@@ -179,6 +248,7 @@ class KVStoreClient:
         first_block: int = 0,
         local_first_block: int = 0,
         conversation_id: str = "",
+        claim: NamespaceClaim | None = None,
         timeout_s: float | None = None,
     ) -> PutResult | None:
         """Store blocks first_block .. first_block + len(global_kv) - 1 of a context (global_kv row j
@@ -198,9 +268,9 @@ class KVStoreClient:
         if len(local_kv) and not first_block <= local_first_block <= num_blocks - len(local_kv):
             raise ValueError("local_kv rows must be blocks within first_block .. first_block + len(global_kv) - 1")
         header = pb.PutHeader(namespace=namespace, token_ids_le32=token_bytes, layout=layout_to_proto(layout),
-                              conversation_id=conversation_id)
+                              conversation_id=conversation_id, claim=claim.to_proto() if claim else None)
         try:
-            if self.use_shared_memory:
+            if self.use_shared_memory and self._arena is not None:
                 result = await self._put_shm(header, layout, global_kv, local_kv, first_block, local_first_block,
                                              timeout_s or self.timeout_s)
                 if result is not None:
@@ -221,17 +291,23 @@ class KVStoreClient:
             self._failed("stats", exc)
             return None
 
-    async def drop(self, namespace: bytes, conversation_id: str = "", timeout_s: float | None = None) -> int | None:
+    async def drop(self, namespace: bytes, conversation_id: str = "", claim: NamespaceClaim | None = None,
+                   timeout_s: float | None = None) -> int | None:
+        """Remove a conversation's blocks (or the whole namespace); blocks removed, None on failure."""
         try:
             response = await self._get_stub().Drop(
-                pb.DropRequest(namespace=namespace, conversation_id=conversation_id), timeout=timeout_s or self.timeout_s
-            )
+                pb.DropRequest(namespace=namespace, conversation_id=conversation_id,
+                               claim=claim.to_proto() if claim else None),
+                timeout=timeout_s or self.timeout_s)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as exc:
             self._failed("drop", exc)
             return None
         return response.dropped_blocks
 
     async def close(self) -> None:
+        for task in (self._mapping, self._watch):
+            if task is not None and not task.done():
+                task.cancel()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._channel is not None:
@@ -280,11 +356,11 @@ class KVStoreClient:
             raise ValueError("Fetch stream without a header")
         if not header.num_tokens:
             return _empty_fetch(layout)
-        try:
-            arena = self._map(header.shm_name)
-        except OSError:
+        arena = self._arena
+        if arena is None or arena.name != header.shm_name:  # the kvstore restarted with a new arena
             self._release_later(header.lease_id)
-            raise
+            self._map_later(header.shm_name)
+            raise _ArenaChanged(header.shm_name)
         num_blocks = header.num_tokens // layout.block_size_tokens
         first_global = min(from_block, num_blocks)
         gb, lb = layout.global_bytes_per_block, layout.local_bytes_per_block
@@ -299,7 +375,7 @@ class KVStoreClient:
         return FetchResult(header.num_tokens, first_global, global_kv, header.local_from_block_index, local_kv, "shared_memory")
 
     async def _put_shm(self, header, layout, global_kv, local_kv, first_block, local_first_block, timeout_s):
-        """Prepare, write into the arena, commit. None means: use gRPC instead (arena not mappable)."""
+        """Prepare, write into the arena, commit. None means: use gRPC instead (arena not mapped)."""
         started = time.monotonic()
         request = pb.PrepareSharedPutRequest(
             header=header,
@@ -309,22 +385,33 @@ class KVStoreClient:
         )
         stub = self._get_stub()
         prepared = await stub.PrepareSharedPut(request, timeout=timeout_s)
-        try:
-            arena = self._map(prepared.shm_name)
-        except OSError:
-            await stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=prepared.lease_id), timeout=timeout_s)
-            log.warning("kvstore_arena_unmappable", arena=prepared.shm_name)
-            self.use_shared_memory = False
+        arena = self._arena
+        release = pb.ReleaseLeaseRequest(lease_id=prepared.lease_id)
+        if arena is None or arena.name != prepared.shm_name:
+            await stub.ReleaseLease(release, timeout=timeout_s)
+            self._map_later(prepared.shm_name)
             return None
+        lease_end = started + prepared.lease_ttl_ms / 1000
+        # Never start a write that might end after the lease: the space would be another put's by then.
+        if time.monotonic() > lease_end - LEASE_MARGIN_S:
+            await stub.ReleaseLease(release, timeout=timeout_s)
+            raise asyncio.TimeoutError("shared-memory put lease too close to its end to write")
         slots = prepared.slots
         g_slots = [s for s in slots if s.write_global]
         l_slots = [s for s in slots if s.write_local]
-        _scatter(global_kv, [s.block_index - first_block for s in g_slots], [s.global_offset for s in g_slots], arena.array)
-        _scatter(local_kv, [s.block_index - local_first_block for s in l_slots], [s.local_offset for s in l_slots], arena.array)
-        if time.monotonic() - started > prepared.lease_ttl_ms / 1000 - LEASE_MARGIN_S:
-            await stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=prepared.lease_id), timeout=timeout_s)
+        g_rows = [s.block_index - first_block for s in g_slots]
+        l_rows = [s.block_index - local_first_block for s in l_slots]
+        write = (_write_and_checksum, arena.array, global_kv, g_rows, [s.global_offset for s in g_slots],
+                 local_kv, l_rows, [s.local_offset for s in l_slots])
+        num_bytes = len(g_rows) * global_kv.shape[1] + len(l_rows) * local_kv.shape[1]
+        # Small puts are written inline (a thread hop costs more); large ones off the event loop.
+        g_crc, l_crc = await asyncio.to_thread(*write) if num_bytes > INLINE_WRITE_BYTES else write[0](*write[1:])
+        if time.monotonic() > lease_end - LEASE_MARGIN_S:
+            await stub.ReleaseLease(release, timeout=timeout_s)
             raise asyncio.TimeoutError("shared-memory put outlived its lease")
-        response = await stub.CommitSharedPut(pb.CommitSharedPutRequest(lease_id=prepared.lease_id), timeout=timeout_s)
+        response = await stub.CommitSharedPut(
+            pb.CommitSharedPutRequest(lease_id=prepared.lease_id, global_crc32=g_crc, local_crc32=l_crc),
+            timeout=timeout_s)
         return _put_result(response.counts)
 
     # ---- plumbing ------------------------------------------------------------------------------
@@ -349,13 +436,39 @@ class KVStoreClient:
             self._stub = pb_grpc.KVStoreServiceStub(self._channel)
         return self._stub
 
-    def _map(self, name: str) -> ArenaMapping:
-        if self._arena is None or self._arena.name != name:
-            if self._arena is not None:
-                self._arena.close()
-                self._arena = None
-            self._arena = ArenaMapping(name)
-        return self._arena
+    def _map_later(self, name: str | None) -> None:
+        """Map arena `name` (None: ask the kvstore which) in the background, unless already under way."""
+        if self._mapping is not None and not self._mapping.done():
+            return
+        if name is not None and (name in self._refused_arenas or (self._arena and self._arena.name == name)):
+            return
+        self._mapping = asyncio.get_running_loop().create_task(self._map(name), name="kvstore-arena-map")
+
+    async def _map(self, name: str | None) -> None:
+        delay_s = 0.1
+        while name is None:
+            stats = await self.stats()
+            if stats is not None:
+                name = stats.shm_name
+                break
+            await asyncio.sleep(delay_s)
+            delay_s = min(_MAP_RETRY_MAX_S, delay_s * 2)
+        if not name or name in self._refused_arenas or (self._arena is not None and self._arena.name == name):
+            return
+        try:
+            mapping = await asyncio.to_thread(ArenaMapping, name, self.arena_dir, self.arena_owner_uid)
+        except ArenaRefused as exc:
+            self._refused_arenas.add(name)
+            log.warning("kvstore_arena_refused", arena=name, error=str(exc), fallback="grpc")
+            return
+        except OSError as exc:  # another host: nothing to map
+            self._refused_arenas.add(name)
+            log.warning("kvstore_arena_unmappable", arena=name, error=str(exc), fallback="grpc")
+            return
+        old, self._arena = self._arena, mapping
+        if old is not None:
+            old.close()
+        log.info("kvstore_arena_mapped", arena=name)
 
     def _release_later(self, lease_id: str) -> None:
         async def release() -> None:
@@ -411,6 +524,16 @@ def _gather(arena: np.ndarray, offsets: Sequence[int], out: np.ndarray) -> None:
     row_bytes = out.shape[1]
     for a, b, offset in _runs(offsets, row_bytes):
         out[a:b] = arena[offset : offset + (b - a) * row_bytes].reshape(b - a, row_bytes)
+
+
+def _write_and_checksum(arena: np.ndarray, global_kv: np.ndarray, g_rows: list[int], g_offsets: list[int],
+                        local_kv: np.ndarray, l_rows: list[int], l_offsets: list[int]) -> tuple[list[int], list[int]]:
+    """Write the put's rows into their slots and return each slot's CRC-32 (worker thread: both release
+    the GIL). The checksums are of the rows meant for each slot, which the kvstore compares with what
+    the slots hold."""
+    _scatter(global_kv, g_rows, g_offsets, arena)
+    _scatter(local_kv, l_rows, l_offsets, arena)
+    return [zlib.crc32(global_kv[r]) for r in g_rows], [zlib.crc32(local_kv[r]) for r in l_rows]
 
 
 def _scatter(rows: np.ndarray, row_indices: Sequence[int], offsets: Sequence[int], arena: np.ndarray) -> None:

@@ -22,6 +22,7 @@ cannot forge turn markers.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,15 @@ class Character:
 
 START_OF_TURN = "<start_of_turn>"
 END_OF_TURN = "<end_of_turn>"
+
+
+class RenderStopped(Exception):
+    """Rendering ended early: the client went away (`cancelled`) or the prompt passed max_tokens."""
+
+    def __init__(self, cancelled: bool, num_tokens: int) -> None:
+        super().__init__("cancelled" if cancelled else f"more than {num_tokens} tokens")
+        self.cancelled = cancelled
+        self.num_tokens = num_tokens
 
 
 class PromptRenderer:
@@ -95,11 +105,27 @@ class PromptRenderer:
         """The full prompt, ending with the generation prompt `<start_of_turn>model\\n`."""
         return self.render_prompt(character, messages).token_ids
 
-    def render_prompt(self, character: Character | None, messages: Sequence[ChatMessage]) -> RenderedPrompt:
-        """The full prompt and where its last message starts."""
+    @property
+    def message_overhead_tokens(self) -> int:
+        """Tokens every message costs around its body (the shorter of the two turn headers)."""
+        return min(len(self.user_header), len(self.model_header)) + len(self.end_of_turn) + len(self.newline)
+
+    @property
+    def prompt_overhead_tokens(self) -> int:
+        """Tokens of a prompt besides its messages: BOS and the generation prompt."""
+        return 1 + len(self.model_header)
+
+    def render_prompt(self, character: Character | None, messages: Sequence[ChatMessage],
+                      stop: threading.Event | None = None, max_tokens: int | None = None) -> RenderedPrompt:
+        """The full prompt and where its last message starts. RenderStopped when `stop` is set (checked
+        between messages) or as soon as the prompt holds more than max_tokens tokens."""
         ids = [self._bos] + self.character_ids(character)
         last_message_start = len(ids)
         for m in messages:
+            if stop is not None and stop.is_set():
+                raise RenderStopped(True, len(ids))
+            if max_tokens is not None and len(ids) > max_tokens:
+                raise RenderStopped(False, len(ids))
             last_message_start = len(ids)
             ids += self.message_ids(m)
         return RenderedPrompt(ids + self.model_header, last_message_start)
@@ -113,22 +139,31 @@ class RenderedPrompt:
 
 
 class ReplyMemo:
-    """Bounded map reply text -> the token ids generated for it (LRU), per namespace."""
+    """Bounded map reply text -> the token ids generated for it (LRU), per namespace and conversation:
+    a dialogue's replies shape only that dialogue's rendering, and go when it is deleted."""
 
     def __init__(self, capacity: int = 4096) -> None:
         self._capacity = capacity
-        self._entries: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str, str], tuple[int, ...]] = OrderedDict()
 
-    def put(self, namespace: str, text: str, token_ids: Sequence[int]) -> None:
-        key = (namespace, text)
+    def put(self, namespace: str, conversation_id: str, text: str, token_ids: Sequence[int]) -> None:
+        key = (namespace, conversation_id, text)
         self._entries[key] = tuple(token_ids)
         self._entries.move_to_end(key)
         while len(self._entries) > self._capacity:
             self._entries.popitem(last=False)
 
-    def get(self, namespace: str, text: str) -> list[int] | None:
-        ids = self._entries.get((namespace, text))
+    def get(self, namespace: str, conversation_id: str, text: str) -> list[int] | None:
+        key = (namespace, conversation_id, text)
+        ids = self._entries.get(key)
         if ids is None:
             return None
-        self._entries.move_to_end((namespace, text))
+        self._entries.move_to_end(key)
         return list(ids)
+
+    def drop_conversation(self, namespace: str, conversation_id: str) -> int:
+        """Forget a dialogue's replies; returns how many."""
+        keys = [k for k in self._entries if k[0] == namespace and k[1] == conversation_id]
+        for key in keys:
+            del self._entries[key]
+        return len(keys)

@@ -1,4 +1,9 @@
-"""The engine as a services.common.server Service: load + warm the model off the loop, then SERVING."""
+"""The engine as a services.common.server Service: load + warm the model off the loop, then SERVING.
+
+Only gateway identities may call it (access_policy). Its kvstore link is checked at start like its
+own listener (services/common/internal_auth.py). If the step thread dies, the engine reports
+NOT_SERVING and exits (EXIT_FATAL) for its supervisor to restart it.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,12 @@ import asyncio
 import grpc
 import torch
 
+from services.common import internal_auth
 from services.common.logging import get_logger
+from services.common.peer_identity import AccessPolicy
 from services.common.prefix_hash import namespace_digest
 from services.common.server import HealthState
+from services.engine.api.prompt import PromptRenderer
 from services.engine.api.servicer import EngineRuntime, EngineServicer, add_to_server
 from services.engine.api.validation import Limits
 from services.engine.config import EngineConfig
@@ -36,6 +44,7 @@ def build_core(config: EngineConfig) -> EngineCore:
 
 class EngineService:
     name = "engine"
+    access_policy = AccessPolicy({"/salon.engine.v1.EngineService/": frozenset({"gateway"})})
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -44,7 +53,15 @@ class EngineService:
         self._host: HostCache | None = None
         self._task: asyncio.Task | None = None
 
+    def _kvstore_tls(self):
+        config = self.config
+        return internal_auth.client_tls_or_none("--kvstore-tls", config.kvstore_tls_ca_file,
+                                                config.kvstore_tls_cert_file, config.kvstore_tls_key_file)
+
     async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
+        if self.config.kvstore_target and not self.config.no_prefix_cache:
+            internal_auth.check_client(self.config.server.internal_auth, self._kvstore_tls(), "--kvstore-tls",
+                                       [self.config.kvstore_target])
         names = [add_to_server(self.servicer, server)]
         self.servicer.health = health
         self._task = asyncio.create_task(self._load(health))
@@ -59,13 +76,16 @@ class EngineService:
         model_cfg = core.config
         metrics.set_model(model_cfg.model_id)
         context = min(model_cfg.max_context_tokens, self.config.max_context_tokens or model_cfg.max_context_tokens)
-        self._loop = EngineLoop(core, asyncio.get_running_loop())
+        self._loop = EngineLoop(core, asyncio.get_running_loop(), on_fatal=health.fatal)
         host_cache = self._host_cache(core)
         if host_cache is not None:
             loop = asyncio.get_running_loop()
             core.set_host_sink(lambda put: loop.call_soon_threadsafe(host_cache.store, put))
         self._host = host_cache
+        if host_cache is not None:
+            host_cache.client.start()  # maps the kvstore's arena in the background
         self._loop.start()
+        renderer = PromptRenderer(core.tokenizer, model_cfg.bos_token_id)
         self.servicer.runtime = EngineRuntime(
             loop=self._loop,
             tokenizer=core.tokenizer,
@@ -73,7 +93,9 @@ class EngineService:
                           default_max_new_tokens=self.config.default_max_new_tokens,
                           max_new_tokens_limit=self.config.max_new_tokens_limit,
                           max_token_bytes=max(len(core.tokenizer.decode([i]).encode())
-                                              for i in range(model_cfg.vocab_size))),
+                                              for i in range(model_cfg.vocab_size)),
+                          message_overhead_tokens=renderer.message_overhead_tokens,
+                          prompt_overhead_tokens=renderer.prompt_overhead_tokens),
             model_config=model_cfg,
             block_size_tokens=self.config.block_size_tokens,
             namespace_of=None if self.config.no_prefix_cache else self._namespace_of(core),
@@ -88,16 +110,14 @@ class EngineService:
     def _host_cache(self, core: EngineCore) -> HostCache | None:
         if self.config.no_prefix_cache or not self.config.kvstore_target:
             return None
-        from services.common.channel import ClientTLS
         from services.common.kvstore_client.client import KVStoreClient
 
-        tls = None
-        if self.config.kvstore_tls_ca_file:
-            tls = ClientTLS(self.config.kvstore_tls_ca_file, self.config.kvstore_tls_cert_file,
-                            self.config.kvstore_tls_key_file)
-        client = KVStoreClient(self.config.kvstore_target, use_shared_memory=self.config.kvstore_shared_memory,
-                               timeout_s=self.config.kvstore_timeout_s, tls=tls)
-        return HostCache(client, host_layout(core.layout), timeout_s=self.config.kvstore_timeout_s)
+        config = self.config
+        client = KVStoreClient(config.kvstore_target, use_shared_memory=config.kvstore_shared_memory,
+                               timeout_s=config.kvstore_timeout_s, tls=self._kvstore_tls(),
+                               arena_dir=config.kvstore_shm_dir, arena_owner_uid=config.kvstore_arena_uid)
+        return HostCache(client, host_layout(core.layout), timeout_s=config.kvstore_timeout_s,
+                         model_id=core.config.model_id, layout_tag=layout_tag(core.layout, config.precision))
 
     def _namespace_of(self, core: EngineCore):
         tag = layout_tag(core.layout, self.config.precision)

@@ -1,15 +1,22 @@
 """salon.engine.v1.EngineService: a thin gRPC edge over the engine loop.
 
-Generate: validate -> render (off the loop: tokenizing long histories is CPU work) -> admission
-(queue limit) -> kvstore lookup when the device cache has less -> submit to the step thread ->
-stream TokenDelta events -> GenerateFinal. When the call is cancelled or its deadline passes, the
-request is aborted and its blocks freed at once.
+Generate, cheapest refusal first:
+    counts (no field read one by one) -> fields (ids vectorized) -> queue slot (waiting + rendering
+    requests below the limit) -> render (off the loop; stops past the context or when the client
+    goes away) -> kvstore lookup when the device cache has less -> submit to the step thread ->
+    stream TokenDelta events -> GenerateFinal.
+When the call is cancelled or its deadline passes, the request is aborted and its blocks freed at once.
+
+DeleteConversation ends the dialogue's requests and drops its KV on the step thread (device cache),
+forgets its remembered reply ids, then drops it in the kvstore once its in-flight puts are done.
+Only gateway identities reach these handlers (the bootstrap's AccessPolicy, services/common/peer_identity.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -18,14 +25,15 @@ import grpc
 
 from salon.chat.v1 import chat_pb2
 from salon.engine.v1 import engine_pb2, engine_pb2_grpc
-from services.common.errors import DeadlineExceeded, Internal, InvalidArgument, ResourceExhausted, Unavailable
-from services.common.logging import get_logger
+from services.common.errors import DeadlineExceeded, Internal, InvalidArgument, OutOfRange, ResourceExhausted, Unavailable
+from services.common.logging import bind_request_context, get_logger
 from services.engine import metrics
-from services.engine.api.prompt import Character, PromptRenderer, ReplyMemo
+from services.engine.api.prompt import Character, PromptRenderer, RenderStopped, ReplyMemo
 from services.engine.api.validation import (
     Limits,
     check_id_string,
     check_ids,
+    check_prompt_counts,
     check_text_size,
     parse_context,
     parse_dialogue,
@@ -33,7 +41,7 @@ from services.engine.api.validation import (
     resolve_max_new_tokens,
 )
 from services.engine.config import EngineConfig
-from services.engine.core.engine_loop import EngineLoop
+from services.engine.core.engine_loop import EngineDead, EngineLoop
 from services.engine.core.output import RequestEvent
 from services.engine.core.request import FinishReason, Request, RequestId
 from services.engine.kv.host_cache import HostCache
@@ -76,6 +84,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self.memo = ReplyMemo()
         # The process's health; once the model is loaded, NOT_SERVING means shutting down (draining).
         self.health = None
+        # Requests between the queue check and submission (rendering, kvstore lookup): they count
+        # against max_waiting_requests like queued ones, so renders in flight are bounded too.
+        self._admitting = 0
 
     def _ready(self) -> EngineRuntime:
         if self.runtime is None:
@@ -83,14 +94,30 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         return self.runtime
 
     # ---- Generate --------------------------------------------------------------------------------
-    async def _build_request(self, request, context, rt: EngineRuntime) -> Request:
-        arrival = time.monotonic()
+    def _admission_slot(self) -> None:
+        """RESOURCE_EXHAUSTED when the queue (waiting + being admitted) is full; else take a slot."""
+        rt = self._ready()
+        limit = self.config.scheduler.max_waiting_requests
+        if rt.loop.num_waiting + self._admitting >= limit:
+            metrics.REJECTED.inc()
+            raise ResourceExhausted(f"engine queue is full ({limit} requests waiting); retry later",
+                                    retry_after_ms=1000)
+        self._admitting += 1
+
+    def _parse(self, request, rt: EngineRuntime):
+        """(sampling, resumed ids, parsed context): every check that costs no rendering."""
+        limits = rt.limits
         check_id_string("request_id", request.request_id, required=False)
         check_id_string("conversation_id", request.conversation_id, required=False)
         check_id_string("namespace_salt", request.namespace_salt, required=False)
-        parsed = parse_context(request, rt.limits)
-        sampling = parse_sampling(request.sampling, rt.limits)
-        resumed = check_ids("resume_token_ids", request.resume_token_ids, rt.limits.vocab_size)
+        check_prompt_counts(request, limits)
+        sampling = parse_sampling(request.sampling, limits)
+        resumed = check_ids("resume_token_ids", request.resume_token_ids, limits.vocab_size, limits.max_context_tokens)
+        return sampling, resumed, parse_context(request, limits)
+
+    async def _build_request(self, request, context, rt: EngineRuntime, sampling, resumed, parsed) -> Request:
+        arrival = time.monotonic()
+        limits = rt.limits
         if parsed.prompt_token_ids is not None:
             prompt = parsed.prompt_token_ids
             last_message_start = len(prompt)
@@ -98,12 +125,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             prompt = await asyncio.to_thread(rt.tokenizer.encode, parsed.text, True, False)
             last_message_start = len(prompt)
         else:
-            namespace = request.namespace_salt
-            renderer = PromptRenderer(rt.tokenizer, rt.model_config.bos_token_id,
-                                      lambda text: self.memo.get(namespace, text))
-            rendered = await asyncio.to_thread(renderer.render_prompt, parsed.character, parsed.messages)
-            prompt, last_message_start = rendered.token_ids, rendered.last_message_start
-        max_new = resolve_max_new_tokens(sampling.max_new_tokens, len(prompt), len(resumed), rt.limits)
+            prompt, last_message_start = await self._render(request, parsed, rt)
+        max_new = resolve_max_new_tokens(sampling.max_new_tokens, len(prompt), len(resumed), limits)
         sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
         if not rt.loop.fits(len(prompt) + max_new):
             raise ResourceExhausted(
@@ -116,7 +139,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             prompt_token_ids=prompt,
             sampling=sampling,
             stop_token_ids=frozenset(eos),
-            max_context_tokens=rt.limits.max_context_tokens,
+            max_context_tokens=limits.max_context_tokens,
             arrival_s=arrival,
             deadline_s=deadline,
             namespace_salt=request.namespace_salt,
@@ -126,10 +149,30 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         req.conversation_id = request.conversation_id
         if rt.namespace_of is not None:
             req.namespace = rt.namespace_of(request.namespace_salt)
+            if rt.host_cache is not None:
+                rt.host_cache.note_grant(req.namespace, request.namespace_salt, request.namespace_grant)
             if rt.sliding_window_tokens:
                 # Keep the window before the last message: a regeneration or edit of it reuses that KV.
                 req.retain_local_from = max(0, last_message_start - rt.sliding_window_tokens - rt.block_size_tokens)
         return req
+
+    async def _render(self, request, parsed, rt: EngineRuntime) -> tuple[list[int], int]:
+        """Tokenize the dialogue off the event loop; stops early past the context or on cancellation."""
+        salt, conversation = request.namespace_salt, request.conversation_id
+        renderer = PromptRenderer(rt.tokenizer, rt.model_config.bos_token_id,
+                                  lambda text: self.memo.get(salt, conversation, text))
+        stop = threading.Event()
+        context_tokens = rt.limits.max_context_tokens
+        try:
+            rendered = await asyncio.to_thread(renderer.render_prompt, parsed.character, parsed.messages, stop,
+                                               context_tokens)
+        except asyncio.CancelledError:
+            stop.set()  # the client went away: the worker thread stops at the next message
+            raise
+        except RenderStopped as exc:
+            raise OutOfRange(f"prompt: more than {exc.num_tokens} tokens leave no room to generate in the "
+                             f"context of {context_tokens} tokens") from None
+        return rendered.token_ids, rendered.last_message_start
 
     async def _lookup_host(self, req: Request, rt: EngineRuntime) -> PrefixHit | None:
         """Fetch the kvstore's usable prefix when it beats what the engine's own cache holds."""
@@ -142,16 +185,24 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
     async def Generate(self, request, context):
         rt = self._ready()
-        req = await self._build_request(request, context, rt)
-        if rt.loop.is_active(req.request_id):
-            raise ResourceExhausted(f"request_id: {req.request_id!r} is already running on this engine")
-        if rt.loop.num_waiting >= self.config.scheduler.max_waiting_requests:
-            metrics.REJECTED.inc()
-            raise ResourceExhausted(
-                f"engine queue is full ({self.config.scheduler.max_waiting_requests} requests waiting); retry later",
-                retry_after_ms=1000)
-        host_hit = await self._lookup_host(req, rt)
-        events = rt.loop.submit(req, host_hit, prefill_from=RequestId(request.prefill_from_request_id) or None)
+        if request.request_id:  # the gateway's id: log lines of every service carry the same one
+            bind_request_context(request_id=request.request_id)
+        sampling, resumed, parsed = self._parse(request, rt)
+        if rt.loop.dead is not None:
+            raise Unavailable("the engine is restarting; retry on another engine")
+        self._admission_slot()
+        try:
+            req = await self._build_request(request, context, rt, sampling, resumed, parsed)
+            if rt.loop.is_active(req.request_id):
+                raise ResourceExhausted(f"request_id: {req.request_id!r} is already running on this engine")
+            host_hit = await self._lookup_host(req, rt)
+            try:
+                events = rt.loop.submit(req, host_hit,
+                                         prefill_from=RequestId(request.prefill_from_request_id) or None)
+            except EngineDead:
+                raise Unavailable("the engine is restarting; retry on another engine") from None
+        finally:
+            self._admitting -= 1
         with_bytes = req.sampling.return_logprobs or req.sampling.num_top_logprobs > 0
         finished = False
         generated: list[int] = []
@@ -167,6 +218,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                     continue
                 finished = True
                 if event.finish_reason is FinishReason.ERROR:
+                    if rt.loop.dead is not None:  # the gateway resumes the reply on another engine
+                        raise Unavailable(f"request {req.request_id}: the engine is restarting")
                     raise Internal(f"request {req.request_id} failed: {event.error}")
                 if event.error == "deadline exceeded":
                     raise DeadlineExceeded(f"request {req.request_id}: deadline exceeded")
@@ -194,7 +247,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             return
         body = generated[:-1] if event.finish_reason is FinishReason.STOP_TOKEN else generated
         if text:
-            self.memo.put(req.namespace_salt, text, body)
+            self.memo.put(req.namespace_salt, req.conversation_id, text, body)
 
     def _final(self, req: Request, event: RequestEvent) -> chat_pb2.GenerateFinal:
         st = event.final
@@ -210,6 +263,29 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             engine_id=self.config.engine_id,
             request_id=req.request_id,
         )
+
+    # ---- erasure --------------------------------------------------------------------------------
+    async def DeleteConversation(self, request, context):
+        rt = self._ready()
+        check_id_string("conversation_id", request.conversation_id, required=True)
+        check_id_string("namespace_salt", request.namespace_salt, required=False)
+        namespace = rt.namespace_of(request.namespace_salt) if rt.namespace_of is not None else None
+        try:
+            aborted, device_blocks = await rt.loop.purge(namespace, request.conversation_id)
+        except EngineDead:
+            raise Unavailable("the engine is restarting; retry") from None
+        self.memo.drop_conversation(request.namespace_salt, request.conversation_id)
+        host_blocks = 0
+        if rt.host_cache is not None and namespace is not None:
+            rt.host_cache.note_grant(namespace, request.namespace_salt, request.namespace_grant)
+            dropped = await rt.host_cache.drop_conversation(namespace, request.conversation_id)
+            if dropped is None:
+                raise Unavailable("conversation_id: the kvstore did not confirm the erasure; retry")
+            host_blocks = dropped
+        log.info("conversation_deleted", conversation_id=request.conversation_id, aborted_requests=aborted,
+                 device_blocks=device_blocks, host_blocks=host_blocks)
+        return engine_pb2.DeleteConversationResponse(aborted_requests=aborted, device_blocks_dropped=device_blocks,
+                                                     host_blocks_dropped=host_blocks)
 
     # ---- other RPCs ------------------------------------------------------------------------------
     async def Abort(self, request, context):
@@ -254,9 +330,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             messages = parse_dialogue(request.dialogue, rt.limits, request.character)
             character = Character(request.character.name, request.character.definition) \
                 if request.HasField("character") else None
-            namespace = request.namespace_salt
-            renderer = PromptRenderer(rt.tokenizer, rt.model_config.bos_token_id,
-                                      lambda text: self.memo.get(namespace, text))
+            # Tokenize names no conversation, so no remembered reply ids apply: replies are tokenized as text.
+            renderer = PromptRenderer(rt.tokenizer, rt.model_config.bos_token_id, lambda text: None)
             ids = await asyncio.to_thread(renderer.render, character, messages)
         else:
             raise InvalidArgument("input: one of text or dialogue is required")

@@ -2,6 +2,16 @@
 
 Every error names the offending field. Protobuf stays at this edge: the rest of the engine sees
 SamplingParams, ChatMessage and Character dataclasses.
+
+Cost is bounded before work, in this order:
+  1. counts (services/common/prompt_bounds.py): a prompt whose number of messages or ids alone
+     cannot fit is OUT_OF_RANGE before any field is read one by one;
+  2. the fields, each id list checked with one vectorized comparison;
+  3. a tighter lower bound of the rendered prompt: every message costs its header, end-of-turn and
+     newline tokens plus at least one body token (and at least bytes / max_token_bytes of them),
+     so a dialogue that cannot fit is refused before it is tokenized;
+  4. rendering (servicer.py), which stops at the first token past the context and when the client
+     goes away.
 """
 
 from __future__ import annotations
@@ -9,8 +19,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from salon.chat.v1 import chat_pb2
 from services.common.errors import InvalidArgument, OutOfRange
+from services.common.prompt_bounds import prompt_count_problem
 from services.engine.api.prompt import Character, ChatMessage, Role
 from services.engine.core.request import SamplingParams
 
@@ -36,6 +49,10 @@ class Limits:
     # Bytes of the longest vocabulary piece: text longer than max_context_tokens pieces of it can
     # never fit, so it is refused before it is tokenized (tokenizing megabytes costs seconds).
     max_token_bytes: int = 64
+    # Tokens every rendered message costs around its body (turn header, end of turn, newline).
+    message_overhead_tokens: int = 0
+    # Tokens of every rendered prompt besides its messages (BOS, the generation prompt).
+    prompt_overhead_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,12 +65,26 @@ class ParsedContext:
     text: str | None = None
 
 
-def check_ids(field: str, ids, vocab_size: int) -> list[int]:
-    ids = list(ids)
-    for i, t in enumerate(ids):
-        if t >= vocab_size:
-            raise InvalidArgument(f"{field}[{i}]: token id {t} is not below the vocabulary size {vocab_size}")
-    return ids
+def check_ids(field: str, ids, vocab_size: int, max_count: int | None = None) -> list[int]:
+    """The ids as a list, after one vectorized check; InvalidArgument naming the first bad one,
+    OutOfRange when there are more than max_count (checked before anything is converted)."""
+    if max_count is not None and len(ids) > max_count:
+        raise OutOfRange(f"{field}: {len(ids)} ids cannot fit in the context of {max_count} tokens")
+    if not len(ids):
+        return []
+    arr = np.array(ids, dtype=np.int64)
+    bad = np.flatnonzero(arr >= vocab_size)
+    if bad.size:
+        i = int(bad[0])
+        raise InvalidArgument(f"{field}[{i}]: token id {int(arr[i])} is not below the vocabulary size {vocab_size}")
+    return arr.tolist()
+
+
+def check_prompt_counts(request, limits: Limits) -> None:
+    """OutOfRange when the counts alone leave no room (step 1 above: before any per-field work)."""
+    problem = prompt_count_problem(request, limits.max_context_tokens)
+    if problem is not None:
+        raise OutOfRange(problem)
 
 
 def check_id_string(field: str, value: str, required: bool) -> None:
@@ -64,11 +95,13 @@ def check_id_string(field: str, value: str, required: bool) -> None:
 
 
 def parse_context(request, limits: Limits) -> ParsedContext:
+    """The request's context as domain objects (call check_prompt_counts first)."""
     which = request.WhichOneof("context")
     if which is None:
         raise InvalidArgument("context: one of dialogue, tokens or text is required")
+    context = limits.max_context_tokens
     if which == "tokens":
-        ids = check_ids("tokens.token_ids", request.tokens.token_ids, limits.vocab_size)
+        ids = check_ids("tokens.token_ids", request.tokens.token_ids, limits.vocab_size, context)
         if not ids:
             raise InvalidArgument("tokens.token_ids: at least one token id is required")
         return ParsedContext(None, None, ids)
@@ -94,22 +127,28 @@ def parse_dialogue(dialogue, limits: Limits, character) -> list[ChatMessage]:
     messages = dialogue.messages
     if not messages:
         raise InvalidArgument("dialogue.messages: at least one message is required")
+    context = limits.max_context_tokens
+    piece = max(1, limits.max_token_bytes)
+    min_tokens = limits.prompt_overhead_tokens
     text_bytes = len(character.name.encode()) + len(character.definition.encode())
-    for m in messages:
-        text_bytes += len(m.text.encode()) + len(m.author.encode())
-    if text_bytes > limits.max_context_tokens * limits.max_token_bytes:
-        raise OutOfRange(f"prompt: the dialogue's {text_bytes} bytes of text cannot fit in the {limits.max_context_tokens}-token "
-                         "context")
+    if text_bytes:
+        min_tokens += limits.message_overhead_tokens + -(-text_bytes // piece)
     parsed = []
     for i, m in enumerate(messages):
         field = f"dialogue.messages[{i}]"
         role = _ROLES.get(m.role)
         if role is None:
             raise InvalidArgument(f"{field}.role: {m.role} is not a known role (USER, CHARACTER or SYSTEM)")
-        if bool(m.text) == bool(m.token_ids):
+        text, author = m.text, m.author
+        if bool(text) == bool(m.token_ids):
             raise InvalidArgument(f"{field}: exactly one of text and token_ids must be set")
-        ids = tuple(check_ids(f"{field}.token_ids", m.token_ids, limits.vocab_size)) if m.token_ids else None
-        parsed.append(ChatMessage(role=role, text=m.text, author=m.author, token_ids=ids))
+        ids = tuple(check_ids(f"{field}.token_ids", m.token_ids, limits.vocab_size, context)) if m.token_ids else None
+        body_tokens = len(ids) if ids else -(-(len(text.encode()) + len(author.encode())) // piece)
+        min_tokens += limits.message_overhead_tokens + max(1, body_tokens)
+        parsed.append(ChatMessage(role=role, text=text, author=author, token_ids=ids))
+    if min_tokens >= context:
+        raise OutOfRange(f"prompt: the dialogue renders to at least {min_tokens} tokens, which leave no room to "
+                         f"generate in the context of {context} tokens")
     return parsed
 
 

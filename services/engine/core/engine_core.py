@@ -73,6 +73,8 @@ class EngineCore:
         self.runner = ModelRunner(model, self.kv_cache, select_ops(device), device)
         self._outputs: dict[str, OutputState] = {}
         self.last_step: StepStats | None = None
+        # The requests of the step under way (set once it is scheduled): what a step error fails.
+        self.in_step: list[RequestId] = []
 
     # ---- queries -------------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -140,22 +142,45 @@ class EngineCore:
         return RequestEvent(request_id, [], [], "", reason, final_stats(state.request), error)
 
     def fail_all(self, error: str) -> list[RequestEvent]:
-        return [e for rid in list(self._outputs) if (e := self.abort(rid, FinishReason.ERROR, error))]
+        return self.fail(list(self._outputs), error)
+
+    def fail(self, request_ids: list[RequestId], error: str) -> list[RequestEvent]:
+        """End these requests with FinishReason.ERROR (their KV is freed, not cached)."""
+        return [e for rid in request_ids if (e := self.abort(rid, FinishReason.ERROR, error))]
+
+    def purge_conversation(self, namespace: bytes | None, conversation_id: str) -> tuple[list[RequestEvent], int]:
+        """Erase a dialogue: end its requests without keeping their KV, and drop its device-cache
+        entries. Returns (the ended requests' events, device blocks freed)."""
+        events = []
+        for request_id, state in list(self._outputs.items()):
+            request = state.request
+            if request.conversation_id == conversation_id and request.namespace == namespace:
+                self._outputs.pop(request_id)
+                self._retire(request, keep=False)
+                events.append(RequestEvent(request_id, [], [], "", FinishReason.ABORTED, final_stats(request),
+                                           "conversation deleted"))
+        freed = 0
+        if self.prefix is not None and namespace is not None:
+            freed = self.prefix.device.drop_conversation(namespace, conversation_id)
+        return events, freed
 
     def step(self) -> list[RequestEvent]:
         t0 = time.monotonic()
+        self.in_step = []
         output = self.scheduler.schedule()
         if output.is_empty:
             return []
+        self.in_step = [c.request.request_id for c in output.chunks]
         now = time.monotonic()
         for chunk in output.chunks:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = now
-        self._write_host_kv(output)
+        output, events = self._write_host_kv(output)
+        if output.is_empty:
+            return events
         sampled = self.runner.execute(output)
         self.scheduler.on_computed(output)
         now = time.monotonic()
-        events: list[RequestEvent] = []
         sampled_chunks = [c for c in output.chunks if c.needs_sample]
         for chunk, token in zip(sampled_chunks, sampled):
             request = chunk.request
@@ -177,6 +202,7 @@ class EngineCore:
                                        top_logprobs=top, inter_token_s=inter_token_s))
         self.last_step = StepStats(output.num_batched_tokens, len(output.chunks), len(sampled),
                                    time.monotonic() - t0, len(output.preempted))
+        self.in_step = []
         return events
 
     def _retire(self, request: Request, keep: bool) -> None:
@@ -184,18 +210,28 @@ class EngineCore:
             self.prefix.retire(request, keep)
         self.scheduler.remove(request)
 
-    def _write_host_kv(self, output: SchedulerOutput) -> None:
-        """Write KV fetched from the kvstore into the blocks just allocated for it."""
+    def _write_host_kv(self, output: SchedulerOutput) -> tuple[SchedulerOutput, list[RequestEvent]]:
+        """Write KV fetched from the kvstore into the blocks just allocated for it. A request whose
+        fetched KV does not fit its blocks fails alone (ERROR); the rest of the step goes on."""
         bs = self.layout.block_size_tokens
+        failed: dict[RequestId, str] = {}
         for chunk in output.chunks:
             host = chunk.host_kv
             if host is None:
                 continue
             num_blocks = chunk.start_position // bs
-            unpack_blocks(self.kv_cache, chunk.block_tables, range(num_blocks), GLOBAL, host.global_kv)
-            if host.local_kv.shape[0]:
-                unpack_blocks(self.kv_cache, chunk.block_tables, range(host.local_first_block, num_blocks),
-                              LOCAL, host.local_kv)
+            try:
+                unpack_blocks(self.kv_cache, chunk.block_tables, range(num_blocks), GLOBAL, host.global_kv)
+                if host.local_kv.shape[0]:
+                    unpack_blocks(self.kv_cache, chunk.block_tables, range(host.local_first_block, num_blocks),
+                                  LOCAL, host.local_kv)
+            except Exception as exc:  # noqa: BLE001 - the kvstore's bytes are not trusted to be well formed
+                failed[chunk.request.request_id] = f"the kvstore's KV for this request is malformed ({exc})"
+        if not failed:
+            return output, []
+        events = [e for rid, error in failed.items() if (e := self.abort(rid, FinishReason.ERROR, error))]
+        kept = SchedulerOutput([c for c in output.chunks if c.request.request_id not in failed], output.preempted)
+        return kept, events
 
 
 def warmup(core: EngineCore, prompt_len: int = 24, new_tokens: int = 4) -> None:

@@ -6,6 +6,13 @@
 
 The event loop never runs the model; the thread never touches asyncio objects except through
 call_soon_threadsafe. Load figures are published as an immutable snapshot the servicers read.
+
+Faults stay local: a step that raises fails the requests of that step (core.in_step) and the loop
+goes on with the rest. When the step itself cannot go on — MAX_CONSECUTIVE_STEP_FAILURES failures in
+a row, an error no request of the step explains, memory or device errors, or the thread ending for
+any reason but stop() — every request fails, `dead` is set (submit refuses work) and `on_fatal` is
+called on the event loop: the service reports NOT_SERVING and exits for its supervisor to restart
+it. The engine never keeps running with a dead step thread.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.common.logging import get_logger
@@ -32,7 +40,16 @@ log = get_logger(__name__)
 class CommandKind(enum.Enum):
     ADD = "add"  # queue `request` (with `host_hit`, KV the kvstore gave for it)
     ABORT = "abort"  # end `request_id`
+    PURGE = "purge"  # erase conversation `request_id` of `namespace`; answer on `done`
     WAKE = "wake"  # nothing: lets a blocked wait see that the loop is stopping
+
+# Steps that raise one after another before the loop gives up (a step error that fails only its own
+# requests is a fault; the same error every step is a broken engine).
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+
+
+class EngineDead(RuntimeError):
+    """The step thread has stopped for good: the process is about to exit."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,8 @@ class Command:
     request_id: str = ""
     # ADD: a request whose computed prompt the new one repeats (its KV is copied, EngineCore.add).
     prefill_from: RequestId | None = None
+    namespace: bytes | None = None
+    done: asyncio.Future | None = None
 
 
 class _TokenRate:
@@ -62,9 +81,14 @@ class _TokenRate:
 
 
 class EngineLoop:
-    def __init__(self, core: EngineCore, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, core: EngineCore, loop: asyncio.AbstractEventLoop,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
         self.core = core
         self._loop = loop
+        # Called on the event loop when the step thread cannot go on (the service exits).
+        self.on_fatal = on_fatal
+        self.dead: str | None = None
+        self._consecutive_failures = 0
         self._commands: queue.Queue[Command] = queue.Queue()
         self._streams: dict[str, asyncio.Queue] = {}  # event loop side only
         self._pending_admissions = 0  # event loop side: submitted, not yet seen by the thread
@@ -90,6 +114,8 @@ class EngineLoop:
                prefill_from: RequestId | None = None) -> asyncio.Queue:
         """Hand a request to the step thread; its events arrive on the returned queue. prefill_from: a
         request whose computed prompt this one repeats (EngineCore.add)."""
+        if self.dead is not None:
+            raise EngineDead(self.dead)
         if request.request_id in self._streams:
             raise KeyError(request.request_id)
         events: asyncio.Queue = asyncio.Queue()
@@ -107,6 +133,14 @@ class EngineLoop:
 
     def is_active(self, request_id: str) -> bool:
         return request_id in self._streams
+
+    async def purge(self, namespace: bytes | None, conversation_id: str) -> tuple[int, int]:
+        """Erase a dialogue on the step thread: (requests ended, device blocks freed)."""
+        if self.dead is not None:
+            raise EngineDead(self.dead)
+        done = self._loop.create_future()
+        self._commands.put(Command(CommandKind.PURGE, request_id=conversation_id, namespace=namespace, done=done))
+        return await done
 
     def fits(self, num_tokens: int) -> bool:
         """Whether a request of num_tokens tokens could ever fit in this engine's KV cache."""
@@ -129,17 +163,44 @@ class EngineLoop:
 
     # ---- step thread ---------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._drain_commands(block=not self.core.has_work())
-                self._expire_deadlines()
-                if self.core.has_work():
-                    self._step()
-                self._publish()
-            except Exception:  # a failed step must not kill the loop: fail the requests it held
-                log.error("engine_step_failed", error=traceback.format_exc())
-                for event in self.core.fail_all("internal error in the engine step"):
-                    self._send(event)
+        reason = "the engine step thread ended"
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._drain_commands(block=not self.core.has_work())
+                    self._expire_deadlines()
+                    if self.core.has_work():
+                        self._step()
+                        self._consecutive_failures = 0
+                    self._publish()
+                except Exception as exc:  # a failed step fails its own requests; the loop goes on
+                    log.error("engine_step_failed", error=traceback.format_exc())
+                    error = f"internal error in the engine step ({type(exc).__name__})"
+                    failed = self.core.fail(self.core.in_step, error)
+                    for event in failed:
+                        self._send(event)
+                    self._consecutive_failures += 1
+                    if isinstance(exc, MemoryError) or "CUDA" in str(exc) or not failed \
+                            or self._consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                        reason = f"the engine step cannot go on: {type(exc).__name__}: {exc}"
+                        return
+        except BaseException as exc:  # noqa: BLE001 - reported below; the process exits
+            reason = f"the engine step thread died: {type(exc).__name__}: {exc}"
+        finally:
+            if not self._stop.is_set():
+                self._die(reason)
+
+    def _die(self, reason: str) -> None:
+        """Fail everything and hand the process over to its supervisor (step thread)."""
+        self.dead = reason
+        try:
+            for event in self.core.fail_all("the engine is restarting"):
+                self._send(event)
+        except Exception:  # noqa: BLE001 - the process exits anyway
+            log.error("engine_fail_all_failed", error=traceback.format_exc())
+        log.error("engine_step_dead", reason=reason)
+        if self.on_fatal is not None:
+            self._loop.call_soon_threadsafe(self.on_fatal, reason)
 
     def _drain_commands(self, block: bool) -> None:
         try:
@@ -154,6 +215,18 @@ class EngineLoop:
                 return
 
     def _apply(self, command: Command) -> None:
+        """Carry out one command; a command that fails fails only its own request or caller."""
+        try:
+            self._apply_one(command)
+        except Exception as exc:  # noqa: BLE001 - answered to whoever sent the command
+            log.error("engine_command_failed", kind=command.kind.value, error=traceback.format_exc())
+            if command.done is not None:
+                self._loop.call_soon_threadsafe(_settle, command.done, None, exc)
+            elif command.kind is CommandKind.ADD and command.request is not None:
+                self._send(RequestEvent(command.request.request_id, [], [], "", FinishReason.ERROR,
+                                        error=f"could not queue the request ({type(exc).__name__})"))
+
+    def _apply_one(self, command: Command) -> None:
         if command.kind is CommandKind.ADD:
             assert command.request is not None
             self._loop.call_soon_threadsafe(self._admitted)
@@ -163,6 +236,12 @@ class EngineLoop:
             event = self.core.abort(command.request_id, FinishReason.ABORTED)
             if event is not None:
                 self._send(event)
+        elif command.kind is CommandKind.PURGE:
+            assert command.done is not None
+            events, freed = self.core.purge_conversation(command.namespace, command.request_id)
+            for event in events:
+                self._send(event)
+            self._loop.call_soon_threadsafe(_settle, command.done, (len(events), freed), None)
 
     def _expire_deadlines(self) -> None:
         for request_id in self.core.expired(time.monotonic()):
@@ -209,3 +288,12 @@ class EngineLoop:
         metrics.KV_BLOCKS_USED.set(used_blocks)
         metrics.KV_CACHE_USAGE_RATIO.set(used_blocks / snap.total_kv_blocks if snap.total_kv_blocks else 0.0)
         metrics.DECODE_TOKENS_PER_S.set(snap.decode_tokens_per_s)
+
+
+def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -65,7 +65,8 @@ class PrefixCaching:
         tokens = request.token_slice(0, num_tokens)
         if self.host_sink is not None:
             self.host_sink(self._host_put(request, tables, tokens[:num_blocks * bs], num_blocks))
-        self.device.insert(request.namespace, tokens, tables, request.block_hashes(num_blocks * bs, bs))
+        self.device.insert(request.namespace, tokens, tables, request.block_hashes(num_blocks * bs, bs),
+                           request.conversation_id)
 
     def _host_put(self, request: Request, tables: list[BlockTable], block_tokens: list[int],
                   num_blocks: int) -> HostPut:

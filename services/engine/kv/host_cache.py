@@ -8,7 +8,12 @@
 
 The kvstore is a cache, and a slow or dead one must never fail or delay a request beyond a bound:
 every call has a timeout, any failure is a miss (the engine recomputes), puts are dropped when too
-many are in flight, and the client reconnects by itself when the kvstore comes back.
+many are in flight, and the client reconnects by itself when the kvstore comes back. A reply whose
+KV does not have exactly the layout's shape is a miss too: the step never sees malformed KV.
+
+Writes name their tenant: the servicer notes each request's namespace grant (`note_grant`), and
+puts and drops of that namespace carry it to the kvstore as a NamespaceClaim. `drop_conversation`
+waits for the dialogue's puts still in flight, so nothing of it is stored again after the drop.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from services.common.kvstore_client.client import FetchResult, KVStoreClient
+from services.common.kvstore_client.client import FetchResult, KVStoreClient, NamespaceClaim
 from services.common.kvstore_client.layout import KVLayout
 from services.common.logging import get_logger
 from services.engine import metrics
@@ -43,12 +49,24 @@ class HostPut:
 
 class HostCache:
     def __init__(self, client: KVStoreClient, layout: KVLayout, timeout_s: float = 1.0,
-                 max_puts_in_flight: int = 8) -> None:
+                 max_puts_in_flight: int = 8, model_id: str = "", layout_tag: str = "") -> None:
         self.client = client
         self.layout = layout
         self.timeout_s = timeout_s
         self.max_puts_in_flight = max_puts_in_flight
-        self._puts: set[asyncio.Task] = set()
+        self.model_id = model_id
+        self.layout_tag = layout_tag
+        # In-flight puts -> (namespace, conversation id) they store.
+        self._puts: dict[asyncio.Task, tuple[bytes, str]] = {}
+        # Namespace -> the latest claim a request brought for it (one per tenant).
+        self._claims: dict[bytes, NamespaceClaim] = {}
+
+    def note_grant(self, namespace: bytes, salt: str, grant: bytes) -> None:
+        """Remember the gateway's grant for a namespace (event loop); empty grants are not kept."""
+        if grant:
+            claim = self._claims.get(namespace)
+            if claim is None or claim.grant != grant:
+                self._claims[namespace] = NamespaceClaim(salt, self.model_id, self.layout_tag, grant)
 
     async def lookup(self, namespace: bytes, token_ids: Sequence[int], max_tokens: int,
                      min_tokens: int) -> PrefixHit | None:
@@ -75,13 +93,23 @@ class HostCache:
         return hit if outcome == "ok" else None
 
     def _to_hit(self, fetched: FetchResult) -> PrefixHit | None:
-        bs = self.layout.block_size_tokens
+        """The fetched KV as a host hit, or None unless it has exactly the layout's shape."""
+        layout = self.layout
+        bs = layout.block_size_tokens
         n = fetched.num_tokens
-        if n <= 0 or fetched.first_global_block != 0 or fetched.global_kv.shape[0] != n // bs:
+        if n <= 0 or n % bs or fetched.first_global_block != 0:
             return None
-        needed_from = n // bs - self.layout.needed_local_blocks(n // bs)
-        if self.layout.sliding_window_tokens and fetched.local_from_block > needed_from:
-            return None  # not enough window KV came back: recompute rather than guess
+        num_blocks = n // bs
+        expect = (num_blocks, layout.global_bytes_per_block)
+        if fetched.global_kv.dtype != np.uint8 or fetched.global_kv.shape != expect:
+            return None
+        needed_from = num_blocks - layout.needed_local_blocks(num_blocks)
+        if layout.sliding_window_tokens:
+            if not 0 <= fetched.local_from_block <= needed_from:
+                return None  # not enough window KV came back: recompute rather than guess
+            expect = (num_blocks - fetched.local_from_block, layout.local_bytes_per_block)
+            if fetched.local_kv.dtype != np.uint8 or fetched.local_kv.shape != expect:
+                return None
         return host_hit(n, torch.from_numpy(fetched.global_kv), torch.from_numpy(fetched.local_kv),
                         fetched.local_from_block)
 
@@ -91,16 +119,25 @@ class HostCache:
             metrics.HOST_CACHE_CALLS.labels("put", "skipped").inc()
             return
         task = asyncio.get_running_loop().create_task(self._put(put))
-        self._puts.add(task)
-        task.add_done_callback(self._puts.discard)
+        self._puts[task] = (put.namespace, put.conversation_id)
+        task.add_done_callback(lambda t: self._puts.pop(t, None))
 
     async def _put(self, put: HostPut) -> None:
         local = put.local_kv.numpy() if put.local_kv is not None and put.local_kv.shape[1] else None
         result = await self.client.put(
             put.namespace, put.token_ids, self.layout, put.global_kv.numpy(), local,
             local_first_block=put.local_first_block, conversation_id=put.conversation_id,
-            timeout_s=max(self.timeout_s, 5.0))
+            claim=self._claims.get(put.namespace), timeout_s=max(self.timeout_s, 5.0))
         metrics.HOST_CACHE_CALLS.labels("put", "error" if result is None else "ok").inc()
+
+    async def drop_conversation(self, namespace: bytes, conversation_id: str) -> int | None:
+        """Erase a dialogue from the kvstore once its in-flight puts are done: blocks removed, or None
+        if the kvstore did not confirm."""
+        pending = [t for t, key in self._puts.items() if key == (namespace, conversation_id)]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        return await self.client.drop(namespace, conversation_id, claim=self._claims.get(namespace),
+                                      timeout_s=max(self.timeout_s, 5.0))
 
     async def drain(self) -> None:
         """Wait for queued puts (tests, shutdown)."""

@@ -15,6 +15,9 @@ for the same prefix meanwhile falls back to the kvstore.
 `lookup` is a query (any thread: the servicer asks it to decide whether the kvstore is worth
 asking); `take` is the engine thread's command that hands the hit's tables over. A lock makes the
 lookup safe; the engine thread is the only writer.
+
+Each entry remembers the conversation whose request left it, so `drop_conversation` can erase a
+dialogue's KV (an entry that a later turn of another dialogue adopted belongs to that dialogue then).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class CachedPrefix:
     token_ids: list[int]
     tables: list[BlockTable]
     hashes: list[BlockHash]
+    # The dialogue whose request left these blocks (for drop_conversation); "" if none was given.
+    conversation_id: str = ""
 
     def num_blocks_held(self) -> int:
         return sum(b is not None for t in self.tables for b in t)
@@ -115,9 +120,9 @@ class DevicePrefixCache:
         return [t[:num_blocks] for t in entry.tables]
 
     def insert(self, namespace: bytes, token_ids: list[int], tables: list[BlockTable],
-               hashes: Sequence[BlockHash]) -> None:
+               hashes: Sequence[BlockHash], conversation_id: str = "") -> None:
         """Keep a finished request's tables (this cache now owns the blocks)."""
-        entry = CachedPrefix(namespace, token_ids, tables, list(hashes))
+        entry = CachedPrefix(namespace, token_ids, tables, list(hashes), conversation_id)
         with self._lock:
             self._entries[id(entry)] = entry
             self._num_blocks += entry.num_blocks_held()
@@ -136,6 +141,15 @@ class DevicePrefixCache:
 
     def clear(self) -> int:
         return self.reclaim(self._num_blocks + 1)
+
+    def drop_conversation(self, namespace: bytes, conversation_id: str) -> int:
+        """Free every entry a dialogue's requests left; returns the blocks freed."""
+        with self._lock:
+            doomed = [e for e in self._entries.values()
+                      if e.namespace == namespace and e.conversation_id == conversation_id]
+            for entry in doomed:
+                self._remove(entry)
+        return sum(self.kv.free_tables(entry.tables) for entry in doomed)
 
     def _remove(self, entry: CachedPrefix) -> None:
         del self._entries[id(entry)]

@@ -27,6 +27,7 @@ from services.common.logging import bind_request_context
 from services.gateway import metrics
 from services.gateway.dispatch import Dispatcher
 from services.gateway.genai_span import set_request_attributes
+from services.gateway.grants import Grants
 from services.gateway.http import convert
 from services.gateway.http.catalog import ModelCatalog
 from services.gateway.http.choices import run_choices
@@ -59,6 +60,7 @@ class Front:
     admission: AdmissionControl
     dispatcher: Dispatcher
     catalog: ModelCatalog
+    grants: Grants
     opening_max_bytes: int = OPENING_MAX_BYTES
 
     def authenticate(self, request: Request) -> Tenant:
@@ -133,6 +135,7 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         engine_request.request_id = request_id
         engine_request.conversation_id = front.conversation_id(request, tenant, opening, request_id)
         engine_request.namespace_salt = tenant.namespace_salt
+        engine_request.namespace_grant = front.grants.for_tenant(tenant)
         # A new trace: the public port does not continue a client's trace context.
         span = _tracer.start_span(f"{operation} {info.model_id}", kind=SpanKind.SERVER,
                                   context=otel_context.Context(), attributes={"http.route": request.url.path})
