@@ -26,7 +26,7 @@ def test_engine_flags_for_each_mode():
         "--port", "0", "--engine-id", "engine-0", "--model", "m", "--torch-threads", threads, *dev, "--x", "1",
         "--no-prefix-cache", "true"]
     assert engine_args(StackConfig(model="m", cache=True, engine_kv_cache_bytes=4096, engine_args=("--x", "1")), 0,
-                       "127.0.0.1:5")[8:] == ["--kv-cache-bytes", "4096", "--x", "1", "--kvstore-target", "127.0.0.1:5"]
+                       "127.0.0.1:5")[10:] == ["--kv-cache-bytes", "4096", "--x", "1", "--kvstore-target", "127.0.0.1:5"]
     assert engine_args(StackConfig(model="m", cache=True, kvstore=False, num_engines=1), 0, None)[6:8] == [
         "--torch-threads", str(threads_per_process(1))]
 

@@ -17,6 +17,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from salon.chat.v1 import chat_pb2, chat_pb2_grpc
+from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from services.common.process import start_service
 from tests.hardening.hardening_stack import MODEL, stop_all
 from tests.openai.openai_stack import KEY, TENANTS
@@ -83,10 +84,10 @@ def stack(tmp_path_factory):
     (tmp / "tenants.json").write_text(json.dumps(TENANTS))
     procs = []
     try:
-        engine = start_service("engine", ["--port", "0", "--model", MODEL, "--engine-id", "e0", "--kv-cache-bytes",
+        engine = start_service("engine", ["--port", "0", *INSECURE_LOOPBACK_FLAGS, "--model", MODEL, "--engine-id", "e0", "--kv-cache-bytes",
                                           str(16 << 20)], log_path=tmp / "engine.log", env=env, timeout_s=180)
         procs.append(engine)
-        gateway = start_service("gateway", ["--port", "0", "--engines", f"e0={engine.address}", "--tenants-file",
+        gateway = start_service("gateway", ["--port", "0", *INSECURE_LOOPBACK_FLAGS, "--engines", f"e0={engine.address}", "--tenants-file",
                                             str(tmp / "tenants.json"), "--http-port", "0", "--grace-s", "1"],
                                 log_path=tmp / "gateway.log", env={**env, "OTEL_SERVICE_NAME": "chat-front-under-test"},
                                 timeout_s=60)
