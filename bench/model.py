@@ -5,10 +5,11 @@ paged int8 KV cache and the kernels, blocks from the KV cache manager, no schedu
 baseline is the same path with float32 weights (the engine's --precision float32), measured in the
 same run. Each decode step runs forward for B new tokens (one per sequence), the logits of those B
 rows and greedy sampling -- the model's cost per generated token, without the scheduler and the
-engine loop.
+engine loop. Each batch's step time is given too, and the batch-4 and batch-8 steps over the batch-1
+step (they read the same weights).
 
 The peer, llama.cpp (bench/peer.py), runs in the same run on the same GGUF and threads when a build is
-found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 8 and 32 sequences in
+found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 4, 8 and 32 sequences in
 the shape of the decode figures here (32-token prompts, then the same number of steps).
 
     python -m bench.model [--model NAME|PATH] [--quick] [--threads N] [--llama-cpp DIR]
@@ -124,13 +125,13 @@ def _peer(args, steps: int) -> tuple[dict | None, str | None]:
         lb = peer.run_llama_bench(build, gguf, args.threads, prompt_tokens=512, new_tokens=steps,
                                   repetitions=3 if args.quick else 5)
         batched = peer.run_batched_bench(build, gguf, args.threads, prompt_tokens=32, new_tokens=steps,
-                                         num_seqs=(8, 32))
+                                         num_seqs=(4, 8, 32))
     except peer.PeerError as e:
         return None, str(e)
     return {"llama_cpp": build.as_json(), "threads": args.threads,
             "prefill_tokens_per_s_512": round(lb.prefill_tokens_per_s, 1),
             "decode_tokens_per_s_b1": round(lb.decode_tokens_per_s, 1),
-            **{f"decode_tokens_per_s_b{n}": round(batched[n].decode_tokens_per_s, 1) for n in (8, 32)}}, None
+            **{f"decode_tokens_per_s_b{n}": round(batched[n].decode_tokens_per_s, 1) for n in (4, 8, 32)}}, None
 
 
 def main() -> None:
@@ -157,8 +158,13 @@ def main() -> None:
         result[f"prefill_tokens_per_s_512{sfx}"] = round(_prefill_tps(model, 512, 2), 1)
         if not args.quick or precision == "int8":
             result[f"prefill_tokens_per_s_2048{sfx}"] = round(_prefill_tps(model, 2048, 1), 1)
-        for batch in (1, 8, 32):
-            result[f"decode_tokens_per_s_b{batch}{sfx}"] = round(_decode_tps(model, batch, steps), 1)
+        for batch in (1, 4, 8, 32):
+            tps = _decode_tps(model, batch, steps)
+            result[f"decode_tokens_per_s_b{batch}{sfx}"] = round(tps, 1)
+            result[f"decode_step_ms_b{batch}{sfx}"] = round(1e3 * batch / tps, 2)
+        for batch in (4, 8):  # the same weights are read: a small batch's step should cost about one token's
+            result[f"decode_step_b{batch}_over_b1_x{sfx}"] = round(
+                result[f"decode_step_ms_b{batch}{sfx}"] / result[f"decode_step_ms_b1{sfx}"], 2)
         print(json.dumps({k: v for k, v in result.items() if k.endswith(sfx) or sfx == ""}), flush=True)
     peer_figures, peer_error = _peer(args, steps)
     with open(f"{args.reference_dir}/gpl-3.txt") as f:
@@ -186,7 +192,7 @@ def main() -> None:
     print(f"{'metric':48s} value")
     for k, v in result.items():
         print(f"{k:48s} {v}")
-    compared = ["prefill_tokens_per_s_512", *(f"decode_tokens_per_s_b{n}" for n in (1, 8, 32))]
+    compared = ["prefill_tokens_per_s_512", *(f"decode_tokens_per_s_b{n}" for n in (1, 4, 8, 32))]
     if peer_figures is None:
         print(f"peer: none measured ({peer_error})")
     else:

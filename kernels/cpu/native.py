@@ -13,7 +13,7 @@ itself must be owned by this user (or root) and not writable by group or others 
 ancestor is allowed only with the sticky bit, as /tmp has). A library that fails the check is
 removed and rebuilt; a directory that fails it is refused (a warning says why, and the kernels take
 their PyTorch paths). The library is opened once, checked on that descriptor and loaded through it,
-so it cannot be swapped between the check and the load.
+so it cannot be swapped between the check and the load; the descriptor stays open, one per library.
 """
 
 from __future__ import annotations
@@ -114,17 +114,24 @@ def _open_trusted_library(so_path: Path) -> int | None:
 
 
 def _dlopen(fd: int, so_path: Path) -> ctypes.CDLL:
-    """Load the library behind an open descriptor (the checked file, whatever the path names now)."""
+    """Load the library behind an open descriptor (the checked file, whatever the path names now).
+
+    The descriptor stays open while the process runs: the dynamic loader knows a library by the name it
+    was opened under, and a second library opened under a reused /proc/self/fd/N would be taken for the
+    first one (dlopen would hand back the first library's handle)."""
     proc_path = f"/proc/self/fd/{fd}"
     try:
         return ctypes.CDLL(proc_path if os.path.exists(proc_path) else str(so_path))
-    finally:
+    except OSError:
         os.close(fd)
+        raise
 
 
-def load(source: Path, signatures: dict[str, list], build_dir: Path | None = None) -> ctypes.CDLL | None:
-    """The library built from `source`, its functions typed by `signatures` (name -> argtypes); None
-    where it cannot be built or loaded here. Built once per source version, loaded once per process."""
+def load(source: Path, signatures: dict[str, list | tuple[list, object]],
+         build_dir: Path | None = None) -> ctypes.CDLL | None:
+    """The library built from `source`, its functions typed by `signatures` (name -> argtypes, returning
+    nothing, or name -> (argtypes, restype)); None where it cannot be built or loaded here. Built once per
+    source version, loaded once per process."""
     key = str(source)
     lib = _loaded.get(key, False)
     if lib is False:
@@ -135,9 +142,10 @@ def load(source: Path, signatures: dict[str, list], build_dir: Path | None = Non
     if lib is not None and not _typed.issuperset((key, name) for name in signatures):
         with _lock:
             try:
-                for name, argtypes in signatures.items():
+                for name, signature in signatures.items():
+                    argtypes, restype = signature if isinstance(signature, tuple) else (signature, None)
                     fn = getattr(lib, name)
-                    fn.restype = None
+                    fn.restype = restype
                     fn.argtypes = argtypes
                     _typed.add((key, name))
             except AttributeError:

@@ -7,6 +7,10 @@ Exact ways to get the int32 accumulator acc = a_q @ w_q^T, best first:
   the multiplies at large ones). Measured here (2 cores) against the AVX2 kernel: the 262,144 x 640 output
   projection at 32 rows 9.9 ms vs 37 ms, at 1 row 2.7 ms vs 2.7 ms; a 256 x 4096 x 640 prefill GEMM 1.8 ms
   vs 8.7 ms for the float path.
+- Without VNNI, for M <= GEMV_MAX_ROWS (decode and small batches), the AVX2 GEMV of w8a8_gemv.c: exact
+  int8 products through vpmaddubsw, every weight byte read once per call, the rows split between the
+  threads, the dequantization done as it stores; it declines activations holding -128 (the next path
+  takes those).
 - Without VNNI, the AVX2 kernel for M < SMALL_M_ROWS (decode, small batches) or for any M on a weight of
   LARGE_WEIGHT_ELEMENTS or more (the output projection, which the float path would widen to 670 MB every
   call), C_ROW_BLOCK rows at a time.
@@ -31,6 +35,7 @@ import torch
 
 from kernels.cpu import native
 from kernels.cpu.native import cpu_isas
+from kernels.cpu.w8a8_gemv import GEMV_MAX_ROWS, w8a8_gemv_scaled
 from kernels.w8a8_gemm import EXACT_F32_CHUNK_K, w8a8_epilogue, w8a8_epilogue_after_scales
 
 # The AVX2 kernel beats the float path below this many rows (or for weights of LARGE_WEIGHT_ELEMENTS or
@@ -137,6 +142,10 @@ def w8a8_gemm_cpu(
     isas = cpu_isas()
     if "vnni" in isas and a_q.device.type == "cpu":
         y = int8_acc_c_blocked(a_q, w_q, "vnni", a_scale, w_scale)
+        if y is not None:
+            return w8a8_epilogue_after_scales(y, bias, residual, geglu)
+    if a_q.shape[0] <= GEMV_MAX_ROWS and a_q.device.type == "cpu":
+        y = w8a8_gemv_scaled(a_q, a_scale, w_q, w_scale)
         if y is not None:
             return w8a8_epilogue_after_scales(y, bias, residual, geglu)
     use_c = a_q.shape[0] < SMALL_M_ROWS or w_q.numel() >= LARGE_WEIGHT_ELEMENTS

@@ -113,3 +113,17 @@ def test_the_cache_is_created_private_and_a_loose_parent_is_refused(tmp_path):
     (loose / "kernels").mkdir(mode=0o700)
     result = _load_quantize(loose / "kernels")
     assert "REFUSED" in result.stdout and "can be changed by other users" in result.stderr, result
+
+
+def test_each_library_of_a_process_is_its_own():
+    """Libraries are loaded through /proc/self/fd/N: one loaded after another must not be taken for it."""
+    code = (
+        "from pathlib import Path; from kernels.cpu import native\n"
+        "d = Path(native.__file__).parent\n"
+        "first = native.load(d / 'w8a8_acc.c', {})\n"
+        "second = native.load(d / 'quantize.c', {})\n"
+        "assert first is not None and second is not None\n"
+        "assert first._handle != second._handle, 'the second library is the first one'\n"
+        "assert hasattr(second, 'quantize_rows') and not hasattr(first, 'quantize_rows')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(native.__file__).parents[2])

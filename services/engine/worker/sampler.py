@@ -17,7 +17,8 @@ over the kept weights in vocabulary order, so every sampled token consumes exact
 (`advance_generator` skips a token's draw when a failover resumes a stream).
 
 On CPUs with AVX-512 all sampled rows of a step go through one call of kernels/cpu/sample.c; the PyTorch
-code below is its reference and the path elsewhere (same rule, exp rounded differently).
+code below is its reference and the path elsewhere (same rule, exp rounded differently). Greedy rows take
+kernels/cpu/argmax.c's top-1 where it runs (torch.argmax's answer, in one pass over each row).
 
 The vocabulary is large (262,144 for Gemma), so nothing sorts it when it can be avoided: top-k is a
 partial selection, and top-p first looks among the 64 most likely tokens (TOP_P_CANDIDATES) and, when their
@@ -34,6 +35,7 @@ from typing import Protocol
 
 import torch
 
+from kernels.cpu.argmax import argmax_rows_cpu
 from kernels.cpu.sample import sample_rows_cpu
 from services.engine.core.request import SamplingParams
 
@@ -185,7 +187,8 @@ def sample(
     tokens: list[int] = [0] * len(params)
     greedy = [r for r, p in enumerate(params) if p.greedy]
     if greedy:
-        ids = torch.argmax(logits if len(greedy) == len(params) else logits[greedy], dim=-1).tolist()
+        greedy_logits = logits if len(greedy) == len(params) else logits[greedy]
+        ids = argmax_rows_cpu(greedy_logits) or torch.argmax(greedy_logits, dim=-1).tolist()
         for r, token in zip(greedy, ids):
             tokens[r] = token
     rows = [r for r, p in enumerate(params) if not p.greedy]
