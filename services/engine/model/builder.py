@@ -6,7 +6,8 @@ attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down} and, for Gemma 3, layers.{i}.
 post_attention_norm, post_ffw_norm}; Linear weights are [out_features, in_features].
 The layers see fused projections: layers.{i}.qkv (q, k, v rows; q only for a KV-sharing layer), .o,
 .gate_up (gate rows, then up rows), .down. Int8 checkpoint names: those fused names + .w_q / .w_scale,
-embed.w_q / embed.w_scale (and lm_head.* when untied), the norms as above (smoothing folded in).
+embed.w_q / embed.w_scale (and lm_head.* when untied), the norms as above (smoothing folded in), and
+embed.lookup_scale when the tied table carries the output projection's smoothing (layers.Embedding).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class Int8Weights:
                           quantize=self.kernel_ops.quantize_per_token, activation_terms=self.activation_terms)
 
     def embedding(self) -> Embedding:
-        return Embedding(self.ckpt["embed.w_q"], self.ckpt["embed.w_scale"])
+        return Embedding(self.ckpt["embed.w_q"], self.ckpt["embed.w_scale"], self.ckpt.get("embed.lookup_scale"))
 
 
 def build_model(config: ModelConfig, weights: FloatWeights | Int8Weights, kernel_ops: Ops) -> CausalLM:

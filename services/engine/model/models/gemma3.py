@@ -39,6 +39,10 @@ LAYER_NORMS = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
 # The int8 recipe (quantize.py): SmoothQuant smoothing of every projection's input, one int8 term per activation.
 INT8_SMOOTH = ("qkv", "gate_up", "down", "o")
 INT8_ACTIVATION_TERMS = 1
+# build_int8_checkpoint options of the shipped conversion (checkpoint.calibrate_and_quantize); bench/quant_eval.py
+# measures the alternatives. lm_head_alpha smooths the tied output projection's input (through final_norm,
+# the table and a per-channel factor at lookup).
+INT8_RECIPE: dict[str, object] = {"alpha": 0.5, "lm_head_alpha": 0.5}
 
 
 def _sliding_layers(f: GGUFFile, num_layers: int) -> list[bool]:
