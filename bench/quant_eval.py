@@ -13,8 +13,8 @@ measured on:
                test_engine_logits_exact.py)
     lp_err     |log p(exact token) - the float64 reference's| over those positions, mean and max
 Baselines measured in the same run: the float32 model (float KV) on the same ppl and top-1, and the
-checkpoint the engine loads (load_model, the shipped recipe from the cache) next to the variant that
-reproduces it ("shipped", checked bit-equal tensor by tensor).
+checkpoint the engine loads (load_model: the shipped recipe, architecture INT8_RECIPE and INT8_ACTIVATION_TERMS,
+from the cache; checked equal, tensor by tensor, to a fresh conversion).
 
 Calibration sets (none of them gpl-3.txt): "text" is services/engine/model/calibration_text.py; "text+sampled"
 adds text sampled from the float model itself (calibration_text.sampled_sequences, seeded).
@@ -27,19 +27,19 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from kernels.backend import select_ops
 from services.engine.config import SchedulerConfig
 from services.engine.core.engine_core import EngineCore
 from services.engine.core.request import Request, RequestId, SamplingParams
 from services.engine.model import load_model
-from services.engine.model.builder import build_float_model, build_int8_model
-from services.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences
+from services.engine.model.builder import Int8Weights, build_float_model, build_model
+from services.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences, convert
 from services.engine.model.loader import open_model_file
 from services.engine.model.models import architecture
 from services.engine.model.perplexity import perplexity
@@ -50,6 +50,7 @@ MODEL = "gemma-3-270m"
 BOS = 2
 GATE_PPL, STRETCH_PPL, GATE_TOP1 = 13.90, 13.879, 0.97
 QUICK_CHUNKS = 4
+QUICK_VARIANTS = ("old: α0.5", "lm_head α0.5 (one term)")
 
 OLD = {"alpha": 0.5}  # the recipe before lm_head smoothing (checkpoint format v4)
 LMH = {"alpha": 0.5, "lm_head_alpha": 0.5}
@@ -59,6 +60,7 @@ VARIANTS: list[tuple[str, dict, str]] = [
     ("lm_head α0.5, α0.6", {**LMH, "alpha": 0.6}, "text"),
     ("lm_head α0.5, down α0.7", {**LMH, "alpha_by_projection": {"down": 0.7}}, "text"),
     ("old: α0.5", OLD, "text"),
+    ("lm_head α0.5 (one term)", LMH, "text"),
     ("lm_head α0.6", {**LMH, "lm_head_alpha": 0.6}, "text"),
     ("lm_head α0.4", {**LMH, "lm_head_alpha": 0.4}, "text"),
     ("lm_head α0.5, GPTQ not lm_head", {**LMH, "rounding": "gptq", "gptq_lm_head": False}, "text"),
@@ -67,7 +69,7 @@ VARIANTS: list[tuple[str, dict, str]] = [
     ("no smoothing (kv β 0.6 only)", {"alpha": 0.5, "smooth": ()}, "text"),
     # ceilings: activations as two int8 terms (linear.py, ~14 bits; the GEMMs run twice the rows)
     ("lm_head α0.5, two-term acts: down", {**LMH, "activation_terms": {"down": 2}}, "text"),
-    ("lm_head α0.5, two-term acts: all", {**LMH, "activation_terms": {"all": 2}}, "text"),
+    ("lm_head α0.5, two-term acts: all", {**LMH, "activation_terms": 2}, "text"),
 ]
 
 
@@ -127,7 +129,7 @@ def line(name: str, row: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_CHUNKS} perplexity chunks instead of 14, "
-                        "and only the shipped recipe and the one before it")
+                        f"and only the variants {', '.join(QUICK_VARIANTS)}")
     parser.add_argument("--only", default="", help="variant names separated by ';' (default: all, in order)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-baselines", action="store_true",
@@ -148,7 +150,6 @@ def main() -> None:
           f"(stretch {STRETCH_PPL}, 14 chunks), top-1 >= {GATE_TOP1:.0%}", flush=True)
     print(f"{'variant':42s} {'ppl':>8s} {'Δ%':>7s} {'top-1':>8s} {'lp err mean/max':>15s} {'conv s':>6s}", flush=True)
 
-    engine_tensors = {}
     if not args.no_baselines:
         fp32 = build_float_model(config, w, kernel_ops)
         result["fp32"] = measure(fp32, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=False)
@@ -156,15 +157,20 @@ def main() -> None:
         del fp32
         engine, _ = load_model(MODEL, precision="int8", kernel_ops=kernel_ops, progress=False)
         result["engine_checkpoint"] = measure(engine, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True)
-        print(line("engine checkpoint (load_model)", result["engine_checkpoint"]), flush=True)
-        engine_tensors = {"embed.w_q": engine.embed.table, "final_norm": engine.final_norm,
-                          "layers.0.down.w_q": engine.layers[0].down.w_q}
+        print(line("engine: shipped recipe (load_model)", result["engine_checkpoint"]), flush=True)
         del engine
         gc.collect()
+        # the cached checkpoint the engine loaded is what the conversion builds today, tensor for tensor
+        cached = load_file(str(convert(MODEL, progress=False)))
+        fresh = calibrate_and_quantize(config, w, tokenizer)
+        result["engine_checkpoint_is_shipped_recipe"] = cached.keys() == fresh.keys() and all(
+            torch.equal(cached[k], fresh[k]) for k in fresh)
+        print(f"cached checkpoint equals a fresh conversion: {result['engine_checkpoint_is_shipped_recipe']}")
+        del cached, fresh
 
-    variants = [("shipped", dict(architecture(config.architecture).INT8_RECIPE), "shipped")] + VARIANTS
+    variants = VARIANTS
     if args.quick:
-        variants = variants[:1] + [v for v in VARIANTS if v[0] == "old: α0.5"]
+        variants = [v for v in VARIANTS if v[0] in QUICK_VARIANTS]
     if args.only:
         wanted = {n.strip() for n in args.only.split(";")}
         variants = [v for v in variants if v[0] in wanted]
@@ -172,24 +178,14 @@ def main() -> None:
     rows = []
     for name, options, calib_set in variants:
         t0 = time.perf_counter()
-        if calib_set == "shipped":
-            ckpt = calibrate_and_quantize(config, w, tokenizer)  # exactly what the conversion writes
-            if engine_tensors:
-                same = all(torch.equal(ckpt[k], t) for k, t in engine_tensors.items())
-                result["shipped_equals_engine_checkpoint"] = same
-        else:
-            if calib_set not in calibrations:
-                calibrations[calib_set] = calibrate_float(
-                    config, w, calibration_sequences(config, w, tokenizer, sampled=calib_set == "text+sampled"))
-            ckpt = build_int8_checkpoint(config, w, calibrations[calib_set],
-                                         **{k: v for k, v in options.items() if k != "activation_terms"})
+        if calib_set not in calibrations:
+            calibrations[calib_set] = calibrate_float(
+                config, w, calibration_sequences(config, w, tokenizer, sampled=calib_set == "text+sampled"))
+        ckpt = build_int8_checkpoint(config, w, calibrations[calib_set],
+                                     **{k: v for k, v in options.items() if k != "activation_terms"})
         convert_s = time.perf_counter() - t0
-        model = build_int8_model(config, ckpt, kernel_ops)
-        for target, terms in options.get("activation_terms", {}).items():
-            for linear in ([model.lm_head] + [getattr(layer, n) for layer in model.layers
-                                              for n in ("qkv", "o", "gate_up", "down")]
-                           if target == "all" else [layer.down for layer in model.layers]):
-                linear.activation_terms = terms
+        terms = options.get("activation_terms", 1)  # int8 terms per activation: all, or per projection
+        model = build_model(config, Int8Weights(ckpt, kernel_ops, activation_terms=terms), kernel_ops)
         del ckpt
         row = {"variant": name, "calibration": calib_set,
                "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()},

@@ -65,7 +65,7 @@ class Int8Weights:
     precision = "int8"
 
     def __init__(self, ckpt: dict[str, torch.Tensor], kernel_ops: Ops, quantize_activations: bool = True,
-                 activation_terms: int = 1) -> None:
+                 activation_terms: int | dict[str, int] = 1) -> None:
         self.ckpt = ckpt
         self.kernel_ops = kernel_ops
         self.quantize_activations = quantize_activations
@@ -77,7 +77,14 @@ class Int8Weights:
     def linear(self, name: str, gate_activation: str | None = None) -> Int8Linear:
         return Int8Linear(self.ckpt[name + ".w_q"], self.ckpt[name + ".w_scale"], self.kernel_ops.w8a8_gemm,
                           gate_activation=gate_activation, quantize_activations=self.quantize_activations,
-                          quantize=self.kernel_ops.quantize_per_token, activation_terms=self.activation_terms)
+                          quantize=self.kernel_ops.quantize_per_token, activation_terms=self.terms_of(name))
+
+    def terms_of(self, name: str) -> int:
+        """int8 terms per activation of Linear `name` (a number for all, or per projection: "down", "lm_head")."""
+        if isinstance(self.activation_terms, int):
+            return self.activation_terms
+        part = name.rpartition(".")[2] if name.startswith("layers.") else "lm_head"
+        return self.activation_terms.get(part, 1)
 
     def embedding(self) -> Embedding:
         return Embedding(self.ckpt["embed.w_q"], self.ckpt["embed.w_scale"], self.ckpt.get("embed.lookup_scale"))
