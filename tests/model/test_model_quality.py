@@ -3,8 +3,9 @@
 float32 path: greedy tokens equal up to the first step whose reference margin < 0.1, top-5
 log-probs within 0.02. int8 path: teacher-forced top-1 agreement with float32 >= 93%.
 Perplexity on gpl-3.txt (llama-perplexity -c 512): float32 within 0.5% of 13.829; full int8
-(W8A8 + int8 KV) at most 2% above it (measured 13.986, +1.14%: rms-statistic smoothing at alpha 0.5
-plus key smoothing through the q/k norms).
+(W8A8 + int8 KV, the shipped recipe) at most 13.90 (+0.51%). The recipe before the output projection's
+smoothing and the down projection's two-term activations measured 13.990 (+1.17%) and fails this gate;
+bench/quant_eval.py has the figures of every variant.
 """
 
 import json
@@ -17,6 +18,7 @@ from services.engine.model.perplexity import perplexity
 from tests.model.conftest import reference_path
 
 REF_PPL = 13.829072782896715
+INT8_PPL_GATE = 13.90  # +0.5% over the exact model
 
 
 def _teacher_forced_logprobs(model, rec, kv_int8=False):
@@ -82,4 +84,5 @@ def test_fp32_perplexity(fp32_model, gpl_ids):
 def test_int8_perplexity(int8_model, gpl_ids):
     result = perplexity(int8_model[0], gpl_ids, bos_token_id=2, kv_int8=True)
     print(f"int8 (W8A8 + int8 KV) ppl {result.ppl:.4f} ({100 * (result.ppl / REF_PPL - 1):+.3f}%)")
-    assert result.ppl <= REF_PPL * 1.02
+    assert result.num_scored_tokens == 3570
+    assert result.ppl <= INT8_PPL_GATE

@@ -16,6 +16,9 @@ from __future__ import annotations
 from tests.engine_testlib import make_core, make_request
 
 TOP = 8  # the engine reports this many; the reference's top 5 must be among them
+# Teacher-forced top-1 agreement of the shipped int8 recipe with the exact tokens, of 229 (measured: 214;
+# the float32 path: 228). The issue's 97% (223) is not reached by any recipe measured (bench/quant_eval.py).
+TOP1_SHIPPED_MIN = 214
 
 
 def serve(model_and_tokenizer, refs, kv_dtype):
@@ -71,3 +74,29 @@ def test_int8_serving_path_against_the_exact_reference(int8_model, greedy_refs):
     # Measured: 6/8, mean 0.209, max 0.964 (full int8, before the issue-15 recipe work). Loose gates.
     assert exact >= 5
     assert mean < 0.3
+
+
+def teacher_forced_serving(model_and_tokenizer, refs):
+    """Per reference step, the greedy token of a request whose prompt is the case's prompt plus the exact tokens
+    before that step (one token each, through EngineCore with paged int8 KV). Requests go in rounds, step k of
+    every case together, so each starts from the device prefix cache the previous round left."""
+    core = make_core(model_and_tokenizer, budget=512, kv_bytes=256 << 20)
+    got = {}
+    for k in range(max(len(r["generated_ids"]) for r in refs)):
+        for c, rec in enumerate(refs):
+            if k < len(rec["generated_ids"]):
+                core.add(make_request(f"c{c}s{k}", rec["prompt_ids"] + rec["generated_ids"][:k], 1,
+                                      max_context_tokens=32768))
+        while core.has_work():
+            for e in core.step():
+                got[e.request_id] = e.token_ids
+    return [[got[f"c{c}s{k}"] == [t] for k, t in enumerate(rec["generated_ids"])] for c, rec in enumerate(refs)]
+
+
+def test_int8_serving_path_teacher_forced_top1(int8_model, greedy_refs):
+    """The shipped int8 recipe's next-token choice agrees with the exact model's at (nearly) every reference step."""
+    agree = teacher_forced_serving(int8_model, greedy_refs)
+    count, total = sum(map(sum, agree)), sum(map(len, agree))
+    print(f"int8 serving path, teacher-forced top-1 agreement with exact: {count}/{total} = {count / total:.3f}")
+    assert total == 229
+    assert count >= TOP1_SHIPPED_MIN

@@ -6,7 +6,8 @@ attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down} and, for Gemma 3, layers.{i}.
 post_attention_norm, post_ffw_norm}; Linear weights are [out_features, in_features].
 The layers see fused projections: layers.{i}.qkv (q, k, v rows; q only for a KV-sharing layer), .o,
 .gate_up (gate rows, then up rows), .down. Int8 checkpoint names: those fused names + .w_q / .w_scale,
-embed.w_q / embed.w_scale (and lm_head.* when untied), the norms as above (smoothing folded in).
+embed.w_q / embed.w_scale (and lm_head.* when untied), the norms as above (smoothing folded in), and
+embed.lookup_scale when the tied table carries the output projection's smoothing (layers.Embedding).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Int8Weights:
     precision = "int8"
 
     def __init__(self, ckpt: dict[str, torch.Tensor], kernel_ops: Ops, quantize_activations: bool = True,
-                 activation_terms: int = 1) -> None:
+                 activation_terms: int | dict[str, int] = 1) -> None:
         self.ckpt = ckpt
         self.kernel_ops = kernel_ops
         self.quantize_activations = quantize_activations
@@ -76,10 +77,17 @@ class Int8Weights:
     def linear(self, name: str, gate_activation: str | None = None) -> Int8Linear:
         return Int8Linear(self.ckpt[name + ".w_q"], self.ckpt[name + ".w_scale"], self.kernel_ops.w8a8_gemm,
                           gate_activation=gate_activation, quantize_activations=self.quantize_activations,
-                          quantize=self.kernel_ops.quantize_per_token, activation_terms=self.activation_terms)
+                          quantize=self.kernel_ops.quantize_per_token, activation_terms=self.terms_of(name))
+
+    def terms_of(self, name: str) -> int:
+        """int8 terms per activation of Linear `name` (a number for all, or per projection: "down", "lm_head")."""
+        if isinstance(self.activation_terms, int):
+            return self.activation_terms
+        part = name.rpartition(".")[2] if name.startswith("layers.") else "lm_head"
+        return self.activation_terms.get(part, 1)
 
     def embedding(self) -> Embedding:
-        return Embedding(self.ckpt["embed.w_q"], self.ckpt["embed.w_scale"])
+        return Embedding(self.ckpt["embed.w_q"], self.ckpt["embed.w_scale"], self.ckpt.get("embed.lookup_scale"))
 
 
 def build_model(config: ModelConfig, weights: FloatWeights | Int8Weights, kernel_ops: Ops) -> CausalLM:

@@ -29,12 +29,12 @@ from services.engine.model.cache_files import atomic_write, file_lock
 from services.engine.model.calibration_text import CALIBRATION_TEXT
 from services.engine.model.config import ModelConfig
 from services.engine.model.model import CausalLM
-from services.engine.model.quantize import DEFAULT_ALPHA, build_int8_checkpoint, calibrate
+from services.engine.model.quantize import Calibration, build_int8_checkpoint, calibrate
 from services.engine.model.tokenizer import Tokenizer
 
 CHECKPOINT_FILE = "model-int8.safetensors"
 # Bump when the checkpoint recipe changes: old caches are then rebuilt, never misread.
-CHECKPOINT_FORMAT = "salon-int8-v4"
+CHECKPOINT_FORMAT = "salon-int8-v5"
 
 
 def default_cache_dir() -> Path:
@@ -45,19 +45,62 @@ def checkpoint_path(sha256: str, cache_dir: Path | None = None) -> Path:
     return Path(cache_dir or default_cache_dir()) / "int8" / sha256 / CHECKPOINT_FILE
 
 
-def calibrate_and_quantize(config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
-                           alpha: float = DEFAULT_ALPHA) -> dict[str, torch.Tensor]:
-    float_model = build_float_model(config, weights, select_ops("cpu"))
-    ids = tokenizer.encode(CALIBRATION_TEXT, add_bos=config.add_bos, parse_special=False)
+# The int8 recipe the conversion ships for each architecture is the architecture's INT8_RECIPE
+# (build_int8_checkpoint options) plus INT8_SMOOTH; SHIPPED_RECIPE is Gemma 3's, for the benches.
+SAMPLED_SEQS, SAMPLED_TOKENS = 16, 512
 
-    def run(model: CausalLM) -> None:
-        attn = DenseAttention(config)
-        model.forward(torch.tensor(ids), attn.begin_step([len(ids)]), attn)
 
+@torch.inference_mode()
+def sampled_sequences(config: ModelConfig, w: dict[str, torch.Tensor], bos_token_id: int,
+                      num_seqs: int = SAMPLED_SEQS, num_tokens: int = SAMPLED_TOKENS, seed: int = 0) -> list[list[int]]:
+    """Text sampled from the float model itself (temperature 1, from BOS): num_seqs x num_tokens, seeded."""
+    model = build_float_model(config, w, select_ops("cpu"))
+    gen = torch.Generator().manual_seed(seed)
+    attn = DenseAttention(config, num_seqs=num_seqs)
+    tokens = torch.full((num_seqs,), bos_token_id, dtype=torch.int64)
+    seqs = [[bos_token_id] for _ in range(num_seqs)]
+    for _ in range(num_tokens - 1):
+        hidden = model.forward(tokens, attn.begin_step([1] * num_seqs), attn)
+        probs = torch.softmax(model.logits(hidden).double(), dim=-1)
+        tokens = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+        for seq, t in zip(seqs, tokens.tolist()):
+            seq.append(t)
+    return seqs
+
+
+def calibration_sequences(config: ModelConfig, w: dict[str, torch.Tensor], tokenizer: Tokenizer,
+                          sampled: bool = False) -> list[list[int]]:
+    """The calibration text (calibration_text.py), plus text sampled from the float model when asked."""
+    seqs = [tokenizer.encode(CALIBRATION_TEXT, add_bos=config.add_bos, parse_special=False)]
+    if sampled:
+        seqs += sampled_sequences(config, w, tokenizer.bos_token_id)
+    return seqs
+
+
+def calibrate_float(config: ModelConfig, w: dict[str, torch.Tensor], sequences: list[list[int]]) -> Calibration:
+    """What each projection (and the output projection) of the float model is fed on the sequences."""
+    float_model = build_float_model(config, w, select_ops("cpu"))
+
+    def run(model: CausalLM) -> list[torch.Tensor]:
+        hidden = []
+        for ids in sequences:
+            attn = DenseAttention(config)
+            hidden.append(model.forward(torch.tensor(ids), attn.begin_step([len(ids)]), attn))
+        return hidden
+
+    return calibrate(float_model, run)
+
+
+def calibrate_and_quantize(config: ModelConfig, weights: dict[str, torch.Tensor],
+                           tokenizer: Tokenizer) -> dict[str, torch.Tensor]:
+    """The architecture's shipped int8 recipe: calibrate on its calibration set, then build the checkpoint."""
     from services.engine.model.models import architecture
 
-    smooth = architecture(config.architecture).INT8_SMOOTH
-    return build_int8_checkpoint(config, weights, calibrate(float_model, run), alpha=alpha, smooth=smooth)
+    arch = architecture(config.architecture)
+    recipe = dict(arch.INT8_RECIPE)
+    sampled = recipe.pop("sampled_calibration", False)
+    calib = calibrate_float(config, weights, calibration_sequences(config, weights, tokenizer, sampled))
+    return build_int8_checkpoint(config, weights, calib, smooth=arch.INT8_SMOOTH, **recipe)
 
 
 def is_complete(path: Path, sha256: str) -> bool:

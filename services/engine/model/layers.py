@@ -15,20 +15,29 @@ from services.engine.model.linear import Int8Linear
 
 
 class Embedding:
-    """Token table: float32 rows, or int8 rows with one float32 scale per row."""
+    """Token table: float32 rows, or int8 rows with one float32 scale per row.
 
-    def __init__(self, table: torch.Tensor, row_scale: torch.Tensor | None = None) -> None:
+    channel_scale (f32[d_model], optional) multiplies every looked-up row: a tied table that holds E * s
+    for the output projection's smoothing (quantize.py) gives back E at lookup.
+    """
+
+    def __init__(self, table: torch.Tensor, row_scale: torch.Tensor | None = None,
+                 channel_scale: torch.Tensor | None = None) -> None:
         self.table = table
         self.row_scale = row_scale
+        self.channel_scale = channel_scale
 
     def lookup(self, token_ids: torch.Tensor) -> torch.Tensor:
         rows = self.table[token_ids].to(torch.float32)
         if self.row_scale is not None:
             rows = rows * self.row_scale[token_ids][:, None]
+        if self.channel_scale is not None:
+            rows = rows * self.channel_scale[None, :]
         return rows
 
     def nbytes(self) -> int:
         extra = 0 if self.row_scale is None else self.row_scale.numel() * 4
+        extra += 0 if self.channel_scale is None else self.channel_scale.numel() * 4
         return self.table.numel() * self.table.element_size() + extra
 
 

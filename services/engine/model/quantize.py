@@ -17,8 +17,14 @@ they go into the k rows of the qkv projection and the inverse into the q rows of
 that KV head (one scale per KV head and channel; a row scale leaves a per-row int8 quantization exact).
 RoPE rotates channel pairs (j, j + D/2), so both channels of a pair share one scale, taken from the
 pair's rotation-invariant magnitude sqrt(k_j^2 + k_{j+D/2}^2).
-The output projection is not smoothed (when tied, its table is shared with the input lookup).
-Weights are then quantized symmetric per output channel.
+The output projection (lm_head_alpha) is smoothed the same way: its input is rmsnorm(x, final_norm), so
+s goes into final_norm (/ s) and into the projection's columns (* s). When the projection is the tied
+embedding table, the table holds E * s (quantized per row) and the lookup multiplies each row by 1 / s
+(`embed.lookup_scale`, d_model multiplies per token), so the input embeddings are unchanged.
+Weights are then quantized symmetric per output channel, rounded to nearest or (rounding="gptq") with
+GPTQ's error compensation: the per-row scales stay absmax / 127, only the rounding direction of each weight
+changes, chosen column by column so that the layer's output on the calibration rows (in the smoothed model)
+moves as little as possible.
 """
 
 from __future__ import annotations
@@ -77,8 +83,12 @@ class Calibration:
         return self.inputs[name].pow(2).mean(dim=0).sqrt()
 
 
-def calibrate(model: CausalLM, run: Callable[[CausalLM], None]) -> Calibration:
-    """Per layer and projection, what reaches each input channel while ``run(model)`` executes."""
+def calibrate(model: CausalLM, run: Callable[[CausalLM], list[torch.Tensor] | None]) -> Calibration:
+    """Per layer and projection, what reaches each input channel while ``run(model)`` executes.
+
+    When ``run`` returns the final hidden states of its sequences, they are the output projection's rows
+    ("lm_head"; each sequence's BOS row left out like every other projection's).
+    """
     recorders: dict[str, _AbsMaxRecorder] = {}
     originals = []
     for i, lw in enumerate(model.layers):
@@ -88,12 +98,16 @@ def calibrate(model: CausalLM, run: Callable[[CausalLM], None]) -> Calibration:
             setattr(lw, name, rec)
             recorders[f"layers.{i}.{name}"] = rec
     try:
-        run(model)
+        hidden = run(model)
     finally:
         for lw, name, inner in originals:
             setattr(lw, name, inner)
     done = {k: r for k, r in recorders.items() if r.absmax is not None}
-    return Calibration({k: r.absmax for k, r in done.items()}, {k: torch.cat(r.rows) for k, r in done.items()})
+    calib = Calibration({k: r.absmax for k, r in done.items()}, {k: torch.cat(r.rows) for k, r in done.items()})
+    if hidden:
+        rows = torch.cat([h[1:] for h in hidden])
+        calib.inputs["lm_head"], calib.absmax["lm_head"] = rows, rows.abs().amax(dim=0)
+    return calib
 
 
 def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
@@ -163,25 +177,99 @@ def key_row_scale(config: ModelConfig, w: dict[str, torch.Tensor], qkv_inputs: t
     return torch.cat([s, s], dim=1)
 
 
+ROUNDINGS = ("nearest", "gptq")
+DEFAULT_GPTQ_DAMP = 0.1  # GPTQ's Hessian dampening, a fraction of the mean of its diagonal
+
+
+def gptq_quantize(weight: torch.Tensor, rows: torch.Tensor, damp: float = DEFAULT_GPTQ_DAMP, block: int = 128,
+                  chunk_n: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ rounding with quantize_weight's per-row scales: f32[N, K], input rows f32[R, K] -> int8[N, K], f32[N].
+
+    Columns are quantized in order of decreasing input energy; each column's rounding error is pushed onto
+    the columns not yet quantized, weighted by the inverse of H = X^T X (dampened by damp * mean(diag H)),
+    which greedily minimises ||X W^T - X Q^T|| over the calibration rows X. The scales (absmax / 127 per
+    row) and so the int8 format are those of round-to-nearest; rows are independent (done chunk_n at a time).
+    """
+    n, k = weight.shape
+    x = rows.to(torch.float64)
+    h = x.T @ x
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1.0
+    h += damp * torch.diag(h).mean() * torch.eye(k, dtype=torch.float64)
+    order = torch.argsort(torch.diag(h), descending=True)
+    inverse = torch.argsort(order)
+    h = h[order][:, order]
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    _, scale = quantize_weight(weight)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale)).to(torch.float64)[:, None]
+    q_out = torch.empty((n, k), dtype=torch.int8)
+    for n0 in range(0, n, chunk_n):
+        w = weight[n0:n0 + chunk_n].to(torch.float64)[:, order].clone()
+        s = safe[n0:n0 + chunk_n]
+        q = torch.empty_like(w)
+        for b0 in range(0, k, block):
+            b1 = min(b0 + block, k)
+            err = torch.empty((w.shape[0], b1 - b0), dtype=torch.float64)
+            for i in range(b0, b1):
+                q[:, i] = torch.clamp(torch.round(w[:, i] / s[:, 0]), -127, 127)
+                e = (w[:, i] - q[:, i] * s[:, 0]) / hinv[i, i]
+                w[:, i:b1] -= e[:, None] * hinv[i, i:b1][None, :]
+                err[:, i - b0] = e
+            w[:, b1:] -= err @ hinv[b0:b1, b1:]
+        q_out[n0:n0 + chunk_n] = q[:, inverse].to(torch.int8)
+    return q_out, scale
+
+
 def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration | None,
                           alpha: float | None = None, smooth: tuple[str, ...] = ("qkv", "gate_up", "down", "o"),
                           alphas_chosen: dict[str, float] | None = None,
                           kv_beta: float = DEFAULT_KV_BETA,
-                          statistic: str = DEFAULT_STATISTIC) -> dict[str, torch.Tensor]:
+                          statistic: str = DEFAULT_STATISTIC,
+                          alpha_by_projection: dict[str, float] | None = None,
+                          lm_head_alpha: float | None = None,
+                          rounding: str = "nearest", gptq_damp: float = DEFAULT_GPTQ_DAMP,
+                          gptq_lm_head: bool = True) -> dict[str, torch.Tensor]:
     """Float weights (+ calibration, or None for no smoothing) -> int8 checkpoint tensors.
 
     alpha None: per projection, the alpha of ALPHA_GRID with the least W8A8 output error on the
-    calibration rows (recorded into ``alphas_chosen`` when given); a number: that alpha everywhere.
+    calibration rows (recorded into ``alphas_chosen`` when given); a number: that alpha everywhere;
+    alpha_by_projection overrides it per projection name ("qkv", "o", "gate_up", "down").
     statistic: the per-channel activation magnitude the scales use (one of SMOOTH_STATISTICS).
+    lm_head_alpha: smoothing of the output projection (None: none; needs the calibration's "lm_head" rows).
+    rounding: "nearest" or "gptq" (needs calibration; gptq_lm_head False keeps the output projection nearest).
     """
     if statistic not in SMOOTH_STATISTICS:
         raise ValueError(f"statistic must be one of {SMOOTH_STATISTICS}, got {statistic!r}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    if calib is None and (rounding != "nearest" or lm_head_alpha is not None):
+        raise ValueError("GPTQ rounding and output-projection smoothing need a calibration")
     arch = architecture(config.architecture)
-    out: dict[str, torch.Tensor] = {"final_norm": w["final_norm"].clone()}
-    emb_q, emb_s = quantize_weight(w["embed"])
-    out["embed.w_q"], out["embed.w_scale"] = emb_q, emb_s
-    if not config.tied_embeddings:
-        out["lm_head.w_q"], out["lm_head.w_scale"] = quantize_weight(w["lm_head"])
+
+    def quantize(weight: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if rounding == "gptq" and rows is not None:
+            return gptq_quantize(weight, rows, damp=gptq_damp)
+        return quantize_weight(weight)
+
+    out: dict[str, torch.Tensor] = {}
+    head = w["embed"] if config.tied_embeddings else w["lm_head"]
+    s_head = torch.ones(config.d_model)
+    if lm_head_alpha is not None:
+        rows = calib.inputs["lm_head"]
+        act = rows.pow(2).mean(dim=0).sqrt() if statistic == "rms" else calib.absmax["lm_head"]
+        s_head = _smooth_scale(act, head, lm_head_alpha)
+    out["final_norm"] = w["final_norm"] / s_head
+    head_rows = None
+    if rounding == "gptq" and gptq_lm_head:
+        head_rows = calib.inputs["lm_head"] / s_head
+    head_q = quantize(head * s_head, head_rows)
+    if config.tied_embeddings:
+        out["embed.w_q"], out["embed.w_scale"] = head_q
+        if lm_head_alpha is not None:
+            out["embed.lookup_scale"] = 1.0 / s_head
+    else:
+        out["embed.w_q"], out["embed.w_scale"] = quantize_weight(w["embed"])
+        out["lm_head.w_q"], out["lm_head.w_scale"] = head_q
     if "rope_freqs" in w:
         out["rope_freqs"] = w["rope_freqs"].clone()
     hq, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
@@ -205,7 +293,9 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
             expand = (lambda s: s) if name != "o" else expand_o
             if name == "o":
                 act = act.reshape(hkv, group, d).amax(dim=1)
-            a = alpha if alpha is not None else _best_alpha(calib.inputs[p + name], fused[name], act, ALPHA_GRID, expand)
+            a = (alpha_by_projection or {}).get(name, alpha)
+            if a is None:
+                a = _best_alpha(calib.inputs[p + name], fused[name], act, ALPHA_GRID, expand)
             if alphas_chosen is not None:
                 alphas_chosen[p + name] = a
             scales[name] = expand(_smooth_scale(act, fused[name], a))
@@ -227,7 +317,10 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
             fused["qkv"][hq * d:(hq + hkv) * d].view(hkv, d, -1).mul_(s_k[:, :, None])
             fused["qkv"][:hq * d].view(hkv, group, d, -1).div_(s_k[:, None, :, None])
         for name, weight in fused.items():
-            out[p + name + ".w_q"], out[p + name + ".w_scale"] = quantize_weight(weight)
+            rows = None
+            if rounding == "gptq" and p + name in calib.inputs:  # the rows this Linear sees once smoothed
+                rows = calib.inputs[p + name] / scales[name] if name in scales else calib.inputs[p + name]
+            out[p + name + ".w_q"], out[p + name + ".w_scale"] = quantize(weight, rows)
         out.update({p + n: t for n, t in norms.items()})
         if arch.KEY_SMOOTHING != "qk_norm":
             continue

@@ -4,7 +4,7 @@ Each module provides:
     config_from_gguf(f, model_id, sha256, vocab) -> ModelConfig   the model description from the metadata
     read_weights(f, config) -> dict[str, Tensor]                  float32 weights under the builder's names
     build_layer(config, i, weights, kernel_ops) -> decoder layer   layer(x, positions, attn) -> x
-    LAYER_NORMS, KEY_SMOOTHING, INT8_SMOOTH, INT8_ACTIVATION_TERMS  the int8 recipe (quantize.py, linear.py)
+    LAYER_NORMS, KEY_SMOOTHING, INT8_SMOOTH, INT8_ACTIVATION_TERMS, INT8_RECIPE  the int8 recipe (quantize.py, linear.py, checkpoint.py)
 """
 
 from __future__ import annotations

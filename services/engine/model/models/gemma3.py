@@ -36,9 +36,16 @@ DEFAULT_SWA_ROPE_BASE = 10_000.0
 # int8 key smoothing goes through the per-head k-norm weight (and its inverse through the q-norm weight).
 KEY_SMOOTHING = "qk_norm"
 LAYER_NORMS = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
-# The int8 recipe (quantize.py): SmoothQuant smoothing of every projection's input, one int8 term per activation.
+# The int8 recipe (quantize.py): SmoothQuant smoothing of every projection's input; one int8 term per activation,
+# except the down projection's 2048-wide input (GeGLU output, heavy-tailed): two terms (linear.py), which
+# halves the full-int8 perplexity excess on gpl-3.txt (bench/quant_eval.py). The fused rmsnorm_quant inputs
+# (qkv, gate_up) keep one term.
 INT8_SMOOTH = ("qkv", "gate_up", "down", "o")
-INT8_ACTIVATION_TERMS = 1
+INT8_ACTIVATION_TERMS: dict[str, int] = {"down": 2}
+# build_int8_checkpoint options of the shipped conversion (checkpoint.calibrate_and_quantize); bench/quant_eval.py
+# measures the alternatives. lm_head_alpha smooths the tied output projection's input (through final_norm,
+# the table and a per-channel factor at lookup).
+INT8_RECIPE: dict[str, object] = {"alpha": 0.5, "lm_head_alpha": 0.5}
 
 
 def _sliding_layers(f: GGUFFile, num_layers: int) -> list[bool]:

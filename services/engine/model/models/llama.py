@@ -38,6 +38,7 @@ LAYER_NORMS = ("attn_norm", "ffn_norm")
 # loses ~12% of teacher-forced top-1 agreement; two terms are within 0.1% of weights-only int8.
 INT8_SMOOTH: tuple[str, ...] = ()
 INT8_ACTIVATION_TERMS = 2
+INT8_RECIPE: dict[str, object] = {"alpha": 0.5}  # build_int8_checkpoint options (only key smoothing applies here)
 
 
 def config_from_gguf(f: GGUFFile, model_id: str, sha256: str, vocab: Vocab) -> ModelConfig:

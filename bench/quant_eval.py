@@ -1,0 +1,204 @@
+"""int8 recipes of Gemma 3 270M against the exact reference, through the engine's own int8 model.
+
+Each variant is a set of build_int8_checkpoint options (services/engine/model/quantize.py), converted from
+the GGUF's float weights with a calibration set, built with build_int8_model (the engine's C kernels) and
+measured on:
+    ppl        llama-perplexity's method (services.engine.model.perplexity, W8A8 + int8 KV) on gpl-3.txt,
+               14 chunks (--quick: 4); delta_pct against the float64 reference after as many chunks
+    top1       teacher-forced on greedy_ref_f64.jsonl through EngineCore (scheduler, paged int8 KV, the
+               sampler, greedy): for every step k of every case, a request with prompt + the k exact tokens
+               before it generates one token; agreement with the exact token, of 229 positions. Requests go
+               in rounds (step k of all cases together), so each starts from the device prefix cache the
+               previous round left (its logits are bit-equal to a cold start, tests/engine/
+               test_engine_logits_exact.py)
+    lp_err     |log p(exact token) - the float64 reference's| over those positions, mean and max
+Baselines measured in the same run: the float32 model (float KV) on the same ppl and top-1, and the
+checkpoint the engine loads (load_model: the shipped recipe, architecture INT8_RECIPE and INT8_ACTIVATION_TERMS,
+from the cache; checked equal, tensor by tensor, to a fresh conversion).
+
+Calibration sets (none of them gpl-3.txt): "text" is services/engine/model/calibration_text.py; "text+sampled"
+adds text sampled from the float model itself (calibration_text.sampled_sequences, seeded).
+
+    python -m bench.quant_eval [--quick] [--only NAME;NAME] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from kernels.backend import select_ops
+from services.engine.config import SchedulerConfig
+from services.engine.core.engine_core import EngineCore
+from services.engine.core.request import Request, RequestId, SamplingParams
+from services.engine.model import load_model
+from services.engine.model.builder import Int8Weights, build_float_model, build_model
+from services.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences, convert
+from services.engine.model.loader import open_model_file
+from services.engine.model.models import architecture
+from services.engine.model.perplexity import perplexity
+from services.engine.model.quantize import build_int8_checkpoint
+from services.engine.model.tokenizer import Tokenizer
+
+MODEL = "gemma-3-270m"
+BOS = 2
+GATE_PPL, STRETCH_PPL, GATE_TOP1 = 13.90, 13.879, 0.97
+QUICK_CHUNKS = 4
+QUICK_VARIANTS = ("old: α0.5", "lm_head α0.5 (one term)")
+
+OLD = {"alpha": 0.5}  # the recipe before lm_head smoothing (checkpoint format v4)
+LMH = {"alpha": 0.5, "lm_head_alpha": 0.5}
+# (name, build_int8_checkpoint options, calibration set)
+VARIANTS: list[tuple[str, dict, str]] = [
+    ("lm_head α0.5, GPTQ", {**LMH, "rounding": "gptq"}, "text"),
+    ("lm_head α0.5, α0.6", {**LMH, "alpha": 0.6}, "text"),
+    ("lm_head α0.5, down α0.7", {**LMH, "alpha_by_projection": {"down": 0.7}}, "text"),
+    ("old: α0.5", OLD, "text"),
+    ("lm_head α0.5 (one term)", LMH, "text"),
+    ("lm_head α0.6", {**LMH, "lm_head_alpha": 0.6}, "text"),
+    ("lm_head α0.4", {**LMH, "lm_head_alpha": 0.4}, "text"),
+    ("lm_head α0.5, GPTQ not lm_head", {**LMH, "rounding": "gptq", "gptq_lm_head": False}, "text"),
+    ("lm_head α0.5, GPTQ, sampled calib", {**LMH, "rounding": "gptq"}, "text+sampled"),
+    ("α0.6", {"alpha": 0.6}, "text"),
+    ("no smoothing (kv β 0.6 only)", {"alpha": 0.5, "smooth": ()}, "text"),
+    # ceilings: activations as two int8 terms (linear.py, ~14 bits; the GEMMs run twice the rows)
+    ("lm_head α0.5, two-term acts: down", {**LMH, "activation_terms": {"down": 2}}, "text"),
+    ("lm_head α0.5, two-term acts: all", {**LMH, "activation_terms": 2}, "text"),
+]
+
+
+def load_float(model: str):
+    mf = open_model_file(model)
+    return mf.config, architecture(mf.config.architecture).read_weights(mf.gguf, mf.config), Tokenizer(mf.vocab)
+
+
+def reference_ppl(ref_dir: Path, num_chunks: int) -> float:
+    ref = json.loads((ref_dir / "perplexity.json").read_text())["numpy_f64_reference_dequantized_weights"]
+    return ref["running_ppl_per_chunk"][num_chunks - 1]
+
+
+def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str) -> dict[str, float]:
+    """top-1 agreement and log-prob error of the exact tokens, one greedy token per request, through EngineCore."""
+    core = EngineCore(model, tokenizer, SchedulerConfig(512, 64, 256), 16, 256 << 20, prefix_caching=True,
+                      kv_dtype=kv_dtype)
+    rows: dict[str, torch.Tensor] = {}
+
+    def observe(sampled, logits):
+        for request, row in zip(sampled, logits):
+            rows[request.request_id] = row.clone()
+
+    core.runner.logits_observer = observe
+    agree, errs, got = 0, [], {}
+    for k in range(max(len(r["generated_ids"]) for r in refs)):
+        for c, rec in enumerate(refs):
+            if k < len(rec["generated_ids"]):
+                core.add(Request(RequestId(f"c{c}s{k}"), rec["prompt_ids"] + rec["generated_ids"][:k],
+                                 SamplingParams(max_new_tokens=1), frozenset(), 32768))
+        while core.has_work():
+            for e in core.step():
+                got[e.request_id] = e.token_ids
+    for c, rec in enumerate(refs):
+        for k, exact in enumerate(rec["generated_ids"]):
+            rid = f"c{c}s{k}"
+            agree += got[rid] == [exact]
+            lp = torch.log_softmax(rows[rid].to(torch.float64), dim=-1)[exact].item()
+            errs.append(abs(lp - rec["steps"][k]["logprob"]))
+    err = torch.tensor(errs)
+    return {"top1": agree / len(errs), "top1_count": agree, "positions": len(errs),
+            "lp_err_mean": err.mean().item(), "lp_err_max": err.max().item()}
+
+
+def measure(model, tokenizer, ids, refs, num_chunks: int, ref_ppl: float, kv_int8: bool) -> dict[str, object]:
+    row: dict[str, object] = {"ppl": perplexity(model, ids, BOS, max_chunks=num_chunks, kv_int8=kv_int8).ppl}
+    row["delta_pct"] = 100 * (row["ppl"] / ref_ppl - 1)
+    row.update(teacher_forced_serving(model, tokenizer, refs, "int8" if kv_int8 else "float32"))
+    return row
+
+
+def line(name: str, row: dict) -> str:
+    return (f"{name:42s} {row['ppl']:8.4f} {row['delta_pct']:+7.3f} {row['top1_count']:>4d}/{row['positions']:<3d} "
+            f"{row['lp_err_mean']:6.3f}/{row['lp_err_max']:.3f} {row.get('convert_s', 0):6.0f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_CHUNKS} perplexity chunks instead of 14, "
+                        f"and only the variants {', '.join(QUICK_VARIANTS)}")
+    parser.add_argument("--only", default="", help="variant names separated by ';' (default: all, in order)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-baselines", action="store_true",
+                        help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines)")
+    parser.add_argument("--reference-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "reference"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    ref_dir = Path(args.reference_dir)
+    refs = [json.loads(x) for x in (ref_dir / "greedy_ref_f64.jsonl").read_text().splitlines() if x]
+    kernel_ops = select_ops("cpu")
+    config, w, tokenizer = load_float(MODEL)
+    ids = tokenizer.encode((ref_dir / "gpl-3.txt").read_text(), add_bos=True, parse_special=False)
+    num_chunks = QUICK_CHUNKS if args.quick else len(ids) // 512
+    ref_ppl = reference_ppl(ref_dir, num_chunks)
+    result: dict[str, object] = {"ppl_chunks": num_chunks, "ppl_reference_f64": ref_ppl}
+    print(f"reference f64 ppl {ref_ppl:.4f} ({num_chunks} chunks); gates: ppl <= {GATE_PPL} "
+          f"(stretch {STRETCH_PPL}, 14 chunks), top-1 >= {GATE_TOP1:.0%}", flush=True)
+    print(f"{'variant':42s} {'ppl':>8s} {'Δ%':>7s} {'top-1':>8s} {'lp err mean/max':>15s} {'conv s':>6s}", flush=True)
+
+    if not args.no_baselines:
+        fp32 = build_float_model(config, w, kernel_ops)
+        result["fp32"] = measure(fp32, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=False)
+        print(line("fp32 (float KV)", result["fp32"]), flush=True)
+        del fp32
+        engine, _ = load_model(MODEL, precision="int8", kernel_ops=kernel_ops, progress=False)
+        result["engine_checkpoint"] = measure(engine, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True)
+        print(line("engine: shipped recipe (load_model)", result["engine_checkpoint"]), flush=True)
+        del engine
+        gc.collect()
+        # the cached checkpoint the engine loaded is what the conversion builds today, tensor for tensor
+        cached = load_file(str(convert(MODEL, progress=False)))
+        fresh = calibrate_and_quantize(config, w, tokenizer)
+        result["engine_checkpoint_is_shipped_recipe"] = cached.keys() == fresh.keys() and all(
+            torch.equal(cached[k], fresh[k]) for k in fresh)
+        print(f"cached checkpoint equals a fresh conversion: {result['engine_checkpoint_is_shipped_recipe']}")
+        del cached, fresh
+
+    variants = VARIANTS
+    if args.quick:
+        variants = [v for v in VARIANTS if v[0] in QUICK_VARIANTS]
+    if args.only:
+        wanted = {n.strip() for n in args.only.split(";")}
+        variants = [v for v in variants if v[0] in wanted]
+    calibrations: dict[str, object] = {}
+    rows = []
+    for name, options, calib_set in variants:
+        t0 = time.perf_counter()
+        if calib_set not in calibrations:
+            calibrations[calib_set] = calibrate_float(
+                config, w, calibration_sequences(config, w, tokenizer, sampled=calib_set == "text+sampled"))
+        ckpt = build_int8_checkpoint(config, w, calibrations[calib_set],
+                                     **{k: v for k, v in options.items() if k != "activation_terms"})
+        convert_s = time.perf_counter() - t0
+        terms = options.get("activation_terms", 1)  # int8 terms per activation: all, or per projection
+        model = build_model(config, Int8Weights(ckpt, kernel_ops, activation_terms=terms), kernel_ops)
+        del ckpt
+        row = {"variant": name, "calibration": calib_set,
+               "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()},
+               **measure(model, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True), "convert_s": convert_s}
+        rows.append(row)
+        print(line(name, row), flush=True)
+        del model
+        gc.collect()
+    result["variants"] = rows
+    result["gates"] = {"ppl_max": GATE_PPL, "ppl_stretch": STRETCH_PPL, "top1_min": GATE_TOP1}
+    result["wall_s"] = time.perf_counter() - started
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The int8 conversion's recipe pieces (quantize.py) on small models, and that the shipped Gemma checkpoint uses them.
+
+- output-projection smoothing: the tied table holds E * s, the lookup multiplies by 1 / s, so every looked-up
+  row is E's row within one int8 step of that row; the lm_head's function (final_norm / s times E * s) is
+  unchanged before rounding;
+- GPTQ rounding keeps round-to-nearest's scales and format and lowers the output error on its calibration
+  rows;
+- the engine's Gemma model carries the shipped recipe (the lookup scale is there, the down projection runs two
+  int8 terms per activation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.engine.model import synthetic_config
+from services.engine.model.builder import build_int8_model
+from services.engine.model.checkpoint import calibrate_float, calibration_sequences
+from services.engine.model.linear import quantize_weight
+from services.engine.model.models import architecture
+from services.engine.model.quantize import build_int8_checkpoint, gptq_quantize
+from services.engine.model.synthetic import synthetic_weights
+from kernels.backend import select_ops
+
+
+def _tiny(int8_model):
+    config = synthetic_config("synthetic-tiny")
+    w = synthetic_weights(config)
+    calib = calibrate_float(config, w, calibration_sequences(config, w, int8_model[1]))
+    return config, w, calib
+
+
+def test_lm_head_smoothing_keeps_the_input_embeddings(int8_model):
+    config, w, calib = _tiny(int8_model)
+    assert calib.inputs["lm_head"].shape[1] == config.d_model
+    ckpt = build_int8_checkpoint(config, w, calib, alpha=0.5, lm_head_alpha=0.5)
+    s_inv = ckpt["embed.lookup_scale"]
+    assert not torch.allclose(s_inv, torch.ones_like(s_inv))  # a real per-channel scale
+    model = build_int8_model(config, ckpt, select_ops("cpu"))
+    ids = torch.arange(0, config.vocab_size, 997)
+    rows = model.embed.lookup(ids)
+    step = ckpt["embed.w_scale"][ids][:, None] * s_inv[None, :]  # one int8 step of each looked-up element
+    assert ((rows - w["embed"][ids]).abs() <= 0.5 * step * (1 + 1e-5)).all()
+    # the output projection: final_norm / s against (E * s), the same product as final_norm against E
+    s = 1.0 / s_inv
+    assert torch.allclose(ckpt["final_norm"] * s, w["final_norm"], rtol=1e-6)
+    plain = build_int8_checkpoint(config, w, calib, alpha=0.5)
+    assert "embed.lookup_scale" not in plain and torch.equal(plain["final_norm"], w["final_norm"])
+
+
+def test_gptq_keeps_the_format_and_lowers_the_output_error():
+    gen = torch.Generator().manual_seed(0)
+    k, n, r = 96, 40, 400
+    mix = torch.randn(k, k, generator=gen) / k ** 0.5 + torch.eye(k)  # correlated input channels
+    x = torch.randn(r, k, generator=gen) @ mix * torch.linspace(0.2, 3.0, k)
+    weight = torch.randn(n, k, generator=gen)
+    q_near, s_near = quantize_weight(weight)
+    q_gptq, s_gptq = gptq_quantize(weight, x, damp=0.01)
+    assert q_gptq.dtype == torch.int8 and torch.equal(s_gptq, s_near)
+    exact = x @ weight.T
+
+    def err(q, s):
+        return (x @ (q.to(torch.float32) * s[:, None]).T - exact).pow(2).sum().item()
+
+    assert err(q_gptq, s_gptq) < 0.7 * err(q_near, s_near)
+
+
+def test_the_gemma_checkpoint_carries_the_shipped_recipe(int8_model):
+    recipe = architecture("gemma3").INT8_RECIPE
+    assert recipe.get("lm_head_alpha") is not None
+    model = int8_model[0]
+    assert model.embed.channel_scale is not None and model.embed.channel_scale.shape == (model.config.d_model,)
+    # the down projection's input as two int8 terms, the other projections (and the output projection) one
+    assert architecture("gemma3").INT8_ACTIVATION_TERMS == {"down": 2}
+    assert all(layer.down.activation_terms == 2 for layer in model.layers)
+    assert all(getattr(layer, n).activation_terms == 1 for layer in model.layers for n in ("qkv", "o", "gate_up"))
+    assert model.lm_head.activation_terms == 1
