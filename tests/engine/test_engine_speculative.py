@@ -264,3 +264,49 @@ def test_preemption_and_abort_leave_no_blocks_behind(tiny):
     for rid, *_ in specs[:3]:
         core.abort(rid)
     assert not core.has_work() and blocks_accounted(core)
+
+
+# ---- Gemma: n-gram drafts on the real model ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gemma():
+    return load_model("gemma-3-270m", "int8")
+
+
+REPETITIVE = ("Ada: The schedule is: Monday the kettle, Tuesday the garden, Wednesday the letters, Thursday "
+              "the market.\nBen: Say it again?\nAda: The schedule is: Monday the kettle, Tuesday the garden, "
+              "Wednesday the letters, Thursday the market.\nBen: Once more, slowly.\nAda:")
+
+
+COLOURS = (" red", " blue", " green", " black", " white", " pink")
+
+
+def gemma_prompt(tok, name: str) -> list[int]:
+    if name == "repetitive":
+        return tok.encode(REPETITIVE, add_bos=True)
+    # A random sequence of six colour words: every pair recurs, so drafts come at most steps, and sampling at
+    # temperature 1 continues it at random, so they are mostly wrong.
+    rng = random.Random(0)
+    words = [tok.encode(w, add_bos=False)[0] for w in COLOURS]
+    return [tok.bos_token_id] + [rng.choice(words) for _ in range(80)]
+
+
+@pytest.mark.parametrize("name, kw, mostly_accepted", [
+    ("repetitive", {}, True),
+    ("repetitive", dict(temperature=0.7, top_p=0.9, seed=5), True),
+    ("random", dict(temperature=1.0, seed=5), False),
+])
+def test_gemma_ngram_drafts_repetitive_mostly_accepted_random_mostly_rejected(gemma, name, kw, mostly_accepted):
+    prompt = gemma_prompt(gemma[1], name)
+    specs = [(name, prompt, 24, kw)]
+    plain = drive(make_core(gemma, kv_bytes=32 << 20), requests_of(specs))
+    core = make_core(gemma, kv_bytes=32 << 20, speculative_tokens=K)
+    assert_same(drive(core, requests_of(specs)), plain)
+    assert blocks_accounted(core)
+    drafted, accepted = core.num_draft_tokens, core.num_accepted_draft_tokens
+    assert (drafted, accepted) == replay(prompt, plain[name].token_ids, 24, ngram_rule)
+    assert drafted > 0
+    if mostly_accepted:
+        assert accepted >= 0.6 * drafted, (drafted, accepted)
+    else:
+        assert accepted <= 0.4 * drafted, (drafted, accepted)
