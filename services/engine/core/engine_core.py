@@ -45,6 +45,9 @@ class StepStats:
     num_sampled: int
     duration_s: float
     num_preempted: int
+    # Speculative decoding in this step: draft tokens verified, and those accepted.
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ class EngineCore:
         now = time.monotonic()
         sampled_chunks = [c for c in output.chunks if c.needs_sample]
         num_sampled = 0
+        drafts_before = (self.num_draft_tokens, self.num_accepted_draft_tokens)
         for chunk, produced in zip(sampled_chunks, sampled):
             request = chunk.request
             state = self._outputs[request.request_id]
@@ -220,7 +224,9 @@ class EngineCore:
             events.append(RequestEvent(request.request_id, token_ids, logprobs, "".join(texts), finish, final,
                                        top_logprobs=top, inter_token_s=inter_token_s))
         self.last_step = StepStats(output.num_batched_tokens, len(output.chunks), num_sampled,
-                                   time.monotonic() - t0, len(output.preempted))
+                                   time.monotonic() - t0, len(output.preempted),
+                                   self.num_draft_tokens - drafts_before[0],
+                                   self.num_accepted_draft_tokens - drafts_before[1])
         self.in_step = []
         return events
 
