@@ -18,10 +18,13 @@ BLOCK_SIZE_TOKENS = 16
 
 def make_core(model_and_tokenizer, budget: int = 256, kv_bytes: int = 4 << 20, max_running: int = 64,
               max_waiting: int = 256, prefix_caching: bool = True,
-              block_size_tokens: int = BLOCK_SIZE_TOKENS, kv_dtype: str = "int8") -> EngineCore:
+              block_size_tokens: int = BLOCK_SIZE_TOKENS, kv_dtype: str = "int8", speculative_tokens: int = 0,
+              ngram: tuple[int, int] = (2, 4)) -> EngineCore:
     model, tok = model_and_tokenizer
-    return EngineCore(model, tok, SchedulerConfig(budget, max_running, max_waiting), block_size_tokens, kv_bytes,
-                      prefix_caching=prefix_caching, kv_dtype=kv_dtype)
+    config = SchedulerConfig(budget, max_running, max_waiting, speculative_tokens=speculative_tokens,
+                             ngram_min=ngram[0], ngram_max=ngram[1])
+    return EngineCore(model, tok, config, block_size_tokens, kv_bytes, prefix_caching=prefix_caching,
+                      kv_dtype=kv_dtype)
 
 
 def tokens(n: int, seed: int) -> list[int]:

@@ -19,6 +19,11 @@ class SchedulerConfig:
     long_prefill_tokens: int = field(
         default=64, metadata={"help": "a prefill chunk's first share of a step, before leftover budget extends it "
                                       "(0: no cap); lets short prefills share steps with long ones"})
+    speculative_tokens: int = field(
+        default=0, metadata={"help": "draft tokens verified per decode step (speculative decoding from the request's "
+                                     "own context, exact: the same tokens as without it); 0: off"})
+    ngram_min: int = field(default=2, metadata={"help": "shortest context suffix (tokens) a draft is looked up by"})
+    ngram_max: int = field(default=4, metadata={"help": "longest context suffix (tokens) a draft is looked up by"})
 
 
 @dataclass(frozen=True)

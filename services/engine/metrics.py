@@ -76,6 +76,11 @@ NUM_PREEMPTIONS = _counter("salon_engine_num_preemptions_total", "Requests preem
 # Tokens (vLLM: prompt_tokens_total, generation_tokens_total).
 PROMPT_TOKENS = _counter("salon_engine_prompt_tokens_total", "Prompt tokens of admitted requests.")
 GENERATION_TOKENS = _counter("salon_engine_generation_tokens_total", "Tokens sampled.")
+# Speculative decoding (vLLM: spec_decode_num_draft_tokens, spec_decode_num_accepted_tokens).
+SPEC_DRAFT_TOKENS = _counter("salon_engine_spec_decode_num_draft_tokens_total",
+                             "Draft tokens verified (speculative decoding).")
+SPEC_ACCEPTED_TOKENS = _counter("salon_engine_spec_decode_num_accepted_tokens_total",
+                                "Draft tokens accepted (they became output tokens); acceptance rate = accepted / draft.")
 DECODE_TOKENS_PER_S = _gauge("salon_engine_decode_tokens_per_s", "Generated tokens per second (recent window).")
 # Steps.
 STEP_DURATION = _histogram("salon_engine_step_duration_seconds", "Wall time of one engine step (seconds).",

@@ -45,6 +45,9 @@ class StepStats:
     num_sampled: int
     duration_s: float
     num_preempted: int
+    # Speculative decoding in this step: draft tokens verified, and those accepted.
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class EngineCore:
         self.last_step: StepStats | None = None
         # The requests of the step under way (set once it is scheduled): what a step error fails.
         self.in_step: list[RequestId] = []
+        # Speculative decoding so far: draft tokens verified, and those accepted (became output tokens).
+        self.num_draft_tokens = 0
+        self.num_accepted_draft_tokens = 0
 
     # ---- queries -------------------------------------------------------------------------------
     def has_work(self) -> bool:
@@ -182,26 +188,45 @@ class EngineCore:
         self.scheduler.on_computed(output)
         now = time.monotonic()
         sampled_chunks = [c for c in output.chunks if c.needs_sample]
-        for chunk, token in zip(sampled_chunks, sampled):
+        num_sampled = 0
+        drafts_before = (self.num_draft_tokens, self.num_accepted_draft_tokens)
+        for chunk, produced in zip(sampled_chunks, sampled):
             request = chunk.request
             state = self._outputs[request.request_id]
-            request.output_token_ids.append(token.token_id)
             inter_token_s = None if request.last_token_s is None else now - request.last_token_s
             if request.first_token_s is None:
                 request.first_token_s = now
             request.last_token_s = now
-            text, finish = state.on_token(token.token_id)
-            logprobs = [token.logprob] if token.logprob is not None else []
+            token_ids: list[int] = []
+            texts: list[str] = []
+            finish = None
+            for token in produced:  # one token, or accepted drafts and one more: each checked like a decode's
+                request.output_token_ids.append(token.token_id)
+                token_ids.append(token.token_id)
+                text, finish = state.on_token(token.token_id)
+                texts.append(text)
+                if finish is not None:
+                    break
+            kept = produced[:len(token_ids)]
+            num_sampled += len(kept)
+            if chunk.num_draft_tokens:
+                self.num_draft_tokens += chunk.num_draft_tokens
+                self.num_accepted_draft_tokens += sum(
+                    1 for t, d in zip(kept, chunk.draft_token_ids) if t.token_id == d)
+                self.scheduler.on_verified(chunk, len(kept))
             final = None
             if finish is not None:
                 self._outputs.pop(request.request_id)
                 self._retire(request, keep=True)
                 final = final_stats(request, now)
-            top = [token.top_logprobs] if token.top_logprobs else []
-            events.append(RequestEvent(request.request_id, [token.token_id], logprobs, text, finish, final,
+            logprobs = [t.logprob for t in kept if t.logprob is not None]
+            top = [t.top_logprobs for t in kept if t.top_logprobs]
+            events.append(RequestEvent(request.request_id, token_ids, logprobs, "".join(texts), finish, final,
                                        top_logprobs=top, inter_token_s=inter_token_s))
-        self.last_step = StepStats(output.num_batched_tokens, len(output.chunks), len(sampled),
-                                   time.monotonic() - t0, len(output.preempted))
+        self.last_step = StepStats(output.num_batched_tokens, len(output.chunks), num_sampled,
+                                   time.monotonic() - t0, len(output.preempted),
+                                   self.num_draft_tokens - drafts_before[0],
+                                   self.num_accepted_draft_tokens - drafts_before[1])
         self.in_step = []
         return events
 

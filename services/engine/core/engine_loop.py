@@ -259,6 +259,9 @@ class EngineLoop:
             metrics.BATCH_TOKENS.observe(stats.num_batched_tokens)
             metrics.NUM_PREEMPTIONS.inc(stats.num_preempted)
             metrics.GENERATION_TOKENS.inc(stats.num_sampled)
+            if stats.num_draft_tokens:
+                metrics.SPEC_DRAFT_TOKENS.inc(stats.num_draft_tokens)
+                metrics.SPEC_ACCEPTED_TOKENS.inc(stats.num_accepted_draft_tokens)
             self._rate.add(now, stats.num_sampled)
         for event in events:
             if event.inter_token_s is not None:

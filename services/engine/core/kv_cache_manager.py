@@ -139,6 +139,18 @@ class KVCacheManager:
                 table.extend(self.pool.allocate(missing))
         return True
 
+    def truncate(self, request_id: str, num_tokens: int) -> int:
+        """Return the blocks past the first num_tokens tokens (KV of rejected draft tokens) to the pool;
+        the number of blocks freed."""
+        keep = self.layout.blocks_for_tokens(num_tokens)
+        freed = 0
+        for table in self._tables.get(request_id, []):
+            tail = [b for b in table[keep:] if b is not None]
+            self.pool.free(tail)
+            freed += len(tail)
+            del table[keep:]
+        return freed
+
     def set_retention(self, request_id: str, position: int | None) -> None:
         """Keep the request's sliding-window blocks from `position` on (None: release as usual)."""
         if position is None:

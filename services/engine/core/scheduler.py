@@ -18,6 +18,12 @@ first: the longer of its device hit and the host hit it was submitted with. It s
 (a device hit's block tables are adopted, a host hit's KV rides on the request's first chunk to be
 written into its fresh blocks), and only the rest is allocated and computed. A preempted request's
 blocks are retired into the caches before they are freed.
+
+Speculative decoding (config.speculative_tokens > 0) comes last, from the budget nothing else took:
+a decoding request's chunk is its last token followed by draft tokens from its own context
+(ngram_proposer.py), all computed in this step like a prefill chunk, every row sampled. The KV
+slots of the drafts are allocated with the chunk; after sampling, `on_verified` keeps the
+accepted drafts as computed tokens and gives back the blocks that only rejected ones used.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass
 from services.engine import metrics
 from services.engine.config import SchedulerConfig
 from services.engine.core.kv_cache_manager import KVCacheManager
+from services.engine.core.ngram_proposer import NgramProposer
 from services.engine.core.prefix_caching import PrefixCaching
 from services.engine.core.request import Request, RequestId, RequestStatus
 from services.engine.kv.kv_layout import BlockTable
@@ -49,6 +56,13 @@ class ScheduledChunk:
     # KV fetched from the kvstore for blocks [0, start_position / BS): written into the request's
     # blocks before the step runs (the first chunk after a host hit only).
     host_kv: HostKV | None = None
+    # Speculative decoding: the chunk's last tokens are these drafts, not (yet) the request's; every
+    # row from the request's last token on is sampled, and only accepted drafts become its tokens.
+    draft_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return len(self.draft_token_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -82,6 +96,8 @@ class Scheduler:
         self._offered_host_hits: dict[RequestId, PrefixHit] = {}
         # KV of the host hits that admission took, until the request's first chunk carries it.
         self._host_kv_to_load: dict[RequestId, HostKV] = {}
+        self.proposer = NgramProposer(config.speculative_tokens, config.ngram_min, config.ngram_max) \
+            if config.speculative_tokens > 0 else None
 
     # ---- queries -------------------------------------------------------------------------------
     @property
@@ -113,6 +129,8 @@ class Scheduler:
             self.waiting.remove(request)
         self._offered_host_hits.pop(request.request_id, None)
         self._host_kv_to_load.pop(request.request_id, None)
+        if self.proposer is not None:
+            self.proposer.forget(request.request_id)
         self.kv.free(request.request_id)
         request.status = RequestStatus.FINISHED
 
@@ -152,7 +170,9 @@ class Scheduler:
             order.append(request)
             budget -= num_new
         budget = self._extend_capped_prefills(order, planned, budget)
-        return SchedulerOutput([self._chunk(r, planned[r.request_id]) for r in order], preempted)
+        drafts = self._propose_drafts(order, planned, budget) if not preempted else {}
+        return SchedulerOutput([self._chunk(r, planned[r.request_id], drafts.get(r.request_id, ()))
+                                for r in order], preempted)
 
     def _extend_capped_prefills(self, order: list[Request], planned: dict[RequestId, int], budget: int) -> int:
         """Give the budget left after every request had its (capped) turn to the prefills the cap cut,
@@ -166,6 +186,37 @@ class Scheduler:
                 planned[request.request_id] = num_new + more
                 budget -= more
         return budget
+
+    def _propose_drafts(self, order: list[Request], planned: dict[RequestId, int], budget: int
+                        ) -> dict[RequestId, tuple[int, ...]]:
+        """Speculative decoding, with the budget left after everything else: a decoding request gets draft
+        tokens (ngram_proposer.py) to verify in its step, never more than its remaining max_new_tokens and
+        context allow, and only while free blocks hold their KV (drafts reclaim no cached prefix and
+        preempt nothing)."""
+        drafts: dict[RequestId, tuple[int, ...]] = {}
+        if self.proposer is None:
+            return drafts
+        for request in order:
+            if budget <= 0:
+                break
+            rid = request.request_id
+            computed = request.num_computed_tokens
+            if planned[rid] != 1 or request.num_tokens - computed != 1 or not request.output_token_ids:
+                continue  # a prefill chunk, or a request that has not sampled yet
+            room = min(budget, request.sampling.max_new_tokens - request.num_output_tokens - 1,
+                       request.max_context_tokens - request.num_tokens - 1)
+            if room <= 0:
+                continue
+            proposal = self.proposer.propose(rid, request.token_slice(0, request.num_tokens), room)
+            if not proposal:
+                continue
+            if self.kv.num_blocks_needed(rid, computed, 1 + len(proposal)) > self.kv.num_free_blocks:
+                continue
+            self.kv.allocate_slots(rid, computed, 1 + len(proposal))
+            planned[rid] = 1 + len(proposal)
+            drafts[rid] = tuple(proposal)
+            budget -= len(proposal)
+        return drafts
 
     def _start_from_cached_prefix(self, request: Request) -> None:
         """Before admission: start the request from the longest usable cached prefix of its context."""
@@ -195,15 +246,17 @@ class Scheduler:
             metrics.PREFIX_CACHE_HITS.labels(hit.source.value).inc(hit.num_tokens)
         self.kv.set_retention(request.request_id, retain_from)
 
-    def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
+    def _chunk(self, request: Request, num_new: int, drafts: tuple[int, ...] = ()) -> ScheduledChunk:
         start = request.num_computed_tokens
+        own = num_new - len(drafts)
         return ScheduledChunk(
             request=request,
-            token_ids=request.token_slice(start, start + num_new),
+            token_ids=request.token_slice(start, start + own) + list(drafts),
             start_position=start,
             block_tables=self.kv.block_tables(request.request_id),
-            needs_sample=start + num_new == request.num_tokens,
+            needs_sample=start + own == request.num_tokens,
             host_kv=self._host_kv_to_load.pop(request.request_id, None),
+            draft_token_ids=drafts,
         )
 
     def _preempt(self, request: Request) -> None:
@@ -225,6 +278,17 @@ class Scheduler:
         self.waiting.insert(pos, request)
 
     def on_computed(self, output: SchedulerOutput) -> None:
-        """Record that the step's chunks were computed (before sampled tokens are appended)."""
+        """Record that the step's chunks were computed (before sampled tokens are appended); a chunk's
+        draft tokens are not the request's tokens (yet): see on_verified."""
         for chunk in output.chunks:
-            chunk.request.num_computed_tokens = chunk.start_position + chunk.num_tokens
+            chunk.request.num_computed_tokens = chunk.start_position + chunk.num_tokens - chunk.num_draft_tokens
+
+    def on_verified(self, chunk: ScheduledChunk, num_appended: int) -> None:
+        """After a chunk with drafts appended num_appended tokens to its request (accepted drafts, then
+        the one sampled after them; fewer when the request ended): the accepted drafts' KV is the
+        request's now, the rejected ones' is dropped. The request holds exactly the blocks of its
+        computed tokens again, as after a plain decode step, so only accepted tokens' blocks can ever
+        be cached."""
+        request = chunk.request
+        request.num_computed_tokens = chunk.start_position + num_appended
+        self.kv.truncate(request.request_id, request.num_computed_tokens)

@@ -11,11 +11,12 @@ from collections.abc import Callable
 import torch
 
 from kernels.backend import Ops
-from services.engine.core.request import Request
+from services.engine.core.request import Request, SamplingParams
 from services.engine.core.scheduler import SchedulerOutput
 from services.engine.kv.kv_cache import KVCache
 from services.engine.worker.attention_backend import ForwardBatch, PagedAttention
-from services.engine.worker.sampler import SampledToken, sample
+from services.engine.worker.sampler import (DraftHistory, SampledToken, TokenHistory, num_produced, rewind_generator,
+                                            sample)
 
 
 class ModelRunner:
@@ -25,8 +26,9 @@ class ModelRunner:
         self.layout = kv_cache.layout
         self.device = torch.device(device)
         self.attention = PagedAttention(kv_cache, ops.kv_write, ops.paged_attention, model.config.attn_scale)
-        # Called with the sampled requests and their logits rows f32[R, V] each step (tests check exactness
-        # on logits through it); None: nothing extra is done.
+        # Called each step with the logits rows f32[R, V] of the produced tokens and each row's request (a
+        # request is named once per token it produced; tests check exactness on logits through it); None:
+        # nothing extra is done.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
 
     def build_batch(self, output: SchedulerOutput) -> ForwardBatch:
@@ -46,8 +48,8 @@ class ModelRunner:
             positions.extend(range(start, end))
             query_start_loc.append(query_start_loc[-1] + chunk.num_tokens)
             seq_lens.append(end)
-            if chunk.needs_sample:
-                sample_rows.append(query_start_loc[-1] - 1)
+            if chunk.needs_sample:  # the last row, and every draft token's row before it
+                sample_rows.extend(range(query_start_loc[-1] - 1 - chunk.num_draft_tokens, query_start_loc[-1]))
             for g, table in enumerate(chunk.block_tables):
                 # Released (None) entries are never read by the kernel; 0 keeps the tensor valid.
                 ids = [0 if b is None else b for b in table]
@@ -65,8 +67,9 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> list[SampledToken]:
-        """Compute the step; one sampled token per chunk with needs_sample, in chunk order."""
+    def execute(self, output: SchedulerOutput) -> list[list[SampledToken]]:
+        """Compute the step; per chunk with needs_sample, in chunk order, the tokens it produced: one, or
+        with draft tokens the accepted drafts and one more (sampler.num_produced)."""
         batch = self.build_batch(output)
         self.attention.batch = batch
         try:
@@ -76,7 +79,32 @@ class ModelRunner:
         if batch.sample_rows.numel() == 0:
             return []
         logits = self.model.logits(hidden[batch.sample_rows]).float().cpu()
-        sampled = [c.request for c in output.chunks if c.needs_sample]
+        chunks = [c for c in output.chunks if c.needs_sample]
+        params: list[SamplingParams] = []
+        generators: list[torch.Generator | None] = []
+        histories: list[TokenHistory] = []
+        states: list[torch.Tensor | None] = []
+        for chunk in chunks:
+            request, drafts = chunk.request, chunk.draft_token_ids
+            states.append(request.generator.get_state() if drafts and request.generator is not None else None)
+            for j in range(len(drafts) + 1):
+                params.append(request.sampling)
+                generators.append(request.generator)
+                histories.append(request if j == 0 or not request.sampling.has_penalties else
+                                 DraftHistory(request.prompt_token_ids, request.output_token_ids + list(drafts[:j])))
+        tokens = sample(logits, params, generators, histories)
+        produced: list[list[SampledToken]] = []
+        kept_rows: list[int] = []
+        row = 0
+        for chunk, state in zip(chunks, states):
+            request, num_rows = chunk.request, chunk.num_draft_tokens + 1
+            rows = tokens[row:row + num_rows]
+            n = num_produced([t.token_id for t in rows], chunk.draft_token_ids, request.stop_token_ids)
+            rewind_generator(request.generator, state, n)
+            produced.append(rows[:n])
+            kept_rows.extend(range(row, row + n))
+            row += num_rows
         if self.logits_observer is not None:
-            self.logits_observer(sampled, logits)
-        return sample(logits, [r.sampling for r in sampled], [r.generator for r in sampled], sampled)
+            owners = [c.request for c, p in zip(chunks, produced) for _ in p]
+            self.logits_observer(owners, logits[kept_rows])
+        return produced

@@ -16,6 +16,12 @@ token that crosses it included). One uniform u from the request's generator pick
 over the kept weights in vocabulary order, so every sampled token consumes exactly one draw
 (`advance_generator` skips a token's draw when a failover resumes a stream).
 
+Speculative decoding verifies a request's draft tokens as more rows of the same call: row j sees the
+history the request would have if drafts [0, j) were accepted (`DraftHistory`) and the generator's
+next draw in row order; `num_produced` says how many rows' tokens the request keeps, and
+`rewind_generator` leaves the generator as if only those rows had drawn. Output position i thus gets
+the same logits processing and the same uniform whether it was decoded alone or verified.
+
 On CPUs with AVX-512 all sampled rows of a step go through one call of kernels/cpu/sample.c; the PyTorch
 code below is its reference and the path elsewhere (same rule, exp rounded differently). Greedy rows take
 kernels/cpu/argmax.c's top-1 where it runs (torch.argmax's answer, in one pass over each row).
@@ -163,6 +169,37 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, u: float) -> int:
 def advance_generator(generator: torch.Generator | None) -> None:
     """Consume the randomness one sampled token uses (failover resume skips tokens already sent)."""
     if generator is not None:
+        uniform(generator)
+
+
+@dataclass(frozen=True)
+class DraftHistory:
+    """The TokenHistory of a verified chunk's row j: the request's tokens and the drafts before row j
+    (the row is only used when those drafts are accepted, i.e. when they are the real history)."""
+
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+
+
+def num_produced(sampled: Sequence[int], draft_token_ids: Sequence[int], stop_token_ids: frozenset[int]) -> int:
+    """Tokens a verified chunk yields: row j's sampled token is the next output token while every draft
+    before it was what the rows sampled. So the longest prefix of drafts equal to the sampled tokens is
+    accepted, and the row after it (the first mismatch, or the bonus row when all drafts match) adds one
+    more; a sampled stop token ends it early (the request ends there)."""
+    for j, token in enumerate(sampled):
+        if token in stop_token_ids or j >= len(draft_token_ids) or token != draft_token_ids[j]:
+            return j + 1
+    return len(sampled)
+
+
+def rewind_generator(generator: torch.Generator | None, state: torch.Tensor | None, num_draws: int) -> None:
+    """Put a generator back to `state` and consume num_draws draws: a verified chunk drew one uniform per
+    row, but only its produced tokens may use up randomness, so that output position i always gets the
+    generator's i-th draw however many tokens each step verified."""
+    if generator is None or state is None:
+        return
+    generator.set_state(state)
+    for _ in range(num_draws):
         uniform(generator)
 
 
