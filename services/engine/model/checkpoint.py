@@ -48,7 +48,9 @@ def checkpoint_path(sha256: str, cache_dir: Path | None = None) -> Path:
 def calibrate_and_quantize(config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer,
                            alpha: float = DEFAULT_ALPHA) -> dict[str, torch.Tensor]:
     float_model = build_float_model(config, weights, select_ops("cpu"))
-    ids = tokenizer.encode(CALIBRATION_TEXT, add_bos=config.add_bos, parse_special=False)
+    # (A synthetic config may use only the head of its tokenizer's vocabulary: ids past it are dropped.)
+    ids = [t for t in tokenizer.encode(CALIBRATION_TEXT, add_bos=config.add_bos, parse_special=False)
+           if t < config.vocab_size]
 
     def run(model: CausalLM) -> None:
         attn = DenseAttention(config)

@@ -158,6 +158,12 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, u: float) -> int:
     return draw(*kept_tokens(logits, params), u)
 
 
+def plain_greedy(params: SamplingParams) -> bool:
+    """A row whose token is the argmax of its logits and that returns nothing else (no penalties, no
+    log-probs): the model runner picks it where the logits are and copies back only the id."""
+    return params.greedy and not params.has_penalties and not params.return_logprobs and not params.num_top_logprobs
+
+
 def advance_generator(generator: torch.Generator | None) -> None:
     """Consume the randomness one sampled token uses (failover resume skips tokens already sent)."""
     if generator is not None:
