@@ -93,8 +93,18 @@ def cpu_ops() -> Ops:
     return Ops(**chosen, name="cpu")
 
 
-def select_ops(device: torch.device | str) -> Ops:
+KERNEL_FAMILIES = ("auto", "triton", "cpu", "ref")
+
+
+def select_ops(device: torch.device | str, family: str = "auto") -> Ops:
+    """The op family for tensors on `device`: "auto" is Triton on CUDA and the CPU fast path elsewhere.
+    "triton" on a CPU device runs the same kernels through Triton's interpreter (slow; how the GPU path is
+    tested end to end without a GPU); "ref" is the plain PyTorch reference."""
     device = torch.device(device)
-    if device.type == "cuda":
-        return triton_ops()
-    return cpu_ops()
+    if family not in KERNEL_FAMILIES:
+        raise ValueError(f"kernels: must be one of {', '.join(KERNEL_FAMILIES)}, got {family!r}")
+    if family == "auto":
+        family = "triton" if device.type == "cuda" else "cpu"
+    if family == "cpu" and device.type == "cuda":
+        raise ValueError("kernels: the cpu family runs on CPU tensors only (use triton or ref on cuda)")
+    return {"triton": triton_ops, "cpu": cpu_ops, "ref": reference_ops}[family]()

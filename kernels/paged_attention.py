@@ -40,6 +40,9 @@ class PagedAttentionArgs:
     seq_lens: torch.Tensor  # int32[S]: tokens of each sequence including this call's queries
     sm_scale: float
     sliding_window: int | None
+    # The longest query run of any sequence, known on the host when the batch is built (the engine passes
+    # it so that no launcher reads query_start_loc back from the device); None: computed from the tensors.
+    max_query_tokens: int | None = None
 
 
 def visible_key_range(position: int, seq_len: int, sliding_window: int | None) -> tuple[int, int]:
@@ -349,7 +352,8 @@ def _check_tables(block_tables, query_start_loc, seq_lens, sliding_window, dev) 
 def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = None) -> torch.Tensor:
     """Same semantics as paged_attention_ref. A batch where every sequence has exactly one query runs the
     split-KV decode kernel (+ reduction); anything else runs the prefill kernel. Deciding which, and the
-    prefill grid, reads query_start_loc on the host (one synchronization).
+    prefill grid, takes a.max_query_tokens (the engine's host-side figure); without it the launcher reads
+    query_start_loc back (one synchronization).
     split_tokens: keys per split (a multiple of the key tile), aligned to absolute positions and used by both
     kernels; keep it fixed for a deployment, since a token's exact result depends on it."""
     _check_paged_args(a)
@@ -379,7 +383,8 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
     block_n = 16 if interp else 32  # key tile: the same in both kernels (part of the per-row arithmetic)
     split = split_tokens or (16 if interp else 256)
     check(split % block_n == 0, f"split_tokens: must be a multiple of {block_n}, got {split}")
-    if T == S and bool((q_lens == 1).all()):
+    max_q_len = a.max_query_tokens if a.max_query_tokens is not None else int(q_lens.max())
+    if T == S and max_q_len == 1:  # every sequence has exactly one query row: decode
         num_splits = triton.cdiv(block_tables.shape[1] * BS, split)
         part_m = torch.empty((S, Hq, num_splits), dtype=torch.float32, device=dev)
         part_l = torch.empty_like(part_m)
@@ -399,7 +404,6 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
         return out
     block_g = next_pow2(group)
     block_q = max(1, (16 if interp else 64) // block_g)
-    max_q_len = int(q_lens.max())
     on_device(_paged_prefill_kernel, dev)[(S, triton.cdiv(max_q_len, block_q), Hkv)](
         q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens, out,
         *common, D, *strides, out.stride(0), out.stride(1),

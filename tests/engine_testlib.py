@@ -8,9 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from services.engine.config import SchedulerConfig
 from services.engine.core.engine_core import EngineCore
-from services.engine.core.request import FinishReason, Request, RequestId, SamplingParams
+from services.engine.core.request import (
+    FinishReason,
+    Request,
+    RequestId,
+    SamplingParams,
+)
 from services.engine.kv.prefix_hit import PrefixHit
 
 BLOCK_SIZE_TOKENS = 16
@@ -19,12 +26,12 @@ BLOCK_SIZE_TOKENS = 16
 def make_core(model_and_tokenizer, budget: int = 256, kv_bytes: int = 4 << 20, max_running: int = 64,
               max_waiting: int = 256, prefix_caching: bool = True,
               block_size_tokens: int = BLOCK_SIZE_TOKENS, kv_dtype: str = "int8", speculative_tokens: int = 0,
-              ngram: tuple[int, int] = (2, 4)) -> EngineCore:
+              ngram: tuple[int, int] = (2, 4), kernels: str = "auto") -> EngineCore:
     model, tok = model_and_tokenizer
     config = SchedulerConfig(budget, max_running, max_waiting, speculative_tokens=speculative_tokens,
                              ngram_min=ngram[0], ngram_max=ngram[1])
     return EngineCore(model, tok, config, block_size_tokens, kv_bytes, prefix_caching=prefix_caching,
-                      kv_dtype=kv_dtype)
+                      kv_dtype=kv_dtype, kernels=kernels)
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -69,3 +76,26 @@ def blocks_accounted(core: EngineCore) -> bool:
     """Every block is free or held by the device cache (nothing leaked by a request)."""
     cached = core.kv_manager.num_reclaimable_blocks
     return core.kv_manager.num_free_blocks + cached == core.layout.num_blocks
+
+
+def logits_rows(core, requests, host_hits=None) -> dict[str, list[torch.Tensor]]:
+    """Run the requests to the end; per request id, its logits row at every sampled step."""
+    rows: dict[str, list[torch.Tensor]] = {r.request_id: [] for r in requests}
+
+    def observe(sampled, logits):
+        for request, row in zip(sampled, logits):
+            rows[request.request_id].append(row.clone())
+
+    core.runner.logits_observer = observe
+    for r in requests:
+        core.add(r, (host_hits or {}).get(r.request_id))
+    while core.has_work():
+        core.step()
+    core.runner.logits_observer = None
+    return rows
+
+
+def assert_rows_equal(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    assert len(got) == len(want) > 0
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), f"logits differ at step {step}: max |diff| {(a - b).abs().max().item():.3e}"

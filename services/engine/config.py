@@ -37,7 +37,10 @@ class EngineConfig:
         "help": "KV cache values: int8 (+ a float32 scale per token and head) | bfloat16 | float32 | auto "
                 "(int8 with --precision int8, float32 with float32: the exact reference path)"})
     engine_id: str = field(default="e0", metadata={"help": "stable id of this replica (load reports, finals)"})
-    device: str = field(default="cpu", metadata={"help": "torch device (cpu | cuda)"})
+    device: str = field(default="cpu", metadata={"help": "torch device (cpu | cuda | cuda:N)"})
+    kernels: str = field(default="auto", metadata={
+        "help": "op family: auto (triton on cuda, the C kernels on cpu) | triton (on cpu: Triton's interpreter, "
+                "slow, for checks) | cpu | ref (plain PyTorch)"})
     block_size_tokens: int = field(default=16, metadata={"help": "tokens per KV block"})
     kv_cache_bytes: int = field(default=1 << 30, metadata={"help": "bytes of paged KV cache (values + scales)"})
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -124,3 +124,26 @@ def test_ports_agree():
     assert redis_url.startswith("redis://redis:6379") and "redis" in services
     endpoint = salon["gateway"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
     assert endpoint == "http://otel-collector:4317" and "otel-collector" in services
+
+
+GPU_OVERRIDE = REPO / "docker-compose.gpu.yaml"
+
+
+def test_gpu_override_reserves_a_device_per_engine_and_runs_the_engine_on_it():
+    exe = shutil.which("check-jsonschema") or str(Path(sys.executable).with_name("check-jsonschema"))
+    result = subprocess.run([exe, "--builtin-schema", "vendor.compose-spec", str(GPU_OVERRIDE)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    override = yaml.safe_load(GPU_OVERRIDE.read_text())["services"]
+    engines = {name for name, svc in _salon_services().items() if svc["command"][2] == "services.engine"}
+    assert set(override) == engines
+    device_ids = []
+    for name in engines:
+        assert override[name]["environment"]["SALON_ENGINE_DEVICE"] == "cuda"
+        (device,) = override[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        device_ids += device["device_ids"]
+    assert len(set(device_ids)) == len(engines)  # one GPU each
+    # The variable is the engine's own --device setting (services.common.config's SALON_ENGINE_<FIELD>).
+    from services.engine.config import EngineConfig
+    assert parse_config(EngineConfig, [], env_prefix="SALON_ENGINE_", environ={"SALON_ENGINE_DEVICE": "cuda"}).device == "cuda"

@@ -43,6 +43,8 @@ def test_workload_kinds():
     engine = next(o for o in _objects() if o["kind"] == "StatefulSet")
     resources = engine["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == 1
+    env = {e["name"]: e.get("value") for e in engine["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SALON_ENGINE_DEVICE"] == "cuda"  # the GPU it reserves is the one it runs on
     headless = next(o for o in _objects() if o["kind"] == "Service" and o["metadata"]["name"] == "engine")
     assert headless["spec"]["clusterIP"] == "None"
 

@@ -12,37 +12,19 @@ import json
 import random
 
 import pytest
-import torch
 
 from services.common.prefix_hash import namespace_digest
 from services.engine.kv.prefix_hit import host_hit
 from services.engine.worker.model_loading import load_model
 from tests.engine_testlib import BLOCK_SIZE_TOKENS as BS
-from tests.engine_testlib import make_core, make_request, tokens
+from tests.engine_testlib import (
+    assert_rows_equal,
+    logits_rows,
+    make_core,
+    make_request,
+    tokens,
+)
 from tests.model.conftest import reference_path
-
-
-def logits_rows(core, requests, host_hits=None) -> dict[str, list[torch.Tensor]]:
-    """Run the requests to the end; per request id, its logits row at every sampled step."""
-    rows: dict[str, list[torch.Tensor]] = {r.request_id: [] for r in requests}
-
-    def observe(sampled, logits):
-        for request, row in zip(sampled, logits):
-            rows[request.request_id].append(row.clone())
-
-    core.runner.logits_observer = observe
-    for r in requests:
-        core.add(r, (host_hits or {}).get(r.request_id))
-    while core.has_work():
-        core.step()
-    core.runner.logits_observer = None
-    return rows
-
-
-def assert_rows_equal(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
-    assert len(got) == len(want) > 0
-    for step, (a, b) in enumerate(zip(got, want)):
-        assert torch.equal(a, b), f"logits differ at step {step}: max |diff| {(a - b).abs().max().item():.3e}"
 
 
 def kv_bytes_for(model, num_blocks: int) -> int:

@@ -34,9 +34,10 @@ log = get_logger(__name__)
 def build_core(config: EngineConfig) -> EngineCore:
     if config.torch_threads > 0:
         torch.set_num_threads(config.torch_threads)
-    model, tokenizer = load_model(config.model, config.precision, config.device)
+    model, tokenizer = load_model(config.model, config.precision, config.device, config.kernels)
     core = EngineCore(model, tokenizer, config.scheduler, config.block_size_tokens, config.kv_cache_bytes,
-                      config.device, prefix_caching=not config.no_prefix_cache, kv_dtype=config.resolved_kv_dtype())
+                      config.device, prefix_caching=not config.no_prefix_cache, kv_dtype=config.resolved_kv_dtype(),
+                      kernels=config.kernels)
     if config.warmup:
         warmup(core)
     return core

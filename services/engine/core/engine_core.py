@@ -64,7 +64,7 @@ class LoadSnapshot:
 class EngineCore:
     def __init__(self, model, tokenizer, scheduler_config: SchedulerConfig, block_size_tokens: int,
                  kv_cache_bytes: int, device: str = "cpu", prefix_caching: bool = True,
-                 kv_dtype: str = "int8") -> None:
+                 kv_dtype: str = "int8", kernels: str = "auto") -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
@@ -73,7 +73,7 @@ class EngineCore:
         self.kv_manager = KVCacheManager(self.layout)
         self.prefix = PrefixCaching(self.kv_manager, self.kv_cache) if prefix_caching else None
         self.scheduler = Scheduler(scheduler_config, self.kv_manager, self.prefix)
-        self.runner = ModelRunner(model, self.kv_cache, select_ops(device), device)
+        self.runner = ModelRunner(model, self.kv_cache, select_ops(device, kernels), device)
         self._outputs: dict[str, OutputState] = {}
         self.last_step: StepStats | None = None
         # The requests of the step under way (set once it is scheduled): what a step error fails.

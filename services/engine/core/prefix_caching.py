@@ -20,7 +20,7 @@ from services.engine.core.request import Request
 from services.engine.kv.host_cache import HostPut
 from services.engine.kv.kv_cache import KVCache
 from services.engine.kv.kv_layout import BlockTable
-from services.engine.kv.kv_transfer import GLOBAL, LOCAL, local_start_block, pack_blocks
+from services.engine.kv.kv_transfer import GLOBAL, LOCAL, copy_to_host, local_start_block, pack_blocks
 from services.engine.kv.prefix_cache import DevicePrefixCache
 from services.engine.kv.prefix_hit import PrefixHit, better_hit, cacheable_prefix_tokens
 
@@ -72,7 +72,13 @@ class PrefixCaching:
                   num_blocks: int) -> HostPut:
         assert request.namespace is not None
         local_first = local_start_block(self.layout, tables, num_blocks)
-        local = pack_blocks(self.kv_cache, tables, range(local_first, num_blocks), LOCAL) \
-            if local_first < num_blocks else None
-        return HostPut(request.namespace, block_tokens, pack_blocks(self.kv_cache, tables, range(num_blocks), GLOBAL),
-                       local, local_first, request.conversation_id)
+        # Gathered on the step's stream; the device->host copy runs beside the next steps (copy_to_host).
+        global_kv, global_ready = copy_to_host(pack_blocks(self.kv_cache, tables, range(num_blocks), GLOBAL,
+                                                           to_host=False))
+        local, local_ready = None, None
+        if local_first < num_blocks:
+            local, local_ready = copy_to_host(pack_blocks(self.kv_cache, tables, range(local_first, num_blocks),
+                                                          LOCAL, to_host=False))
+        waits = [w for w in (global_ready, local_ready) if w is not None]
+        return HostPut(request.namespace, block_tokens, global_kv, local, local_first, request.conversation_id,
+                       ready=(lambda: [w() for w in waits]) if waits else None)

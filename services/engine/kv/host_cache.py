@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +45,8 @@ class HostPut:
     local_kv: torch.Tensor | None
     local_first_block: int
     conversation_id: str
+    # Blocks until global_kv / local_kv hold their bytes (a device->host copy still running); None: they do.
+    ready: Callable[[], object] | None = None
 
 
 class HostCache:
@@ -123,6 +125,8 @@ class HostCache:
         task.add_done_callback(lambda t: self._puts.pop(t, None))
 
     async def _put(self, put: HostPut) -> None:
+        if put.ready is not None:
+            await asyncio.to_thread(put.ready)
         local = put.local_kv.numpy() if put.local_kv is not None and put.local_kv.shape[1] else None
         result = await self.client.put(
             put.namespace, put.token_ids, self.layout, put.global_kv.numpy(), local,

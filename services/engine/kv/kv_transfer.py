@@ -17,7 +17,7 @@ The layout tag names everything that decides these bytes, and goes into the cach
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -71,8 +71,9 @@ def _block_ids(tables: Sequence[Sequence[BlockId | None]], group: KVCacheGroup, 
 
 
 def pack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], block_indices: Sequence[int],
-                part: str) -> torch.Tensor:
-    """uint8[len(block_indices), bytes_per_block]: row i is the `part` payload of block block_indices[i]."""
+                part: str, to_host: bool = True) -> torch.Tensor:
+    """uint8[len(block_indices), bytes_per_block]: row i is the `part` payload of block block_indices[i];
+    on the host, or where the cache is with to_host=False (a device-to-device copy, or for copy_to_host)."""
     columns: list[torch.Tensor] = []
     n = len(block_indices)
     for group in _groups(cache.layout, part):
@@ -83,7 +84,46 @@ def pack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], bloc
                 columns.append(t.index_select(0, ids).reshape(n, -1).view(torch.uint8))
     if not columns:
         return torch.empty((n, 0), dtype=torch.uint8)
-    return torch.cat(columns, dim=1).cpu()
+    packed = torch.cat(columns, dim=1)
+    return packed.cpu() if to_host else packed
+
+
+def copy_to_host(packed: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
+    """(host tensor, wait): `packed` (from pack_blocks(..., to_host=False)) on the host. On CUDA the copy runs
+    on a side stream into pinned memory, after the work already queued (the gather), without blocking the
+    step; `wait()` blocks until the bytes are there (call it off the step thread). Elsewhere: (packed, None)."""
+    if packed.device.type != "cuda":
+        return packed, None
+    side = _side_stream(packed.device)
+    side.wait_stream(torch.cuda.current_stream(packed.device))
+    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+    with torch.cuda.stream(side):
+        host.copy_(packed, non_blocking=True)
+        packed.record_stream(side)  # the caching allocator keeps the gather alive until the copy ran
+        done = torch.cuda.Event()
+        done.record(side)
+    return host, done.synchronize
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    stream = _SIDE_STREAMS.get(device)
+    if stream is None:
+        stream = _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return stream
+
+
+def to_cache_device(payloads: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host payloads on the cache's device in one copy (pinned, non-blocking on CUDA: the scatter that
+    follows is queued behind it on the same stream)."""
+    if payloads.device == device:
+        return payloads
+    if device.type == "cuda" and payloads.device.type == "cpu":
+        payloads = payloads if payloads.is_pinned() else payloads.pin_memory()
+        return payloads.to(device, non_blocking=True)
+    return payloads.to(device)
 
 
 def unpack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], block_indices: Sequence[int],
@@ -93,6 +133,7 @@ def unpack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], bl
     if payloads.dtype != torch.uint8 or payloads.dim() != 2 or payloads.shape[0] != n:
         raise ValueError(f"payloads must be uint8[{n}, bytes], got {payloads.dtype}{list(payloads.shape)}")
     offset = 0
+    payloads = to_cache_device(payloads, cache.slots[0].k_cache.device)
     for group in _groups(cache.layout, part):
         ids = _block_ids(tables, group, block_indices).to(cache.slots[0].k_cache.device)
         for slot in range(len(group.layer_ids)):
@@ -100,7 +141,7 @@ def unpack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], bl
             for t in tensors.tensors():
                 row_bytes = t[0].numel() * t.element_size()
                 chunk = payloads[:, offset:offset + row_bytes].contiguous().view(t.dtype).reshape(n, *t.shape[1:])
-                t.index_copy_(0, ids, chunk.to(t.device))
+                t.index_copy_(0, ids, chunk)
                 offset += row_bytes
     if offset != payloads.shape[1]:
         raise ValueError(f"payload rows have {payloads.shape[1]} bytes, the {part} layout needs {offset}")

@@ -71,7 +71,9 @@ def sampled_sequences(config: ModelConfig, w: dict[str, torch.Tensor], bos_token
 def calibration_sequences(config: ModelConfig, w: dict[str, torch.Tensor], tokenizer: Tokenizer,
                           sampled: bool = False) -> list[list[int]]:
     """The calibration text (calibration_text.py), plus text sampled from the float model when asked."""
-    seqs = [tokenizer.encode(CALIBRATION_TEXT, add_bos=config.add_bos, parse_special=False)]
+    # (A synthetic config may use only the head of its tokenizer's vocabulary: ids past it are dropped.)
+    seqs = [[t for t in tokenizer.encode(CALIBRATION_TEXT, add_bos=config.add_bos, parse_special=False)
+             if t < config.vocab_size]]
     if sampled:
         seqs += sampled_sequences(config, w, tokenizer.bos_token_id)
     return seqs

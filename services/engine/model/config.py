@@ -131,9 +131,14 @@ def synthetic_config(name: str) -> ModelConfig:
       layer 0 sliding (W=32), layer 1 global, layer 2 sliding (W=32) reusing layer 0's KV,
       layer 3 global reusing layer 1's KV.
     synthetic-tiny-noshare: the same without sharing (the KV-bytes comparison point).
+    synthetic-tiny-v4k: synthetic-tiny over the first 4,096 ids of the vocabulary only (a small output
+      projection: what Triton's interpreter can run end to end in seconds).
     """
+    vocab_size = GEMMA3_VOCAB_SIZE
     if name == "synthetic-tiny":
         sharing = (None, None, 0, 1)
+    elif name == "synthetic-tiny-v4k":
+        sharing, vocab_size = (None, None, 0, 1), 4096
     elif name == "synthetic-tiny-noshare":
         sharing = (None, None, None, None)
     else:
@@ -144,7 +149,7 @@ def synthetic_config(name: str) -> ModelConfig:
         for k, src in zip(kinds, sharing)
     )
     return ModelConfig(
-        model_id=name, vocab_size=GEMMA3_VOCAB_SIZE, d_model=64, num_layers=4, num_heads=4, num_kv_heads=2,
+        model_id=name, vocab_size=vocab_size, d_model=64, num_layers=4, num_heads=4, num_kv_heads=2,
         head_dim=16, ffn_dim=128, rms_norm_eps=1e-6, max_context_tokens=4096, bos_token_id=2,
         eos_token_ids=GEMMA3_EOS_TOKEN_IDS, layers=layers, attn_scale=1.0 / 4.0, random_weights_seed=1234,
         embedding_multiplier=math.sqrt(64),

@@ -15,8 +15,8 @@ from services.engine.core.request import Request, SamplingParams
 from services.engine.core.scheduler import SchedulerOutput
 from services.engine.kv.kv_cache import KVCache
 from services.engine.worker.attention_backend import ForwardBatch, PagedAttention
-from services.engine.worker.sampler import (DraftHistory, SampledToken, TokenHistory, num_produced, rewind_generator,
-                                            sample)
+from services.engine.worker.sampler import (DraftHistory, SampledToken, TokenHistory, greedy_ids, num_produced,
+                                            plain_greedy, rewind_generator, sample)
 
 
 class ModelRunner:
@@ -32,17 +32,21 @@ class ModelRunner:
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
 
     def build_batch(self, output: SchedulerOutput) -> ForwardBatch:
+        """The step's metadata, built on the host in one int64 buffer and moved to the device in one
+        (pinned, non-blocking) copy; the tensors are views of that one copy."""
         bs = self.layout.block_size_tokens
+        num_groups = len(self.layout.groups)
+        chunks = output.chunks
+        num_seqs = len(chunks)
+        max_blocks = max(len(c.block_tables[g]) for c in chunks for g in range(num_groups))
         token_ids: list[int] = []
         positions: list[int] = []
         query_start_loc = [0]
         seq_lens: list[int] = []
         sample_rows: list[int] = []
-        num_groups = len(self.layout.groups)
-        max_blocks = max(len(c.block_tables[g]) for c in output.chunks for g in range(num_groups))
-        tables = torch.zeros((num_groups, len(output.chunks), max_blocks), dtype=torch.int32)
         slots: list[list[int]] = [[] for _ in range(num_groups)]
-        for s, chunk in enumerate(output.chunks):
+        tables: list[list[int]] = [[] for _ in range(num_groups)]
+        for chunk in chunks:
             start, end = chunk.start_position, chunk.start_position + chunk.num_tokens
             token_ids.extend(chunk.token_ids)
             positions.extend(range(start, end))
@@ -53,17 +57,27 @@ class ModelRunner:
             for g, table in enumerate(chunk.block_tables):
                 # Released (None) entries are never read by the kernel; 0 keeps the tensor valid.
                 ids = [0 if b is None else b for b in table]
-                tables[g, s, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+                tables[g].extend(ids)
+                tables[g].extend([0] * (max_blocks - len(ids)))
                 slots[g].extend(ids[p // bs] * bs + p % bs for p in range(start, end))
-        dev = self.device
+        num_tokens, num_sampled = len(token_ids), len(sample_rows)
+        host = [*token_ids, *positions, *query_start_loc, *seq_lens, *sample_rows]
+        for g in range(num_groups):
+            host.extend(slots[g])
+            host.extend(tables[g])
+        packed = to_device(torch.tensor(host, dtype=torch.int64), self.device)
+        fields = packed.split([num_tokens, num_tokens, num_seqs + 1, num_seqs, num_sampled,
+                               *[n for _ in range(num_groups) for n in (num_tokens, num_seqs * max_blocks)]])
+        per_group = fields[5:]
         return ForwardBatch(
-            token_ids=torch.tensor(token_ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_tables=[tables[g].to(dev) for g in range(num_groups)],
-            slot_mappings=[torch.tensor(s, dtype=torch.int64, device=dev) for s in slots],
-            sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
+            token_ids=fields[0],
+            positions=fields[1],
+            query_start_loc=fields[2].to(torch.int32),
+            seq_lens=fields[3].to(torch.int32),
+            block_tables=[per_group[2 * g + 1].view(num_seqs, max_blocks).to(torch.int32) for g in range(num_groups)],
+            slot_mappings=[per_group[2 * g] for g in range(num_groups)],
+            sample_rows=fields[4],
+            max_query_tokens=max(c.num_tokens for c in chunks),
         )
 
     @torch.inference_mode()
@@ -78,8 +92,13 @@ class ModelRunner:
             self.attention.batch = None
         if batch.sample_rows.numel() == 0:
             return []
-        logits = self.model.logits(hidden[batch.sample_rows]).float().cpu()
+        logits = self.model.logits(hidden[batch.sample_rows]).float()
         chunks = [c for c in output.chunks if c.needs_sample]
+        if self.logits_observer is None and all(plain_greedy(c.request.sampling) for c in chunks):
+            # Every row is a plain argmax: it runs where the logits are and only the ids come back (one copy).
+            tokens = [SampledToken(token_id, None) for token_id in greedy_ids(logits)]
+            return self._produced(chunks, tokens, [None] * len(chunks))[0]
+        logits = logits.cpu()
         params: list[SamplingParams] = []
         generators: list[torch.Generator | None] = []
         histories: list[TokenHistory] = []
@@ -93,6 +112,16 @@ class ModelRunner:
                 histories.append(request if j == 0 or not request.sampling.has_penalties else
                                  DraftHistory(request.prompt_token_ids, request.output_token_ids + list(drafts[:j])))
         tokens = sample(logits, params, generators, histories)
+        produced, kept_rows = self._produced(chunks, tokens, states)
+        if self.logits_observer is not None:
+            owners = [c.request for c, p in zip(chunks, produced) for _ in p]
+            self.logits_observer(owners, logits[kept_rows])
+        return produced
+
+    @staticmethod
+    def _produced(chunks, tokens: list[SampledToken], states: list[torch.Tensor | None]
+                  ) -> tuple[list[list[SampledToken]], list[int]]:
+        """Per chunk, the tokens it keeps (accepted drafts and one more), and the rows they came from."""
         produced: list[list[SampledToken]] = []
         kept_rows: list[int] = []
         row = 0
@@ -104,7 +133,12 @@ class ModelRunner:
             produced.append(rows[:n])
             kept_rows.extend(range(row, row + n))
             row += num_rows
-        if self.logits_observer is not None:
-            owners = [c.request for c, p in zip(chunks, produced) for _ in p]
-            self.logits_observer(owners, logits[kept_rows])
-        return produced
+        return produced, kept_rows
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`: through pinned memory and a non-blocking copy on CUDA (the step's
+    kernels are queued behind it on the same stream); the tensor itself elsewhere."""
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)

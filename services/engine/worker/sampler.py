@@ -166,6 +166,18 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, u: float) -> int:
     return draw(*kept_tokens(logits, params), u)
 
 
+def greedy_ids(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax (first index on ties) as host ints: kernels/cpu/argmax.c on CPU rows, else torch.argmax
+    where the logits are, then one copy of the ids."""
+    return argmax_rows_cpu(logits) or torch.argmax(logits, dim=-1).tolist()
+
+
+def plain_greedy(params: SamplingParams) -> bool:
+    """A row whose token is the argmax of its logits and that returns nothing else (no penalties, no
+    log-probs): the model runner picks it where the logits are and copies back only the id."""
+    return params.greedy and not params.has_penalties and not params.return_logprobs and not params.num_top_logprobs
+
+
 def advance_generator(generator: torch.Generator | None) -> None:
     """Consume the randomness one sampled token uses (failover resume skips tokens already sent)."""
     if generator is not None:
@@ -225,7 +237,7 @@ def sample(
     greedy = [r for r, p in enumerate(params) if p.greedy]
     if greedy:
         greedy_logits = logits if len(greedy) == len(params) else logits[greedy]
-        ids = argmax_rows_cpu(greedy_logits) or torch.argmax(greedy_logits, dim=-1).tolist()
+        ids = greedy_ids(greedy_logits)
         for r, token in zip(greedy, ids):
             tokens[r] = token
     rows = [r for r, p in enumerate(params) if not p.greedy]
