@@ -102,6 +102,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--model", default="gemma-3-270m")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda (the Triton op family, weights and KV there)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt-tokens", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=None)
@@ -112,9 +113,9 @@ def main() -> None:
     prompt_tokens = args.prompt_tokens or (32 if args.quick else 128)
     new_tokens = args.new_tokens or (16 if args.quick else 64)
     levels = [1, 4, 16, 32, 64] if not args.quick else [1, 4, 32, 64]
-    model, tok = load_model(args.model, "int8")
+    model, tok = load_model(args.model, "int8", args.device)
     vocab = model.config.vocab_size
-    core = EngineCore(model, tok, SchedulerConfig(args.budget, 64, 1024), 16, 2 << 30)
+    core = EngineCore(model, tok, SchedulerConfig(args.budget, 64, 1024), 16, 2 << 30, args.device)
     drive(core, make_requests(2, 16, 4, "warm", vocab), 2)
 
     # Sequential baseline: its rate does not depend on N, so a few requests measure it.

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The one prepared check for a lent NVIDIA GPU (written for an H200: 16 cores, 139 GiB). From the repo root:
+#   OUT=/some/dir bash scripts/gpu_check.sh
+# Runs, each under its own time limit so the whole stays under 8 minutes, and writes each log and the
+# RESULT lines to $OUT: the tests marked gpu, bench.kernels, bench.model --device cuda and
+# bench.engine --device cuda. The GPU machine's own python3 (PyTorch + Triton) is used; Python packages
+# it lacks travel as wheels in .whl/ (the device tool's README says how), installed to /tmp/site first.
+# The model: MODEL (default synthetic-tiny, which needs no file); a real GGUF needs its file there too
+# (the 270M Gemma file is larger than what one device call carries).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-check-out}
+MODEL=${MODEL:-synthetic-tiny}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+: > "$OUT/summary.txt"
+: > "$OUT/results.txt"
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+
+step() {  # step NAME SECONDS COMMAND...: run it, keep its log, collect its RESULT line
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name exit=$rc seconds=$((SECONDS - start))" | tee -a "$OUT/summary.txt"
+  grep '^RESULT ' "$OUT/$name.log" | sed "s/^/$name /" >> "$OUT/results.txt"
+}
+
+{ nvidia-smi; "$PY" -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"; } \
+  > "$OUT/device.txt" 2>&1
+step gpu_tests 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/engine
+step bench_kernels 120 "$PY" -m bench.kernels --quick
+step bench_model 90 "$PY" -m bench.model --quick --device cuda --model "$MODEL"
+step bench_engine 90 "$PY" -m bench.engine --quick --device cuda --model "$MODEL"
+cat "$OUT/summary.txt"
