@@ -26,20 +26,27 @@ from services.engine.core.engine_loop import EngineLoop
 from services.engine.kv.host_cache import HostCache
 from services.engine.kv.kv_transfer import host_layout, layout_tag
 from services.engine import metrics
-from services.engine.worker.model_loading import load_model
+from services.engine.model.chat_renderer import ChatRenderer
+from services.engine.worker.model_loading import load_serving_model
 
 log = get_logger(__name__)
 
 
-def build_core(config: EngineConfig) -> EngineCore:
+def build_engine(config: EngineConfig) -> tuple[EngineCore, ChatRenderer]:
+    """The engine core (warmed up unless told not to) and the model's chat renderer."""
     if config.torch_threads > 0:
         torch.set_num_threads(config.torch_threads)
-    model, tokenizer = load_model(config.model, config.precision, config.device)
-    core = EngineCore(model, tokenizer, config.scheduler, config.block_size_tokens, config.kv_cache_bytes,
-                      config.device, prefix_caching=not config.no_prefix_cache, kv_dtype=config.resolved_kv_dtype())
+    loaded = load_serving_model(config.model, config.precision, config.device)
+    core = EngineCore(loaded.model, loaded.tokenizer, config.scheduler, config.block_size_tokens,
+                      config.kv_cache_bytes, config.device, prefix_caching=not config.no_prefix_cache,
+                      kv_dtype=config.resolved_kv_dtype())
     if config.warmup:
         warmup(core)
-    return core
+    return core, loaded.chat
+
+
+def build_core(config: EngineConfig) -> EngineCore:
+    return build_engine(config)[0]
 
 
 class EngineService:
@@ -69,7 +76,7 @@ class EngineService:
 
     async def _load(self, health: HealthState) -> None:
         try:
-            core = await asyncio.to_thread(build_core, self.config)
+            core, chat = await asyncio.to_thread(build_engine, self.config)
         except Exception:
             log.exception("model_load_failed", model=self.config.model)
             raise
@@ -85,7 +92,7 @@ class EngineService:
         if host_cache is not None:
             host_cache.client.start()  # maps the kvstore's arena in the background
         self._loop.start()
-        renderer = PromptRenderer(core.tokenizer, model_cfg.bos_token_id)
+        renderer = PromptRenderer(chat)
         self.servicer.runtime = EngineRuntime(
             loop=self._loop,
             tokenizer=core.tokenizer,
@@ -95,8 +102,10 @@ class EngineService:
                           max_token_bytes=max(len(core.tokenizer.decode([i]).encode())
                                               for i in range(model_cfg.vocab_size)),
                           message_overhead_tokens=renderer.message_overhead_tokens,
-                          prompt_overhead_tokens=renderer.prompt_overhead_tokens),
+                          prompt_overhead_tokens=renderer.prompt_overhead_tokens,
+                          character_overhead_tokens=renderer.character_overhead_tokens),
             model_config=model_cfg,
+            chat=chat,
             block_size_tokens=self.config.block_size_tokens,
             namespace_of=None if self.config.no_prefix_cache else self._namespace_of(core),
             host_cache=host_cache,
