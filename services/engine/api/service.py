@@ -26,6 +26,7 @@ from services.engine.core.engine_loop import EngineLoop
 from services.engine.kv.host_cache import HostCache
 from services.engine.kv.kv_transfer import host_layout, layout_tag
 from services.engine import metrics
+from services.engine.resident import ResidentMeter
 from services.engine.model.chat_renderer import ChatRenderer
 from services.engine.worker.model_loading import load_serving_model
 
@@ -110,6 +111,9 @@ class EngineService:
             namespace_of=None if self.config.no_prefix_cache else self._namespace_of(core),
             host_cache=host_cache,
             sliding_window_tokens=max((layer.sliding_window_tokens or 0 for layer in model_cfg.layers), default=0),
+            kv_bytes_per_token=core.layout.page_bytes // core.layout.block_size_tokens,
+            resident=ResidentMeter(core.model.weight_bytes(), core.kv_cache.allocated_bytes(),
+                                   self.config.kvstore_shm_dir if host_cache is not None else None),
         )
         log.info("engine_ready", model=model_cfg.model_id, kv_blocks=core.layout.num_blocks,
                  kv_bytes=core.layout.capacity_bytes, kv_groups=len(core.layout.groups),

@@ -49,6 +49,7 @@ from services.engine.kv.prefix_hit import PrefixHit, cacheable_prefix_tokens
 from services.engine.model.chat_renderer import ChatRenderer
 from services.engine.model.config import ModelConfig
 from services.engine.model.tokenizer import Tokenizer
+from services.engine.resident import ResidentMeter
 
 log = get_logger(__name__)
 
@@ -78,6 +79,10 @@ class EngineRuntime:
     host_cache: HostCache | None = None
     # Widest sliding window of the model (0 if none): sets how much KV before the last message is kept.
     sliding_window_tokens: int = 0
+    # Bytes of paged KV one token takes (every layer's slot, values and scales).
+    kv_bytes_per_token: int = 0
+    # The process's resident memory by part (services/engine/resident.py); None in tests that build no meter.
+    resident: ResidentMeter | None = None
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
@@ -301,7 +306,15 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             return engine_pb2.LoadReport(engine_id=self.config.engine_id,
                                          max_waiting_requests=self.config.scheduler.max_waiting_requests)
         snap = rt.loop.load
+        resident = None
+        if rt.resident is not None:
+            r = rt.resident.measure()
+            resident = chat_pb2.ResidentBytes(total_bytes=r.total_bytes, weights_bytes=r.weights_bytes,
+                                              kv_cache_bytes=r.kv_cache_bytes, other_bytes=r.other_bytes,
+                                              arena_bytes=r.arena_bytes)
         return engine_pb2.LoadReport(
+            model_id=rt.model_config.model_id,
+            resident=resident,
             engine_id=self.config.engine_id,
             running_requests=snap.running_requests,
             waiting_requests=rt.loop.num_waiting,
@@ -355,6 +368,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             eos_token_ids=list(rt.chat.stop_token_ids),
             bos_token_id=cfg.bos_token_id,
             kv_block_size_tokens=rt.block_size_tokens,
+            architecture=cfg.architecture,
+            kv_bytes_per_token=rt.kv_bytes_per_token,
+            has_chat_template=rt.chat.has_own_template,
         ))
 
 
