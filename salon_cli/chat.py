@@ -23,6 +23,10 @@ DEFAULT_CHARACTER = (
 )
 
 
+_ENDED = {chat_pb2.FINISH_REASON_STOP_TOKEN: "end of turn", chat_pb2.FINISH_REASON_LENGTH: "token limit",
+          chat_pb2.FINISH_REASON_CONTEXT_FULL: "context full", chat_pb2.FINISH_REASON_STOP_STRING: "stop string"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="salon chat", description=__doc__.splitlines()[0])
     p.add_argument("--target", default=os.environ.get("SALON_GATEWAY", "127.0.0.1:50051"), help="gateway host:port")
@@ -30,9 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conversation-id", default=None, help="continue this dialogue id (default: a new one)")
     p.add_argument("--character-name", default="Ada")
     p.add_argument("--character", default=DEFAULT_CHARACTER, help="character definition")
-    p.add_argument("--user-name", default="You")
+    p.add_argument("--model", default="", help="served model to chat with (default: the stack's default model)")
+    p.add_argument("--user-name", default="", help="your name, sent as the author of your messages (default: none)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.2,
+                   help="vLLM's repetition_penalty (1 = off): keeps a small model from looping on a phrase")
     return p
 
 
@@ -43,12 +50,14 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
     async with grpc.aio.insecure_channel(args.target) as channel:
         stub = chat_pb2_grpc.ChatServiceStub(channel)
         try:
-            info = await stub.GetModelInfo(chat_pb2.GetModelInfoRequest(), metadata=metadata, timeout=30)
+            info = await stub.GetModelInfo(chat_pb2.GetModelInfoRequest(model=args.model), metadata=metadata,
+                                           timeout=30)
             eos_ids = set(info.model.eos_token_ids)
         except grpc.aio.AioRpcError as exc:
             out.write(f"cannot reach the gateway at {args.target}: {exc.code().name}: {exc.details()}\n")
             return 1
-        out.write(f"conversation {conversation_id} with {args.character_name} (Ctrl-D to quit)\n")
+        model = info.model.model_id
+        out.write(f"conversation {conversation_id} with {args.character_name} on {model} (Ctrl-D to quit)\n")
         for line in lines:
             text = line.rstrip("\n")
             if not text.strip():
@@ -58,7 +67,9 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
                 conversation_id=conversation_id,
                 character=chat_pb2.Character(name=args.character_name, definition=args.character),
                 dialogue=chat_pb2.Dialogue(messages=history),
-                sampling=chat_pb2.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature),
+                sampling=chat_pb2.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                                 repetition_penalty=args.repetition_penalty),
+                model=model,
             )
             reply_ids: list[int] = []
             out.write(f"{args.character_name}: ")
@@ -74,7 +85,7 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
                         out.write(
                             f"\n  [{usage.prompt_tokens} prompt tokens, {cached} cached, "
                             f"{usage.generated_tokens} generated, ttft {event.final.timings.ttft_ms:.0f} ms, "
-                            f"engine {event.final.engine_id}]\n"
+                            f"engine {event.final.engine_id}, {_ENDED.get(event.final.finish_reason, 'ended')}]\n"
                         )
             except grpc.aio.AioRpcError as exc:
                 out.write(f"\n  error: {exc.code().name}: {exc.details()}\n")
@@ -96,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     def lines():
         while True:
             try:
-                yield input(f"{args.user_name}: ")
+                yield input(f"{args.user_name or 'You'}: ")
             except EOFError:
                 return
 

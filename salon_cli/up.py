@@ -3,6 +3,7 @@
     salon up ── certificates and secrets (state dir/tls, salon_cli/certs.py), once
        ├─ kvstore   mTLS: engines only                 ┐ each child gets --parent-pid: it stops when salon up
        ├─ engine-i  mTLS: gateways only; → kvstore     │ is gone, however it went (SIGKILL, a closed terminal)
+       │            (--engines of them per --model; the gateway keeps one pool per model)
        └─ gateway   public port on loopback (API key)  ┘
     supervise: a child that exits is logged and started again on the same port, with backoff
     (BACKOFF_INITIAL_S doubling to BACKOFF_MAX_S, reset once it has run for BACKOFF_RESET_S); the others
@@ -30,6 +31,8 @@ from salon_cli.certs import StackSecrets, write_stack_secrets
 from services.common.internal_auth import INSECURE_LOOPBACK, MODES, MTLS
 from services.common.process import ServiceProcess, ServiceStartError, threads_per_process
 
+DEFAULT_MODEL = "smollm2-135m-instruct"
+KNOWN_NAMES = ("smollm2-135m-instruct", "gemma-3-270m")
 BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 30.0
 BACKOFF_RESET_S = 60.0
@@ -38,8 +41,11 @@ _POLL_S = 0.2
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="salon up", description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="gemma-3-270m", help="model to serve (gemma-3-270m or synthetic-tiny)")
-    p.add_argument("--engines", type=int, default=1, help="number of engine processes")
+    p.add_argument("--model", action="append", default=None,
+                   help=f"model to serve: a known name ({', '.join(KNOWN_NAMES)}), synthetic-tiny or a .gguf path; "
+                        f"repeat it to serve several, one engine pool each (the first is the default; "
+                        f"default: {DEFAULT_MODEL})")
+    p.add_argument("--engines", type=int, default=1, help="engine processes per model")
     p.add_argument("--gateway-port", type=int, default=50051)
     p.add_argument("--kvstore-port", type=int, default=50061)
     p.add_argument("--engine-base-port", type=int, default=50071, help="engine i listens on base + i")
@@ -117,6 +123,11 @@ def private_shm_dir(state_dir: Path) -> Path:
     return base / f"salon-{os.getuid()}-{tag}"
 
 
+def models_of(args: argparse.Namespace) -> list[str]:
+    """The models to serve, in order (the first is the default), each once."""
+    return list(dict.fromkeys(args.model or [DEFAULT_MODEL]))
+
+
 def plan_stack(args: argparse.Namespace) -> list[Child]:
     """The children, in start order (kvstore, engines, gateway)."""
     state = args.state_dir
@@ -133,20 +144,23 @@ def plan_stack(args: argparse.Namespace) -> list[Child]:
         "--shm-dir", str(shm_dir),
         *_internal_flags(secrets, "kvstore", mode), *parent), state / "kvstore.log", state / "kvstore.pid")]
     engine_targets = []
-    for i in range(args.engines):
+    models = models_of(args)
+    num_engines = args.engines * len(models)
+    for i in range(num_engines):
+        model = models[i // args.engines]
         name = f"engine-{i}"
         port = args.engine_base_port + i
         children.append(Child(name, "engine", (
             "--port", str(port), "--metrics-port", str(args.metrics_base_port + 2 + i), "--engine-id", name,
-            "--model", args.model, "--kvstore-target", kvstore_target, "--kvstore-shm-dir", str(shm_dir),
-            "--torch-threads", str(threads_per_process(args.engines)),
+            "--model", model, "--kvstore-target", kvstore_target, "--kvstore-shm-dir", str(shm_dir),
+            "--torch-threads", str(threads_per_process(num_engines)),
             *_internal_flags(secrets, "engine", mode), *_client_flags(secrets, "kvstore", "engine", mode), *parent),
             state / f"{name}.log", state / f"{name}.pid"))
         engine_targets.append(f"{name}=127.0.0.1:{port}")
     gateway = ["--port", str(args.gateway_port), "--metrics-port", str(args.metrics_base_port),
                "--engines", ",".join(engine_targets), "--tenants-file", str(write_tenants_file(state, args.api_key)),
                "--salt-secret-file", str(secrets.salt_secret), "--namespace-grant-key-file", str(secrets.grant_key),
-               *_client_flags(secrets, "engine", "gateway", mode), *parent]
+               "--default-model", models[0], *_client_flags(secrets, "engine", "gateway", mode), *parent]
     if mode == INSECURE_LOOPBACK:
         gateway += ["--internal-auth", INSECURE_LOOPBACK]
     if args.redis_url:
@@ -155,7 +169,7 @@ def plan_stack(args: argparse.Namespace) -> list[Child]:
     return children
 
 
-def start_stack(children: list[Child], model: str) -> None:
+def start_stack(children: list[Child], models: list[str]) -> None:
     """Start every child and wait until each is SERVING (engines load in parallel)."""
     try:
         kvstore, *engines, gateway = children
@@ -163,7 +177,8 @@ def start_stack(children: list[Child], model: str) -> None:
         kvstore.proc.wait_serving(timeout_s=120)
         for engine in engines:
             engine.start()
-        print(f"loading {model} in {len(engines)} engine(s) (the first run converts the GGUF once)...", flush=True)
+        print(f"loading {', '.join(models)} in {len(engines)} engine(s) (the first run converts each GGUF once)...",
+              flush=True)
         for engine in engines:
             engine.proc.wait_serving(timeout_s=1800)
         gateway.start()
@@ -186,6 +201,7 @@ def describe(children: list[Child], args: argparse.Namespace) -> str:
             if args.internal_auth == MTLS else "insecure-loopback: internal links without TLS (development)")
     return "\n".join(
         ["salon is up:", *rows, f"  logs      {args.state_dir}", f"  internal  {auth}",
+         f"models    {', '.join(models_of(args))} (default {models_of(args)[0]})",
          f"chat with it:  salon chat --target 127.0.0.1:{args.gateway_port} --api-key {args.api_key}",
          "Ctrl-C stops everything."]
     )
@@ -239,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, request_stop)
     children = plan_stack(args)
     try:
-        start_stack(children, args.model)
+        start_stack(children, models_of(args))
     except ServiceStartError as exc:
         print(f"salon up failed: {exc}", file=sys.stderr)
         return 1

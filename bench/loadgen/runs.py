@@ -89,13 +89,13 @@ def run_salon(trace: Trace, side: SalonSide, cache: bool, driver: DriverConfig,
 
 
 def load_rendering(model: str):
-    """salon's renderer over salon's tokenizer for `model` (every model uses the Gemma vocabulary)."""
+    """salon's renderer over the model's tokenizer and chat format (synthetic models: Gemma's)."""
     from bench.loadgen.transport_llama_server import SalonRendering
     from services.engine.model.loader import open_model_file
     from services.engine.model.tokenizer import Tokenizer
 
     model_file = open_model_file(model)
-    return SalonRendering(Tokenizer(model_file.vocab), model_file.config.bos_token_id)
+    return SalonRendering(Tokenizer(model_file.vocab), model_file.chat_template, model_file.config.eos_token_ids)
 
 
 def peer_context_tokens(trace: Trace, round_to: int = 256) -> int:

@@ -1,8 +1,8 @@
 """The peer transport: the same turns through llama-server (bench/peer.py's LlamaServer), prompt cache on.
 
-Each turn's prompt is rendered exactly as a salon engine renders it -- salon's own PromptRenderer and
-tokenizer (services/engine/api/prompt.py), history text tokenized message by message, replies kept as
-the ids the server generated -- and sent to /completion as token ids. So both servers see the same
+Each turn's prompt is rendered exactly as a salon engine renders it -- salon's own PromptRenderer over the
+model's chat format and tokenizer (services/engine/api/prompt.py), history rendered message by message,
+replies kept as the ids the server generated -- and sent to /completion as token ids. So both servers see the same
 prompt tokens for the same dialogue state, and a returning turn's prompt extends the previous one
 exactly, which is what llama-server's prompt cache (`cache_prompt`, slot KV and its host-memory
 cache) reuses. Decoding is greedy (llama-server's /completion here has no seeded sampling to match).
@@ -22,35 +22,29 @@ _ROLES = {Role.USER: salon_prompt.Role.USER, Role.CHARACTER: salon_prompt.Role.C
 
 
 class SalonRendering:
-    """Dialogue messages -> prompt token ids, with the engine's renderer over the engine's tokenizer.
+    """Dialogue messages -> prompt token ids, with the engine's renderer over the model's chat format.
 
-    PromptRenderer renders piece by piece -- [BOS] + character block + each message + the generation
-    prompt -- so the pieces are memoized: a dialogue re-sends its whole history every turn, and only
-    its new messages are tokenized (tens of milliseconds per 2k-token prompt otherwise, on the client).
-    `reference_ids` is the renderer's own render(); a test holds the two equal.
+    The engine's ChatRenderer caches its renders per conversation prefix, so a dialogue that re-sends its whole
+    history every turn has only its new messages rendered (tens of milliseconds per 2k-token prompt otherwise,
+    on the client). `reference_ids` renders with a fresh renderer (nothing cached); a test holds the two equal.
     """
 
-    def __init__(self, tokenizer, bos_token_id: int) -> None:
-        self.renderer = salon_prompt.PromptRenderer(tokenizer, bos_token_id)
-        self.bos_token_id = bos_token_id
-        # Grows with the distinct messages of a run (a bench run's dialogues, a few MB at most).
-        self._message_ids: dict[ChatMessage, list[int]] = {}
-        self._character_ids: dict[tuple[str, str], list[int]] = {}
+    def __init__(self, tokenizer, chat_template: str | None, eos_token_ids) -> None:
+        from services.engine.model.chat_renderer import ChatRenderer
+
+        self._make = lambda: salon_prompt.PromptRenderer(ChatRenderer(tokenizer, chat_template, eos_token_ids,
+                                                                      cache_capacity=1 << 16))
+        self.renderer = self._make()
 
     def prompt_ids(self, turn: TurnRequest) -> list[int]:
-        key = (turn.character_name, turn.character_definition)
-        if key not in self._character_ids:
-            self._character_ids[key] = self.renderer.character_ids(salon_prompt.Character(*key))
-        ids = [self.bos_token_id, *self._character_ids[key]]
-        for m in turn.messages:
-            if m not in self._message_ids:
-                self._message_ids[m] = self.renderer.message_ids(to_prompt_message(m))
-            ids += self._message_ids[m]
-        return ids + self.renderer.model_header
+        return self.renderer.render(_character(turn), [to_prompt_message(m) for m in turn.messages])
 
     def reference_ids(self, turn: TurnRequest) -> list[int]:
-        character = salon_prompt.Character(turn.character_name, turn.character_definition)
-        return self.renderer.render(character, [to_prompt_message(m) for m in turn.messages])
+        return self._make().render(_character(turn), [to_prompt_message(m) for m in turn.messages])
+
+
+def _character(turn: TurnRequest) -> salon_prompt.Character:
+    return salon_prompt.Character(turn.character_name, turn.character_definition)
 
 
 def to_prompt_message(message: ChatMessage) -> salon_prompt.ChatMessage:

@@ -42,8 +42,8 @@ def _counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> _ModelBound:
     return _ModelBound(Counter(name, doc, ["model", *labels]))
 
 
-def _gauge(name: str, doc: str) -> _ModelBound:
-    return _ModelBound(Gauge(name, doc, ["model"]))
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> _ModelBound:
+    return _ModelBound(Gauge(name, doc, ["model", *labels]))
 
 
 # Requests (vLLM: time_to_first_token_seconds, inter_token_latency_seconds, e2e_request_latency_seconds,
@@ -73,6 +73,11 @@ KV_BLOCKS_USED = _gauge("salon_engine_kv_blocks_used", "KV cache blocks held by 
 KV_BLOCKS_CACHED = _gauge("salon_engine_kv_blocks_cached", "KV cache blocks held by the prefix cache (reclaimable).")
 KV_BLOCKS_FREE = _gauge("salon_engine_kv_blocks_free", "Free KV cache blocks.")
 NUM_PREEMPTIONS = _counter("salon_engine_num_preemptions_total", "Requests preempted (recompute) to free KV blocks.")
+# Memory (services/engine/resident.py).
+RESIDENT_BYTES = _gauge("salon_engine_resident_bytes",
+                        "Resident memory of the engine process by part: total (RSS), weights, kv_cache (allocated), "
+                        "other (total - weights - kv_cache), arena (the kvstore's shared pages mapped in).",
+                        ("part",))
 # Tokens (vLLM: prompt_tokens_total, generation_tokens_total).
 PROMPT_TOKENS = _counter("salon_engine_prompt_tokens_total", "Prompt tokens of admitted requests.")
 GENERATION_TOKENS = _counter("salon_engine_generation_tokens_total", "Tokens sampled.")

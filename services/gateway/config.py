@@ -14,7 +14,7 @@ PUBLIC_MAX_RECEIVE_MESSAGE_BYTES = 4 << 20
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """salon gateway: the public salon.chat.v1.ChatService in front of a pool of engines."""
+    """salon gateway: the public salon.chat.v1.ChatService in front of one pool of engines per model."""
 
     server: ServerConfig = field(
         default_factory=lambda: ServerConfig(max_receive_message_bytes=PUBLIC_MAX_RECEIVE_MESSAGE_BYTES))
@@ -59,6 +59,8 @@ class GatewayConfig:
     engine_tls_server_name: str | None = field(
         default=None, metadata={"help": "name the engines' certificate must carry (default: the dialed host; set it "
                                         "when engines are dialed by IP, e.g. engine.salon.svc)"})
+    default_model: str = field(default="", metadata={
+        "help": "model of requests that name none (default: the model of the first configured engine that reports)"})
     model_info_ttl_s: float = field(default=30.0, metadata={"help": "how long GetModelInfo answers are cached"})
     # The OpenAI-compatible HTTP API (services/gateway/http/).
     http_port: int | None = field(default=None, metadata={"help": "OpenAI-compatible HTTP API port (0 = free port; "

@@ -33,6 +33,7 @@ from services.common.logging import get_logger
 from services.gateway import metrics
 from services.gateway.call_trace import CallTrace
 from services.gateway.membership import EnginePool
+from services.gateway.model_pools import ModelPools
 from services.gateway.routing import RouteDecision, RoutingPolicy
 from services.gateway.sessions import SessionTable
 from services.gateway.types import DialogueKey, EngineId, TenantId, dialogue_key
@@ -92,11 +93,16 @@ class _EngineMetrics:
 
 
 class Dispatcher:
-    def __init__(self, pool: EnginePool, policy: RoutingPolicy, sessions: SessionTable, settings: DispatchSettings):
+    """Routes each reply within its model's pool (`pools`, one policy each); without pools, over every engine
+    with `policy`."""
+
+    def __init__(self, pool: EnginePool, policy: RoutingPolicy, sessions: SessionTable, settings: DispatchSettings,
+                 pools: ModelPools | None = None):
         self.pool = pool
         self.policy = policy
         self.sessions = sessions
         self.settings = settings
+        self.pools = pools
         self._background: set[asyncio.Task] = set()
         self._metrics_by_engine: dict[EngineId, _EngineMetrics] = {}
 
@@ -119,22 +125,29 @@ class Dispatcher:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _route(self, key: DialogueKey, sticky: EngineId | None, exclude: set[EngineId]) -> RouteDecision:
-        decision = self.policy.choose(key, self.pool.snapshot(), sticky, frozenset(exclude))
+    def _choose(self, model: str, key: DialogueKey, sticky: EngineId | None,
+                exclude: set[EngineId]) -> RouteDecision | None:
+        if self.pools is None:
+            return self.policy.choose(key, self.pool.snapshot(), sticky, frozenset(exclude))
+        return self.pools.policy(model).choose(key, self.pools.snapshot(model), sticky, frozenset(exclude))
+
+    def _route(self, model: str, key: DialogueKey, sticky: EngineId | None, exclude: set[EngineId]) -> RouteDecision:
+        decision = self._choose(model, key, sticky, exclude)
         if decision is None:
             metrics.REFUSALS.labels(reason="no_engine").inc()
-            raise Unavailable("no engine is serving; retry shortly")
+            raise Unavailable(f"no engine of {model} is serving; retry shortly" if self.pools is not None
+                              else "no engine is serving; retry shortly")
         return decision
 
-    async def _place(self, key: DialogueKey) -> RouteDecision:
+    async def _place(self, model: str, key: DialogueKey) -> RouteDecision:
         """First placement of a reply: session table, then policy, then record where it went."""
         sticky = await self.sessions.get(key)
-        decision = self._route(key, sticky, set())
+        decision = self._route(model, key, sticky, set())
         if sticky is None:
             holder = await self.sessions.claim(key, decision.engine_id)
             if holder != decision.engine_id:
                 # Another gateway replica placed this dialogue a moment ago: follow it if we can.
-                decision = self._route(key, holder, set())
+                decision = self._route(model, key, holder, set())
                 if decision.engine_id != holder:
                     await self._record(key, decision.engine_id)
         else:
@@ -162,11 +175,11 @@ class Dispatcher:
         reply_request_id: str = "",
     ) -> AsyncIterator[chat_pb2.GenerateResponse]:
         """Yield the reply's events. `deadline_s` is absolute (time.monotonic), None for no deadline;
-        `model` labels the latency metrics; reply_request_id: the id GenerateFinal reports (the caller's
-        own; default the engine request's)."""
+        `model`: the served model whose pool serves the reply (with pools) and the latency metrics' label;
+        reply_request_id: the id GenerateFinal reports (the caller's own; default the engine request's)."""
         reply_request_id = reply_request_id or request.request_id
         key = dialogue_key(tenant_id, request.conversation_id)
-        decision = await self._place(key)
+        decision = await self._place(model, key)
         exclude: set[EngineId] = set()
         forwarded_token_ids: list[int] = []
         num_failovers = 0
@@ -177,7 +190,7 @@ class Dispatcher:
             handle = self.pool.by_id(engine_id)
             if handle is None:  # removed between routing and now
                 exclude.add(engine_id)
-                engine_id = self._route(key, None, exclude).engine_id
+                engine_id = self._route(model, key, None, exclude).engine_id
                 continue
             # The request is ours (built by the servicer): each attempt resumes after what was sent.
             if forwarded_token_ids:
@@ -220,7 +233,7 @@ class Dispatcher:
                         and num_refusals < self.settings.max_refusal_retries:
                     num_refusals += 1
                     exclude.add(engine_id)
-                    next_engine = self.policy.choose(key, self.pool.snapshot(), None, frozenset(exclude))
+                    next_engine = self._choose(model, key, None, exclude)
                     if next_engine is not None:
                         metrics.SPILLS.inc()
                         engine_id = next_engine.engine_id
@@ -254,7 +267,7 @@ class Dispatcher:
                 yield chat_pb2.GenerateResponse(final=final)
                 return
             exclude.add(engine_id)
-            engine_id = self._route(key, None, exclude).engine_id
+            engine_id = self._route(model, key, None, exclude).engine_id
             await self._record(key, engine_id)
             log.warning("failover", from_engine=failure.engine_id, to_engine=engine_id, reason=failure.reason,
                         num_resume_tokens=len(forwarded_token_ids))

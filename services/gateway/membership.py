@@ -6,7 +6,8 @@ id from its first LoadReport). For each engine the pool keeps one channel and tw
 
     grpc.health.v1 Health.Watch ──> serving      (SERVING ⇔ member of the ring; polls Check instead
                                                   if the engine cannot stream Watch)
-    EngineService.WatchLoad     ──> last report  (running + waiting requests, draining flag)
+    EngineService.WatchLoad     ──> last report  (running + waiting requests, draining flag, the model it
+                                                  serves: its pool, model_pools.py; resident memory)
 
 Invariants:
   * an engine is `accepting` (a ring member) iff its latest health status is SERVING, it has an id,
@@ -205,6 +206,7 @@ class EngineHandle:
 
     def _take_report(self, report: engine_pb2.LoadReport) -> None:
         was_accepting, was_id = self.accepting, self.engine_id
+        was_model = self.report.model_id if self.report is not None else ""
         if report.engine_id and self.configured_id is None:
             self.engine_id = EngineId(report.engine_id)
         elif report.engine_id and report.engine_id != self.configured_id:
@@ -213,7 +215,7 @@ class EngineHandle:
         if report.draining != self.draining:
             log.info("engine_draining", engine=self.engine_id, draining=report.draining)
         self.report = report
-        if was_accepting != self.accepting or was_id != self.engine_id:
+        if was_accepting != self.accepting or was_id != self.engine_id or was_model != report.model_id:
             self._publish()
 
 

@@ -15,6 +15,7 @@ from services.gateway.config import GatewayConfig
 from services.gateway.dispatch import DispatchSettings, Dispatcher
 from services.gateway.grants import Grants
 from services.gateway.membership import EnginePool, PoolSettings, parse_engine_list
+from services.gateway.model_pools import ModelPools
 from services.gateway.ratelimit import AdmissionControl
 from services.gateway.routing import make_policy
 from services.gateway.servicer import ChatServicer
@@ -80,13 +81,13 @@ def pool_settings(config: GatewayConfig) -> PoolSettings:
 
 
 def build_http_server(config: GatewayConfig, tenants: TenantTable, admission: AdmissionControl,
-                      dispatcher: Dispatcher, pool: EnginePool, grants: Grants):
+                      dispatcher: Dispatcher, pools: ModelPools, grants: Grants):
     """The OpenAI-compatible front on config.http_port, over the same core as the gRPC servicer."""
     from services.gateway.http.app import HttpServer, build_app
     from services.gateway.http.catalog import ModelCatalog
     from services.gateway.http.routes import Front
 
-    front = Front(tenants, admission, dispatcher, ModelCatalog(pool, config.model_info_ttl_s), grants,
+    front = Front(tenants, admission, dispatcher, ModelCatalog(pools), grants,
                   config.opening_max_bytes)
     return HttpServer(build_app(front), config.server.host, config.http_port, config.server.grace_s)
 
@@ -107,6 +108,7 @@ class GatewayService:
         self.grants = Grants(namespace_grant.load_key(config.namespace_grant_key_file)
                              if config.namespace_grant_key_file else None)
         self.pool: EnginePool | None = None
+        self.pools: ModelPools | None = None
         self.sessions: SessionTable | None = None
         self.dispatcher: Dispatcher | None = None
         self._ready_task: asyncio.Task | None = None
@@ -121,20 +123,23 @@ class GatewayService:
             log.warning("no_tenants", detail="every call will be refused UNAUTHENTICATED")
         self.sessions = build_sessions(self.config)
         self.pool = EnginePool(self.endpoints, self.settings)
+        config = self.config
+        self.pools = ModelPools(self.pool, lambda: make_policy(config.routing_policy, config.load_factor,
+                                                               config.min_capacity_streams),
+                                config.default_model, config.model_info_ttl_s)
         self.dispatcher = Dispatcher(self.pool, self.policy, self.sessions,
-                                     DispatchSettings(max_failovers=self.config.max_failovers))
+                                     DispatchSettings(max_failovers=self.config.max_failovers), self.pools)
         servicer = ChatServicer(
             self.tenants,
             AdmissionControl(concurrency_retry_after_ms=self.config.concurrency_retry_after_ms),
             self.dispatcher,
-            self.pool,
-            self.config.model_info_ttl_s,
+            self.pools,
             self.grants,
         )
         chat_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
         self.pool.start()
         if self.config.http_port is not None:
-            self.http = build_http_server(self.config, self.tenants, servicer.admission, self.dispatcher, self.pool,
+            self.http = build_http_server(self.config, self.tenants, servicer.admission, self.dispatcher, self.pools,
                                           self.grants)
             self.http.start()
             self.listening_ports["http_port"] = self.http.port
@@ -147,7 +152,9 @@ class GatewayService:
     async def _serve_when_routable(self, health: HealthState) -> None:
         """Report SERVING once some engine can take work; from then on failures are per request."""
         assert self.pool is not None
-        await self.pool.wait_for(lambda loads: any(load.accepting for load in loads.values()), timeout_s=1e9)
+        assert self.pools is not None
+        await self.pool.wait_for(lambda loads: any(load.accepting for load in loads.values())
+                                 and bool(self.pools.models()), timeout_s=1e9)
         await health.set_serving()
         log.info("gateway_serving")
 

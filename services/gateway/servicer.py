@@ -3,7 +3,9 @@
 Before anything reaches an engine:
   * the tenant's API key decides its namespace salt, and (with a grant key) a namespace grant that
     lets the engines store KV in that namespace (services/common/namespace_grant.py);
-  * a prompt whose count of messages or ids cannot fit the engines' context (known from
+  * the request's model resolves to a served model's pool ("" = the default; NOT_FOUND naming the
+    served models otherwise, model_pools.py), and the reply is routed within that pool;
+  * a prompt whose count of messages or ids cannot fit the model's context (known from
     GetModelInfo) is refused here, before it is copied and forwarded (services/common/prompt_bounds.py);
   * the engine's request id is always generated here: a client's request_id or x-request-id is kept
     for its logs and echoed in GenerateFinal.request_id, never used as the engine's id (two tenants'
@@ -15,7 +17,6 @@ DeleteConversation fans out to every known engine, then forgets the dialogue's s
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -32,7 +33,7 @@ from services.gateway import metrics
 from services.gateway.dispatch import Dispatcher
 from services.gateway.grants import Grants
 from services.gateway.genai_span import set_request_attributes, set_response_attributes
-from services.gateway.membership import EnginePool
+from services.gateway.model_pools import ModelPools
 from services.gateway.ratelimit import AdmissionControl
 from services.common.prompt_bounds import prompt_count_problem
 from services.gateway.tenants import Tenant, TenantTable
@@ -42,7 +43,6 @@ from services.gateway.validate import validate_conversation_id, validate_generat
 log = get_logger(__name__)
 
 AUTHORIZATION_METADATA_KEY = "authorization"
-_MODEL_INFO_TIMEOUT_S = 5.0
 _DELETE_TIMEOUT_S = 10.0
 
 
@@ -70,45 +70,26 @@ def to_engine_request(request: chat_pb2.GenerateRequest, request_id: str, namesp
 
 class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
     def __init__(self, tenants: TenantTable, admission: AdmissionControl, dispatcher: Dispatcher,
-                 pool: EnginePool, model_info_ttl_s: float, grants: Grants):
+                 pools: ModelPools, grants: Grants):
         self.tenants = tenants
         self.admission = admission
         self.dispatcher = dispatcher
-        self.pool = pool
-        self.model_info_ttl_s = model_info_ttl_s
+        self.pools = pools
+        self.pool = pools.pool
         self.grants = grants
-        self._model_info: chat_pb2.ModelInfo | None = None
-        self._model_info_expires_s = 0.0
-        self._model_info_refresh: asyncio.Task | None = None
 
     def _grant(self, tenant: Tenant) -> bytes:
         return self.grants.for_tenant(tenant)
 
-    def _check_prompt_counts(self, request: chat_pb2.GenerateRequest) -> None:
-        """OUT_OF_RANGE when the counts alone cannot fit the engines' context (once it is known)."""
-        info = self._model_info
-        if info is None or time.monotonic() >= self._model_info_expires_s:
-            self._refresh_model_info_later()
+    def _check_prompt_counts(self, request: chat_pb2.GenerateRequest, model: str) -> None:
+        """OUT_OF_RANGE when the counts alone cannot fit the model's context (once it is known)."""
+        info = self.pools.cached_info(model)
         if info is None or not info.max_context_tokens:
             return  # the engine applies the same bound
         problem = prompt_count_problem(request, info.max_context_tokens)
         if problem is not None:
             metrics.REFUSALS.labels(reason="invalid").inc()
             raise OutOfRange(problem)
-
-    def _refresh_model_info_later(self) -> None:
-        if self._model_info_refresh is not None and not self._model_info_refresh.done():
-            return
-
-        async def refresh() -> None:
-            try:
-                await self._fetch_model_info()
-            except Unavailable:
-                pass
-
-        # A fresh context: this runs for the gateway, not inside the request's trace or log fields.
-        self._model_info_refresh = asyncio.get_running_loop().create_task(refresh(), name="model-info",
-                                                                          context=contextvars.Context())
 
     def _authenticate(self, context: grpc.aio.ServicerContext) -> Tenant:
         authorization = None
@@ -128,6 +109,7 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         tenant = self._authenticate(context)
         try:
             validate_generate(request)
+            model = self.pools.resolve(request.model)
         except Exception:
             metrics.REFUSALS.labels(reason="invalid").inc()
             raise
@@ -136,7 +118,7 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             metrics.REFUSALS.labels(reason=refusal.reason).inc()
             raise ResourceExhausted(refusal.message, refusal.retry_after_ms)
         try:
-            self._check_prompt_counts(request)
+            self._check_prompt_counts(request, model)
             # The caller's id (field, else x-request-id) is for its own correlation only.
             client_request_id = request.request_id or structlog.contextvars.get_contextvars().get("request_id") or ""
             request_id = uuid.uuid4().hex
@@ -145,7 +127,6 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             remaining_s = context.time_remaining()
             deadline_s = None if remaining_s is None else time.monotonic() + remaining_s
             engine_request = to_engine_request(request, request_id, tenant.namespace_salt, self._grant(tenant))
-            model = self._model_info.model_id if self._model_info is not None else ""
             span = trace.get_current_span()
             operation = "text_completion" if request.WhichOneof("context") != "dialogue" else "chat"
             set_request_attributes(span, operation, model, request.sampling)
@@ -200,25 +181,13 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         self, request: chat_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> chat_pb2.GetModelInfoResponse:
         self._authenticate(context)
-        if self._model_info is not None and time.monotonic() < self._model_info_expires_s:
-            return chat_pb2.GetModelInfoResponse(model=self._model_info)
-        return chat_pb2.GetModelInfoResponse(model=await self._fetch_model_info())
+        return chat_pb2.GetModelInfoResponse(model=await self.pools.info(self.pools.resolve(request.model)))
 
-    async def _fetch_model_info(self) -> chat_pb2.ModelInfo:
-        last_error = "no engine is serving"
-        for handle in sorted(self.pool.handles(), key=lambda h: (not h.accepting, h.num_inflight)):
-            if not handle.accepting:
-                break
-            try:
-                response = await handle.stub.GetModelInfo(engine_pb2.GetModelInfoRequest(),
-                                                          timeout=_MODEL_INFO_TIMEOUT_S)
-            except grpc.aio.AioRpcError as exc:
-                last_error = f"engine {handle.engine_id}: {exc.code().name}"
-                continue
-            self._model_info = response.model
-            self._model_info_expires_s = time.monotonic() + self.model_info_ttl_s
-            return response.model
-        raise Unavailable(f"GetModelInfo: {last_error}")
+    async def ListModels(
+        self, request: chat_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> chat_pb2.ListModelsResponse:
+        self._authenticate(context)
+        return await self.pools.list_models()
 
 
 def _error_name(error: BaseException) -> str:

@@ -14,6 +14,7 @@ import pytest
 
 from services.common.prefix_hash import namespace_digest
 from services.engine.api.prompt import Character, ChatMessage, PromptRenderer, Role
+from services.engine.model.chat_renderer import ChatRenderer
 from services.engine.kv.prefix_hit import host_hit
 from services.engine.worker.model_loading import load_model
 from tests.engine_testlib import BLOCK_SIZE_TOKENS as BS
@@ -41,7 +42,7 @@ def paragraphs():
 
 def render(gemma, messages):
     _model, tok = gemma
-    renderer = PromptRenderer(tok, 2)
+    renderer = PromptRenderer(ChatRenderer(tok, None, (1, 106, 212)))
     rendered = renderer.render_prompt(Character("Lex", "Lex explains software licences in plain words."), messages)
     return rendered.token_ids, rendered.last_message_start
 

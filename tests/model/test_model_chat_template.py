@@ -166,3 +166,25 @@ def test_a_template_that_rewrites_history_is_rendered_whole(smollm):
     out = r.render(DIALOGUE[:3])
     assert not out.prefix_stable
     assert out.token_ids == whole(tok, r.render_text(DIALOGUE[:3]))
+
+
+def test_templates_that_check_alternation_or_number_messages_render_exactly(smollm):
+    """Segments come from renders of short windows of the conversation; a template that checks the roles'
+    alternation by position renders as it would whole, and one that numbers messages is rendered whole."""
+    tok, mf = smollm
+    alternating = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                   "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+                   "{% endif %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+                   "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    numbered = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + ' ' + loop.index|string + '\n' + m['content']"
+                " + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+                "{% endif %}")
+    turns = [M("user" if i % 2 == 0 else "assistant", f"message {i}") for i in range(9)]
+    for template, stable in ((alternating, True), (numbered, False)):
+        r = ChatRenderer(tok, template, mf.config.eos_token_ids)
+        for n in range(1, len(turns) + 1):
+            out = r.render(turns[:n])
+            assert out.token_ids == whole(tok, r.render_text(turns[:n])), (n, template[:30])
+            assert out.prefix_stable == (stable or n <= 4)  # windows of up to 4 messages are the conversation
+    with pytest.raises(ChatTemplateError, match="must alternate"):
+        ChatRenderer(tok, alternating, mf.config.eos_token_ids).render(turns[:2] + [M("assistant", "again")])

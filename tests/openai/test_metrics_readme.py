@@ -65,16 +65,19 @@ def traffic_and_scrapes(tmp: Path):
     (tmp / "tenants.json").write_text(json.dumps(TENANTS))
     procs = []
     try:
-        kv = start_service("kvstore", ["--port", "0", *INSECURE_LOOPBACK_FLAGS, "--metrics-port", "0", "--capacity-bytes", str(64 << 20)],
+        kv = start_service("kvstore", ["--port", "0", "--metrics-port", "0", "--capacity-bytes", str(64 << 20),
+                                      *INSECURE_LOOPBACK_FLAGS],
                            log_path=tmp / "kv.log")
         procs.append(kv)
-        engine = start_service("engine", ["--port", "0", *INSECURE_LOOPBACK_FLAGS, "--metrics-port", "0", "--model", MODEL, "--engine-id", "e0",
-                                          "--kv-cache-bytes", str(16 << 20), "--kvstore-target", kv.address],
+        engine = start_service("engine", ["--port", "0", "--metrics-port", "0", "--model", MODEL, "--engine-id", "e0",
+                                          "--kv-cache-bytes", str(16 << 20), "--kvstore-target", kv.address,
+                                          *INSECURE_LOOPBACK_FLAGS],
                                log_path=tmp / "engine.log", timeout_s=180)
         procs.append(engine)
-        gateway = start_service("gateway", ["--port", "0", *INSECURE_LOOPBACK_FLAGS, "--metrics-port", "0", "--engines", f"e0={engine.address}",
+        gateway = start_service("gateway", ["--port", "0", "--metrics-port", "0", "--engines", f"e0={engine.address}",
                                             "--tenants-file", str(tmp / "tenants.json"), "--http-port", "0",
-                                            "--grace-s", "1"], log_path=tmp / "gateway.log", timeout_s=60)
+                                            "--grace-s", "1", *INSECURE_LOOPBACK_FLAGS], log_path=tmp / "gateway.log",
+                                timeout_s=60)
         procs.append(gateway)
         wait_gateway_sees(gateway, 1)
         import openai

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18salon/chat/v1/chat.proto\x12\rsalon.chat.v1\"-\n\tCharacter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ndefinition\x18\x02 \x01(\t\"]\n\x07Message\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.salon.chat.v1.Role\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\"4\n\x08\x44ialogue\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.salon.chat.v1.Message\"$\n\x0fTokenizedPrompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\xb4\x02\n\x0eSamplingParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x0cstop_strings\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x17\n\x0freturn_logprobs\x18\x08 \x01(\x08\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12\x14\n\x0ctop_logprobs\x18\r \x01(\rB\x07\n\x05_seed\"\x96\x02\n\x0fGenerateRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12+\n\tcharacter\x18\x03 \x01(\x0b\x32\x18.salon.chat.v1.Character\x12+\n\x08\x64ialogue\x18\x04 \x01(\x0b\x32\x17.salon.chat.v1.DialogueH\x00\x12\x30\n\x06tokens\x18\x05 \x01(\x0b\x32\x1e.salon.chat.v1.TokenizedPromptH\x00\x12\x0e\n\x04text\x18\x10 \x01(\tH\x00\x12/\n\x08sampling\x18\x06 \x01(\x0b\x32\x1d.salon.chat.v1.SamplingParamsB\t\n\x07\x63ontext\",\n\x0c\x43\x61\x63hedTokens\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\r\"l\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x32\n\rcached_tokens\x18\x02 \x01(\x0b\x32\x1b.salon.chat.v1.CachedTokens\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\"S\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x13\n\x0bitl_ms_mean\x18\x04 \x01(\x01\"\x8b\x01\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x35\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x1f.salon.chat.v1.PositionLogprobs\x12\x13\n\x0btoken_bytes\x18\x05 \x03(\x0c\"F\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\"C\n\x10PositionLogprobs\x12/\n\ncandidates\x18\x01 \x03(\x0b\x32\x1b.salon.chat.v1.TokenLogprob\"\xcb\x01\n\rGenerateFinal\x12\x32\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1b.salon.chat.v1.FinishReason\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.salon.chat.v1.Usage\x12\'\n\x07timings\x18\x03 \x01(\x0b\x32\x16.salon.chat.v1.Timings\x12\x11\n\tengine_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\tfailovers\x18\x06 \x01(\r\"v\n\x10GenerateResponse\x12*\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x19.salon.chat.v1.TokenDeltaH\x00\x12-\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.salon.chat.v1.GenerateFinalH\x00\x42\x07\n\x05\x65vent\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"i\n\x1a\x44\x65leteConversationResponse\x12\x0f\n\x07\x65ngines\x18\x01 \x01(\r\x12\x1d\n\x15\x64\x65vice_blocks_dropped\x18\x02 \x01(\x04\x12\x1b\n\x13host_blocks_dropped\x18\x03 \x01(\x04\"\x15\n\x13GetModelInfoRequest\"?\n\x14GetModelInfoResponse\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.salon.chat.v1.ModelInfo\"\x98\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x14\n\x0c\x62os_token_id\x18\x05 \x01(\r\x12\x1c\n\x14kv_block_size_tokens\x18\x06 \x01(\r*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_CHARACTER\x10\x02\x12\x0f\n\x0bROLE_SYSTEM\x10\x03*\xbf\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x01\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x1e\n\x1a\x46INISH_REASON_CONTEXT_FULL\x10\x04\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x05\x32\xa0\x02\n\x0b\x43hatService\x12M\n\x08Generate\x12\x1e.salon.chat.v1.GenerateRequest\x1a\x1f.salon.chat.v1.GenerateResponse0\x01\x12W\n\x0cGetModelInfo\x12\".salon.chat.v1.GetModelInfoRequest\x1a#.salon.chat.v1.GetModelInfoResponse\x12i\n\x12\x44\x65leteConversation\x12(.salon.chat.v1.DeleteConversationRequest\x1a).salon.chat.v1.DeleteConversationResponseB4\n\rsalon.chat.v1P\x01Z!salon/gen/go/salon/chat/v1;chatv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18salon/chat/v1/chat.proto\x12\rsalon.chat.v1\"-\n\tCharacter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ndefinition\x18\x02 \x01(\t\"]\n\x07Message\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.salon.chat.v1.Role\x12\x0e\n\x06\x61uthor\x18\x02 \x01(\t\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\"4\n\x08\x44ialogue\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.salon.chat.v1.Message\"$\n\x0fTokenizedPrompt\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\"\xb4\x02\n\x0eSamplingParams\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\r\n\x05top_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x14\n\x0cstop_strings\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x17\n\x0freturn_logprobs\x18\x08 \x01(\x08\x12\x18\n\x10presence_penalty\x18\t \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\n \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x0b \x01(\x02\x12\r\n\x05min_p\x18\x0c \x01(\x02\x12\x14\n\x0ctop_logprobs\x18\r \x01(\rB\x07\n\x05_seed\"\xa5\x02\n\x0fGenerateRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12+\n\tcharacter\x18\x03 \x01(\x0b\x32\x18.salon.chat.v1.Character\x12+\n\x08\x64ialogue\x18\x04 \x01(\x0b\x32\x17.salon.chat.v1.DialogueH\x00\x12\x30\n\x06tokens\x18\x05 \x01(\x0b\x32\x1e.salon.chat.v1.TokenizedPromptH\x00\x12\x0e\n\x04text\x18\x10 \x01(\tH\x00\x12/\n\x08sampling\x18\x06 \x01(\x0b\x32\x1d.salon.chat.v1.SamplingParams\x12\r\n\x05model\x18\x11 \x01(\tB\t\n\x07\x63ontext\",\n\x0c\x43\x61\x63hedTokens\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\r\"l\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x32\n\rcached_tokens\x18\x02 \x01(\x0b\x32\x1b.salon.chat.v1.CachedTokens\x12\x18\n\x10generated_tokens\x18\x03 \x01(\r\"S\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\x12\x13\n\x0bitl_ms_mean\x18\x04 \x01(\x01\"\x8b\x01\n\nTokenDelta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x35\n\x0ctop_logprobs\x18\x04 \x03(\x0b\x32\x1f.salon.chat.v1.PositionLogprobs\x12\x13\n\x0btoken_bytes\x18\x05 \x03(\x0c\"F\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x13\n\x0btoken_bytes\x18\x03 \x01(\x0c\"C\n\x10PositionLogprobs\x12/\n\ncandidates\x18\x01 \x03(\x0b\x32\x1b.salon.chat.v1.TokenLogprob\"\xcb\x01\n\rGenerateFinal\x12\x32\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x1b.salon.chat.v1.FinishReason\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.salon.chat.v1.Usage\x12\'\n\x07timings\x18\x03 \x01(\x0b\x32\x16.salon.chat.v1.Timings\x12\x11\n\tengine_id\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\tfailovers\x18\x06 \x01(\r\"v\n\x10GenerateResponse\x12*\n\x05\x64\x65lta\x18\x01 \x01(\x0b\x32\x19.salon.chat.v1.TokenDeltaH\x00\x12-\n\x05\x66inal\x18\x02 \x01(\x0b\x32\x1c.salon.chat.v1.GenerateFinalH\x00\x42\x07\n\x05\x65vent\"4\n\x19\x44\x65leteConversationRequest\x12\x17\n\x0f\x63onversation_id\x18\x01 \x01(\t\"i\n\x1a\x44\x65leteConversationResponse\x12\x0f\n\x07\x65ngines\x18\x01 \x01(\r\x12\x1d\n\x15\x64\x65vice_blocks_dropped\x18\x02 \x01(\x04\x12\x1b\n\x13host_blocks_dropped\x18\x03 \x01(\x04\"$\n\x13GetModelInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"?\n\x14GetModelInfoResponse\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.salon.chat.v1.ModelInfo\"\xe5\x01\n\tModelInfo\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x1a\n\x12max_context_tokens\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x14\n\x0c\x62os_token_id\x18\x05 \x01(\r\x12\x1c\n\x14kv_block_size_tokens\x18\x06 \x01(\r\x12\x14\n\x0c\x61rchitecture\x18\x07 \x01(\t\x12\x1a\n\x12kv_bytes_per_token\x18\x08 \x01(\x04\x12\x19\n\x11has_chat_template\x18\t \x01(\x08\"\x13\n\x11ListModelsRequest\"Z\n\x12ListModelsResponse\x12*\n\x06models\x18\x01 \x03(\x0b\x32\x1a.salon.chat.v1.ServedModel\x12\x18\n\x10\x64\x65\x66\x61ult_model_id\x18\x02 \x01(\t\"d\n\x0bServedModel\x12\'\n\x05model\x18\x01 \x01(\x0b\x32\x18.salon.chat.v1.ModelInfo\x12,\n\x07\x65ngines\x18\x02 \x03(\x0b\x32\x1b.salon.chat.v1.ServedEngine\"b\n\x0cServedEngine\x12\x11\n\tengine_id\x18\x01 \x01(\t\x12\x0f\n\x07serving\x18\x02 \x01(\x08\x12.\n\x08resident\x18\x03 \x01(\x0b\x32\x1c.salon.chat.v1.ResidentBytes\"}\n\rResidentBytes\x12\x13\n\x0btotal_bytes\x18\x01 \x01(\x04\x12\x15\n\rweights_bytes\x18\x02 \x01(\x04\x12\x16\n\x0ekv_cache_bytes\x18\x03 \x01(\x04\x12\x13\n\x0bother_bytes\x18\x04 \x01(\x04\x12\x13\n\x0b\x61rena_bytes\x18\x05 \x01(\x04*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tROLE_USER\x10\x01\x12\x12\n\x0eROLE_CHARACTER\x10\x02\x12\x0f\n\x0bROLE_SYSTEM\x10\x03*\xbf\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x01\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x1e\n\x1a\x46INISH_REASON_CONTEXT_FULL\x10\x04\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x05\x32\xf3\x02\n\x0b\x43hatService\x12M\n\x08Generate\x12\x1e.salon.chat.v1.GenerateRequest\x1a\x1f.salon.chat.v1.GenerateResponse0\x01\x12W\n\x0cGetModelInfo\x12\".salon.chat.v1.GetModelInfoRequest\x1a#.salon.chat.v1.GetModelInfoResponse\x12Q\n\nListModels\x12 .salon.chat.v1.ListModelsRequest\x1a!.salon.chat.v1.ListModelsResponse\x12i\n\x12\x44\x65leteConversation\x12(.salon.chat.v1.DeleteConversationRequest\x1a).salon.chat.v1.DeleteConversationResponseB4\n\rsalon.chat.v1P\x01Z!salon/gen/go/salon/chat/v1;chatv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,10 +32,10 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'salon.chat.v1.chat_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\rsalon.chat.v1P\001Z!salon/gen/go/salon/chat/v1;chatv1'
-  _globals['_ROLE']._serialized_start=2123
-  _globals['_ROLE']._serialized_end=2203
-  _globals['_FINISHREASON']._serialized_start=2206
-  _globals['_FINISHREASON']._serialized_end=2397
+  _globals['_ROLE']._serialized_start=2672
+  _globals['_ROLE']._serialized_end=2752
+  _globals['_FINISHREASON']._serialized_start=2755
+  _globals['_FINISHREASON']._serialized_end=2946
   _globals['_CHARACTER']._serialized_start=43
   _globals['_CHARACTER']._serialized_end=88
   _globals['_MESSAGE']._serialized_start=90
@@ -47,33 +47,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=278
   _globals['_SAMPLINGPARAMS']._serialized_end=586
   _globals['_GENERATEREQUEST']._serialized_start=589
-  _globals['_GENERATEREQUEST']._serialized_end=867
-  _globals['_CACHEDTOKENS']._serialized_start=869
-  _globals['_CACHEDTOKENS']._serialized_end=913
-  _globals['_USAGE']._serialized_start=915
-  _globals['_USAGE']._serialized_end=1023
-  _globals['_TIMINGS']._serialized_start=1025
-  _globals['_TIMINGS']._serialized_end=1108
-  _globals['_TOKENDELTA']._serialized_start=1111
-  _globals['_TOKENDELTA']._serialized_end=1250
-  _globals['_TOKENLOGPROB']._serialized_start=1252
-  _globals['_TOKENLOGPROB']._serialized_end=1322
-  _globals['_POSITIONLOGPROBS']._serialized_start=1324
-  _globals['_POSITIONLOGPROBS']._serialized_end=1391
-  _globals['_GENERATEFINAL']._serialized_start=1394
-  _globals['_GENERATEFINAL']._serialized_end=1597
-  _globals['_GENERATERESPONSE']._serialized_start=1599
-  _globals['_GENERATERESPONSE']._serialized_end=1717
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=1719
-  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=1771
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=1773
-  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=1878
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1880
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1901
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1903
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1966
-  _globals['_MODELINFO']._serialized_start=1969
-  _globals['_MODELINFO']._serialized_end=2121
-  _globals['_CHATSERVICE']._serialized_start=2400
-  _globals['_CHATSERVICE']._serialized_end=2688
+  _globals['_GENERATEREQUEST']._serialized_end=882
+  _globals['_CACHEDTOKENS']._serialized_start=884
+  _globals['_CACHEDTOKENS']._serialized_end=928
+  _globals['_USAGE']._serialized_start=930
+  _globals['_USAGE']._serialized_end=1038
+  _globals['_TIMINGS']._serialized_start=1040
+  _globals['_TIMINGS']._serialized_end=1123
+  _globals['_TOKENDELTA']._serialized_start=1126
+  _globals['_TOKENDELTA']._serialized_end=1265
+  _globals['_TOKENLOGPROB']._serialized_start=1267
+  _globals['_TOKENLOGPROB']._serialized_end=1337
+  _globals['_POSITIONLOGPROBS']._serialized_start=1339
+  _globals['_POSITIONLOGPROBS']._serialized_end=1406
+  _globals['_GENERATEFINAL']._serialized_start=1409
+  _globals['_GENERATEFINAL']._serialized_end=1612
+  _globals['_GENERATERESPONSE']._serialized_start=1614
+  _globals['_GENERATERESPONSE']._serialized_end=1732
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_start=1734
+  _globals['_DELETECONVERSATIONREQUEST']._serialized_end=1786
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_start=1788
+  _globals['_DELETECONVERSATIONRESPONSE']._serialized_end=1893
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1895
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1931
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1933
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1996
+  _globals['_MODELINFO']._serialized_start=1999
+  _globals['_MODELINFO']._serialized_end=2228
+  _globals['_LISTMODELSREQUEST']._serialized_start=2230
+  _globals['_LISTMODELSREQUEST']._serialized_end=2249
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2251
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2341
+  _globals['_SERVEDMODEL']._serialized_start=2343
+  _globals['_SERVEDMODEL']._serialized_end=2443
+  _globals['_SERVEDENGINE']._serialized_start=2445
+  _globals['_SERVEDENGINE']._serialized_end=2543
+  _globals['_RESIDENTBYTES']._serialized_start=2545
+  _globals['_RESIDENTBYTES']._serialized_end=2670
+  _globals['_CHATSERVICE']._serialized_start=2949
+  _globals['_CHATSERVICE']._serialized_end=3320
 # @@protoc_insertion_point(module_scope)

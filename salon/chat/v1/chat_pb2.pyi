@@ -96,7 +96,7 @@ class SamplingParams(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_strings: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_logprobs: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("conversation_id", "request_id", "character", "dialogue", "tokens", "text", "sampling")
+    __slots__ = ("conversation_id", "request_id", "character", "dialogue", "tokens", "text", "sampling", "model")
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHARACTER_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +104,7 @@ class GenerateRequest(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     conversation_id: str
     request_id: str
     character: Character
@@ -111,7 +112,8 @@ class GenerateRequest(_message.Message):
     tokens: TokenizedPrompt
     text: str
     sampling: SamplingParams
-    def __init__(self, conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., character: _Optional[_Union[Character, _Mapping]] = ..., dialogue: _Optional[_Union[Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[TokenizedPrompt, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    model: str
+    def __init__(self, conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., character: _Optional[_Union[Character, _Mapping]] = ..., dialogue: _Optional[_Union[Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[TokenizedPrompt, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class CachedTokens(_message.Message):
     __slots__ = ("device", "host")
@@ -214,8 +216,10 @@ class DeleteConversationResponse(_message.Message):
     def __init__(self, engines: _Optional[int] = ..., device_blocks_dropped: _Optional[int] = ..., host_blocks_dropped: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
     __slots__ = ("model",)
@@ -224,17 +228,67 @@ class GetModelInfoResponse(_message.Message):
     def __init__(self, model: _Optional[_Union[ModelInfo, _Mapping]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_id", "max_context_tokens", "vocab_size", "eos_token_ids", "bos_token_id", "kv_block_size_tokens")
+    __slots__ = ("model_id", "max_context_tokens", "vocab_size", "eos_token_ids", "bos_token_id", "kv_block_size_tokens", "architecture", "kv_bytes_per_token", "has_chat_template")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     BOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCK_SIZE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     max_context_tokens: int
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     bos_token_id: int
     kv_block_size_tokens: int
-    def __init__(self, model_id: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., kv_block_size_tokens: _Optional[int] = ...) -> None: ...
+    architecture: str
+    kv_bytes_per_token: int
+    has_chat_template: bool
+    def __init__(self, model_id: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., kv_block_size_tokens: _Optional[int] = ..., architecture: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., has_chat_template: _Optional[bool] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models", "default_model_id")
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ServedModel]
+    default_model_id: str
+    def __init__(self, models: _Optional[_Iterable[_Union[ServedModel, _Mapping]]] = ..., default_model_id: _Optional[str] = ...) -> None: ...
+
+class ServedModel(_message.Message):
+    __slots__ = ("model", "engines")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    model: ModelInfo
+    engines: _containers.RepeatedCompositeFieldContainer[ServedEngine]
+    def __init__(self, model: _Optional[_Union[ModelInfo, _Mapping]] = ..., engines: _Optional[_Iterable[_Union[ServedEngine, _Mapping]]] = ...) -> None: ...
+
+class ServedEngine(_message.Message):
+    __slots__ = ("engine_id", "serving", "resident")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_FIELD_NUMBER: _ClassVar[int]
+    engine_id: str
+    serving: bool
+    resident: ResidentBytes
+    def __init__(self, engine_id: _Optional[str] = ..., serving: _Optional[bool] = ..., resident: _Optional[_Union[ResidentBytes, _Mapping]] = ...) -> None: ...
+
+class ResidentBytes(_message.Message):
+    __slots__ = ("total_bytes", "weights_bytes", "kv_cache_bytes", "other_bytes", "arena_bytes")
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OTHER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARENA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    total_bytes: int
+    weights_bytes: int
+    kv_cache_bytes: int
+    other_bytes: int
+    arena_bytes: int
+    def __init__(self, total_bytes: _Optional[int] = ..., weights_bytes: _Optional[int] = ..., kv_cache_bytes: _Optional[int] = ..., other_bytes: _Optional[int] = ..., arena_bytes: _Optional[int] = ...) -> None: ...

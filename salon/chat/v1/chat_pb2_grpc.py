@@ -46,6 +46,11 @@ class ChatServiceStub:
                 request_serializer=salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoResponse.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/salon.chat.v1.ChatService/ListModels',
+                request_serializer=salon_dot_chat_dot_v1_dot_chat__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=salon_dot_chat_dot_v1_dot_chat__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
         self.DeleteConversation = channel.unary_unary(
                 '/salon.chat.v1.ChatService/DeleteConversation',
                 request_serializer=salon_dot_chat_dot_v1_dot_chat__pb2.DeleteConversationRequest.SerializeToString,
@@ -67,7 +72,16 @@ class ChatServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetModelInfo(self, request, context):
-        """GetModelInfo describes the model the stack serves (id, context length, vocabulary, EOS ids).
+        """GetModelInfo describes one served model (id, context length, vocabulary, EOS ids): the one
+        GetModelInfoRequest.model names, or the default. NOT_FOUND for a model that is not served.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModels(self, request, context):
+        """ListModels lists every served model with its engines (one engine pool per model) and what each
+        engine holds in memory. Models are listed once an engine serving them has reported.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,6 +110,11 @@ def add_ChatServiceServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoRequest.FromString,
                     response_serializer=salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=salon_dot_chat_dot_v1_dot_chat__pb2.ListModelsRequest.FromString,
+                    response_serializer=salon_dot_chat_dot_v1_dot_chat__pb2.ListModelsResponse.SerializeToString,
             ),
             'DeleteConversation': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteConversation,
@@ -159,6 +178,33 @@ class ChatService:
             '/salon.chat.v1.ChatService/GetModelInfo',
             salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoRequest.SerializeToString,
             salon_dot_chat_dot_v1_dot_chat__pb2.GetModelInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/salon.chat.v1.ChatService/ListModels',
+            salon_dot_chat_dot_v1_dot_chat__pb2.ListModelsRequest.SerializeToString,
+            salon_dot_chat_dot_v1_dot_chat__pb2.ListModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,

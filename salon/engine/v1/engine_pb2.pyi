@@ -140,7 +140,7 @@ class WatchLoadRequest(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("engine_id", "running_requests", "waiting_requests", "max_waiting_requests", "free_kv_blocks", "total_kv_blocks", "decode_tokens_per_s", "draining", "cached_kv_blocks")
+    __slots__ = ("engine_id", "running_requests", "waiting_requests", "max_waiting_requests", "free_kv_blocks", "total_kv_blocks", "decode_tokens_per_s", "draining", "cached_kv_blocks", "model_id", "resident")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     WAITING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,8 @@ class LoadReport(_message.Message):
     DECODE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     CACHED_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     running_requests: int
     waiting_requests: int
@@ -159,4 +161,6 @@ class LoadReport(_message.Message):
     decode_tokens_per_s: float
     draining: bool
     cached_kv_blocks: int
-    def __init__(self, engine_id: _Optional[str] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., max_waiting_requests: _Optional[int] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., decode_tokens_per_s: _Optional[float] = ..., draining: _Optional[bool] = ..., cached_kv_blocks: _Optional[int] = ...) -> None: ...
+    model_id: str
+    resident: _chat_pb2.ResidentBytes
+    def __init__(self, engine_id: _Optional[str] = ..., running_requests: _Optional[int] = ..., waiting_requests: _Optional[int] = ..., max_waiting_requests: _Optional[int] = ..., free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., decode_tokens_per_s: _Optional[float] = ..., draining: _Optional[bool] = ..., cached_kv_blocks: _Optional[int] = ..., model_id: _Optional[str] = ..., resident: _Optional[_Union[_chat_pb2.ResidentBytes, _Mapping]] = ...) -> None: ...

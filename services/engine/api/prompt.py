@@ -1,23 +1,24 @@
-"""Prefix-stable prompt rendering: character + structured messages -> token ids (Gemma turn format).
+"""A dialogue (character + structured messages) -> prompt token ids, in the model's own chat format.
 
-Each piece is tokenized on its own and the ids are joined; text is never re-tokenized across a
-message boundary, so appending messages only appends tokens:
+The engine's messages map onto the roles chat templates know, and model/chat_renderer.py renders them
+through the model's template (the GGUF's `tokenizer.chat_template`, or Gemma's turn format for a file
+without one) one message at a time, so appending a message only appends tokens:
 
-    [BOS]
-    <start_of_turn>user\\n  {character block}              <end_of_turn> \\n
-    <start_of_turn>user\\n  {author}: {text}               <end_of_turn> \\n     USER
-    <start_of_turn>model\\n {text}                         <end_of_turn> \\n     CHARACTER
-    <start_of_turn>user\\n  [system] {text}                <end_of_turn> \\n     SYSTEM
-    <start_of_turn>model\\n                                                       generation prompt
+    character        -> a system message "You are {name}.\n{definition}" where the template has a system
+                        role (Gemma's turn format folds it into the first user turn); otherwise it opens the
+                        first user message, followed by a blank line
+    USER             -> user       "{author}: {text}" (or just the text without an author)
+    CHARACTER        -> assistant  the text (or the ids the model generated for it)
+    SYSTEM           -> system     the text (Gemma's turn format: "[system] {text}", folded into the user
+                        turn); a template without a system role gets it as a user message "[system] {text}"
 
-The reply is generated after the last `<start_of_turn>model\\n` and ends with <end_of_turn>, which
-is kept in the reply's token ids. Turn N+1, which carries the reply as a CHARACTER message, renders
-it as the same header + the reply body + <end_of_turn> + "\\n": so its tokens begin with exactly
-turn N's prompt + reply tokens, provided the reply body tokenizes back to the generated ids. Text
-that a model generates need not be the tokenizer's canonical segmentation, so the engine remembers
-the ids of the replies it generated (ReplyMemo) and the renderer prefers them; messages may also
-carry their token ids directly. Message text is tokenized without special-token parsing: a user
-cannot forge turn markers.
+The reply is generated after the generation prompt and ends with the template's end-of-turn marker (or
+EOS), which stays in the reply's ids. Turn N+1 carries the reply as a CHARACTER message; the template
+writes it as its markup + the body + the end-of-turn marker, so its tokens begin with exactly turn N's
+prompt + reply, provided the body tokenizes back to the generated ids. Text a model generates need not
+be the tokenizer's canonical segmentation, so the engine remembers the ids of the replies it generated
+(ReplyMemo) and the renderer uses them; messages may also carry their token ids directly. Message text is
+tokenized without special-token parsing: a user cannot forge turn markers.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+
+from services.engine.model.chat_renderer import ChatRenderer, RenderStopped, TemplateMessage
+
+__all__ = ["Character", "ChatMessage", "PromptRenderer", "RenderStopped", "RenderedPrompt", "ReplyMemo", "Role"]
 
 
 class Role(Enum):
@@ -50,92 +55,116 @@ class Character:
     definition: str
 
 
-START_OF_TURN = "<start_of_turn>"
-END_OF_TURN = "<end_of_turn>"
-
-
-class RenderStopped(Exception):
-    """Rendering ended early: the client went away (`cancelled`) or the prompt passed max_tokens."""
-
-    def __init__(self, cancelled: bool, num_tokens: int) -> None:
-        super().__init__("cancelled" if cancelled else f"more than {num_tokens} tokens")
-        self.cancelled = cancelled
-        self.num_tokens = num_tokens
-
-
-class PromptRenderer:
-    def __init__(self, tokenizer, bos_token_id: int,
-                 known_reply_ids: Callable[[str], list[int] | None] | None = None) -> None:
-        self._tok = tokenizer
-        self._bos = bos_token_id
-        self._known_reply_ids = known_reply_ids
-        special = lambda s: tokenizer.encode(s, add_bos=False, parse_special=True)  # noqa: E731
-        self.user_header = special(START_OF_TURN + "user\n")
-        self.model_header = special(START_OF_TURN + "model\n")
-        self.end_of_turn = special(END_OF_TURN)
-        self.newline = special("\n")
-        self.end_of_turn_id = self.end_of_turn[0]
-
-    def _text(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_bos=False, parse_special=False) if text else []
-
-    def character_ids(self, character: Character | None) -> list[int]:
-        if character is None or not (character.name or character.definition):
-            return []
-        body = self._text(f"You are {character.name}.\n" if character.name else "")
-        body += self._text(character.definition)
-        return self.user_header + body + self.end_of_turn + self.newline
-
-    def body_ids(self, message: ChatMessage) -> list[int]:
-        if message.token_ids is not None:
-            return list(message.token_ids)
-        if message.role is Role.CHARACTER:
-            known = self._known_reply_ids(message.text) if self._known_reply_ids else None
-            return list(known) if known is not None else self._text(message.text)
-        if message.role is Role.SYSTEM:
-            return self._text("[system] ") + self._text(message.text)
-        prefix = self._text(f"{message.author}: ") if message.author else []
-        return prefix + self._text(message.text)
-
-    def message_ids(self, message: ChatMessage) -> list[int]:
-        header = self.model_header if message.role is Role.CHARACTER else self.user_header
-        return header + self.body_ids(message) + self.end_of_turn + self.newline
-
-    def render(self, character: Character | None, messages: Sequence[ChatMessage]) -> list[int]:
-        """The full prompt, ending with the generation prompt `<start_of_turn>model\\n`."""
-        return self.render_prompt(character, messages).token_ids
-
-    @property
-    def message_overhead_tokens(self) -> int:
-        """Tokens every message costs around its body (the shorter of the two turn headers)."""
-        return min(len(self.user_header), len(self.model_header)) + len(self.end_of_turn) + len(self.newline)
-
-    @property
-    def prompt_overhead_tokens(self) -> int:
-        """Tokens of a prompt besides its messages: BOS and the generation prompt."""
-        return 1 + len(self.model_header)
-
-    def render_prompt(self, character: Character | None, messages: Sequence[ChatMessage],
-                      stop: threading.Event | None = None, max_tokens: int | None = None) -> RenderedPrompt:
-        """The full prompt and where its last message starts. RenderStopped when `stop` is set (checked
-        between messages) or as soon as the prompt holds more than max_tokens tokens."""
-        ids = [self._bos] + self.character_ids(character)
-        last_message_start = len(ids)
-        for m in messages:
-            if stop is not None and stop.is_set():
-                raise RenderStopped(True, len(ids))
-            if max_tokens is not None and len(ids) > max_tokens:
-                raise RenderStopped(False, len(ids))
-            last_message_start = len(ids)
-            ids += self.message_ids(m)
-        return RenderedPrompt(ids + self.model_header, last_message_start)
-
-
 @dataclass(frozen=True)
 class RenderedPrompt:
     token_ids: list[int]
     # Position of the first token of the last message (where a regeneration or edit diverges).
     last_message_start: int
+
+
+class PromptRenderer:
+    """The engine's dialogue through one model's ChatRenderer; cheap to make per request (the ChatRenderer,
+    shared, caches renders per conversation prefix)."""
+
+    def __init__(self, chat: ChatRenderer,
+                 known_reply_ids: Callable[[str], list[int] | None] | None = None) -> None:
+        self.chat = chat
+        self._tok = chat.tokenizer
+        self._known_reply_ids = known_reply_ids
+
+    # -- what the cost checks may assume (validation.py)
+
+    @property
+    def message_overhead_tokens(self) -> int:
+        """Tokens every message costs besides its body, at the least."""
+        return self.chat.markup_bounds.message_tokens
+
+    @property
+    def prompt_overhead_tokens(self) -> int:
+        """Tokens of every prompt besides its messages (BOS, a preamble, the generation prompt), at the least."""
+        return self.chat.markup_bounds.prompt_tokens
+
+    @property
+    def character_overhead_tokens(self) -> int:
+        """Tokens the character block costs besides its text: a message of its own, or none when it is folded
+        into the first user message."""
+        return self.message_overhead_tokens if self.chat.supports_system_role else 0
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """Tokens that end a reply: the template's end-of-turn marker and the file's EOS ids."""
+        return self.chat.stop_token_ids
+
+    # -- rendering
+
+    def _text_content(self, text: str, author: str = "") -> tuple[str, tuple[int, ...] | None]:
+        return (f"{author}: {text}" if author else text), None
+
+    def _ids_content(self, ids: Sequence[int], author: str = "") -> tuple[str, tuple[int, ...]]:
+        prefix = f"{author}: " if author else ""
+        prefix_ids = self._tok.encode(prefix, add_bos=False, parse_special=False) if prefix else []
+        return prefix + self._tok.decode(list(ids)), tuple(prefix_ids) + tuple(ids)
+
+    def _message(self, m: ChatMessage) -> TemplateMessage:
+        if m.role is Role.CHARACTER:
+            ids = m.token_ids
+            if ids is None and self._known_reply_ids is not None:
+                known = self._known_reply_ids(m.text)
+                ids = tuple(known) if known is not None else None
+                if ids is not None:
+                    return TemplateMessage("assistant", m.text, ids)
+            content, content_ids = self._ids_content(ids) if ids is not None else self._text_content(m.text)
+            return TemplateMessage("assistant", content, content_ids)
+        if m.role is Role.SYSTEM:
+            native = self.chat.has_own_template and self.chat.supports_system_role
+            prefix = "" if native else "[system] "
+            content, content_ids = (self._ids_content(m.token_ids) if m.token_ids is not None
+                                    else self._text_content(m.text))
+            if prefix:
+                content = prefix + content
+                if content_ids is not None:
+                    content_ids = tuple(self._tok.encode(prefix, add_bos=False, parse_special=False)) + content_ids
+            return TemplateMessage("system" if self.chat.supports_system_role else "user", content, content_ids)
+        content, content_ids = (self._ids_content(m.token_ids, m.author) if m.token_ids is not None
+                                else self._text_content(m.text, m.author))
+        return TemplateMessage("user", content, content_ids)
+
+    @staticmethod
+    def character_text(character: Character | None) -> str:
+        if character is None or not (character.name or character.definition):
+            return ""
+        return (f"You are {character.name}.\n" if character.name else "") + character.definition
+
+    def template_messages(self, character: Character | None,
+                          messages: Sequence[ChatMessage]) -> list[TemplateMessage]:
+        """The dialogue as the template's messages (see the module docstring)."""
+        out = [self._message(m) for m in messages]
+        block = self.character_text(character)
+        if not block:
+            return out
+        if self.chat.supports_system_role:
+            return [TemplateMessage("system", block)] + out
+        if out and out[0].role == "user":
+            first = out[0]
+            ids = None if first.content_ids is None else (
+                tuple(self._tok.encode(block + "\n\n", add_bos=False, parse_special=False)) + first.content_ids)
+            return [TemplateMessage("user", block + "\n\n" + first.content, ids)] + out[1:]
+        return [TemplateMessage("user", block)] + out
+
+    def render(self, character: Character | None, messages: Sequence[ChatMessage]) -> list[int]:
+        """The full prompt, ending with the template's generation prompt."""
+        return self.render_prompt(character, messages).token_ids
+
+    def render_prompt(self, character: Character | None, messages: Sequence[ChatMessage],
+                      stop: threading.Event | None = None, max_tokens: int | None = None) -> RenderedPrompt:
+        """The full prompt and where its last message starts. RenderStopped when `stop` is set (checked
+        between messages) or as soon as the prompt holds more than max_tokens tokens; ChatTemplateError
+        (INVALID_ARGUMENT) with the template's message when it refuses the dialogue."""
+        rendered = self.chat.render(self.template_messages(character, messages), True, stop, max_tokens)
+        if max_tokens is not None and len(rendered.token_ids) > max_tokens:
+            raise RenderStopped(False, len(rendered.token_ids))
+        last = rendered.message_starts[-1] if rendered.message_starts else 0
+        return RenderedPrompt(rendered.token_ids, last)
 
 
 class ReplyMemo:

@@ -26,21 +26,28 @@ from services.engine.core.engine_loop import EngineLoop
 from services.engine.kv.host_cache import HostCache
 from services.engine.kv.kv_transfer import host_layout, layout_tag
 from services.engine import metrics
-from services.engine.worker.model_loading import load_model
+from services.engine.resident import ResidentMeter
+from services.engine.model.chat_renderer import ChatRenderer
+from services.engine.worker.model_loading import load_serving_model
 
 log = get_logger(__name__)
 
 
-def build_core(config: EngineConfig) -> EngineCore:
+def build_engine(config: EngineConfig) -> tuple[EngineCore, ChatRenderer]:
+    """The engine core (warmed up unless told not to) and the model's chat renderer."""
     if config.torch_threads > 0:
         torch.set_num_threads(config.torch_threads)
-    model, tokenizer = load_model(config.model, config.precision, config.device, config.kernels)
-    core = EngineCore(model, tokenizer, config.scheduler, config.block_size_tokens, config.kv_cache_bytes,
-                      config.device, prefix_caching=not config.no_prefix_cache, kv_dtype=config.resolved_kv_dtype(),
-                      kernels=config.kernels)
+    loaded = load_serving_model(config.model, config.precision, config.device, config.kernels)
+    core = EngineCore(loaded.model, loaded.tokenizer, config.scheduler, config.block_size_tokens,
+                      config.kv_cache_bytes, config.device, prefix_caching=not config.no_prefix_cache,
+                      kv_dtype=config.resolved_kv_dtype(), kernels=config.kernels)
     if config.warmup:
         warmup(core)
-    return core
+    return core, loaded.chat
+
+
+def build_core(config: EngineConfig) -> EngineCore:
+    return build_engine(config)[0]
 
 
 class EngineService:
@@ -70,7 +77,7 @@ class EngineService:
 
     async def _load(self, health: HealthState) -> None:
         try:
-            core = await asyncio.to_thread(build_core, self.config)
+            core, chat = await asyncio.to_thread(build_engine, self.config)
         except Exception:
             log.exception("model_load_failed", model=self.config.model)
             raise
@@ -86,7 +93,7 @@ class EngineService:
         if host_cache is not None:
             host_cache.client.start()  # maps the kvstore's arena in the background
         self._loop.start()
-        renderer = PromptRenderer(core.tokenizer, model_cfg.bos_token_id)
+        renderer = PromptRenderer(chat)
         self.servicer.runtime = EngineRuntime(
             loop=self._loop,
             tokenizer=core.tokenizer,
@@ -96,12 +103,17 @@ class EngineService:
                           max_token_bytes=max(len(core.tokenizer.decode([i]).encode())
                                               for i in range(model_cfg.vocab_size)),
                           message_overhead_tokens=renderer.message_overhead_tokens,
-                          prompt_overhead_tokens=renderer.prompt_overhead_tokens),
+                          prompt_overhead_tokens=renderer.prompt_overhead_tokens,
+                          character_overhead_tokens=renderer.character_overhead_tokens),
             model_config=model_cfg,
+            chat=chat,
             block_size_tokens=self.config.block_size_tokens,
             namespace_of=None if self.config.no_prefix_cache else self._namespace_of(core),
             host_cache=host_cache,
             sliding_window_tokens=max((layer.sliding_window_tokens or 0 for layer in model_cfg.layers), default=0),
+            kv_bytes_per_token=core.layout.page_bytes // core.layout.block_size_tokens,
+            resident=ResidentMeter(core.model.weight_bytes(), core.kv_cache.allocated_bytes(),
+                                   self.config.kvstore_shm_dir if host_cache is not None else None),
         )
         log.info("engine_ready", model=model_cfg.model_id, kv_blocks=core.layout.num_blocks,
                  kv_bytes=core.layout.capacity_bytes, kv_groups=len(core.layout.groups),

@@ -46,8 +46,10 @@ from services.engine.core.output import RequestEvent
 from services.engine.core.request import FinishReason, Request, RequestId
 from services.engine.kv.host_cache import HostCache
 from services.engine.kv.prefix_hit import PrefixHit, cacheable_prefix_tokens
+from services.engine.model.chat_renderer import ChatRenderer
 from services.engine.model.config import ModelConfig
 from services.engine.model.tokenizer import Tokenizer
+from services.engine.resident import ResidentMeter
 
 log = get_logger(__name__)
 
@@ -68,6 +70,8 @@ class EngineRuntime:
     tokenizer: Tokenizer
     limits: Limits
     model_config: ModelConfig
+    # The model's chat format (its template, or Gemma's turn format), shared by every request.
+    chat: ChatRenderer
     block_size_tokens: int
     # Cache namespace digest for a tenant's namespace salt; None when prefix caching is off.
     namespace_of: Callable[[str], bytes] | None = None
@@ -75,6 +79,10 @@ class EngineRuntime:
     host_cache: HostCache | None = None
     # Widest sliding window of the model (0 if none): sets how much KV before the last message is kept.
     sliding_window_tokens: int = 0
+    # Bytes of paged KV one token takes (every layer's slot, values and scales).
+    kv_bytes_per_token: int = 0
+    # The process's resident memory by part (services/engine/resident.py); None in tests that build no meter.
+    resident: ResidentMeter | None = None
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
@@ -133,7 +141,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 f"prompt: {len(prompt)} tokens + max_new_tokens {max_new} need more KV memory than this engine has")
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
-        eos = set(rt.model_config.eos_token_ids) | set(sampling.stop_token_ids)
+        # A reply ends at the file's EOS ids and the template's end-of-turn marker, and at the request's own.
+        eos = set(rt.model_config.eos_token_ids) | set(rt.chat.stop_token_ids) | set(sampling.stop_token_ids)
         req = Request(
             request_id=RequestId(request.request_id or f"eng-{uuid.uuid4().hex}"),
             prompt_token_ids=prompt,
@@ -159,8 +168,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def _render(self, request, parsed, rt: EngineRuntime) -> tuple[list[int], int]:
         """Tokenize the dialogue off the event loop; stops early past the context or on cancellation."""
         salt, conversation = request.namespace_salt, request.conversation_id
-        renderer = PromptRenderer(rt.tokenizer, rt.model_config.bos_token_id,
-                                  lambda text: self.memo.get(salt, conversation, text))
+        renderer = PromptRenderer(rt.chat, lambda text: self.memo.get(salt, conversation, text))
         stop = threading.Event()
         context_tokens = rt.limits.max_context_tokens
         try:
@@ -298,7 +306,15 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             return engine_pb2.LoadReport(engine_id=self.config.engine_id,
                                          max_waiting_requests=self.config.scheduler.max_waiting_requests)
         snap = rt.loop.load
+        resident = None
+        if rt.resident is not None:
+            r = rt.resident.measure()
+            resident = chat_pb2.ResidentBytes(total_bytes=r.total_bytes, weights_bytes=r.weights_bytes,
+                                              kv_cache_bytes=r.kv_cache_bytes, other_bytes=r.other_bytes,
+                                              arena_bytes=r.arena_bytes)
         return engine_pb2.LoadReport(
+            model_id=rt.model_config.model_id,
+            resident=resident,
             engine_id=self.config.engine_id,
             running_requests=snap.running_requests,
             waiting_requests=rt.loop.num_waiting,
@@ -331,7 +347,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             character = Character(request.character.name, request.character.definition) \
                 if request.HasField("character") else None
             # Tokenize names no conversation, so no remembered reply ids apply: replies are tokenized as text.
-            renderer = PromptRenderer(rt.tokenizer, rt.model_config.bos_token_id, lambda text: None)
+            renderer = PromptRenderer(rt.chat)
             ids = await asyncio.to_thread(renderer.render, character, messages)
         else:
             raise InvalidArgument("input: one of text or dialogue is required")
@@ -349,9 +365,12 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             model_id=cfg.model_id,
             max_context_tokens=rt.limits.max_context_tokens,
             vocab_size=cfg.vocab_size,
-            eos_token_ids=list(cfg.eos_token_ids),
+            eos_token_ids=list(rt.chat.stop_token_ids),
             bos_token_id=cfg.bos_token_id,
             kv_block_size_tokens=rt.block_size_tokens,
+            architecture=cfg.architecture,
+            kv_bytes_per_token=rt.kv_bytes_per_token,
+            has_chat_template=rt.chat.has_own_template,
         ))
 
 

@@ -7,9 +7,10 @@ Cost is bounded before work, in this order:
   1. counts (services/common/prompt_bounds.py): a prompt whose number of messages or ids alone
      cannot fit is OUT_OF_RANGE before any field is read one by one;
   2. the fields, each id list checked with one vectorized comparison;
-  3. a tighter lower bound of the rendered prompt: every message costs its header, end-of-turn and
-     newline tokens plus at least one body token (and at least bytes / max_token_bytes of them),
-     so a dialogue that cannot fit is refused before it is tokenized;
+  3. a tighter lower bound of the rendered prompt: every message costs the control tokens its chat
+     template writes around it at the least (model/chat_renderer.py's MarkupBounds) plus at least one
+     body token (and at least bytes / max_token_bytes of them), so a dialogue that cannot fit is
+     refused before it is tokenized;
   4. rendering (servicer.py), which stops at the first token past the context and when the client
      goes away.
 """
@@ -49,10 +50,12 @@ class Limits:
     # Bytes of the longest vocabulary piece: text longer than max_context_tokens pieces of it can
     # never fit, so it is refused before it is tokenized (tokenizing megabytes costs seconds).
     max_token_bytes: int = 64
-    # Tokens every rendered message costs around its body (turn header, end of turn, newline).
+    # Tokens every rendered message costs around its body, at the least (the template's control tokens).
     message_overhead_tokens: int = 0
-    # Tokens of every rendered prompt besides its messages (BOS, the generation prompt).
+    # Tokens of every rendered prompt besides its messages (BOS, the generation prompt), at the least.
     prompt_overhead_tokens: int = 0
+    # Tokens the character block costs besides its text (0 where it is folded into the first user turn).
+    character_overhead_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ def parse_dialogue(dialogue, limits: Limits, character) -> list[ChatMessage]:
     min_tokens = limits.prompt_overhead_tokens
     text_bytes = len(character.name.encode()) + len(character.definition.encode())
     if text_bytes:
-        min_tokens += limits.message_overhead_tokens + -(-text_bytes // piece)
+        min_tokens += limits.character_overhead_tokens + -(-text_bytes // piece)
     parsed = []
     for i, m in enumerate(messages):
         field = f"dialogue.messages[{i}]"

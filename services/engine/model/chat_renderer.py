@@ -15,11 +15,19 @@ real render exactly, and what lies between them is the content as the template w
 A message may carry its content already tokenized (`content_ids`, e.g. the ids the model generated for a
 reply); they are used when the template writes the content unchanged.
 
-Renders are cached per conversation prefix (a chained digest of the messages), so a turn that appends two
-messages to a known conversation renders two messages, not the whole history.
+A segment is found from renders of a short window of messages (the first, the one before and the message;
+`_window`), so rendering a conversation costs time linear in its length; the joined segments are then checked
+against one render of the whole conversation, and a template whose output depends on more than the window
+(numbered messages, say) is rendered whole. Renders are cached per conversation prefix (a chained digest of
+the messages), so a turn that appends two messages to a known conversation renders two windows.
 
 Files without a template use GEMMA_TURN_TEMPLATE (chat_template.py). Stop tokens: the file's end-of-generation
 ids plus the template's end-of-turn marker (the first token the template writes after an assistant message).
+
+A render stops early (RenderStopped) when its `stop` event is set (checked between messages) or as soon as the
+tokens so far pass `max_tokens`: a prompt that cannot fit costs at most one message past the context.
+`markup_bounds` gives lower bounds of the tokens the template adds around messages, for refusing a dialogue
+that cannot fit before rendering it.
 """
 
 from __future__ import annotations
@@ -60,15 +68,52 @@ class RenderedChat:
     prefix_stable: bool
 
 
+class RenderStopped(Exception):
+    """Rendering ended early: the client went away (`cancelled`) or the prompt passed max_tokens."""
+
+    def __init__(self, cancelled: bool, num_tokens: int) -> None:
+        super().__init__("cancelled" if cancelled else f"more than {num_tokens} tokens")
+        self.cancelled = cancelled
+        self.num_tokens = num_tokens
+
+
+@dataclass(frozen=True)
+class MarkupBounds:
+    """Lower bounds of the template's tokens around message contents, counted as control tokens only: they are
+    parsed in the markup and never merge with a content's text, so no content can make them fewer."""
+
+    # Tokens of every prompt besides its messages (before the first one, and the generation prompt).
+    prompt_tokens: int
+    # Tokens every message adds besides its content, whatever its role and the role before it.
+    message_tokens: int
+
+
 @dataclass(frozen=True)
 class _State:
-    """The render of the first `num_messages` messages, without generation prompt."""
+    """The render of the first `num_messages` messages, without generation prompt, cut at message boundaries."""
 
     num_messages: int
-    real_text: str
-    placeholder_text: str
+    prefix_text: str
+    segment_texts: tuple[str, ...]
     prefix_ids: tuple[int, ...]
     segments: tuple[tuple[int, ...], ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prefix_ids) + sum(len(s) for s in self.segments)
+
+    @property
+    def text(self) -> str:
+        return self.prefix_text + "".join(self.segment_texts)
+
+
+def _window(k: int) -> list[int]:
+    """The messages whose render gives message k's segment: the first one (templates treat it apart: a
+    default system prompt, `loop.first`), the one before k and k itself, with k at an index of the same
+    parity as its own (templates that check alternation test `loop.index0 % 2`)."""
+    if k <= 2:
+        return list(range(k + 1))
+    return [0, k - 2, k - 1, k] if k % 2 == 1 else [0, k - 1, k]
 
 
 class ChatRenderer:
@@ -84,18 +129,42 @@ class ChatRenderer:
                                 "pad_token": vocab.tokens[vocab.pad_token_id]}
         # Control tokens' texts: what a content could forge (user-defined pieces are split in any text anyway).
         self._special_texts = [p for p, t in zip(vocab.tokens, vocab.types) if t == TOKEN_CONTROL and p]
+        self._control_ids = frozenset(i for i, t in enumerate(vocab.types) if t == TOKEN_CONTROL)
         self._eos_token_ids = tuple(eos_token_ids)
         self._cache: OrderedDict[bytes, _State] = OrderedDict()
         self._cache_capacity = cache_capacity
         self._lock = threading.Lock()
         self._end_of_turn: tuple[int, ...] | None = None
         self._system_role: bool | None = None
+        self._markup_bounds: MarkupBounds | None = None
 
     # -- what the template does
 
     def render_text(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool = True) -> str:
         """The template's text for the conversation (what transformers' apply_chat_template(tokenize=False) gives)."""
         return self._render(messages, add_generation_prompt)
+
+    @property
+    def markup_bounds(self) -> MarkupBounds:
+        """Special tokens the template writes around messages, at the least (probed once per role and the role
+        before it; sequences the template refuses are skipped)."""
+        if self._markup_bounds is None:
+            special = lambda ids: sum(1 for t in ids if t in self._control_ids)  # noqa: E731
+            per_message, per_prompt = [], []
+            for role in ROLES:
+                for before in (None, *ROLES):
+                    msgs = ([TemplateMessage(before, "x")] if before else []) + [TemplateMessage(role, "y")]
+                    try:
+                        out = self.render(msgs, add_generation_prompt=True)
+                    except ChatTemplateError:
+                        continue
+                    if not out.prefix_stable:
+                        continue
+                    per_message.append(special(out.segments[-1]))
+                    if before is None:
+                        per_prompt.append(special(out.prefix_ids) + special(out.generation_prompt_ids))
+            self._markup_bounds = MarkupBounds(min(per_prompt, default=0), min(per_message, default=0))
+        return self._markup_bounds
 
     @property
     def supports_system_role(self) -> bool:
@@ -135,27 +204,35 @@ class ChatRenderer:
 
     # -- rendering to tokens
 
-    def render(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool = True) -> RenderedChat:
+    def render(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool = True,
+               stop: threading.Event | None = None, max_tokens: int | None = None) -> RenderedChat:
+        """The conversation's tokens. RenderStopped when `stop` is set (checked between messages) or once the
+        tokens pass max_tokens."""
         for i, m in enumerate(messages):
             if m.role not in ROLES:
                 raise ChatTemplateError(f"messages[{i}].role: {m.role!r} is not one of {', '.join(ROLES)}")
-        state = self._state_for(list(messages))
+        state = self._state_for(list(messages), stop, max_tokens)
         if state is None:
-            return self._render_whole(messages, add_generation_prompt)
+            whole = self._render_whole(messages, add_generation_prompt)
+            if max_tokens is not None and len(whole.token_ids) > max_tokens:
+                raise RenderStopped(False, len(whole.token_ids))
+            return whole
         ids = list(state.prefix_ids)
         starts = []
         for seg in state.segments:
             starts.append(len(ids))
             ids.extend(seg)
-        gen: list[int] = []
-        if add_generation_prompt:
-            full = self._render(messages, True)
-            if not full.startswith(state.real_text):
-                return self._render_whole(messages, add_generation_prompt)
-            gen = self._encode_markup(full[len(state.real_text):])
+        # The segments come from renders of short windows (_window): they hold only if, joined, they are
+        # exactly the template's render of the whole conversation.
+        full = self._render(messages, add_generation_prompt)
+        text = state.text
+        if not full.startswith(text) or (not add_generation_prompt and full != text):
+            return self._render_whole(messages, add_generation_prompt)
+        gen = self._encode_markup(full[len(text):]) if add_generation_prompt else []
         return RenderedChat(ids + gen, list(state.prefix_ids), [list(s) for s in state.segments], gen, starts, True)
 
-    def _state_for(self, messages: list[TemplateMessage]) -> _State | None:
+    def _state_for(self, messages: list[TemplateMessage], stop: threading.Event | None = None,
+                   max_tokens: int | None = None) -> _State | None:
         """The segments of all messages, extended from the longest cached prefix; None if not prefix-stable."""
         digests = [b""]
         for m in messages:
@@ -171,10 +248,18 @@ class ChatRenderer:
                 self._cache.move_to_end(digests[k])
         if state is None:
             state = self._initial_state()
+        num_tokens = state.num_tokens
+        segment_tokens = num_tokens - len(state.prefix_ids)
         while state.num_messages < len(messages):
+            if stop is not None and stop.is_set():
+                raise RenderStopped(True, num_tokens)
+            if max_tokens is not None and num_tokens > max_tokens:
+                raise RenderStopped(False, num_tokens)
             state = self._extend(state, messages)
             if state is None:
                 return None
+            segment_tokens += len(state.segments[-1])
+            num_tokens = len(state.prefix_ids) + segment_tokens  # the first message may add BOS to the prefix
             if state.num_messages >= len(messages) - 1:  # keep the last two (regenerate / edit the last one)
                 self._remember(digests[state.num_messages], state)
         return state
@@ -191,23 +276,29 @@ class ChatRenderer:
             text = self._render([], False)
         except ChatTemplateError:  # templates may index messages[0]
             text = ""
-        return _State(0, text, text, tuple(self._encode_markup(text)), ())
+        return _State(0, text, (), tuple(self._encode_markup(text)), ())
 
     def _extend(self, state: _State, messages: list[TemplateMessage]) -> _State | None:
+        """Message k's segment: what adding it appends to the render of its window (a constant number of
+        messages, so a conversation costs linear time); None when adding it does not merely append."""
         k = state.num_messages
-        real = self._render(messages[:k + 1], False)
-        placeholder = self._render(self._placeholders(messages[:k + 1]), False)
-        if not (real.startswith(state.real_text) and placeholder.startswith(state.placeholder_text)):
+        window = [messages[i] for i in _window(k)]
+        real_before, real = self._render(window[:-1], False) if k else state.prefix_text, self._render(window, False)
+        marks = self._placeholders(window)
+        placeholder_before = self._render(marks[:-1], False) if k else state.prefix_text
+        placeholder = self._render(marks, False)
+        if not (real.startswith(real_before) and placeholder.startswith(placeholder_before)):
             return None
-        seg = self._encode_delta(placeholder[len(state.placeholder_text):], real[len(state.real_text):],
-                                 messages[:k + 1])
+        delta = real[len(real_before):]
+        seg = self._encode_delta(placeholder[len(placeholder_before):], delta, window)
         prefix = state.prefix_ids
         if k == 0:
             bos = self.tokenizer.bos_token_id
             first = (list(prefix) + seg)[:1]
             if self.tokenizer.add_bos and first != [bos]:
                 prefix = (bos,) + prefix  # the model wants BOS and the template did not write it
-        return _State(k + 1, real, placeholder, prefix, state.segments + (tuple(seg),))
+        return _State(k + 1, state.prefix_text, state.segment_texts + (delta,), prefix,
+                      state.segments + (tuple(seg),))
 
     def _render_whole(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool) -> RenderedChat:
         real = self._render(messages, add_generation_prompt)

@@ -50,6 +50,10 @@ class Vocab:
         return tuple(sorted(ids))
 
 
+_HEAD_CHARS = 3
+_SET_SCAN_MAX_CHARS = 4096  # longer texts are scanned once per distinct head instead
+
+
 class Tokenizer:
     """encode / decode / token_bytes / is_special over one Vocab; the fragment encoder picked by vocab.model."""
 
@@ -73,6 +77,9 @@ class Tokenizer:
             raise ValueError(f"tokenizer.ggml.model = {vocab.model!r} is not supported (llama or gpt2)")
         self._user_defined = self._specials({TOKEN_USER_DEFINED})
         self._all_specials = self._specials({TOKEN_USER_DEFINED, TOKEN_CONTROL})
+        # Piece -> its rank in longest-first order, by its first _HEAD_CHARS characters: a text is searched only
+        # for the specials whose head occurs in it (vocabularies hold thousands of them).
+        self._by_head = {False: self._index_by_head(self._user_defined), True: self._index_by_head(self._all_specials)}
         self._piece_bytes = [self._model.token_bytes(i) for i in range(self.vocab_size)]
         self._special_ids = frozenset(i for i, t in enumerate(vocab.types) if t == TOKEN_CONTROL)
         self._ids_by_piece: dict[str, int] | None = None
@@ -91,14 +98,28 @@ class Tokenizer:
                  if t in kinds and p]
         return sorted(found, key=lambda pi: (-len(pi[0]), pi[1]))
 
+    @staticmethod
+    def _index_by_head(specials: list[tuple[str, int, bool]]) -> dict[str, list[int]]:
+        index: dict[str, list[int]] = {}
+        for rank, (piece, _, _) in enumerate(specials):
+            index.setdefault(piece[:_HEAD_CHARS], []).append(rank)
+        return index
+
+    def _specials_in(self, text: str, with_control: bool) -> list[tuple[str, int, bool]]:
+        """The specials that occur in text, longest first (the order of _specials)."""
+        specials = self._all_specials if with_control else self._user_defined
+        by_head = self._by_head[with_control]
+        heads = {text[i:i + n] for n in range(1, _HEAD_CHARS + 1) for i in range(len(text) - n + 1)} \
+            if len(text) <= _SET_SCAN_MAX_CHARS else None
+        ranks = [r for head, rs in by_head.items() if (head in heads if heads is not None else head in text)
+                 for r in rs]
+        return [specials[r] for r in sorted(ranks) if specials[r][0] in text]
+
     def _partition(self, text: str, control_spans: list[tuple[int, int]]) -> list[str | int]:
         """Split text into plain fragments (str) and special ids (int), longest special first, leftmost match.
         User-defined pieces match anywhere; control pieces only inside one of control_spans ([start, end))."""
         fragments: list[tuple[int, int] | int] = [(0, len(text))]
-        specials = self._all_specials if control_spans else self._user_defined
-        for piece, token_id, control in specials:
-            if piece not in text:
-                continue
+        for piece, token_id, control in self._specials_in(text, bool(control_spans)):
             out: list[tuple[int, int] | int] = []
             for frag in fragments:
                 if isinstance(frag, int):

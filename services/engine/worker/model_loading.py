@@ -1,4 +1,4 @@
-"""Getting (CausalLM, Tokenizer) for a model name, with the kernels of the engine's device, on that device."""
+"""Getting a runnable model for a model name, with the kernels of the engine's device, on that device."""
 
 from __future__ import annotations
 
@@ -8,12 +8,19 @@ from kernels.backend import select_ops
 
 
 def load_model(name: str, precision: str = "int8", device: str = "cpu", kernels: str = "auto"):
-    """The model built with the `kernels` op family for `device` (kernels.backend.select_ops), every tensor
-    it holds on `device` (weights are converted and loaded on the host, then moved once)."""
-    from services.engine.model import load_model as load
+    """(CausalLM, Tokenizer): the model built with the `kernels` op family for `device`
+    (kernels.backend.select_ops), every tensor it holds on `device`."""
+    loaded = load_serving_model(name, precision, device, kernels)
+    return loaded.model, loaded.tokenizer
+
+
+def load_serving_model(name: str, precision: str = "int8", device: str = "cpu", kernels: str = "auto"):
+    """The model with its tokenizer and chat renderer (services.engine.model.loader.LoadedModel); weights are
+    converted and loaded on the host, then moved to `device` once."""
+    from services.engine.model.loader import load
     from services.engine.model.placement import place
 
-    model, tokenizer = load(name, precision=precision, kernel_ops=select_ops(device, kernels))
+    loaded = load(name, precision=precision, kernel_ops=select_ops(device, kernels))
     if torch.device(device).type != "cpu":
-        place(model, device)
-    return model, tokenizer
+        place(loaded.model, device)
+    return loaded

@@ -218,7 +218,7 @@ async def tokenize(request: Request) -> Response:
         engine_request = engine_pb2.TokenizeRequest(dialogue=dialogue, namespace_salt=tenant.namespace_salt)
         if character is not None:
             engine_request.character.CopyFrom(character)
-    response = await front.catalog.call_any("Tokenize", engine_request)
+    response = await front.catalog.call_any("Tokenize", engine_request, info.model_id)
     return JSONResponse({"count": len(response.token_ids), "max_model_len": response.max_context_tokens or
                          info.max_context_tokens, "tokens": list(response.token_ids), "token_strs": None})
 
@@ -228,10 +228,11 @@ async def detokenize(request: Request) -> Response:
     front = _front(request)
     front.authenticate(request)
     body: DetokenizeRequest = await parse(request, DetokenizeRequest)
-    await front.catalog.resolve(body.model)
+    info = await front.catalog.resolve(body.model)
     if any(t < 0 for t in body.tokens):
         raise invalid("tokens", "token ids must not be negative")
-    response = await front.catalog.call_any("Detokenize", engine_pb2.DetokenizeRequest(token_ids=body.tokens))
+    response = await front.catalog.call_any("Detokenize", engine_pb2.DetokenizeRequest(token_ids=body.tokens),
+                                            info.model_id)
     return JSONResponse({"prompt": response.text})
 
 
