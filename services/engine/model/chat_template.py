@@ -83,15 +83,17 @@ def render_template(source: str, messages: list[dict[str, Any]], add_generation_
 # The turn format of Gemma (its official template's markers) for files without a template of their own,
 # such as the pretrained Gemma 3 GGUF. Consecutive user-side messages (system, user) share one user turn,
 # separated by a blank line, as Gemma's template folds a system message into the first user turn; there
-# are never two user turns in a row. A turn is closed only when the next turn opens (or the generation
-# prompt is added), so appending a message only appends text:
+# are never two user turns in a row. Each model-side message is a turn of its own, as the generation
+# prompt opens one after any message: a reply generated after a model message and appended to the
+# dialogue renders exactly as it was generated. A turn is closed only when the next turn opens (or the
+# generation prompt is added), so appending a message only appends text:
 #     <bos><start_of_turn>user\n{system}\n\n{user}<end_of_turn>\n<start_of_turn>model\n{reply}<end_of_turn>\n...
 GEMMA_TURN_TEMPLATE = (
     "{{ bos_token }}"
     "{%- set ns = namespace(open=none) -%}"
     "{%- for message in messages -%}"
     "{%- set side = 'model' if message['role'] == 'assistant' else 'user' -%}"
-    "{%- if ns.open == side -%}{{ '\n\n' }}"
+    "{%- if ns.open == side and side == 'user' -%}{{ '\n\n' }}"
     "{%- else -%}"
     "{%- if ns.open is not none -%}{{ '<end_of_turn>\n' }}{%- endif -%}"
     "{{ '<start_of_turn>' + side + '\n' }}"
