@@ -111,4 +111,4 @@ def test_generic_reflection_lists_and_describes_the_public_api(stack) -> None:
         assert generate.server_streaming and not generate.client_streaming
         assert generate.input_type.full_name == "salon.chat.v1.GenerateRequest"
         assert set(generate.input_type.fields_by_name) == {
-            "conversation_id", "request_id", "character", "dialogue", "tokens", "text", "sampling"}
+            "conversation_id", "request_id", "character", "dialogue", "tokens", "text", "sampling", "model"}
