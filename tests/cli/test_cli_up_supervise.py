@@ -66,6 +66,11 @@ def _turn(stub, conversation: str, history: list[str], max_new_tokens: int = 6) 
     return final
 
 
+def _pool_engines(stub) -> set[str]:
+    response = stub.ListModels(chat_pb2.ListModelsRequest(), metadata=(("authorization", f"Bearer {KEY}"),), timeout=10)
+    return {e.engine_id for m in response.models for e in m.engines if e.serving}
+
+
 def _logged(log: Path, event: str, **fields) -> bool:
     for line in log.read_text().splitlines():
         if line.startswith("{"):
@@ -116,6 +121,9 @@ def test_salon_up_restarts_what_dies_and_never_stops(tmp_path):
                                if ring.owner(dialogue_key(TenantId("local"), f"dialogue-{i}")) == "engine-0"][:2]
         channel = grpc.insecure_channel(f"127.0.0.1:{gw}")
         stub = chat_pb2_grpc.ChatServiceStub(channel)
+        # The model's pool holds an engine once the gateway knows which model it serves: wait for both, so
+        # that the dialogue goes to its ring owner engine-0.
+        _wait(lambda: _pool_engines(stub) == {"engine-0", "engine-1"}, 60, "the model's pool never held both engines")
 
         # 1. An engine SIGKILLed mid-stream: the stream completes on the other engine.
         request = chat_pb2.GenerateRequest(conversation_id=conversation,
@@ -137,6 +145,7 @@ def test_salon_up_restarts_what_dies_and_never_stops(tmp_path):
         _wait(lambda: (state / "engine-0.pid").exists() and _pid(state, "engine-0") != victim, 30,
               "engine-0 was not started again")
         _wait(lambda: _serving_engines(metrics) == 2, 180, "engine-0 did not come back")
+        _wait(lambda: _pool_engines(stub) == {"engine-0", "engine-1"}, 60, "engine-0 did not rejoin its model's pool")
         assert any("engine-0 was killed by SIGKILL; restarting it" in n for n in notices), notices
         # The failed-over dialogue stays where its KV now is; a new one owned by engine-0 goes there.
         conversation = fresh
