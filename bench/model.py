@@ -65,7 +65,7 @@ class EngineSteps:
                 raise RuntimeError("the bench's KV cache is too small")
             chunks.append(ScheduledChunk(request, ids, start, self.kv.block_tables(request.request_id), True))
             request.num_computed_tokens = start + len(ids)
-        return [t.token_id for t in self.runner.execute(SchedulerOutput(chunks, []))]
+        return [tokens[0].token_id for tokens in self.runner.execute(SchedulerOutput(chunks, []))]
 
 
 def _prefill_tps(model, num_tokens: int, repeats: int) -> float:
