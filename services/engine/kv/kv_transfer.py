@@ -115,15 +115,15 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
-def to_cache_device(payloads: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host payloads on the cache's device in one copy (pinned, non-blocking on CUDA: the scatter that
-    follows is queued behind it on the same stream)."""
-    if payloads.device == device:
-        return payloads
-    if device.type == "cuda" and payloads.device.type == "cpu":
-        payloads = payloads if payloads.is_pinned() else payloads.pin_memory()
-        return payloads.to(device, non_blocking=True)
-    return payloads.to(device)
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` in one copy: pinned and non-blocking on CUDA (the kernels that read it are
+    queued behind the copy on the same stream); the tensor itself where it already is."""
+    if host.device == device or device.type == "cpu" and host.device.type == "cpu":
+        return host
+    if device.type == "cuda" and host.device.type == "cpu":
+        host = host if host.is_pinned() else host.pin_memory()
+        return host.to(device, non_blocking=True)
+    return host.to(device)
 
 
 def unpack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], block_indices: Sequence[int],
@@ -133,7 +133,7 @@ def unpack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], bl
     if payloads.dtype != torch.uint8 or payloads.dim() != 2 or payloads.shape[0] != n:
         raise ValueError(f"payloads must be uint8[{n}, bytes], got {payloads.dtype}{list(payloads.shape)}")
     offset = 0
-    payloads = to_cache_device(payloads, cache.slots[0].k_cache.device)
+    payloads = to_device(payloads, cache.slots[0].k_cache.device)
     for group in _groups(cache.layout, part):
         ids = _block_ids(tables, group, block_indices).to(cache.slots[0].k_cache.device)
         for slot in range(len(group.layer_ids)):

@@ -14,6 +14,7 @@ from kernels.backend import Ops
 from services.engine.core.request import Request, SamplingParams
 from services.engine.core.scheduler import SchedulerOutput
 from services.engine.kv.kv_cache import KVCache
+from services.engine.kv.kv_transfer import to_device
 from services.engine.worker.attention_backend import ForwardBatch, PagedAttention
 from services.engine.worker.sampler import (DraftHistory, SampledToken, TokenHistory, greedy_ids, num_produced,
                                             plain_greedy, rewind_generator, sample)
@@ -135,10 +136,3 @@ class ModelRunner:
             row += num_rows
         return produced, kept_rows
 
-
-def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`: through pinned memory and a non-blocking copy on CUDA (the step's
-    kernels are queued behind it on the same stream); the tensor itself elsewhere."""
-    if device.type == "cpu":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
