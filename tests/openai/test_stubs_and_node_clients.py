@@ -180,23 +180,21 @@ def test_readme_java_command_works_as_written_and_the_stubs_compile(tmp_path):
     assert (tmp_path / "gen" / "classes" / "salon" / "chat" / "v1" / "ChatServiceGrpc$ChatServiceStub.class").exists()
 
 
-def _last_api_tag() -> str:
-    """The newest api-v* tag; a clone without it (shallow, or tags not fetched) fails: the guard must run."""
-    tags = run(["git", "tag", "--list", "api-v*", "--sort=-creatordate"]).stdout.split()
-    assert tags, "no api-v* tag here: fetch the tags (git fetch --tags), or tag the released API (git tag -a api-vN)"
-    return tags[0]
+def _last_released_api() -> Path:
+    """The newest buf image in protos/released/ (api-v1.binpb, api-v2.binpb, ...)."""
+    images = sorted((REPO / "protos" / "released").glob("api-v*.binpb"), key=lambda p: int(p.stem[len("api-v"):]))
+    assert images, "no released API image in protos/released/ (buf build -o released/api-vN.binpb)"
+    return images[-1]
 
 
-def test_buf_breaking_against_the_last_tagged_api(tmp_path):
+def test_buf_breaking_against_the_last_released_api(tmp_path):
     require(BUF)
-    tag = _last_api_tag()
-    # buf reads the tag from the repository's git directory (a worktree's .git is a file naming it).
-    git_dir = run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"]).stdout.strip()
-    against = f"{git_dir}#tag={tag},subdir=protos"
+    image = _last_released_api()
+    against = str(image)
     block = _readme_block("buf-breaking")
-    assert f"#tag={tag},subdir=protos" in block, f"README: buf breaking should compare with {tag}"
+    assert f"--against released/{image.name}" in block, f"README: buf breaking should compare with {image.name}"
     run(["bash", "-euo", "pipefail", "-c", block])
-    # The check can fail: renumbering a field of the tagged API, or dropping a file's go_package, is caught.
+    # The check can fail: renumbering a field of the released API, or dropping a file's go_package, is caught.
     for old, new, named in [("uint32 max_new_tokens = 1;", "uint32 max_new_tokens = 99;", "max_new_tokens"),
                             ('option go_package = "', '// option go_package = "', "go_package")]:
         broken = tmp_path / named
