@@ -414,6 +414,25 @@ class LlamaServer:
                 completion = item
         return completion
 
+    async def next_token(self, prompt_ids: Sequence[int]) -> int:
+        """The greedy next token after ``prompt_ids`` (one non-streamed /completion: its ``tokens`` carry the id
+        even when the token ends inside a UTF-8 character, which a stream would hold back)."""
+        if self._client is None:
+            raise PeerError("LlamaServer.next_token() outside its 'async with' block")
+        body = {"prompt": [int(t) for t in prompt_ids], "n_predict": 1, "temperature": 0.0, "top_k": 1,
+                "repeat_penalty": 1.0, "cache_prompt": True, "stream": False, "return_tokens": True,
+                "ignore_eos": True}
+        try:
+            resp = await self._client.post("/completion", json=body)
+        except httpx.TransportError as e:
+            raise PeerError(f"llama-server /completion: {type(e).__name__}: {e}") from e
+        if resp.status_code != 200:
+            raise PeerError(f"llama-server /completion answered HTTP {resp.status_code}: {_tail(resp.text, 500)}")
+        tokens = resp.json().get("tokens") or []
+        if len(tokens) != 1:
+            raise PeerError(f"llama-server /completion returned {len(tokens)} tokens for n_predict 1")
+        return int(tokens[0])
+
     async def stream(self, prompt_ids: Sequence[int], num_new_tokens: int, *, ignore_eos: bool = False,
                      num_probs: int = 0) -> AsyncIterator[list[int] | Completion]:
         """``complete()`` as it arrives: the token ids of each streamed event (a list, possibly empty), then

