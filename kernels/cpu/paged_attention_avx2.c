@@ -22,8 +22,8 @@
  *   acc = acc * alpha, then acc = fma(p_j * v_scale_j, v_j, acc) for each key j of the chunk in order;
  *   out = acc / l.
  *
- * exp is simd_math.h's exp256_ps. Every combining step is an intrinsic or fmaf, so none is left for the
- * compiler to contract differently in the inlined copies below.
+ * exp is simd_math.h's exp256_ps. The one multiply-add of scalars (l) is an explicit fmaf, and no product
+ * feeds an addition elsewhere, so the compiler finds nothing to contract differently in the inlined copies.
  */
 #include <immintrin.h>
 #include <math.h>
