@@ -48,6 +48,10 @@ def has_avx512() -> bool:
     return {"avx2", "avx512f", "avx512bw"} <= cpu_flags()
 
 
+def has_avx2_fma() -> bool:
+    return {"avx2", "fma"} <= cpu_flags()
+
+
 def cpu_isas() -> tuple[str, ...]:
     """The int8 GEMM kernels this CPU can run, best first: "vnni" (AVX-512 VNNI), "avx2"; () when neither."""
     if "avx2" not in cpu_flags():

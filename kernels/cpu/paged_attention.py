@@ -2,14 +2,17 @@
 
 Same semantics as kernels.paged_attention.paged_attention_ref. Each query row is computed on its
 own, so its result never depends on which other queries share the call (other sequences, or the
-other tokens of its own prefill chunk). Two implementations, picked by the CPU:
+other tokens of its own prefill chunk). Three implementations, picked by the CPU:
 
 - with AVX-512: the C kernel of paged_attention.c (one work item per query row and KV head; its
-  docstring gives the exact order of operations). It reads the int8 K/V where they lie, widening them
-  in registers, so a decode step costs what its visible keys cost -- no copy of the cache per step;
-- otherwise the PyTorch path (paged_attention_torch.py).
+  header comment gives the exact order of operations). It reads the int8 K/V where they lie, widening
+  them in registers, so a decode step costs what its visible keys cost -- no copy of the cache per step;
+- without AVX-512 but with AVX2 and FMA: the C kernel of paged_attention_avx2.c, the same kernel in
+  8-lane vectors (same interface and limits; its header comment gives its order of operations);
+- otherwise (or without a C compiler, or for shapes and dtypes the C kernels decline) the PyTorch path
+  (paged_attention_torch.py).
 
-The two give the same results to float rounding, not the same bits; one machine always uses the same
+They give the same results to float rounding, not the same bits; one machine always uses the same
 one, which is what batch invariance and exact cache hits need.
 """
 
@@ -25,45 +28,60 @@ from kernels.cpu import native
 from kernels.cpu.paged_attention_torch import paged_attention_torch
 from kernels.paged_attention import PagedAttentionArgs
 
-_C_SOURCE = Path(__file__).with_name("paged_attention.c")
+_C_SOURCES = {"avx512": Path(__file__).with_name("paged_attention.c"),
+              "avx2": Path(__file__).with_name("paged_attention_avx2.c")}
 _C_SIGNATURES = {"paged_attention_i8": [ctypes.c_void_p] * 6 + [ctypes.c_int64] + [ctypes.c_void_p] * 3
                  + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]}
 
 
-def _library() -> ctypes.CDLL | None:
-    return native.load(_C_SOURCE, _C_SIGNATURES) if native.has_avx512() else None
+@functools.cache
+def c_isas() -> tuple[str, ...]:
+    """The C kernels this CPU can run, best first: "avx512" (paged_attention.c), "avx2" (paged_attention_avx2.c,
+    AVX2 + FMA); the engine runs the first, tests run each."""
+    return (("avx512",) if native.has_avx512() else ()) + (("avx2",) if native.has_avx2_fma() else ())
+
+
+def c_isa() -> str | None:
+    """The C kernel this CPU runs; None: the PyTorch path."""
+    return next(iter(c_isas()), None)
+
+
+def _library(isa: str | None) -> ctypes.CDLL | None:
+    return native.load(_C_SOURCES[isa], _C_SIGNATURES) if isa in c_isas() else None
 
 
 @functools.cache
-def c_limits() -> tuple[int, int] | None:
-    """(query heads per KV head, head size) the C kernel handles at most (its stack buffers are sized for
-    them, and the library exports them); None where the kernel cannot run here."""
-    lib = _library()
+def c_limits(isa: str | None = None) -> tuple[int, int] | None:
+    """(query heads per KV head, head size) the C kernel (this CPU's, or `isa`) handles at most (its stack
+    buffers are sized for them, and the library exports them); None where it cannot run here."""
+    lib = _library(isa or c_isa())
     if lib is None:
         return None
     return (ctypes.c_int64.in_dll(lib, "salon_paged_attention_max_group").value,
             ctypes.c_int64.in_dll(lib, "salon_paged_attention_max_head_dim").value)
 
 
-def c_kernel_supports(num_q_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    limits = c_limits()
+def c_kernel_supports(num_q_heads: int, num_kv_heads: int, head_dim: int, isa: str | None = None) -> bool:
+    limits = c_limits(isa)
     if limits is None or num_kv_heads <= 0 or num_q_heads % num_kv_heads:
         return False
     max_group, max_head_dim = limits
     return num_q_heads // num_kv_heads <= max_group and head_dim % 16 == 0 and head_dim <= max_head_dim
 
 
-def paged_attention_c(a: PagedAttentionArgs) -> torch.Tensor | None:
-    """The C kernel; None where it cannot run here or for these shapes and dtypes."""
+def paged_attention_c(a: PagedAttentionArgs, isa: str | None = None) -> torch.Tensor | None:
+    """The C kernel of this CPU (AVX-512, else AVX2 + FMA; see c_isas), or the one named by `isa`; None
+    where it cannot run here, or for these shapes and dtypes."""
+    isa = isa or c_isa()
     q, k_cache, v_cache, k_scale, v_scale = a.q, a.k_cache, a.v_cache, a.k_scale, a.v_scale
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    if (not c_kernel_supports(Hq, Hkv, D) or q.dtype != torch.float32 or k_scale is None or v_scale is None
+    if (not c_kernel_supports(Hq, Hkv, D, isa) or q.dtype != torch.float32 or k_scale is None or v_scale is None
             or any(t.dtype != torch.int8 for t in (k_cache, v_cache))
             or any(t.dtype != torch.float32 for t in (k_scale, v_scale))
             or not all(t.is_contiguous() for t in (k_cache, v_cache, k_scale, v_scale))):
         return None
-    lib = _library()
+    lib = _library(isa)
     assert lib is not None
     q = q.contiguous()
     tables = a.block_tables.to(torch.int32).contiguous()

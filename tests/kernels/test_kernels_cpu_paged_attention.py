@@ -1,5 +1,6 @@
-"""kernels/cpu/paged_attention.py (the C kernel) and paged_attention_torch.py (the PyTorch path) against the
-reference, on awkward shapes, and their batch/chunk invariance."""
+"""kernels/cpu/paged_attention.py (the C kernels: AVX-512 and AVX2, each where the CPU runs it) and
+paged_attention_torch.py (the PyTorch path) against the reference, on awkward shapes, and their batch/chunk
+invariance."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import random
 import pytest
 import torch
 
-from kernels.cpu import native
 from kernels.cpu import paged_attention as cpu_attention
 from kernels.cpu.paged_attention_torch import paged_attention_torch
 from kernels.kv_write import kv_write_ref
@@ -25,6 +25,7 @@ def positional(fn):
 
 paged_attention_ref = positional(_paged_attention_ref)
 paged_attention_c = positional(cpu_attention.paged_attention_c)
+C_KERNELS = ["avx512", "avx2"]  # paged_attention.c, paged_attention_avx2.c
 paged_attention_cpu = positional(cpu_attention.paged_attention_cpu)
 
 
@@ -75,39 +76,62 @@ CASES = [
 CASES += [
     ([2000, 513, 9], [3, 40, 9], 4, 1, 256, 16, 512),  # Gemma's shapes: a window cutting blocks, long context
     ([90, 31], [90, 1], 16, 2, 48, 4, None),  # 8 query heads per KV head (the C kernel's most), tiny blocks
+    ([400, 77, 3, 130], [1, 77, 3, 2], 9, 3, 64, 16, None),  # SmolLM2's shapes: 3 query heads per KV head
+    ([700, 77, 520], [1, 77, 5], 9, 3, 64, 16, 512),  # ... with a window and a context past it
 ]
 
 
 def implementation(name):
-    """The attention function under test: the C kernel (skipped without AVX-512) or the PyTorch path."""
+    """The attention function under test: a C kernel ("avx512", "avx2"; skipped where this CPU cannot run it)
+    or the PyTorch path ("torch")."""
     if name == "torch":
         return positional(paged_attention_torch)
-    if not native.has_avx512():
-        pytest.skip("the C kernel needs AVX-512")
+    if name not in cpu_attention.c_isas():
+        pytest.skip(f"this CPU does not run the {name} C kernel")
 
     def c_kernel(q, *args):
-        out = paged_attention_c(q, *args)
+        out = cpu_attention.paged_attention_c(PagedAttentionArgs(q, *args), isa=name)
         assert out is not None, "the C kernel refused shapes it supports"
         return out
 
     return c_kernel
 
 
-def c_supports(hq, hkv, d):
-    return cpu_attention.c_kernel_supports(hq, hkv, d)
+def c_supports(hq, hkv, d, isa):
+    return cpu_attention.c_kernel_supports(hq, hkv, d, isa)
 
 
-@pytest.mark.parametrize("impl", ["c", "torch"])
+@pytest.mark.parametrize("impl", [*C_KERNELS, "torch"])
 @pytest.mark.parametrize("case", CASES)
 def test_matches_reference(impl, case):
     seq_lens, q_lens, hq, hkv, d, bs, window = case
-    if impl == "c" and not c_supports(hq, hkv, d):
-        pytest.skip("head size not a multiple of 16: the C kernel declines, the PyTorch path runs")
     attend = implementation(impl)
+    if impl != "torch" and not c_supports(hq, hkv, d, impl):
+        pytest.skip("head size not a multiple of 16: the C kernel declines, the PyTorch path runs")
     q, kc, vc, ks, vs, tables, qsl, lens = build_case(seq_lens, q_lens, hq, hkv, d, bs, window)
     ref = paged_attention_ref(q, kc, vc, ks, vs, sanitized(tables), qsl, lens, 0.125, window)
     out = attend(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, window)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", C_KERNELS)
+def test_c_kernel_at_its_limits(impl):
+    """8 query heads per KV head and head size 512, the most the C kernels' buffers hold (prefill chunks in
+    tiny blocks, a short window)."""
+    attend = implementation(impl)
+    assert cpu_attention.c_limits(impl) == (8, 512)
+    q, kc, vc, ks, vs, tables, qsl, lens = build_case([50, 33], [50, 33], 16, 2, 512, 8, 20)
+    ref = paged_attention_ref(q, kc, vc, ks, vs, sanitized(tables), qsl, lens, 0.125, 20)
+    torch.testing.assert_close(attend(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, 20), ref, rtol=1e-5, atol=2e-5)
+
+
+def test_the_dispatcher_runs_this_cpus_first_c_kernel():
+    if not cpu_attention.c_isas():
+        pytest.skip("no C kernel runs on this CPU")
+    q, kc, vc, ks, vs, tables, qsl, lens = build_case([70, 9], [70, 1], 4, 1, 64, 16, 32)
+    first = cpu_attention.paged_attention_c(PagedAttentionArgs(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, 32),
+                                            isa=cpu_attention.c_isas()[0])
+    assert torch.equal(paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, 32), first)
 
 
 def test_c_kernel_declines_unsupported_shapes_and_the_dispatcher_falls_back():
@@ -118,7 +142,9 @@ def test_c_kernel_declines_unsupported_shapes_and_the_dispatcher_falls_back():
                                rtol=1e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("impl,heads", [("c", (4, 1)), ("c", (6, 2)), ("torch", (4, 1))])  # C: G=4 path, generic
+# C: the G = 4 and G = 3 paths (constant-folded in paged_attention_avx2.c) and the generic one
+@pytest.mark.parametrize("impl,heads", [*((c, heads) for c in C_KERNELS for heads in [(4, 1), (9, 3), (6, 2)]),
+                                        ("torch", (4, 1))])
 @pytest.mark.parametrize("window", [None, 40])
 def test_each_query_is_invariant_to_its_batch_and_chunk(impl, heads, window):
     paged_attention_cpu = implementation(impl)
@@ -146,14 +172,15 @@ def test_each_query_is_invariant_to_its_batch_and_chunk(impl, heads, window):
             assert torch.equal(first, alone[:cut])
 
 
+@pytest.mark.parametrize("impl", C_KERNELS)
 @pytest.mark.parametrize("seed", range(12))
-def test_c_kernel_on_random_batches_matches_reference_and_is_invariant(seed):
-    """Seeded random batches (mixed prefills and decodes, windows cutting blocks, G = 4 and others): the C
+def test_c_kernel_on_random_batches_matches_reference_and_is_invariant(impl, seed):
+    """Seeded random batches (mixed prefills and decodes, windows cutting blocks, G = 4, 3 and others): the C
     kernel against the reference, and each sequence alone against the batch, bit for bit."""
-    attend = implementation("c")
+    attend = implementation(impl)
     rng = random.Random(seed)
     hkv = rng.choice([1, 2])
-    hq = hkv * rng.choice([4, 4, 2, 8])
+    hq = hkv * rng.choice([4, 4, 3, 2, 8])
     d = rng.choice([16, 32, 64])
     bs = rng.choice([4, 8, 16, 32])
     window = rng.choice([None, rng.randint(1, 80)])
