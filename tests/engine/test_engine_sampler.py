@@ -113,6 +113,17 @@ def test_c_kernel_draws_the_pytorch_tokens_at_any_vocabulary_size(vocab, isa):
         assert got == [sample_row(x, params, u) for u in us], params
 
 
+@pytest.mark.skipif(not ISAS, reason=NO_C_SAMPLER)
+def test_c_kernel_scratch_follows_the_vocabulary_size():
+    # each thread keeps its scratch between calls: a longer row than any before must grow it
+    params = SamplingParams(1, temperature=1.0, top_p=0.8)
+    for vocab in (10, VOCAB + 4099, 50):
+        x = torch.randn(vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+        rows = torch.stack([x] * 3)
+        got = sample_rows_cpu(rows, [0, 1, 2], [1.0] * 3, [0] * 3, [0.8] * 3, [0.1, 0.5, 0.9])
+        assert got == [sample_row(x, params, u) for u in (0.1, 0.5, 0.9)], vocab
+
+
 @pytest.mark.skipif(len(ISAS) < 2, reason="one build of the C sampler runs here")
 def test_every_build_draws_the_same_tokens():
     # the builds compute the same bits (exp, bins, block masses), so even draws near a boundary agree
