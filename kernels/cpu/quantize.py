@@ -27,13 +27,21 @@ def library() -> ctypes.CDLL | None:
     return native.load(_C_SOURCE, _SIGNATURES) if native.simd_isas() else None
 
 
+_kernels: dict[tuple[str, str | None], object] = {}  # (name, isa) -> the loaded function (a few us per call saved)
+
+
 def kernel(name: str, isa: str | None = None):
     """quantize.c's `name` ("quantize_rows" or "kv_write_rows") in the build for `isa` ("avx512" or "avx2";
     default: the best this CPU runs); None where that build cannot run here."""
-    isas = native.simd_isas()
-    isa = isa or (isas[0] if isas else None)
-    lib = library()
-    return getattr(lib, f"{name}_{isa}") if lib is not None and isa in isas else None
+    fn = _kernels.get((name, isa))
+    if fn is None:
+        isas = native.simd_isas()
+        chosen = isa or (isas[0] if isas else None)
+        lib = library()
+        if lib is None or chosen not in isas:
+            return None
+        fn = _kernels[(name, isa)] = getattr(lib, f"{name}_{chosen}")
+    return fn
 
 
 def quantize_per_token_cpu(x: torch.Tensor, isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
