@@ -1,6 +1,6 @@
 """The C kernels of kernels/cpu/: compiled with the system C compiler on first use, loaded with ctypes.
 
-Each source is compiled with -mavx2 (kernels that need AVX-512 enable it per function) into a library
+Each source is compiled with -mavx2 -mfma (kernels that need AVX-512 enable it per function) into a library
 named by the hash of its source, the headers beside it and the compiler flags, so a changed kernel is
 rebuilt; it is renamed into place, so concurrent builders never load a half-written file. Without a C compiler, or on a CPU without
 AVX2, `load` returns None and callers take their PyTorch path. `python -m kernels.cpu.native` builds
@@ -48,8 +48,12 @@ def has_avx512() -> bool:
     return {"avx2", "avx512f", "avx512bw"} <= cpu_flags()
 
 
-def has_avx2_fma() -> bool:
-    return {"avx2", "fma"} <= cpu_flags()
+def simd_isas() -> tuple[str, ...]:
+    """The builds of the SIMD kernels (paged attention, quantize, sample) this CPU can run, best first:
+    "avx512" (AVX-512 F and BW), "avx2" (AVX2 and FMA); () when neither (callers take the PyTorch paths)."""
+    if not {"avx2", "fma"} <= cpu_flags():
+        return ()
+    return ("avx512", "avx2") if has_avx512() else ("avx2",)
 
 
 def cpu_isas() -> tuple[str, ...]:

@@ -38,7 +38,7 @@ _C_SIGNATURES = {"paged_attention_i8": [ctypes.c_void_p] * 6 + [ctypes.c_int64] 
 def c_isas() -> tuple[str, ...]:
     """The C kernels this CPU can run, best first: "avx512" (paged_attention.c), "avx2" (paged_attention_avx2.c,
     AVX2 + FMA); the engine runs the first, tests run each."""
-    return (("avx512",) if native.has_avx512() else ()) + (("avx2",) if native.has_avx2_fma() else ())
+    return native.simd_isas()
 
 
 def c_isa() -> str | None:

@@ -1,15 +1,22 @@
-/* Per-row symmetric int8 quantization with AVX-512, bit for bit the semantics of kernels.quantize:
+/* Per-row symmetric int8 quantization, bit for bit the semantics of kernels.quantize:
  *   scale = max(absmax(row) / 127, SCALE_FLOOR)      (IEEE division)
  *   q     = clamp(round_half_even(x / scale), -127, 127)
  * Rows are independent (max is exact in any order), so results never depend on the batch or the threads.
+ * Two builds of the same arithmetic, lane for lane: AVX-512 (the *_avx512 entry points, 16 lanes, masked
+ * tails) and AVX2 + FMA (the *_avx2 ones, 8 lanes, tails through masked loads); kernels/cpu/quantize.py
+ * calls the best one the CPU has. Finite rows only: a row holding inf or NaN has no defined result (the
+ * reference converts NaN quotients to int8); both builds give -127 where x / scale is NaN.
  *
- *   quantize_rows  x f32[M, K] (row stride sx) -> q int8[M, K], scale f32[M]
- *   kv_write_rows  x f32[T, H, D] -> the int8 rows and scales of cache slots slot[t] (the KV write)
+ *   quantize_rows_*  x f32[M, K] (row stride sx) -> q int8[M, K], scale f32[M]
+ *   kv_write_rows_*  x f32[T, H, D] -> the int8 rows and scales of cache slots slot[t] (the KV write)
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512bw")))
+
+/* ---- AVX-512 ---- */
 
 AVX512 static inline __mmask16 tail_mask(int64_t k, int64_t K) {
     return K - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
@@ -32,18 +39,94 @@ AVX512 static inline float quantize_row(const float *x, int64_t K, int8_t *q, fl
     return scale;
 }
 
-AVX512 void quantize_rows(const float *x, int64_t M, int64_t K, int64_t sx, int8_t *q, float *scale, float floor_,
-                          int nthreads) {
+AVX512 void quantize_rows_avx512(const float *x, int64_t M, int64_t K, int64_t sx, int8_t *q, float *scale,
+                                 float floor_, int nthreads) {
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * K >= 65536)
     for (int64_t m = 0; m < M; m++) scale[m] = quantize_row(x + m * sx, K, q + m * K, floor_);
 }
 
 /* x: f32[T, H, D] contiguous; cache int8[.., H, D] and scale f32[.., H] addressed by slot (block * BS + offset). */
-AVX512 void kv_write_rows(const float *x, int64_t T, int64_t H, int64_t D, int8_t *cache, float *scale,
-                          const int64_t *slot, float floor_, int nthreads) {
+AVX512 void kv_write_rows_avx512(const float *x, int64_t T, int64_t H, int64_t D, int8_t *cache, float *scale,
+                                 const int64_t *slot, float floor_, int nthreads) {
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * D >= 65536)
     for (int64_t i = 0; i < T * H; i++) {
         int64_t t = i / H, h = i % H, row = slot[t] * H + h;
         scale[row] = quantize_row(x + i * D, D, cache + row * D, floor_);
+    }
+}
+
+/* ---- AVX2 + FMA (the file's baseline flags) ---- */
+
+/* The first n (< 8) lanes set: the mask of a maskload of a row's last n floats (the others read as 0). */
+static inline __m256i tail_mask8(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline __m256 abs8(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+/* 8 quantized values as int32 lanes: the AVX-512 build's divide, round (ties to even), clamp, convert. */
+static inline __m256i quantize8(__m256 v, __m256 s) {
+    __m256 y = _mm256_round_ps(_mm256_div_ps(v, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    return _mm256_cvtps_epi32(y);
+}
+
+/* 8 int32 lanes in [-127, 127] -> their 8 bytes in order (the low half of the result). */
+static inline __m128i pack8(__m256i v) {
+    __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return _mm_packs_epi16(w, w);
+}
+
+static inline float quantize_row_avx2(const float *x, int64_t K, int8_t *q, float floor_) {
+    const int64_t K32 = K / 32 * 32, K8 = K / 8 * 8;
+    const __m256i tail = tail_mask8(K - K8);
+    __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;  /* four chains; max is exact in any order */
+    int64_t k = 0;
+    for (; k < K32; k += 32) {
+        m0 = _mm256_max_ps(m0, abs8(_mm256_loadu_ps(x + k)));
+        m1 = _mm256_max_ps(m1, abs8(_mm256_loadu_ps(x + k + 8)));
+        m2 = _mm256_max_ps(m2, abs8(_mm256_loadu_ps(x + k + 16)));
+        m3 = _mm256_max_ps(m3, abs8(_mm256_loadu_ps(x + k + 24)));
+    }
+    for (; k < K8; k += 8) m0 = _mm256_max_ps(m0, abs8(_mm256_loadu_ps(x + k)));
+    if (K8 < K) m1 = _mm256_max_ps(m1, abs8(_mm256_maskload_ps(x + K8, tail)));
+    __m256 m8 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float scale = _mm_cvtss_f32(m4) / 127.0f;
+    if (scale < floor_) scale = floor_;
+    const __m256 s = _mm256_set1_ps(scale);
+    /* 32 at a time: two rounds of saturating packs interleave the four vectors' dwords; one permute restores
+       the order. */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (k = 0; k < K32; k += 32) {
+        __m256i ab = _mm256_packs_epi32(quantize8(_mm256_loadu_ps(x + k), s), quantize8(_mm256_loadu_ps(x + k + 8), s));
+        __m256i cd = _mm256_packs_epi32(quantize8(_mm256_loadu_ps(x + k + 16), s),
+                                        quantize8(_mm256_loadu_ps(x + k + 24), s));
+        __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), order);
+        _mm256_storeu_si256((__m256i *)(q + k), bytes);
+    }
+    for (; k < K8; k += 8) _mm_storel_epi64((__m128i *)(q + k), pack8(quantize8(_mm256_loadu_ps(x + k), s)));
+    if (K8 < K) {  /* the last K % 8: the same arithmetic on a masked load, stored through a bounce buffer */
+        int8_t buf[16];
+        _mm_storeu_si128((__m128i *)buf, pack8(quantize8(_mm256_maskload_ps(x + K8, tail), s)));
+        memcpy(q + K8, buf, (size_t)(K - K8));
+    }
+    return scale;
+}
+
+void quantize_rows_avx2(const float *x, int64_t M, int64_t K, int64_t sx, int8_t *q, float *scale, float floor_,
+                        int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * K >= 65536)
+    for (int64_t m = 0; m < M; m++) scale[m] = quantize_row_avx2(x + m * sx, K, q + m * K, floor_);
+}
+
+void kv_write_rows_avx2(const float *x, int64_t T, int64_t H, int64_t D, int8_t *cache, float *scale,
+                        const int64_t *slot, float floor_, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * D >= 65536)
+    for (int64_t i = 0; i < T * H; i++) {
+        int64_t t = i / H, h = i % H, row = slot[t] * H + h;
+        scale[row] = quantize_row_avx2(x + i * D, D, cache + row * D, floor_);
     }
 }

@@ -1,7 +1,8 @@
 """CPU fast paths of per-token int8 quantization (alone and behind the RMSNorm), through quantize.c.
 
-Bit-identical to kernels.quantize's references (the same IEEE division and round-half-even); where the C
-kernel cannot run (no AVX-512 or no C compiler) the references run instead.
+Bit-identical to kernels.quantize's references (the same IEEE division and round-half-even). quantize.c has
+two builds of the same arithmetic: AVX-512 (16 lanes) where the CPU has AVX-512 F and BW, else AVX2 + FMA
+(8 lanes); where neither can run (an older CPU, or no C compiler) the references run instead.
 """
 
 from __future__ import annotations
@@ -15,28 +16,46 @@ from kernels.cpu import native
 from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, rmsnorm_ref
 
 _C_SOURCE = Path(__file__).with_name("quantize.c")
-_SIGNATURES = {
-    "quantize_rows": [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_float, ctypes.c_int],
-    "kv_write_rows": [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_float, ctypes.c_int],
-}
+_QUANTIZE_ARGS = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_float, ctypes.c_int]
+_KV_WRITE_ARGS = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_float, ctypes.c_int]
+_SIGNATURES = {f"{name}_{isa}": args for isa in ("avx512", "avx2")
+               for name, args in (("quantize_rows", _QUANTIZE_ARGS), ("kv_write_rows", _KV_WRITE_ARGS))}
 
 
 def library() -> ctypes.CDLL | None:
-    return native.load(_C_SOURCE, _SIGNATURES) if native.has_avx512() else None
+    """quantize.c's library where one of its builds runs on this CPU (native.simd_isas()), else None."""
+    return native.load(_C_SOURCE, _SIGNATURES) if native.simd_isas() else None
 
 
-def quantize_per_token_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x f32[M, K] -> (int8[M, K], scale f32[M]); same bits as quantize_per_token_ref."""
-    lib = library()
-    if lib is None or x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
+_kernels: dict[tuple[str, str | None], object] = {}  # (name, isa) -> the loaded function (a few us per call saved)
+
+
+def kernel(name: str, isa: str | None = None):
+    """quantize.c's `name` ("quantize_rows" or "kv_write_rows") in the build for `isa` ("avx512" or "avx2";
+    default: the best this CPU runs); None where that build cannot run here."""
+    fn = _kernels.get((name, isa))
+    if fn is None:
+        isas = native.simd_isas()
+        chosen = isa or (isas[0] if isas else None)
+        lib = library()
+        if lib is None or chosen not in isas:
+            return None
+        fn = _kernels[(name, isa)] = getattr(lib, f"{name}_{chosen}")
+    return fn
+
+
+def quantize_per_token_cpu(x: torch.Tensor, isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x f32[M, K] -> (int8[M, K], scale f32[M]); same bits as quantize_per_token_ref. `isa` picks a build
+    of the kernel (tests); the reference runs where it cannot."""
+    fn = kernel("quantize_rows", isa)
+    if fn is None or x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
         return quantize_per_token_ref(x)
     x = x if x.stride(-1) == 1 else x.contiguous()
     m, k = x.shape
     q = torch.empty((m, k), dtype=torch.int8)
     scale = torch.empty((m,), dtype=torch.float32)
     if m and k:
-        lib.quantize_rows(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR,
-                          torch.get_num_threads())
+        fn(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR, torch.get_num_threads())
     return q, scale
 
 

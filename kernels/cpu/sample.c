@@ -11,8 +11,13 @@
  *     u * (kept mass); u in [0, 1) comes from the caller (one uniform per token from the request's
  *     generator). If rounding leaves none, the last kept token.
  * A histogram over NBINS equal logit bins, of counts (top-k) or of masses (top-p), finds the bin where a
- * cut falls; only that bin's tokens are sorted. exp is simd_math.h's exp_ps; masses are float64 sums in a
- * fixed order.
+ * cut falls; only that bin's tokens are sorted. Masses are float64 sums in a fixed order.
+ *
+ * The vector passes over the vocabulary (max and min, exp and bins, gathering a bin's tokens, the masses of
+ * blocks of 16 tokens) come in two builds, AVX-512 (sample_rows_avx512, exp_ps) and AVX2 + FMA
+ * (sample_rows_avx2, exp256_ps); they give the same bits (exp256_ps is exp_ps lane for lane, and a block's
+ * mass is summed in the same tree), so both draw the same tokens. The rest is scalar and shared.
+ * kernels/cpu/sample.py calls the best build the CPU has.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -39,9 +44,58 @@ static int id_order(const void *a, const void *b) {
     return (p->id > q->id) - (p->id < q->id);
 }
 
-/* Tokens whose bin is `lo_bin` <= bin <= `hi_bin`, appended to out in vocabulary order; returns the new count. */
-AVX512 static int64_t gather_bins(const float *x, const uint16_t *bins, int64_t V, int lo_bin, int hi_bin, Entry *out,
-                                  int64_t n) {
+/* The vector passes of one build. */
+typedef struct {
+    /* x: f32[V] -> e = exp(x - max(x)), bins = the bin of each x among NBINS equal bins over [min, max]. */
+    void (*exp_and_bins)(const float *x, int64_t V, float *e, uint16_t *bins);
+    /* Tokens whose bin is lo_bin <= bin <= hi_bin, appended to out[n..] in vocabulary order; the new count. */
+    int64_t (*gather_bins)(const float *x, const uint16_t *bins, int64_t V, int lo_bin, int hi_bin, Entry *out,
+                           int64_t n);
+    /* block[b] = the float64 mass of the tokens of block b (tokens [16 b, 16 b + 16)) with bin > cut, for
+       b < nb; returns their sum, in block order. */
+    double (*block_masses)(const float *e, const uint16_t *bins, int64_t nb, int cut, double *block);
+} Simd;
+
+/* The scalar steps the vector passes end with (the last V % 16 or V % 8 tokens). */
+static inline void min_max_scalar(const float *x, int64_t i, int64_t V, float *m, float *lo) {
+    for (; i < V; i++) { *m = x[i] > *m ? x[i] : *m; *lo = x[i] < *lo ? x[i] : *lo; }
+}
+
+static inline uint16_t bin_of(float x, float lo, float scale) {
+    int b = (int)((x - lo) * scale);
+    return (uint16_t)(b < 0 ? 0 : (b >= NBINS ? NBINS - 1 : b));
+}
+
+/* ---- AVX-512 ---- */
+
+AVX512 static void exp_and_bins_avx512(const float *x, int64_t V, float *e, uint16_t *bins) {
+    __m512 mv = _mm512_set1_ps(-INFINITY), nv = _mm512_set1_ps(INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= V; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        mv = _mm512_max_ps(mv, v);
+        nv = _mm512_min_ps(nv, v);
+    }
+    float m = _mm512_reduce_max_ps(mv), lo = _mm512_reduce_min_ps(nv);
+    min_max_scalar(x, i, V, &m, &lo);
+    const float scale = m > lo ? NBINS / (m - lo) : 0.0f;
+    const __m512 vm = _mm512_set1_ps(m), vlo = _mm512_set1_ps(lo), vscale = _mm512_set1_ps(scale);
+    const __m512i top_bin = _mm512_set1_epi32(NBINS - 1), zero = _mm512_setzero_si512();
+    for (i = 0; i + 16 <= V; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        _mm512_storeu_ps(e + i, exp_ps(_mm512_sub_ps(v, vm)));
+        __m512i b = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(v, vlo), vscale));
+        b = _mm512_min_epi32(_mm512_max_epi32(b, zero), top_bin);
+        _mm256_storeu_si256((__m256i *)(bins + i), _mm512_cvtepi32_epi16(b));
+    }
+    for (; i < V; i++) {
+        e[i] = _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(x[i] - m)));
+        bins[i] = bin_of(x[i], lo, scale);
+    }
+}
+
+AVX512 static int64_t gather_bins_avx512(const float *x, const uint16_t *bins, int64_t V, int lo_bin, int hi_bin,
+                                         Entry *out, int64_t n) {
     const __m512i lo = _mm512_set1_epi32(lo_bin), hi = _mm512_set1_epi32(hi_bin), step = _mm512_set1_epi32(16);
     __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int64_t i = 0;
@@ -59,8 +113,9 @@ AVX512 static int64_t gather_bins(const float *x, const uint16_t *bins, int64_t 
     return n;
 }
 
-/* Mass of the tokens with bin > cut, float64, in blocks of 16 in vocabulary order (the walk's own order). */
-AVX512 static inline double block_mass(const float *e, const uint16_t *bins, int64_t i, int cut) {
+/* Mass of the tokens with bin > cut of the block at i: the 16 values as float64, v[j] + v[j + 8], then
+   _mm512_reduce_add_pd's halving tree. */
+AVX512 static inline double block_mass_avx512(const float *e, const uint16_t *bins, int64_t i, int cut) {
     __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bins + i)));
     __m512 v = _mm512_maskz_mov_ps(_mm512_cmpgt_epi32_mask(b, _mm512_set1_epi32(cut)), _mm512_loadu_ps(e + i));
     __m512d s = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
@@ -68,12 +123,104 @@ AVX512 static inline double block_mass(const float *e, const uint16_t *bins, int
     return _mm512_reduce_add_pd(s);
 }
 
+AVX512 static double block_masses_avx512(const float *e, const uint16_t *bins, int64_t nb, int cut, double *block) {
+    double total = 0.0;
+    for (int64_t b = 0; b < nb; b++) total += block[b] = block_mass_avx512(e, bins, b * 16, cut);
+    return total;
+}
+
+static const Simd SIMD_AVX512 = {exp_and_bins_avx512, gather_bins_avx512, block_masses_avx512};
+
+/* ---- AVX2 + FMA (the file's baseline flags) ---- */
+
+static void exp_and_bins_avx2(const float *x, int64_t V, float *e, uint16_t *bins) {
+    __m256 mv = _mm256_set1_ps(-INFINITY), nv = _mm256_set1_ps(INFINITY);
+    int64_t i = 0;
+    for (; i + 8 <= V; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        mv = _mm256_max_ps(mv, v);
+        nv = _mm256_min_ps(nv, v);
+    }
+    /* max and min are exact in any order: the AVX-512 build's m and lo */
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+    __m128 n4 = _mm_min_ps(_mm256_castps256_ps128(nv), _mm256_extractf128_ps(nv, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    n4 = _mm_min_ps(n4, _mm_movehl_ps(n4, n4));
+    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    float lo = _mm_cvtss_f32(_mm_min_ss(n4, _mm_movehdup_ps(n4)));
+    min_max_scalar(x, i, V, &m, &lo);
+    const float scale = m > lo ? NBINS / (m - lo) : 0.0f;
+    const __m256 vm = _mm256_set1_ps(m), vlo = _mm256_set1_ps(lo), vscale = _mm256_set1_ps(scale);
+    const __m256i top_bin = _mm256_set1_epi32(NBINS - 1), zero = _mm256_setzero_si256();
+    for (i = 0; i + 8 <= V; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        _mm256_storeu_ps(e + i, exp256_ps(_mm256_sub_ps(v, vm)));
+        __m256i b = _mm256_cvttps_epi32(_mm256_mul_ps(_mm256_sub_ps(v, vlo), vscale));
+        b = _mm256_min_epi32(_mm256_max_epi32(b, zero), top_bin);
+        _mm_storeu_si128((__m128i *)(bins + i),
+                         _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+    }
+    for (; i < V; i++) {
+        e[i] = _mm256_cvtss_f32(exp256_ps(_mm256_set1_ps(x[i] - m)));
+        bins[i] = bin_of(x[i], lo, scale);
+    }
+}
+
+static int64_t gather_bins_avx2(const float *x, const uint16_t *bins, int64_t V, int lo_bin, int hi_bin, Entry *out,
+                                int64_t n) {
+    /* bins hold 0..NBINS, so they compare as signed 16-bit words */
+    const __m256i below = _mm256_set1_epi16((int16_t)(lo_bin - 1)), above = _mm256_set1_epi16((int16_t)(hi_bin + 1));
+    int64_t i = 0;
+    for (; i + 16 <= V; i += 16) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(bins + i));
+        __m256i in = _mm256_and_si256(_mm256_cmpgt_epi16(b, below), _mm256_cmpgt_epi16(above, b));
+        /* one bit per token, in order: the words' masks packed to bytes */
+        unsigned hit = (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm256_castsi256_si128(in),
+                                                                   _mm256_extracti128_si256(in, 1)));
+        for (; hit; hit &= hit - 1) {
+            int64_t j = i + __builtin_ctz(hit);
+            out[n].x = x[j]; out[n].id = (int32_t)j; n++;
+        }
+    }
+    for (; i < V; i++)
+        if (bins[i] >= lo_bin && bins[i] <= hi_bin) { out[n].x = x[i]; out[n].id = (int32_t)i; n++; }
+    return n;
+}
+
+/* block_mass_avx512's sum, step for step: s[j] = v[j] + v[j + 8] (j < 8) as float64, t[j] = s[j] + s[j + 4],
+   then t[0] + t[2] plus t[1] + t[3]. */
+static inline double block_mass_avx2(const float *e, const uint16_t *bins, int64_t i, __m256i cut) {
+    __m256i keep = _mm256_cmpgt_epi16(_mm256_loadu_si256((const __m256i *)(bins + i)), cut);
+    __m256 a = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(keep))),
+                             _mm256_loadu_ps(e + i));
+    __m256 b = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(keep, 1))),
+                             _mm256_loadu_ps(e + i + 8));
+    __m256d s_lo = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)),
+                                 _mm256_cvtps_pd(_mm256_castps256_ps128(b)));   /* s[0..3] */
+    __m256d s_hi = _mm256_add_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)),
+                                 _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)));  /* s[4..7] */
+    __m256d t = _mm256_add_pd(s_hi, s_lo);
+    __m128d t2 = _mm_add_pd(_mm256_extractf128_pd(t, 1), _mm256_castpd256_pd128(t));
+    return _mm_cvtsd_f64(t2) + _mm_cvtsd_f64(_mm_unpackhi_pd(t2, t2));
+}
+
+static double block_masses_avx2(const float *e, const uint16_t *bins, int64_t nb, int cut, double *block) {
+    const __m256i vcut = _mm256_set1_epi16((int16_t)cut);
+    double total = 0.0;
+    for (int64_t b = 0; b < nb; b++) total += block[b] = block_mass_avx2(e, bins, b * 16, vcut);
+    return total;
+}
+
+static const Simd SIMD_AVX2 = {exp_and_bins_avx2, gather_bins_avx2, block_masses_avx2};
+
+/* ---- shared ---- */
+
 /* The token at which the running mass of {bin > cut}, in vocabulary order, exceeds u * (their mass). The
    masses of whole blocks of 16 (kept in `block`) let the walk skip to the block where the target falls. */
-AVX512 static int64_t walk(const float *e, const uint16_t *bins, int64_t V, int cut, double u, double *block) {
+static int64_t walk(const Simd *simd, const float *e, const uint16_t *bins, int64_t V, int cut, double u,
+                    double *block) {
     const int64_t nb = V / 16;
-    double total = 0.0;
-    for (int64_t b = 0; b < nb; b++) total += block[b] = block_mass(e, bins, b * 16, cut);
+    double total = simd->block_masses(e, bins, nb, cut, block);
     for (int64_t i = nb * 16; i < V; i++)
         if (bins[i] > cut) total += e[i];
     const double target = u * total;
@@ -100,34 +247,10 @@ static int64_t walk_list(Entry *kept, int64_t n, const float *e, double u) {
 }
 
 /* One row. x: f32[V] holding the row / temperature; e, bins, entries: scratch of V; block: of V / 16. */
-AVX512 static int64_t sample_row(const float *x, float *e, uint16_t *bins, Entry *entries, double *block, int64_t V,
-                                 int64_t top_k, double top_p, double u) {
-    __m512 mv = _mm512_set1_ps(-INFINITY), nv = _mm512_set1_ps(INFINITY);
-    int64_t i = 0;
-    for (; i + 16 <= V; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        mv = _mm512_max_ps(mv, v);
-        nv = _mm512_min_ps(nv, v);
-    }
-    float m = _mm512_reduce_max_ps(mv), lo = _mm512_reduce_min_ps(nv);
-    for (; i < V; i++) { m = x[i] > m ? x[i] : m; lo = x[i] < lo ? x[i] : lo; }
-    const float scale = m > lo ? NBINS / (m - lo) : 0.0f;
-    const __m512 vm = _mm512_set1_ps(m), vlo = _mm512_set1_ps(lo), vscale = _mm512_set1_ps(scale);
-    const __m512i top_bin = _mm512_set1_epi32(NBINS - 1), zero = _mm512_setzero_si512();
-    for (i = 0; i + 16 <= V; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        _mm512_storeu_ps(e + i, exp_ps(_mm512_sub_ps(v, vm)));
-        __m512i b = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(v, vlo), vscale));
-        b = _mm512_min_epi32(_mm512_max_epi32(b, zero), top_bin);
-        _mm256_storeu_si256((__m256i *)(bins + i), _mm512_cvtepi32_epi16(b));
-    }
-    for (; i < V; i++) {
-        float t[16] = {0};
-        t[0] = x[i] - m;
-        e[i] = _mm512_cvtss_f32(exp_ps(_mm512_loadu_ps(t)));
-        int b = (int)((x[i] - lo) * scale);
-        bins[i] = (uint16_t)(b < 0 ? 0 : (b >= NBINS ? NBINS - 1 : b));
-    }
+static int64_t sample_row(const Simd *simd, const float *x, float *e, uint16_t *bins, Entry *entries, double *block,
+                          int64_t V, int64_t top_k, double top_p, double u) {
+    simd->exp_and_bins(x, V, e, bins);
+    int64_t i;
     if (top_k > 0 && top_k < V) {
         /* The k first in rank order: whole bins from the top, then the start of the bin where k is reached. */
         int64_t count[SUBHIST][NBINS] = {{0}}, above = 0;
@@ -140,8 +263,8 @@ AVX512 static int64_t sample_row(const float *x, float *e, uint16_t *bins, Entry
             if (above + c >= top_k) break;
             above += c;
         }
-        int64_t n = gather_bins(x, bins, V, cut + 1, NBINS - 1, entries, 0);
-        int64_t in_cut = gather_bins(x, bins, V, cut, cut, entries + n, 0);
+        int64_t n = simd->gather_bins(x, bins, V, cut + 1, NBINS - 1, entries, 0);
+        int64_t in_cut = simd->gather_bins(x, bins, V, cut, cut, entries + n, 0);
         qsort(entries + n, in_cut, sizeof(Entry), rank_order);
         n = top_k;  /* above + (top_k - above) from the cut bin */
         if (top_p < 1.0) {
@@ -154,7 +277,7 @@ AVX512 static int64_t sample_row(const float *x, float *e, uint16_t *bins, Entry
         }
         return walk_list(entries, n, e, u);
     }
-    if (top_p >= 1.0) return walk(e, bins, V, -1, u, block);
+    if (top_p >= 1.0) return walk(simd, e, bins, V, -1, u, block);
     /* Top-p: masses of the bins from the top down to the one where the prefix reaches top_p * total. */
     double mass[SUBHIST][NBINS] = {{0}};
     for (i = 0; i + SUBHIST <= V; i += SUBHIST)
@@ -169,34 +292,64 @@ AVX512 static int64_t sample_row(const float *x, float *e, uint16_t *bins, Entry
     double run = 0.0;
     int cut = NBINS - 1;
     while (cut > 0 && run + bin_mass[cut] < goal) run += bin_mass[cut--];
-    int64_t n = gather_bins(x, bins, V, cut, cut, entries, 0);
+    int64_t n = simd->gather_bins(x, bins, V, cut, cut, entries, 0);
     qsort(entries, n, sizeof(Entry), rank_order);
     /* Mark the cut bin's kept tokens with a bin above every real one; then kept == (bin > cut). */
     for (int64_t j = 0; j < n && (j == 0 || run < goal); j++) {
         run += e[entries[j].id];
         bins[entries[j].id] = NBINS;
     }
-    return walk(e, bins, V, cut, u, block);
+    return walk(simd, e, bins, V, cut, u, block);
+}
+
+/* A thread's scratch, kept from call to call and grown when a row is longer. Allocated per call it would cost
+   more than the row: freed, its ~18 bytes a token (4.7 MB for 262,144 tokens) go back to the system, and the
+   next call faults in fresh pages. */
+typedef struct { float *x, *e; uint16_t *bins; Entry *entries; double *block; int64_t V; } Scratch;
+static _Thread_local Scratch scratch;
+
+/* This thread's scratch for rows of V tokens; NULL if it cannot be allocated. */
+static Scratch *scratch_for(int64_t V) {
+    Scratch *s = &scratch;
+    if (s->V >= V) return s;
+    free(s->x); free(s->e); free(s->bins); free(s->entries); free(s->block);
+    s->x = malloc(sizeof(float) * V);
+    s->e = malloc(sizeof(float) * V);
+    s->bins = malloc(sizeof(uint16_t) * V);
+    s->entries = malloc(sizeof(Entry) * V);
+    s->block = malloc(sizeof(double) * (V / 16 + 1));
+    s->V = s->x && s->e && s->bins && s->entries && s->block ? V : 0;
+    return s->V ? s : NULL;
 }
 
 /* Rows rows[0..R) of logits f32[., V]; per sampled row: temperature > 0, top_k (0 = none), top_p (1 = none),
    u in [0, 1). */
-AVX512 void sample_rows(const float *logits, const int64_t *rows, int64_t R, int64_t V, const float *temperature,
-                        const int64_t *top_k, const double *top_p, const double *u, int64_t *tokens, int nthreads) {
-    #pragma omp parallel num_threads(nthreads)
+static void sample_rows(const Simd *simd, const float *logits, const int64_t *rows, int64_t R, int64_t V,
+                        const float *temperature, const int64_t *top_k, const double *top_p, const double *u,
+                        int64_t *tokens, int nthreads) {
+    /* no more threads than rows: a thread with no row would still be woken (and waited for) on a busy machine */
+    const int team = R < nthreads ? (R > 0 ? (int)R : 1) : nthreads;
+    #pragma omp parallel num_threads(team)
     {
-        float *x = malloc(sizeof(float) * V), *e = malloc(sizeof(float) * V);
-        uint16_t *bins = malloc(sizeof(uint16_t) * V);
-        Entry *entries = malloc(sizeof(Entry) * V);
-        double *block = malloc(sizeof(double) * (V / 16 + 1));
-        const int ok = x && e && bins && entries && block;
+        Scratch *s = scratch_for(V);
         #pragma omp for schedule(dynamic, 1)
         for (int64_t r = 0; r < R; r++) {
-            if (!ok) { tokens[r] = -1; continue; }  /* out of memory: the caller samples this row itself */
-            const float *row = logits + rows[r] * V;
-            for (int64_t i = 0; i < V; i++) x[i] = row[i] / temperature[r];
-            tokens[r] = sample_row(x, e, bins, entries, block, V, top_k[r], top_p[r], u[r]);
+            if (!s) { tokens[r] = -1; continue; }  /* out of memory: the caller samples this row itself */
+            const float *row = logits + rows[r] * V, t = temperature[r];
+            float *x = s->x;
+            for (int64_t i = 0; i < V; i++) x[i] = row[i] / t;
+            tokens[r] = sample_row(simd, s->x, s->e, s->bins, s->entries, s->block, V, top_k[r], top_p[r], u[r]);
         }
-        free(x); free(e); free(bins); free(entries); free(block);
     }
+}
+
+/* The entry points, one per build: the same arguments as sample_rows. */
+void sample_rows_avx512(const float *logits, const int64_t *rows, int64_t R, int64_t V, const float *temperature,
+                        const int64_t *top_k, const double *top_p, const double *u, int64_t *tokens, int nthreads) {
+    sample_rows(&SIMD_AVX512, logits, rows, R, V, temperature, top_k, top_p, u, tokens, nthreads);
+}
+
+void sample_rows_avx2(const float *logits, const int64_t *rows, int64_t R, int64_t V, const float *temperature,
+                      const int64_t *top_k, const double *top_p, const double *u, int64_t *tokens, int nthreads) {
+    sample_rows(&SIMD_AVX2, logits, rows, R, V, temperature, top_k, top_p, u, tokens, nthreads);
 }

@@ -77,23 +77,71 @@ def test_each_sampled_token_consumes_exactly_one_draw():
         assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
 
 
-@pytest.mark.skipif(not native.has_avx512(), reason="the C sampler needs AVX-512")
+# The builds of sample.c this CPU runs (AVX-512, AVX2 + FMA); none: the C sampler's tests skip.
+ISAS = native.simd_isas()
+NO_C_SAMPLER = "no C sampler for this CPU (needs AVX-512 or AVX2 + FMA)"
+
+
+@pytest.mark.skipif(not ISAS, reason=NO_C_SAMPLER)
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", ["peaked", "spread", "flat"])
-def test_c_kernel_draws_the_tokens_of_the_pytorch_path(kind):
+def test_c_kernel_draws_the_tokens_of_the_pytorch_path(kind, isa):
     x = logits_of(kind, seed=5)
     us = [0.0, 0.013, 0.25, 0.5, 0.77, 0.999]
     for params in PARAMS:
         rows = torch.stack([x] * len(us))
         got = sample_rows_cpu(rows, list(range(len(us))), [params.temperature] * len(us), [params.top_k] * len(us),
-                              [params.top_p] * len(us), us)
+                              [params.top_p] * len(us), us, isa)
         assert got is not None, "the C sampler did not run"
         assert got == [sample_row(x, params, u) for u in us], params
 
 
+@pytest.mark.skipif(not ISAS, reason=NO_C_SAMPLER)
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("vocab", [37, 1021, 100_003])
+def test_c_kernel_draws_the_pytorch_tokens_at_any_vocabulary_size(vocab, isa):
+    # vocabularies that are no multiple of 8 or 16: the vector passes end in their scalar tails
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(vocab, generator=g) * 2
+    x[-3:] += 3.0  # likely tokens in the tail
+    x[torch.randperm(vocab, generator=g)[:5]] += 4.0
+    us = [0.0, 0.2, 0.45, 0.61, 0.8, 0.97, 0.999]
+    for params in [*PARAMS, SamplingParams(1, temperature=0.7, top_k=20), SamplingParams(1, temperature=2.0, top_p=0.6)]:
+        rows = torch.stack([x] * len(us))
+        got = sample_rows_cpu(rows, list(range(len(us))), [params.temperature] * len(us), [params.top_k] * len(us),
+                              [params.top_p] * len(us), us, isa)
+        assert got == [sample_row(x, params, u) for u in us], params
+
+
+@pytest.mark.skipif(not ISAS, reason=NO_C_SAMPLER)
+def test_c_kernel_scratch_follows_the_vocabulary_size():
+    # each thread keeps its scratch between calls: a longer row than any before must grow it
+    params = SamplingParams(1, temperature=1.0, top_p=0.8)
+    for vocab in (10, VOCAB + 4099, 50):
+        x = torch.randn(vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+        rows = torch.stack([x] * 3)
+        got = sample_rows_cpu(rows, [0, 1, 2], [1.0] * 3, [0] * 3, [0.8] * 3, [0.1, 0.5, 0.9])
+        assert got == [sample_row(x, params, u) for u in (0.1, 0.5, 0.9)], vocab
+
+
+@pytest.mark.skipif(len(ISAS) < 2, reason="one build of the C sampler runs here")
+def test_every_build_draws_the_same_tokens():
+    # the builds compute the same bits (exp, bins, block masses), so even draws near a boundary agree
+    g = torch.Generator().manual_seed(11)
+    us = torch.rand(64, generator=g, dtype=torch.float64).tolist()
+    for kind in ("peaked", "spread", "flat"):
+        x = logits_of(kind, seed=6)[: VOCAB - 5]  # with tails
+        for params in PARAMS:
+            args = (torch.stack([x] * len(us)), list(range(len(us))), [params.temperature] * len(us),
+                    [params.top_k] * len(us), [params.top_p] * len(us), us)
+            tokens = [sample_rows_cpu(*args, isa) for isa in ISAS]
+            assert all(t == tokens[0] for t in tokens), (kind, params)
+
+
 @pytest.mark.parametrize("path", ["c", "torch"])
 def test_frequencies_follow_the_distribution(path):
-    if path == "c" and not native.has_avx512():
-        pytest.skip("the C sampler needs AVX-512")
+    if path == "c" and not ISAS:
+        pytest.skip(NO_C_SAMPLER)
     x = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     params = SamplingParams(1, temperature=1.0, top_p=0.9)
     probs = reference_probs(x, params)

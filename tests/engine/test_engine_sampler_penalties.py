@@ -113,8 +113,9 @@ def test_min_p_keeps_the_reference_set(p):
         assert effective_top_k(x, p) == (min(int(ref.sum()), p.top_k) if p.top_k else int(ref.sum()))
 
 
-@pytest.mark.skipif(not native.has_avx512(), reason="the C sampler needs AVX-512")
-def test_c_kernel_with_min_p_and_penalties_draws_the_pytorch_tokens():
+@pytest.mark.skipif(not native.simd_isas(), reason="no C sampler for this CPU (needs AVX-512 or AVX2 + FMA)")
+@pytest.mark.parametrize("isa", native.simd_isas())
+def test_c_kernel_with_min_p_and_penalties_draws_the_pytorch_tokens(isa):
     us = [0.0, 0.1, 0.5, 0.93, 0.999]
     params = [SamplingParams(1, temperature=0.9, min_p=0.05, repetition_penalty=1.2, seed=1),
               SamplingParams(1, temperature=1.3, min_p=0.1, top_p=0.8, frequency_penalty=0.4, seed=2)]
@@ -122,7 +123,7 @@ def test_c_kernel_with_min_p_and_penalties_draws_the_pytorch_tokens():
         x = apply_penalties(logits_of(7, 262_144), p, History([5, 6, 7], [8, 8, 9]))
         rows = torch.stack([x] * len(us))
         got = sample_rows_cpu(rows, list(range(len(us))), [p.temperature] * len(us),
-                              [effective_top_k(x, p)] * len(us), [p.top_p] * len(us), us)
+                              [effective_top_k(x, p)] * len(us), [p.top_p] * len(us), us, isa)
         assert got == [sample_row(x, p, u) for u in us]
 
 

@@ -27,8 +27,8 @@ def test_signatures_given_after_a_plain_load_are_applied():
         "import ctypes; from pathlib import Path; from kernels.cpu import native\n"
         f"src = Path({str(source)!r})\n"
         "assert native.load(src, {}) is not None\n"
-        "lib = native.load(src, {'quantize_rows': [ctypes.c_void_p] * 2})\n"
-        "assert lib.quantize_rows.argtypes == [ctypes.c_void_p] * 2\n"
+        "lib = native.load(src, {'quantize_rows_avx2': [ctypes.c_void_p] * 2})\n"
+        "assert lib.quantize_rows_avx2.argtypes == [ctypes.c_void_p] * 2\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(native.__file__).parents[2])
 
@@ -43,7 +43,7 @@ def test_prebuild_command():
 
 _PLANT = """#include <stdio.h>
 __attribute__((constructor)) static void planted(void) { FILE *f = fopen("%s", "w"); if (f) fclose(f); }
-void quantize_rows(void) {}
+void quantize_rows_avx2(void) {}
 """
 
 
@@ -124,6 +124,6 @@ def test_each_library_of_a_process_is_its_own():
         "second = native.load(d / 'quantize.c', {})\n"
         "assert first is not None and second is not None\n"
         "assert first._handle != second._handle, 'the second library is the first one'\n"
-        "assert hasattr(second, 'quantize_rows') and not hasattr(first, 'quantize_rows')\n"
+        "assert hasattr(second, 'quantize_rows_avx2') and not hasattr(first, 'quantize_rows_avx2')\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(native.__file__).parents[2])

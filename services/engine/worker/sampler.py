@@ -22,8 +22,9 @@ next draw in row order; `num_produced` says how many rows' tokens the request ke
 `rewind_generator` leaves the generator as if only those rows had drawn. Output position i thus gets
 the same logits processing and the same uniform whether it was decoded alone or verified.
 
-On CPUs with AVX-512 all sampled rows of a step go through one call of kernels/cpu/sample.c; the PyTorch
-code below is its reference and the path elsewhere (same rule, exp rounded differently). Greedy rows take
+On CPUs with AVX-512, or AVX2 and FMA, all sampled rows of a step go through one call of kernels/cpu/sample.c
+(its AVX-512 or AVX2 build, which draw the same tokens); the PyTorch code below is its reference and the path
+elsewhere (same rule, exp rounded differently). Greedy rows take
 kernels/cpu/argmax.c's top-1 where it runs (torch.argmax's answer, in one pass over each row).
 
 The vocabulary is large (262,144 for Gemma), so nothing sorts it when it can be avoided: top-k is a
