@@ -91,7 +91,9 @@ class EngineLoop:
         self._consecutive_failures = 0
         self._commands: queue.Queue[Command] = queue.Queue()
         self._streams: dict[str, asyncio.Queue] = {}  # event loop side only
-        self._pending_admissions = 0  # event loop side: submitted, not yet seen by the thread
+        # Event loop side: submitted, not yet in a published load snapshot (num_waiting counts them).
+        self._pending_admissions = 0
+        self._added_since_publish = 0  # step thread side: ADD commands applied since the last snapshot
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
         self._rate = _TokenRate()
@@ -158,8 +160,8 @@ class EngineLoop:
             del self._streams[event.request_id]
         stream.put_nowait(event)
 
-    def _admitted(self) -> None:
-        self._pending_admissions -= 1
+    def _admitted(self, num_requests: int) -> None:
+        self._pending_admissions -= num_requests
 
     # ---- step thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -229,7 +231,7 @@ class EngineLoop:
     def _apply_one(self, command: Command) -> None:
         if command.kind is CommandKind.ADD:
             assert command.request is not None
-            self._loop.call_soon_threadsafe(self._admitted)
+            self._added_since_publish += 1  # counted as pending until a snapshot shows it (_publish)
             metrics.PROMPT_TOKENS.inc(command.request.num_prompt_tokens)
             self.core.add(command.request, command.host_hit, command.prefill_from)
         elif command.kind is CommandKind.ABORT:
@@ -283,6 +285,11 @@ class EngineLoop:
     def _publish(self) -> None:
         snap = self.core.load(self._rate.rate(time.monotonic()))
         self.load = snap  # one reference assignment: readers see a whole snapshot
+        if self._added_since_publish:
+            # Only now do the requests added since the last snapshot stop counting as pending: until this
+            # snapshot they were in neither count, and the queue bound (num_waiting) would miss them.
+            self._loop.call_soon_threadsafe(self._admitted, self._added_since_publish)
+            self._added_since_publish = 0
         metrics.NUM_REQUESTS_RUNNING.set(snap.running_requests)
         metrics.NUM_REQUESTS_WAITING.set(snap.waiting_requests)
         metrics.KV_BLOCKS_FREE.set(snap.free_kv_blocks)
