@@ -14,8 +14,9 @@ measured on:
     lp_err     |log p(exact token) - the float64 reference's| over those positions, mean and max
 Baselines measured in the same run: the float32 model (float KV) on the same ppl and top-1, llama.cpp on the
 same GGUF (its Q4_K_M weights, through llama-server: the same 229 teacher-forced greedy tokens; `peer: null`
-without a build; --llama-cpp DIR as for the other benches), and the checkpoint the engine loads (load_model: the shipped recipe, architecture INT8_RECIPE and INT8_ACTIVATION_TERMS,
-from the cache; checked equal, tensor by tensor, to a fresh conversion).
+without a build; --llama-cpp DIR as for the other benches), and the checkpoint the engine loads (load_model:
+the shipped recipe, architecture INT8_RECIPE and INT8_ACTIVATION_TERMS, from the cache; checked equal, tensor
+by tensor, to a fresh conversion).
 
 Calibration sets (none of them gpl-3.txt): "text" is services/engine/model/calibration_text.py; "text+sampled"
 adds text sampled from the float model itself (calibration_text.sampled_sequences, seeded).

@@ -56,6 +56,14 @@ def simd_isas() -> tuple[str, ...]:
     return ("avx512", "avx2") if has_avx512() else ("avx2",)
 
 
+def simd_isa(isa: str | None = None) -> str | None:
+    """The build a SIMD kernel runs: `isa` where this CPU runs it (tests name one), by default the best this
+    CPU runs; None where that build cannot run here (callers take their PyTorch paths)."""
+    isas = simd_isas()
+    chosen = isa or next(iter(isas), None)
+    return chosen if chosen in isas else None
+
+
 def cpu_isas() -> tuple[str, ...]:
     """The int8 GEMM kernels this CPU can run, best first: "vnni" (AVX-512 VNNI), "avx2"; () when neither."""
     if "avx2" not in cpu_flags():

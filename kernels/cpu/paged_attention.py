@@ -41,20 +41,17 @@ def c_isas() -> tuple[str, ...]:
     return native.simd_isas()
 
 
-def c_isa() -> str | None:
-    """The C kernel this CPU runs; None: the PyTorch path."""
-    return next(iter(c_isas()), None)
-
-
 def _library(isa: str | None) -> ctypes.CDLL | None:
-    return native.load(_C_SOURCES[isa], _C_SIGNATURES) if isa in c_isas() else None
+    """The library of `isa`'s kernel (default: this CPU's best); None where it cannot run here."""
+    chosen = native.simd_isa(isa)
+    return native.load(_C_SOURCES[chosen], _C_SIGNATURES) if chosen else None
 
 
 @functools.cache
 def c_limits(isa: str | None = None) -> tuple[int, int] | None:
     """(query heads per KV head, head size) the C kernel (this CPU's, or `isa`) handles at most (its stack
     buffers are sized for them, and the library exports them); None where it cannot run here."""
-    lib = _library(isa or c_isa())
+    lib = _library(isa)
     if lib is None:
         return None
     return (ctypes.c_int64.in_dll(lib, "salon_paged_attention_max_group").value,
@@ -72,7 +69,6 @@ def c_kernel_supports(num_q_heads: int, num_kv_heads: int, head_dim: int, isa: s
 def paged_attention_c(a: PagedAttentionArgs, isa: str | None = None) -> torch.Tensor | None:
     """The C kernel of this CPU (AVX-512, else AVX2 + FMA; see c_isas), or the one named by `isa`; None
     where it cannot run here, or for these shapes and dtypes."""
-    isa = isa or c_isa()
     q, k_cache, v_cache, k_scale, v_scale = a.q, a.k_cache, a.v_cache, a.k_scale, a.v_scale
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]

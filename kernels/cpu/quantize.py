@@ -35,10 +35,9 @@ def kernel(name: str, isa: str | None = None):
     default: the best this CPU runs); None where that build cannot run here."""
     fn = _kernels.get((name, isa))
     if fn is None:
-        isas = native.simd_isas()
-        chosen = isa or (isas[0] if isas else None)
+        chosen = native.simd_isa(isa)
         lib = library()
-        if lib is None or chosen not in isas:
+        if lib is None or chosen is None:
             return None
         fn = _kernels[(name, isa)] = getattr(lib, f"{name}_{chosen}")
     return fn

@@ -21,9 +21,8 @@ def sample_rows_cpu(logits: torch.Tensor, rows: list[int], temperature: list[flo
     """One token for each of `rows` of logits f32[R, V] (see sample.c for the rule); None where the kernel
     cannot run (or could not allocate its scratch). `isa` ("avx512" or "avx2") picks a build (tests); by
     default the best this CPU runs."""
-    isas = native.simd_isas()
-    isa = isa or (isas[0] if isas else None)
-    if isa not in isas or logits.dtype != torch.float32 or logits.device.type != "cpu":
+    isa = native.simd_isa(isa)
+    if isa is None or logits.dtype != torch.float32 or logits.device.type != "cpu":
         return None
     lib = native.load(_C_SOURCE, _SIGNATURES)
     if lib is None:
