@@ -130,33 +130,50 @@ async def test_namespace_isolation_and_drop(kvstore) -> None:
 
 
 async def test_many_puts_and_fetches_in_flight(tmp_path) -> None:
-    """64 dialogues, 3 turns each, puts and fetches interleaved on 4 clients, in a store that holds
-    about a third of them: every fetch returns exactly its own prefix's bytes or a miss."""
+    """64 dialogues on 4 clients, in a store that holds about a third of them: every fetch returns
+    exactly its own prefix's bytes or a miss, with puts and fetches interleaved in flight.
+
+    Three rounds run every dialogue's fetch-then-put turn at once, so fetches race puts that evict.
+    How many of those fetches hit depends on the interleaving (turns that run one after another in
+    the dialogues' cyclic order hit nothing under LRU), so they are checked for bytes only. Two more
+    rounds fetch every dialogue at once and then put every dialogue at once: after a wave of puts the
+    store holds the most recent ~160 KB of them (at most ~6 KB a dialogue), so each fetch wave must
+    hit at least 20 dialogues whatever the order within the waves."""
     proc = KVStoreProcess(tmp_path, capacity_bytes=160_000)
     clients = [await proc.client(use_shared_memory=i % 2 == 0) for i in range(4)]
     rng = random.Random(3)
     prefix = [rng.randrange(5000) for _ in range(32)]  # a shared character definition
     dialogues = [prefix + [rng.randrange(5000) for _ in range(rng.randrange(8, 40))] for _ in range(64)]
-    hits = 0
+    replies = [random.Random(1000 + d) for d in range(64)]  # each dialogue's own stream: the same tokens in any order
+
+    async def fetch(d: int, t: int) -> bool:
+        ctx = dialogues[d]
+        result = await clients[(d + t) % 4].fetch(NS_A, ctx, SMALL)
+        if result.num_tokens:
+            check_fetch(result, NS_A, ctx, SMALL, result.num_tokens)
+        return result.num_tokens > 0
+
+    async def put(d: int, t: int) -> None:
+        ctx = dialogues[d]
+        n = len(ctx) // 4
+        await clients[(d + t + 1) % 4].put(NS_A, ctx, SMALL, rows(NS_A, ctx, SMALL, range(n), "g"),
+                                           rows(NS_A, ctx, SMALL, range(n - 3, n), "l"), local_first_block=n - 3,
+                                           conversation_id=f"d{d}")
+        dialogues[d] = ctx + [replies[d].randrange(5000) for _ in range(12)]
 
     async def turn(d: int, t: int) -> None:
-        nonlocal hits
-        client = clients[(d + t) % 4]
-        ctx = dialogues[d]
-        result = await client.fetch(NS_A, ctx, SMALL)
-        if result.num_tokens:
-            hits += 1
-            check_fetch(result, NS_A, ctx, SMALL, result.num_tokens)
-        n = len(ctx) // 4
-        await client.put(NS_A, ctx, SMALL, rows(NS_A, ctx, SMALL, range(n), "g"), rows(NS_A, ctx, SMALL, range(n - 3, n), "l"),
-                         local_first_block=n - 3, conversation_id=f"d{d}")
-        dialogues[d] = ctx + [rng.randrange(5000) for _ in range(12)]
+        await fetch(d, t)
+        await put(d, t)
 
     try:
         for t in range(3):
             await asyncio.gather(*(turn(d, t) for d in range(64)))
+        wave_hits = []
+        for t in range(3, 5):
+            wave_hits.append(sum(await asyncio.gather(*(fetch(d, t) for d in range(64)))))
+            await asyncio.gather(*(put(d, t) for d in range(64)))
         stats = await clients[0].stats()
-        assert hits > 20
+        assert min(wave_hits) >= 20, wave_hits
         assert stats.evicted_blocks > 0 and stats.used_bytes <= stats.capacity_bytes
         for client in clients:
             await client.close()
