@@ -78,6 +78,8 @@ VARIANTS: list[tuple[str, dict, str]] = [
     ("shipped + GPTQ", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq"}, "text"),
     ("shipped + GPTQ not lm_head", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_lm_head": False},
      "text"),
+    ("shipped + GPTQ on lm_head only", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_layers": False},
+     "text"),
 ]
 
 

@@ -43,6 +43,8 @@ class PagedAttentionArgs:
     # The longest query run of any sequence, known on the host when the batch is built (the engine passes
     # it so that no launcher reads query_start_loc back from the device); None: computed from the tensors.
     max_query_tokens: int | None = None
+    # int32[T]: the sequence of each query row (the engine builds it once per step); None: from query_start_loc.
+    row_seq: torch.Tensor | None = None
 
 
 def visible_key_range(position: int, seq_len: int, sliding_window: int | None) -> tuple[int, int]:

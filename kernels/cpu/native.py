@@ -32,6 +32,9 @@ _CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _typed: set[tuple[str, str]] = set()
+# source -> (the signatures it was last typed with, the library): load's per-call path, for callers that pass
+# the same signatures object each time (held here, so `is` cannot match a new object at a reused address)
+_ready: dict[str, tuple[object, ctypes.CDLL]] = {}
 
 
 @functools.cache
@@ -44,10 +47,12 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split()[2:])
 
 
+@functools.cache
 def has_avx512() -> bool:
     return {"avx2", "avx512f", "avx512bw"} <= cpu_flags()
 
 
+@functools.cache
 def simd_isas() -> tuple[str, ...]:
     """The builds of the SIMD kernels (paged attention, quantize, sample) this CPU can run, best first:
     "avx512" (AVX-512 F and BW), "avx2" (AVX2 and FMA); () when neither (callers take the PyTorch paths)."""
@@ -64,6 +69,7 @@ def simd_isa(isa: str | None = None) -> str | None:
     return chosen if chosen in isas else None
 
 
+@functools.cache
 def cpu_isas() -> tuple[str, ...]:
     """The int8 GEMM kernels this CPU can run, best first: "vnni" (AVX-512 VNNI), "avx2"; () when neither."""
     if "avx2" not in cpu_flags():
@@ -149,6 +155,9 @@ def load(source: Path, signatures: dict[str, list | tuple[list, object]],
     nothing, or name -> (argtypes, restype)); None where it cannot be built or loaded here. Built once per
     source version, loaded once per process."""
     key = str(source)
+    ready = _ready.get(key)
+    if ready is not None and ready[0] is signatures:
+        return ready[1]
     lib = _loaded.get(key, False)
     if lib is False:
         with _lock:
@@ -166,6 +175,8 @@ def load(source: Path, signatures: dict[str, list | tuple[list, object]],
                     _typed.add((key, name))
             except AttributeError:
                 return None
+    if lib is not None:
+        _ready[key] = (signatures, lib)
     return lib
 
 

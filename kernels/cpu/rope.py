@@ -10,10 +10,13 @@ can round a tensor's tail differently, so the chunk shape is fixed), and every p
 
 from __future__ import annotations
 
+import ctypes
 import threading
+from pathlib import Path
 
 import torch
 
+from kernels.cpu import native
 from kernels.rope import rope_inv_freq
 
 CHUNK_POSITIONS = 4096
@@ -41,12 +44,35 @@ def rope_tables(head_dim: int, base: float, num_positions: int) -> tuple[torch.T
         return cos, sin
 
 
+_C_SOURCE = Path(__file__).with_name("rope.c")
+_SIGNATURES = {"rope_rows": [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 4 + [ctypes.c_int]}
+
+
+def library() -> ctypes.CDLL | None:
+    """rope.c (one C call per layer instead of the expression's ten tensor ops), where AVX2 + FMA run."""
+    return native.load(_C_SOURCE, _SIGNATURES) if native.simd_isas() else None
+
+
 def rope_neox_cpu(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
-    """x f32[T, H, D], positions int64[T] -> f32[T, H, D]."""
-    half = x.shape[-1] // 2
+    """x f32[T, H, D], positions int64[T] -> f32[T, H, D] (contiguous): rope.c, or the same expression in
+    PyTorch where it cannot run (the same bits either way)."""
     if positions.numel() == 0:
         return x.clone()
-    cos, sin = rope_tables(x.shape[-1], base, int(positions.max()) + 1)
+    lo, hi = (int(v) for v in torch.aminmax(positions))
+    cos, sin = rope_tables(x.shape[-1], base, hi + 1)
+    lib = library()
+    if (lib is not None and lo >= 0 and x.dim() == 3 and x.dtype == torch.float32 and x.stride(-1) == 1
+            and x.shape[-1] % 2 == 0 and positions.dtype == torch.int64 and positions.is_contiguous()
+            and positions.shape == (x.shape[0],) and x.device.type == "cpu"):
+        y = torch.empty(x.shape, dtype=torch.float32)
+        lib.rope_rows(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], x.stride(0), x.stride(1),
+                      positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        return y
+    return _rope_from_tables(x, positions, cos, sin)
+
+
+def _rope_from_tables(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
     cos, sin = cos[positions][:, None, :], sin[positions][:, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

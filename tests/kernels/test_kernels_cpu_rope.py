@@ -35,3 +35,18 @@ def test_a_position_gets_the_same_bits_alone_in_a_batch_and_after_growth():
 
 def test_empty_input():
     assert rope_neox_cpu(torch.empty(0, 2, 8), torch.empty(0, dtype=torch.int64), 1e4).shape == (0, 2, 8)
+
+
+def test_the_c_kernel_gives_the_bits_of_the_tensor_expression():
+    """rope.c against the same expression in PyTorch on the same tables: every head-dim tail, strided per-head
+    views of a QKV row (as the model passes them), the parallel loop's sizes."""
+    assert cpu_rope.library() is not None or not cpu_rope.native.simd_isas()
+    g = torch.Generator().manual_seed(2)
+    for t, h, d in [(1, 1, 2), (3, 2, 6), (5, 4, 16), (2, 3, 18), (7, 1, 34), (4, 4, 256), (300, 4, 64)]:
+        qkv = torch.randn(t, (h + 2) * d, generator=g) * 10
+        x = qkv[:, : h * d].reshape(t, h, d)  # row stride (h + 2) * d
+        positions = torch.randint(0, 3 * CHUNK_POSITIONS, (t,), generator=g)
+        cos, sin = rope_tables(d, 1e4, int(positions.max()) + 1)
+        expected = cpu_rope._rope_from_tables(x, positions, cos, sin)
+        got = rope_neox_cpu(x, positions, 1e4)
+        assert got.is_contiguous() and torch.equal(got, expected), (t, h, d)

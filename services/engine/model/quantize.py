@@ -228,7 +228,7 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
                           alpha_by_projection: dict[str, float] | None = None,
                           lm_head_alpha: float | None = None,
                           rounding: str = "nearest", gptq_damp: float = DEFAULT_GPTQ_DAMP,
-                          gptq_lm_head: bool = True) -> dict[str, torch.Tensor]:
+                          gptq_lm_head: bool = True, gptq_layers: bool = True) -> dict[str, torch.Tensor]:
     """Float weights (+ calibration, or None for no smoothing) -> int8 checkpoint tensors.
 
     alpha None: per projection, the alpha of ALPHA_GRID with the least W8A8 output error on the
@@ -236,7 +236,8 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
     alpha_by_projection overrides it per projection name ("qkv", "o", "gate_up", "down").
     statistic: the per-channel activation magnitude the scales use (one of SMOOTH_STATISTICS).
     lm_head_alpha: smoothing of the output projection (None: none; needs the calibration's "lm_head" rows).
-    rounding: "nearest" or "gptq" (needs calibration; gptq_lm_head False keeps the output projection nearest).
+    rounding: "nearest" or "gptq" (needs calibration; gptq_lm_head False keeps the output projection nearest,
+    gptq_layers False the decoder layers' Linears).
     """
     if statistic not in SMOOTH_STATISTICS:
         raise ValueError(f"statistic must be one of {SMOOTH_STATISTICS}, got {statistic!r}")
@@ -318,7 +319,7 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
             fused["qkv"][:hq * d].view(hkv, group, d, -1).div_(s_k[:, None, :, None])
         for name, weight in fused.items():
             rows = None
-            if rounding == "gptq" and p + name in calib.inputs:  # the rows this Linear sees once smoothed
+            if rounding == "gptq" and gptq_layers and p + name in calib.inputs:  # the rows it sees once smoothed
                 rows = calib.inputs[p + name] / scales[name] if name in scales else calib.inputs[p + name]
             out[p + name + ".w_q"], out[p + name + ".w_scale"] = quantize(weight, rows)
         out.update({p + n: t for n, t in norms.items()})

@@ -27,6 +27,7 @@ class ForwardBatch:
     block_tables: list[torch.Tensor]  # per group: int32[S, max_blocks]
     slot_mappings: list[torch.Tensor]  # per group: int64[T]
     sample_rows: torch.Tensor  # int64[R]: rows whose hidden state is sampled
+    row_seq: torch.Tensor | None = None  # int32[T]: each query row's sequence (built once per step, not per layer)
     max_query_tokens: int = 0  # the longest query run of a sequence (host side: no launcher reads it back)
 
 
@@ -49,5 +50,5 @@ class PagedAttention:
         return self.paged_attention(PagedAttentionArgs(
             q, cache.k_cache, cache.v_cache, cache.k_scale, cache.v_scale, batch.block_tables[where.group_id],
             batch.query_start_loc, batch.seq_lens, self.sm_scale, where.sliding_window_tokens,
-            batch.max_query_tokens or None,
+            batch.max_query_tokens or None, batch.row_seq,
         ))

@@ -45,11 +45,13 @@ class ModelRunner:
         query_start_loc = [0]
         seq_lens: list[int] = []
         sample_rows: list[int] = []
+        row_seq: list[int] = []
         slots: list[list[int]] = [[] for _ in range(num_groups)]
         tables: list[list[int]] = [[] for _ in range(num_groups)]
-        for chunk in chunks:
+        for seq, chunk in enumerate(chunks):
             start, end = chunk.start_position, chunk.start_position + chunk.num_tokens
             token_ids.extend(chunk.token_ids)
+            row_seq.extend([seq] * chunk.num_tokens)
             positions.extend(range(start, end))
             query_start_loc.append(query_start_loc[-1] + chunk.num_tokens)
             seq_lens.append(end)
@@ -62,14 +64,14 @@ class ModelRunner:
                 tables[g].extend([0] * (max_blocks - len(ids)))
                 slots[g].extend(ids[p // bs] * bs + p % bs for p in range(start, end))
         num_tokens, num_sampled = len(token_ids), len(sample_rows)
-        host = [*token_ids, *positions, *query_start_loc, *seq_lens, *sample_rows]
+        host = [*token_ids, *positions, *query_start_loc, *seq_lens, *sample_rows, *row_seq]
         for g in range(num_groups):
             host.extend(slots[g])
             host.extend(tables[g])
         packed = to_device(torch.tensor(host, dtype=torch.int64), self.device)
-        fields = packed.split([num_tokens, num_tokens, num_seqs + 1, num_seqs, num_sampled,
+        fields = packed.split([num_tokens, num_tokens, num_seqs + 1, num_seqs, num_sampled, num_tokens,
                                *[n for _ in range(num_groups) for n in (num_tokens, num_seqs * max_blocks)]])
-        per_group = fields[5:]
+        per_group = fields[6:]
         return ForwardBatch(
             token_ids=fields[0],
             positions=fields[1],
@@ -79,6 +81,7 @@ class ModelRunner:
             slot_mappings=[per_group[2 * g] for g in range(num_groups)],
             sample_rows=fields[4],
             max_query_tokens=max(c.num_tokens for c in chunks),
+            row_seq=fields[5].to(torch.int32),
         )
 
     @torch.inference_mode()
