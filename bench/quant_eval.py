@@ -75,11 +75,11 @@ VARIANTS: list[tuple[str, dict, str]] = [
     # ceilings: activations as two int8 terms (linear.py, ~14 bits; the GEMMs run twice the rows)
     ("lm_head α0.5, two-term acts: down", {**LMH, "activation_terms": {"down": 2}}, "text"),
     ("lm_head α0.5, two-term acts: all", {**LMH, "activation_terms": 2}, "text"),
-    ("shipped + GPTQ", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq"}, "text"),
-    ("shipped + GPTQ not lm_head", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_lm_head": False},
-     "text"),
-    ("shipped + GPTQ on lm_head only", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_layers": False},
-     "text"),
+    ("two-term down + GPTQ", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq"}, "text"),
+    ("two-term down + GPTQ not lm_head",
+     {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_lm_head": False}, "text"),
+    ("shipped: two-term down + GPTQ on lm_head only",
+     {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_layers": False}, "text"),
 ]
 
 

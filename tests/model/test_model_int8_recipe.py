@@ -68,6 +68,7 @@ def test_gptq_keeps_the_format_and_lowers_the_output_error():
 def test_the_gemma_checkpoint_carries_the_shipped_recipe(int8_model):
     recipe = architecture("gemma3").INT8_RECIPE
     assert recipe.get("lm_head_alpha") is not None
+    assert recipe.get("rounding") == "gptq" and recipe.get("gptq_layers") is False  # GPTQ on the output projection
     model = int8_model[0]
     assert model.embed.channel_scale is not None and model.embed.channel_scale.shape == (model.config.d_model,)
     # the down projection's input as two int8 terms, the other projections (and the output projection) one

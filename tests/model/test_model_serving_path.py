@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from tests.engine_testlib import make_core, make_request
 
-TOP = 8  # the engine reports this many; the reference's top 5 must be among them
-# Teacher-forced top-1 agreement of the shipped int8 recipe with the exact tokens, of 229 (measured: 214;
-# the float32 path: 228). The 97% (223) is not reached by any recipe measured (bench/quant_eval.py).
-TOP1_SHIPPED_MIN = 214
+TOP = 20  # the engine reports this many (the API's most); the reference's top 5 must be among them
+# Teacher-forced top-1 agreement of the shipped int8 recipe with the exact tokens, of 229 (measured: 219, as
+# llama.cpp's Q4_K_M file; 214 before GPTQ on the output projection; the float32 path: 228). The 97%
+# (223) is not reached by any recipe measured (bench/quant_eval.py).
+TOP1_SHIPPED_MIN = 219
 
 
 def serve(model_and_tokenizer, refs, kv_dtype):

@@ -34,7 +34,7 @@ from services.engine.model.tokenizer import Tokenizer
 
 CHECKPOINT_FILE = "model-int8.safetensors"
 # Bump when the checkpoint recipe changes: old caches are then rebuilt, never misread.
-CHECKPOINT_FORMAT = "salon-int8-v5"
+CHECKPOINT_FORMAT = "salon-int8-v6"  # v6: Gemma's output projection rounded with GPTQ
 
 
 def default_cache_dir() -> Path:

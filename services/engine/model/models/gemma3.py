@@ -44,8 +44,9 @@ INT8_SMOOTH = ("qkv", "gate_up", "down", "o")
 INT8_ACTIVATION_TERMS: dict[str, int] = {"down": 2}
 # build_int8_checkpoint options of the shipped conversion (checkpoint.calibrate_and_quantize); bench/quant_eval.py
 # measures the alternatives. lm_head_alpha smooths the tied output projection's input (through final_norm,
-# the table and a per-channel factor at lookup).
-INT8_RECIPE: dict[str, object] = {"alpha": 0.5, "lm_head_alpha": 0.5}
+# the table and a per-channel factor at lookup); the output projection's weights are rounded with GPTQ on
+# the calibration rows, the layers' to nearest (GPTQ on the layers costs perplexity: quant_eval's table).
+INT8_RECIPE: dict[str, object] = {"alpha": 0.5, "lm_head_alpha": 0.5, "rounding": "gptq", "gptq_layers": False}
 
 
 def _sliding_layers(f: GGUFFile, num_layers: int) -> list[bool]:
