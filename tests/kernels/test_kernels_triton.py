@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 from kernels_cases import PAGED_CASES, make_paged_case
-from triton.runtime import interpreter
+from tests.triton_interpreter import row_independent_dot as use_row_independent_dot
 
 from kernels.kv_write import kv_write_ref, kv_write_triton
 from kernels.paged_attention import PagedAttentionArgs, paged_attention_ref, paged_attention_triton
@@ -168,18 +168,9 @@ def test_paged_decode_split_kv_long_context(window):
 
 @pytest.fixture
 def row_independent_dot(monkeypatch):
-    """The interpreter's tl.dot is a numpy BLAS call whose rounding depends on a row's place in the tile, which
-    a GPU's MMA does not do. Swap in a per-element dot with one fixed summation order, so the interpreter can
-    check the kernels' own batch invariance bit for bit."""
-    if DEVICE != "cpu":
-        return
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        acc_dtype = d.data.dtype
-        products = a.data.astype(acc_dtype)[:, :, None] * b.data.astype(acc_dtype)[None, :, :]
-        return interpreter.TensorHandle(products.sum(axis=1, dtype=acc_dtype) + d.data, d.dtype.scalar)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    """tests/triton_interpreter.py: the interpreter checks the kernels' own batch invariance bit for bit."""
+    if DEVICE == "cpu":
+        use_row_independent_dot(monkeypatch)
 
 
 def _sub_batch(case, rows: slice, seqs: slice, q_lens: list[int]) -> PagedAttentionArgs:
