@@ -6,6 +6,8 @@ by position, computed with the reference's formula (float32 position x float32 i
 fixed chunks of CHUNK_POSITIONS aligned to absolute positions, one torch call per chunk: a position's
 values depend neither on the batch it is in nor on how far the table had grown before (vectorized math
 can round a tensor's tail differently, so the chunk shape is fixed), and every process computes the same.
+The rotation itself runs in rope.c, one call for every head of every token (the tensor expression it
+replaces, with the same bits, runs where the kernel cannot).
 """
 
 from __future__ import annotations
