@@ -84,7 +84,7 @@ def paged_attention_c(a: PagedAttentionArgs, isa: str | None = None) -> torch.Te
     starts = a.query_start_loc.to(torch.int32).contiguous()
     lens = a.seq_lens.to(torch.int32).contiguous()
     row_seq = a.row_seq
-    if row_seq is None or row_seq.dtype != torch.int32 or not row_seq.is_contiguous():
+    if row_seq is None or row_seq.shape != (T,) or row_seq.dtype != torch.int32 or not row_seq.is_contiguous():
         row_seq = torch.repeat_interleave(torch.arange(lens.numel(), dtype=torch.int32), starts[1:] - starts[:-1])
     out = torch.empty_like(q)
     lib.paged_attention_i8(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
