@@ -13,7 +13,7 @@ matched at every step up to there:
 from __future__ import annotations
 
 
-from tests.engine_testlib import make_core, make_request
+from tests.engine_testlib import BLOCK_SIZE_TOKENS, make_core, make_request
 
 TOP = 20  # the engine reports this many (the API's most); the reference's top 5 must be among them
 # Teacher-forced top-1 agreement of the shipped int8 recipe with the exact tokens, of 229 (measured: 219, as
@@ -84,13 +84,18 @@ def teacher_forced_serving(model_and_tokenizer, refs):
     core = make_core(model_and_tokenizer, budget=512, kv_bytes=256 << 20)
     got = {}
     for k in range(max(len(r["generated_ids"]) for r in refs)):
-        for c, rec in enumerate(refs):
-            if k < len(rec["generated_ids"]):
-                core.add(make_request(f"c{c}s{k}", rec["prompt_ids"] + rec["generated_ids"][:k], 1,
-                                      max_context_tokens=32768))
+        requests = [make_request(f"c{c}s{k}", rec["prompt_ids"] + rec["generated_ids"][:k], 1,
+                                 max_context_tokens=32768, namespace=b"teacher-forced")
+                    for c, rec in enumerate(refs) if k < len(rec["generated_ids"])]
+        for r in requests:
+            core.add(r)
         while core.has_work():
             for e in core.step():
                 got[e.request_id] = e.token_ids
+        # after the first round, each request reuses at least the full blocks of its case's previous prompt
+        reused = [(r.num_cached_device_tokens, (r.num_prompt_tokens - 1) // BLOCK_SIZE_TOKENS * BLOCK_SIZE_TOKENS)
+                  for r in requests]
+        assert k == 0 or all(hit >= blocks for hit, blocks in reused), reused
     return [[got[f"c{c}s{k}"] == [t] for k, t in enumerate(rec["generated_ids"])] for c, rec in enumerate(refs)]
 
 
