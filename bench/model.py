@@ -24,6 +24,7 @@ import time
 import torch
 
 from bench import peer
+from bench.quant_ceilings import float_activations
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.request import Request, RequestId, SamplingParams
 from services.engine.core.scheduler import ScheduledChunk, SchedulerOutput
@@ -184,12 +185,7 @@ def main() -> None:
     if not args.quick and chunks != 0:
         result["ppl_int8_no_kv"] = round(perplexity(models["int8"], ids, bos).ppl, 4)
         result["ppl_fp32_int8_kv"] = round(perplexity(models["float32"], ids, bos, kv_int8=True).ppl, 4)
-        wq = models["int8"]
-        for lw in wq.layers:
-            for name in ("qkv", "o", "gate_up", "down"):
-                getattr(lw, name).quantize_activations = False
-        wq.lm_head.quantize_activations = False
-        result["ppl_int8_weights_only"] = round(perplexity(wq, ids, bos).ppl, 4)
+        result["ppl_int8_weights_only"] = round(perplexity(float_activations(models["int8"]), ids, bos).ppl, 4)
         result["ppl_reference_f64"] = ref_ppl
     for k in ("ppl_fp32", "ppl_int8"):
         if not args.quick and ref_ppl is not None and result[k] is not None:

@@ -21,7 +21,11 @@ by tensor, to a fresh conversion).
 Calibration sets (none of them gpl-3.txt): "text" is services/engine/model/calibration_text.py; "text+sampled"
 adds text sampled from the float model itself (calibration_text.sampled_sequences, seeded).
 
-    python -m bench.quant_eval [--quick] [--only NAME;NAME] [--threads N]
+--ceilings adds rows that locate the error (bench/quant_ceilings.py): the shipped checkpoint with float
+activations and/or a float KV cache, with the exact output projection, and the float model with fake-quantized
+weights (one scale per row or per 32 channels) and optionally int8 activations.
+
+    python -m bench.quant_eval [--quick] [--only NAME;NAME] [--ceilings] [--threads N]
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import torch
 from safetensors.torch import load_file
 
 from bench import peer
+from bench.quant_ceilings import (exact_output_projection, fake_quantize_float_model, float_activations,
+                                  shipped_recipe_with_weight_groups)
 from kernels.backend import select_ops
 from services.engine.config import SchedulerConfig
 from services.engine.core.engine_core import EngineCore
@@ -108,8 +114,10 @@ def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str) ->
     for k in range(max(len(r["generated_ids"]) for r in refs)):
         for c, rec in enumerate(refs):
             if k < len(rec["generated_ids"]):
-                core.add(Request(RequestId(f"c{c}s{k}"), rec["prompt_ids"] + rec["generated_ids"][:k],
-                                 SamplingParams(max_new_tokens=1), frozenset(), 32768))
+                request = Request(RequestId(f"c{c}s{k}"), rec["prompt_ids"] + rec["generated_ids"][:k],
+                                  SamplingParams(max_new_tokens=1), frozenset(), 32768)
+                request.namespace = b"teacher-forced"  # no namespace, no prefix caching
+                core.add(request)
         while core.has_work():
             for e in core.step():
                 got[e.request_id] = e.token_ids
@@ -156,6 +164,42 @@ def measure(model, tokenizer, ids, refs, num_chunks: int, ref_ppl: float, kv_int
     return row
 
 
+def ceilings(config, w, tokenizer, kernel_ops, ids, refs, num_chunks: int, ref_ppl: float) -> list[dict]:
+    """The --ceilings rows: (name, model builder, int8 KV?) measured like the variants."""
+    def shipped():
+        return load_model(MODEL, precision="int8", kernel_ops=kernel_ops, progress=False)[0]
+
+    def fake(group, terms):
+        return lambda: fake_quantize_float_model(build_float_model(config, w, kernel_ops), group, terms)
+
+    def grouped(group, terms=None):
+        return lambda: shipped_recipe_with_weight_groups(config, w, tokenizer, kernel_ops, group, terms)
+
+    cases = [
+        ("ceiling: shipped, float KV", shipped, False),
+        ("ceiling: shipped, float activations + KV", lambda: float_activations(shipped()), False),
+        ("ceiling: shipped, exact output projection", lambda: exact_output_projection(shipped(), w), True),
+        ("ceiling: shipped recipe, fake W per row (no GPTQ)", grouped(0), True),
+        ("ceiling: shipped recipe, fake W per 32 ch", grouped(32), True),
+        ("ceiling: shipped recipe, fake W per 32 ch, A8 x2 everywhere", grouped(32, 2), True),
+        ("ceiling: fake W per row, float acts + KV", fake(0, 0), False),
+        ("ceiling: fake W per 32 ch, float acts + KV", fake(32, 0), False),
+        ("ceiling: fake W per 32 ch + A8, float KV", fake(32, 1), False),
+        ("ceiling: fake W per 32 ch + A8 x2, float KV", fake(32, 2), False),
+        ("ceiling: fake W per 32 ch + A8 x2, int8 KV", fake(32, 2), True),
+    ]
+    rows = []
+    for name, build, kv_int8 in cases:
+        model = build()
+        row = {"variant": name, "kv": "int8" if kv_int8 else "float32",
+               **measure(model, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=kv_int8)}
+        rows.append(row)
+        print(line(name, row), flush=True)
+        del model
+        gc.collect()
+    return rows
+
+
 def line(name: str, row: dict) -> str:
     return (f"{name:42s} {row['ppl']:8.4f} {row['delta_pct']:+7.3f} {row['top1_count']:>4d}/{row['positions']:<3d} "
             f"{row['lp_err_mean']:6.3f}/{row['lp_err_max']:.3f} {row.get('convert_s', 0):6.0f}")
@@ -169,6 +213,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-baselines", action="store_true",
                         help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines)")
+    parser.add_argument("--ceilings", action="store_true",
+                        help="also measure where the error comes from (fake-quantized parts, bench/quant_ceilings.py)")
     peer.add_argument(parser)
     parser.add_argument("--reference-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "reference"))
     args = parser.parse_args()
@@ -238,6 +284,8 @@ def main() -> None:
         del model
         gc.collect()
     result["variants"] = rows
+    if args.ceilings:
+        result["ceilings"] = ceilings(config, w, tokenizer, kernel_ops, ids, refs, num_chunks, ref_ppl)
     result["gates"] = {"ppl_max": GATE_PPL, "ppl_stretch": STRETCH_PPL, "top1_min": GATE_TOP1}
     result["wall_s"] = time.perf_counter() - started
     print("RESULT " + json.dumps(result))

@@ -76,3 +76,18 @@ def test_the_gemma_checkpoint_carries_the_shipped_recipe(int8_model):
     assert all(layer.down.activation_terms == 2 for layer in model.layers)
     assert all(getattr(layer, n).activation_terms == 1 for layer in model.layers for n in ("qkv", "o", "gate_up"))
     assert model.lm_head.activation_terms == 1
+
+
+def test_smoothed_weights_are_what_the_checkpoint_rounds(int8_model):
+    """build_int8_checkpoint(smoothed_weights=...) hands out each matrix as it is rounded: round to nearest of
+    it is the checkpoint's int8 tensor, and it differs from the unsmoothed float weights."""
+    config, w, calib = _tiny(int8_model)
+    smoothed: dict[str, torch.Tensor] = {}
+    ckpt = build_int8_checkpoint(config, w, calib, alpha=0.5, lm_head_alpha=0.5, smoothed_weights=smoothed)
+    names = {k[: -len(".w_q")] for k in ckpt if k.endswith(".w_q")}
+    assert set(smoothed) == names
+    for name, weight in smoothed.items():
+        q, s = quantize_weight(weight)
+        assert torch.equal(q, ckpt[name + ".w_q"]) and torch.equal(s, ckpt[name + ".w_scale"]), name
+    assert not torch.equal(smoothed["embed"], w["embed"])
+    assert not torch.equal(smoothed["layers.0.gate_up"], torch.cat([w["layers.0.ffn_gate"], w["layers.0.ffn_up"]]))

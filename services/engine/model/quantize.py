@@ -228,7 +228,8 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
                           alpha_by_projection: dict[str, float] | None = None,
                           lm_head_alpha: float | None = None,
                           rounding: str = "nearest", gptq_damp: float = DEFAULT_GPTQ_DAMP,
-                          gptq_lm_head: bool = True, gptq_layers: bool = True) -> dict[str, torch.Tensor]:
+                          gptq_lm_head: bool = True, gptq_layers: bool = True,
+                          smoothed_weights: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Float weights (+ calibration, or None for no smoothing) -> int8 checkpoint tensors.
 
     alpha None: per projection, the alpha of ALPHA_GRID with the least W8A8 output error on the
@@ -238,6 +239,8 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
     lm_head_alpha: smoothing of the output projection (None: none; needs the calibration's "lm_head" rows).
     rounding: "nearest" or "gptq" (needs calibration; gptq_lm_head False keeps the output projection nearest,
     gptq_layers False the decoder layers' Linears).
+    smoothed_weights, when given, receives each quantized matrix as float32 before rounding (smoothing applied),
+    by its checkpoint name without ".w_q" ("embed" or "lm_head" for the output projection; bench/quant_ceilings.py).
     """
     if statistic not in SMOOTH_STATISTICS:
         raise ValueError(f"statistic must be one of {SMOOTH_STATISTICS}, got {statistic!r}")
@@ -264,6 +267,8 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
     if rounding == "gptq" and gptq_lm_head:
         head_rows = calib.inputs["lm_head"] / s_head
     head_q = quantize(head * s_head, head_rows)
+    if smoothed_weights is not None:
+        smoothed_weights["embed" if config.tied_embeddings else "lm_head"] = head * s_head
     if config.tied_embeddings:
         out["embed.w_q"], out["embed.w_scale"] = head_q
         if lm_head_alpha is not None:
@@ -322,6 +327,8 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
             if rounding == "gptq" and gptq_layers and p + name in calib.inputs:  # the rows it sees once smoothed
                 rows = calib.inputs[p + name] / scales[name] if name in scales else calib.inputs[p + name]
             out[p + name + ".w_q"], out[p + name + ".w_scale"] = quantize(weight, rows)
+            if smoothed_weights is not None:
+                smoothed_weights[p + name] = weight
         out.update({p + n: t for n, t in norms.items()})
         if arch.KEY_SMOOTHING != "qk_norm":
             continue
