@@ -18,10 +18,8 @@ import torch
 
 from kernels.quantize import SCALE_FLOOR
 from services.engine.model.builder import FUSED, build_int8_model
-from services.engine.model.checkpoint import calibrate_float, calibration_sequences
+from services.engine.model.checkpoint import calibrate_and_quantize
 from services.engine.model.linear import FloatLinear
-from services.engine.model.models import architecture
-from services.engine.model.quantize import build_int8_checkpoint
 
 
 def fake_quantize(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -68,13 +66,9 @@ def shipped_recipe_with_weight_groups(config, w: dict[str, torch.Tensor], tokeni
     weights fake-quantized per `weight_group` input channels, rounded to nearest (GPTQ, where the recipe
     has it, is not applied), the activations fake-quantized as the engine quantizes them (or as
     `activation_terms` int8 terms everywhere)."""
-    arch = architecture(config.architecture)
-    recipe = {k: v for k, v in arch.INT8_RECIPE.items() if k not in ("rounding", "sampled_calibration")}
-    calib = calibrate_float(config, w, calibration_sequences(config, w, tokenizer,
-                                                             arch.INT8_RECIPE.get("sampled_calibration", False)))
     smoothed: dict[str, torch.Tensor] = {}
-    model = build_int8_model(config, build_int8_checkpoint(config, w, calib, smooth=arch.INT8_SMOOTH, **recipe,
-                                                           smoothed_weights=smoothed), kernel_ops)
+    ckpt = calibrate_and_quantize(config, w, tokenizer, rounding="nearest", smoothed_weights=smoothed)
+    model = build_int8_model(config, ckpt, kernel_ops)
     for i, layer in enumerate(model.layers):
         for name in FUSED:
             lin = getattr(layer, name)

@@ -22,8 +22,9 @@ Calibration sets (none of them gpl-3.txt): "text" is services/engine/model/calib
 adds text sampled from the float model itself (calibration_text.sampled_sequences, seeded).
 
 --ceilings adds rows that locate the error (bench/quant_ceilings.py): the shipped checkpoint with float
-activations and/or a float KV cache, with the exact output projection, and the float model with fake-quantized
-weights (one scale per row or per 32 channels) and optionally int8 activations.
+activations and/or a float KV cache, with the exact output projection; the shipped recipe with its smoothed
+weights fake-quantized per row or per 32 input channels (and every activation as two int8 terms); the float
+model with fake-quantized weights and float, one-term or two-term int8 activations.
 
     python -m bench.quant_eval [--quick] [--only NAME;NAME] [--ceilings] [--threads N]
 """

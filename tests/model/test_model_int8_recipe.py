@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from bench.quant_ceilings import shipped_recipe_with_weight_groups
 from services.engine.model import synthetic_config
-from services.engine.model.builder import build_int8_model
-from services.engine.model.checkpoint import calibrate_float, calibration_sequences
+from services.engine.model.builder import FUSED, build_int8_model
+from services.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences
 from services.engine.model.linear import quantize_weight
 from services.engine.model.models import architecture
 from services.engine.model.quantize import build_int8_checkpoint, gptq_quantize
@@ -91,3 +92,28 @@ def test_smoothed_weights_are_what_the_checkpoint_rounds(int8_model):
         assert torch.equal(q, ckpt[name + ".w_q"]) and torch.equal(s, ckpt[name + ".w_scale"]), name
     assert not torch.equal(smoothed["embed"], w["embed"])
     assert not torch.equal(smoothed["layers.0.gate_up"], torch.cat([w["layers.0.ffn_gate"], w["layers.0.ffn_up"]]))
+
+
+def test_the_ceilings_rerun_the_shipped_recipe_on_its_smoothed_weights(int8_model):
+    """bench/quant_ceilings.py's shipped-recipe rows: with one scale per row, every projection's fake-quantized
+    weights are exactly the recipe's round-to-nearest checkpoint, dequantized; the activation terms are the
+    architecture's."""
+    config = synthetic_config("synthetic-tiny")
+    w = synthetic_weights(config)
+    ckpt = calibrate_and_quantize(config, w, int8_model[1], rounding="nearest")
+    model = shipped_recipe_with_weight_groups(config, w, int8_model[1], select_ops("cpu"), 0)
+
+    def dequantized(name):
+        return ckpt[name + ".w_q"].float() * ckpt[name + ".w_scale"][:, None]
+
+    for i, layer in enumerate(model.layers):
+        for name in FUSED:
+            assert torch.equal(getattr(layer, name).weight, dequantized(f"layers.{i}.{name}")), (i, name)
+    assert torch.equal(model.lm_head.weight, dequantized("embed"))
+    assert torch.equal(model.final_norm, ckpt["final_norm"])
+    terms = architecture(config.architecture).INT8_ACTIVATION_TERMS
+    assert [layer.down.activation_terms for layer in model.layers] == [terms.get("down", 1)] * config.num_layers
+    assert model.layers[0].qkv.activation_terms == terms.get("qkv", 1)
+    grouped = shipped_recipe_with_weight_groups(config, w, int8_model[1], select_ops("cpu"), 32, 2)
+    assert not torch.equal(grouped.layers[0].qkv.weight, model.layers[0].qkv.weight)
+    assert {layer.gate_up.activation_terms for layer in grouped.layers} == {2}

@@ -94,15 +94,16 @@ def calibrate_float(config: ModelConfig, w: dict[str, torch.Tensor], sequences: 
 
 
 def calibrate_and_quantize(config: ModelConfig, weights: dict[str, torch.Tensor],
-                           tokenizer: Tokenizer) -> dict[str, torch.Tensor]:
-    """The architecture's shipped int8 recipe: calibrate on its calibration set, then build the checkpoint."""
+                           tokenizer: Tokenizer, **overrides) -> dict[str, torch.Tensor]:
+    """The architecture's shipped int8 recipe: calibrate on its calibration set, then build the checkpoint.
+    `overrides` replace build_int8_checkpoint options of the recipe (measurements: bench/quant_ceilings.py)."""
     from services.engine.model.models import architecture
 
     arch = architecture(config.architecture)
     recipe = dict(arch.INT8_RECIPE)
     sampled = recipe.pop("sampled_calibration", False)
     calib = calibrate_float(config, weights, calibration_sequences(config, weights, tokenizer, sampled))
-    return build_int8_checkpoint(config, weights, calib, smooth=arch.INT8_SMOOTH, **recipe)
+    return build_int8_checkpoint(config, weights, calib, smooth=arch.INT8_SMOOTH, **{**recipe, **overrides})
 
 
 def is_complete(path: Path, sha256: str) -> bool:
