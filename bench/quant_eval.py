@@ -62,6 +62,7 @@ MODEL = "gemma-3-270m"
 BOS = 2
 GATE_PPL, STRETCH_PPL, GATE_TOP1 = 13.90, 13.879, 0.97
 QUICK_CHUNKS = 4
+BLOCK_TOKENS = 16  # the teacher-forced engine's KV block size
 QUICK_VARIANTS = ("old: α0.5", "lm_head α0.5 (one term)")
 
 OLD = {"alpha": 0.5}  # the recipe before lm_head smoothing (checkpoint format v4)
@@ -101,8 +102,12 @@ def reference_ppl(ref_dir: Path, num_chunks: int) -> float:
 
 
 def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str) -> dict[str, float]:
-    """top-1 agreement and log-prob error of the exact tokens, one greedy token per request, through EngineCore."""
-    core = EngineCore(model, tokenizer, SchedulerConfig(512, 64, 256), 16, 256 << 20, prefix_caching=True,
+    """top-1 agreement and log-prob error of the exact tokens, one greedy token per request, through EngineCore.
+
+    Requests go in rounds, step k of every case together, under one cache namespace (without one nothing is
+    cached), so each starts from the blocks its case's previous prompt left; `short_reuse` counts the requests
+    after the first round that reused less than those full blocks (0 when the prefix cache works)."""
+    core = EngineCore(model, tokenizer, SchedulerConfig(512, 64, 256), BLOCK_TOKENS, 256 << 20, prefix_caching=True,
                       kv_dtype=kv_dtype)
     rows: dict[str, torch.Tensor] = {}
 
@@ -111,17 +116,20 @@ def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str) ->
             rows[request.request_id] = row.clone()
 
     core.runner.logits_observer = observe
-    agree, errs, got = 0, [], {}
+    agree, errs, got, short_reuse = 0, [], {}, 0
     for k in range(max(len(r["generated_ids"]) for r in refs)):
-        for c, rec in enumerate(refs):
-            if k < len(rec["generated_ids"]):
-                request = Request(RequestId(f"c{c}s{k}"), rec["prompt_ids"] + rec["generated_ids"][:k],
-                                  SamplingParams(max_new_tokens=1), frozenset(), 32768)
-                request.namespace = b"teacher-forced"  # no namespace, no prefix caching
-                core.add(request)
+        requests = [Request(RequestId(f"c{c}s{k}"), rec["prompt_ids"] + rec["generated_ids"][:k],
+                            SamplingParams(max_new_tokens=1), frozenset(), 32768)
+                    for c, rec in enumerate(refs) if k < len(rec["generated_ids"])]
+        for request in requests:
+            request.namespace = b"teacher-forced"
+            core.add(request)
         while core.has_work():
             for e in core.step():
                 got[e.request_id] = e.token_ids
+        if k > 0:
+            short_reuse += sum(r.num_cached_device_tokens < (r.num_prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+                               for r in requests)
     for c, rec in enumerate(refs):
         for k, exact in enumerate(rec["generated_ids"]):
             rid = f"c{c}s{k}"
@@ -130,7 +138,7 @@ def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str) ->
             errs.append(abs(lp - rec["steps"][k]["logprob"]))
     err = torch.tensor(errs)
     return {"top1": agree / len(errs), "top1_count": agree, "positions": len(errs),
-            "lp_err_mean": err.mean().item(), "lp_err_max": err.max().item()}
+            "lp_err_mean": err.mean().item(), "lp_err_max": err.max().item(), "short_reuse": short_reuse}
 
 
 def teacher_forced_peer(args, refs: list[dict]) -> tuple[dict | None, str | None]:

@@ -13,7 +13,8 @@ matched at every step up to there:
 from __future__ import annotations
 
 
-from tests.engine_testlib import BLOCK_SIZE_TOKENS, make_core, make_request
+from bench.quant_eval import teacher_forced_serving
+from tests.engine_testlib import make_core, make_request
 
 TOP = 20  # the engine reports this many (the API's most); the reference's top 5 must be among them
 # Teacher-forced top-1 agreement of the shipped int8 recipe with the exact tokens, of 229 (measured: 219, as
@@ -78,32 +79,15 @@ def test_int8_serving_path_against_the_exact_reference(int8_model, greedy_refs):
     assert mean < 0.3
 
 
-def teacher_forced_serving(model_and_tokenizer, refs):
-    """Per reference step, the greedy token of a request whose prompt is the case's prompt plus the exact tokens
-    before that step (one token each, through EngineCore with paged int8 KV). Requests go in rounds, step k of
-    every case together, so each starts from the device prefix cache the previous round left."""
-    core = make_core(model_and_tokenizer, budget=512, kv_bytes=256 << 20)
-    got = {}
-    for k in range(max(len(r["generated_ids"]) for r in refs)):
-        requests = [make_request(f"c{c}s{k}", rec["prompt_ids"] + rec["generated_ids"][:k], 1,
-                                 max_context_tokens=32768, namespace=b"teacher-forced")
-                    for c, rec in enumerate(refs) if k < len(rec["generated_ids"])]
-        for r in requests:
-            core.add(r)
-        while core.has_work():
-            for e in core.step():
-                got[e.request_id] = e.token_ids
-        # after the first round, each request reuses at least the full blocks of its case's previous prompt
-        reused = [(r.num_cached_device_tokens, (r.num_prompt_tokens - 1) // BLOCK_SIZE_TOKENS * BLOCK_SIZE_TOKENS)
-                  for r in requests]
-        assert k == 0 or all(hit >= blocks for hit, blocks in reused), reused
-    return [[got[f"c{c}s{k}"] == [t] for k, t in enumerate(rec["generated_ids"])] for c, rec in enumerate(refs)]
-
-
 def test_int8_serving_path_teacher_forced_top1(int8_model, greedy_refs):
-    """The shipped int8 recipe's next-token choice agrees with the exact model's at (nearly) every reference step."""
-    agree = teacher_forced_serving(int8_model, greedy_refs)
-    count, total = sum(map(sum, agree)), sum(map(len, agree))
-    print(f"int8 serving path, teacher-forced top-1 agreement with exact: {count}/{total} = {count / total:.3f}")
+    """The shipped int8 recipe's next-token choice agrees with the exact model's at (nearly) every reference step:
+    per step, a request whose prompt is the case's prompt plus the exact tokens before it generates one token
+    through EngineCore with paged int8 KV (bench/quant_eval.py's teacher-forced rows), each round from the
+    prefix blocks the previous one left."""
+    result = teacher_forced_serving(*int8_model, greedy_refs, "int8")
+    count, total = result["top1_count"], result["positions"]
+    print(f"int8 serving path, teacher-forced top-1 agreement with exact: {count}/{total} = {count / total:.3f}, "
+          f"log-prob error mean {result['lp_err_mean']:.3f}")
+    assert result["short_reuse"] == 0
     assert total == 229
     assert count >= TOP1_SHIPPED_MIN
