@@ -71,6 +71,14 @@ def write_tenants_file(state_dir: Path, api_key: str) -> Path:
     return path
 
 
+def write_pid_file(path: Path, pid: int) -> None:
+    """Replace `path` with one holding `pid`: written beside it and renamed over it, so a reader sees the old
+    pid or the new one, never an empty or half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{pid}\n")
+    os.replace(tmp, path)
+
+
 @dataclass
 class Child:
     """One supervised service: how to start it, and its current process."""
@@ -91,7 +99,7 @@ class Child:
         self.proc = ServiceProcess(self.service, self.args, self.log_path).start(timeout_s=120)
         self.started_s = time.monotonic()
         self.restart_at_s = None
-        self.pid_path.write_text(f"{self.proc.process.pid}\n")
+        write_pid_file(self.pid_path, self.proc.process.pid)
 
     @property
     def alive(self) -> bool:
