@@ -12,7 +12,13 @@ AVX2 GEMV for M <= 8), at M = 1, 4 and 8 rows. The figures:
   * the baseline kernel in the same run: the AVX2 int8 GEMM (int32 accumulators, then the dequantization in
     PyTorch) that served these calls before the GEMV, where this CPU runs it.
 
-    python -m bench.gemv [--quick] [--threads N]
+With --grouped, the same weights also with group scales (f32[N, K/32], kernels.w8a8_grouped: +1/8 of the
+weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: kernels/cpu/w8a8_grouped.c),
+against the per-row scales, the two timed in alternation so the ratio grouped / per-row is a same-run figure on
+this noisy machine: the step's GEMMs and the output projection at M = 1, 4, 8, and one prefill shape, M = 256 on
+a layer's gate_up (640 -> 2 x 2048, geglu) and down (2048 -> 640) weights.
+
+    python -m bench.gemv [--quick] [--threads N] [--grouped]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import torch
 from kernels.cpu.native import cpu_isas
 from kernels.cpu.w8a8_gemm import int8_acc_c, w8a8_gemm_cpu
 from kernels.w8a8_gemm import w8a8_epilogue
+from kernels.w8a8_grouped import GROUP
 
 D_MODEL, FFN, QKV, ATTN_OUT, VOCAB, LAYERS = 640, 2048, 1536, 1024, 262_144, 18
 STREAM_BYTES = 512 * 2**20
@@ -39,6 +46,20 @@ def _best_s(fn, repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def _best_pair_s(fn_a, fn_b, repeats: int) -> tuple[float, float]:
+    """Best times of fn_a and fn_b, run in alternation, each first every other round (a load change on the
+    machine, or what one leaves in the caches for the other, hits both alike)."""
+    fn_a()
+    fn_b()
+    best = {fn_a: float("inf"), fn_b: float("inf")}
+    for i in range(repeats):
+        for fn in (fn_a, fn_b) if i % 2 == 0 else (fn_b, fn_a):
+            start = time.perf_counter()
+            fn()
+            best[fn] = min(best[fn], time.perf_counter() - start)
+    return best[fn_a], best[fn_b]
 
 
 def _weights(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,6 +80,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--grouped", action="store_true",
+                        help="also time group scales (f32[N, K/32]) against per-row scales on the same weights")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     repeats = 3 if args.quick else 10
@@ -97,12 +120,70 @@ def main() -> None:
                 result[f"{key}_pct_of_stream"] = round(100 * gbps / stream_gbps, 1)
                 print(f"M={m} {name:20s} {label:10s} {t * 1e3:8.3f} ms  {gbps:6.1f} GB/s  "
                       f"{100 * gbps / stream_gbps:5.1f}% of the streaming read")
+    if args.grouped:
+        _grouped_section(layers, lm_w, lm_s, step_bytes, repeats, gen, result)
     again = STREAM_BYTES / _best_s(lambda: x.sum(), repeats) / 1e9
     print(f"streaming read again after the kernels: {again:.1f} GB/s (the percentages use the first)")
     result["stream_read_after_gbps"] = round(again, 2)
     for m in (4, 8):
         result[f"step_gemms_m{m}_over_m1_x"] = round(result[f"step_gemms_m{m}_ms"] / result["step_gemms_m1_ms"], 2)
     print("RESULT " + json.dumps(result))
+
+
+def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: torch.Generator, result: dict) -> None:
+    """Per-row against group scales on the same weights, timed in alternation (see the module docstring)."""
+    def group_scales(w):
+        return torch.rand(w.shape[0], w.shape[1] // GROUP, generator=gen) + 1e-3
+
+    layers_g = [[(w, group_scales(w), geglu) for w, _, geglu in layer] for layer in layers]
+    lm_sg = group_scales(lm_w)
+    scale_bytes = sum(s.numel() * 4 for layer in layers_g for _, s, _ in layer) + lm_sg.numel() * 4
+    print(f"grouped: the same weights with f32 scales per 32 channels (+{scale_bytes / 1e6:.1f} MB read per step)")
+    result["grouped_step_scale_bytes"] = scale_bytes
+    for m in (1, 4, 8):
+        a = torch.randint(-127, 128, (m, FFN), dtype=torch.int8, generator=gen)
+        a_s = torch.rand(m, generator=gen) + 1e-3
+
+        def step(lays, lm_scale, a=a, a_s=a_s):
+            def run():
+                for layer in lays:
+                    for w, s, geglu in layer:
+                        w8a8_gemm_cpu(a[:, :w.shape[1]], a_s, w, s, geglu=geglu)
+                w8a8_gemm_cpu(a[:, :D_MODEL], a_s, lm_w, lm_scale)
+            return run
+
+        def lm(lm_scale, a=a, a_s=a_s):
+            return lambda: w8a8_gemm_cpu(a[:, :D_MODEL], a_s, lm_w, lm_scale)
+
+        for label, (t_row, t_grp), nbytes in (
+                ("step_gemms", _best_pair_s(step(layers, lm_s), step(layers_g, lm_sg), repeats), step_bytes),
+                ("lm_head", _best_pair_s(lm(lm_s), lm(lm_sg), repeats), lm_w.numel())):
+            _record_pair(result, f"{label}_m{m}", t_row, t_grp, "gbps", nbytes / t_grp / 1e9)
+            print(f"M={m} {label:10s} per-row {t_row * 1e3:8.3f} ms  grouped {t_grp * 1e3:8.3f} ms  "
+                  f"grouped/per-row {t_grp / t_row:5.2f}x")
+    m = 256
+    a = torch.randint(-127, 128, (m, FFN), dtype=torch.int8, generator=gen)
+    a_s = torch.rand(m, generator=gen) + 1e-3
+    (gate_up, s_gu, _), (down, s_dn, _) = layers[0][2], layers[0][3]
+    s_gu_g, s_dn_g = layers_g[0][2][1], layers_g[0][3][1]
+    shapes = (("gate_up", gate_up, s_gu, s_gu_g, True), ("down", down, s_dn, s_dn_g, False))
+    for label, w, s_row, s_grp, geglu in shapes:
+        def prefill(scale, w=w, geglu=geglu):
+            return lambda: w8a8_gemm_cpu(a[:, :w.shape[1]], a_s, w, scale, geglu=geglu)
+
+        t_row, t_grp = _best_pair_s(prefill(s_row), prefill(s_grp), repeats)
+        macs = m * w.numel()
+        _record_pair(result, f"prefill_m{m}_{label}", t_row, t_grp, "gmacs", macs / t_grp / 1e9)
+        print(f"prefill M={m} {label:8s} {w.shape[0]}x{w.shape[1]}: per-row {t_row * 1e3:8.3f} ms  grouped "
+              f"{t_grp * 1e3:8.3f} ms ({macs / t_grp / 1e9:5.1f} GMAC/s)  grouped/per-row {t_grp / t_row:5.2f}x")
+
+
+def _record_pair(result: dict, key: str, t_row: float, t_grp: float, rate_unit: str, rate: float) -> None:
+    """The RESULT keys of one per-row / grouped pair: both times, the grouped rate, the ratio."""
+    result[f"{key}_per_row_ms"] = round(t_row * 1e3, 3)
+    result[f"{key}_grouped_ms"] = round(t_grp * 1e3, 3)
+    result[f"{key}_grouped_{rate_unit}"] = round(rate, 2)
+    result[f"{key}_grouped_over_per_row_x"] = round(t_grp / t_row, 3)
 
 
 if __name__ == "__main__":

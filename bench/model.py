@@ -8,11 +8,16 @@ rows and greedy sampling -- the model's cost per generated token, without the sc
 engine loop. Each batch's step time is given too, and the batch-4 and batch-8 steps over the batch-1
 step (they read the same weights).
 
+--recipe-baseline (Gemma 3 270M) also builds the int8 model of checkpoint format v6's recipe (one weight scale
+per row, one int8 activation term except the down projection: bench.quant_eval.V6_RECIPE) and times it against
+the shipped one in the same run, alternating the two, best of each: prefill 512 and decode at 1, 4, 8 and 32
+sequences, as shipped / v6 time ratios (what the grouped scales and two-term activations cost).
+
 The peer, llama.cpp (bench/peer.py), runs in the same run on the same GGUF and threads when a build is
 found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 4, 8 and 32 sequences in
 the shape of the decode figures here (32-token prompts, then the same number of steps).
 
-    python -m bench.model [--model NAME|PATH] [--quick] [--threads N] [--llama-cpp DIR]
+    python -m bench.model [--model NAME|PATH] [--quick] [--threads N] [--llama-cpp DIR] [--recipe-baseline]
 """
 
 from __future__ import annotations
@@ -91,6 +96,39 @@ def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32) -> float
     return batch * steps / (time.perf_counter() - start)
 
 
+def _v6_recipe_model(model_name: str, kernel_ops):
+    """The int8 model of checkpoint format v6's recipe, converted from the GGUF in this run."""
+    from bench.quant_eval import V6_RECIPE, load_float
+    from services.engine.model.builder import Int8Weights, build_model
+    from services.engine.model.checkpoint import calibrate_float, calibration_sequences
+    from services.engine.model.quantize import build_int8_checkpoint
+
+    config, w, tok = load_float(model_name)
+    calib = calibrate_float(config, w, calibration_sequences(config, w, tok))
+    ckpt = build_int8_checkpoint(config, w, calib, **{k: v for k, v in V6_RECIPE.items() if k != "activation_terms"})
+    return build_model(config, Int8Weights(ckpt, kernel_ops, activation_terms=V6_RECIPE["activation_terms"]),
+                       kernel_ops)
+
+
+def _recipe_ratios(shipped, v6, steps: int, rounds: int) -> dict[str, float]:
+    """shipped / v6 time per figure, the two measured alternately `rounds` times each (best of each)."""
+    figures = {"prefill_512": lambda m: 1 / _prefill_tps(m, 512, 1),
+               **{f"decode_b{b}": (lambda m, b=b: 1 / _decode_tps(m, b, steps)) for b in (1, 4, 8, 32)}}
+    out = {}
+    for name, seconds_per_token in figures.items():
+        best = {"shipped": float("inf"), "v6": float("inf")}
+        for r in range(rounds):
+            order = (("shipped", shipped), ("v6", v6)) if r % 2 == 0 else (("v6", v6), ("shipped", shipped))
+            for label, model in order:
+                best[label] = min(best[label], seconds_per_token(model))
+        out[f"recipe_{name}_ms_per_token_shipped"] = round(1e3 * best["shipped"], 3)
+        out[f"recipe_{name}_ms_per_token_v6"] = round(1e3 * best["v6"], 3)
+        out[f"recipe_{name}_shipped_over_v6_x"] = round(best["shipped"] / best["v6"], 3)
+        print(f"{name:14s} shipped {1e3 * best['shipped']:8.3f} ms/token  v6 {1e3 * best['v6']:8.3f}  "
+              f"shipped/v6 {best['shipped'] / best['v6']:.3f}x", flush=True)
+    return out
+
+
 def _kv_table(g) -> dict[str, float]:
     """int8 KV (one float32 scale per token and head for K and V) against the same model's own bf16 KV."""
     bf16 = g.kv_bytes_per_token(bytes_per_value=2, scale_bytes=0)
@@ -143,6 +181,8 @@ def main() -> None:
     parser.add_argument("--reference-dir", default="../shared/reference", help="holds gpl-3.txt")
     parser.add_argument("--model", default="gemma-3-270m", help="a known model name or a path to a .gguf")
     parser.add_argument("--device", default="cpu", help="cpu | cuda (the Triton op family, weights and KV there)")
+    parser.add_argument("--recipe-baseline", action="store_true",
+                        help="also time checkpoint format v6's int8 recipe against the shipped one (Gemma 3 270M)")
     peer.add_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -169,6 +209,10 @@ def main() -> None:
             result[f"decode_step_b{batch}_over_b1_x{sfx}"] = round(
                 result[f"decode_step_ms_b{batch}{sfx}"] / result[f"decode_step_ms_b1{sfx}"], 2)
         print(json.dumps({k: v for k, v in result.items() if k.endswith(sfx) or sfx == ""}), flush=True)
+    if args.recipe_baseline:
+        v6 = _v6_recipe_model(args.model, models["int8"].kernel_ops)
+        result.update(_recipe_ratios(models["int8"], v6, steps, 2 if args.quick else 4))
+        del v6
     peer_figures, peer_error = _peer(args, steps)
     with open(f"{args.reference_dir}/gpl-3.txt") as f:
         text = f.read()

@@ -63,10 +63,12 @@ BOS = 2
 GATE_PPL, STRETCH_PPL, GATE_TOP1 = 13.90, 13.879, 0.97
 QUICK_CHUNKS = 4
 BLOCK_TOKENS = 16  # the teacher-forced engine's KV block size
-QUICK_VARIANTS = ("old: α0.5", "lm_head α0.5 (one term)")
+QUICK_VARIANTS = ("v6: two-term down + GPTQ on lm_head only", "W per 32 ch, two-term acts: all")
 
 OLD = {"alpha": 0.5}  # the recipe before lm_head smoothing (checkpoint format v4)
 LMH = {"alpha": 0.5, "lm_head_alpha": 0.5}
+# checkpoint format v6's recipe (per-row weight scales): bench/model.py --recipe-baseline times it
+V6_RECIPE = {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_layers": False}
 # (name, build_int8_checkpoint options, calibration set)
 VARIANTS: list[tuple[str, dict, str]] = [
     ("lm_head α0.5, GPTQ", {**LMH, "rounding": "gptq"}, "text"),
@@ -86,8 +88,16 @@ VARIANTS: list[tuple[str, dict, str]] = [
     ("two-term down + GPTQ", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq"}, "text"),
     ("two-term down + GPTQ not lm_head",
      {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_lm_head": False}, "text"),
-    ("shipped: two-term down + GPTQ on lm_head only",
-     {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_layers": False}, "text"),
+    ("v6: two-term down + GPTQ on lm_head only", V6_RECIPE, "text"),  # the recipe of checkpoint format v6
+    # group-scaled weights (kernels/w8a8_grouped.py): one scale per row and 32 input channels
+    ("W per 32 ch, two-term down", {**LMH, "weight_group": 32, "activation_terms": {"down": 2}}, "text"),
+    ("W per 32 ch, two-term acts: all", {**LMH, "weight_group": 32, "activation_terms": 2}, "text"),
+    ("W per 32 ch, two-term all, GPTQ on lm_head",
+     {**LMH, "weight_group": 32, "activation_terms": 2, "rounding": "gptq", "gptq_layers": False}, "text"),
+    ("W per 32 ch, two-term all, lm_head α0.5 only", {**LMH, "smooth": (), "weight_group": 32, "activation_terms": 2},
+     "text"),
+    ("shipped: W per 32 ch, two-term all, no smoothing",  # checkpoint format v7 (key smoothing only)
+     {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": 2}, "text"),
 ]
 
 

@@ -14,16 +14,17 @@ import torch
 
 from kernels.kv_write import kv_write_ref
 from kernels.paged_attention import paged_attention_ref
-from kernels.quantize import quantize_per_token_ref, rmsnorm_quant_ref
+from kernels.quantize import quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
 from kernels.rope import rope_neox_ref
 from kernels.w8a8_gemm import w8a8_gemm_ref
 
-OP_NAMES = ("quantize_per_token", "rmsnorm_quant", "w8a8_gemm", "rope_neox", "kv_write", "paged_attention")
+OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm_quant", "w8a8_gemm", "rope_neox", "kv_write", "paged_attention")
 
 
 @dataclass(frozen=True)
 class Ops:
     quantize_per_token: Callable
+    quantize_two_terms: Callable
     rmsnorm_quant: Callable
     w8a8_gemm: Callable
     rope_neox: Callable
@@ -35,6 +36,7 @@ class Ops:
 def reference_ops() -> Ops:
     return Ops(
         quantize_per_token=quantize_per_token_ref,
+        quantize_two_terms=quantize_two_terms_ref,
         rmsnorm_quant=rmsnorm_quant_ref,
         w8a8_gemm=w8a8_gemm_ref,
         rope_neox=rope_neox_ref,
@@ -47,12 +49,13 @@ def reference_ops() -> Ops:
 def triton_ops() -> Ops:
     from kernels.kv_write import kv_write_triton
     from kernels.paged_attention import paged_attention_triton
-    from kernels.quantize import quantize_per_token_triton, rmsnorm_quant_triton
+    from kernels.quantize import quantize_per_token_triton, quantize_two_terms_triton, rmsnorm_quant_triton
     from kernels.rope import rope_neox_triton
     from kernels.w8a8_gemm import w8a8_gemm_triton
 
     return Ops(
         quantize_per_token=quantize_per_token_triton,
+        quantize_two_terms=quantize_two_terms_triton,
         rmsnorm_quant=rmsnorm_quant_triton,
         w8a8_gemm=w8a8_gemm_triton,
         rope_neox=rope_neox_triton,
@@ -67,6 +70,7 @@ CPU_FAST_PATH_MODULES = {
     "w8a8_gemm": "kernels.cpu.w8a8_gemm",
     "paged_attention": "kernels.cpu.paged_attention",
     "quantize_per_token": "kernels.cpu.quantize",
+    "quantize_two_terms": "kernels.cpu.quantize",
     "rmsnorm_quant": "kernels.cpu.quantize",
     "kv_write": "kernels.cpu.kv_write",
     "rope_neox": "kernels.cpu.rope",

@@ -30,6 +30,15 @@ def quantize_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return q, scale
 
 
+def quantize_two_terms_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x f32[M, K] -> (int8[2M, K], scale f32[2M]): x ~ s1 * q1 + s2 * q2, rows [0, M) the first term
+    (quantize_per_token_ref of x), rows [M, 2M) the second (of the residual x - q1 * s1, each product and the
+    difference rounded to float32): ~14 bits of activation through one int8 GEMM of 2M rows."""
+    q1, s1 = quantize_per_token_ref(x)
+    q2, s2 = quantize_per_token_ref(x - q1.to(torch.float32) * s1[:, None])
+    return torch.cat([q1, q2]), torch.cat([s1, s2])
+
+
 def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """y = x / sqrt(mean(x^2) + eps) * weight, in float32 (weight already holds Gemma's +1)."""
     rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
@@ -92,6 +101,14 @@ def _launch_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -
 def quantize_per_token_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x f32[M, K] -> (int8[M, K], scale f32[M])."""
     return _launch_quantize(x, None, 0.0)
+
+
+def quantize_two_terms_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_two_terms_ref with the Triton quantizer for both terms (the same bits: it matches the
+    reference's quantize_per_token bit for bit)."""
+    q1, s1 = quantize_per_token_triton(x)
+    q2, s2 = quantize_per_token_triton(x - q1.to(torch.float32) * s1[:, None])
+    return torch.cat([q1, q2]), torch.cat([s1, s2])
 
 
 def rmsnorm_quant_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

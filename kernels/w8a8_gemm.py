@@ -16,7 +16,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.triton_gemm_tile import finish_tile, grouped_tile
 from kernels.triton_launch import check, check_tensor, is_interpreted, on_device
+from kernels.w8a8_grouped import w8a8_grouped_scaled_ref
 
 # A float32 dot of int8-valued vectors is exact while |partial sum| < 2**24: K * 127 * 127 < 2**24 for K <= 1040.
 EXACT_F32_CHUNK_K = 1024
@@ -42,7 +44,11 @@ def w8a8_gemm_ref(
     residual: torch.Tensor | None = None,
     geglu: bool = False,
 ) -> torch.Tensor:
-    """-> f32[M, N], or f32[M, N/2] with geglu."""
+    """-> f32[M, N], or f32[M, N/2] with geglu. A w_scale of f32[N, K/32] selects the group-scaled contract
+    (kernels.w8a8_grouped)."""
+    if w_scale.dim() == 2:
+        y = w8a8_grouped_scaled_ref(a_q, a_scale, w_q, w_scale)
+        return w8a8_epilogue_after_scales(y, bias, residual, geglu)
     return w8a8_epilogue(int8_matmul_exact(a_q, w_q).float(), a_scale, w_scale, bias, residual, geglu)
 
 
@@ -77,14 +83,7 @@ def _w8a8_gemm_kernel(
 ):
     # Output tile [BLOCK_M, BLOCK_N] of out[M, N_OUT]. With GEGLU the program also accumulates the "up" rows
     # of w (row n + UP_OFFSET) next to the "gate" rows n, so gate and up of a column meet in registers.
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N_OUT, BLOCK_N)
-    group = pid // (GROUP_M * num_n)  # grouped order: consecutive programs share w tiles in L2
-    first_m = group * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * num_n)) % group_size
-    pid_n = (pid % (GROUP_M * num_n)) // group_size
+    pid_m, pid_n = grouped_tile(M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -109,21 +108,12 @@ def _w8a8_gemm_kernel(
     a_s = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
     w_s = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
     y = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
+    up = y
     if GEGLU:
         w_s_up = tl.load(w_scale_ptr + UP_OFFSET + offs_n, mask=mask_n, other=0.0)
         up = acc_up.to(tl.float32) * a_s[:, None] * w_s_up[None, :]
-        if HAS_BIAS:
-            up += tl.load(bias_ptr + UP_OFFSET + offs_n, mask=mask_n, other=0.0)[None, :]
-        inner = 0.7978845608028654 * (y + 0.044715 * y * y * y)
-        inner = tl.minimum(tl.maximum(inner, -15.0), 15.0)  # tanh(+-15) is +-1 in float32; keeps exp finite
-        tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner) + 1.0)
-        y = 0.5 * y * (1.0 + tanh) * up
-    mask = mask_m[:, None] & mask_n[None, :]
-    if HAS_RESIDUAL:
-        y += tl.load(res_ptr + offs_m[:, None].to(tl.int64) * stride_rm + offs_n[None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], y, mask=mask)
+    finish_tile(y, up, offs_m, offs_n, mask_m, mask_n, bias_ptr, res_ptr, out_ptr, UP_OFFSET, stride_rm, stride_om,
+                HAS_BIAS, HAS_RESIDUAL, GEGLU)
 
 
 def _gemm_config(M: int, N: int, device: torch.device) -> dict:
@@ -149,7 +139,12 @@ def w8a8_gemm_triton(
     residual: torch.Tensor | None = None,
     geglu: bool = False,
 ) -> torch.Tensor:
-    """-> f32[M, N], or f32[M, N/2] with geglu. Same semantics as w8a8_gemm_ref."""
+    """-> f32[M, N], or f32[M, N/2] with geglu. Same semantics as w8a8_gemm_ref (a 2-D w_scale: the grouped
+    kernel of kernels.w8a8_grouped)."""
+    if isinstance(w_scale, torch.Tensor) and w_scale.dim() == 2:
+        from kernels.w8a8_grouped import w8a8_grouped_triton
+
+        return w8a8_grouped_triton(a_q, a_scale, w_q, w_scale, bias=bias, residual=residual, geglu=geglu)
     dev = a_q.device
     check_tensor("a_q", a_q, torch.int8, 2, dev)
     check_tensor("w_q", w_q, torch.int8, 2, dev)

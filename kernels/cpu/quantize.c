@@ -9,9 +9,12 @@
  *
  *   quantize_rows_*  x f32[M, K] (row stride sx) -> q int8[M, K], scale f32[M]
  *   kv_write_rows_*  x f32[T, H, D] -> the int8 rows and scales of cache slots slot[t] (the KV write)
+ *   quantize_two_terms_rows_avx2  x f32[M, K] -> q int8[2M, K], scale f32[2M] (two int8 terms per row)
  */
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512bw")))
@@ -130,3 +133,39 @@ void kv_write_rows_avx2(const float *x, int64_t T, int64_t H, int64_t D, int8_t 
         scale[row] = quantize_row_avx2(x + i * D, D, cache + row * D, floor_);
     }
 }
+
+/* ---- two int8 terms per row (kernels.quantize.quantize_two_terms_ref) ----
+ *   rows [0, M) of q / scale: quantize(x); rows [M, 2M): quantize(r), r = x - (float)q1 * s1
+ * The residual is a product then a difference, each rounded (no fused multiply-add, as PyTorch computes it),
+ * so the second term has the reference's bits too. r lives in a per-thread buffer of K floats. */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+static void residual_row(const float *x, const int8_t *q, float s1, int64_t K, float *r) {
+    const __m256 s = _mm256_set1_ps(s1);
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 qf = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + k))));
+        _mm256_storeu_ps(r + k, _mm256_sub_ps(_mm256_loadu_ps(x + k), _mm256_mul_ps(qf, s)));
+    }
+    for (; k < K; k++) {
+        volatile float p = (float)q[k] * s1;  /* rounded before the difference */
+        r[k] = x[k] - p;
+    }
+}
+
+int quantize_two_terms_rows_avx2(const float *x, int64_t M, int64_t K, int64_t sx, int8_t *q, float *scale,
+                                 float floor_, int nthreads) {
+    const int64_t stride = (K + 15) / 16 * 16;  /* one residual row per thread */
+    float *buf = aligned_alloc(64, (size_t)(stride * (nthreads > 0 ? nthreads : 1)) * sizeof(float));
+    if (buf == NULL) return 1;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * K >= 65536)
+    for (int64_t m = 0; m < M; m++) {
+        float *r = buf + stride * omp_get_thread_num();
+        scale[m] = quantize_row_avx2(x + m * sx, K, q + m * K, floor_);
+        residual_row(x + m * sx, q + m * K, scale[m], K, r);
+        scale[M + m] = quantize_row_avx2(r, K, q + (M + m) * K, floor_);
+    }
+    free(buf);
+    return 0;
+}
+#pragma GCC pop_options

@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 
 from kernels.cpu import native
-from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, rmsnorm_ref
+from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_ref
 
 _C_SOURCE = Path(__file__).with_name("quantize.c")
 _QUANTIZE_ARGS = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_float, ctypes.c_int]
 _KV_WRITE_ARGS = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_float, ctypes.c_int]
 _SIGNATURES = {f"{name}_{isa}": args for isa in ("avx512", "avx2")
                for name, args in (("quantize_rows", _QUANTIZE_ARGS), ("kv_write_rows", _KV_WRITE_ARGS))}
+_SIGNATURES["quantize_two_terms_rows_avx2"] = (_QUANTIZE_ARGS, ctypes.c_int)
 
 
 def library() -> ctypes.CDLL | None:
@@ -55,6 +56,22 @@ def quantize_per_token_cpu(x: torch.Tensor, isa: str | None = None) -> tuple[tor
     scale = torch.empty((m,), dtype=torch.float32)
     if m and k:
         fn(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR, torch.get_num_threads())
+    return q, scale
+
+
+def quantize_two_terms_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x f32[M, K] -> (int8[2M, K], scale f32[2M]): both int8 terms of every row in one call (the AVX2 build;
+    it runs on AVX-512 CPUs too); same bits as quantize_two_terms_ref, which runs where the kernel cannot."""
+    fn = kernel("quantize_two_terms_rows", "avx2")
+    if fn is None or x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
+        return quantize_two_terms_ref(x)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    q = torch.empty((2 * m, k), dtype=torch.int8)
+    scale = torch.empty((2 * m,), dtype=torch.float32)
+    if m and k and fn(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR,
+                      torch.get_num_threads()):
+        return quantize_two_terms_ref(x)
     return q, scale
 
 

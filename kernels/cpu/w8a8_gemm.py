@@ -24,6 +24,9 @@ element depends only on its own row and column, so results never depend on M, th
 thread split.
 
 Epilogue, in the reference's order: y = float(acc) * a_scale[m] * w_scale[n]; + bias; geglu; + residual.
+
+Group-scaled weights (w_scale f32[N, K/32], kernels.w8a8_grouped) go through the AVX2 kernel of
+w8a8_grouped.c at every M, else (no AVX2 or C compiler, an activation of -128) the grouped reference.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ import torch
 from kernels.cpu import native
 from kernels.cpu.native import cpu_isas
 from kernels.cpu.w8a8_gemv import GEMV_MAX_ROWS, w8a8_gemv_scaled
+from kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu
 from kernels.w8a8_gemm import EXACT_F32_CHUNK_K, w8a8_epilogue, w8a8_epilogue_after_scales
+from kernels.w8a8_grouped import w8a8_grouped_scaled_ref
 
 # The AVX2 kernel beats the float path below this many rows (or for weights of LARGE_WEIGHT_ELEMENTS or
 # more, which the float path would widen to float32 every call), in C_ROW_BLOCK rows at a time.
@@ -139,6 +144,11 @@ def w8a8_gemm_cpu(
         raise ValueError("a_q and w_q must be int8")
     if a_q.dim() != 2 or w_q.dim() != 2 or a_q.shape[1] != w_q.shape[1]:
         raise ValueError(f"shape mismatch: a_q {tuple(a_q.shape)} w_q {tuple(w_q.shape)}")
+    if w_scale.dim() == 2:
+        y = w8a8_grouped_scaled_cpu(a_q, a_scale, w_q, w_scale)
+        if y is None:
+            y = w8a8_grouped_scaled_ref(a_q, a_scale, w_q, w_scale)
+        return w8a8_epilogue_after_scales(y, bias, residual, geglu)
     isas = cpu_isas()
     if "vnni" in isas and a_q.device.type == "cpu":
         y = int8_acc_c_blocked(a_q, w_q, "vnni", a_scale, w_scale)

@@ -8,9 +8,9 @@ import torch
 
 from kernels.cpu import native
 from kernels.cpu.kv_write import kv_write_cpu
-from kernels.cpu.quantize import kernel, quantize_per_token_cpu, rmsnorm_quant_cpu
+from kernels.cpu.quantize import kernel, quantize_per_token_cpu, quantize_two_terms_cpu, rmsnorm_quant_cpu
 from kernels.kv_write import kv_write_ref
-from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, rmsnorm_quant_ref
+from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
 
 ISAS = native.simd_isas()
 pytestmark = pytest.mark.skipif(not ISAS, reason="no C quantization kernel for this CPU (needs AVX-512 or AVX2 + FMA)")
@@ -125,3 +125,25 @@ def test_results_do_not_depend_on_threads(isa):
     finally:
         torch.set_num_threads(before)
     assert same(one, two) and same(one, quantize_per_token_ref(x))
+
+
+@pytest.mark.parametrize("m,k", [(1, 1), (3, 7), (4, 16), (5, 17), (3, 33), (33, 640), (7, 2049), (130, 640)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_quantize_two_terms_is_bit_identical(m, k, threads):
+    assert kernel("quantize_two_terms_rows", "avx2") is not None
+    x = rows(m, k, seed=m * 1000 + k)
+    x = x + 1e-3 * torch.randn(m, k, generator=torch.Generator().manual_seed(k)) * x.abs().amax(-1, keepdim=True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = quantize_two_terms_cpu(x)
+    finally:
+        torch.set_num_threads(before)
+    assert same(got, quantize_two_terms_ref(x))
+    q, s = got
+    assert q.shape == (2 * m, k) and torch.equal(q[:m], quantize_per_token_ref(x)[0])
+    # the second term quantizes what the first left: x is within half a step of the second term's grid, plus
+    # the float32 roundings of q1 * s1 and of the residual (an ulp of x each)
+    d = q.double() * s.double()[:, None]
+    ulp = x.abs().double() * 2.0**-23
+    assert ((d[:m] + d[m:] - x.double()).abs() <= 0.5 * s[m:, None].double() + 2 * ulp).all()

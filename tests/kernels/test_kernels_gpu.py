@@ -36,6 +36,27 @@ def test_gpu_w8a8_gemm_model_shapes(M, K, N, geglu):
         assert torch.equal(out, ref)  # exact int32 accumulation, same dequant order
 
 
+
+@pytest.mark.parametrize("M", [1, 7, 64, 256])
+@pytest.mark.parametrize("K,N,geglu", [(640, 1024, False), (640, 4096, True), (2048, 640, False)])
+def test_gpu_w8a8_grouped_gemm_model_shapes(M, K, N, geglu):
+    # w_scale f32[N, K/32]: the group-scaled kernel of kernels/w8a8_grouped.py, compiled without FMA
+    g = torch.Generator(device=DEV).manual_seed(M + N + 1)
+    a = torch.randint(-127, 128, (M, K), generator=g, dtype=torch.int8, device=DEV)
+    w = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8, device=DEV)
+    a_s = torch.rand(M, generator=g, device=DEV) / 50
+    w_s = torch.rand(N, K // 32, generator=g, device=DEV) / 50
+    bias = torch.randn(N, generator=g, device=DEV)
+    res = torch.randn(M, N // 2 if geglu else N, generator=g, device=DEV)
+    out = w8a8_gemm_triton(a, a_s, w, w_s, bias=bias, residual=res, geglu=geglu)
+    ref = w8a8_gemm_ref(a, a_s, w, w_s, bias=bias, residual=res, geglu=geglu)
+    if geglu:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+    else:
+        assert torch.equal(out, ref)  # exact int32 per group, same rounded products and sums in group order
+    alone = w8a8_gemm_triton(a[-1:], a_s[-1:], w, w_s, bias=bias, residual=res[-1:], geglu=geglu)
+    assert torch.equal(alone, out[-1:])  # batch invariance across the M buckets of the tile configs
+
 def test_gpu_quantize_and_rmsnorm_quant():
     g = torch.Generator(device=DEV).manual_seed(0)
     x = torch.randn(4096, 2048, generator=g, device=DEV) * 3

@@ -5,8 +5,8 @@
   unchanged before rounding;
 - GPTQ rounding keeps round-to-nearest's scales and format and lowers the output error on its calibration
   rows;
-- the engine's Gemma model carries the shipped recipe (the lookup scale is there, the down projection runs two
-  int8 terms per activation).
+- the engine's Gemma model carries the shipped recipe (grouped weight scales everywhere, two int8 terms per
+  activation everywhere, no projection smoothing).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from bench.quant_ceilings import shipped_recipe_with_weight_groups
 from services.engine.model import synthetic_config
 from services.engine.model.builder import FUSED, build_int8_model
 from services.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences
-from services.engine.model.linear import quantize_weight
+from services.engine.model.linear import dequantize_weight, quantize_weight
 from services.engine.model.models import architecture
 from services.engine.model.quantize import build_int8_checkpoint, gptq_quantize
 from services.engine.model.synthetic import synthetic_weights
@@ -67,16 +67,17 @@ def test_gptq_keeps_the_format_and_lowers_the_output_error():
 
 
 def test_the_gemma_checkpoint_carries_the_shipped_recipe(int8_model):
-    recipe = architecture("gemma3").INT8_RECIPE
-    assert recipe.get("lm_head_alpha") is not None
-    assert recipe.get("rounding") == "gptq" and recipe.get("gptq_layers") is False  # GPTQ on the output projection
+    arch = architecture("gemma3")
+    assert arch.INT8_RECIPE.get("weight_group") == 32 and arch.INT8_RECIPE.get("rounding", "nearest") == "nearest"
+    assert arch.INT8_SMOOTH == () and arch.INT8_ACTIVATION_TERMS == 2 and arch.INT8_RECIPE.get("lm_head_alpha") is None
     model = int8_model[0]
-    assert model.embed.channel_scale is not None and model.embed.channel_scale.shape == (model.config.d_model,)
-    # the down projection's input as two int8 terms, the other projections (and the output projection) one
-    assert architecture("gemma3").INT8_ACTIVATION_TERMS == {"down": 2}
-    assert all(layer.down.activation_terms == 2 for layer in model.layers)
-    assert all(getattr(layer, n).activation_terms == 1 for layer in model.layers for n in ("qkv", "o", "gate_up"))
-    assert model.lm_head.activation_terms == 1
+    linears = [getattr(layer, n) for layer in model.layers for n in FUSED] + [model.lm_head]
+    # one scale per output row and 32 input channels in every matrix and in the token table
+    assert all(lin.w_scale.shape == (lin.w_q.shape[0], lin.w_q.shape[1] // 32) for lin in linears)
+    assert model.embed.row_scale.shape == (model.config.vocab_size, model.config.d_model // 32)
+    assert model.embed.channel_scale is None  # no output-projection smoothing
+    # every activation as two int8 terms
+    assert all(lin.activation_terms == 2 for lin in linears)
 
 
 def test_smoothed_weights_are_what_the_checkpoint_rounds(int8_model):
@@ -95,25 +96,28 @@ def test_smoothed_weights_are_what_the_checkpoint_rounds(int8_model):
 
 
 def test_the_ceilings_rerun_the_shipped_recipe_on_its_smoothed_weights(int8_model):
-    """bench/quant_ceilings.py's shipped-recipe rows: with one scale per row, every projection's fake-quantized
-    weights are exactly the recipe's round-to-nearest checkpoint, dequantized; the activation terms are the
-    architecture's."""
+    """bench/quant_ceilings.py's shipped-recipe rows: every projection's fake-quantized weights are exactly the
+    recipe's round-to-nearest checkpoint, dequantized, for one scale per row and for the shipped 32-channel
+    groups; the activation terms are the architecture's."""
     config = synthetic_config("synthetic-tiny")
     w = synthetic_weights(config)
-    ckpt = calibrate_and_quantize(config, w, int8_model[1], rounding="nearest")
-    model = shipped_recipe_with_weight_groups(config, w, int8_model[1], select_ops("cpu"), 0)
+    tok = int8_model[1]
+    for group in (0, 32):
+        ckpt = calibrate_and_quantize(config, w, tok, rounding="nearest", weight_group=group)
+        model = shipped_recipe_with_weight_groups(config, w, tok, select_ops("cpu"), group)
 
-    def dequantized(name):
-        return ckpt[name + ".w_q"].float() * ckpt[name + ".w_scale"][:, None]
+        def dequantized(name):
+            return dequantize_weight(ckpt[name + ".w_q"], ckpt[name + ".w_scale"])
 
+        for i, layer in enumerate(model.layers):
+            for name in FUSED:
+                assert torch.equal(getattr(layer, name).weight, dequantized(f"layers.{i}.{name}")), (group, i, name)
+        assert torch.equal(model.lm_head.weight, dequantized("embed"))
+        assert torch.equal(model.final_norm, ckpt["final_norm"])
+    shipped = build_int8_model(config, calibrate_and_quantize(config, w, tok), select_ops("cpu"))
     for i, layer in enumerate(model.layers):
         for name in FUSED:
-            assert torch.equal(getattr(layer, name).weight, dequantized(f"layers.{i}.{name}")), (i, name)
-    assert torch.equal(model.lm_head.weight, dequantized("embed"))
-    assert torch.equal(model.final_norm, ckpt["final_norm"])
-    terms = architecture(config.architecture).INT8_ACTIVATION_TERMS
-    assert [layer.down.activation_terms for layer in model.layers] == [terms.get("down", 1)] * config.num_layers
-    assert model.layers[0].qkv.activation_terms == terms.get("qkv", 1)
-    grouped = shipped_recipe_with_weight_groups(config, w, int8_model[1], select_ops("cpu"), 32, 2)
-    assert not torch.equal(grouped.layers[0].qkv.weight, model.layers[0].qkv.weight)
-    assert {layer.gate_up.activation_terms for layer in grouped.layers} == {2}
+            assert getattr(layer, name).activation_terms == getattr(shipped.layers[i], name).activation_terms
+    assert model.lm_head.activation_terms == shipped.lm_head.activation_terms
+    one_term = shipped_recipe_with_weight_groups(config, w, tok, select_ops("cpu"), 32, 1)
+    assert {layer.gate_up.activation_terms for layer in one_term.layers} == {1}

@@ -2,7 +2,8 @@
 
 Cache layout (default ~/.cache/salon, overridable):
     <cache_dir>/int8/<sha256 of the GGUF>/model-int8.safetensors
-        int8 weights (per output channel) + scales + smoothed norms; metadata: format, sha256, model id
+        int8 weights + scales (per output channel, or per channel and 32 inputs) + norms; metadata: format,
+        sha256, model id
     <cache_dir>/int8/<sha256>/convert.lock
 Keyed by the file's content, so a renamed or re-downloaded file finds its checkpoint and a changed file
 never reads a stale one. Engines that start together convert once: the first takes the lock and
@@ -34,7 +35,7 @@ from services.engine.model.tokenizer import Tokenizer
 
 CHECKPOINT_FILE = "model-int8.safetensors"
 # Bump when the checkpoint recipe changes: old caches are then rebuilt, never misread.
-CHECKPOINT_FORMAT = "salon-int8-v6"  # v6: Gemma's output projection rounded with GPTQ
+CHECKPOINT_FORMAT = "salon-int8-v7"  # v7: Gemma's weights with one scale per row and 32 input channels
 
 
 def default_cache_dir() -> Path:

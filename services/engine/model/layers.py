@@ -11,11 +11,12 @@ import torch
 from kernels.backend import Ops
 from kernels.rope import rope_inv_freq
 from services.engine.model import ops
-from services.engine.model.linear import Int8Linear
+from services.engine.model.linear import Int8Linear, dequantize_weight
 
 
 class Embedding:
-    """Token table: float32 rows, or int8 rows with one float32 scale per row.
+    """Token table: float32 rows, or int8 rows with one float32 scale per row (row_scale f32[V]) or per row and
+    group of GROUP channels (f32[V, d_model / GROUP], the grid of a grouped tied output projection).
 
     channel_scale (f32[d_model], optional) multiplies every looked-up row: a tied table that holds E * s
     for the output projection's smoothing (quantize.py) gives back E at lookup.
@@ -28,9 +29,10 @@ class Embedding:
         self.channel_scale = channel_scale
 
     def lookup(self, token_ids: torch.Tensor) -> torch.Tensor:
-        rows = self.table[token_ids].to(torch.float32)
         if self.row_scale is not None:
-            rows = rows * self.row_scale[token_ids][:, None]
+            rows = dequantize_weight(self.table[token_ids], self.row_scale[token_ids])
+        else:
+            rows = self.table[token_ids].to(torch.float32)
         if self.channel_scale is not None:
             rows = rows * self.channel_scale[None, :]
         return rows

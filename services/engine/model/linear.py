@@ -1,7 +1,8 @@
 """Linear layers of the two precisions behind one call: ``layer(x f32[M, K]) -> f32[M, N]``.
 
-Int8Linear holds int8 weights symmetric per output channel; each call quantizes the activations
-per token and runs the W8A8 GEMM (exact integer semantics, so every row's result is independent
+Int8Linear holds int8 weights symmetric per output channel (w_scale f32[N]) or per output channel and
+group of 32 input channels (w_scale f32[N, K/32], the grouped contract of kernels/w8a8_grouped.py); each
+call quantizes the activations per token and runs the W8A8 GEMM (exact integer semantics, so every row's result is independent
 of the batch it sits in). Optional gated epilogue (rows [0, N/2) gate, [N/2, N) up):
 out = act(gate) * up with act = gelu_tanh (GeGLU, fused into the GEMM) or silu (SwiGLU).
 
@@ -17,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from kernels.quantize import quantize_two_terms_ref
+from kernels.w8a8_grouped import GROUP
 from services.engine.model import ops
 
 W8A8Gemm = Callable[..., torch.Tensor]
@@ -49,15 +52,18 @@ class FloatLinear:
 class Int8Linear:
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, gemm: W8A8Gemm, gate_activation: str | None = None,
                  quantize_activations: bool = True, quantize: Quantize = ops.quantize_per_token,
-                 activation_terms: int = 1) -> None:
-        if w_q.dtype != torch.int8 or w_scale.shape != (w_q.shape[0],):
-            raise ValueError("Int8Linear needs int8 w_q[N, K] and f32 w_scale[N]")
+                 activation_terms: int = 1, quantize_two_terms: Quantize = quantize_two_terms_ref) -> None:
+        grouped = (w_q.shape[0], w_q.shape[1] // GROUP) if w_q.dim() == 2 and w_q.shape[1] % GROUP == 0 else None
+        if w_q.dtype != torch.int8 or w_q.dim() != 2 or tuple(w_scale.shape) not in ((w_q.shape[0],), grouped):
+            raise ValueError(f"Int8Linear needs int8 w_q[N, K] and f32 w_scale[N] or [N, K/{GROUP}], got "
+                             f"{w_q.dtype} {tuple(w_q.shape)} and {tuple(w_scale.shape)}")
         if gate_activation not in GATE_ACTIVATIONS:
             raise ValueError(f"gate_activation must be one of {GATE_ACTIVATIONS}, got {gate_activation!r}")
         self.w_q = w_q.contiguous()
         self.w_scale = w_scale.to(torch.float32).contiguous()
         self.gemm = gemm
         self.quantize = quantize
+        self.quantize_two_terms = quantize_two_terms
         self.gate_activation = gate_activation
         if activation_terms not in (1, 2):
             raise ValueError(f"activation_terms must be 1 or 2, got {activation_terms}")
@@ -70,17 +76,15 @@ class Int8Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.quantize_activations:
             if self._w_float is None:
-                self._w_float = self.w_q.to(torch.float32) * self.w_scale[:, None]
+                self._w_float = dequantize_weight(self.w_q, self.w_scale)
             return FloatLinear(self._w_float, self.gate_activation)(x)
         if self.activation_terms == 2:
             return self._two_terms(x)
         return self.from_quantized(*self.quantize(x))
 
     def _two_terms(self, x: torch.Tensor) -> torch.Tensor:
-        q1, s1 = self.quantize(x)
-        q2, s2 = self.quantize(x - q1.to(torch.float32) * s1[:, None])
         m = x.shape[0]
-        both = self.gemm(torch.cat([q1, q2]), torch.cat([s1, s2]), self.w_q, self.w_scale)
+        both = self.gemm(*self.quantize_two_terms(x), self.w_q, self.w_scale)
         out = both[:m] + both[m:]
         return _gated(out, self.gate_activation) if self.gate_activation else out
 
@@ -95,6 +99,21 @@ class Int8Linear:
         return self.w_q.numel() + self.w_scale.numel() * 4
 
 
-def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """f32[N, K] -> int8[N, K], f32[N] (symmetric per output channel)."""
-    return ops.quantize_symmetric(weight, dim=1)
+def quantize_weight(weight: torch.Tensor, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """f32[N, K] -> int8[N, K], f32[N] (symmetric per output channel), or with group = GROUP f32[N, K/GROUP]
+    (symmetric per output channel and group of input channels; K a multiple of the group)."""
+    if not group:
+        return ops.quantize_symmetric(weight, dim=1)
+    n, k = weight.shape
+    if group != GROUP or k % group:
+        raise ValueError(f"weight groups: {GROUP} input channels of a K divisible by {GROUP}, got {group} for K={k}")
+    q, scale = ops.quantize_symmetric(weight.reshape(n, k // group, group), dim=2)
+    return q.reshape(n, k).contiguous(), scale.contiguous()
+
+
+def dequantize_weight(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """int8[N, K] with f32[N] or f32[N, K/GROUP] scales -> f32[N, K]."""
+    if w_scale.dim() == 1:
+        return w_q.to(torch.float32) * w_scale[:, None]
+    n, k = w_q.shape
+    return (w_q.reshape(n, -1, GROUP).to(torch.float32) * w_scale[:, :, None]).reshape(n, k)

@@ -21,10 +21,11 @@ The output projection (lm_head_alpha) is smoothed the same way: its input is rms
 s goes into final_norm (/ s) and into the projection's columns (* s). When the projection is the tied
 embedding table, the table holds E * s (quantized per row) and the lookup multiplies each row by 1 / s
 (`embed.lookup_scale`, d_model multiplies per token), so the input embeddings are unchanged.
-Weights are then quantized symmetric per output channel, rounded to nearest or (rounding="gptq") with
-GPTQ's error compensation: the per-row scales stay absmax / 127, only the rounding direction of each weight
-changes, chosen column by column so that the layer's output on the calibration rows (in the smoothed model)
-moves as little as possible.
+Weights are then quantized symmetric per output channel (or, weight_group=32, per output channel and group
+of 32 input channels: the grid of GGUF's Q8_0, about 3x less rounding error), rounded to nearest or
+(rounding="gptq") with GPTQ's error compensation: the scales stay absmax / 127 (per row or group),
+only the rounding direction of each weight changes, chosen column by column so that the layer's output on
+the calibration rows (in the smoothed model) moves as little as possible.
 """
 
 from __future__ import annotations
@@ -182,8 +183,9 @@ DEFAULT_GPTQ_DAMP = 0.1  # GPTQ's Hessian dampening, a fraction of the mean of i
 
 
 def gptq_quantize(weight: torch.Tensor, rows: torch.Tensor, damp: float = DEFAULT_GPTQ_DAMP, block: int = 128,
-                  chunk_n: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPTQ rounding with quantize_weight's per-row scales: f32[N, K], input rows f32[R, K] -> int8[N, K], f32[N].
+                  chunk_n: int = 16384, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ rounding with quantize_weight's per-row scales: f32[N, K], input rows f32[R, K] -> int8[N, K], f32[N]
+    (group = 32: quantize_weight's per-row-and-group scales f32[N, K/32], fixed before the rounding starts).
 
     Columns are quantized in order of decreasing input energy; each column's rounding error is pushed onto
     the columns not yet quantized, weighted by the inverse of H = X^T X (dampened by damp * mean(diag H)),
@@ -200,19 +202,20 @@ def gptq_quantize(weight: torch.Tensor, rows: torch.Tensor, damp: float = DEFAUL
     inverse = torch.argsort(order)
     h = h[order][:, order]
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    _, scale = quantize_weight(weight)
-    safe = torch.where(scale > 0, scale, torch.ones_like(scale)).to(torch.float64)[:, None]
+    _, scale = quantize_weight(weight, group)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale)).to(torch.float64)
+    column_scale = safe[:, order // group] if group else safe[:, None].expand(n, k)  # [N, K] in `order`
     q_out = torch.empty((n, k), dtype=torch.int8)
     for n0 in range(0, n, chunk_n):
         w = weight[n0:n0 + chunk_n].to(torch.float64)[:, order].clone()
-        s = safe[n0:n0 + chunk_n]
+        s = column_scale[n0:n0 + chunk_n]
         q = torch.empty_like(w)
         for b0 in range(0, k, block):
             b1 = min(b0 + block, k)
             err = torch.empty((w.shape[0], b1 - b0), dtype=torch.float64)
             for i in range(b0, b1):
-                q[:, i] = torch.clamp(torch.round(w[:, i] / s[:, 0]), -127, 127)
-                e = (w[:, i] - q[:, i] * s[:, 0]) / hinv[i, i]
+                q[:, i] = torch.clamp(torch.round(w[:, i] / s[:, i]), -127, 127)
+                e = (w[:, i] - q[:, i] * s[:, i]) / hinv[i, i]
                 w[:, i:b1] -= e[:, None] * hinv[i, i:b1][None, :]
                 err[:, i - b0] = e
             w[:, b1:] -= err @ hinv[b0:b1, b1:]
@@ -228,7 +231,7 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
                           alpha_by_projection: dict[str, float] | None = None,
                           lm_head_alpha: float | None = None,
                           rounding: str = "nearest", gptq_damp: float = DEFAULT_GPTQ_DAMP,
-                          gptq_lm_head: bool = True, gptq_layers: bool = True,
+                          gptq_lm_head: bool = True, gptq_layers: bool = True, weight_group: int = 0,
                           smoothed_weights: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Float weights (+ calibration, or None for no smoothing) -> int8 checkpoint tensors.
 
@@ -239,6 +242,8 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
     lm_head_alpha: smoothing of the output projection (None: none; needs the calibration's "lm_head" rows).
     rounding: "nearest" or "gptq" (needs calibration; gptq_lm_head False keeps the output projection nearest,
     gptq_layers False the decoder layers' Linears).
+    weight_group: 0 for one scale per output row, GROUP (32) for one per row and 32 input channels (every
+    matrix and the token table; GPTQ keeps those scales and chooses the rounding).
     smoothed_weights, when given, receives each quantized matrix as float32 before rounding (smoothing applied),
     by its checkpoint name without ".w_q" ("embed" or "lm_head" for the output projection; bench/quant_ceilings.py).
     """
@@ -252,8 +257,8 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
 
     def quantize(weight: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if rounding == "gptq" and rows is not None:
-            return gptq_quantize(weight, rows, damp=gptq_damp)
-        return quantize_weight(weight)
+            return gptq_quantize(weight, rows, damp=gptq_damp, group=weight_group)
+        return quantize_weight(weight, weight_group)
 
     out: dict[str, torch.Tensor] = {}
     head = w["embed"] if config.tied_embeddings else w["lm_head"]
@@ -274,7 +279,7 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
         if lm_head_alpha is not None:
             out["embed.lookup_scale"] = 1.0 / s_head
     else:
-        out["embed.w_q"], out["embed.w_scale"] = quantize_weight(w["embed"])
+        out["embed.w_q"], out["embed.w_scale"] = quantize_weight(w["embed"], weight_group)
         out["lm_head.w_q"], out["lm_head.w_scale"] = head_q
     if "rope_freqs" in w:
         out["rope_freqs"] = w["rope_freqs"].clone()

@@ -1,0 +1,241 @@
+/* Group-scaled W8A8 GEMM on AVX2 CPUs, bit-identical to kernels.w8a8_grouped.w8a8_grouped_scaled_ref:
+ *
+ *   acc_g[m, n] = sum_{k in [32g, 32g + 32)} a[m, k] * w[n, k]                   (exact, int32)
+ *   y = 0;  for g = 0 .. G-1:  y = y + float(acc_g) * w_scale[n, g]   (the product rounded, then the sum)
+ *   out[m, n] = y * a_scale[m]
+ *
+ * No fused multiply-add: the shared build flags carry -mfma, and GCC contracts _mm256_mul_ps followed by
+ * _mm256_add_ps into one vfmadd (one rounding fewer, other bits) unless fp-contract is off, as it is for this
+ * whole file (the pragma below).
+ *
+ * Layouts: a int8[M, K] (row stride lda, columns contiguous), w int8[N, K] contiguous, w_scale float32[N, G]
+ * contiguous, G = K / 32 (the reference's own layout: no transposed copy is needed), out float32[M, N] (row
+ * stride ldo). Weight rows go in blocks of 8 (the last block may be short: its missing rows alias the
+ * block's first row and are never stored). A block's 8 x G scales are one contiguous run of w_scale, read 8
+ * groups at a time and transposed in registers (8 x 8), so the 8 rows' scales of a group are one vector.
+ *
+ * The products are exact as in w8a8_gemv.c, 32 bytes at a time:
+ *
+ *     u = |x|  (vpabsb),  s = sign(a, x)  (vpsignb),  p = maddubs(u, s)  (int16, |p| <= 2 * 128 * 127),
+ *     q = madd(p, 1)  (int32, 4 channels a lane)
+ *
+ * so the activations may not hold -128 (vpsignb's negation wraps): such a call computes nothing and
+ * returns 1. A block's group (8 rows x 32 channels) is laid out in one of two ways, so that a group's sums
+ * come out as one vector of the 8 rows:
+ *
+ *   transposed (M > 4): a 4 x 4 dword transpose inside each 128-bit lane of [row r | row r + 4] 16-byte
+ *     loads (vpunpck{l,h}{dq,qdq}) puts 4 channels of row r in 32-bit lane r, so each of the 8 vectors meets
+ *     a broadcast of the same 4 activation bytes and they add up to the 8 rows' sums with no horizontal
+ *     step: dearer to set up per group (16 shuffles), cheapest per activation row;
+ *   pairs (M <= 4): two rows interleaved by 64 bits (vpunpck{l,h}qdq) meet two in-lane vpshufd copies of
+ *     the activations, and in-lane shuffles and one cross-lane add reduce the products to the 8 rows' sums:
+ *     cheap to set up, a few more shuffles per activation row.
+ *
+ * Either way the sums are the exact acc_g (|acc_g| <= 32 * 127 * 128 < 2^24: the float conversion is exact),
+ * scaled by the group's 8 scales and added to the rows' float accumulators, group after group in order.
+ *
+ * Each thread streams its own contiguous range of weight blocks (the blocks split evenly over the threads),
+ * prefetching its next block while it reads one. A group's weights are set up in two halves, each staying in
+ * registers while it meets the activation rows, M_CHUNK at a time: at decode sizes (one pass) every weight
+ * and scale byte is read from memory once per call and the activation rows stay in L1; at prefill sizes a
+ * block's weights are read from memory once and from cache for the further chunks. Every output element
+ * sees the same operations in the same order whatever M, the layout, the chunking or the thread split: a
+ * row's result never depends on the batch it sits in.
+ */
+#pragma GCC optimize("fp-contract=off")
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#define GROUP 32
+#define BLOCK_ROWS 8
+/* Activation rows a block meets per pass over its weights; their accumulators (2 x 2 KB) stay in L1. */
+#define M_CHUNK 64
+
+/* Rows 4h .. 4h+3 of the block at channel k in the pair layout: rows 4h+2p and 4h+2p+1 interleaved by 64 bits,
+   x[2p] holding channels 0-7 and 16-23 of both, x[2p+1] channels 8-15 and 24-31; u = |x|. */
+static inline __attribute__((always_inline)) void pair_weights(__m256i *x, __m256i *u, const int8_t *const *wrow,
+                                                               int h, int64_t k) {
+    for (int p = 0; p < 2; p++) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(wrow[4 * h + 2 * p] + k));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(wrow[4 * h + 2 * p + 1] + k));
+        x[2 * p] = _mm256_unpacklo_epi64(w0, w1);
+        x[2 * p + 1] = _mm256_unpackhi_epi64(w0, w1);
+        u[2 * p] = _mm256_abs_epi8(x[2 * p]);
+        u[2 * p + 1] = _mm256_abs_epi8(x[2 * p + 1]);
+    }
+}
+
+/* The 4 rows of pair_weights against the 32 activation bytes av: [rows, channels 0-15 | rows, channels 16-31]. */
+static inline __attribute__((always_inline)) __m256i pair_sums(__m256i av, const __m256i *x, const __m256i *u) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i alo = _mm256_shuffle_epi32(av, 0x44), ahi = _mm256_shuffle_epi32(av, 0xEE);
+    __m256i r[2]; /* [r0 r0 r1 r1 | r0 r0 r1 r1] of a row pair, 8 channels a lane */
+    for (int p = 0; p < 2; p++)
+        r[p] = _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u[2 * p], _mm256_sign_epi8(alo, x[2 * p])), ones),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u[2 * p + 1], _mm256_sign_epi8(ahi, x[2 * p + 1])), ones));
+    const __m256 f0 = _mm256_castsi256_ps(r[0]), f1 = _mm256_castsi256_ps(r[1]);
+    return _mm256_add_epi32(_mm256_castps_si256(_mm256_shuffle_ps(f0, f1, 0x88)),
+                            _mm256_castps_si256(_mm256_shuffle_ps(f0, f1, 0xDD)));
+}
+
+/* t[i] lane r = the 4 bytes at k + 4i of row r of the block, i < 4; u = |t|. */
+static inline __attribute__((always_inline)) void transpose_half(__m256i *t, __m256i *u, const int8_t *const *wrow,
+                                                                 int64_t k) {
+    __m256i z[4]; /* [row r bytes k .. k+15 | row r + 4 bytes k .. k+15] */
+    for (int r = 0; r < 4; r++)
+        z[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(wrow[r] + k))),
+                                       _mm_loadu_si128((const __m128i *)(wrow[r + 4] + k)), 1);
+    const __m256i a0 = _mm256_unpacklo_epi32(z[0], z[1]), a1 = _mm256_unpackhi_epi32(z[0], z[1]);
+    const __m256i a2 = _mm256_unpacklo_epi32(z[2], z[3]), a3 = _mm256_unpackhi_epi32(z[2], z[3]);
+    t[0] = _mm256_unpacklo_epi64(a0, a2);
+    t[1] = _mm256_unpackhi_epi64(a0, a2);
+    t[2] = _mm256_unpacklo_epi64(a1, a3);
+    t[3] = _mm256_unpackhi_epi64(a1, a3);
+    for (int i = 0; i < 4; i++) u[i] = _mm256_abs_epi8(t[i]);
+}
+
+/* acc + the exact products of activation bytes am[0 .. 15] with the half transposed into t, u (lane r = row r). */
+static inline __attribute__((always_inline)) __m256i half_sums(__m256i acc, const int8_t *am, const __m256i *t,
+                                                               const __m256i *u) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < 4; i++) {
+        int32_t chunk;
+        memcpy(&chunk, am + 4 * i, sizeof chunk);
+        const __m256i s = _mm256_sign_epi8(_mm256_set1_epi32(chunk), t[i]);
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], s), ones));
+    }
+    return acc;
+}
+
+/* sc[j] = the 8 rows' scales of group g0 + j, for j < ng (ng <= 8; the other lanes and vectors are zero). */
+static inline __attribute__((always_inline)) void load_scales(__m256 *sc, const float *const *srow, int64_t g0,
+                                                              int64_t ng) {
+    __m256 v[8];
+    if (ng == 8) {
+        for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(srow[r] + g0);
+    } else {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)ng), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int r = 0; r < 8; r++) v[r] = _mm256_maskload_ps(srow[r] + g0, mask);
+    }
+    /* 8 x 8 transpose: v[r] lane j -> sc[j] lane r. */
+    const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    sc[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    sc[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    sc[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    sc[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    sc[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    sc[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    sc[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    sc[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* Rows [n, n + nr) of out (nr <= 8) for activation rows [0, mc) of a (mc <= M_CHUNK), in the pair layout
+   (pairs: M <= 4, mc a compile-time constant so the loops over rows unroll) or the transposed one. pf_w,
+   pf_s: the next block's weights and scales, prefetched while this one is read (NULL: none). */
+static inline __attribute__((always_inline)) void block_tile(const int pairs, const int64_t mc, const int8_t *a,
+                                                             int64_t lda, const int8_t *w, const float *w_scale,
+                                                             float *out, int64_t ldo, const float *a_scale,
+                                                             int64_t K, int64_t n, int nr, const int8_t *pf_w,
+                                                             const float *pf_s) {
+    const int64_t G = K / GROUP;
+    const int8_t *wrow[8];
+    const float *srow[8];
+    for (int r = 0; r < 8; r++) {
+        const int64_t row = n + (r < nr ? r : 0);
+        wrow[r] = w + row * K;
+        srow[r] = w_scale + row * G;
+    }
+    __m256 y[M_CHUNK];
+    __m256i part[M_CHUNK]; /* a group's first half: rows 0-3 (pairs) or channels 0-15 (transposed) */
+    for (int64_t m = 0; m < mc; m++) y[m] = _mm256_setzero_ps();
+    for (int64_t g0 = 0; g0 < G; g0 += 8) {
+        const int64_t ng = G - g0 < 8 ? G - g0 : 8;
+        __m256 sc[8];
+        load_scales(sc, srow, g0, ng);
+        if (pf_s) /* the next block's 8 x G scales, 256 bytes per 8 groups: all of them over this block */
+            for (int i = 0; i < 4; i++)
+                if (64 * i < (G - g0) * 32) _mm_prefetch((const char *)(pf_s + g0 * 8) + 64 * i, _MM_HINT_T0);
+        for (int64_t j = 0; j < ng; j++) {
+            const int64_t k = (g0 + j) * GROUP;
+            if (pf_w) /* the next block's 8 x K bytes, 256 per group: all of them over this block */
+                for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(pf_w + (g0 + j) * 256 + 64 * i), _MM_HINT_T0);
+            const __m256 s = sc[j];
+            __m256i t[4], u[4];
+            if (pairs) {
+                pair_weights(t, u, wrow, 0, k);
+                for (int64_t m = 0; m < mc; m++)
+                    part[m] = pair_sums(_mm256_loadu_si256((const __m256i *)(a + m * lda + k)), t, u);
+                pair_weights(t, u, wrow, 1, k);
+                for (int64_t m = 0; m < mc; m++) {
+                    const __m256i h1 = pair_sums(_mm256_loadu_si256((const __m256i *)(a + m * lda + k)), t, u);
+                    /* [rows 0-3 | rows 4-7], each the sum of its two channel halves */
+                    const __m256i acc = _mm256_add_epi32(_mm256_blend_epi32(part[m], h1, 0xF0),
+                                                         _mm256_permute2x128_si256(part[m], h1, 0x21));
+                    y[m] = _mm256_add_ps(y[m], _mm256_mul_ps(_mm256_cvtepi32_ps(acc), s));
+                }
+            } else {
+                transpose_half(t, u, wrow, k);
+                for (int64_t m = 0; m < mc; m++) part[m] = half_sums(_mm256_setzero_si256(), a + m * lda + k, t, u);
+                transpose_half(t, u, wrow, k + 16);
+                for (int64_t m = 0; m < mc; m++) {
+                    const __m256i acc = half_sums(part[m], a + m * lda + k + 16, t, u);
+                    y[m] = _mm256_add_ps(y[m], _mm256_mul_ps(_mm256_cvtepi32_ps(acc), s));
+                }
+            }
+        }
+    }
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int64_t m = 0; m < mc; m++) {
+        const __m256 v = _mm256_mul_ps(y[m], _mm256_set1_ps(a_scale[m]));
+        if (nr == 8) _mm256_storeu_ps(out + m * ldo + n, v);
+        else _mm256_maskstore_ps(out + m * ldo + n, keep, v);
+    }
+}
+
+#define PAIRS_CASE(MM)                                                                                      \
+    case MM: block_tile(1, MM, a, lda, w, w_scale, out, ldo, a_scale, K, n, nr, pf_w, pf_s); break;
+
+/* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, an activation
+   equal to -128). */
+int w8a8_grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out, int64_t ldo,
+                      const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
+    if (M < 1 || K < GROUP || K % GROUP) return 1;
+    int refuse = 0;
+    for (int64_t m = 0; m < M; m++) {
+        const int8_t *src = a + m * lda;
+        for (int64_t k = 0; k < K; k++) refuse |= src[k] == -128;
+    }
+    if (refuse) return 1;
+    const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
+    #pragma omp parallel num_threads(nthreads)
+    {
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
+        for (int64_t b = b0; b < b1; b++) {
+            const int64_t n = b * BLOCK_ROWS;
+            const int nr = N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS;
+            /* The next block, when it is this thread's and full: its 8 rows and 8 x G scales are contiguous. */
+            const int next = b + 1 < b1 && N - n >= 2 * BLOCK_ROWS;
+            const int8_t *pf_w = next ? w + (n + BLOCK_ROWS) * K : NULL;
+            const float *pf_s = next ? w_scale + (n + BLOCK_ROWS) * G : NULL;
+            switch (M) {
+                PAIRS_CASE(1) PAIRS_CASE(2) PAIRS_CASE(3) PAIRS_CASE(4)
+                default:
+                    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK)
+                        block_tile(0, M - m0 < M_CHUNK ? M - m0 : M_CHUNK, a + m0 * lda, lda, w, w_scale,
+                                   out + m0 * ldo, ldo, a_scale + m0, K, n, nr, m0 ? NULL : pf_w, m0 ? NULL : pf_s);
+            }
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,60 @@
+"""Group-scaled W8A8 GEMMs (w_scale f32[N, K/32], kernels.w8a8_grouped) on AVX2 CPUs, through w8a8_grouped.c.
+
+Returns the grouped dequantization before the epilogue, bit for bit the value of
+kernels.w8a8_grouped.w8a8_grouped_scaled_ref: per output element the exact int32 sum of each group of 32
+channels, times that group's scale, added group after group in order (no fused multiply-add), then times
+a_scale[m]. Every element sees the same operations whatever M, the blocking or the thread split, so a row's
+result never depends on the batch it sits in. The kernel reads w_scale in its own [N, G] layout (a block of
+8 rows' scales is one contiguous run, transposed in registers), so the caller keeps no transposed copy; at
+decode sizes it streams every weight and scale byte once per call, each thread its own range of weight
+rows, and at prefill sizes each 8-row x 32-channel tile of weights meets up to 64 activation rows while it
+is unpacked in registers. The activations are read where they lie (no copy), so a call costs one output
+tensor and one C call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from kernels.cpu import native
+from kernels.w8a8_grouped import check_grouped
+
+_C_SOURCE = Path(__file__).with_name("w8a8_grouped.c")
+_SIGNATURES = {
+    "w8a8_grouped_avx2": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int], ctypes.c_int),
+}
+
+
+def library() -> ctypes.CDLL | None:
+    return native.load(_C_SOURCE, _SIGNATURES) if "avx2" in native.cpu_isas() else None
+
+
+def w8a8_grouped_scaled_cpu(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
+                            w_scale: torch.Tensor) -> torch.Tensor | None:
+    """f32[M, N], the bits of w8a8_grouped_scaled_ref(a_q, a_scale, w_q, w_scale), for int8 a_q[M, K]
+    (contiguous columns), int8 w_q[N, K] (contiguous), float32 w_scale[N, K/32] (contiguous) and a_scale[M];
+    ValueError where check_grouped refuses the shapes (K not a multiple of 32 among them); None where the
+    kernel does not take the call (no AVX2 or C compiler, not on the CPU, other dtypes or strides, M = 0, or
+    an activation of -128), and the caller takes the reference."""
+    if a_q.dtype != torch.int8 or w_q.dtype != torch.int8:
+        return None
+    check_grouped(a_q, w_q, w_scale)
+    m, k = a_q.shape
+    n = w_q.shape[0]
+    if (m == 0 or a_q.device.type != "cpu" or w_q.device.type != "cpu" or w_scale.device.type != "cpu"
+            or a_scale.device.type != "cpu" or a_q.stride(1) != 1 or not w_q.is_contiguous()
+            or not w_scale.is_contiguous() or tuple(a_scale.shape) != (m,) or not a_scale.is_floating_point()):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    a_scale = a_scale.to(torch.float32).contiguous()  # the reference's conversion
+    out = torch.empty((m, n), dtype=torch.float32)
+    if lib.w8a8_grouped_avx2(a_q.data_ptr(), a_q.stride(0), w_q.data_ptr(), w_scale.data_ptr(), out.data_ptr(), n,
+                             a_scale.data_ptr(), m, n, k, torch.get_num_threads()):
+        return None
+    return out

@@ -1,0 +1,164 @@
+"""The AVX2 group-scaled W8A8 kernel (kernels/cpu/w8a8_grouped.c) against the grouped reference, bit for bit:
+every shape, both of its layouts (M <= 4 and M > 4), the M_CHUNK passes of prefill, the thread split, batch
+invariance, and its place in w8a8_gemm_cpu. Scales are random floats over many groups, so a fused multiply-add
+or a change in the order the groups are added changes the bits (checked against mutated kernels by hand)."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+
+import pytest
+import torch
+
+from kernels.cpu import native
+from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
+from kernels.cpu.w8a8_grouped import library, w8a8_grouped_scaled_cpu
+from kernels.w8a8_gemm import w8a8_gemm_ref
+from kernels.w8a8_grouped import GROUP, w8a8_grouped_scaled_ref
+
+needs_kernel = pytest.mark.skipif("avx2" not in native.cpu_isas() or library() is None,
+                                  reason="needs x86-64 with AVX2 and cc")
+
+
+def _operands(m: int, n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    a_scale = torch.rand(m, generator=g) + 1e-3
+    # random signs and magnitudes: every group's product has its own rounding
+    w_scale = torch.randn(n, k // GROUP, generator=g) * torch.rand(n, k // GROUP, generator=g).add(0.01)
+    return a, a_scale, w, w_scale
+
+
+def _run(a, sa, w, sw):
+    got = w8a8_grouped_scaled_cpu(a, sa, w, sw)
+    assert got is not None, "the C kernel declined a call it should take"
+    return got
+
+
+MS = [1, 2, 3, 5, 8, 9, 16, 33, 64, 130]
+NS = [1, 7, 8, 9, 64, 200]
+KS = [32, 64, 96, 640]
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", MS)
+def test_matches_reference_bitwise(m):
+    for n in NS:
+        for k in KS:
+            a, sa, w, sw = _operands(m, n, k, seed=m * 10007 + n * 101 + k)
+            assert torch.equal(_run(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw)), (m, n, k)
+
+
+@needs_kernel
+@pytest.mark.parametrize("m,n,k", [(4, 640, 2048), (8, 1536, 640), (7, 2048, 640), (200, 64, 2048)])
+def test_engine_shapes_and_many_groups(m, n, k):
+    """Gemma-3-270M-like shapes: up to 64 groups per row, so an FMA or a reordered sum shows."""
+    a, sa, w, sw = _operands(m, n, k, seed=m + n + k)
+    assert torch.equal(_run(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 4, 5, 70])  # both layouts and two prefill passes
+@pytest.mark.parametrize("a_value,w_value", [(127, 127), (-127, 127), (127, -128), (-127, -128), (-127, -127)])
+def test_extreme_values_are_exact(m, a_value, w_value):
+    """|w| = 128 against |a| = 127 is the largest pair vpmaddubsw sums (2 * 128 * 127 < 2^15); with unit scales
+    the result is the exact integer, and with scales over many exponents it is still the reference's bits."""
+    n, k = 11, 1024
+    a = torch.full((m, k), a_value, dtype=torch.int8)
+    w = torch.full((n, k), w_value, dtype=torch.int8)
+    ones = torch.ones(n, k // GROUP)
+    assert torch.equal(_run(a, torch.ones(m), w, ones), torch.full((m, n), float(k * a_value * w_value)))
+    g = torch.Generator().manual_seed(m)
+    exponents = torch.randint(-60, 61, (n, k // GROUP), generator=g).to(torch.float32)
+    sw = torch.exp2(exponents) * (1 + torch.rand(n, k // GROUP, generator=g))
+    sa = torch.exp2(torch.randint(-30, 31, (m,), generator=g).to(torch.float32))
+    assert torch.equal(_run(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))
+
+
+@needs_kernel
+def test_random_values_with_scales_over_many_exponents():
+    a, sa, w, _ = _operands(6, 37, 960, seed=3)
+    g = torch.Generator().manual_seed(4)
+    exponents = torch.randint(-100, 101, (37, 30), generator=g).to(torch.float32)
+    sw = torch.exp2(exponents) * torch.randn(37, 30, generator=g)
+    assert torch.equal(_run(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_thread_count_does_not_change_results(threads):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        for m, n in ((3, 2), (8, 200), (65, 33)):  # fewer 8-row blocks than threads, too
+            a, sa, w, sw = _operands(m, n, 320, seed=threads * 100 + m)
+            assert torch.equal(_run(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_batch_invariance():
+    """Row i of an M-row call (the transposed layout, three prefill passes) equals the 1-row call of row i (the
+    pair layout) and the same row in a 4-row call."""
+    a, sa, w, sw = _operands(130, 77, 640, seed=21)
+    full = _run(a, sa, w, sw)
+    for i in (0, 1, 63, 64, 100, 129):
+        assert torch.equal(_run(a[i:i + 1], sa[i:i + 1], w, sw), full[i:i + 1])
+    for start, rows in ((0, 4), (10, 5), (60, 8), (120, 10)):
+        assert torch.equal(_run(a[start:start + rows], sa[start:start + rows], w, sw), full[start:start + rows])
+
+
+@needs_kernel
+def test_strided_activation_rows_are_read_where_they_lie():
+    a, sa, w, sw = _operands(12, 19, 192, seed=8)
+    rows = a[::3]  # row stride 576, contiguous columns
+    assert torch.equal(_run(rows, sa[::3], w, sw), w8a8_grouped_scaled_ref(rows, sa[::3], w, sw))
+
+
+@pytest.mark.parametrize("geglu", [False, True])
+@pytest.mark.parametrize("m", [1, 6, 40])
+def test_gemm_with_grouped_scales_matches_reference(m, geglu):
+    a, sa, w, sw = _operands(m, 64, 640, seed=30 + m)
+    bias, residual = torch.randn(64), torch.randn(m, 32 if geglu else 64)
+    got = w8a8_gemm_cpu(a, sa, w, sw, bias=bias, residual=residual, geglu=geglu)
+    assert torch.equal(got, w8a8_gemm_ref(a, sa, w, sw, bias=bias, residual=residual, geglu=geglu))
+
+
+def test_activation_of_minus_128_falls_back_and_stays_exact():
+    a, sa, w, sw = _operands(5, 17, 96, seed=5)
+    a[2, 40] = -128
+    assert w8a8_grouped_scaled_cpu(a, sa, w, sw) is None
+    assert torch.equal(w8a8_gemm_cpu(a, sa, w, sw), w8a8_gemm_ref(a, sa, w, sw))
+
+
+def test_declines_what_it_does_not_handle():
+    a, sa, w, sw = _operands(3, 8, 64, seed=6)
+    assert w8a8_grouped_scaled_cpu(a[:, ::2], sa, w[:, ::2], sw[:, :1]) is None  # strided columns
+    assert w8a8_grouped_scaled_cpu(a, sa, w.t().contiguous().t(), sw) is None  # weights not contiguous
+    assert w8a8_grouped_scaled_cpu(a, sa[:2], w, sw) is None  # a_scale of the wrong length
+    assert w8a8_grouped_scaled_cpu(a.to(torch.int16), sa, w, sw) is None  # not int8
+
+
+def test_k_not_a_multiple_of_32_is_refused():
+    a, sa, w, _ = _operands(2, 4, 48, seed=7)
+    sw = torch.rand(4, 1)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        w8a8_gemm_cpu(a, sa, w, sw)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        w8a8_gemm_ref(a, sa, w, sw)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        w8a8_grouped_scaled_cpu(a, sa, w, sw)
+
+
+def test_this_x86_cpu_runs_the_kernel():
+    """On an x86-64 CPU with AVX2 and a C compiler the kernel must load and take engine-like calls (a silent
+    fallback to the reference would pass every test above while losing the fast path)."""
+    if platform.machine() != "x86_64" or shutil.which("cc") is None or "avx2" not in native.cpu_flags():
+        pytest.skip("not x86-64 with AVX2 and a C compiler")
+    assert library() is not None
+    for m in (1, 8, 256):
+        a, sa, w, sw = _operands(m, 640, 2048, seed=12 + m)
+        assert w8a8_grouped_scaled_cpu(a, sa, w, sw) is not None
