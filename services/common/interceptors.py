@@ -38,10 +38,12 @@ log = get_logger(__name__)
 class _Outcome:
     """The status code an RPC ended with, for the metrics."""
 
-    __slots__ = ("code",)
+    __slots__ = ("code", "ended")
 
     def __init__(self) -> None:
         self.code = grpc.StatusCode.OK
+        self.ended = False  # counted and logged (before an abort sends the status: a client that sees the
+        # status then reads the metrics finds its RPC counted)
 
 
 class _MethodMetrics:
@@ -123,6 +125,9 @@ def _begin(method: str, context: grpc.aio.ServicerContext) -> float:
 
 
 def _end(started: float, outcome: _Outcome, method_metrics: _MethodMetrics, access_logged: bool) -> None:
+    if outcome.ended:
+        return
+    outcome.ended = True
     elapsed_s = time.perf_counter() - started
     method_metrics.requests(outcome.code).inc()
     method_metrics.duration_s.observe(elapsed_s)
@@ -141,7 +146,7 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str, method_met
             _check_decoded(request)
             return await behavior(request, context)
         except BaseException as exc:  # noqa: BLE001 - mapped below, re-raised when not ours
-            await _handle(exc, context, outcome)
+            await _handle(exc, context, outcome, lambda: _end(started, outcome, method_metrics, access_logged))
             raise
         finally:
             _end(started, outcome, method_metrics, access_logged)
@@ -161,7 +166,7 @@ def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str, metho
             async for response in behavior(request, context):
                 yield response
         except BaseException as exc:  # noqa: BLE001
-            await _handle(exc, context, outcome)
+            await _handle(exc, context, outcome, lambda: _end(started, outcome, method_metrics, access_logged))
             raise
         finally:
             _end(started, outcome, method_metrics, access_logged)
@@ -194,8 +199,10 @@ def _check_decoded(request: Any) -> None:
         raise InvalidArgument(f"request: does not parse ({request.error}); string fields must be valid UTF-8")
 
 
-async def _handle(exc: BaseException, context: grpc.aio.ServicerContext, outcome: _Outcome) -> None:
-    """Record the outcome; turn a SalonError or an unexpected exception into a status (raises AbortError)."""
+async def _handle(exc: BaseException, context: grpc.aio.ServicerContext, outcome: _Outcome,
+                  end: Callable[[], None]) -> None:
+    """Record the outcome; turn a SalonError or an unexpected exception into a status (raises AbortError),
+    calling `end` (the RPC's metrics and access log) before the abort sends it."""
     if isinstance(exc, asyncio.CancelledError):
         outcome.code = grpc.StatusCode.CANCELLED
         return
@@ -206,10 +213,12 @@ async def _handle(exc: BaseException, context: grpc.aio.ServicerContext, outcome
     if isinstance(exc, SalonError):
         outcome.code = exc.code
         log.info("request_failed", code=exc.code.name, error=exc.message)
+        end()
         await context.abort(exc.code, exc.message, trailing_metadata=exc.trailing_metadata())
     if isinstance(exc, Exception):
         outcome.code = grpc.StatusCode.INTERNAL
         log.exception("unhandled_error", error_type=type(exc).__name__)
+        end()
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log")
 
 

@@ -52,11 +52,13 @@ class ModelPools:
         return sorted({h.report.model_id for h in self.pool.handles() if h.report is not None and h.report.model_id})
 
     def default_model(self) -> str | None:
+        """The configured default (served or not: requests for it wait for its engines like any named model),
+        else the model of the first configured engine that has reported; None before any has."""
+        if self.configured_default:
+            return self.configured_default
         served = self.models()
         if not served:
             return None
-        if self.configured_default in served:
-            return self.configured_default
         for handle in self.pool.handles():  # in the order the engines were configured
             if handle.report is not None and handle.report.model_id:
                 return handle.report.model_id
@@ -66,10 +68,9 @@ class ModelPools:
         """The served model a request names ("" = the default); NotFound naming the served ones otherwise."""
         served = self.models()
         if not model:
-            default = self.default_model()
-            if default is None:
+            model = self.default_model()
+            if model is None:
                 raise Unavailable("no engine has reported its model yet; retry shortly")
-            return default
         if model not in served:
             if any(h.report is None or not h.report.model_id for h in self.pool.handles()) or not served:
                 # Some engine has not said what it serves (loading, or unreachable): it may be this model.

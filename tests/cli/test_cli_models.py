@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import time
 import urllib.request
 
 import grpc
@@ -33,9 +34,21 @@ def stack(tmp_path_factory):
         gateway = start_gateway(engines, write_tenants(log_dir / "tenants.json"), log_dir,
                                 extra=["--default-model", SMOL, "--http-port", "0"])
         procs.append(gateway)
+        _wait_until_every_engine_reported(gateway, 3)
         yield gateway
     finally:
         stop_all(reversed(procs))
+
+
+def _wait_until_every_engine_reported(gateway, engines: int, timeout_s: float = 60.0) -> None:
+    """The gateway lists a model once an engine's watch reported it: wait for all of them (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = _stub(gateway).ListModels(chat_pb2.ListModelsRequest(), metadata=auth(KEY_A), timeout=30)
+        if sum(len(m.engines) for m in response.models) == engines:
+            return
+        assert time.monotonic() < deadline, f"the gateway lists {response} after {timeout_s} s"
+        time.sleep(0.2)
 
 
 def _stub(gateway):
