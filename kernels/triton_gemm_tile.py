@@ -1,12 +1,65 @@
-"""The pieces of a W8A8 GEMM tile that the per-row (kernels/w8a8_gemm.py) and group-scaled
-(kernels/w8a8_grouped.py) Triton kernels share: which tile a program computes, and the epilogue after the
-dequantization (bias, GeGLU, residual, store). Both kernels evaluate them with the same operations, so their
-epilogue bits agree."""
+"""The pieces of a W8A8 GEMM that the per-row (kernels/w8a8_gemm.py) and group-scaled
+(kernels/w8a8_grouped.py) Triton kernels share: their launchers' argument checks (gemm_operands), which tile a
+program computes, and the epilogue after the dequantization (bias, GeGLU, residual, store). Both kernels
+evaluate them with the same operations, so their epilogue bits agree."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
+
+from kernels.triton_launch import check, check_tensor
+
+
+@dataclass
+class GemmOperands:
+    """A launch's checked operands, unit-stride along K (the kernels' loads assume it), and its output."""
+
+    a_q: torch.Tensor
+    a_scale: torch.Tensor
+    w_q: torch.Tensor
+    w_scale: torch.Tensor
+    bias: torch.Tensor | None
+    residual: torch.Tensor | None
+    out: torch.Tensor
+    M: int
+    K: int
+    n_out: int
+
+    def grid(self, cfg: dict) -> tuple[int]:
+        return (triton.cdiv(self.M, cfg["BLOCK_M"]) * triton.cdiv(self.n_out, cfg["BLOCK_N"]),)
+
+
+def gemm_operands(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                  bias: torch.Tensor | None, residual: torch.Tensor | None, geglu: bool,
+                  check_w_scale) -> GemmOperands:
+    """Check a W8A8 GEMM's arguments (ValueError naming what is wrong); check_w_scale(w_scale, M, K, N) checks
+    the scales of the kernel's contract and returns them as the kernel reads them."""
+    dev = a_q.device
+    check_tensor("a_q", a_q, torch.int8, 2, dev)
+    check_tensor("w_q", w_q, torch.int8, 2, dev)
+    M, K = a_q.shape
+    N = w_q.shape[0]
+    check(w_q.shape[1] == K, f"w_q: expected {K} columns to match a_q, got {w_q.shape[1]}")
+    check_tensor("a_scale", a_scale, torch.float32, 1, dev)
+    check(a_scale.shape[0] == M, f"a_scale: expected {M} elements, got {a_scale.shape[0]}")
+    w_scale = check_w_scale(a_q, w_q, w_scale)
+    check(not geglu or N % 2 == 0, f"w_q: geglu needs an even number of rows, got {N}")
+    n_out = N // 2 if geglu else N
+    if bias is not None:
+        check_tensor("bias", bias, torch.float32, 1, dev)
+        check(bias.shape[0] == N, f"bias: expected {N} elements, got {bias.shape[0]}")
+        bias = bias.contiguous()
+    if residual is not None:
+        check_tensor("residual", residual, torch.float32, 2, dev)
+        check(tuple(residual.shape) == (M, n_out), f"residual: expected shape {(M, n_out)}, got {tuple(residual.shape)}")
+        residual = residual if residual.stride(1) == 1 else residual.contiguous()
+    return GemmOperands(a_q if a_q.stride(1) == 1 else a_q.contiguous(), a_scale.contiguous(),
+                        w_q if w_q.stride(1) == 1 else w_q.contiguous(), w_scale, bias, residual,
+                        torch.empty((M, n_out), dtype=torch.float32, device=dev), M, K, n_out)
 
 
 @triton.jit

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels.triton_gemm_tile import finish_tile, grouped_tile
+from kernels.triton_gemm_tile import finish_tile, gemm_operands, grouped_tile
 from kernels.triton_launch import check, check_tensor, is_interpreted, on_device
-from kernels.w8a8_grouped import w8a8_grouped_scaled_ref
+from kernels.w8a8_grouped import w8a8_grouped_scaled_ref, w8a8_grouped_triton
 
 # A float32 dot of int8-valued vectors is exact while |partial sum| < 2**24: K * 127 * 127 < 2**24 for K <= 1040.
 EXACT_F32_CHUNK_K = 1024
@@ -141,36 +141,26 @@ def w8a8_gemm_triton(
 ) -> torch.Tensor:
     """-> f32[M, N], or f32[M, N/2] with geglu. Same semantics as w8a8_gemm_ref (a 2-D w_scale: the grouped
     kernel of kernels.w8a8_grouped)."""
-    if isinstance(w_scale, torch.Tensor) and w_scale.dim() == 2:
-        from kernels.w8a8_grouped import w8a8_grouped_triton
-
+    if w_scale.dim() == 2:
         return w8a8_grouped_triton(a_q, a_scale, w_q, w_scale, bias=bias, residual=residual, geglu=geglu)
-    dev = a_q.device
-    check_tensor("a_q", a_q, torch.int8, 2, dev)
-    check_tensor("w_q", w_q, torch.int8, 2, dev)
-    M, K = a_q.shape
-    N = w_q.shape[0]
-    check(w_q.shape[1] == K, f"w_q: expected {K} columns to match a_q, got {w_q.shape[1]}")
-    check_tensor("a_scale", a_scale, torch.float32, 1, dev)
-    check(a_scale.shape[0] == M, f"a_scale: expected {M} elements, got {a_scale.shape[0]}")
-    check_tensor("w_scale", w_scale, torch.float32, 1, dev)
-    check(w_scale.shape[0] == N, f"w_scale: expected {N} elements, got {w_scale.shape[0]}")
-    check(not geglu or N % 2 == 0, f"w_q: geglu needs an even number of rows, got {N}")
-    n_out = N // 2 if geglu else N
-    if bias is not None:
-        check_tensor("bias", bias, torch.float32, 1, dev)
-        check(bias.shape[0] == N, f"bias: expected {N} elements, got {bias.shape[0]}")
-        bias = bias.contiguous()
-    if residual is not None:
-        check_tensor("residual", residual, torch.float32, 2, dev)
-        check(tuple(residual.shape) == (M, n_out), f"residual: expected shape {(M, n_out)}, got {tuple(residual.shape)}")
-        residual = residual if residual.stride(1) == 1 else residual.contiguous()
-    a_q = a_q if a_q.stride(1) == 1 else a_q.contiguous()
-    w_q = w_q if w_q.stride(1) == 1 else w_q.contiguous()
-    a_scale, w_scale = a_scale.contiguous(), w_scale.contiguous()
-    out = torch.empty((M, n_out), dtype=torch.float32, device=dev)
-    if M == 0 or n_out == 0:
-        return out
+    g = gemm_operands(a_q, a_scale, w_q, w_scale, bias, residual, geglu, _per_row_scales)
+    if g.M == 0 or g.n_out == 0:
+        return g.out
+    cfg = _gemm_config(g.M, g.n_out, a_q.device)
+    on_device(_w8a8_gemm_kernel, a_q.device)[g.grid(cfg)](
+        g.a_q, g.a_scale, g.w_q, g.w_scale, g.bias if g.bias is not None else g.a_scale,
+        g.residual if g.residual is not None else g.out, g.out,
+        g.M, g.n_out, g.K, g.n_out,
+        g.a_q.stride(0), g.w_q.stride(0), g.residual.stride(0) if g.residual is not None else 0, g.out.stride(0),
+        HAS_BIAS=g.bias is not None, HAS_RESIDUAL=g.residual is not None, GEGLU=geglu, **cfg,
+    )
+    return g.out
+
+
+def _per_row_scales(a_q: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    check_tensor("w_scale", w_scale, torch.float32, 1, a_q.device)
+    check(w_scale.shape[0] == w_q.shape[0], f"w_scale: expected {w_q.shape[0]} elements, got {w_scale.shape[0]}")
+    return w_scale.contiguous()
     cfg = _gemm_config(M, n_out, dev)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(n_out, cfg["BLOCK_N"]),)
     on_device(_w8a8_gemm_kernel, dev)[grid](

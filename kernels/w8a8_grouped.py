@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_gemm_tile import finish_tile, grouped_tile
-from kernels.triton_launch import check, check_tensor, is_interpreted, on_device
+from kernels.triton_gemm_tile import finish_tile, gemm_operands, grouped_tile
+from kernels.triton_launch import check_tensor, is_interpreted, on_device
 
 GROUP = 32
 
@@ -139,33 +139,27 @@ def w8a8_grouped_triton(
 ) -> torch.Tensor:
     """-> f32[M, N], or f32[M, N/2] with geglu; w_scale f32[N, K/32]. Bit-identical to
     kernels.w8a8_gemm.w8a8_gemm_ref without geglu (geglu: the Triton tanh of the per-row kernel)."""
-    dev = a_q.device
-    check_tensor("a_q", a_q, torch.int8, 2, dev)
-    check_tensor("w_q", w_q, torch.int8, 2, dev)
-    M, K = a_q.shape
-    N = w_q.shape[0]
-    check(w_q.shape[1] == K, f"w_q: expected {K} columns to match a_q, got {w_q.shape[1]}")
-    check_tensor("a_scale", a_scale, torch.float32, 1, dev)
-    check(a_scale.shape[0] == M, f"a_scale: expected {M} elements, got {a_scale.shape[0]}")
-    check_tensor("w_scale", w_scale, torch.float32, 2, dev)
+    g = gemm_operands(a_q, a_scale, w_q, w_scale, bias, residual, geglu, _group_scales)
+    if g.M == 0 or g.n_out == 0:
+        return g.out
+    cfg = _grouped_config(g.M, g.n_out, a_q.device)
+    on_device(_w8a8_grouped_kernel, a_q.device)[g.grid(cfg)](
+        g.a_q, g.a_scale, g.w_q, g.w_scale, g.bias if g.bias is not None else g.a_scale,
+        g.residual if g.residual is not None else g.out, g.out,
+        g.M, g.n_out, g.K, g.n_out,
+        g.a_q.stride(0), g.w_q.stride(0), g.w_scale.stride(0),
+        g.residual.stride(0) if g.residual is not None else 0, g.out.stride(0),
+        HAS_BIAS=g.bias is not None, HAS_RESIDUAL=g.residual is not None, GEGLU=geglu,
+        enable_fp_fusion=False,  # no FMA: the product and the sum of each group step are rounded separately
+        **cfg,
+    )
+    return g.out
+
+
+def _group_scales(a_q: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    check_tensor("w_scale", w_scale, torch.float32, 2, a_q.device)
     check_grouped(a_q, w_q, w_scale)
-    check(not geglu or N % 2 == 0, f"w_q: geglu needs an even number of rows, got {N}")
-    n_out = N // 2 if geglu else N
-    if bias is not None:
-        check_tensor("bias", bias, torch.float32, 1, dev)
-        check(bias.shape[0] == N, f"bias: expected {N} elements, got {bias.shape[0]}")
-        bias = bias.contiguous()
-    if residual is not None:
-        check_tensor("residual", residual, torch.float32, 2, dev)
-        check(tuple(residual.shape) == (M, n_out), f"residual: expected shape {(M, n_out)}, got {tuple(residual.shape)}")
-        residual = residual if residual.stride(1) == 1 else residual.contiguous()
-    a_q = a_q if a_q.stride(1) == 1 else a_q.contiguous()
-    w_q = w_q if w_q.stride(1) == 1 else w_q.contiguous()
-    w_scale = w_scale if w_scale.stride(1) == 1 else w_scale.contiguous()
-    a_scale = a_scale.contiguous()
-    out = torch.empty((M, n_out), dtype=torch.float32, device=dev)
-    if M == 0 or n_out == 0:
-        return out
+    return w_scale if w_scale.stride(1) == 1 else w_scale.contiguous()
     cfg = _grouped_config(M, n_out, dev)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(n_out, cfg["BLOCK_N"]),)
     on_device(_w8a8_grouped_kernel, dev)[grid](
