@@ -13,10 +13,12 @@ AVX2 GEMV for M <= 8), at M = 1, 4 and 8 rows. The figures:
     PyTorch) that served these calls before the GEMV, where this CPU runs it.
 
 With --grouped, the same weights also with group scales (f32[N, K/32], kernels.w8a8_grouped: +1/8 of the
-weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: kernels/cpu/w8a8_grouped.c),
-against the per-row scales, the two timed in alternation so the ratio grouped / per-row is a same-run figure on
-this noisy machine: the step's GEMMs and the output projection at M = 1, 4, 8, and one prefill shape, M = 256 on
-a layer's gate_up (640 -> 2 x 2048, geglu) and down (2048 -> 640) weights.
+weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: kernels/cpu/w8a8_grouped_vnni.c
+on VNNI CPUs, w8a8_grouped.c on AVX2 ones), against the per-row scales, the two timed in alternation so the ratio
+grouped / per-row is a same-run figure on this noisy machine: the step's GEMMs and the output projection at
+M = 1, 4, 8, and one prefill shape, M = 256 on a layer's gate_up (640 -> 2 x 2048, geglu) and down (2048 -> 640)
+weights. On a VNNI CPU the grouped AVX2 kernel is timed against the VNNI one the same way (the baseline the
+VNNI kernel replaced).
 
     python -m bench.gemv [--quick] [--threads N] [--grouped]
 """
@@ -31,7 +33,8 @@ import torch
 
 from kernels.cpu.native import cpu_isas
 from kernels.cpu.w8a8_gemm import int8_acc_c, w8a8_gemm_cpu
-from kernels.w8a8_gemm import w8a8_epilogue
+from kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu
+from kernels.w8a8_gemm import w8a8_epilogue, w8a8_epilogue_after_scales
 from kernels.w8a8_grouped import GROUP
 
 D_MODEL, FFN, QKV, ATTN_OUT, VOCAB, LAYERS = 640, 2048, 1536, 1024, 262_144, 18
@@ -130,60 +133,81 @@ def main() -> None:
     print("RESULT " + json.dumps(result))
 
 
+def _grouped_avx2(a_q, a_scale, w_q, w_scale, geglu=False):
+    y = w8a8_grouped_scaled_cpu(a_q, a_scale, w_q, w_scale, isa="avx2")
+    return w8a8_epilogue_after_scales(y, None, None, geglu)
+
+
 def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: torch.Generator, result: dict) -> None:
-    """Per-row against group scales on the same weights, timed in alternation (see the module docstring)."""
+    """Per-row against group scales on the same weights, timed in alternation (see the module docstring); on a
+    VNNI CPU also the grouped AVX2 kernel against the engine's (VNNI) one."""
+    pairs = [("per_row", w8a8_gemm_cpu, False)]
+    if cpu_isas()[:1] == ("vnni",):
+        pairs.append(("grouped_avx2", _grouped_avx2, True))
+    for base_name, base_gemm, base_grouped in pairs:
+        _grouped_pairs(layers, lm_w, lm_s, step_bytes, repeats, gen, result, base_name, base_gemm, base_grouped)
+
+
+def _grouped_pairs(layers, lm_w, lm_s, step_bytes, repeats, gen, result, base_name, base_gemm, base_grouped):
+    """The engine's grouped GEMMs against base_gemm (on the per-row scales, or base_grouped: on the same group
+    scales), timed in alternation."""
     def group_scales(w):
         return torch.rand(w.shape[0], w.shape[1] // GROUP, generator=gen) + 1e-3
 
     layers_g = [[(w, group_scales(w), geglu) for w, _, geglu in layer] for layer in layers]
     lm_sg = group_scales(lm_w)
     scale_bytes = sum(s.numel() * 4 for layer in layers_g for _, s, _ in layer) + lm_sg.numel() * 4
-    print(f"grouped: the same weights with f32 scales per 32 channels (+{scale_bytes / 1e6:.1f} MB read per step)")
+    print(f"grouped ({cpu_isas()[0]}) against {base_name}: the same weights with f32 scales per 32 channels "
+          f"(+{scale_bytes / 1e6:.1f} MB read per step)")
     result["grouped_step_scale_bytes"] = scale_bytes
-    for m in (1, 4, 8):
+    base_layers, base_lm_s = (layers_g, lm_sg) if base_grouped else (layers, lm_s)
+    for m in (1, 2, 4, 8, 16):  # 2, 8, 16: decode at 1, 4, 8 sequences with two activation terms
         a = torch.randint(-127, 128, (m, FFN), dtype=torch.int8, generator=gen)
         a_s = torch.rand(m, generator=gen) + 1e-3
 
-        def step(lays, lm_scale, a=a, a_s=a_s):
+        def step(gemm, lays, lm_scale, a=a, a_s=a_s):
             def run():
                 for layer in lays:
                     for w, s, geglu in layer:
-                        w8a8_gemm_cpu(a[:, :w.shape[1]], a_s, w, s, geglu=geglu)
-                w8a8_gemm_cpu(a[:, :D_MODEL], a_s, lm_w, lm_scale)
+                        gemm(a[:, :w.shape[1]], a_s, w, s, geglu=geglu)
+                gemm(a[:, :D_MODEL], a_s, lm_w, lm_scale)
             return run
 
-        def lm(lm_scale, a=a, a_s=a_s):
-            return lambda: w8a8_gemm_cpu(a[:, :D_MODEL], a_s, lm_w, lm_scale)
+        def lm(gemm, lm_scale, a=a, a_s=a_s):
+            return lambda: gemm(a[:, :D_MODEL], a_s, lm_w, lm_scale)
 
-        for label, (t_row, t_grp), nbytes in (
-                ("step_gemms", _best_pair_s(step(layers, lm_s), step(layers_g, lm_sg), repeats), step_bytes),
-                ("lm_head", _best_pair_s(lm(lm_s), lm(lm_sg), repeats), lm_w.numel())):
-            _record_pair(result, f"{label}_m{m}", t_row, t_grp, "gbps", nbytes / t_grp / 1e9)
-            print(f"M={m} {label:10s} per-row {t_row * 1e3:8.3f} ms  grouped {t_grp * 1e3:8.3f} ms  "
-                  f"grouped/per-row {t_grp / t_row:5.2f}x")
+        for label, (t_base, t_grp), nbytes in (
+                ("step_gemms", _best_pair_s(step(base_gemm, base_layers, base_lm_s),
+                                            step(w8a8_gemm_cpu, layers_g, lm_sg), repeats), step_bytes),
+                ("lm_head", _best_pair_s(lm(base_gemm, base_lm_s), lm(w8a8_gemm_cpu, lm_sg), repeats),
+                 lm_w.numel())):
+            _record_pair(result, f"{label}_m{m}", base_name, t_base, t_grp, "gbps", nbytes / t_grp / 1e9)
+            print(f"M={m} {label:10s} {base_name} {t_base * 1e3:8.3f} ms  grouped {t_grp * 1e3:8.3f} ms  "
+                  f"grouped/{base_name} {t_grp / t_base:5.2f}x")
     m = 256
     a = torch.randint(-127, 128, (m, FFN), dtype=torch.int8, generator=gen)
     a_s = torch.rand(m, generator=gen) + 1e-3
-    (gate_up, s_gu, _), (down, s_dn, _) = layers[0][2], layers[0][3]
-    s_gu_g, s_dn_g = layers_g[0][2][1], layers_g[0][3][1]
-    shapes = (("gate_up", gate_up, s_gu, s_gu_g, True), ("down", down, s_dn, s_dn_g, False))
-    for label, w, s_row, s_grp, geglu in shapes:
-        def prefill(scale, w=w, geglu=geglu):
-            return lambda: w8a8_gemm_cpu(a[:, :w.shape[1]], a_s, w, scale, geglu=geglu)
+    for index, label in ((2, "gate_up"), (3, "down")):
+        w, s_grp, geglu = layers_g[0][index]
+        s_base = s_grp if base_grouped else layers[0][index][1]
 
-        t_row, t_grp = _best_pair_s(prefill(s_row), prefill(s_grp), repeats)
+        def prefill(gemm, scale, w=w, geglu=geglu):
+            return lambda: gemm(a[:, :w.shape[1]], a_s, w, scale, geglu=geglu)
+
+        t_base, t_grp = _best_pair_s(prefill(base_gemm, s_base), prefill(w8a8_gemm_cpu, s_grp), repeats)
         macs = m * w.numel()
-        _record_pair(result, f"prefill_m{m}_{label}", t_row, t_grp, "gmacs", macs / t_grp / 1e9)
-        print(f"prefill M={m} {label:8s} {w.shape[0]}x{w.shape[1]}: per-row {t_row * 1e3:8.3f} ms  grouped "
-              f"{t_grp * 1e3:8.3f} ms ({macs / t_grp / 1e9:5.1f} GMAC/s)  grouped/per-row {t_grp / t_row:5.2f}x")
+        _record_pair(result, f"prefill_m{m}_{label}", base_name, t_base, t_grp, "gmacs", macs / t_grp / 1e9)
+        print(f"prefill M={m} {label:8s} {w.shape[0]}x{w.shape[1]}: {base_name} {t_base * 1e3:8.3f} ms  grouped "
+              f"{t_grp * 1e3:8.3f} ms ({macs / t_grp / 1e9:5.1f} GMAC/s)  grouped/{base_name} {t_grp / t_base:5.2f}x")
 
 
-def _record_pair(result: dict, key: str, t_row: float, t_grp: float, rate_unit: str, rate: float) -> None:
-    """The RESULT keys of one per-row / grouped pair: both times, the grouped rate, the ratio."""
-    result[f"{key}_per_row_ms"] = round(t_row * 1e3, 3)
+def _record_pair(result: dict, key: str, base_name: str, t_base: float, t_grp: float, rate_unit: str,
+                 rate: float) -> None:
+    """The RESULT keys of one baseline / grouped pair: both times, the grouped rate, the ratio."""
+    result[f"{key}_{base_name}_ms"] = round(t_base * 1e3, 3)
     result[f"{key}_grouped_ms"] = round(t_grp * 1e3, 3)
     result[f"{key}_grouped_{rate_unit}"] = round(rate, 2)
-    result[f"{key}_grouped_over_per_row_x"] = round(t_grp / t_row, 3)
+    result[f"{key}_grouped_over_{base_name}_x"] = round(t_grp / t_base, 3)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ thread split.
 
 Epilogue, in the reference's order: y = float(acc) * a_scale[m] * w_scale[n]; + bias; geglu; + residual.
 
-Group-scaled weights (w_scale f32[N, K/32], kernels.w8a8_grouped) go through the AVX2 kernel of
-w8a8_grouped.c at every M, else (no AVX2 or C compiler, an activation of -128) the grouped reference.
+Group-scaled weights (w_scale f32[N, K/32], kernels.w8a8_grouped) go through a C kernel at every M: on
+AVX-512 VNNI w8a8_grouped_vnni.c, else the AVX2 kernel of w8a8_grouped.c (which declines an activation of
+-128); without either, the grouped reference.
 """
 
 from __future__ import annotations

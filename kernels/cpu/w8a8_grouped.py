@@ -1,4 +1,5 @@
-"""Group-scaled W8A8 GEMMs (w_scale f32[N, K/32], kernels.w8a8_grouped) on AVX2 CPUs, through w8a8_grouped.c.
+"""Group-scaled W8A8 GEMMs (w_scale f32[N, K/32], kernels.w8a8_grouped) on x86 CPUs: w8a8_grouped_vnni.c on
+AVX-512 VNNI, w8a8_grouped.c on AVX2.
 
 Returns the grouped dequantization before the epilogue, bit for bit the value of
 kernels.w8a8_grouped.w8a8_grouped_scaled_ref: per output element the exact int32 sum of each group of 32
@@ -9,7 +10,9 @@ result never depends on the batch it sits in. The kernel reads w_scale in its ow
 decode sizes it streams every weight and scale byte once per call, each thread its own range of weight
 rows, and at prefill sizes each 8-row x 32-channel tile of weights meets up to 64 activation rows while it
 is unpacked in registers. The activations are read where they lie (no copy), so a call costs one output
-tensor and one C call.
+tensor and one C call. The VNNI kernel does the same in blocks of 16 rows, one vpdpbusd per 64 byte products
+(the AVX2 kernel needs four instructions per 32), and takes every int8 activation; the AVX2 one declines
+activations holding -128.
 """
 
 from __future__ import annotations
@@ -22,24 +25,34 @@ import torch
 from kernels.cpu import native
 from kernels.w8a8_grouped import check_grouped
 
-_C_SOURCE = Path(__file__).with_name("w8a8_grouped.c")
-_SIGNATURES = {
-    "w8a8_grouped_avx2": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int], ctypes.c_int),
+_ARGS = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+          ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int], ctypes.c_int)
+# isa -> (source, its one entry point)
+_KERNELS = {
+    "vnni": (Path(__file__).with_name("w8a8_grouped_vnni.c"), "w8a8_grouped_vnni"),
+    "avx2": (Path(__file__).with_name("w8a8_grouped.c"), "w8a8_grouped_avx2"),
 }
+_SIGNATURES = {isa: {name: _ARGS} for isa, (_, name) in _KERNELS.items()}
 
 
-def library() -> ctypes.CDLL | None:
-    return native.load(_C_SOURCE, _SIGNATURES) if "avx2" in native.cpu_isas() else None
+def library(isa: str | None = None) -> ctypes.CDLL | None:
+    """The library of the kernel for `isa` ("vnni", "avx2"; by default the best this CPU runs), or None where
+    this CPU does not run it or there is no C compiler."""
+    isas = native.cpu_isas()
+    isa = isa or next(iter(isas), None)
+    if isa not in isas:
+        return None
+    return native.load(_KERNELS[isa][0], _SIGNATURES[isa])
 
 
 def w8a8_grouped_scaled_cpu(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
-                            w_scale: torch.Tensor) -> torch.Tensor | None:
+                            w_scale: torch.Tensor, isa: str | None = None) -> torch.Tensor | None:
     """f32[M, N], the bits of w8a8_grouped_scaled_ref(a_q, a_scale, w_q, w_scale), for int8 a_q[M, K]
-    (contiguous columns), int8 w_q[N, K] (contiguous), float32 w_scale[N, K/32] (contiguous) and a_scale[M];
-    ValueError where check_grouped refuses the shapes (K not a multiple of 32 among them); None where the
-    kernel does not take the call (no AVX2 or C compiler, not on the CPU, other dtypes or strides, M = 0, or
-    an activation of -128), and the caller takes the reference."""
+    (contiguous columns), int8 w_q[N, K] (contiguous), float32 w_scale[N, K/32] (contiguous) and a_scale[M],
+    through the kernel for `isa` (by default the best this CPU runs); ValueError where check_grouped refuses
+    the shapes (K not a multiple of 32 among them); None where the kernel does not take the call (not on this
+    CPU or no C compiler, not on the CPU, other dtypes or strides, M = 0, or for AVX2 an activation of -128),
+    and the caller takes the reference."""
     if a_q.dtype != torch.int8 or w_q.dtype != torch.int8:
         return None
     check_grouped(a_q, w_q, w_scale)
@@ -49,12 +62,13 @@ def w8a8_grouped_scaled_cpu(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch
             or a_scale.device.type != "cpu" or a_q.stride(1) != 1 or not w_q.is_contiguous()
             or not w_scale.is_contiguous() or tuple(a_scale.shape) != (m,) or not a_scale.is_floating_point()):
         return None
-    lib = library()
+    isa = isa or next(iter(native.cpu_isas()), None)
+    lib = library(isa)
     if lib is None:
         return None
     a_scale = a_scale.to(torch.float32).contiguous()  # the reference's conversion
     out = torch.empty((m, n), dtype=torch.float32)
-    if lib.w8a8_grouped_avx2(a_q.data_ptr(), a_q.stride(0), w_q.data_ptr(), w_scale.data_ptr(), out.data_ptr(), n,
+    if getattr(lib, _KERNELS[isa][1])(a_q.data_ptr(), a_q.stride(0), w_q.data_ptr(), w_scale.data_ptr(), out.data_ptr(), n,
                              a_scale.data_ptr(), m, n, k, torch.get_num_threads()):
         return None
     return out

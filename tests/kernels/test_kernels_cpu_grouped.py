@@ -1,6 +1,7 @@
-"""The AVX2 group-scaled W8A8 kernel (kernels/cpu/w8a8_grouped.c) against the grouped reference, bit for bit:
-every shape, both of its layouts (M <= 4 and M > 4), the M_CHUNK passes of prefill, the thread split, batch
-invariance, and its place in w8a8_gemm_cpu. Scales are random floats over many groups, so a fused multiply-add
+"""The group-scaled W8A8 kernels (kernels/cpu/w8a8_grouped.c on AVX2, w8a8_grouped_vnni.c on AVX-512 VNNI),
+each one this CPU runs, against the grouped reference, bit for bit: every shape, the AVX2 kernel's two layouts
+(M <= 4 and M > 4), the VNNI kernel's decode cases (M <= 8) and 16-row blocks, the M_CHUNK passes of
+prefill, the thread split, batch invariance, and their place in w8a8_gemm_cpu. Scales are random floats over many groups, so a fused multiply-add
 or a change in the order the groups are added changes the bits (checked against mutated kernels by hand)."""
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from kernels.w8a8_grouped import GROUP, w8a8_grouped_scaled_ref
 
 needs_kernel = pytest.mark.skipif("avx2" not in native.cpu_isas() or library() is None,
                                   reason="needs x86-64 with AVX2 and cc")
+ISAS = native.cpu_isas()
+each_isa = pytest.mark.parametrize("isa", ISAS)
 
 
 def _operands(m: int, n: int, k: int, seed: int):
@@ -31,91 +34,98 @@ def _operands(m: int, n: int, k: int, seed: int):
     return a, a_scale, w, w_scale
 
 
-def _run(a, sa, w, sw):
-    got = w8a8_grouped_scaled_cpu(a, sa, w, sw)
+def _run(a, sa, w, sw, isa):
+    got = w8a8_grouped_scaled_cpu(a, sa, w, sw, isa=isa)
     assert got is not None, "the C kernel declined a call it should take"
     return got
 
 
-MS = [1, 2, 3, 5, 8, 9, 16, 33, 64, 130]
-NS = [1, 7, 8, 9, 64, 200]
+MS = [1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64, 130]
+NS = [1, 7, 8, 9, 15, 16, 17, 64, 200]
 KS = [32, 64, 96, 640]
 
 
 @needs_kernel
+@each_isa
 @pytest.mark.parametrize("m", MS)
-def test_matches_reference_bitwise(m):
+def test_matches_reference_bitwise(isa, m):
     for n in NS:
         for k in KS:
             a, sa, w, sw = _operands(m, n, k, seed=m * 10007 + n * 101 + k)
-            assert torch.equal(_run(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw)), (m, n, k)
+            assert torch.equal(_run(a, sa, w, sw, isa), w8a8_grouped_scaled_ref(a, sa, w, sw)), (m, n, k)
 
 
 @needs_kernel
+@each_isa
 @pytest.mark.parametrize("m,n,k", [(4, 640, 2048), (8, 1536, 640), (7, 2048, 640), (200, 64, 2048)])
-def test_engine_shapes_and_many_groups(m, n, k):
+def test_engine_shapes_and_many_groups(isa, m, n, k):
     """Gemma-3-270M-like shapes: up to 64 groups per row, so an FMA or a reordered sum shows."""
     a, sa, w, sw = _operands(m, n, k, seed=m + n + k)
-    assert torch.equal(_run(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))
+    assert torch.equal(_run(a, sa, w, sw, isa), w8a8_grouped_scaled_ref(a, sa, w, sw))
 
 
 @needs_kernel
+@each_isa
 @pytest.mark.parametrize("m", [1, 4, 5, 70])  # both layouts and two prefill passes
 @pytest.mark.parametrize("a_value,w_value", [(127, 127), (-127, 127), (127, -128), (-127, -128), (-127, -127)])
-def test_extreme_values_are_exact(m, a_value, w_value):
+def test_extreme_values_are_exact(isa, m, a_value, w_value):
     """|w| = 128 against |a| = 127 is the largest pair vpmaddubsw sums (2 * 128 * 127 < 2^15); with unit scales
     the result is the exact integer, and with scales over many exponents it is still the reference's bits."""
     n, k = 11, 1024
     a = torch.full((m, k), a_value, dtype=torch.int8)
     w = torch.full((n, k), w_value, dtype=torch.int8)
     ones = torch.ones(n, k // GROUP)
-    assert torch.equal(_run(a, torch.ones(m), w, ones), torch.full((m, n), float(k * a_value * w_value)))
+    assert torch.equal(_run(a, torch.ones(m), w, ones, isa), torch.full((m, n), float(k * a_value * w_value)))
     g = torch.Generator().manual_seed(m)
     exponents = torch.randint(-60, 61, (n, k // GROUP), generator=g).to(torch.float32)
     sw = torch.exp2(exponents) * (1 + torch.rand(n, k // GROUP, generator=g))
     sa = torch.exp2(torch.randint(-30, 31, (m,), generator=g).to(torch.float32))
-    assert torch.equal(_run(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))
+    assert torch.equal(_run(a, sa, w, sw, isa), w8a8_grouped_scaled_ref(a, sa, w, sw))
 
 
 @needs_kernel
-def test_random_values_with_scales_over_many_exponents():
+@each_isa
+def test_random_values_with_scales_over_many_exponents(isa):
     a, sa, w, _ = _operands(6, 37, 960, seed=3)
     g = torch.Generator().manual_seed(4)
     exponents = torch.randint(-100, 101, (37, 30), generator=g).to(torch.float32)
     sw = torch.exp2(exponents) * torch.randn(37, 30, generator=g)
-    assert torch.equal(_run(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))
+    assert torch.equal(_run(a, sa, w, sw, isa), w8a8_grouped_scaled_ref(a, sa, w, sw))
 
 
 @needs_kernel
+@each_isa
 @pytest.mark.parametrize("threads", [1, 2])
-def test_thread_count_does_not_change_results(threads):
+def test_thread_count_does_not_change_results(isa, threads):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         for m, n in ((3, 2), (8, 200), (65, 33)):  # fewer 8-row blocks than threads, too
             a, sa, w, sw = _operands(m, n, 320, seed=threads * 100 + m)
-            assert torch.equal(_run(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))
+            assert torch.equal(_run(a, sa, w, sw, isa), w8a8_grouped_scaled_ref(a, sa, w, sw))
     finally:
         torch.set_num_threads(before)
 
 
 @needs_kernel
-def test_batch_invariance():
+@each_isa
+def test_batch_invariance(isa):
     """Row i of an M-row call (the transposed layout, three prefill passes) equals the 1-row call of row i (the
     pair layout) and the same row in a 4-row call."""
     a, sa, w, sw = _operands(130, 77, 640, seed=21)
-    full = _run(a, sa, w, sw)
+    full = _run(a, sa, w, sw, isa)
     for i in (0, 1, 63, 64, 100, 129):
-        assert torch.equal(_run(a[i:i + 1], sa[i:i + 1], w, sw), full[i:i + 1])
+        assert torch.equal(_run(a[i:i + 1], sa[i:i + 1], w, sw, isa), full[i:i + 1])
     for start, rows in ((0, 4), (10, 5), (60, 8), (120, 10)):
-        assert torch.equal(_run(a[start:start + rows], sa[start:start + rows], w, sw), full[start:start + rows])
+        assert torch.equal(_run(a[start:start + rows], sa[start:start + rows], w, sw, isa), full[start:start + rows])
 
 
 @needs_kernel
-def test_strided_activation_rows_are_read_where_they_lie():
+@each_isa
+def test_strided_activation_rows_are_read_where_they_lie(isa):
     a, sa, w, sw = _operands(12, 19, 192, seed=8)
     rows = a[::3]  # row stride 576, contiguous columns
-    assert torch.equal(_run(rows, sa[::3], w, sw), w8a8_grouped_scaled_ref(rows, sa[::3], w, sw))
+    assert torch.equal(_run(rows, sa[::3], w, sw, isa), w8a8_grouped_scaled_ref(rows, sa[::3], w, sw))
 
 
 @pytest.mark.parametrize("geglu", [False, True])
@@ -127,10 +137,18 @@ def test_gemm_with_grouped_scales_matches_reference(m, geglu):
     assert torch.equal(got, w8a8_gemm_ref(a, sa, w, sw, bias=bias, residual=residual, geglu=geglu))
 
 
-def test_activation_of_minus_128_falls_back_and_stays_exact():
+@each_isa
+def test_activation_of_minus_128_is_exact_or_declined(isa):
+    """VNNI takes -128 (the activations are vpdpbusd's signed operand); AVX2 declines it (vpsignb's negation
+    wraps) and w8a8_gemm_cpu takes the reference: either way the result is the reference's."""
     a, sa, w, sw = _operands(5, 17, 96, seed=5)
     a[2, 40] = -128
-    assert w8a8_grouped_scaled_cpu(a, sa, w, sw) is None
+    a[4, :] = -128
+    got = w8a8_grouped_scaled_cpu(a, sa, w, sw, isa=isa)
+    if isa == "avx2":
+        assert got is None
+    else:
+        assert torch.equal(got, w8a8_grouped_scaled_ref(a, sa, w, sw))
     assert torch.equal(w8a8_gemm_cpu(a, sa, w, sw), w8a8_gemm_ref(a, sa, w, sw))
 
 
@@ -162,3 +180,14 @@ def test_this_x86_cpu_runs_the_kernel():
     for m in (1, 8, 256):
         a, sa, w, sw = _operands(m, 640, 2048, seed=12 + m)
         assert w8a8_grouped_scaled_cpu(a, sa, w, sw) is not None
+
+
+def test_this_vnni_cpu_runs_the_vnni_kernel():
+    """On a CPU with AVX-512 VNNI the default is the VNNI kernel (an AVX2 fallback would pass every test above
+    at a quarter of the speed): it takes an activation of -128, which the AVX2 kernel declines."""
+    if not {"avx512f", "avx512bw", "avx512_vnni"} <= native.cpu_flags() or shutil.which("cc") is None:
+        pytest.skip("not an AVX-512 VNNI CPU with a C compiler")
+    assert native.cpu_isas()[0] == "vnni" and library("vnni") is not None
+    a, sa, w, sw = _operands(3, 40, 640, seed=13)
+    a[1, 7] = -128
+    assert torch.equal(w8a8_grouped_scaled_cpu(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))

@@ -1,0 +1,202 @@
+/* Group-scaled W8A8 GEMM on AVX-512 VNNI CPUs, bit-identical to kernels.w8a8_grouped.w8a8_grouped_scaled_ref
+ * (and to the AVX2 kernel of w8a8_grouped.c):
+ *
+ *   acc_g[m, n] = sum_{k in [32g, 32g + 32)} a[m, k] * w[n, k]                   (exact, int32)
+ *   y = 0;  for g = 0 .. G-1:  y = y + float(acc_g) * w_scale[n, g]   (the product rounded, then the sum)
+ *   out[m, n] = y * a_scale[m]
+ *
+ * No fused multiply-add: fp-contract is off for the whole file (the pragma below), as in w8a8_grouped.c.
+ *
+ * Layouts as in w8a8_grouped.c: a int8[M, K] (row stride lda), w int8[N, K] contiguous, w_scale float32[N, G]
+ * contiguous (G = K / 32), out float32[M, N] (row stride ldo). No repacked copy of the weights is kept.
+ *
+ * The products: vpdpbusd multiplies unsigned bytes of its first operand with signed bytes of its second,
+ * four pairs a 32-bit lane, and adds them to the lane without saturation. The weights, XORed with 0x80, are
+ * the unsigned operand (w + 128, in [0, 255]); the activations are the signed one, each 4-byte chunk
+ * broadcast to all 16 lanes straight from memory. So a lane gets sum (w + 128) a = sum w a + 128 sum a, and
+ * starting each group's accumulator at -128 * (the group's sum of activations), computed once per call and
+ * activation row, makes it the exact acc_g (|acc_g| <= 32 * 128 * 128 < 2^24: the float conversion is exact).
+ * Every int8 activation is taken, -128 included.
+ *
+ * Weight rows go in blocks of 16, one per 32-bit lane (a short last block's missing rows alias its first
+ * row and are never stored). A group of the block (16 rows x 32 channels) is loaded as 8 vectors [row r |
+ * row r + 8] and transposed 8 x 8 in 32-bit elements inside each 256-bit half (vpunpck{l,h}{dq,qdq},
+ * vpermt2q), so vector i holds channels 4i .. 4i+3 of row j in lane j; its 8 vectors meet 8 broadcasts of one
+ * activation row's 32 bytes and give the 16 rows' acc_g with no horizontal step. A block's scales are read
+ * 8 groups at a time ([row r | row r + 8], 8 floats each) and transposed the same way, so the 16 rows' scales
+ * of a group are one vector.
+ *
+ * Each thread streams its own contiguous range of blocks (split evenly over the threads), prefetching its
+ * next block while it reads one; a group's weights stay in registers while they meet the activation rows,
+ * M_CHUNK at a time (one pass at decode sizes: every weight and scale byte is read from memory once per
+ * call). Every output element sees the same operations in the same order whatever M, the chunking or the
+ * thread split: a row's result never depends on the batch it sits in.
+ */
+#pragma GCC optimize("fp-contract=off")
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define GROUP 32
+#define BLOCK_ROWS 16
+/* Activation rows a group's weights meet per pass; their accumulators (4 KB) stay in L1. */
+#define M_CHUNK 64
+/* Activation-sum corrections kept on the stack up to this many (M x G) entries. */
+#define STACK_CORRECTIONS 2048
+
+/* 4 activation bytes read as one int32 wherever they lie, so each broadcast is vpdpbusd's memory operand. */
+typedef int32_t __attribute__((aligned(1), may_alias)) unaligned_i32;
+
+/* v[0..7] -> their 8 x 8 transpose in 32-bit elements inside each 256-bit half: v[c] half h lane r = v[r] half
+   h lane c, before. */
+VNNI static inline __attribute__((always_inline)) void transpose8_halves(__m512i *v) {
+    const __m512i a0 = _mm512_unpacklo_epi32(v[0], v[1]), a1 = _mm512_unpackhi_epi32(v[0], v[1]);
+    const __m512i a2 = _mm512_unpacklo_epi32(v[2], v[3]), a3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    const __m512i a4 = _mm512_unpacklo_epi32(v[4], v[5]), a5 = _mm512_unpackhi_epi32(v[4], v[5]);
+    const __m512i a6 = _mm512_unpacklo_epi32(v[6], v[7]), a7 = _mm512_unpackhi_epi32(v[6], v[7]);
+    /* per 128-bit lane: b0 = column 0 of rows 0-3 (lanes 0, 2) / column 4 (lanes 1, 3), b1 = columns 1 / 5, ... */
+    const __m512i b0 = _mm512_unpacklo_epi64(a0, a2), b1 = _mm512_unpackhi_epi64(a0, a2);
+    const __m512i b2 = _mm512_unpacklo_epi64(a1, a3), b3 = _mm512_unpackhi_epi64(a1, a3);
+    const __m512i b4 = _mm512_unpacklo_epi64(a4, a6), b5 = _mm512_unpackhi_epi64(a4, a6);
+    const __m512i b6 = _mm512_unpacklo_epi64(a5, a7), b7 = _mm512_unpackhi_epi64(a5, a7);
+    /* columns 0-3: the even 128-bit lanes of b (rows 0-3) and of b + 4 (rows 4-7); columns 4-7: the odd ones */
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    v[0] = _mm512_permutex2var_epi64(b0, lo, b4);
+    v[1] = _mm512_permutex2var_epi64(b1, lo, b5);
+    v[2] = _mm512_permutex2var_epi64(b2, lo, b6);
+    v[3] = _mm512_permutex2var_epi64(b3, lo, b7);
+    v[4] = _mm512_permutex2var_epi64(b0, hi, b4);
+    v[5] = _mm512_permutex2var_epi64(b1, hi, b5);
+    v[6] = _mm512_permutex2var_epi64(b2, hi, b6);
+    v[7] = _mm512_permutex2var_epi64(b3, hi, b7);
+}
+
+/* t[i] lane r = bytes k + 4i .. k + 4i + 3 of row r of the block, XORed with 0x80 (unsigned w + 128). */
+VNNI static inline __attribute__((always_inline)) void group_weights(__m512i *t, const int8_t *const *wrow,
+                                                                     int64_t k) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int r = 0; r < 8; r++)
+        t[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wrow[r] + k))),
+                                  _mm256_loadu_si256((const __m256i *)(wrow[r + 8] + k)), 1);
+    transpose8_halves(t);
+    for (int i = 0; i < 8; i++) t[i] = _mm512_xor_si512(t[i], flip);
+}
+
+/* sc[j] lane r = w_scale of row r of the block, group g0 + j, for j < ng (ng <= 8; zero past ng). */
+VNNI static inline __attribute__((always_inline)) void group_scales(__m512 *sc, const float *const *srow, int64_t g0,
+                                                                    int64_t ng) {
+    const __mmask8 mask = (__mmask8)((1u << ng) - 1);
+    __m512i v[8];
+    for (int r = 0; r < 8; r++)
+        v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_castps_si256(_mm256_maskz_loadu_ps(mask, srow[r] + g0))),
+                                  _mm256_castps_si256(_mm256_maskz_loadu_ps(mask, srow[r + 8] + g0)), 1);
+    transpose8_halves(v);
+    for (int j = 0; j < 8; j++) sc[j] = _mm512_castsi512_ps(v[j]);
+}
+
+/* Rows [n, n + nr) of out (nr <= 16) for activation rows [0, mc) of a (mc <= M_CHUNK; a compile-time constant
+   up to 16 rows, decode with two activation terms per sequence, so the accumulators stay in registers).
+   corr: -128 x each group's activation sum, [mc, G] (row stride G). pf_w, pf_s: the next block's weights and scales, prefetched while this one is read (NULL:
+   none). */
+VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t mc, const int8_t *a, int64_t lda,
+                                                                  const int32_t *corr, const int8_t *w,
+                                                                  const float *w_scale, float *out, int64_t ldo,
+                                                                  const float *a_scale, int64_t K, int64_t n, int nr,
+                                                                  const int8_t *pf_w, const float *pf_s) {
+    const int64_t G = K / GROUP;
+    const int8_t *wrow[BLOCK_ROWS];
+    const float *srow[BLOCK_ROWS];
+    for (int r = 0; r < BLOCK_ROWS; r++) {
+        const int64_t row = n + (r < nr ? r : 0);
+        wrow[r] = w + row * K;
+        srow[r] = w_scale + row * G;
+    }
+    __m512 y[M_CHUNK];
+    for (int64_t m = 0; m < mc; m++) y[m] = _mm512_setzero_ps();
+    for (int64_t g0 = 0; g0 < G; g0 += 8) {
+        const int64_t ng = G - g0 < 8 ? G - g0 : 8;
+        __m512 sc[8];
+        group_scales(sc, srow, g0, ng);
+        if (pf_s) /* the next block's 16 x G scales, 512 bytes per 8 groups: all of them over this block */
+            for (int i = 0; i < 8; i++)
+                if (64 * i < (G - g0) * 64) _mm_prefetch((const char *)(pf_s + g0 * 16) + 64 * i, _MM_HINT_T0);
+        for (int64_t j = 0; j < ng; j++) {
+            const int64_t g = g0 + j, k = g * GROUP;
+            if (pf_w) /* the next block's 16 x K bytes, 512 per group: all of them over this block */
+                for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(pf_w + g * 512 + 64 * i), _MM_HINT_T0);
+            __m512i t[8];
+            group_weights(t, wrow, k);
+            const __m512 s = sc[j];
+            for (int64_t m = 0; m < mc; m++) {
+                const unaligned_i32 *am = (const unaligned_i32 *)(a + m * lda + k);
+                /* two chains (exact int32 sums: any order gives the same acc_g) */
+                __m512i c0 = _mm512_set1_epi32(corr[m * G + g]), c1 = _mm512_setzero_si512();
+                for (int i = 0; i < 8; i += 2) {
+                    c0 = _mm512_dpbusd_epi32(c0, t[i], _mm512_set1_epi32(am[i]));
+                    c1 = _mm512_dpbusd_epi32(c1, t[i + 1], _mm512_set1_epi32(am[i + 1]));
+                }
+                const __m512i acc = _mm512_add_epi32(c0, c1);
+                y[m] = _mm512_add_ps(y[m], _mm512_mul_ps(_mm512_cvtepi32_ps(acc), s));
+            }
+        }
+    }
+    const __mmask16 keep = (__mmask16)((1u << nr) - 1);
+    for (int64_t m = 0; m < mc; m++)
+        _mm512_mask_storeu_ps(out + m * ldo + n, keep, _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
+}
+
+/* corr[m * G + g] = -128 x the sum of a[m, 32g .. 32g + 31]. */
+VNNI static void activation_corrections(int32_t *corr, const int8_t *a, int64_t lda, int64_t M, int64_t G) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t g = 0; g < G; g++) {
+            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
+                                                  _mm256_loadu_si256((const __m256i *)(a + m * lda + g * GROUP)));
+            __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+            corr[m * G + g] = -128 * _mm_cvtsi128_si32(h);
+        }
+}
+
+#define DECODE_CASE(MM)                                                                                     \
+    case MM: block_tile(MM, a, lda, corr, w, w_scale, out, ldo, a_scale, K, n, nr, pf_w, pf_s); break;
+
+/* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, no memory). */
+VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
+                           int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
+    if (M < 1 || K < GROUP || K % GROUP) return 1;
+    const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
+    int32_t stack_corr[STACK_CORRECTIONS];
+    int32_t *corr = M * G <= STACK_CORRECTIONS ? stack_corr : malloc((size_t)(M * G) * sizeof(int32_t));
+    if (corr == NULL) return 1;
+    activation_corrections(corr, a, lda, M, G);
+    #pragma omp parallel num_threads(nthreads)
+    {
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
+        for (int64_t b = b0; b < b1; b++) {
+            const int64_t n = b * BLOCK_ROWS;
+            const int nr = N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS;
+            /* The next block, when it is this thread's and full: its 16 rows and 16 x G scales are contiguous. */
+            const int next = b + 1 < b1 && N - n >= 2 * BLOCK_ROWS;
+            const int8_t *pf_w = next ? w + (n + BLOCK_ROWS) * K : NULL;
+            const float *pf_s = next ? w_scale + (n + BLOCK_ROWS) * G : NULL;
+            switch (M) {
+                DECODE_CASE(1) DECODE_CASE(2) DECODE_CASE(3) DECODE_CASE(4)
+                DECODE_CASE(5) DECODE_CASE(6) DECODE_CASE(7) DECODE_CASE(8)
+                DECODE_CASE(9) DECODE_CASE(10) DECODE_CASE(11) DECODE_CASE(12)
+                DECODE_CASE(13) DECODE_CASE(14) DECODE_CASE(15) DECODE_CASE(16)
+                default:
+                    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK)
+                        block_tile(M - m0 < M_CHUNK ? M - m0 : M_CHUNK, a + m0 * lda, lda, corr + m0 * G, w, w_scale,
+                                   out + m0 * ldo, ldo, a_scale + m0, K, n, nr, m0 ? NULL : pf_w, m0 ? NULL : pf_s);
+            }
+        }
+    }
+    if (corr != stack_corr) free(corr);
+    return 0;
+}
