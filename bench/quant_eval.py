@@ -98,6 +98,14 @@ VARIANTS: list[tuple[str, dict, str]] = [
      "text"),
     ("shipped: W per 32 ch, two-term all, no smoothing",  # checkpoint format v7 (key smoothing only)
      {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": 2}, "text"),
+    # two terms only where they pay: qkv and gate_up (64% of a layer's MACs) on one
+    ("W per 32 ch, no smoothing, two-term o, down, lm_head",
+     {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": {"o": 2, "down": 2, "lm_head": 2}}, "text"),
+    ("W per 32 ch, no smoothing, two-term down, lm_head",
+     {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": {"down": 2, "lm_head": 2}}, "text"),
+    ("W per 32 ch, no smoothing, two-term all but qkv",
+     {"alpha": 0.5, "smooth": (), "weight_group": 32,
+      "activation_terms": {"o": 2, "gate_up": 2, "down": 2, "lm_head": 2}}, "text"),
 ]
 
 
@@ -228,7 +236,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_CHUNKS} perplexity chunks instead of 14, "
                         f"and only the variants {', '.join(QUICK_VARIANTS)}")
-    parser.add_argument("--only", default="", help="variant names separated by ';' (default: all, in order)")
+    parser.add_argument("--only", default="", help="variant names separated by ';' (default: all, in order; with --quick, its two)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-baselines", action="store_true",
                         help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines)")
@@ -277,11 +285,13 @@ def main() -> None:
         del cached, fresh
 
     variants = VARIANTS
-    if args.quick:
-        variants = [v for v in VARIANTS if v[0] in QUICK_VARIANTS]
-    if args.only:
+    if args.only:  # from every variant, --quick or not
         wanted = {n.strip() for n in args.only.split(";")}
-        variants = [v for v in variants if v[0] in wanted]
+        variants = [v for v in VARIANTS if v[0] in wanted]
+        if len(variants) != len(wanted):
+            parser.error(f"unknown variants: {sorted(wanted - {v[0] for v in variants})}")
+    elif args.quick:
+        variants = [v for v in VARIANTS if v[0] in QUICK_VARIANTS]
     calibrations: dict[str, object] = {}
     rows = []
     for name, options, calib_set in variants:

@@ -1,0 +1,165 @@
+"""Where a decode step's time goes: the int8 model's step through the engine's own step path (bench.model's
+EngineSteps: ModelRunner over the paged KV cache, the CPU kernels, greedy sampling), broken down by part.
+
+Each kernel op of the model's op family (kernels.backend.Ops) and the model's RMSNorm (ops.rmsnorm) is wrapped
+in a timer, so a step's wall time splits into:
+
+  * gemm_layers: the decoder layers' W8A8 GEMMs (qkv, o, gate_up, down), C calls;
+  * gemm_lm_head: the output projection (262,144 x 640 on Gemma 3 270M), a C call;
+  * quantize: the activations' int8 quantization (two terms, or one with the RMSNorm fused);
+  * rmsnorm: the RMSNorms not fused into a quantization (PyTorch ops);
+  * attention, rope, kv_write: the paged attention, RoPE and KV-write kernels;
+  * other: the rest of the step -- the model's PyTorch glue (residual adds, views, GeGLU combination of two
+    terms), the ForwardBatch, sampling, the Python in between.
+
+Baselines in the same run: the same step without the timers (the timers' own cost is the difference), and the
+GEMM floor -- the weight and scale bytes a step reads over a streaming read (torch sum over 512 MB, the same
+threads), the time the GEMMs would take at the memory's practical limit.
+
+    python -m bench.decode_profile [--quick] [--model NAME] [--batches 1,4,8] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections import defaultdict
+
+import torch
+
+from bench.model import EngineSteps
+from kernels.backend import select_ops
+from services.engine.model import load_model
+from services.engine.model import ops as model_ops
+
+STREAM_BYTES = 512 * 2**20
+PARTS = ("gemm_layers", "gemm_lm_head", "quantize", "rmsnorm", "attention", "rope", "kv_write")
+
+
+class Timers:
+    """Seconds spent per part while `on`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.on = False
+
+    def wrap(self, part_of, fn):
+        def timed(*args, **kwargs):
+            if not self.on:
+                return fn(*args, **kwargs)
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.seconds[part_of(*args)] += time.perf_counter() - start
+            return out
+        return timed
+
+
+def instrumented_ops(timers: Timers, vocab_size: int):
+    """The CPU op family with every op timed (the GEMM split by whether its weight is the output projection)."""
+    base = select_ops("cpu")
+    fixed = {"quantize_per_token": "quantize", "quantize_two_terms": "quantize", "rmsnorm_quant": "quantize",
+             "paged_attention": "attention", "rope_neox": "rope", "kv_write": "kv_write"}
+    wrapped = {op: timers.wrap(lambda *a, part=part: part, getattr(base, op)) for op, part in fixed.items()}
+    wrapped["w8a8_gemm"] = timers.wrap(
+        lambda a_q, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",
+        base.w8a8_gemm)
+    return dataclasses.replace(base, **wrapped)
+
+
+def _steps(run: EngineSteps, tokens: list[int], n: int) -> tuple[list[int], float]:
+    start = time.perf_counter()
+    for _ in range(n):
+        tokens = run.step([[t] for t in tokens])
+    return tokens, (time.perf_counter() - start) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--model", default="gemma-3-270m")
+    parser.add_argument("--batches", default="1,4,8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--context", type=int, default=256, help="prompt tokens per sequence before the steps")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    steps = 10 if args.quick else 40
+    rounds = 2 if args.quick else 4
+
+    plain, _ = load_model(args.model, "int8", progress=False)
+    vocab = plain.config.vocab_size
+    timers = Timers()
+    timed_model, _ = load_model(args.model, "int8", kernel_ops=instrumented_ops(timers, vocab), progress=False)
+    real_rmsnorm = model_ops.rmsnorm
+    model_ops.rmsnorm = timers.wrap(lambda *a: "rmsnorm", real_rmsnorm)
+
+    x = torch.ones(STREAM_BYTES // 4)
+    x.sum()
+    stream_s = min(_time(lambda: x.sum()) for _ in range(5))
+    stream_gbps = STREAM_BYTES / stream_s / 1e9
+    result: dict = {"threads": args.threads, "context_tokens": args.context, "stream_read_gbps": round(stream_gbps, 2)}
+    print(f"threads {args.threads}; streaming read {stream_gbps:.1f} GB/s; {args.context}-token contexts, "
+          f"{steps} steps x {rounds} rounds, best round")
+    weight_read = _step_read_bytes(plain)
+    floor_ms = weight_read / stream_gbps / 1e6
+    result["step_read_bytes"] = weight_read
+    result["gemm_floor_ms"] = round(floor_ms, 3)
+    print(f"a step reads {weight_read / 1e6:.1f} MB of weights and scales: GEMM floor {floor_ms:.2f} ms")
+    for batch in (int(b) for b in args.batches.split(",")):
+        prompts = ((torch.arange(batch * args.context) * 7919) % (vocab - 300) + 300).view(batch, args.context).tolist()
+        runs = {}
+        for name, model in (("plain", plain), ("timed", timed_model)):
+            run = EngineSteps(model, batch, args.context + rounds * steps + 8)
+            runs[name] = (run, run.step(prompts))
+        best_plain = best_timed = float("inf")
+        best_parts: dict[str, float] = {}
+        for _ in range(rounds):  # alternate, best round of each
+            run, tokens = runs["plain"]
+            tokens, t = _steps(run, tokens, steps)
+            runs["plain"] = (run, tokens)
+            best_plain = min(best_plain, t)
+            run, tokens = runs["timed"]
+            timers.seconds.clear()
+            timers.on = True
+            tokens, t = _steps(run, tokens, steps)
+            timers.on = False
+            runs["timed"] = (run, tokens)
+            if t < best_timed:
+                best_timed, best_parts = t, {p: timers.seconds.get(p, 0.0) / steps for p in PARTS}
+        other = best_timed - sum(best_parts.values())
+        key = f"b{batch}"
+        result[f"{key}_step_ms"] = round(best_plain * 1e3, 3)
+        result[f"{key}_step_timed_ms"] = round(best_timed * 1e3, 3)
+        print(f"batch {batch}: step {best_plain * 1e3:.2f} ms ({batch / best_plain:.1f} tok/s); with the timers "
+              f"{best_timed * 1e3:.2f} ms; the GEMM floor is {100 * floor_ms / 1e3 / best_plain:.0f}% of the step")
+        for part, seconds in (*best_parts.items(), ("other", other)):
+            result[f"{key}_{part}_ms"] = round(seconds * 1e3, 3)
+            print(f"  {part:13s} {seconds * 1e3:7.3f} ms  {100 * seconds / best_timed:5.1f}%")
+        gemm = best_parts["gemm_layers"] + best_parts["gemm_lm_head"]
+        result[f"{key}_gemm_gbps"] = round(weight_read / gemm / 1e9, 2)
+        result[f"{key}_gemm_pct_of_stream"] = round(100 * weight_read / gemm / 1e9 / stream_gbps, 1)
+        print(f"  GEMMs read {weight_read / gemm / 1e9:.1f} GB/s ({100 * weight_read / gemm / 1e9 / stream_gbps:.0f}% "
+              f"of the streaming read)")
+    model_ops.rmsnorm = real_rmsnorm
+    print("RESULT " + json.dumps(result))
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _step_read_bytes(model) -> int:
+    """Bytes of int8 weights and their scales a decode step reads: every Linear of the decoder layers and the
+    output projection (the embedding's row lookups are not counted)."""
+    total = 0
+    for layer in model.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            total += getattr(layer, name).nbytes()
+    return total + model.lm_head.nbytes()
+
+
+if __name__ == "__main__":
+    main()
