@@ -15,16 +15,19 @@ import torch
 from kernels.kv_write import kv_write_ref
 from kernels.paged_attention import paged_attention_ref
 from kernels.quantize import quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
+from kernels.rmsnorm import rmsnorm_ref
 from kernels.rope import rope_neox_ref
 from kernels.w8a8_gemm import w8a8_gemm_ref
 
-OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm_quant", "w8a8_gemm", "rope_neox", "kv_write", "paged_attention")
+OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm", "rmsnorm_quant", "w8a8_gemm", "rope_neox",
+            "kv_write", "paged_attention")
 
 
 @dataclass(frozen=True)
 class Ops:
     quantize_per_token: Callable
     quantize_two_terms: Callable
+    rmsnorm: Callable
     rmsnorm_quant: Callable
     w8a8_gemm: Callable
     rope_neox: Callable
@@ -37,6 +40,7 @@ def reference_ops() -> Ops:
     return Ops(
         quantize_per_token=quantize_per_token_ref,
         quantize_two_terms=quantize_two_terms_ref,
+        rmsnorm=rmsnorm_ref,
         rmsnorm_quant=rmsnorm_quant_ref,
         w8a8_gemm=w8a8_gemm_ref,
         rope_neox=rope_neox_ref,
@@ -50,12 +54,14 @@ def triton_ops() -> Ops:
     from kernels.kv_write import kv_write_triton
     from kernels.paged_attention import paged_attention_triton
     from kernels.quantize import quantize_per_token_triton, quantize_two_terms_triton, rmsnorm_quant_triton
+    from kernels.rmsnorm import rmsnorm_triton
     from kernels.rope import rope_neox_triton
     from kernels.w8a8_gemm import w8a8_gemm_triton
 
     return Ops(
         quantize_per_token=quantize_per_token_triton,
         quantize_two_terms=quantize_two_terms_triton,
+        rmsnorm=rmsnorm_triton,
         rmsnorm_quant=rmsnorm_quant_triton,
         w8a8_gemm=w8a8_gemm_triton,
         rope_neox=rope_neox_triton,
@@ -71,6 +77,7 @@ CPU_FAST_PATH_MODULES = {
     "paged_attention": "kernels.cpu.paged_attention",
     "quantize_per_token": "kernels.cpu.quantize",
     "quantize_two_terms": "kernels.cpu.quantize",
+    "rmsnorm": "kernels.cpu.rmsnorm",
     "rmsnorm_quant": "kernels.cpu.quantize",
     "kv_write": "kernels.cpu.kv_write",
     "rope_neox": "kernels.cpu.rope",

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.rmsnorm import rmsnorm_ref
 from kernels.triton_launch import check, check_tensor, next_pow2, on_device
 
 # Smallest normal float32: any row with absmax >= 127 * SCALE_FLOOR keeps scale == absmax / 127 exactly.
@@ -39,14 +40,9 @@ def quantize_two_terms_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return torch.cat([q1, q2]), torch.cat([s1, s2])
 
 
-def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """y = x / sqrt(mean(x^2) + eps) * weight, in float32 (weight already holds Gemma's +1)."""
-    rstd = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return x * rstd * weight
-
-
 def rmsnorm_quant_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """x f32[M, K], weight f32[K] -> (int8[M, K], scale f32[M])."""
+    """x f32[M, K], weight f32[K] -> (int8[M, K], scale f32[M]): kernels.rmsnorm's contract, then
+    quantize_per_token_ref."""
     return quantize_per_token_ref(rmsnorm_ref(x, weight, eps))
 
 

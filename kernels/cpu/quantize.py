@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from kernels.cpu import native
-from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_ref
+from kernels.cpu.rmsnorm import rmsnorm_cpu
+from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, quantize_two_terms_ref
 
 _C_SOURCE = Path(__file__).with_name("quantize.c")
 _QUANTIZE_ARGS = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_float, ctypes.c_int]
@@ -76,5 +77,5 @@ def quantize_two_terms_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def rmsnorm_quant_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The RMSNorm of the reference, then quantize_per_token_cpu: same bits as rmsnorm_quant_ref."""
-    return quantize_per_token_cpu(rmsnorm_ref(x, weight, eps))
+    """rmsnorm_cpu, then quantize_per_token_cpu: same bits as rmsnorm_quant_ref."""
+    return quantize_per_token_cpu(rmsnorm_cpu(x, weight, eps))

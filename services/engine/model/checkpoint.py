@@ -35,7 +35,8 @@ from services.engine.model.tokenizer import Tokenizer
 
 CHECKPOINT_FILE = "model-int8.safetensors"
 # Bump when the checkpoint recipe changes: old caches are then rebuilt, never misread.
-CHECKPOINT_FORMAT = "salon-int8-v7"  # v7: Gemma's weights with one scale per row and 32 input channels
+CHECKPOINT_FORMAT = "salon-int8-v8"  # v8: v7 (Gemma: one weight scale per row and 32 input channels) calibrated
+# through the fixed-order RMSNorm (kernels/rmsnorm.py)
 
 
 def default_cache_dir() -> Path:

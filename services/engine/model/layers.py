@@ -10,7 +10,6 @@ import torch
 
 from kernels.backend import Ops
 from kernels.rope import rope_inv_freq
-from services.engine.model import ops
 from services.engine.model.linear import Int8Linear, dequantize_weight
 
 
@@ -78,4 +77,4 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, linear, eps: float, 
     """linear(rmsnorm(x)); int8 layers take the fused rmsnorm_quant kernel's output directly."""
     if isinstance(linear, Int8Linear) and linear.quantize_activations and linear.activation_terms == 1:
         return linear.from_quantized(*kernel_ops.rmsnorm_quant(x, norm_weight, eps))
-    return linear(ops.rmsnorm(x, norm_weight, eps))
+    return linear(kernel_ops.rmsnorm(x, norm_weight, eps))

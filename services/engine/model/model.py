@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import Ops
-from services.engine.model import ops
 from services.engine.model.attention import AttentionBackend
 from services.engine.model.config import ModelConfig
 from services.engine.model.layers import Embedding
@@ -41,7 +40,7 @@ class CausalLM:
             x = x * self._embed_scale
         for layer in self.layers:
             x = layer(x, positions, attn)
-        return ops.rmsnorm(x, self.final_norm, self.config.rms_norm_eps)
+        return self.kernel_ops.rmsnorm(x, self.final_norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

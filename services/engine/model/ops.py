@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.quantize import quantize_per_token_ref, rmsnorm_ref
+from kernels.quantize import quantize_per_token_ref
 
 INT8_MAX = 127.0
 
-rmsnorm = rmsnorm_ref
 quantize_per_token = quantize_per_token_ref
 
 

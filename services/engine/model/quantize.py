@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.rmsnorm import rmsnorm_ref
 from services.engine.model.builder import fused_float_weights
 from services.engine.model.config import ModelConfig
 from services.engine.model.models import architecture
 from services.engine.model.linear import FloatLinear, quantize_weight
-from services.engine.model import ops
 from services.engine.model.ops import quantize_symmetric
 from services.engine.model.model import CausalLM
 
@@ -157,7 +157,7 @@ def key_smoothing_scale(config: ModelConfig, w: dict[str, torch.Tensor], qkv_inp
     p = f"layers.{layer}."
     hkv, d = config.num_kv_heads, config.head_dim
     k = (qkv_inputs @ w[p + "attn_k"].T).reshape(-1, hkv, d)
-    k = ops.rmsnorm(k, w[p + "attn_k_norm"], config.rms_norm_eps)
+    k = rmsnorm_ref(k, w[p + "attn_k_norm"], config.rms_norm_eps)
     half = d // 2
     pair = torch.sqrt(k[..., :half] ** 2 + k[..., half:] ** 2).amax(dim=(0, 1))  # [D/2], all KV heads
     s = pair.clamp(min=1e-4).pow(-beta)

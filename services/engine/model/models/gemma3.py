@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 
-from services.engine.model import ops
 from services.engine.model.config import LayerSpec, ModelConfig
 from services.engine.model.gguf_file import GGUFFile, GGUFMetadataError
 from services.engine.model.layers import Rotary, norm_linear
@@ -124,16 +123,16 @@ class Gemma3DecoderLayer:
         eps = cfg.rms_norm_eps
         t, hq, hkv, d = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = norm_linear(x, self.attn_norm, self.qkv, eps, self.kernel_ops)
-        q = self.rotary(ops.rmsnorm(qkv[:, : hq * d].reshape(t, hq, d), self.q_norm, eps), positions)
+        rmsnorm = self.kernel_ops.rmsnorm
+        q = self.rotary(rmsnorm(qkv[:, : hq * d].reshape(t, hq, d), self.q_norm, eps), positions)
         k = v = None
         if cfg.layers[self.layer_idx].kv_source_layer is None:
-            k = self.rotary(ops.rmsnorm(qkv[:, hq * d: (hq + hkv) * d].reshape(t, hkv, d), self.k_norm, eps),
-                            positions)
+            k = self.rotary(rmsnorm(qkv[:, hq * d: (hq + hkv) * d].reshape(t, hkv, d), self.k_norm, eps), positions)
             v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
         o = attn(self.layer_idx, q, k, v)
-        x = x + ops.rmsnorm(self.o(o.reshape(t, hq * d)), self.post_attention_norm, eps)
+        x = x + rmsnorm(self.o(o.reshape(t, hq * d)), self.post_attention_norm, eps)
         f = self.down(norm_linear(x, self.ffn_norm, self.gate_up, eps, self.kernel_ops))
-        return x + ops.rmsnorm(f, self.post_ffw_norm, eps)
+        return x + rmsnorm(f, self.post_ffw_norm, eps)
 
     def nbytes(self) -> int:
         norms = (self.attn_norm, self.q_norm, self.k_norm, self.post_attention_norm, self.ffn_norm, self.post_ffw_norm)
