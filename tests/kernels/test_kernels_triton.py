@@ -19,6 +19,7 @@ from kernels.quantize import (
     rmsnorm_quant_ref,
     rmsnorm_quant_triton,
 )
+from kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
 from kernels.rope import rope_neox_ref, rope_neox_triton
 from kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
 
@@ -50,6 +51,22 @@ def test_rmsnorm_quant_matches_reference(shape):
     torch.testing.assert_close(s.cpu(), s_ref, rtol=1e-6, atol=0)
     diff = (q.cpu().int() - q_ref.int()).abs()
     assert diff.max() <= 1 and diff.float().mean() < 0.01  # only values on a rounding boundary may move
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (9, 37), (5, 640), (3, 2, 256)])
+def test_rmsnorm_close_to_the_contract(shape):
+    """tl.sum adds in its own order: within a few float32 ulps of the fixed-order contract, not bit for bit."""
+    g = _gen(shape[-1])
+    x, w = torch.randn(*shape, generator=g) * 4, torch.randn(shape[-1], generator=g) + 1
+    y = rmsnorm_triton(x.to(DEVICE), w.to(DEVICE), 1e-6)
+    assert y.shape == x.shape
+    torch.testing.assert_close(y.cpu(), rmsnorm_ref(x, w, 1e-6), rtol=4e-6, atol=1e-6)
+
+
+def test_rmsnorm_refuses_bad_operands():
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="weight"):
+        rmsnorm_triton(x.to(DEVICE), torch.ones(7).to(DEVICE), 1e-6)
 
 
 GEMM_SHAPES = [  # M, K, N
