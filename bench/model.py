@@ -5,7 +5,8 @@ paged int8 KV cache and the kernels, blocks from the KV cache manager, no schedu
 baseline is the same path with float32 weights (the engine's --precision float32), measured in the
 same run. Each decode step runs forward for B new tokens (one per sequence), the logits of those B
 rows and greedy sampling -- the model's cost per generated token, without the scheduler and the
-engine loop. Each batch's step time is given too, and the batch-4 and batch-8 steps over the batch-1
+engine loop; a decode figure is the mean rate of 3 rounds (2 with --quick) after 2 warm-up steps, as
+llama-bench reports the mean over its repetitions. Each batch's step time is given too, and the batch-4 and batch-8 steps over the batch-1
 step (they read the same weights).
 
 --recipe-baseline (Gemma 3 270M) also builds the int8 model of checkpoint format v6's recipe (one weight scale
@@ -85,15 +86,25 @@ def _prefill_tps(model, num_tokens: int, repeats: int) -> float:
     return num_tokens / best
 
 
-def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32) -> float:
-    run = EngineSteps(model, batch, prompt_tokens + steps + 1)
+DECODE_WARMUP_STEPS = 2
+
+
+def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32, rounds: int = 3) -> float:
+    """Tokens/s over `rounds` rounds of `steps` decode steps after a short warm-up, the mean of the rounds'
+    rates (llama-bench's statistic: the mean over its repetitions)."""
+    run = EngineSteps(model, batch, prompt_tokens + DECODE_WARMUP_STEPS + rounds * steps + 1)
     ids = ((torch.arange(batch * prompt_tokens) * 7919) % (model.config.vocab_size - 300) + 300).view(
         batch, prompt_tokens).tolist()
     tokens = run.step(ids)
-    start = time.perf_counter()
-    for _ in range(steps):
+    for _ in range(DECODE_WARMUP_STEPS):
         tokens = run.step([[t] for t in tokens])
-    return batch * steps / (time.perf_counter() - start)
+    rates = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(steps):
+            tokens = run.step([[t] for t in tokens])
+        rates.append(batch * steps / (time.perf_counter() - start))
+    return sum(rates) / len(rates)
 
 
 def _v6_recipe_model(model_name: str, kernel_ops):
@@ -113,7 +124,7 @@ def _v6_recipe_model(model_name: str, kernel_ops):
 def _recipe_ratios(shipped, v6, steps: int, rounds: int) -> dict[str, float]:
     """shipped / v6 time per figure, the two measured alternately `rounds` times each (best of each)."""
     figures = {"prefill_512": lambda m: 1 / _prefill_tps(m, 512, 1),
-               **{f"decode_b{b}": (lambda m, b=b: 1 / _decode_tps(m, b, steps)) for b in (1, 4, 8, 32)}}
+               **{f"decode_b{b}": (lambda m, b=b: 1 / _decode_tps(m, b, steps, rounds=1)) for b in (1, 4, 8, 32)}}
     out = {}
     for name, seconds_per_token in figures.items():
         best = {"shipped": float("inf"), "v6": float("inf")}
@@ -202,7 +213,7 @@ def main() -> None:
         if not args.quick or precision == "int8":
             result[f"prefill_tokens_per_s_2048{sfx}"] = round(_prefill_tps(model, 2048, 1), 1)
         for batch in (1, 4, 8, 32):
-            tps = _decode_tps(model, batch, steps)
+            tps = _decode_tps(model, batch, steps, rounds=2 if args.quick else 3)
             result[f"decode_tokens_per_s_b{batch}{sfx}"] = round(tps, 1)
             result[f"decode_step_ms_b{batch}{sfx}"] = round(1e3 * batch / tps, 2)
         for batch in (4, 8):  # the same weights are read: a small batch's step should cost about one token's

@@ -1,5 +1,6 @@
-"""Where a decode step's time goes: the int8 model's step through the engine's own step path (bench.model's
-EngineSteps: ModelRunner over the paged KV cache, the CPU kernels, greedy sampling), broken down by part.
+"""Where a step's time goes: the int8 model's decode steps and a prompt's prefill through the engine's own
+step path (bench.model's EngineSteps: ModelRunner over the paged KV cache, the CPU kernels, greedy sampling),
+broken down by part.
 
 Each kernel op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a step's wall time
 splits into:
@@ -14,9 +15,10 @@ splits into:
 
 Baselines in the same run: the same step without the timers (the timers' own cost is the difference), and the
 GEMM floor -- the weight and scale bytes a step reads over a streaming read (torch sum over 512 MB, the same
-threads), the time the GEMMs would take at the memory's practical limit.
+threads), the time the GEMMs would take at the memory's practical limit. The prefill of a --prefill-token
+prompt (512; 0 skips it) is split the same way, best of the rounds.
 
-    python -m bench.decode_profile [--quick] [--model NAME] [--batches 1,4,8] [--threads N]
+    python -m bench.step_profile [--quick] [--model NAME] [--batches 1,4,8] [--prefill 512] [--threads N]
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,8")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--context", type=int, default=256, help="prompt tokens per sequence before the steps")
+    parser.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill profile (0: none)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     steps = 10 if args.quick else 40
@@ -139,7 +142,37 @@ def main() -> None:
         result[f"{key}_gemm_pct_of_stream"] = round(100 * weight_read / gemm / 1e9 / stream_gbps, 1)
         print(f"  GEMMs read {weight_read / gemm / 1e9:.1f} GB/s ({100 * weight_read / gemm / 1e9 / stream_gbps:.0f}% "
               f"of the streaming read)")
+    if args.prefill:
+        _prefill_profile(plain, timed_model, timers, args.prefill, rounds, result)
     print("RESULT " + json.dumps(result))
+
+
+def _prefill_profile(plain, timed_model, timers: Timers, num_tokens: int, rounds: int, result: dict) -> None:
+    vocab = plain.config.vocab_size
+    ids = ((torch.arange(num_tokens) * 7919) % (vocab - 300) + 300).tolist()
+    best_plain = best_timed = float("inf")
+    best_parts: dict[str, float] = {}
+    for _ in range(rounds):
+        start = time.perf_counter()
+        EngineSteps(plain, 1, num_tokens).step([ids])
+        best_plain = min(best_plain, time.perf_counter() - start)
+        run = EngineSteps(timed_model, 1, num_tokens)
+        timers.seconds.clear()
+        timers.on = True
+        start = time.perf_counter()
+        run.step([ids])
+        t = time.perf_counter() - start
+        timers.on = False
+        if t < best_timed:
+            best_timed, best_parts = t, {p: timers.seconds.get(p, 0.0) for p in PARTS}
+    key = f"prefill{num_tokens}"
+    result[f"{key}_ms"] = round(best_plain * 1e3, 3)
+    result[f"{key}_timed_ms"] = round(best_timed * 1e3, 3)
+    print(f"prefill of {num_tokens} tokens: {best_plain * 1e3:.1f} ms ({num_tokens / best_plain:.0f} tok/s); with "
+          f"the timers {best_timed * 1e3:.1f} ms")
+    for part, seconds in (*best_parts.items(), ("other", best_timed - sum(best_parts.values()))):
+        result[f"{key}_{part}_ms"] = round(seconds * 1e3, 3)
+        print(f"  {part:13s} {seconds * 1e3:8.2f} ms  {100 * seconds / best_timed:5.1f}%")
 
 
 def _time(fn) -> float:
