@@ -96,7 +96,7 @@ VARIANTS: list[tuple[str, dict, str]] = [
      {**LMH, "weight_group": 32, "activation_terms": 2, "rounding": "gptq", "gptq_layers": False}, "text"),
     ("W per 32 ch, two-term all, lm_head α0.5 only", {**LMH, "smooth": (), "weight_group": 32, "activation_terms": 2},
      "text"),
-    ("shipped: W per 32 ch, two-term all, no smoothing",  # checkpoint format v7 (key smoothing only)
+    ("shipped: W per 32 ch, two-term all, no smoothing",  # checkpoint formats v7, v8 (key smoothing only)
      {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": 2}, "text"),
     # two terms only where they pay: qkv and gate_up (64% of a layer's MACs) on one
     ("W per 32 ch, no smoothing, two-term o, down, lm_head",
