@@ -44,11 +44,11 @@
  */
 #pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
-#define GROUP 32
+#include "grouped_blocks.h"
+
 #define BLOCK_ROWS 8
 /* Activation rows a block meets per pass over its weights; their accumulators (2 x 2 KB) stay in L1. */
 #define M_CHUNK 64
@@ -150,11 +150,7 @@ static inline __attribute__((always_inline)) void block_tile(const int pairs, co
     const int64_t G = K / GROUP;
     const int8_t *wrow[8];
     const float *srow[8];
-    for (int r = 0; r < 8; r++) {
-        const int64_t row = n + (r < nr ? r : 0);
-        wrow[r] = w + row * K;
-        srow[r] = w_scale + row * G;
-    }
+    grouped_rows(wrow, srow, BLOCK_ROWS, n, nr, w, w_scale, K, G);
     __m256 y[M_CHUNK];
     __m256i part[M_CHUNK]; /* a group's first half: rows 0-3 (pairs) or channels 0-15 (transposed) */
     for (int64_t m = 0; m < mc; m++) y[m] = _mm256_setzero_ps();
@@ -162,13 +158,10 @@ static inline __attribute__((always_inline)) void block_tile(const int pairs, co
         const int64_t ng = G - g0 < 8 ? G - g0 : 8;
         __m256 sc[8];
         load_scales(sc, srow, g0, ng);
-        if (pf_s) /* the next block's 8 x G scales, 256 bytes per 8 groups: all of them over this block */
-            for (int i = 0; i < 4; i++)
-                if (64 * i < (G - g0) * 32) _mm_prefetch((const char *)(pf_s + g0 * 8) + 64 * i, _MM_HINT_T0);
+        if (pf_s) grouped_prefetch_scales(pf_s, BLOCK_ROWS, g0, G);
         for (int64_t j = 0; j < ng; j++) {
             const int64_t k = (g0 + j) * GROUP;
-            if (pf_w) /* the next block's 8 x K bytes, 256 per group: all of them over this block */
-                for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(pf_w + (g0 + j) * 256 + 64 * i), _MM_HINT_T0);
+            if (pf_w) grouped_prefetch_weights(pf_w, BLOCK_ROWS, g0 + j);
             const __m256 s = sc[j];
             __m256i t[4], u[4];
             if (pairs) {
@@ -203,7 +196,7 @@ static inline __attribute__((always_inline)) void block_tile(const int pairs, co
 }
 
 #define PAIRS_CASE(MM)                                                                                      \
-    case MM: block_tile(1, MM, a, lda, w, w_scale, out, ldo, a_scale, K, n, nr, pf_w, pf_s); break;
+    case MM: block_tile(1, MM, a, lda, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s); break;
 
 /* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, an activation
    equal to -128). */
@@ -219,21 +212,17 @@ int w8a8_grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float
     const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
     #pragma omp parallel num_threads(nthreads)
     {
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
+        int64_t b0, b1;
+        grouped_thread_blocks(nb, &b0, &b1);
         for (int64_t b = b0; b < b1; b++) {
-            const int64_t n = b * BLOCK_ROWS;
-            const int nr = N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS;
-            /* The next block, when it is this thread's and full: its 8 rows and 8 x G scales are contiguous. */
-            const int next = b + 1 < b1 && N - n >= 2 * BLOCK_ROWS;
-            const int8_t *pf_w = next ? w + (n + BLOCK_ROWS) * K : NULL;
-            const float *pf_s = next ? w_scale + (n + BLOCK_ROWS) * G : NULL;
+            const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
             switch (M) {
                 PAIRS_CASE(1) PAIRS_CASE(2) PAIRS_CASE(3) PAIRS_CASE(4)
                 default:
                     for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK)
                         block_tile(0, M - m0 < M_CHUNK ? M - m0 : M_CHUNK, a + m0 * lda, lda, w, w_scale,
-                                   out + m0 * ldo, ldo, a_scale + m0, K, n, nr, m0 ? NULL : pf_w, m0 ? NULL : pf_s);
+                                   out + m0 * ldo, ldo, a_scale + m0, K, blk.n, blk.nr, m0 ? NULL : blk.pf_w,
+                                   m0 ? NULL : blk.pf_s);
             }
         }
     }

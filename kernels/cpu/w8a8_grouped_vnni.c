@@ -34,13 +34,12 @@
  */
 #pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
+
+#include "grouped_blocks.h"
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define GROUP 32
 #define BLOCK_ROWS 16
 /* Activation rows a group's weights meet per pass; their accumulators (4 KB) stay in L1. */
 #define M_CHUNK 64
@@ -109,24 +108,17 @@ VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t 
     const int64_t G = K / GROUP;
     const int8_t *wrow[BLOCK_ROWS];
     const float *srow[BLOCK_ROWS];
-    for (int r = 0; r < BLOCK_ROWS; r++) {
-        const int64_t row = n + (r < nr ? r : 0);
-        wrow[r] = w + row * K;
-        srow[r] = w_scale + row * G;
-    }
+    grouped_rows(wrow, srow, BLOCK_ROWS, n, nr, w, w_scale, K, G);
     __m512 y[M_CHUNK];
     for (int64_t m = 0; m < mc; m++) y[m] = _mm512_setzero_ps();
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
         const int64_t ng = G - g0 < 8 ? G - g0 : 8;
         __m512 sc[8];
         group_scales(sc, srow, g0, ng);
-        if (pf_s) /* the next block's 16 x G scales, 512 bytes per 8 groups: all of them over this block */
-            for (int i = 0; i < 8; i++)
-                if (64 * i < (G - g0) * 64) _mm_prefetch((const char *)(pf_s + g0 * 16) + 64 * i, _MM_HINT_T0);
+        if (pf_s) grouped_prefetch_scales(pf_s, BLOCK_ROWS, g0, G);
         for (int64_t j = 0; j < ng; j++) {
             const int64_t g = g0 + j, k = g * GROUP;
-            if (pf_w) /* the next block's 16 x K bytes, 512 per group: all of them over this block */
-                for (int i = 0; i < 8; i++) _mm_prefetch((const char *)(pf_w + g * 512 + 64 * i), _MM_HINT_T0);
+            if (pf_w) grouped_prefetch_weights(pf_w, BLOCK_ROWS, g);
             __m512i t[8];
             group_weights(t, wrow, k);
             const __m512 s = sc[j];
@@ -163,7 +155,7 @@ VNNI static void activation_corrections(int32_t *corr, const int8_t *a, int64_t 
 }
 
 #define DECODE_CASE(MM)                                                                                     \
-    case MM: block_tile(MM, a, lda, corr, w, w_scale, out, ldo, a_scale, K, n, nr, pf_w, pf_s); break;
+    case MM: block_tile(MM, a, lda, corr, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s); break;
 
 /* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, no memory). */
 VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
@@ -176,15 +168,10 @@ VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const 
     activation_corrections(corr, a, lda, M, G);
     #pragma omp parallel num_threads(nthreads)
     {
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t b0 = nb * t / nt, b1 = nb * (t + 1) / nt;
+        int64_t b0, b1;
+        grouped_thread_blocks(nb, &b0, &b1);
         for (int64_t b = b0; b < b1; b++) {
-            const int64_t n = b * BLOCK_ROWS;
-            const int nr = N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS;
-            /* The next block, when it is this thread's and full: its 16 rows and 16 x G scales are contiguous. */
-            const int next = b + 1 < b1 && N - n >= 2 * BLOCK_ROWS;
-            const int8_t *pf_w = next ? w + (n + BLOCK_ROWS) * K : NULL;
-            const float *pf_s = next ? w_scale + (n + BLOCK_ROWS) * G : NULL;
+            const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
             switch (M) {
                 DECODE_CASE(1) DECODE_CASE(2) DECODE_CASE(3) DECODE_CASE(4)
                 DECODE_CASE(5) DECODE_CASE(6) DECODE_CASE(7) DECODE_CASE(8)
@@ -193,7 +180,8 @@ VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const 
                 default:
                     for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK)
                         block_tile(M - m0 < M_CHUNK ? M - m0 : M_CHUNK, a + m0 * lda, lda, corr + m0 * G, w, w_scale,
-                                   out + m0 * ldo, ldo, a_scale + m0, K, n, nr, m0 ? NULL : pf_w, m0 ? NULL : pf_s);
+                                   out + m0 * ldo, ldo, a_scale + m0, K, blk.n, blk.nr, m0 ? NULL : blk.pf_w,
+                                   m0 ? NULL : blk.pf_s);
             }
         }
     }
