@@ -15,7 +15,8 @@ splits into:
 
 Baselines in the same run: the same step without the timers (the timers' own cost is the difference), and the
 GEMM floor -- the weight and scale bytes a step reads over a streaming read (torch sum over 512 MB, the same
-threads), the time the GEMMs would take at the memory's practical limit. The prefill of a --prefill-token
+threads; measured before the steps and again after them), the time the GEMMs would take at the memory's
+practical limit. The prefill of a --prefill-token
 prompt (512; 0 skips it) is split the same way, best of the rounds.
 
     python -m bench.step_profile [--quick] [--model NAME] [--batches 1,4,8] [--prefill 512] [--threads N]
@@ -97,8 +98,7 @@ def main() -> None:
 
     x = torch.ones(STREAM_BYTES // 4)
     x.sum()
-    stream_s = min(_time(lambda: x.sum()) for _ in range(5))
-    stream_gbps = STREAM_BYTES / stream_s / 1e9
+    stream_gbps = _stream_gbps(x)
     result: dict = {"threads": args.threads, "context_tokens": args.context, "stream_read_gbps": round(stream_gbps, 2)}
     print(f"threads {args.threads}; streaming read {stream_gbps:.1f} GB/s; {args.context}-token contexts, "
           f"{steps} steps x {rounds} rounds, best round")
@@ -142,9 +142,18 @@ def main() -> None:
         result[f"{key}_gemm_pct_of_stream"] = round(100 * weight_read / gemm / 1e9 / stream_gbps, 1)
         print(f"  GEMMs read {weight_read / gemm / 1e9:.1f} GB/s ({100 * weight_read / gemm / 1e9 / stream_gbps:.0f}% "
               f"of the streaming read)")
+    again = _stream_gbps(x)
+    result["stream_read_after_gbps"] = round(again, 2)
+    print(f"streaming read again after the steps: {again:.1f} GB/s (the percentages use the first; a gap between "
+          f"the two says the machine's load changed)")
     if args.prefill:
         _prefill_profile(plain, timed_model, timers, args.prefill, rounds, result)
     print("RESULT " + json.dumps(result))
+
+
+def _stream_gbps(x: torch.Tensor) -> float:
+    """A streaming read's GB/s: torch sum over x, best of 5."""
+    return x.numel() * x.element_size() / min(_time(lambda: x.sum()) for _ in range(5)) / 1e9
 
 
 def _prefill_profile(plain, timed_model, timers: Timers, num_tokens: int, rounds: int, result: dict) -> None:
