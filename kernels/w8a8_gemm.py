@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_gemm_tile import finish_tile, gemm_operands, grouped_tile
-from kernels.triton_launch import check, check_tensor, is_interpreted, on_device
+from kernels.triton_launch import check, check_tensor, is_interpreted
 from kernels.w8a8_grouped import w8a8_grouped_scaled_ref, w8a8_grouped_triton
 
 # A float32 dot of int8-valued vectors is exact while |partial sum| < 2**24: K * 127 * 127 < 2**24 for K <= 1040.
@@ -144,30 +144,10 @@ def w8a8_gemm_triton(
     if w_scale.dim() == 2:
         return w8a8_grouped_triton(a_q, a_scale, w_q, w_scale, bias=bias, residual=residual, geglu=geglu)
     g = gemm_operands(a_q, a_scale, w_q, w_scale, bias, residual, geglu, _per_row_scales)
-    if g.M == 0 or g.n_out == 0:
-        return g.out
-    cfg = _gemm_config(g.M, g.n_out, a_q.device)
-    on_device(_w8a8_gemm_kernel, a_q.device)[g.grid(cfg)](
-        g.a_q, g.a_scale, g.w_q, g.w_scale, g.bias if g.bias is not None else g.a_scale,
-        g.residual if g.residual is not None else g.out, g.out,
-        g.M, g.n_out, g.K, g.n_out,
-        g.a_q.stride(0), g.w_q.stride(0), g.residual.stride(0) if g.residual is not None else 0, g.out.stride(0),
-        HAS_BIAS=g.bias is not None, HAS_RESIDUAL=g.residual is not None, GEGLU=geglu, **cfg,
-    )
-    return g.out
+    return g.launch(_w8a8_gemm_kernel, _gemm_config(g.M, g.n_out, a_q.device), geglu)
 
 
 def _per_row_scales(a_q: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
     check_tensor("w_scale", w_scale, torch.float32, 1, a_q.device)
     check(w_scale.shape[0] == w_q.shape[0], f"w_scale: expected {w_q.shape[0]} elements, got {w_scale.shape[0]}")
     return w_scale.contiguous()
-    cfg = _gemm_config(M, n_out, dev)
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(n_out, cfg["BLOCK_N"]),)
-    on_device(_w8a8_gemm_kernel, dev)[grid](
-        a_q, a_scale, w_q, w_scale, bias if bias is not None else a_scale,
-        residual if residual is not None else out, out,
-        M, n_out, K, n_out,
-        a_q.stride(0), w_q.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, GEGLU=geglu, **cfg,
-    )
-    return out

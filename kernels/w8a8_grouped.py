@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_gemm_tile import finish_tile, gemm_operands, grouped_tile
-from kernels.triton_launch import check_tensor, is_interpreted, on_device
+from kernels.triton_launch import check_tensor, is_interpreted
 
 GROUP = 32
 
@@ -140,36 +140,12 @@ def w8a8_grouped_triton(
     """-> f32[M, N], or f32[M, N/2] with geglu; w_scale f32[N, K/32]. Bit-identical to
     kernels.w8a8_gemm.w8a8_gemm_ref without geglu (geglu: the Triton tanh of the per-row kernel)."""
     g = gemm_operands(a_q, a_scale, w_q, w_scale, bias, residual, geglu, _group_scales)
-    if g.M == 0 or g.n_out == 0:
-        return g.out
-    cfg = _grouped_config(g.M, g.n_out, a_q.device)
-    on_device(_w8a8_grouped_kernel, a_q.device)[g.grid(cfg)](
-        g.a_q, g.a_scale, g.w_q, g.w_scale, g.bias if g.bias is not None else g.a_scale,
-        g.residual if g.residual is not None else g.out, g.out,
-        g.M, g.n_out, g.K, g.n_out,
-        g.a_q.stride(0), g.w_q.stride(0), g.w_scale.stride(0),
-        g.residual.stride(0) if g.residual is not None else 0, g.out.stride(0),
-        HAS_BIAS=g.bias is not None, HAS_RESIDUAL=g.residual is not None, GEGLU=geglu,
-        enable_fp_fusion=False,  # no FMA: the product and the sum of each group step are rounded separately
-        **cfg,
-    )
-    return g.out
+    # no FMA: the product and the sum of each group step are rounded separately
+    return g.launch(_w8a8_grouped_kernel, _grouped_config(g.M, g.n_out, a_q.device), geglu, scale_stride=True,
+                    enable_fp_fusion=False)
 
 
 def _group_scales(a_q: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
     check_tensor("w_scale", w_scale, torch.float32, 2, a_q.device)
     check_grouped(a_q, w_q, w_scale)
     return w_scale if w_scale.stride(1) == 1 else w_scale.contiguous()
-    cfg = _grouped_config(M, n_out, dev)
-    grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(n_out, cfg["BLOCK_N"]),)
-    on_device(_w8a8_grouped_kernel, dev)[grid](
-        a_q, a_scale, w_q, w_scale, bias if bias is not None else a_scale,
-        residual if residual is not None else out, out,
-        M, n_out, K, n_out,
-        a_q.stride(0), w_q.stride(0), w_scale.stride(0),
-        residual.stride(0) if residual is not None else 0, out.stride(0),
-        HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None, GEGLU=geglu,
-        enable_fp_fusion=False,  # no FMA: the product and the sum of each group step are rounded separately
-        **cfg,
-    )
-    return out
