@@ -16,9 +16,9 @@ With --grouped, the same weights also with group scales (f32[N, K/32], kernels.w
 weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: kernels/cpu/w8a8_grouped_vnni.c
 on VNNI CPUs, w8a8_grouped.c on AVX2 ones), against the per-row scales, the two timed in alternation so the ratio
 grouped / per-row is a same-run figure on this noisy machine: the step's GEMMs and the output projection at
-M = 1, 4, 8, and one prefill shape, M = 256 on a layer's gate_up (640 -> 2 x 2048, geglu) and down (2048 -> 640)
-weights. On a VNNI CPU the grouped AVX2 kernel is timed against the VNNI one the same way (the baseline the
-VNNI kernel replaced).
+M = 1, 2, 4, 8, 16 (2, 8, 16: decode of 1, 4, 8 sequences with two activation terms), and one prefill shape,
+M = 256 on a layer's gate_up (640 -> 2 x 2048, geglu) and down (2048 -> 640) weights. On a VNNI CPU the grouped
+AVX2 kernel is timed against the VNNI one the same way (the baseline the VNNI kernel replaced).
 
     python -m bench.gemv [--quick] [--threads N] [--grouped]
 """
@@ -141,25 +141,27 @@ def _grouped_avx2(a_q, a_scale, w_q, w_scale, geglu=False):
 def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: torch.Generator, result: dict) -> None:
     """Per-row against group scales on the same weights, timed in alternation (see the module docstring); on a
     VNNI CPU also the grouped AVX2 kernel against the engine's (VNNI) one."""
-    pairs = [("per_row", w8a8_gemm_cpu, False)]
-    if cpu_isas()[:1] == ("vnni",):
-        pairs.append(("grouped_avx2", _grouped_avx2, True))
-    for base_name, base_gemm, base_grouped in pairs:
-        _grouped_pairs(layers, lm_w, lm_s, step_bytes, repeats, gen, result, base_name, base_gemm, base_grouped)
-
-
-def _grouped_pairs(layers, lm_w, lm_s, step_bytes, repeats, gen, result, base_name, base_gemm, base_grouped):
-    """The engine's grouped GEMMs against base_gemm (on the per-row scales, or base_grouped: on the same group
-    scales), timed in alternation."""
     def group_scales(w):
         return torch.rand(w.shape[0], w.shape[1] // GROUP, generator=gen) + 1e-3
 
     layers_g = [[(w, group_scales(w), geglu) for w, _, geglu in layer] for layer in layers]
     lm_sg = group_scales(lm_w)
     scale_bytes = sum(s.numel() * 4 for layer in layers_g for _, s, _ in layer) + lm_sg.numel() * 4
-    print(f"grouped ({cpu_isas()[0]}) against {base_name}: the same weights with f32 scales per 32 channels "
-          f"(+{scale_bytes / 1e6:.1f} MB read per step)")
+    print(f"grouped: the same weights with f32 scales per 32 channels (+{scale_bytes / 1e6:.1f} MB read per step)")
     result["grouped_step_scale_bytes"] = scale_bytes
+    pairs = [("per_row", w8a8_gemm_cpu, False)]
+    if cpu_isas()[:1] == ("vnni",):
+        pairs.append(("grouped_avx2", _grouped_avx2, True))
+    for base_name, base_gemm, base_grouped in pairs:
+        _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm,
+                       base_grouped)
+
+
+def _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm,
+                   base_grouped):
+    """The engine's grouped GEMMs against base_gemm (on the per-row scales, or base_grouped: on the same group
+    scales), timed in alternation."""
+    print(f"grouped ({cpu_isas()[0]}) against {base_name}:")
     base_layers, base_lm_s = (layers_g, lm_sg) if base_grouped else (layers, lm_s)
     for m in (1, 2, 4, 8, 16):  # 2, 8, 16: decode at 1, 4, 8 sequences with two activation terms
         a = torch.randint(-127, 128, (m, FFN), dtype=torch.int8, generator=gen)
@@ -203,10 +205,11 @@ def _grouped_pairs(layers, lm_w, lm_s, step_bytes, repeats, gen, result, base_na
 
 def _record_pair(result: dict, key: str, base_name: str, t_base: float, t_grp: float, rate_unit: str,
                  rate: float) -> None:
-    """The RESULT keys of one baseline / grouped pair: both times, the grouped rate, the ratio."""
+    """The RESULT keys of one baseline / grouped pair: both times, the grouped rate, the ratio (the grouped
+    figures named by the baseline they were timed against: each pair is its own alternating run)."""
     result[f"{key}_{base_name}_ms"] = round(t_base * 1e3, 3)
-    result[f"{key}_grouped_ms"] = round(t_grp * 1e3, 3)
-    result[f"{key}_grouped_{rate_unit}"] = round(rate, 2)
+    result[f"{key}_grouped_against_{base_name}_ms"] = round(t_grp * 1e3, 3)
+    result[f"{key}_grouped_against_{base_name}_{rate_unit}"] = round(rate, 2)
     result[f"{key}_grouped_over_{base_name}_x"] = round(t_grp / t_base, 3)
 
 

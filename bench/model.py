@@ -6,8 +6,8 @@ baseline is the same path with float32 weights (the engine's --precision float32
 same run. Each decode step runs forward for B new tokens (one per sequence), the logits of those B
 rows and greedy sampling -- the model's cost per generated token, without the scheduler and the
 engine loop; a decode figure is the mean rate of 3 rounds (2 with --quick) after 2 warm-up steps, as
-llama-bench reports the mean over its repetitions. Each batch's step time is given too, and the batch-4 and batch-8 steps over the batch-1
-step (they read the same weights).
+llama-bench reports the mean over its repetitions. Each batch's step time is given too, and the batch-4 and
+batch-8 steps over the batch-1 step (they read the same weights).
 
 --recipe-baseline (Gemma 3 270M) also builds the int8 model of checkpoint format v6's recipe (one weight scale
 per row, one int8 activation term except the down projection: bench.quant_eval.V6_RECIPE) and times it against

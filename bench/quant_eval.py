@@ -236,7 +236,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_CHUNKS} perplexity chunks instead of 14, "
                         f"and only the variants {', '.join(QUICK_VARIANTS)}")
-    parser.add_argument("--only", default="", help="variant names separated by ';' (default: all, in order; with --quick, its two)")
+    parser.add_argument("--only", default="",
+                        help="variant names separated by ';' (default: all, in order; with --quick, its two)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-baselines", action="store_true",
                         help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines)")

@@ -62,8 +62,7 @@ def instrumented_ops(timers: Timers, vocab_size: int):
     """The CPU op family with every op timed (the GEMM split by whether its weight is the output projection)."""
     base = select_ops("cpu")
     fixed = {"quantize_per_token": "quantize", "quantize_two_terms": "quantize", "rmsnorm_quant": "quantize",
-             "rmsnorm": "rmsnorm",
-             "paged_attention": "attention", "rope_neox": "rope", "kv_write": "kv_write"}
+             "rmsnorm": "rmsnorm", "paged_attention": "attention", "rope_neox": "rope", "kv_write": "kv_write"}
     wrapped = {op: timers.wrap(lambda *a, part=part: part, getattr(base, op)) for op, part in fixed.items()}
     wrapped["w8a8_gemm"] = timers.wrap(
         lambda a_q, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",

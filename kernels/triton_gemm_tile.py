@@ -1,7 +1,7 @@
 """The pieces of a W8A8 GEMM that the per-row (kernels/w8a8_gemm.py) and group-scaled
 (kernels/w8a8_grouped.py) Triton kernels share: their launchers' argument checks (gemm_operands) and launch
-call (GemmOperands.launch), which tile a program computes, and the epilogue after the dequantization (bias, GeGLU, residual, store). Both kernels
-evaluate them with the same operations, so their epilogue bits agree."""
+call (GemmOperands.launch), which tile a program computes, and the epilogue after the dequantization (bias,
+GeGLU, residual, store). Both kernels evaluate them with the same operations, so their epilogue bits agree."""
 
 from __future__ import annotations
 

@@ -89,17 +89,19 @@ VNNI static inline __attribute__((always_inline)) void group_scales(__m512 *sc, 
                                                                     int64_t ng) {
     const __mmask8 mask = (__mmask8)((1u << ng) - 1);
     __m512i v[8];
-    for (int r = 0; r < 8; r++)
-        v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_castps_si256(_mm256_maskz_loadu_ps(mask, srow[r] + g0))),
-                                  _mm256_castps_si256(_mm256_maskz_loadu_ps(mask, srow[r + 8] + g0)), 1);
+    for (int r = 0; r < 8; r++) {
+        const __m256i lo = _mm256_castps_si256(_mm256_maskz_loadu_ps(mask, srow[r] + g0));
+        const __m256i hi = _mm256_castps_si256(_mm256_maskz_loadu_ps(mask, srow[r + 8] + g0));
+        v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
     transpose8_halves(v);
     for (int j = 0; j < 8; j++) sc[j] = _mm512_castsi512_ps(v[j]);
 }
 
 /* Rows [n, n + nr) of out (nr <= 16) for activation rows [0, mc) of a (mc <= M_CHUNK; a compile-time constant
    up to 16 rows, decode with two activation terms per sequence, so the accumulators stay in registers).
-   corr: -128 x each group's activation sum, [mc, G] (row stride G). pf_w, pf_s: the next block's weights and scales, prefetched while this one is read (NULL:
-   none). */
+   corr: -128 x each group's activation sum, [mc, G] (row stride G). pf_w, pf_s: the next block's weights and
+   scales, prefetched while this one is read (NULL: none). */
 VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t mc, const int8_t *a, int64_t lda,
                                                                   const int32_t *corr, const int8_t *w,
                                                                   const float *w_scale, float *out, int64_t ldo,

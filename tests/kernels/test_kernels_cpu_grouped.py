@@ -1,8 +1,9 @@
 """The group-scaled W8A8 kernels (kernels/cpu/w8a8_grouped.c on AVX2, w8a8_grouped_vnni.c on AVX-512 VNNI),
 each one this CPU runs, against the grouped reference, bit for bit: every shape, the AVX2 kernel's two layouts
-(M <= 4 and M > 4), the VNNI kernel's decode cases (M <= 8) and 16-row blocks, the M_CHUNK passes of
-prefill, the thread split, batch invariance, and their place in w8a8_gemm_cpu. Scales are random floats over many groups, so a fused multiply-add
-or a change in the order the groups are added changes the bits (checked against mutated kernels by hand)."""
+(M <= 4 and M > 4), the VNNI kernel's decode cases (M <= 16) and 16-row blocks, the M_CHUNK passes of
+prefill, the thread split, batch invariance, and their place in w8a8_gemm_cpu. Scales are random floats over
+many groups, so a fused multiply-add or a change in the order the groups are added changes the bits (checked
+against mutated kernels by hand)."""
 
 from __future__ import annotations
 
