@@ -178,6 +178,7 @@ class Driver:
             engine_id=usage.engine_id if usage else "",
             finish_reason=usage.finish_reason if usage else "",
             server_ttft_ms=usage.server_ttft_ms if usage else None,
+            server_queue_ms=usage.server_queue_ms if usage else None,
             reply_token_ids=tuple(token_ids),
             error=error,
         )

@@ -25,12 +25,16 @@ class TurnRecord:
     generated_tokens: int
     engine_id: str
     finish_reason: str
-    # The engine's own TTFT (GenerateFinal.timings.ttft_ms).
+    # The engine's own TTFT (GenerateFinal.timings.ttft_ms), from its arrival (before rendering) to the step
+    # that produced the first token.
     server_ttft_ms: float | None
     # Generated ids (EOS included, as streamed): compared across runs to check cache exactness.
     reply_token_ids: tuple[int, ...] = ()
     # "<STATUS>: <details>" when the call failed.
     error: str | None = None
+    # The engine's queue time (GenerateFinal.timings.queue_ms): arrival to the first step that scheduled it,
+    # rendering and the kvstore lookup included. None where the server does not report it.
+    server_queue_ms: float | None = None
 
     @property
     def ok(self) -> bool:

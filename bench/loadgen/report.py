@@ -17,6 +17,12 @@ Definitions (the ones printed by `salon bench`):
   warm turns (same dialogue and turn index, successful in both runs) whose prompt has at least
   `long_history_tokens` tokens in the cached run; None (with the count) when fewer than
   MIN_LONG_HISTORY_TURNS such turns exist: a ratio from a handful of turns is not a figure;
+- TTFT split of returning turns (ttft_split_warm_turns), over the warm turns whose server reports its
+  timings (salon's engines): outside = client TTFT - the engine's TTFT (gateway, transport, delivery);
+  queue = the engine's queue time (arrival to the first step that scheduled the request: rendering,
+  the kvstore lookup, waiting for a step); steps = the engine's TTFT - its queue time (the steps up to
+  the first token). Each part's p50 and p90, and each part's mean over the slowest tenth of those turns
+  by client TTFT (at least one turn): what the p90 turns wait for;
 - peer comparison (compare_peer): salon / peer of steady turns/s and of the warm turns' TTFT p50 / p90,
   both runs replaying the same trace; reported against the targets, never asserted.
 """
@@ -105,6 +111,26 @@ def steady_turns_per_s(records: Iterable[TurnRecord]) -> float | None:
     return None if span_s <= 0 else (j - i) / span_s
 
 
+TTFT_PARTS = ("outside", "queue", "steps")
+
+
+def ttft_split(records: Iterable[TurnRecord]) -> dict | None:
+    """The TTFT split of successful turns that carry the engine's timings (module docstring); None if none do."""
+    rows = sorted(((r.ttft_ms, r.ttft_ms - r.server_ttft_ms, r.server_queue_ms, r.server_ttft_ms - r.server_queue_ms)
+                   for r in records if r.ok and r.ttft_ms is not None and r.server_ttft_ms is not None
+                   and r.server_queue_ms is not None), key=lambda row: row[0])
+    if not rows:
+        return None
+    slowest = rows[len(rows) - max(1, len(rows) // 10):]
+    split: dict = {"num_turns": len(rows), "num_slowest_turns": len(slowest)}
+    for i, part in enumerate(TTFT_PARTS, start=1):
+        values = [row[i] for row in rows]
+        split[f"{part}_ms_p50"] = percentile(values, 50)
+        split[f"{part}_ms_p90"] = percentile(values, 90)
+        split[f"{part}_ms_mean_slowest"] = sum(row[i] for row in slowest) / len(slowest)
+    return split
+
+
 def summarize(run: RunResult, long_history_tokens: int = DEFAULT_LONG_HISTORY_TOKENS) -> dict:
     ok = [r for r in run.records if r.ok]
     ttfts = [r.ttft_ms for r in ok if r.ttft_ms is not None]
@@ -137,6 +163,7 @@ def summarize(run: RunResult, long_history_tokens: int = DEFAULT_LONG_HISTORY_TO
         "num_warm_turns": len([r for r in ok if r.key in warm]),
         "ttft_ms_p50_warm_turns": percentile(warm_ttfts, 50),
         "ttft_ms_p90_warm_turns": percentile(warm_ttfts, 90),
+        "ttft_split_warm_turns": ttft_split(r for r in ok if r.key in warm),
         "itl_ms_p50": percentile(itls, 50),
         "itl_ms_p90": percentile(itls, 90),
         "turns_per_s": len(ok) / wall_s,
@@ -232,8 +259,16 @@ def describe(summary: dict) -> str:
         f"p99 {fmt(summary['ttft_ms_p99'])}; returning turns ({summary['num_warm_turns']}) p50 "
         f"{fmt(summary['ttft_ms_p50_warm_turns'])} p90 {fmt(summary['ttft_ms_p90_warm_turns'])}; "
         f"ITL ms p50 {fmt(summary['itl_ms_p50'])} p90 {fmt(summary['itl_ms_p90'])}",
+        *([_split_line(summary["ttft_split_warm_turns"])] if summary.get("ttft_split_warm_turns") else []),
         f"  {summary['turns_per_s']:.3f} turns/s (steady {fmt(summary['steady_turns_per_s'], 3)}), "
         f"{summary['tokens_per_s']:.2f} generated tokens/s, "
         f"{summary['prompt_tokens_per_s']:.0f} prompt tokens/s; per engine {summary['engine_turns']}",
         *[f"  error: {err} x{n}" for err, n in summary["errors"]],
     ])
+
+
+def _split_line(split: dict) -> str:
+    parts = ", ".join(f"{part} {fmt(split[f'{part}_ms_p50'])} / {fmt(split[f'{part}_ms_p90'])} / "
+                      f"{fmt(split[f'{part}_ms_mean_slowest'])}" for part in TTFT_PARTS)
+    return (f"  returning turns' TTFT split, ms p50 / p90 / mean of the slowest {split['num_slowest_turns']} of "
+            f"{split['num_turns']}: {parts}")

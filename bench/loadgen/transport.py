@@ -66,6 +66,7 @@ class TurnUsage:
     engine_id: str = ""
     finish_reason: str = ""
     server_ttft_ms: float | None = None
+    server_queue_ms: float | None = None
 
 
 class TransportError(Exception):

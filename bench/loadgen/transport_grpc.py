@@ -88,4 +88,5 @@ class ChatGrpcTransport:
             engine_id=final.engine_id,
             finish_reason=chat_pb2.FinishReason.Name(final.finish_reason),
             server_ttft_ms=final.timings.ttft_ms,
+            server_queue_ms=final.timings.queue_ms,
         )

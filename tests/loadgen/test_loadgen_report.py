@@ -172,3 +172,30 @@ def test_compare_peer_ratios_and_targets():
     assert (c["target_steady_turns_per_s_ratio"], c["target_ttft_ms_p90_warm_turns_ratio"]) == (3.0, 0.25)
     none = compare_peer({**salon, "steady_turns_per_s": None}, peer)
     assert none["steady_turns_per_s_ratio"] is None and none["meets_steady_turns_per_s_target"] is None
+
+
+def test_ttft_split_of_returning_turns_exact():
+    """outside = client - engine TTFT, queue = the engine's queue time, steps = engine TTFT - queue; the
+    slowest tenth (at least one turn) by client TTFT; turns without the engine's timings are left out."""
+    import dataclasses
+
+    from bench.loadgen.report import ttft_split
+
+    records = [dataclasses.replace(rec(0, t, 10, ttft=float(100 + 10 * t)), server_ttft_ms=float(90 + 9 * t),
+                                   server_queue_ms=float(t)) for t in range(11)]
+    records.append(dataclasses.replace(rec(1, 1, 10, ttft=5000.0), server_queue_ms=None))  # llama-server: no split
+    records.append(rec(2, 1, 10, ttft=None, error="UNAVAILABLE: x"))
+    split = ttft_split(records)
+    # t = 0..10: outside = 10 + t, queue = t, steps = 90 + 8t; client TTFT order is t order.
+    assert split["num_turns"] == 11 and split["num_slowest_turns"] == 1
+    assert split["outside_ms_p50"] == 15.0 and split["outside_ms_p90"] == 19.0
+    assert split["queue_ms_p50"] == 5.0 and split["queue_ms_p90"] == 9.0
+    assert split["steps_ms_p50"] == 130.0 and split["steps_ms_p90"] == 162.0
+    assert (split["outside_ms_mean_slowest"], split["queue_ms_mean_slowest"], split["steps_ms_mean_slowest"]) == (
+        20.0, 10.0, 170.0)
+    assert ttft_split(records[-2:]) is None
+    run = RunResult("cache", records, wall_s=1.0, model_id="m")
+    summary = summarize(run)
+    # warm turns only: dialogue 0's first turn (t = 0) is not one
+    assert summary["ttft_split_warm_turns"]["num_turns"] == 10
+    assert summary["ttft_split_warm_turns"]["queue_ms_p50"] == 5.5
