@@ -52,6 +52,10 @@ class EngineConfig:
     torch_threads: int = field(
         default=0, metadata={"help": "intra-op threads for the model (0: all cores); engines sharing a host "
                                      "should split the cores, oversubscribed threads spin and slow every step"})
+    step_nice: int = field(
+        default=10, metadata={"help": "added to the step thread's nice value (and its kernel threads'): the event "
+                                      "loop and the gateway and kvstore on the same cores run first when they "
+                                      "have work; 0: unchanged"})
     warmup: bool = field(default=True, metadata={"help": "run one short request before reporting SERVING"})
     no_prefix_cache: bool = field(
         default=False, metadata={"help": "disable prefix caching (device and kvstore): recompute every prompt"})

@@ -84,7 +84,8 @@ class EngineService:
         model_cfg = core.config
         metrics.set_model(model_cfg.model_id)
         context = min(model_cfg.max_context_tokens, self.config.max_context_tokens or model_cfg.max_context_tokens)
-        self._loop = EngineLoop(core, asyncio.get_running_loop(), on_fatal=health.fatal)
+        self._loop = EngineLoop(core, asyncio.get_running_loop(), on_fatal=health.fatal,
+                                step_nice=self.config.step_nice)
         host_cache = self._host_cache(core)
         if host_cache is not None:
             loop = asyncio.get_running_loop()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import os
 import queue
 import threading
 import time
@@ -82,8 +83,10 @@ class _TokenRate:
 
 class EngineLoop:
     def __init__(self, core: EngineCore, loop: asyncio.AbstractEventLoop,
-                 on_fatal: Callable[[str], None] | None = None) -> None:
+                 on_fatal: Callable[[str], None] | None = None, step_nice: int = 0) -> None:
         self.core = core
+        # Added to the step thread's nice value when it starts (0: unchanged); see lower_step_priority.
+        self.step_nice = step_nice
         self._loop = loop
         # Called on the event loop when the step thread cannot go on (the service exits).
         self.on_fatal = on_fatal
@@ -166,6 +169,7 @@ class EngineLoop:
     # ---- step thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         reason = "the engine step thread ended"
+        lower_step_priority(self.step_nice)
         try:
             while not self._stop.is_set():
                 try:
@@ -307,3 +311,18 @@ def _settle(future: asyncio.Future, result, error: BaseException | None) -> None
         future.set_exception(error)
     else:
         future.set_result(result)
+
+
+def lower_step_priority(increment: int) -> None:
+    """Raise the calling thread's nice value by `increment` (Linux: nice is per thread, and the kernel threads
+    it starts later, OpenMP's workers, inherit it). The step thread computes for as long as it has work; on
+    cores it shares with the event loop, the gateway and the kvstore, a higher nice value lets those run as
+    soon as they have work (a request to accept, a token to deliver) instead of waiting out the step's time
+    slice. Raising it needs no privilege; where it fails the thread keeps its priority (logged)."""
+    if increment <= 0:
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+    except (OSError, AttributeError) as exc:
+        log.warning("step_priority_unchanged", increment=increment, error=str(exc))
