@@ -45,7 +45,8 @@ from bench.loadgen import presets
 from bench.loadgen.driver import DriverConfig
 from bench.loadgen.records import RunResult
 from bench.loadgen.progress import with_progress
-from bench.loadgen.report import DEFAULT_LONG_HISTORY_TOKENS, compare, compare_peer, describe, summarize
+from bench.loadgen.report import (DEFAULT_LONG_HISTORY_TOKENS, TTFT_PARTS, compare, compare_peer, describe,
+                                  summarize)
 from bench.loadgen.report import fmt as _fmt
 from bench.loadgen.runs import PEER_MODEL, SalonSide, run_llama_server, run_salon
 from bench.loadgen.workload import Trace, WorkloadConfig, generate_trace
@@ -161,7 +162,7 @@ def result_line(main: dict, context: dict, comparison: dict | None, other: dict 
     split = main.get("ttft_split_warm_turns")
     if split:  # what the returning turns' TTFT is made of (report.ttft_split)
         result.update({f"ttft_{part}_ms_{stat}_warm_turns": split[f"{part}_ms_{stat}"]
-                       for part in ("outside", "queue", "steps") for stat in ("p50", "p90", "mean_slowest")})
+                       for part in TTFT_PARTS for stat in ("p50", "p90", "mean_slowest")})
     if comparison is not None and other is not None:
         result.update({k: comparison[k] for k in ("ttft_ratio_long_history", "turns_per_s_ratio",
                                                   "ttft_ratio_warm_turns", "num_long_history_turns",

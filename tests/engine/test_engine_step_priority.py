@@ -46,3 +46,19 @@ def test_zero_leaves_it_unchanged():
 
 def test_default_raises_it():
     assert EngineConfig().step_nice == 10
+
+
+def test_engine_loop_refuses_an_increment_outside_0_to_19():
+    import asyncio
+
+    import pytest
+
+    from services.engine.core.engine_loop import EngineLoop
+
+    loop = asyncio.new_event_loop()
+    try:
+        for bad in (-1, 20):
+            with pytest.raises(ValueError, match=f"step_nice must be 0..19 .*got {bad}"):
+                EngineLoop(None, loop, step_nice=bad)
+    finally:
+        loop.close()

@@ -36,6 +36,8 @@ from services.engine.core.request import FinishReason, Request, RequestId
 from services.engine.kv.prefix_hit import PrefixHit
 
 log = get_logger(__name__)
+# Linux nice values run from -20 to 19: an increment above 19 always ends at 19.
+MAX_NICE_INCREMENT = 19
 
 
 class CommandKind(enum.Enum):
@@ -84,6 +86,8 @@ class _TokenRate:
 class EngineLoop:
     def __init__(self, core: EngineCore, loop: asyncio.AbstractEventLoop,
                  on_fatal: Callable[[str], None] | None = None, step_nice: int = 0) -> None:
+        if not 0 <= step_nice <= MAX_NICE_INCREMENT:
+            raise ValueError(f"step_nice must be 0..{MAX_NICE_INCREMENT} (a nice increment), got {step_nice}")
         self.core = core
         # Added to the step thread's nice value when it starts (0: unchanged); see lower_step_priority.
         self.step_nice = step_nice
