@@ -161,8 +161,7 @@ def result_line(main: dict, context: dict, comparison: dict | None, other: dict 
               "model_id": main["model_id"], **{k: main[k] for k in _RESULT_KEYS}}
     split = main.get("ttft_split_warm_turns")
     if split:  # what the returning turns' TTFT is made of (report.ttft_split)
-        result.update({f"ttft_{part}_ms_{stat}_warm_turns": split[f"{part}_ms_{stat}"]
-                       for part in TTFT_PARTS for stat in ("p50", "p90", "mean_slowest")})
+        result.update({f"ttft_{key}_warm_turns": value for key, value in split.items() if key.startswith(TTFT_PARTS)})
     if comparison is not None and other is not None:
         result.update({k: comparison[k] for k in ("ttft_ratio_long_history", "turns_per_s_ratio",
                                                   "ttft_ratio_warm_turns", "num_long_history_turns",

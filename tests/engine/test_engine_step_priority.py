@@ -1,11 +1,14 @@
 """The step thread's nice value (EngineConfig.step_nice): raised on that thread only, inherited by the threads it
 starts (OpenMP's workers)."""
 
+import asyncio
 import os
 import threading
 
+import pytest
+
 from services.engine.config import EngineConfig
-from services.engine.core.engine_loop import lower_step_priority
+from services.engine.core.engine_loop import EngineLoop, lower_step_priority
 
 
 def _in_thread(fn):
@@ -49,12 +52,6 @@ def test_default_raises_it():
 
 
 def test_engine_loop_refuses_an_increment_outside_0_to_19():
-    import asyncio
-
-    import pytest
-
-    from services.engine.core.engine_loop import EngineLoop
-
     loop = asyncio.new_event_loop()
     try:
         for bad in (-1, 20):
