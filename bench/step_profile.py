@@ -5,8 +5,11 @@ broken down by part.
 Each kernel op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a step's wall time
 splits into:
 
-  * gemm_layers: the decoder layers' W8A8 GEMMs (qkv, o, gate_up, down), C calls;
-  * gemm_lm_head: the output projection (262,144 x 640 on Gemma 3 270M), a C call;
+  * linear_layers, linear_lm_head: the two-term Linears that run as one C call (kernels.linear_two_terms: the
+    RMSNorm before, both activation terms, the W8A8 GEMM, the post-norm and residual; up to its MAX_ROWS rows,
+    grouped weights, VNNI) of the decoder layers and of the output projection;
+  * gemm_layers: the decoder layers' W8A8 GEMMs (qkv, o, gate_up, down) where they run as their own C calls;
+  * gemm_lm_head: the output projection (262,144 x 640 on Gemma 3 270M) where it runs as its own C call;
   * quantize: the activations' int8 quantization (two terms, or one with the RMSNorm fused);
   * rmsnorm: the RMSNorms not fused into a quantization;
   * attention, rope, kv_write: the paged attention, RoPE and KV-write kernels;
@@ -34,10 +37,15 @@ import torch
 
 from bench.model import EngineSteps
 from kernels.backend import select_ops
+from kernels.cpu.linear_two_terms import linear_two_terms_c
+from kernels.linear_two_terms import compose
 from services.engine.model import load_model
 
 STREAM_BYTES = 512 * 2**20
-PARTS = ("gemm_layers", "gemm_lm_head", "quantize", "rmsnorm", "attention", "rope", "kv_write")
+PARTS = ("linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head", "quantize", "rmsnorm", "attention", "rope",
+         "kv_write")
+# The parts that read the weights (the GEMM bandwidth is computed over them).
+WEIGHT_PARTS = ("linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head")
 
 
 class Timers:
@@ -67,6 +75,15 @@ def instrumented_ops(timers: Timers, vocab_size: int):
     wrapped["w8a8_gemm"] = timers.wrap(
         lambda a_q, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",
         base.w8a8_gemm)
+    fused = timers.wrap(lambda x, w_q, *rest: "linear_lm_head" if w_q.shape[0] == vocab_size else "linear_layers",
+                        linear_two_terms_c)
+    composed = compose(wrapped["rmsnorm"], wrapped["quantize_two_terms"], wrapped["w8a8_gemm"])
+
+    def linear_two_terms(*args):  # the one C call where it runs, else the timed parts one by one
+        out = fused(*args)
+        return composed(*args) if out is None else out
+
+    wrapped["linear_two_terms"] = linear_two_terms
     return dataclasses.replace(base, **wrapped)
 
 
@@ -136,7 +153,7 @@ def main() -> None:
         for part, seconds in (*best_parts.items(), ("other", other)):
             result[f"{key}_{part}_ms"] = round(seconds * 1e3, 3)
             print(f"  {part:13s} {seconds * 1e3:7.3f} ms  {100 * seconds / best_timed:5.1f}%")
-        gemm = best_parts["gemm_layers"] + best_parts["gemm_lm_head"]
+        gemm = sum(best_parts[p] for p in WEIGHT_PARTS)
         result[f"{key}_gemm_gbps"] = round(weight_read / gemm / 1e9, 2)
         result[f"{key}_gemm_pct_of_stream"] = round(100 * weight_read / gemm / 1e9 / stream_gbps, 1)
         print(f"  GEMMs read {weight_read / gemm / 1e9:.1f} GB/s ({100 * weight_read / gemm / 1e9 / stream_gbps:.0f}% "

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from kernels.kv_write import kv_write_ref
+from kernels.linear_two_terms import compose as compose_linear_two_terms, linear_two_terms_ref
 from kernels.paged_attention import paged_attention_ref
 from kernels.quantize import quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
 from kernels.rmsnorm import rmsnorm_ref
@@ -20,7 +21,7 @@ from kernels.rope import rope_neox_ref
 from kernels.w8a8_gemm import w8a8_gemm_ref
 
 OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm", "rmsnorm_quant", "w8a8_gemm", "rope_neox",
-            "kv_write", "paged_attention")
+            "kv_write", "paged_attention", "linear_two_terms")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Ops:
     rope_neox: Callable
     kv_write: Callable
     paged_attention: Callable
+    linear_two_terms: Callable  # kernels.linear_two_terms: norm, two-term GEMM, post-norm, residual as one op
     name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
 
 
@@ -46,6 +48,7 @@ def reference_ops() -> Ops:
         rope_neox=rope_neox_ref,
         kv_write=kv_write_ref,
         paged_attention=paged_attention_ref,
+        linear_two_terms=linear_two_terms_ref,
         name="ref",
     )
 
@@ -67,6 +70,8 @@ def triton_ops() -> Ops:
         rope_neox=rope_neox_triton,
         kv_write=kv_write_triton,
         paged_attention=paged_attention_triton,
+        linear_two_terms=compose_linear_two_terms(rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton,
+                                                  "linear_two_terms_triton"),
         name="triton",
     )
 
@@ -81,6 +86,7 @@ CPU_FAST_PATH_MODULES = {
     "rmsnorm_quant": "kernels.cpu.quantize",
     "kv_write": "kernels.cpu.kv_write",
     "rope_neox": "kernels.cpu.rope",
+    "linear_two_terms": "kernels.cpu.linear_two_terms",
 }
 
 

@@ -22,6 +22,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import stat
 import subprocess
 import threading
@@ -180,11 +181,29 @@ def load(source: Path, signatures: dict[str, list | tuple[list, object]],
     return lib
 
 
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def _included_sources(source: Path, seen: set[Path] | None = None) -> list[Path]:
+    """The files `source` includes by #include "name" (beside it), and theirs, each once, in first-seen order."""
+    seen = set() if seen is None else seen
+    found = []
+    for name in _INCLUDE.findall(source.read_text()):
+        path = source.parent / name
+        if path not in seen and path.is_file():
+            seen.add(path)
+            found += [path, *_included_sources(path, seen)]
+    return found
+
+
 def library_name(source: Path) -> str:
-    """The file name of `source`'s library: its stem and the hash of everything that decides its bytes."""
+    """The file name of `source`'s library: its stem and the hash of everything that decides its bytes (the
+    source, every header beside it, and the sources it includes, e.g. a fused kernel's parts)."""
     text = source.read_text()
     headers = "".join(h.read_text() for h in sorted(source.parent.glob("*.h")))  # what it may #include
-    digest = hashlib.sha256(" ".join(_CFLAGS).encode() + b"\n" + text.encode() + headers.encode()).hexdigest()[:16]
+    parts = "".join(p.read_text() for p in _included_sources(source) if p.suffix != ".h")
+    digest = hashlib.sha256(" ".join(_CFLAGS).encode() + b"\n" + text.encode() + headers.encode()
+                            + parts.encode()).hexdigest()[:16]
     return f"{source.stem}_{digest}.so"
 
 

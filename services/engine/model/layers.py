@@ -74,7 +74,22 @@ class Rotary:
 
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, linear, eps: float, kernel_ops: Ops) -> torch.Tensor:
-    """linear(rmsnorm(x)); int8 layers take the fused rmsnorm_quant kernel's output directly."""
+    """linear(rmsnorm(x)); int8 layers take the fused rmsnorm_quant kernel's output directly, two-term ones run
+    the norm inside their op."""
+    if isinstance(linear, Int8Linear) and linear.fuses_two_terms():
+        return linear.two_terms(x, norm_weight=norm_weight, eps=eps)
     if isinstance(linear, Int8Linear) and linear.quantize_activations and linear.activation_terms == 1:
         return linear.from_quantized(*kernel_ops.rmsnorm_quant(x, norm_weight, eps))
     return linear(kernel_ops.rmsnorm(x, norm_weight, eps))
+
+
+def linear_residual(x: torch.Tensor, linear, residual: torch.Tensor, eps: float, kernel_ops: Ops,
+                    post_norm: torch.Tensor | None = None) -> torch.Tensor:
+    """residual + linear(x), with rmsnorm(., post_norm) on the Linear's output where given; two-term int8
+    layers run all of it as their one op."""
+    if isinstance(linear, Int8Linear) and linear.fuses_two_terms() and not linear.gate_activation:
+        return linear.two_terms(x, eps=eps, post_norm=post_norm, residual=residual)
+    out = linear(x)
+    if post_norm is not None:
+        out = kernel_ops.rmsnorm(out, post_norm, eps)
+    return residual + out

@@ -9,7 +9,9 @@ out = act(gate) * up with act = gelu_tanh (GeGLU, fused into the GEMM) or silu (
 activation_terms = 2 quantizes each activation row as two int8 terms, x ~ s1 * q1 + s2 * q2, where
 (q2, s2) quantizes the residual x - s1 * q1 per token: about 14 bits of activation precision from the
 same int8 GEMM. Both terms go through one GEMM call as rows [0, M) and [M, 2M) (the weights are read
-once) and are summed per row, so a row's result still depends on that row alone.
+once) and are summed per row, so a row's result still depends on that row alone. The two-term path runs as
+one op (kernels.linear_two_terms: the kernel family's `linear_two_terms`), which also takes the RMSNorm
+before the Linear and the post-norm and residual after it (`two_terms`), one C call on the CPU.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Callable
 
 import torch
 
+from kernels.linear_two_terms import LinearTwoTerms, compose
 from kernels.quantize import quantize_two_terms_ref
+from kernels.rmsnorm import rmsnorm_ref
 from kernels.w8a8_grouped import GROUP
 from services.engine.model import ops
 
@@ -52,7 +56,8 @@ class FloatLinear:
 class Int8Linear:
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, gemm: W8A8Gemm, gate_activation: str | None = None,
                  quantize_activations: bool = True, quantize: Quantize = ops.quantize_per_token,
-                 activation_terms: int = 1, quantize_two_terms: Quantize = quantize_two_terms_ref) -> None:
+                 activation_terms: int = 1, quantize_two_terms: Quantize = quantize_two_terms_ref,
+                 linear_two_terms: LinearTwoTerms | None = None) -> None:
         grouped = (w_q.shape[0], w_q.shape[1] // GROUP) if w_q.dim() == 2 and w_q.shape[1] % GROUP == 0 else None
         if w_q.dtype != torch.int8 or w_q.dim() != 2 or tuple(w_scale.shape) not in ((w_q.shape[0],), grouped):
             raise ValueError(f"Int8Linear needs int8 w_q[N, K] and f32 w_scale[N] or [N, K/{GROUP}], got "
@@ -64,6 +69,8 @@ class Int8Linear:
         self.gemm = gemm
         self.quantize = quantize
         self.quantize_two_terms = quantize_two_terms
+        # The two-term op (norm, both terms, GEMM, sum, post-norm, residual); by default composed of the given ops.
+        self.linear_two_terms = linear_two_terms or compose(rmsnorm_ref, quantize_two_terms, gemm)
         self.gate_activation = gate_activation
         if activation_terms not in (1, 2):
             raise ValueError(f"activation_terms must be 1 or 2, got {activation_terms}")
@@ -83,10 +90,20 @@ class Int8Linear:
         return self.from_quantized(*self.quantize(x))
 
     def _two_terms(self, x: torch.Tensor) -> torch.Tensor:
-        m = x.shape[0]
-        both = self.gemm(*self.quantize_two_terms(x), self.w_q, self.w_scale)
-        out = both[:m] + both[m:]
+        return self.two_terms(x)
+
+    def two_terms(self, x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                  post_norm: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The two-term Linear of rmsnorm(x, norm_weight) (x itself without one), then residual +
+        rmsnorm(out, post_norm) where given; a gated Linear takes no post-norm or residual."""
+        if self.gate_activation and (post_norm is not None or residual is not None):
+            raise ValueError("a gated Linear's output takes no post-norm or residual here")
+        out = self.linear_two_terms(x, self.w_q, self.w_scale, norm_weight, eps, post_norm, residual)
         return _gated(out, self.gate_activation) if self.gate_activation else out
+
+    def fuses_two_terms(self) -> bool:
+        """Whether this Linear runs as the two-term op (int8 activations, two terms)."""
+        return self.quantize_activations and self.activation_terms == 2
 
     def from_quantized(self, a_q: torch.Tensor, a_scale: torch.Tensor) -> torch.Tensor:
         """The GEMM on activations already quantized per token (e.g. by a fused rmsnorm_quant)."""

@@ -25,7 +25,7 @@ import torch
 
 from services.engine.model.config import LayerSpec, ModelConfig
 from services.engine.model.gguf_file import GGUFFile, GGUFMetadataError
-from services.engine.model.layers import Rotary, norm_linear
+from services.engine.model.layers import Rotary, linear_residual, norm_linear
 from services.engine.model.models.common import attention_geometry, read_weights as read_named, rope_linear_scale
 from services.engine.model.tokenizer import Vocab
 
@@ -130,9 +130,9 @@ class Gemma3DecoderLayer:
             k = self.rotary(rmsnorm(qkv[:, hq * d: (hq + hkv) * d].reshape(t, hkv, d), self.k_norm, eps), positions)
             v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
         o = attn(self.layer_idx, q, k, v)
-        x = x + rmsnorm(self.o(o.reshape(t, hq * d)), self.post_attention_norm, eps)
-        f = self.down(norm_linear(x, self.ffn_norm, self.gate_up, eps, self.kernel_ops))
-        return x + rmsnorm(f, self.post_ffw_norm, eps)
+        x = linear_residual(o.reshape(t, hq * d), self.o, x, eps, self.kernel_ops, self.post_attention_norm)
+        h = norm_linear(x, self.ffn_norm, self.gate_up, eps, self.kernel_ops)
+        return linear_residual(h, self.down, x, eps, self.kernel_ops, self.post_ffw_norm)
 
     def nbytes(self) -> int:
         norms = (self.attn_norm, self.q_norm, self.k_norm, self.post_attention_norm, self.ffn_norm, self.post_ffw_norm)

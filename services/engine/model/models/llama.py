@@ -24,7 +24,7 @@ import torch
 
 from services.engine.model.config import LayerSpec, ModelConfig
 from services.engine.model.gguf_file import GGUFFile, GGUFMetadataError
-from services.engine.model.layers import Rotary, norm_linear
+from services.engine.model.layers import Rotary, linear_residual, norm_linear
 from services.engine.model.models.common import (UnsupportedModelFile, attention_geometry, read_weights as read_named,
                                                  rope_linear_scale)
 from services.engine.model.tokenizer import Vocab
@@ -125,8 +125,9 @@ class LlamaDecoderLayer:
         q = self.rotary(qkv[:, : hq * d].reshape(t, hq, d), positions)
         k = self.rotary(qkv[:, hq * d: (hq + hkv) * d].reshape(t, hkv, d), positions)
         v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
-        x = x + self.o(attn(self.layer_idx, q, k, v).reshape(t, hq * d))
-        return x + self.down(norm_linear(x, self.ffn_norm, self.gate_up, eps, self.kernel_ops))
+        x = linear_residual(attn(self.layer_idx, q, k, v).reshape(t, hq * d), self.o, x, eps, self.kernel_ops)
+        h = norm_linear(x, self.ffn_norm, self.gate_up, eps, self.kernel_ops)
+        return linear_residual(h, self.down, x, eps, self.kernel_ops)
 
     def nbytes(self) -> int:
         return (sum(lin.nbytes() for lin in (self.qkv, self.o, self.gate_up, self.down))

@@ -1,0 +1,79 @@
+"""CPU fast path of kernels.linear_two_terms (the norm, both int8 terms, the grouped W8A8 GEMM, their sum, the
+post-norm and the residual) through linear_two_terms.c: one C call where a decode step made five to eight,
+with the bits of the composition of the CPU family's own kernels, which runs where the C call cannot.
+
+The C call takes grouped weights (w_scale f32[N, K/32]) on AVX-512 VNNI CPUs, for up to MAX_ROWS rows (decode,
+small batches, speculative verification: the sizes where the calls' overhead is a large part of the step);
+larger calls, per-row weight scales and other CPUs run the composition.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from kernels.cpu import native
+from kernels.cpu.quantize import quantize_two_terms_cpu
+from kernels.cpu.rmsnorm import rmsnorm_cpu
+from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
+from kernels.linear_two_terms import compose
+from kernels.quantize import SCALE_FLOOR
+from kernels.w8a8_grouped import GROUP
+
+MAX_ROWS = 64
+_C_SOURCE = Path(__file__).with_name("linear_two_terms.c")
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {"linear_two_terms_vnni": ([_P, _I, _I, _I, _P, ctypes.c_double, _P, _P, _I, _P, _P, _I, _P,
+                                         ctypes.c_float, ctypes.c_int], ctypes.c_int)}
+
+composed = compose(rmsnorm_cpu, quantize_two_terms_cpu, w8a8_gemm_cpu, "linear_two_terms_composed_cpu")
+
+
+def library() -> ctypes.CDLL | None:
+    return native.load(_C_SOURCE, _SIGNATURES) if "vnni" in native.cpu_isas() else None
+
+
+def _f32_vector(t: torch.Tensor | None, n: int) -> bool:
+    return t is None or (t.dtype == torch.float32 and tuple(t.shape) == (n,) and t.is_contiguous()
+                         and t.device.type == "cpu")
+
+
+def linear_two_terms_c(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                       norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                       post_norm: torch.Tensor | None = None,
+                       residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The one C call, or None where it does not take these arguments (the caller composes)."""
+    if x.dim() != 2 or w_q.dim() != 2 or w_scale.dim() != 2:
+        return None
+    m, k = x.shape
+    n = w_q.shape[0]
+    if (not 1 <= m <= MAX_ROWS or k % GROUP or w_q.shape[1] != k or tuple(w_scale.shape) != (n, k // GROUP)
+            or x.dtype != torch.float32 or x.stride(1) != 1 or x.device.type != "cpu"
+            or w_q.dtype != torch.int8 or not w_q.is_contiguous() or w_scale.dtype != torch.float32
+            or not w_scale.is_contiguous() or not _f32_vector(norm_weight, k) or not _f32_vector(post_norm, n)
+            or (residual is not None and (residual.dtype != torch.float32 or tuple(residual.shape) != (m, n)
+                                          or residual.stride(1) != 1 or residual.device.type != "cpu"))):
+        return None
+    lib = library()
+    if lib is None:
+        return None
+    out = torch.empty((m, n), dtype=torch.float32)
+    if lib.linear_two_terms_vnni(
+            x.data_ptr(), m, k, x.stride(0), None if norm_weight is None else norm_weight.data_ptr(), float(eps),
+            w_q.data_ptr(), w_scale.data_ptr(), n, None if post_norm is None else post_norm.data_ptr(),
+            None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
+            out.data_ptr(), SCALE_FLOOR, torch.get_num_threads()):
+        return None
+    return out
+
+
+def linear_two_terms_cpu(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                         norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                         post_norm: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels.linear_two_terms's op: the C call where it runs, else the CPU family's composition (same bits)."""
+    out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
+    if out is None:
+        out = composed(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
+    return out

@@ -1,0 +1,86 @@
+"""The two-term Linear in one C call (kernels/cpu/linear_two_terms.c) against kernels.linear_two_terms's
+reference, bit for bit: every combination of the norm before, the post-norm and the residual, decode and
+small-batch row counts up to MAX_ROWS, the VNNI kernel's 16-row blocks and short last blocks, strided rows;
+and the calls it declines (more rows, per-row weight scales, other dtypes), where linear_two_terms_cpu
+composes the CPU family's kernels with the same bits. Inputs span magnitudes, so a dropped rounding, a fused
+multiply-add or a norm over the wrong length changes the bits (checked against mutated kernels by hand)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from kernels.cpu import native
+from kernels.cpu.linear_two_terms import MAX_ROWS, composed, library, linear_two_terms_c, linear_two_terms_cpu
+from kernels.linear_two_terms import linear_two_terms_ref
+from kernels.w8a8_grouped import GROUP
+
+needs_kernel = pytest.mark.skipif("vnni" not in native.cpu_isas() or library() is None,
+                                  reason="needs x86-64 with AVX-512 VNNI and cc")
+EPS = 1e-6
+
+
+def _case(m: int, n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g).mul(30).add(0.01)
+    w_q = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    w_scale = torch.randn(n, k // GROUP, generator=g) * torch.rand(n, k // GROUP, generator=g).add(0.01) / 100
+    norm = torch.rand(k, generator=g) * 2
+    post = torch.rand(n, generator=g) * 2
+    residual = torch.randn(m, n, generator=g) * 5
+    return x, w_q, w_scale, norm, post, residual
+
+
+def _options(norm, post, residual):
+    for use_norm, use_post, use_res in itertools.product((False, True), repeat=3):
+        yield dict(norm_weight=norm if use_norm else None, eps=EPS, post_norm=post if use_post else None,
+                   residual=residual if use_res else None)
+
+
+@needs_kernel
+@pytest.mark.parametrize("m,n,k", [(1, 1152, 640), (2, 640, 2048), (3, 17, 64), (1, 1, 32), (8, 4096, 640),
+                                   (9, 33, 96), (16, 640, 640), (17, 200, 640), (MAX_ROWS, 48, 128)])
+def test_one_call_equals_the_reference_bit_for_bit(m, n, k):
+    x, w_q, w_scale, norm, post, residual = _case(m, n, k, seed=m * 1000 + n + k)
+    for opts in _options(norm, post, residual):
+        got = linear_two_terms_c(x, w_q, w_scale, **opts)
+        assert got is not None, "the C call declined a call it should take"
+        want = linear_two_terms_ref(x, w_q, w_scale, **opts)
+        assert torch.equal(got, want), {key: v is not None for key, v in opts.items()}
+        assert torch.equal(linear_two_terms_cpu(x, w_q, w_scale, **opts), want)
+
+
+@needs_kernel
+def test_rows_are_read_where_they_lie_and_do_not_depend_on_the_batch():
+    x, w_q, w_scale, norm, post, residual = _case(5, 96, 640, seed=3)
+    wide = torch.zeros(5, 700)
+    wide[:, 30:670] = x
+    strided_x = wide[:, 30:670]
+    wide_res = torch.zeros(5, 128)
+    wide_res[:, 16:112] = residual
+    strided_res = wide_res[:, 16:112]
+    opts = dict(norm_weight=norm, eps=EPS, post_norm=post)
+    whole = linear_two_terms_c(strided_x, w_q, w_scale, residual=strided_res, **opts)
+    assert torch.equal(whole, linear_two_terms_ref(x, w_q, w_scale, residual=residual, **opts))
+    for i in range(5):  # each row alone gives the bits it had in the batch
+        row = linear_two_terms_c(x[i:i + 1], w_q, w_scale, residual=residual[i:i + 1], **opts)
+        assert torch.equal(row, whole[i:i + 1])
+
+
+@needs_kernel
+def test_declined_calls_compose_the_cpu_kernels_with_the_same_bits():
+    x, w_q, w_scale, norm, post, residual = _case(MAX_ROWS + 1, 40, 64, seed=5)
+    opts = dict(norm_weight=norm, eps=EPS, post_norm=post, residual=residual)
+    assert linear_two_terms_c(x, w_q, w_scale, **opts) is None  # more rows than MAX_ROWS
+    assert torch.equal(linear_two_terms_cpu(x, w_q, w_scale, **opts), linear_two_terms_ref(x, w_q, w_scale, **opts))
+    per_row = w_scale[:, 0].contiguous()  # per-row weight scales: the per-row GEMM's contract, not this kernel's
+    assert linear_two_terms_c(x[:2], w_q, per_row) is None
+    assert torch.equal(linear_two_terms_cpu(x[:2], w_q, per_row), linear_two_terms_ref(x[:2], w_q, per_row))
+    assert linear_two_terms_c(x[:2].double(), w_q, w_scale) is None
+    assert linear_two_terms_c(x[:2], w_q, w_scale, norm_weight=norm[:32]) is None  # a norm of the wrong length
+    assert linear_two_terms_c(x[:2], w_q, w_scale, residual=residual[:3]) is None  # a residual of other rows
+    assert linear_two_terms_c(x[:0], w_q, w_scale) is None
+    assert torch.equal(composed(x[:3], w_q, w_scale, **{**opts, "residual": residual[:3]}),
+                       linear_two_terms_ref(x[:3], w_q, w_scale, **{**opts, "residual": residual[:3]}))
