@@ -12,7 +12,8 @@ splits into:
   * gemm_lm_head: the output projection (262,144 x 640 on Gemma 3 270M) where it runs as its own C call;
   * quantize: the activations' int8 quantization (two terms, or one with the RMSNorm fused);
   * rmsnorm: the RMSNorms not fused into a quantization;
-  * attention, rope, kv_write: the paged attention, RoPE and KV-write kernels;
+  * attention, rope, kv_write: the paged attention, RoPE (with the q/k norms before it, where one call runs
+    both: kernels.rmsnorm_rope) and KV-write kernels;
   * other: the rest of the step -- the model's PyTorch glue (residual adds, views, GeGLU combination of two
     terms), the ForwardBatch, sampling, the Python in between.
 
@@ -70,7 +71,8 @@ def instrumented_ops(timers: Timers, vocab_size: int):
     """The CPU op family with every op timed (the GEMM split by whether its weight is the output projection)."""
     base = select_ops("cpu")
     fixed = {"quantize_per_token": "quantize", "quantize_two_terms": "quantize", "rmsnorm_quant": "quantize",
-             "rmsnorm": "rmsnorm", "paged_attention": "attention", "rope_neox": "rope", "kv_write": "kv_write"}
+             "rmsnorm": "rmsnorm", "paged_attention": "attention", "rope_neox": "rope", "rmsnorm_rope": "rope",
+             "kv_write": "kv_write"}
     wrapped = {op: timers.wrap(lambda *a, part=part: part, getattr(base, op)) for op, part in fixed.items()}
     wrapped["w8a8_gemm"] = timers.wrap(
         lambda a_q, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",

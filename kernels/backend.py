@@ -17,11 +17,12 @@ from kernels.linear_two_terms import compose as compose_linear_two_terms, linear
 from kernels.paged_attention import paged_attention_ref
 from kernels.quantize import quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
 from kernels.rmsnorm import rmsnorm_ref
+from kernels.rmsnorm_rope import compose as compose_rmsnorm_rope, rmsnorm_rope_ref
 from kernels.rope import rope_neox_ref
 from kernels.w8a8_gemm import w8a8_gemm_ref
 
 OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm", "rmsnorm_quant", "w8a8_gemm", "rope_neox",
-            "kv_write", "paged_attention", "linear_two_terms")
+            "kv_write", "paged_attention", "linear_two_terms", "rmsnorm_rope")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Ops:
     kv_write: Callable
     paged_attention: Callable
     linear_two_terms: Callable  # kernels.linear_two_terms: norm, two-term GEMM, post-norm, residual as one op
+    rmsnorm_rope: Callable  # kernels.rmsnorm_rope: the per-head norm, then RoPE
     name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
 
 
@@ -49,6 +51,7 @@ def reference_ops() -> Ops:
         kv_write=kv_write_ref,
         paged_attention=paged_attention_ref,
         linear_two_terms=linear_two_terms_ref,
+        rmsnorm_rope=rmsnorm_rope_ref,
         name="ref",
     )
 
@@ -72,6 +75,7 @@ def triton_ops() -> Ops:
         paged_attention=paged_attention_triton,
         linear_two_terms=compose_linear_two_terms(rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton,
                                                   "linear_two_terms_triton"),
+        rmsnorm_rope=compose_rmsnorm_rope(rmsnorm_triton, rope_neox_triton, "rmsnorm_rope_triton"),
         name="triton",
     )
 
@@ -87,6 +91,7 @@ CPU_FAST_PATH_MODULES = {
     "kv_write": "kernels.cpu.kv_write",
     "rope_neox": "kernels.cpu.rope",
     "linear_two_terms": "kernels.cpu.linear_two_terms",
+    "rmsnorm_rope": "kernels.cpu.rmsnorm_rope",
 }
 
 

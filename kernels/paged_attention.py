@@ -54,28 +54,32 @@ def visible_key_range(position: int, seq_len: int, sliding_window: int | None) -
 
 
 def gather_keys_ref(
-    cache: torch.Tensor, scale: torch.Tensor | None, block_ids: torch.Tensor, lo: int, hi: int
+    cache: torch.Tensor, scale: torch.Tensor | None, block_ids: torch.Tensor, lo: int, hi: int,
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Dequantized f32[hi - lo, Hkv, D] for key positions [lo, hi), reading only the blocks covering them."""
+    """Dequantized [hi - lo, Hkv, D] (float32, or `dtype`) for key positions [lo, hi), reading only the blocks
+    covering them."""
     block_size = cache.shape[1]
     first, last = lo // block_size, (hi - 1) // block_size
     ids = block_ids[first:last + 1].long()
-    values = cache[ids].float()  # [nb, BS, Hkv, D]
+    values = cache[ids].to(dtype)  # [nb, BS, Hkv, D]
     if scale is not None:
-        values = values * scale[ids][..., None]
+        values = values * scale[ids][..., None].to(dtype)
     values = values.reshape(-1, *cache.shape[2:])
     start = lo - first * block_size
     return values[start:start + hi - lo]
 
 
 def paged_attention_ref(a: PagedAttentionArgs) -> torch.Tensor:
-    """-> f32[T, Hq, D]; softmax in float32."""
+    """-> f32[T, Hq, D]; softmax in float32. A float64 q runs all of it in float64 (-> f64): the tests' oracle,
+    free of the float32 rounding the implementations are held to."""
     q, k_cache, v_cache, k_scale, v_scale = a.q, a.k_cache, a.v_cache, a.k_scale, a.v_scale
     block_tables, query_start_loc, seq_lens = a.block_tables, a.query_start_loc, a.seq_lens
     sm_scale, sliding_window = a.sm_scale, a.sliding_window
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     out = torch.zeros_like(q)
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     starts, lens = query_start_loc.tolist(), seq_lens.tolist()
     for s, seq_len in enumerate(lens):
         q_start, q_end = starts[s], starts[s + 1]
@@ -83,8 +87,8 @@ def paged_attention_ref(a: PagedAttentionArgs) -> torch.Tensor:
             continue
         first_pos = seq_len - (q_end - q_start)
         lo, _ = visible_key_range(first_pos, seq_len, sliding_window)
-        k = gather_keys_ref(k_cache, k_scale, block_tables[s], lo, seq_len)  # [L, Hkv, D]
-        v = gather_keys_ref(v_cache, v_scale, block_tables[s], lo, seq_len)
+        k = gather_keys_ref(k_cache, k_scale, block_tables[s], lo, seq_len, dtype)  # [L, Hkv, D]
+        v = gather_keys_ref(v_cache, v_scale, block_tables[s], lo, seq_len, dtype)
         k = k.repeat_interleave(Hq // Hkv, dim=1).transpose(0, 1)  # [Hq, L, D]
         v = v.repeat_interleave(Hq // Hkv, dim=1).transpose(0, 1)
         qs = q[q_start:q_end].transpose(0, 1)  # [Hq, q_len, D]
@@ -95,7 +99,7 @@ def paged_attention_ref(a: PagedAttentionArgs) -> torch.Tensor:
         if sliding_window is not None:
             visible &= (q_pos - k_pos) < sliding_window
         scores = scores.masked_fill(~visible, -math.inf)
-        probs = torch.softmax(scores.float(), dim=-1)
+        probs = torch.softmax(scores.to(dtype), dim=-1)
         out[q_start:q_end] = (probs @ v).transpose(0, 1)
     return out
 

@@ -51,8 +51,9 @@ class Rotary:
     """
 
     def __init__(self, kernel_rope, head_dim: int, base: float, position_scale: float = 1.0,
-                 freq_factors: torch.Tensor | None = None) -> None:
+                 freq_factors: torch.Tensor | None = None, kernel_ops: Ops | None = None) -> None:
         self.kernel_rope = kernel_rope
+        self.kernel_ops = kernel_ops  # for norm_rope: the family's rmsnorm and rmsnorm_rope
         self.base = base
         self.plain = position_scale == 1.0 and freq_factors is None
         inv_freq = rope_inv_freq(head_dim, base)
@@ -71,6 +72,13 @@ class Rotary:
         cos, sin = torch.cos(angle)[:, None, :], torch.sin(angle)[:, None, :]
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    def norm_rope(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor) -> torch.Tensor:
+        """self(rmsnorm(x, norm_weight)) per head (Gemma's q/k norms): plain RoPE runs both as the kernel
+        family's one rmsnorm_rope op."""
+        if self.plain:
+            return self.kernel_ops.rmsnorm_rope(x, norm_weight, eps, positions, self.base)
+        return self(self.kernel_ops.rmsnorm(x, norm_weight, eps), positions)
 
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, linear, eps: float, kernel_ops: Ops) -> torch.Tensor:

@@ -123,11 +123,10 @@ class Gemma3DecoderLayer:
         eps = cfg.rms_norm_eps
         t, hq, hkv, d = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = norm_linear(x, self.attn_norm, self.qkv, eps, self.kernel_ops)
-        rmsnorm = self.kernel_ops.rmsnorm
-        q = self.rotary(rmsnorm(qkv[:, : hq * d].reshape(t, hq, d), self.q_norm, eps), positions)
+        q = self.rotary.norm_rope(qkv[:, : hq * d].reshape(t, hq, d), self.q_norm, eps, positions)
         k = v = None
         if cfg.layers[self.layer_idx].kv_source_layer is None:
-            k = self.rotary(rmsnorm(qkv[:, hq * d: (hq + hkv) * d].reshape(t, hkv, d), self.k_norm, eps), positions)
+            k = self.rotary.norm_rope(qkv[:, hq * d: (hq + hkv) * d].reshape(t, hkv, d), self.k_norm, eps, positions)
             v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
         o = attn(self.layer_idx, q, k, v)
         x = linear_residual(o.reshape(t, hq * d), self.o, x, eps, self.kernel_ops, self.post_attention_norm)
@@ -143,7 +142,8 @@ class Gemma3DecoderLayer:
 def build_layer(config: ModelConfig, i: int, weights, kernel_ops) -> Gemma3DecoderLayer:
     p = f"layers.{i}."
     spec = config.layers[i]
-    rotary = Rotary(kernel_ops.rope_neox, config.head_dim, spec.rope_base, spec.rope_position_scale)
+    rotary = Rotary(kernel_ops.rope_neox, config.head_dim, spec.rope_base, spec.rope_position_scale,
+                    kernel_ops=kernel_ops)
     return Gemma3DecoderLayer(
         config=config, layer_idx=i, rotary=rotary, kernel_ops=kernel_ops, attn_norm=weights.tensor(p + "attn_norm"),
         qkv=weights.linear(p + "qkv"), q_norm=weights.tensor(p + "attn_q_norm"),
