@@ -86,11 +86,8 @@ class Int8Linear:
                 self._w_float = dequantize_weight(self.w_q, self.w_scale)
             return FloatLinear(self._w_float, self.gate_activation)(x)
         if self.activation_terms == 2:
-            return self._two_terms(x)
+            return self.two_terms(x)
         return self.from_quantized(*self.quantize(x))
-
-    def _two_terms(self, x: torch.Tensor) -> torch.Tensor:
-        return self.two_terms(x)
 
     def two_terms(self, x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                   post_norm: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
