@@ -2,26 +2,29 @@
 step path (bench.model's EngineSteps: ModelRunner over the paged KV cache, the CPU kernels, greedy sampling),
 broken down by part.
 
-Each kernel op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a step's wall time
-splits into:
+A decode step runs each decoder layer as one fused call where the kernel family has it (kernels.decoder_block:
+the whole Gemma 3 layer in one C call). The bench times the step as served (fused) and, in the same run, the
+same step with every layer composed of its ops (the fused op's baseline), and splits both by part: each kernel
+op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a step's wall time splits into
 
+  * decoder_block: the fused layers (everything of a layer: its GEMMs, attention, norms, RoPE, KV writes);
   * linear_layers, linear_lm_head: the two-term Linears that run as one C call (kernels.linear_two_terms: the
     RMSNorm before, both activation terms, the W8A8 GEMM, the post-norm and residual; up to its MAX_ROWS rows,
-    grouped weights, VNNI) of the decoder layers and of the output projection;
+    grouped weights) of the composed decoder layers and of the output projection;
   * gemm_layers: the decoder layers' W8A8 GEMMs (qkv, o, gate_up, down) where they run as their own C calls;
   * gemm_lm_head: the output projection (262,144 x 640 on Gemma 3 270M) where it runs as its own C call;
   * quantize: the activations' int8 quantization (two terms, or one with the RMSNorm fused);
   * rmsnorm: the RMSNorms not fused into a quantization;
-  * attention, rope, kv_write: the paged attention, RoPE (with the q/k norms before it, where one call runs
-    both: kernels.rmsnorm_rope) and KV-write kernels;
-  * other: the rest of the step -- the model's PyTorch glue (residual adds, views, GeGLU combination of two
-    terms), the ForwardBatch, sampling, the Python in between.
+  * attention, rope, kv_write, geglu: the paged attention, RoPE (with the q/k norms before it, where one call
+    runs both: kernels.rmsnorm_rope), KV-write and GeGLU kernels;
+  * other: the rest of the step -- the model's PyTorch glue (residual adds, views), the embedding, the
+    ForwardBatch, sampling, the Python in between.
 
-Baselines in the same run: the same step without the timers (the timers' own cost is the difference), and the
-GEMM floor -- the weight and scale bytes a step reads over a streaming read (torch sum over 512 MB, the same
-threads; measured before the steps and again after them), the time the GEMMs would take at the memory's
-practical limit. The prefill of a --prefill-token
-prompt (512; 0 skips it) is split the same way, best of the rounds.
+Baselines in the same run: the same steps without the timers (the timers' own cost is the difference), the
+composed step, and the GEMM floor -- the weight and scale bytes a step reads over a streaming read (torch sum
+over 512 MB, the same threads; measured before the steps and again after them), the time the GEMMs would take
+at the memory's practical limit. The prefill of a --prefill-token prompt (512; 0 skips it: more rows than the
+fused op takes, so it is composed) is split the same way, best of the rounds.
 
     python -m bench.step_profile [--quick] [--model NAME] [--batches 1,4,8] [--prefill 512] [--threads N]
 """
@@ -39,14 +42,18 @@ import torch
 from bench.model import EngineSteps
 from kernels.backend import select_ops
 from kernels.cpu.linear_two_terms import linear_two_terms_c
+from kernels.decoder_block import no_decoder_block
 from kernels.linear_two_terms import compose
 from services.engine.model import load_model
 
 STREAM_BYTES = 512 * 2**20
-PARTS = ("linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head", "quantize", "rmsnorm", "attention", "rope",
-         "kv_write")
-# The parts that read the weights (the GEMM bandwidth is computed over them).
-WEIGHT_PARTS = ("linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head")
+PARTS = ("decoder_block", "linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head", "quantize", "rmsnorm",
+         "attention", "rope", "kv_write", "geglu")
+# The parts that read the weights (the GEMM bandwidth is computed over them; decoder_block also holds the layers'
+# attention and row-wise ops).
+WEIGHT_PARTS = ("decoder_block", "linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head")
+# The step as served (each layer one fused call where the family has it), and every layer composed of its ops.
+VARIANTS = ("fused", "composed")
 
 
 class Timers:
@@ -67,12 +74,19 @@ class Timers:
         return timed
 
 
-def instrumented_ops(timers: Timers, vocab_size: int):
-    """The CPU op family with every op timed (the GEMM split by whether its weight is the output projection)."""
+def variant_ops(variant: str):
+    """The CPU op family of a variant: as served ("fused"), or without the fused layer ("composed")."""
     base = select_ops("cpu")
+    return base if variant == "fused" else dataclasses.replace(base, decoder_block=no_decoder_block)
+
+
+def instrumented_ops(timers: Timers, vocab_size: int, variant: str = "fused"):
+    """The CPU op family of `variant` with every op timed (the GEMM split by whether its weight is the output
+    projection)."""
+    base = variant_ops(variant)
     fixed = {"quantize_per_token": "quantize", "quantize_two_terms": "quantize", "rmsnorm_quant": "quantize",
              "rmsnorm": "rmsnorm", "paged_attention": "attention", "rope_neox": "rope", "rmsnorm_rope": "rope",
-             "kv_write": "kv_write"}
+             "kv_write": "kv_write", "geglu": "geglu", "decoder_block": "decoder_block"}
     wrapped = {op: timers.wrap(lambda *a, part=part: part, getattr(base, op)) for op, part in fixed.items()}
     wrapped["w8a8_gemm"] = timers.wrap(
         lambda a_q, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",
@@ -109,10 +123,14 @@ def main() -> None:
     steps = 10 if args.quick else 40
     rounds = 2 if args.quick else 4
 
-    plain, _ = load_model(args.model, "int8", progress=False)
-    vocab = plain.config.vocab_size
     timers = Timers()
-    timed_model, _ = load_model(args.model, "int8", kernel_ops=instrumented_ops(timers, vocab), progress=False)
+    models = {}  # (variant, timed) -> model
+    for variant in VARIANTS:
+        models[(variant, False)], _ = load_model(args.model, "int8", kernel_ops=variant_ops(variant), progress=False)
+        models[(variant, True)], _ = load_model(args.model, "int8", progress=False,
+                                                kernel_ops=instrumented_ops(timers, vocab_size(models), variant))
+    plain = models[("fused", False)]
+    vocab = plain.config.vocab_size
 
     x = torch.ones(STREAM_BYTES // 4)
     x.sum()
@@ -128,45 +146,58 @@ def main() -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         prompts = ((torch.arange(batch * args.context) * 7919) % (vocab - 300) + 300).view(batch, args.context).tolist()
         runs = {}
-        for name, model in (("plain", plain), ("timed", timed_model)):
+        for key_, model in models.items():
             run = EngineSteps(model, batch, args.context + rounds * steps + 8)
-            runs[name] = (run, run.step(prompts))
-        best_plain = best_timed = float("inf")
-        best_parts: dict[str, float] = {}
+            runs[key_] = (run, run.step(prompts))
+        best = {key_: float("inf") for key_ in models}
+        best_parts: dict[str, dict[str, float]] = {variant: {} for variant in VARIANTS}
         for _ in range(rounds):  # alternate, best round of each
-            run, tokens = runs["plain"]
-            tokens, t = _steps(run, tokens, steps)
-            runs["plain"] = (run, tokens)
-            best_plain = min(best_plain, t)
-            run, tokens = runs["timed"]
-            timers.seconds.clear()
-            timers.on = True
-            tokens, t = _steps(run, tokens, steps)
-            timers.on = False
-            runs["timed"] = (run, tokens)
-            if t < best_timed:
-                best_timed, best_parts = t, {p: timers.seconds.get(p, 0.0) / steps for p in PARTS}
-        other = best_timed - sum(best_parts.values())
+            for key_ in models:
+                variant, timed = key_
+                run, tokens = runs[key_]
+                timers.seconds.clear()
+                timers.on = timed
+                tokens, t = _steps(run, tokens, steps)
+                timers.on = False
+                runs[key_] = (run, tokens)
+                if t < best[key_]:
+                    best[key_] = t
+                    if timed:
+                        best_parts[variant] = {p: timers.seconds.get(p, 0.0) / steps for p in PARTS}
         key = f"b{batch}"
-        result[f"{key}_step_ms"] = round(best_plain * 1e3, 3)
-        result[f"{key}_step_timed_ms"] = round(best_timed * 1e3, 3)
-        print(f"batch {batch}: step {best_plain * 1e3:.2f} ms ({batch / best_plain:.1f} tok/s); with the timers "
-              f"{best_timed * 1e3:.2f} ms; the GEMM floor is {100 * floor_ms / 1e3 / best_plain:.0f}% of the step")
-        for part, seconds in (*best_parts.items(), ("other", other)):
-            result[f"{key}_{part}_ms"] = round(seconds * 1e3, 3)
-            print(f"  {part:13s} {seconds * 1e3:7.3f} ms  {100 * seconds / best_timed:5.1f}%")
-        gemm = sum(best_parts[p] for p in WEIGHT_PARTS)
-        result[f"{key}_gemm_gbps"] = round(weight_read / gemm / 1e9, 2)
-        result[f"{key}_gemm_pct_of_stream"] = round(100 * weight_read / gemm / 1e9 / stream_gbps, 1)
-        print(f"  GEMMs read {weight_read / gemm / 1e9:.1f} GB/s ({100 * weight_read / gemm / 1e9 / stream_gbps:.0f}% "
-              f"of the streaming read)")
+        fused, composed = best[("fused", False)], best[("composed", False)]
+        result[f"{key}_step_ms"] = round(fused * 1e3, 3)
+        result[f"{key}_step_composed_ms"] = round(composed * 1e3, 3)
+        result[f"{key}_composed_over_fused_x"] = round(composed / fused, 3)
+        print(f"batch {batch}: step {fused * 1e3:.2f} ms ({batch / fused:.1f} tok/s); each layer composed of its "
+              f"ops {composed * 1e3:.2f} ms ({composed / fused:.2f}x); the GEMM floor is "
+              f"{100 * floor_ms / 1e3 / fused:.0f}% of the step")
+        for variant in VARIANTS:
+            timed = best[(variant, True)]
+            parts = {p: v for p, v in best_parts[variant].items() if v > 0}
+            other = timed - sum(parts.values())
+            prefix = key if variant == "fused" else f"{key}_composed"
+            result[f"{prefix}_step_timed_ms"] = round(timed * 1e3, 3)
+            print(f"  {variant}, with the timers {timed * 1e3:.2f} ms:")
+            for part, seconds in (*parts.items(), ("other", other)):
+                result[f"{prefix}_{part}_ms"] = round(seconds * 1e3, 3)
+                print(f"    {part:13s} {seconds * 1e3:7.3f} ms  {100 * seconds / timed:5.1f}%")
+            gemm = sum(parts.get(p, 0.0) for p in WEIGHT_PARTS)
+            result[f"{prefix}_gemm_gbps"] = round(weight_read / gemm / 1e9, 2)
+            result[f"{prefix}_gemm_pct_of_stream"] = round(100 * weight_read / gemm / 1e9 / stream_gbps, 1)
+            print(f"    the weight-reading parts read {weight_read / gemm / 1e9:.1f} GB/s "
+                  f"({100 * weight_read / gemm / 1e9 / stream_gbps:.0f}% of the streaming read)")
     again = _stream_gbps(x)
     result["stream_read_after_gbps"] = round(again, 2)
     print(f"streaming read again after the steps: {again:.1f} GB/s (the percentages use the first; a gap between "
           f"the two says the machine's load changed)")
     if args.prefill:
-        _prefill_profile(plain, timed_model, timers, args.prefill, rounds, result)
+        _prefill_profile(plain, models[("composed", True)], timers, args.prefill, rounds, result)
     print("RESULT " + json.dumps(result))
+
+
+def vocab_size(models: dict) -> int:
+    return next(iter(models.values())).config.vocab_size
 
 
 def _stream_gbps(x: torch.Tensor) -> float:

@@ -1,10 +1,12 @@
 """CPU fast path of kernels.linear_two_terms (the norm, both int8 terms, the grouped W8A8 GEMM, their sum, the
-post-norm and the residual) through linear_two_terms.c: one C call where a decode step made five to eight,
+post-norm and the residual) through linear_two_terms.h: one C call where a decode step made five to eight,
 with the bits of the composition of the CPU family's own kernels, which runs where the C call cannot.
 
-The C call takes grouped weights (w_scale f32[N, K/32]) on AVX-512 VNNI CPUs, for up to MAX_ROWS rows (decode,
-small batches, speculative verification: the sizes where the calls' overhead is a large part of the step);
-larger calls, per-row weight scales and other CPUs run the composition.
+The C call takes grouped weights (w_scale f32[N, K/32]) for up to MAX_ROWS rows (decode, small batches,
+speculative verification: the sizes where the calls' overhead is a large part of the step), in the build of
+the grouped GEMM this CPU runs (kernels.cpu.w8a8_grouped: linear_two_terms.c around the AVX-512 VNNI GEMM,
+linear_two_terms_avx2.c around the AVX2 one); larger calls, per-row weight scales and other CPUs run the
+composition.
 """
 
 from __future__ import annotations
@@ -18,21 +20,45 @@ from kernels.cpu import native
 from kernels.cpu.quantize import quantize_two_terms_cpu
 from kernels.cpu.rmsnorm import rmsnorm_cpu
 from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
+from kernels.cpu.w8a8_grouped import chosen_isa
 from kernels.linear_two_terms import compose
 from kernels.quantize import SCALE_FLOOR
 from kernels.w8a8_grouped import GROUP
 
 MAX_ROWS = 64
-_C_SOURCE = Path(__file__).with_name("linear_two_terms.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_SIGNATURES = {"linear_two_terms_vnni": ([_P, _I, _I, _I, _P, ctypes.c_double, _P, _P, _I, _P, _P, _I, _P,
-                                         ctypes.c_float, ctypes.c_int], ctypes.c_int)}
+_ARGS = ([_P, _I, _I, _I, _P, ctypes.c_double, _P, _P, _I, _P, _P, _I, _P, ctypes.c_float, ctypes.c_int],
+         ctypes.c_int)
+# grouped GEMM isa -> (source, its one entry point)
+_KERNELS = {
+    "vnni": (Path(__file__).with_name("linear_two_terms.c"), "linear_two_terms_vnni"),
+    "avx2": (Path(__file__).with_name("linear_two_terms_avx2.c"), "linear_two_terms_avx2"),
+}
+_SIGNATURES = {isa: {name: _ARGS} for isa, (_, name) in _KERNELS.items()}
 
 composed = compose(rmsnorm_cpu, quantize_two_terms_cpu, w8a8_gemm_cpu, "linear_two_terms_composed_cpu")
 
 
-def library() -> ctypes.CDLL | None:
-    return native.load(_C_SOURCE, _SIGNATURES) if "vnni" in native.cpu_isas() else None
+def library(isa: str | None = None) -> ctypes.CDLL | None:
+    """The build around the grouped GEMM for `isa` ("vnni", "avx2"; by default the one the CPU family's GEMM
+    runs here), or None where this CPU does not run it or there is no C compiler."""
+    isa = chosen_isa(isa)
+    return native.load(_KERNELS[isa][0], _SIGNATURES[isa]) if isa else None
+
+
+_entries: dict[str | None, object] = {}  # isa -> the loaded entry point (a few microseconds a call saved)
+
+
+def entry(isa: str | None = None):
+    """The C entry point of `isa`'s build (see library), or None."""
+    fn = _entries.get(isa)
+    if fn is None:
+        chosen = chosen_isa(isa)
+        lib = library(chosen)
+        if lib is None:
+            return None
+        fn = _entries[isa] = getattr(lib, _KERNELS[chosen][1])
+    return fn
 
 
 def _f32_vector(t: torch.Tensor | None, n: int) -> bool:
@@ -43,8 +69,9 @@ def _f32_vector(t: torch.Tensor | None, n: int) -> bool:
 def linear_two_terms_c(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                        post_norm: torch.Tensor | None = None,
-                       residual: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The one C call, or None where it does not take these arguments (the caller composes)."""
+                       residual: torch.Tensor | None = None, isa: str | None = None) -> torch.Tensor | None:
+    """The one C call (in `isa`'s build, by default this CPU's), or None where it does not take these arguments
+    (the caller composes)."""
     if x.dim() != 2 or w_q.dim() != 2 or w_scale.dim() != 2:
         return None
     m, k = x.shape
@@ -56,11 +83,11 @@ def linear_two_terms_c(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
             or (residual is not None and (residual.dtype != torch.float32 or tuple(residual.shape) != (m, n)
                                           or residual.stride(1) != 1 or residual.device.type != "cpu"))):
         return None
-    lib = library()
-    if lib is None:
+    fn = entry(isa)
+    if fn is None:
         return None
     out = torch.empty((m, n), dtype=torch.float32)
-    if lib.linear_two_terms_vnni(
+    if fn(
             x.data_ptr(), m, k, x.stride(0), None if norm_weight is None else norm_weight.data_ptr(), float(eps),
             w_q.data_ptr(), w_scale.data_ptr(), n, None if post_norm is None else post_norm.data_ptr(),
             None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "avx2_tail.h"
+
 #define AVX512 __attribute__((target("avx512f,avx512bw")))
 
 /* ---- AVX-512 ---- */
@@ -60,11 +62,6 @@ AVX512 void kv_write_rows_avx512(const float *x, int64_t T, int64_t H, int64_t D
 
 /* ---- AVX2 + FMA (the file's baseline flags) ---- */
 
-/* The first n (< 8) lanes set: the mask of a maskload of a row's last n floats (the others read as 0). */
-static inline __m256i tail_mask8(int64_t n) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 static inline __m256 abs8(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
 
 /* 8 quantized values as int32 lanes: the AVX-512 build's divide, round (ties to even), clamp, convert. */
@@ -82,7 +79,7 @@ static inline __m128i pack8(__m256i v) {
 
 static inline float quantize_row_avx2(const float *x, int64_t K, int8_t *q, float floor_) {
     const int64_t K32 = K / 32 * 32, K8 = K / 8 * 8;
-    const __m256i tail = tail_mask8(K - K8);
+    const __m256i tail = avx2_tail_mask(K - K8);
     __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;  /* four chains; max is exact in any order */
     int64_t k = 0;
     for (; k < K32; k += 32) {

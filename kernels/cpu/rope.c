@@ -10,19 +10,17 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "avx2_tail.h"
+
 static inline __m256 mul_rounded(__m256 a, __m256 b) {
     __m256 p = _mm256_mul_ps(a, b);
     __asm__("" : "+x"(p));
     return p;
 }
 
-static inline __m256i tail_mask8(int64_t n) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 static inline void rope_row(const float *x, const float *c, const float *s, int64_t half, float *y) {
     for (int64_t i = 0; i < half; i += 8) {
-        const __m256i m = half - i >= 8 ? _mm256_set1_epi32(-1) : tail_mask8(half - i);
+        const __m256i m = half - i >= 8 ? _mm256_set1_epi32(-1) : avx2_tail_mask(half - i);
         const __m256 x1 = _mm256_maskload_ps(x + i, m), x2 = _mm256_maskload_ps(x + half + i, m);
         const __m256 cv = _mm256_maskload_ps(c + i, m), sv = _mm256_maskload_ps(s + i, m);
         _mm256_maskstore_ps(y + i, m, _mm256_sub_ps(mul_rounded(x1, cv), mul_rounded(x2, sv)));

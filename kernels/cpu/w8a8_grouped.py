@@ -38,11 +38,11 @@ _SIGNATURES = {isa: {name: _ARGS} for isa, (_, name) in _KERNELS.items()}
 def library(isa: str | None = None) -> ctypes.CDLL | None:
     """The library of the kernel for `isa` ("vnni", "avx2"; by default the best this CPU runs), or None where
     this CPU does not run it or there is no C compiler."""
-    isa = _chosen_isa(isa)
+    isa = chosen_isa(isa)
     return native.load(_KERNELS[isa][0], _SIGNATURES[isa]) if isa else None
 
 
-def _chosen_isa(isa: str | None) -> str | None:
+def chosen_isa(isa: str | None = None) -> str | None:
     """`isa`, or the best this CPU runs; None where this CPU does not run it."""
     isas = native.cpu_isas()
     isa = isa or next(iter(isas), None)
@@ -66,7 +66,7 @@ def w8a8_grouped_scaled_cpu(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch
             or a_scale.device.type != "cpu" or a_q.stride(1) != 1 or not w_q.is_contiguous()
             or not w_scale.is_contiguous() or tuple(a_scale.shape) != (m,) or not a_scale.is_floating_point()):
         return None
-    isa = _chosen_isa(isa)
+    isa = chosen_isa(isa)
     lib = library(isa)
     if lib is None:
         return None

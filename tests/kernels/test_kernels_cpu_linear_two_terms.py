@@ -1,9 +1,10 @@
-"""The two-term Linear in one C call (kernels/cpu/linear_two_terms.c) against kernels.linear_two_terms's
-reference, bit for bit: every combination of the norm before, the post-norm and the residual, decode and
-small-batch row counts up to MAX_ROWS, the VNNI kernel's 16-row blocks and short last blocks, strided rows;
-and the calls it declines (more rows, per-row weight scales, other dtypes), where linear_two_terms_cpu
-composes the CPU family's kernels with the same bits. Inputs span magnitudes, so a dropped rounding, a fused
-multiply-add or a norm over the wrong length changes the bits (checked against mutated kernels by hand)."""
+"""The two-term Linear in one C call (kernels/cpu/linear_two_terms.h, in each build this CPU runs: around the
+AVX-512 VNNI GEMM and around the AVX2 one) against kernels.linear_two_terms's reference, bit for bit: every
+combination of the norm before, the post-norm and the residual, decode and small-batch row counts up to
+MAX_ROWS, the kernels' 8- and 16-row blocks and short last blocks, strided rows; and the calls it declines
+(more rows, per-row weight scales, other dtypes), where linear_two_terms_cpu composes the CPU family's
+kernels with the same bits. Inputs span magnitudes, so a dropped rounding, a fused multiply-add or a norm over
+the wrong length changes the bits (checked against mutated kernels by hand)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from kernels.cpu.linear_two_terms import MAX_ROWS, composed, library, linear_two
 from kernels.linear_two_terms import linear_two_terms_ref
 from kernels.w8a8_grouped import GROUP
 
-needs_kernel = pytest.mark.skipif("vnni" not in native.cpu_isas() or library() is None,
-                                  reason="needs x86-64 with AVX-512 VNNI and cc")
+needs_kernel = pytest.mark.skipif(library() is None, reason="needs x86-64 with AVX2 and cc")
+# Each build this CPU runs (the engine runs the first).
+ISAS = [isa for isa in native.cpu_isas() if library(isa) is not None]
 EPS = 1e-6
 
 
@@ -40,12 +42,13 @@ def _options(norm, post, residual):
 
 
 @needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("m,n,k", [(1, 1152, 640), (2, 640, 2048), (3, 17, 64), (1, 1, 32), (8, 4096, 640),
                                    (9, 33, 96), (16, 640, 640), (17, 200, 640), (MAX_ROWS, 48, 128)])
-def test_one_call_equals_the_reference_bit_for_bit(m, n, k):
+def test_one_call_equals_the_reference_bit_for_bit(m, n, k, isa):
     x, w_q, w_scale, norm, post, residual = _case(m, n, k, seed=m * 1000 + n + k)
     for opts in _options(norm, post, residual):
-        got = linear_two_terms_c(x, w_q, w_scale, **opts)
+        got = linear_two_terms_c(x, w_q, w_scale, **opts, isa=isa)
         assert got is not None, "the C call declined a call it should take"
         want = linear_two_terms_ref(x, w_q, w_scale, **opts)
         assert torch.equal(got, want), {key: v is not None for key, v in opts.items()}
@@ -53,7 +56,8 @@ def test_one_call_equals_the_reference_bit_for_bit(m, n, k):
 
 
 @needs_kernel
-def test_rows_are_read_where_they_lie_and_do_not_depend_on_the_batch():
+@pytest.mark.parametrize("isa", ISAS)
+def test_rows_are_read_where_they_lie_and_do_not_depend_on_the_batch(isa):
     x, w_q, w_scale, norm, post, residual = _case(5, 96, 640, seed=3)
     wide = torch.zeros(5, 700)
     wide[:, 30:670] = x
@@ -62,10 +66,10 @@ def test_rows_are_read_where_they_lie_and_do_not_depend_on_the_batch():
     wide_res[:, 16:112] = residual
     strided_res = wide_res[:, 16:112]
     opts = dict(norm_weight=norm, eps=EPS, post_norm=post)
-    whole = linear_two_terms_c(strided_x, w_q, w_scale, residual=strided_res, **opts)
+    whole = linear_two_terms_c(strided_x, w_q, w_scale, residual=strided_res, **opts, isa=isa)
     assert torch.equal(whole, linear_two_terms_ref(x, w_q, w_scale, residual=residual, **opts))
     for i in range(5):  # each row alone gives the bits it had in the batch
-        row = linear_two_terms_c(x[i:i + 1], w_q, w_scale, residual=residual[i:i + 1], **opts)
+        row = linear_two_terms_c(x[i:i + 1], w_q, w_scale, residual=residual[i:i + 1], **opts, isa=isa)
         assert torch.equal(row, whole[i:i + 1])
 
 

@@ -1,7 +1,9 @@
 """The attention interface the model calls, and DenseAttention: contiguous per-sequence KV.
 
 The model hands each layer's q (q-norm and RoPE applied) and, for KV-producing layers, k/v to the
-backend; layers that share KV pass k = v = None and the backend reads the source layer's KV.
+backend; layers that share KV pass k = v = None and the backend reads the source layer's KV. A backend over
+the paged int8 cache also hands out, per layer, what a fused decoder layer (kernels.decoder_block) reads
+instead (`block_kv`); DenseAttention has none.
 DenseAttention keeps every sequence's KV contiguously from position 0 (float, or int8 with one
 float32 scale per token per KV head, emulated as quantize -> dequantize on write). It is the
 backend of the quality gates, perplexity and the model benchmark; the serving path uses paged KV.
@@ -16,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from kernels.decoder_block import BlockBatch, BlockCache
 from services.engine.model import ops
 from services.engine.model.config import ModelConfig
 
@@ -23,6 +26,10 @@ from services.engine.model.config import ModelConfig
 class AttentionBackend(Protocol):
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None,
                  v: torch.Tensor | None) -> torch.Tensor: ...
+
+    def block_kv(self, layer_idx: int) -> tuple[BlockCache, BlockBatch] | None:
+        """The layer's KV cache slot and this step's rows for it, for a fused decoder layer; None: the layer
+        composes its ops and calls the backend."""
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
@@ -100,6 +107,9 @@ class DenseAttention:
         self._query_lens = list(query_lens)
         self._start_positions = [self.seq_len(s) for s in range(self.num_seqs)]
         return torch.cat([torch.arange(p, p + n) for p, n in zip(self._start_positions, query_lens)])
+
+    def block_kv(self, layer_idx: int) -> None:
+        return None  # contiguous float KV: no fused layer reads it
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None,
                  v: torch.Tensor | None) -> torch.Tensor:

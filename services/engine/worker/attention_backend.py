@@ -2,7 +2,9 @@
 
 Per step it carries the batch metadata (ForwardBatch); per layer it writes the new K/V into the
 layer's slot at its group's slots (ops.kv_write) and attends over the group's block tables
-(ops.paged_attention). Layers that reuse another layer's KV (k is None) only attend.
+(ops.paged_attention). Layers that reuse another layer's KV (k is None) only attend. For a fused decoder
+layer (kernels.decoder_block) it hands out the layer's cache slot (one holder per slot, kept) and the step's
+rows for the layer's group (one holder per group and step), int8 caches only.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.decoder_block import BlockBatch, BlockCache
 from kernels.paged_attention import PagedAttentionArgs
 from services.engine.kv.kv_cache import KVCache
 
@@ -29,6 +32,7 @@ class ForwardBatch:
     sample_rows: torch.Tensor  # int64[R]: rows whose hidden state is sampled
     row_seq: torch.Tensor | None = None  # int32[T]: each query row's sequence (built once per step, not per layer)
     max_query_tokens: int = 0  # the longest query run of a sequence (host side: no launcher reads it back)
+    max_position: int = 0  # the largest of positions (host side)
 
 
 class PagedAttention:
@@ -38,6 +42,30 @@ class PagedAttention:
         self.paged_attention = paged_attention
         self.sm_scale = sm_scale
         self.batch: ForwardBatch | None = None
+        self._block_caches: dict[int, BlockCache] = {}  # cache slot -> its holder
+        self._block_batches: dict[int, BlockBatch] = {}  # group -> this step's holder
+        self._block_batches_of: ForwardBatch | None = None  # the step they belong to
+
+    def block_kv(self, layer_idx: int) -> tuple[BlockCache, BlockBatch] | None:
+        batch = self.batch
+        assert batch is not None, "PagedAttention used outside a step"
+        where = self.kv_cache.layout.layer_locations[layer_idx]
+        cache = self.kv_cache.slots[where.slot]
+        if cache.k_scale is None or cache.v_scale is None or batch.row_seq is None:
+            return None
+        held = self._block_caches.get(where.slot)
+        if held is None:
+            held = self._block_caches[where.slot] = BlockCache(cache.k_cache, cache.v_cache, cache.k_scale,
+                                                               cache.v_scale)
+        if self._block_batches_of is not batch:
+            self._block_batches, self._block_batches_of = {}, batch
+        rows = self._block_batches.get(where.group_id)
+        if rows is None:
+            g = where.group_id
+            rows = self._block_batches[g] = BlockBatch(
+                batch.positions, batch.max_position, batch.slot_mappings[g], batch.block_tables[g],
+                batch.query_start_loc, batch.seq_lens, batch.row_seq)
+        return held, rows
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
         batch = self.batch

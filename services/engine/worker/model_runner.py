@@ -82,6 +82,7 @@ class ModelRunner:
             sample_rows=fields[4],
             max_query_tokens=max(c.num_tokens for c in chunks),
             row_seq=fields[5].to(torch.int32),
+            max_position=max(positions),
         )
 
     @torch.inference_mode()

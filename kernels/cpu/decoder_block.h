@@ -1,0 +1,134 @@
+/* One Gemma 3 decoder layer over the paged int8 KV cache in one C call: every op the model makes for the layer
+ * (services/engine/model/models/gemma3.py, its kernel-family calls), in the same order, with the same
+ * functions, so every bit is the one the model's own composition gives (kernels/decoder_block.py says when it
+ * runs; tests/model/test_model_decoder_block.py checks the bits):
+ *
+ *   qkv  = linear_two_terms(x, norm attn_norm, W_qkv)              (linear_two_terms.h)
+ *   q    = rope(rmsnorm(q heads, q_norm))                          (rmsnorm.c's norm_row, rope.c's rope_row:
+ *   k    = rope(rmsnorm(k head, k_norm))                            rmsnorm_rope.c's loop)
+ *   cache[slot] = int8(k), int8(v)                                 (quantize.c's kv_write_rows)
+ *   a    = paged_attention(q, cache, block tables)                 (paged_attention*.c)
+ *   x1   = x + rmsnorm(linear_two_terms(a, W_o), post_attention_norm)
+ *   h    = geglu(linear_two_terms(x1, norm ffn_norm, W_gate_up))   (geglu.c)
+ *   out  = x1 + rmsnorm(linear_two_terms(h, W_down), post_ffw_norm)
+ *
+ * A layer that reads another layer's KV (writes_kv = 0) computes q only and writes nothing. What is saved is
+ * the Python between the ops (a decode step's layer made about twenty calls), and with it the gaps in which the
+ * GEMMs' OpenMP threads went to sleep: the layer's four GEMMs now run back to back.
+ *
+ * The includer brings the kernels of one CPU build (decoder_block_avx512.c, decoder_block_avx2.c), and defines
+ * BLOCK_GEMM (its grouped W8A8 GEMM), BLOCK_KV_WRITE (its kv_write_rows) and BLOCK_ENTRY (the entry point's
+ * name); paged_attention_i8 is the build's attention. The scratch rows are allocated per call (a decode step's
+ * are a few kilobytes).
+ */
+#ifndef SALON_DECODER_BLOCK_H
+#define SALON_DECODER_BLOCK_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "linear_two_terms.h"
+
+#define BLOCK_MAX_HEAD_DIM 1024
+
+/* One layer's weights and geometry (constant while the model lives). Norm weights f32; each Linear int8
+   w[N, K] with f32 scales [N, K / 32]. */
+typedef struct {
+    int64_t d_model, num_heads, num_kv_heads, head_dim, ffn_dim;
+    int64_t writes_kv;       /* 1: computes k/v and writes them; 0: attends over another layer's KV */
+    int64_t sliding_window;  /* 0: global attention */
+    double eps;
+    float sm_scale;
+    const float *attn_norm, *q_norm, *k_norm, *post_attention_norm, *ffn_norm, *post_ffw_norm;
+    const int8_t *qkv_w, *o_w, *gate_up_w, *down_w;
+    const float *qkv_s, *o_s, *gate_up_s, *down_s;
+} block_weights;
+
+/* The layer's KV cache slot: int8 k/v [num_blocks, block_size, Hkv, D], f32 scales [num_blocks, block_size, Hkv]. */
+typedef struct {
+    int8_t *k_cache, *v_cache;
+    float *k_scale, *v_scale;
+    int64_t block_size;
+} block_cache;
+
+/* One step's rows for the layer's KV cache group: T query rows of S sequences, grouped by sequence in order. */
+typedef struct {
+    int64_t num_tokens, num_seqs, max_blocks;
+    const int64_t *positions;     /* [T] */
+    const int64_t *slot_mapping;  /* [T]: cache slot (block * block_size + offset) of each row's k/v */
+    const int32_t *block_tables;  /* [S, max_blocks] */
+    const int32_t *query_start_loc, *seq_lens, *row_seq;  /* [S + 1], [S], [T] */
+} block_batch;
+
+/* x f32[T, d_model] (contiguous) -> the layer's output, in place; cos/sin f32[P, D / 2] the RoPE tables of the
+   layer's base (P > every position). Returns 0 when done, 1 when nothing was computed (shapes a kernel
+   declines, no memory): x is then unchanged. */
+int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch *B, const float *cos,
+                const float *sin, float *x, float scale_floor, int nthreads) {
+    const int64_t T = B->num_tokens, d = L->d_model, Hq = L->num_heads, Hkv = L->num_kv_heads;
+    const int64_t D = L->head_dim, F = L->ffn_dim, half = D / 2;
+    const int64_t n_qkv = L->writes_kv ? (Hq + 2 * Hkv) * D : Hq * D;
+    if (T < 1 || D < 2 || D % 2 || D > BLOCK_MAX_HEAD_DIM) return 1;
+    const float eps_f = (float)L->eps, inv_d = (float)(1.0 / (double)D);
+    float *qkv = malloc((size_t)(T * n_qkv) * sizeof(float));
+    float *q = malloc((size_t)(T * Hq * D) * sizeof(float));
+    float *kv = L->writes_kv ? malloc((size_t)(2 * T * Hkv * D) * sizeof(float)) : NULL;
+    float *att = malloc((size_t)(T * Hq * D) * sizeof(float));
+    float *x1 = malloc((size_t)(T * d) * sizeof(float));
+    float *h = malloc((size_t)(T * 2 * F) * sizeof(float));
+    float *act = malloc((size_t)(T * F) * sizeof(float));
+    int status = 1;
+    if (!qkv || !q || (L->writes_kv && !kv) || !att || !x1 || !h || !act) goto done;
+
+    /* attention */
+    if (linear_two_terms_with(BLOCK_GEMM, x, T, d, d, L->attn_norm, L->eps, L->qkv_w, L->qkv_s, n_qkv, NULL, NULL, 0,
+                              qkv, scale_floor, nthreads))
+        goto done;
+    float row[BLOCK_MAX_HEAD_DIM];
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos + B->positions[t] * half, *s = sin + B->positions[t] * half;
+        for (int64_t hd = 0; hd < Hq; hd++) {
+            norm_row(qkv + t * n_qkv + hd * D, L->q_norm, row, D, inv_d, eps_f);
+            rope_row(row, c, s, half, q + (t * Hq + hd) * D);
+        }
+        if (!L->writes_kv) continue;
+        for (int64_t hd = 0; hd < Hkv; hd++) {
+            norm_row(qkv + t * n_qkv + (Hq + hd) * D, L->k_norm, row, D, inv_d, eps_f);
+            rope_row(row, c, s, half, kv + (t * Hkv + hd) * D);
+        }
+        memcpy(kv + (T + t) * Hkv * D, qkv + t * n_qkv + (Hq + Hkv) * D, (size_t)(Hkv * D) * sizeof(float));
+    }
+    if (L->writes_kv) {
+        BLOCK_KV_WRITE(kv, T, Hkv, D, C->k_cache, C->k_scale, B->slot_mapping, scale_floor, nthreads);
+        BLOCK_KV_WRITE(kv + T * Hkv * D, T, Hkv, D, C->v_cache, C->v_scale, B->slot_mapping, scale_floor, nthreads);
+    }
+    paged_attention_i8(q, C->k_cache, C->v_cache, C->k_scale, C->v_scale, B->block_tables, B->max_blocks,
+                       B->query_start_loc, B->seq_lens, B->row_seq, T, Hq, Hkv, D, C->block_size, L->sm_scale,
+                       L->sliding_window, att, nthreads);
+    if (linear_two_terms_with(BLOCK_GEMM, att, T, Hq * D, Hq * D, NULL, L->eps, L->o_w, L->o_s, d,
+                              L->post_attention_norm, x, d, x1, scale_floor, nthreads))
+        goto done;
+
+    /* feed-forward */
+    if (linear_two_terms_with(BLOCK_GEMM, x1, T, d, d, L->ffn_norm, L->eps, L->gate_up_w, L->gate_up_s, 2 * F, NULL,
+                              NULL, 0, h, scale_floor, nthreads))
+        goto done;
+    geglu_rows(h, T, F, 2 * F, act, F);
+    /* the last op writes x itself: its residual is x1, so x is only overwritten once nothing can fail */
+    if (linear_two_terms_with(BLOCK_GEMM, act, T, F, F, NULL, L->eps, L->down_w, L->down_s, d, L->post_ffw_norm, x1,
+                              d, x, scale_floor, nthreads))
+        goto done;
+    status = 0;
+done:
+    free(qkv);
+    free(q);
+    free(kv);
+    free(att);
+    free(x1);
+    free(h);
+    free(act);
+    return status;
+}
+
+#endif

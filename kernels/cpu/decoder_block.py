@@ -1,0 +1,171 @@
+"""CPU fast path of kernels.decoder_block: a Gemma 3 layer of a decode-sized step as one C call (decoder_block.h),
+with the bits of the model's composition of the CPU family's ops.
+
+It runs where the family's own kernels are the ones the C build holds -- the VNNI grouped GEMM with the AVX-512
+attention and KV write (decoder_block_avx512.c), or the AVX2 ones (decoder_block_avx2.c) -- for up to MAX_ROWS
+rows, an int8 KV cache with scales, and head shapes the C attention takes. Anything else returns None and the
+model composes the layer from the ops (the same bits, call by call).
+
+The C structs of a BlockWeights, BlockCache or BlockBatch are built once per object and kept while it lives,
+so a call costs a dictionary lookup per holder and one ctypes call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from pathlib import Path
+
+import torch
+
+from kernels.cpu import native
+from kernels.cpu.linear_two_terms import MAX_ROWS
+from kernels.cpu.paged_attention import c_kernel_supports
+from kernels.cpu.rope import rope_tables
+from kernels.cpu.w8a8_grouped import chosen_isa
+from kernels.decoder_block import BlockBatch, BlockCache, BlockWeights
+from kernels.quantize import SCALE_FLOOR
+from kernels.w8a8_grouped import GROUP
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+class _Weights(ctypes.Structure):
+    _fields_ = ([(n, _I) for n in ("d_model", "num_heads", "num_kv_heads", "head_dim", "ffn_dim", "writes_kv",
+                                   "sliding_window")]
+                + [("eps", ctypes.c_double), ("sm_scale", ctypes.c_float)]
+                + [(n, _P) for n in ("attn_norm", "q_norm", "k_norm", "post_attention_norm", "ffn_norm",
+                                     "post_ffw_norm", "qkv_w", "o_w", "gate_up_w", "down_w", "qkv_s", "o_s",
+                                     "gate_up_s", "down_s")])
+
+
+class _Cache(ctypes.Structure):
+    _fields_ = [("k_cache", _P), ("v_cache", _P), ("k_scale", _P), ("v_scale", _P), ("block_size", _I)]
+
+
+class _Batch(ctypes.Structure):
+    _fields_ = ([(n, _I) for n in ("num_tokens", "num_seqs", "max_blocks")]
+                + [(n, _P) for n in ("positions", "slot_mapping", "block_tables", "query_start_loc", "seq_lens",
+                                     "row_seq")])
+
+
+_P3 = ctypes.POINTER(_Weights), ctypes.POINTER(_Cache), ctypes.POINTER(_Batch)
+_ARGS = ([*_P3, _P, _P, _P, ctypes.c_float, ctypes.c_int], ctypes.c_int)
+# build -> (source, its one entry point)
+_KERNELS = {
+    "avx512": (Path(__file__).with_name("decoder_block_avx512.c"), "decoder_block_avx512"),
+    "avx2": (Path(__file__).with_name("decoder_block_avx2.c"), "decoder_block_avx2"),
+}
+_SIGNATURES = {build: {name: _ARGS} for build, (_, name) in _KERNELS.items()}
+# The build that holds the CPU family's kernels: (grouped GEMM isa, SIMD isa of attention and the KV write).
+_BUILDS = {("vnni", "avx512"): "avx512", ("avx2", "avx2"): "avx2"}
+
+# holder -> its C struct (None: the holder's tensors are not what the C call takes); kept while the holder lives
+_structs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_entry: list = []  # the loaded entry point, once looked up ([None] where none runs here)
+
+
+def build() -> str | None:
+    """The C build that runs the CPU family's kernels on this CPU ("avx512", "avx2"), or None (e.g. AVX-512
+    without VNNI: the family's GEMM and attention are of two builds no library holds together)."""
+    return _BUILDS.get((chosen_isa(), native.simd_isa()))
+
+
+def library() -> ctypes.CDLL | None:
+    chosen = build()
+    return native.load(_KERNELS[chosen][0], _SIGNATURES[chosen]) if chosen else None
+
+
+def _entry_point():
+    if not _entry:
+        lib = library()
+        _entry.append(None if lib is None else getattr(lib, _KERNELS[build()][1]))
+    return _entry[0]
+
+
+def _f32(t: torch.Tensor, *shape: int) -> bool:
+    return t.dtype == torch.float32 and tuple(t.shape) == shape and t.is_contiguous() and t.device.type == "cpu"
+
+
+def _linear(w: torch.Tensor, s: torch.Tensor, n: int, k: int) -> bool:
+    return (w.dtype == torch.int8 and tuple(w.shape) == (n, k) and w.is_contiguous() and w.device.type == "cpu"
+            and k % GROUP == 0 and _f32(s, n, k // GROUP))
+
+
+def _weights_struct(w: BlockWeights) -> _Weights | None:
+    hq, hkv, d_head, f = w.num_heads, w.num_kv_heads, w.head_dim, w.ffn_dim
+    d = w.attn_norm.shape[0] if w.attn_norm.dim() == 1 else -1
+    n_qkv = (hq + 2 * hkv) * d_head if w.writes_kv else hq * d_head
+    ok = (d > 0 and c_kernel_supports(hq, hkv, d_head) and d_head % 2 == 0
+          and all(_f32(t, d) for t in (w.attn_norm, w.post_attention_norm, w.ffn_norm, w.post_ffw_norm))
+          and _f32(w.q_norm, d_head) and (not w.writes_kv or _f32(w.k_norm, d_head))
+          and _linear(w.qkv_w, w.qkv_s, n_qkv, d) and _linear(w.o_w, w.o_s, d, hq * d_head)
+          and _linear(w.gate_up_w, w.gate_up_s, 2 * f, d) and _linear(w.down_w, w.down_s, d, f))
+    if not ok:
+        return None
+    ptr = {n: getattr(w, n).data_ptr() for n in ("attn_norm", "q_norm", "post_attention_norm", "ffn_norm",
+                                                 "post_ffw_norm", "qkv_w", "o_w", "gate_up_w", "down_w", "qkv_s",
+                                                 "o_s", "gate_up_s", "down_s")}
+    return _Weights(d_model=d, num_heads=hq, num_kv_heads=hkv, head_dim=d_head, ffn_dim=f, writes_kv=int(w.writes_kv),
+                    sliding_window=w.sliding_window or 0, eps=w.eps, sm_scale=w.sm_scale,
+                    k_norm=w.k_norm.data_ptr() if w.writes_kv else None, **ptr)
+
+
+def _cache_struct(c: BlockCache) -> _Cache | None:
+    k = c.k_cache
+    if k.dim() != 4 or k.device.type != "cpu":
+        return None
+    nb, bs, hkv, _ = k.shape
+    ok = (all(t.dtype == torch.int8 and t.shape == k.shape and t.is_contiguous() for t in (c.k_cache, c.v_cache))
+          and c.k_scale is not None and c.v_scale is not None
+          and _f32(c.k_scale, nb, bs, hkv) and _f32(c.v_scale, nb, bs, hkv))
+    return _Cache(k_cache=k.data_ptr(), v_cache=c.v_cache.data_ptr(), k_scale=c.k_scale.data_ptr(),
+                  v_scale=c.v_scale.data_ptr(), block_size=bs) if ok else None
+
+
+def _batch_struct(b: BlockBatch) -> _Batch | None:
+    t = b.positions.shape[0] if b.positions.dim() == 1 else 0
+    s = b.seq_lens.shape[0] if b.seq_lens.dim() == 1 else 0
+
+    def vec(x: torch.Tensor, dtype: torch.dtype, n: int) -> bool:
+        return x.dtype == dtype and tuple(x.shape) == (n,) and x.is_contiguous() and x.device.type == "cpu"
+
+    ok = (t > 0 and s > 0 and vec(b.positions, torch.int64, t) and vec(b.slot_mapping, torch.int64, t)
+          and vec(b.query_start_loc, torch.int32, s + 1) and vec(b.seq_lens, torch.int32, s)
+          and vec(b.row_seq, torch.int32, t) and b.block_tables.dtype == torch.int32 and b.block_tables.dim() == 2
+          and b.block_tables.shape[0] == s and b.block_tables.is_contiguous())
+    if not ok:
+        return None
+    return _Batch(num_tokens=t, num_seqs=s, max_blocks=b.block_tables.shape[1], positions=b.positions.data_ptr(),
+                  slot_mapping=b.slot_mapping.data_ptr(), block_tables=b.block_tables.data_ptr(),
+                  query_start_loc=b.query_start_loc.data_ptr(), seq_lens=b.seq_lens.data_ptr(),
+                  row_seq=b.row_seq.data_ptr())
+
+
+def _struct(holder, make):
+    try:
+        return _structs[holder]
+    except KeyError:
+        struct = _structs[holder] = make(holder)
+        return struct
+
+
+def decoder_block_cpu(x: torch.Tensor, weights: BlockWeights, cache: BlockCache,
+                      batch: BlockBatch) -> torch.Tensor | None:
+    """The layer's output f32[T, d_model] (a new tensor), or None where the C call does not take these
+    arguments (the model composes the layer)."""
+    if not 1 <= x.shape[0] <= MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+        return None
+    fn = _entry_point()
+    if fn is None:
+        return None
+    w, c, b = _struct(weights, _weights_struct), _struct(cache, _cache_struct), _struct(batch, _batch_struct)
+    if (w is None or c is None or b is None or b.num_tokens != x.shape[0] or x.shape[1] != w.d_model
+            or batch.max_position < 0):
+        return None
+    cos, sin = rope_tables(weights.head_dim, weights.rope_base, batch.max_position + 1)
+    out = x.contiguous().clone()
+    if fn(ctypes.byref(w), ctypes.byref(c), ctypes.byref(b), cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+          SCALE_FLOOR, torch.get_num_threads()):
+        return None
+    return out

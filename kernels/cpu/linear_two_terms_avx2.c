@@ -1,0 +1,17 @@
+/* The two-term int8 Linear of grouped weights in one call on AVX2 CPUs (linear_two_terms.h has the
+ * composition; w8a8_grouped.c is its GEMM, whose activations may not hold -128: the two terms never do, they
+ * are clamped to [-127, 127]). linear_two_terms.c is the same on AVX-512 VNNI CPUs.
+ *
+ * Returns 0 when done, 1 when nothing was computed (shapes the GEMM declines, no memory).
+ */
+#include "rmsnorm.c"
+#include "quantize.c"
+#include "w8a8_grouped.c"
+#include "linear_two_terms.h"
+
+int linear_two_terms_avx2(const float *x, int64_t M, int64_t K, int64_t sx, const float *norm_w, double eps,
+                          const int8_t *w, const float *w_scale, int64_t N, const float *post_w,
+                          const float *residual, int64_t sr, float *out, float scale_floor, int nthreads) {
+    return linear_two_terms_with(w8a8_grouped_avx2, x, M, K, sx, norm_w, eps, w, w_scale, N, post_w, residual, sr,
+                                 out, scale_floor, nthreads);
+}

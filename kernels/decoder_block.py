@@ -1,0 +1,88 @@
+"""A whole Gemma 3 decoder layer over the paged int8 KV cache as one fused op, for decode-sized steps.
+
+A decode step runs each layer as about twenty kernel calls (two-term Linears, q/k norm and RoPE, the KV write,
+paged attention, GeGLU), each a few microseconds of Python, and between them the GEMMs' threads go idle. The
+fused op runs the layer as one call. Its contract is the model's own composition of the kernel family's ops
+(services/engine/model/models/gemma3.py): where a family has the op it gives that composition's bits, and
+where it cannot (or a family has none, `no_decoder_block`) it returns None and the model composes.
+
+    decoder_block(x f32[T, d_model], weights: BlockWeights, cache: BlockCache, batch: BlockBatch)
+        -> f32[T, d_model] | None        (a new tensor; x is not changed)
+
+The three holders are plain tensors and numbers: the layer's weights (built once with the model), the
+layer's KV cache slot (once per cache), and the step's rows for the layer's KV cache group (once per step and
+group, by the attention backend). Identity is what matters (eq=False): a family may keep what it derives from
+one (e.g. the C structs of kernels/cpu/decoder_block.py) for as long as that object lives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, eq=False)
+class BlockWeights:
+    """One Gemma 3 layer: norms f32[d_model] (q_norm, k_norm f32[head_dim]); each Linear as int8 w[N, K] and
+    f32 scales [N, K / 32] (the grouped contract) with two-term activations; qkv's N is (Hq + 2 Hkv) * head_dim,
+    or Hq * head_dim where the layer reads another layer's KV (writes_kv False); gate_up's rows are the gate,
+    then the up projection (GeGLU)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    eps: float
+    sm_scale: float
+    sliding_window: int | None  # None: global attention
+    rope_base: float  # plain NeoX RoPE of this base (no position scaling)
+    writes_kv: bool
+    attn_norm: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    post_ffw_norm: torch.Tensor
+    qkv_w: torch.Tensor
+    qkv_s: torch.Tensor
+    o_w: torch.Tensor
+    o_s: torch.Tensor
+    gate_up_w: torch.Tensor
+    gate_up_s: torch.Tensor
+    down_w: torch.Tensor
+    down_s: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class BlockCache:
+    """The layer's paged KV cache slot: int8 k/v [num_blocks, block_size, Hkv, D], f32 scales
+    [num_blocks, block_size, Hkv]."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    k_scale: torch.Tensor
+    v_scale: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class BlockBatch:
+    """A step's T query rows for one KV cache group, grouped by sequence in order (S sequences)."""
+
+    positions: torch.Tensor  # int64[T]
+    max_position: int  # the largest of positions (host side: what the RoPE tables must cover)
+    slot_mapping: torch.Tensor  # int64[T]: the group's cache slot of each row's k/v
+    block_tables: torch.Tensor  # int32[S, max_blocks]
+    query_start_loc: torch.Tensor  # int32[S + 1]
+    seq_lens: torch.Tensor  # int32[S]
+    row_seq: torch.Tensor  # int32[T]: each row's sequence
+
+
+def no_decoder_block(x: torch.Tensor, weights: BlockWeights, cache: BlockCache, batch: BlockBatch) -> None:
+    """The op of a family without a fused layer: always declines (the model composes)."""
+    return None
+
+
+def decoder_block_triton(x: torch.Tensor, weights: BlockWeights, cache: BlockCache, batch: BlockBatch) -> None:
+    """The Triton family has no fused layer (a GPU step's launches are cheap beside its GEMMs): it declines."""
+    return None

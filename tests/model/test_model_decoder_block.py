@@ -1,0 +1,136 @@
+"""The shipped Gemma 3 int8 model with each decoder layer of a decode-sized step as one C call
+(kernels.decoder_block, kernels/cpu/decoder_block.h) against the same model composing every layer from its
+ops, through the engine's own serving path (EngineCore: scheduler, paged int8 KV cache, sampling): the logits of
+every sampled position, and the KV cache they leave, are the same bits. The steps mix chunked prefills (chunks
+under and over the fused op's MAX_ROWS, so both paths fill the cache), batched decodes, contexts past the
+sliding window (released blocks), device prefix hits and speculative verification rows; synthetic-tiny adds
+grouped-query attention and layers that read another layer's KV. Each test also checks that the fused op ran
+(and, on synthetic-tiny, for the KV-sharing layers too): a test whose fused op always declined would compare
+the composition with itself."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernels.backend import select_ops
+from kernels.cpu import decoder_block as cpu_block
+from kernels.cpu.linear_two_terms import MAX_ROWS
+from kernels.decoder_block import no_decoder_block
+from services.engine.model import load_model
+from tests.engine_testlib import assert_rows_equal, logits_rows, make_core, make_request, tokens
+
+pytestmark = pytest.mark.skipif(cpu_block.library() is None,
+                                reason="the fused layer needs the AVX2 or AVX-512 VNNI build of the CPU kernels")
+
+
+class Counted:
+    """The CPU family's decoder_block, counting the calls it took (and those of layers that write no KV)."""
+
+    def __init__(self) -> None:
+        self.took = self.took_sharing = self.declined = 0
+
+    def __call__(self, x, weights, cache, batch):
+        out = cpu_block.decoder_block_cpu(x, weights, cache, batch)
+        if out is None:
+            self.declined += 1
+        else:
+            self.took += 1
+            self.took_sharing += not weights.writes_kv
+        return out
+
+
+def _fused_and_composed(name: str):
+    counted = Counted()
+    ops = select_ops("cpu")
+    fused = load_model(name, "int8", kernel_ops=dataclasses.replace(ops, decoder_block=counted), progress=False)
+    composed = load_model(name, "int8", kernel_ops=dataclasses.replace(ops, decoder_block=no_decoder_block),
+                          progress=False)
+    assert all(layer.block is not None for layer in fused[0].layers)
+    return fused, composed, counted
+
+
+@pytest.fixture(scope="module")
+def models():
+    return _fused_and_composed("gemma-3-270m")
+
+
+def _caches_equal(a, b) -> bool:
+    return all(torch.equal(x, y) for sa, sb in zip(a.kv_cache.slots, b.kv_cache.slots)
+               for x, y in zip(sa.tensors(), sb.tensors()))
+
+
+def _compare(models, requests_of, budget: int, **core_args):
+    fused, composed, counted = models
+    took = counted.took
+    cores = [make_core(m, budget=budget, kv_bytes=32 << 20, **core_args) for m in (fused, composed)]
+    got, want = (logits_rows(core, requests_of()) for core in cores)
+    assert got.keys() == want.keys()
+    for rid in got:
+        assert_rows_equal(got[rid], want[rid])
+    assert _caches_equal(*cores)
+    assert counted.took > took, "the fused layer never ran"
+
+
+def test_chunked_prefills_and_batched_decodes_past_the_window_give_the_composed_bits(models):
+    """Three sequences, one past the 512-token window: prefill chunks of 48 rows (fused) and the 600-token
+    prompt's first chunk of more than MAX_ROWS (composed), then decodes of all three in one step."""
+    assert MAX_ROWS < 100
+    requests = lambda: [make_request("long", tokens(600, seed=1), max_new=6),  # noqa: E731
+                        make_request("mid", tokens(70, seed=2), max_new=8),
+                        make_request("short", [2, 818, 5279, 529, 7001], max_new=8)]
+    _compare(models, requests, budget=48)
+    _compare(models, requests, budget=160)
+
+
+def test_device_prefix_hits_and_greedy_sampling_with_penalties_give_the_composed_bits(models):
+    """A second turn that extends the first one's prompt starts from its cached blocks (a device hit)."""
+    first = tokens(90, seed=3)
+    requests = lambda: [make_request("t1", first, max_new=5),  # noqa: E731
+                        make_request("t2", first + tokens(30, seed=4)[1:], max_new=5, repetition_penalty=1.2)]
+    _compare(models, requests, budget=64)
+
+
+def test_speculative_verification_rows_give_the_composed_bits(models):
+    """Draft tokens from the context's n-grams are verified as extra rows of a decode step."""
+    loop = [2] + [1000, 1001, 1002, 1003] * 12
+    requests = lambda: [make_request("loop", loop, max_new=12), make_request("other", tokens(40, seed=5), max_new=6)]  # noqa: E731
+    _compare(models, requests, budget=64, speculative_tokens=4)
+
+
+def test_grouped_query_attention_and_kv_sharing_layers_give_the_composed_bits():
+    """synthetic-tiny: 4 query heads over 2 KV heads, 32-token windows, layers 2 and 3 reading layers 0 and 1's KV."""
+    models = _fused_and_composed("synthetic-tiny")
+    assert [layer.block.writes_kv for layer in models[0][0].layers] == [True, True, False, False]
+    requests = lambda: [make_request("a", tokens(90, seed=7), max_new=10),  # noqa: E731
+                        make_request("b", tokens(20, seed=8), max_new=10)]
+    _compare(models, requests, budget=40)
+    assert models[2].took_sharing > 0
+
+
+def test_the_fused_op_declines_what_it_does_not_take_and_leaves_x_alone(models):
+    fused, _, _ = models
+    core = make_core(fused, budget=128, kv_bytes=8 << 20)
+    layer = fused[0].layers[0]
+    seen = []
+
+    def spy(x, weights, cache, batch):
+        before = x.clone()
+        out = cpu_block.decoder_block_cpu(x, weights, cache, batch)
+        seen.append((out is None, x.shape[0], torch.equal(x, before)))
+        if x.shape[0] <= MAX_ROWS:  # what it declines besides the row count
+            assert cpu_block.decoder_block_cpu(x.double(), weights, cache, batch) is None
+            assert cpu_block.decoder_block_cpu(x[:, :-1], weights, cache, batch) is None
+            empty = dataclasses.replace(cache, k_scale=None)
+            assert cpu_block.decoder_block_cpu(x, weights, empty, batch) is None
+        return out
+
+    layer.kernel_ops = dataclasses.replace(layer.kernel_ops, decoder_block=spy)
+    try:
+        logits_rows(core, [make_request("r", tokens(MAX_ROWS + 10, seed=6), max_new=2)])
+    finally:
+        layer.kernel_ops = fused[0].kernel_ops
+    assert seen[0] == (True, MAX_ROWS + 10, True)  # the prefill: more rows than the op takes
+    assert all(not declined and unchanged for declined, _, unchanged in seen[1:])  # decodes: taken, x untouched
