@@ -17,8 +17,12 @@ class SchedulerConfig:
     max_waiting_requests: int = field(
         default=256, metadata={"help": "requests waiting for admission before new ones get RESOURCE_EXHAUSTED"})
     long_prefill_tokens: int = field(
-        default=64, metadata={"help": "a prefill chunk's first share of a step, before leftover budget extends it "
-                                      "(0: no cap); lets short prefills share steps with long ones"})
+        default=16, metadata={"help": "the most tokens long prefills (prompts that do not fit the budget) take in a "
+                                      "step that also holds interactive work (decodes, prompts that fit the budget, "
+                                      "returning turns after a cache hit); 0: no such classes, every request in "
+                                      "arrival order (core/scheduler.py). Small keeps those steps short: on a CPU a "
+                                      "prefill's throughput is flat in its chunk size; a GPU step's fixed cost wants "
+                                      "more"})
     speculative_tokens: int = field(
         default=0, metadata={"help": "draft tokens verified per decode step (speculative decoding from the request's "
                                      "own context, exact: the same tokens as without it); 0: off"})

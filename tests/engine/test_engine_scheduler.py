@@ -106,15 +106,55 @@ def test_no_admission_past_the_running_limit():
     assert [r.request_id for r in s.waiting] == ["r2"]
 
 
-def test_a_short_prefill_shares_the_step_with_a_long_one_and_the_long_one_takes_the_rest():
+def test_a_short_prefill_goes_first_and_the_long_one_shares_a_step_with_it_up_to_the_cap():
     s = make_scheduler(num_blocks=256, budget=256, long_prefill_tokens=64)
     long, short = request("long", 900, 0.0), request("short", 30, 1.0)
     s.add(long)
-    assert chunks(step(s)) == [("long", 0, 256)]  # alone: the cap's leftover extends it to the whole budget
+    assert chunks(step(s)) == [("long", 0, 256)]  # alone: a long prefill takes the whole budget
     s.add(short)
-    # The long prefill's capped share (64), the short one whole (30), then the rest back to the long one.
-    assert chunks(step(s)) == [("long", 256, 226), ("short", 0, 30)]
-    assert chunks(step(s)) == [("long", 482, 255), ("short", 30, 1)]  # short now decodes
+    # The short one whole (30), then the long one up to the cap's worth of the step's prefill tokens (64 - 30).
+    assert chunks(step(s)) == [("short", 0, 30), ("long", 256, 34)]
+    assert chunks(step(s)) == [("short", 30, 1), ("long", 290, 64)]  # beside a decode: the cap
+    s.remove(short)
+    assert chunks(step(s)) == [("long", 354, 256)]  # alone again: the whole budget
+
+
+def test_long_prefills_go_in_arrival_order_and_interactive_ones_pass_them():
+    s = make_scheduler(num_blocks=256, budget=100, long_prefill_tokens=16)
+    a, b, c = request("a", 250, 0.0), request("b", 150, 1.0), request("c", 10, 2.0)
+    for r in (a, b, c):
+        s.add(r)
+    # c (10 tokens) is interactive: admitted first although it came last; a, the oldest long prefill, takes
+    # the rest of the cap (16 - 10); b waits its turn.
+    assert chunks(step(s)) == [("c", 0, 10), ("a", 0, 6)]
+    assert [r.request_id for r in s.waiting] == ["b"]
+    assert chunks(step(s)) == [("c", 10, 1), ("a", 6, 16)]
+    s.remove(c)
+    # Long prefills alone: the budget in arrival order, a first, and b (admitted now) after it.
+    assert chunks(step(s)) == [("a", 22, 100)]
+    assert chunks(step(s)) == [("a", 122, 100)]
+    assert chunks(step(s)) == [("a", 222, 28), ("b", 0, 72)]  # a stays long to its last chunk
+    assert chunks(step(s)) == [("a", 250, 1), ("b", 72, 16)]  # a decodes: b gets the cap
+
+
+def test_the_last_chunk_of_a_long_prefill_does_not_go_first():
+    s = make_scheduler(num_blocks=256, budget=64, long_prefill_tokens=8)
+    long, back = request("long", 100, 0.0), request("back", 20, 1.0)
+    s.add(long)
+    assert chunks(step(s)) == [("long", 0, 64)]
+    s.add(back)  # long has 36 left (they would fit the budget), back 20: back goes first, long gets no share
+    assert chunks(step(s)) == [("back", 0, 20)]
+    assert chunks(step(s)) == [("back", 20, 1), ("long", 64, 8)]
+
+
+def test_a_returning_turn_longer_than_the_cap_still_passes_a_long_prefill():
+    s = make_scheduler(num_blocks=256, budget=64, long_prefill_tokens=8)
+    long, back = request("long", 500, 0.0), request("back", 40, 1.0)
+    s.add(long)
+    assert chunks(step(s)) == [("long", 0, 64)]
+    s.add(back)  # 40 new tokens: more than the cap, but they fit the budget
+    assert chunks(step(s)) == [("back", 0, 40)]
+    assert chunks(step(s)) == [("back", 40, 1), ("long", 64, 8)]
 
 
 def test_without_the_cap_the_short_prefill_waits_for_the_long_one():

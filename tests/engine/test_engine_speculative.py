@@ -251,7 +251,8 @@ def test_preemption_and_abort_leave_no_blocks_behind(tiny):
     plain = drive(make_core(tiny), requests_of(specs))
     reference = {rid: list(p) + plain[rid].token_ids for rid, p, _, _ in specs}
     small = make_core(tiny).layout.page_bytes * 40
-    core = make_core(tiny, budget=32, kv_bytes=small, speculative_tokens=K)
+    # prompts (49 tokens) that fit the budget run together, so the small pool has to preempt
+    core = make_core(tiny, budget=64, kv_bytes=small, speculative_tokens=K)
     core.scheduler.proposer = OracleProposer(K, reference, lambda p: p % 4 == 0)
     assert_same(drive(core, requests_of(specs)), plain)
     assert core.scheduler.num_preemptions > 0 and core.num_accepted_draft_tokens > 0

@@ -1,17 +1,28 @@
 """Continuous batching: which requests compute which tokens in the next step.
 
-Every step has a token budget shared by everything in it. Running requests come first, oldest
-first: a decoding request takes 1 token, a prefilling one takes the rest of its prompt up to the
-remaining budget and at most `long_prefill_tokens` (chunked prefill, so a long prompt never stalls the
-decodes). Then waiting requests are admitted, oldest first, while budget, batch slots and KV blocks
-last, under the same cap. Whatever budget is left then goes to the prefills the cap cut, oldest first:
-a long prefill alone still fills the step, but a returning turn's few new tokens (after a cache hit)
-never wait behind another dialogue's long history.
+Every step has a token budget shared by everything in it. A request is *interactive* this step when what it
+has left to compute fits the budget, so it completes in one step: a decode (1 token), a short prompt, a
+returning turn's few new tokens after a cache hit; the others are *long* prefills (a dialogue's cold history),
+and a long prefill stays long until its prompt is computed (its last chunk is no reason to go first). A step
+is built in three passes:
+
+  1. running interactive requests, oldest first, each whole;
+  2. waiting requests, oldest first: interactive ones are admitted whole while budget, batch slots and KV
+     blocks last (a long one does not hold them back: it is taken in pass 3);
+  3. long prefills, oldest first (running, then waiting): beside interactive work they share at most
+     `long_prefill_tokens` minus the interactive prefill tokens, so a step with decodes or a returning turn
+     stays short; a step of long prefills alone gives them the whole budget. The oldest long prefill takes
+     its share first, so long prefills finish in arrival order instead of all slowly together.
+
+So a decode or a returning turn never waits behind another dialogue's long history for more than
+`long_prefill_tokens` of its tokens per step, while a long prefill alone still fills the step. On a CPU a
+prefill's throughput is flat in its chunk size (the weights are re-read per 32 tokens anyway), so short steps
+cost little throughput. long_prefill_tokens = 0 turns the classes off: every request in arrival order.
 
 When the blocks a running request needs are not free, the newest running request is preempted
 (its blocks are freed and it goes back to the head of the queue; its tokens are recomputed when it
 is readmitted). Newest-first preemption and oldest-first admission keep the order fair: a request
-is never preempted to make room for one that arrived after it.
+is never preempted to make room for one that arrived after it, nor for one already in this step.
 
 With prefix caching (prefix_caching.py), a request about to be admitted asks for its cached prefix
 first: the longer of its device hit and the host hit it was submitted with. It starts from there
@@ -98,6 +109,8 @@ class Scheduler:
         self._host_kv_to_load: dict[RequestId, HostKV] = {}
         self.proposer = NgramProposer(config.speculative_tokens, config.ngram_min, config.ngram_max) \
             if config.speculative_tokens > 0 else None
+        # Requests whose prompt is being computed as a long prefill (pass 3 of schedule), until it is computed.
+        self._long_prefills: set[RequestId] = set()
 
     # ---- queries -------------------------------------------------------------------------------
     @property
@@ -129,6 +142,7 @@ class Scheduler:
             self.waiting.remove(request)
         self._offered_host_hits.pop(request.request_id, None)
         self._host_kv_to_load.pop(request.request_id, None)
+        self._long_prefills.discard(request.request_id)
         if self.proposer is not None:
             self.proposer.forget(request.request_id)
         self.kv.free(request.request_id)
@@ -136,56 +150,102 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        cap = self.config.long_prefill_tokens or budget
+        # Long prefills' share beside interactive work; interactive: what has no more left than the budget
+        # (long_prefill_tokens 0: nothing is, every request goes in arrival order).
+        cap = min(self.config.long_prefill_tokens, budget)
+        fits = budget if cap else 0
         planned: dict[RequestId, int] = {}  # tokens each scheduled request computes, in scheduling order
         order: list[Request] = []
         preempted: list[RequestId] = []
+        long_running: list[Request] = []
+        # 1. Running interactive requests, oldest first, each whole.
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget, cap)
+            remaining = request.num_tokens - request.num_computed_tokens
+            if remaining > fits or request.request_id in self._long_prefills:
+                long_running.append(request)
+                i += 1
+                continue
+            num_new = min(remaining, budget)
             while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new):
-                victim = self.running[-1]
+                victim = self.running[-1]  # never one already planned: those are older than this request
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 if victim is request:
                     break
             else:
-                planned[request.request_id] = num_new
-                order.append(request)
+                self._plan(request, num_new, planned, order)
                 budget -= num_new
                 i += 1
-        # No admission in a step that had to preempt: the pool is short.
-        while self.waiting and budget > 0 and not preempted and len(self.running) < self.config.max_num_running:
-            request = self.waiting[0]
+        long_running += [r for r in self.running[i:] if r.request_id not in planned]
+        # 2. Waiting interactive requests, oldest first. No admission in a step that had to preempt: the pool
+        # is short.
+        long_waiting: list[Request] = []
+        for request in list(self.waiting):
+            if budget <= 0 or preempted or len(self.running) >= self.config.max_num_running:
+                break
             if self.prefix is not None and not request.prefix_looked_up:
                 self._start_from_cached_prefix(request)
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget, cap)
-            if not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new):
+            remaining = request.num_tokens - request.num_computed_tokens
+            if remaining > fits:
+                long_waiting.append(request)
+                continue
+            if not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, min(remaining, budget)):
                 break
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            bisect.insort(self.running, request, key=lambda r: r.arrival_s)
-            planned[request.request_id] = num_new
-            order.append(request)
+            self._admit(request, min(remaining, budget), planned, order)
+            budget -= planned[request.request_id]
+        # 3. Long prefills, oldest first: a cap's worth beside interactive work, else the whole budget.
+        share = budget
+        if order:
+            share = min(budget, max(0, cap - sum(n for n in planned.values() if n > 1)))
+        for request in long_running + (long_waiting if not preempted else []):
+            if share <= 0:
+                break
+            num_new = min(request.num_tokens - request.num_computed_tokens, share)
+            if request.status is RequestStatus.WAITING:
+                if (len(self.running) >= self.config.max_num_running
+                        or not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new)):
+                    break  # long prefills go in arrival order: none passes this one
+                self._admit(request, num_new, planned, order)
+            elif self._allocate_preempting_newer(request, num_new, planned, preempted):
+                self._plan(request, num_new, planned, order)
+            else:
+                break
+            if num_new < request.num_tokens - request.num_computed_tokens:
+                self._long_prefills.add(request.request_id)
+            else:
+                self._long_prefills.discard(request.request_id)
+            share -= num_new
             budget -= num_new
-        budget = self._extend_capped_prefills(order, planned, budget)
         drafts = self._propose_drafts(order, planned, budget) if not preempted else {}
         return SchedulerOutput([self._chunk(r, planned[r.request_id], drafts.get(r.request_id, ()))
                                 for r in order], preempted)
 
-    def _extend_capped_prefills(self, order: list[Request], planned: dict[RequestId, int], budget: int) -> int:
-        """Give the budget left after every request had its (capped) turn to the prefills the cap cut,
-        in scheduling order; no preemption for it. Returns the budget still left."""
-        for request in order:
-            if budget <= 0:
-                break
-            num_new = planned[request.request_id]
-            more = min(request.num_tokens - request.num_computed_tokens - num_new, budget)
-            if more > 0 and self.kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new + more):
-                planned[request.request_id] = num_new + more
-                budget -= more
-        return budget
+    @staticmethod
+    def _plan(request: Request, num_new: int, planned: dict[RequestId, int], order: list[Request]) -> None:
+        planned[request.request_id] = num_new
+        order.append(request)
+
+    def _admit(self, request: Request, num_new: int, planned: dict[RequestId, int], order: list[Request]) -> None:
+        """A waiting request whose slots are allocated joins the running batch with num_new tokens this step."""
+        self.waiting.remove(request)
+        request.status = RequestStatus.RUNNING
+        bisect.insort(self.running, request, key=lambda r: r.arrival_s)
+        self._plan(request, num_new, planned, order)
+
+    def _allocate_preempting_newer(self, request: Request, num_new: int, planned: dict[RequestId, int],
+                                   preempted: list[RequestId]) -> bool:
+        """Allocate a running request's slots, preempting (newest first) running requests that arrived after it
+        and are not in this step; False when even that leaves too few blocks."""
+        while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new):
+            victims = [r for r in self.running if r.arrival_s > request.arrival_s and r.request_id not in planned]
+            if not victims:
+                return False
+            victim = victims[-1]
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+        return True
 
     def _propose_drafts(self, order: list[Request], planned: dict[RequestId, int], budget: int
                         ) -> dict[RequestId, tuple[int, ...]]:
@@ -262,6 +322,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self._host_kv_to_load.pop(request.request_id, None)
+        self._long_prefills.discard(request.request_id)
         if self.prefix is not None:
             self.prefix.retire(request, keep=True)
         self.kv.free(request.request_id)
