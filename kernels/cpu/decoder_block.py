@@ -154,7 +154,7 @@ def decoder_block_cpu(x: torch.Tensor, weights: BlockWeights, cache: BlockCache,
                       batch: BlockBatch) -> torch.Tensor | None:
     """The layer's output f32[T, d_model] (a new tensor), or None where the C call does not take these
     arguments (the model composes the layer)."""
-    if not 1 <= x.shape[0] <= MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
         return None
     fn = _entry_point()
     if fn is None:
