@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from kernels.decoder_block import no_decoder_block
-from kernels.geglu import geglu_ref
+from kernels.glu import geglu_ref, swiglu_ref
 from kernels.kv_write import kv_write_ref
 from kernels.linear_two_terms import compose as compose_linear_two_terms, linear_two_terms_ref
 from kernels.paged_attention import paged_attention_ref
@@ -24,7 +24,8 @@ from kernels.rope import rope_neox_ref
 from kernels.w8a8_gemm import w8a8_gemm_ref
 
 OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm", "rmsnorm_quant", "w8a8_gemm", "rope_neox",
-            "kv_write", "paged_attention", "linear_two_terms", "rmsnorm_rope", "geglu", "decoder_block")
+            "kv_write", "paged_attention", "linear_two_terms", "rmsnorm_rope", "geglu", "swiglu",
+            "decoder_block")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class Ops:
     paged_attention: Callable
     linear_two_terms: Callable  # kernels.linear_two_terms: norm, two-term GEMM, post-norm, residual as one op
     rmsnorm_rope: Callable  # kernels.rmsnorm_rope: the per-head norm, then RoPE
-    geglu: Callable  # kernels.geglu: gelu_tanh(gate) * up with the fixed-order contract (int8 GeGLU Linears)
+    geglu: Callable  # kernels.glu: gelu_tanh(gate) * up with the fixed-order contract (int8 GeGLU Linears)
+    swiglu: Callable  # kernels.glu: silu(gate) * up with the fixed-order contract (int8 SwiGLU Linears)
     # kernels.decoder_block: a whole Gemma 3 layer over the paged int8 KV cache, or None (the model composes)
     decoder_block: Callable
     name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
@@ -58,6 +60,7 @@ def reference_ops() -> Ops:
         linear_two_terms=linear_two_terms_ref,
         rmsnorm_rope=rmsnorm_rope_ref,
         geglu=geglu_ref,
+        swiglu=swiglu_ref,
         decoder_block=no_decoder_block,
         name="ref",
     )
@@ -65,7 +68,7 @@ def reference_ops() -> Ops:
 
 def triton_ops() -> Ops:
     from kernels.decoder_block import decoder_block_triton
-    from kernels.geglu import geglu_triton
+    from kernels.glu import geglu_triton, swiglu_triton
     from kernels.kv_write import kv_write_triton
     from kernels.paged_attention import paged_attention_triton
     from kernels.quantize import quantize_per_token_triton, quantize_two_terms_triton, rmsnorm_quant_triton
@@ -86,6 +89,7 @@ def triton_ops() -> Ops:
                                                   "linear_two_terms_triton"),
         rmsnorm_rope=compose_rmsnorm_rope(rmsnorm_triton, rope_neox_triton, "rmsnorm_rope_triton"),
         geglu=geglu_triton,
+        swiglu=swiglu_triton,
         decoder_block=decoder_block_triton,
         name="triton",
     )
@@ -103,7 +107,8 @@ CPU_FAST_PATH_MODULES = {
     "rope_neox": "kernels.cpu.rope",
     "linear_two_terms": "kernels.cpu.linear_two_terms",
     "rmsnorm_rope": "kernels.cpu.rmsnorm_rope",
-    "geglu": "kernels.cpu.geglu",
+    "geglu": "kernels.cpu.glu",
+    "swiglu": "kernels.cpu.glu",
     "decoder_block": "kernels.cpu.decoder_block",
 }
 

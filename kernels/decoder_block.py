@@ -1,10 +1,12 @@
-"""A whole Gemma 3 decoder layer over the paged int8 KV cache as one fused op, for decode-sized steps.
+"""A whole pre-norm decoder layer (Gemma 3's or Llama's) over the paged int8 KV cache as one fused op, for
+decode-sized steps.
 
 A decode step runs each layer as about twenty kernel calls (two-term Linears, q/k norm and RoPE, the KV write,
-paged attention, GeGLU), each a few microseconds of Python, and between them the GEMMs' threads go idle. The
-fused op runs the layer as one call. Its contract is the model's own composition of the kernel family's ops
-(services/engine/model/models/gemma3.py): where a family has the op it gives that composition's bits, and
-where it cannot (or a family has none, `no_decoder_block`) it returns None and the model composes.
+paged attention, the gated activation), each a few microseconds of Python, and between them the GEMMs' threads
+go idle. The fused op runs the layer as one call. Its contract is the model's own composition of the kernel
+family's ops (services/engine/model/models/gemma3.py, llama.py): where a family has the op it gives that
+composition's bits, and where it cannot (or a family has none, `no_decoder_block`) it returns None and the
+model composes.
 
     decoder_block(x f32[T, d_model], weights: BlockWeights, cache: BlockCache, batch: BlockBatch)
         -> f32[T, d_model] | None        (a new tensor; x is not changed)
@@ -24,10 +26,11 @@ import torch
 
 @dataclass(frozen=True, eq=False)
 class BlockWeights:
-    """One Gemma 3 layer: norms f32[d_model] (q_norm, k_norm f32[head_dim]); each Linear as int8 w[N, K] and
-    f32 scales [N, K / 32] (the grouped contract) with two-term activations; qkv's N is (Hq + 2 Hkv) * head_dim,
-    or Hq * head_dim where the layer reads another layer's KV (writes_kv False); gate_up's rows are the gate,
-    then the up projection (GeGLU)."""
+    """One layer: norms f32[d_model] (q_norm, k_norm f32[head_dim]: Gemma's per-head norms; None where the
+    architecture has none, as the post-norms); each Linear as int8 w[N, K] with two-term activations and f32
+    scales [N, K / 32] (the grouped contract) or [N] (one per row); qkv's N is (Hq + 2 Hkv) * head_dim, or
+    Hq * head_dim where the layer reads another layer's KV (writes_kv False); gate_up's rows are the gate, then
+    the up projection, with `activation` "gelu_tanh" (GeGLU) or "silu" (SwiGLU)."""
 
     num_heads: int
     num_kv_heads: int
@@ -38,12 +41,13 @@ class BlockWeights:
     sliding_window: int | None  # None: global attention
     rope_base: float  # plain NeoX RoPE of this base (no position scaling)
     writes_kv: bool
+    activation: str
     attn_norm: torch.Tensor
-    q_norm: torch.Tensor
-    k_norm: torch.Tensor
-    post_attention_norm: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    post_attention_norm: torch.Tensor | None
     ffn_norm: torch.Tensor
-    post_ffw_norm: torch.Tensor
+    post_ffw_norm: torch.Tensor | None
     qkv_w: torch.Tensor
     qkv_s: torch.Tensor
     o_w: torch.Tensor

@@ -1,25 +1,27 @@
-/* One Gemma 3 decoder layer over the paged int8 KV cache in one C call: every op the model makes for the layer
- * (services/engine/model/models/gemma3.py, its kernel-family calls), in the same order, with the same
- * functions, so every bit is the one the model's own composition gives (kernels/decoder_block.py says when it
- * runs; tests/model/test_model_decoder_block.py checks the bits):
+/* One pre-norm decoder layer over the paged int8 KV cache in one C call -- Gemma 3's or Llama's: every op the
+ * model makes for the layer (services/engine/model/models/gemma3.py and llama.py, their kernel-family calls), in
+ * the same order, with the same functions, so every bit is the one the model's own composition gives
+ * (kernels/decoder_block.py says when it runs; tests/model/test_model_decoder_block.py checks the bits):
  *
  *   qkv  = linear_two_terms(x, norm attn_norm, W_qkv)              (linear_two_terms.h)
  *   q    = rope(rmsnorm(q heads, q_norm))                          (rmsnorm.c's norm_row, rope.c's rope_row:
- *   k    = rope(rmsnorm(k head, k_norm))                            rmsnorm_rope.c's loop)
+ *   k    = rope(rmsnorm(k heads, k_norm))                           rmsnorm_rope.c's loop; Llama: rope only)
  *   cache[slot] = int8(k), int8(v)                                 (quantize.c's kv_write_rows)
  *   a    = paged_attention(q, cache, block tables)                 (paged_attention*.c)
- *   x1   = x + rmsnorm(linear_two_terms(a, W_o), post_attention_norm)
- *   h    = geglu(linear_two_terms(x1, norm ffn_norm, W_gate_up))   (geglu.c)
- *   out  = x1 + rmsnorm(linear_two_terms(h, W_down), post_ffw_norm)
+ *   x1   = x + rmsnorm(linear_two_terms(a, W_o), post_attention_norm)       (Llama: no post-norm)
+ *   h    = act(linear_two_terms(x1, norm ffn_norm, W_gate_up))     (glu.c: GeGLU for Gemma, SwiGLU for Llama)
+ *   out  = x1 + rmsnorm(linear_two_terms(h, W_down), post_ffw_norm)         (Llama: no post-norm)
  *
- * A layer that reads another layer's KV (writes_kv = 0) computes q only and writes nothing. What is saved is
- * the Python between the ops (a decode step's layer made about twenty calls), and with it the gaps in which the
- * GEMMs' OpenMP threads went to sleep: the layer's four GEMMs now run back to back.
+ * A layer that reads another layer's KV (writes_kv = 0) computes q only and writes nothing. The Linears' scales
+ * are grouped (f32[N, K/32], BLOCK_GEMM) or one per row (f32[N], BLOCK_ROW_GEMM, which may decline row counts
+ * its build's composition would send elsewhere). What is saved is the Python between the ops (a decode step's
+ * layer made about twenty calls), and with it the gaps in which the GEMMs' OpenMP threads went to sleep: the
+ * layer's four GEMMs now run back to back.
  *
  * The includer brings the kernels of one CPU build (decoder_block_avx512.c, decoder_block_avx2.c), and defines
- * BLOCK_GEMM (its grouped W8A8 GEMM), BLOCK_KV_WRITE (its kv_write_rows) and BLOCK_ENTRY (the entry point's
- * name); paged_attention_i8 is the build's attention. The scratch rows are allocated per call (a decode step's
- * are a few kilobytes).
+ * BLOCK_GEMM (its grouped W8A8 GEMM), BLOCK_ROW_GEMM (its per-row one, as a grouped_gemm_fn), BLOCK_KV_WRITE
+ * (its kv_write_rows) and BLOCK_ENTRY (the entry point's name); paged_attention_i8 is the build's attention.
+ * The scratch rows are allocated per call (a decode step's are a few kilobytes).
  */
 #ifndef SALON_DECODER_BLOCK_H
 #define SALON_DECODER_BLOCK_H
@@ -31,13 +33,18 @@
 #include "linear_two_terms.h"
 
 #define BLOCK_MAX_HEAD_DIM 1024
+#define BLOCK_GEGLU 0
+#define BLOCK_SWIGLU 1
 
-/* One layer's weights and geometry (constant while the model lives). Norm weights f32; each Linear int8
-   w[N, K] with f32 scales [N, K / 32]. */
+/* One layer's weights and geometry (constant while the model lives). Norm weights f32 (q_norm, k_norm and the
+   post-norms NULL where the architecture has none); each Linear int8 w[N, K] with f32 scales [N, K / 32], or
+   [N] with per_row_scales. */
 typedef struct {
     int64_t d_model, num_heads, num_kv_heads, head_dim, ffn_dim;
     int64_t writes_kv;       /* 1: computes k/v and writes them; 0: attends over another layer's KV */
     int64_t sliding_window;  /* 0: global attention */
+    int64_t per_row_scales;  /* 1: one weight scale per row (BLOCK_ROW_GEMM); 0: per row and 32 channels */
+    int64_t activation;      /* BLOCK_GEGLU or BLOCK_SWIGLU */
     double eps;
     float sm_scale;
     const float *attn_norm, *q_norm, *k_norm, *post_attention_norm, *ffn_norm, *post_ffw_norm;
@@ -71,6 +78,7 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     const int64_t n_qkv = L->writes_kv ? (Hq + 2 * Hkv) * D : Hq * D;
     if (T < 1 || D < 2 || D % 2 || D > BLOCK_MAX_HEAD_DIM) return 1;
     const float eps_f = (float)L->eps, inv_d = (float)(1.0 / (double)D);
+    const grouped_gemm_fn gemm = L->per_row_scales ? BLOCK_ROW_GEMM : BLOCK_GEMM;
     float *qkv = malloc((size_t)(T * n_qkv) * sizeof(float));
     float *q = malloc((size_t)(T * Hq * D) * sizeof(float));
     float *kv = L->writes_kv ? malloc((size_t)(2 * T * Hkv * D) * sizeof(float)) : NULL;
@@ -82,20 +90,28 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     if (!qkv || !q || (L->writes_kv && !kv) || !att || !x1 || !h || !act) goto done;
 
     /* attention */
-    if (linear_two_terms_with(BLOCK_GEMM, x, T, d, d, L->attn_norm, L->eps, L->qkv_w, L->qkv_s, n_qkv, NULL, NULL, 0,
-                              qkv, scale_floor, nthreads))
+    if (linear_two_terms_with(gemm, x, T, d, d, L->attn_norm, L->eps, L->qkv_w, L->qkv_s, n_qkv, NULL, NULL, 0, qkv,
+                              scale_floor, nthreads))
         goto done;
     float row[BLOCK_MAX_HEAD_DIM];
     for (int64_t t = 0; t < T; t++) {
         const float *c = cos + B->positions[t] * half, *s = sin + B->positions[t] * half;
         for (int64_t hd = 0; hd < Hq; hd++) {
-            norm_row(qkv + t * n_qkv + hd * D, L->q_norm, row, D, inv_d, eps_f);
-            rope_row(row, c, s, half, q + (t * Hq + hd) * D);
+            const float *head = qkv + t * n_qkv + hd * D;
+            if (L->q_norm) {
+                norm_row(head, L->q_norm, row, D, inv_d, eps_f);
+                head = row;
+            }
+            rope_row(head, c, s, half, q + (t * Hq + hd) * D);
         }
         if (!L->writes_kv) continue;
         for (int64_t hd = 0; hd < Hkv; hd++) {
-            norm_row(qkv + t * n_qkv + (Hq + hd) * D, L->k_norm, row, D, inv_d, eps_f);
-            rope_row(row, c, s, half, kv + (t * Hkv + hd) * D);
+            const float *head = qkv + t * n_qkv + (Hq + hd) * D;
+            if (L->k_norm) {
+                norm_row(head, L->k_norm, row, D, inv_d, eps_f);
+                head = row;
+            }
+            rope_row(head, c, s, half, kv + (t * Hkv + hd) * D);
         }
         memcpy(kv + (T + t) * Hkv * D, qkv + t * n_qkv + (Hq + Hkv) * D, (size_t)(Hkv * D) * sizeof(float));
     }
@@ -106,18 +122,18 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     paged_attention_i8(q, C->k_cache, C->v_cache, C->k_scale, C->v_scale, B->block_tables, B->max_blocks,
                        B->query_start_loc, B->seq_lens, B->row_seq, T, Hq, Hkv, D, C->block_size, L->sm_scale,
                        L->sliding_window, att, nthreads);
-    if (linear_two_terms_with(BLOCK_GEMM, att, T, Hq * D, Hq * D, NULL, L->eps, L->o_w, L->o_s, d,
-                              L->post_attention_norm, x, d, x1, scale_floor, nthreads))
+    if (linear_two_terms_with(gemm, att, T, Hq * D, Hq * D, NULL, L->eps, L->o_w, L->o_s, d, L->post_attention_norm, x,
+                              d, x1, scale_floor, nthreads))
         goto done;
 
     /* feed-forward */
-    if (linear_two_terms_with(BLOCK_GEMM, x1, T, d, d, L->ffn_norm, L->eps, L->gate_up_w, L->gate_up_s, 2 * F, NULL,
-                              NULL, 0, h, scale_floor, nthreads))
+    if (linear_two_terms_with(gemm, x1, T, d, d, L->ffn_norm, L->eps, L->gate_up_w, L->gate_up_s, 2 * F, NULL, NULL, 0,
+                              h, scale_floor, nthreads))
         goto done;
-    geglu_rows(h, T, F, 2 * F, act, F);
+    (L->activation == BLOCK_SWIGLU ? swiglu_rows : geglu_rows)(h, T, F, 2 * F, act, F);
     /* the last op writes x itself: its residual is x1, so x is only overwritten once nothing can fail */
-    if (linear_two_terms_with(BLOCK_GEMM, act, T, F, F, NULL, L->eps, L->down_w, L->down_s, d, L->post_ffw_norm, x1,
-                              d, x, scale_floor, nthreads))
+    if (linear_two_terms_with(gemm, act, T, F, F, NULL, L->eps, L->down_w, L->down_s, d, L->post_ffw_norm, x1, d, x,
+                              scale_floor, nthreads))
         goto done;
     status = 0;
 done:

@@ -1,9 +1,10 @@
-"""CPU fast path of kernels.decoder_block: a Gemma 3 layer of a decode-sized step as one C call (decoder_block.h),
-with the bits of the model's composition of the CPU family's ops.
+"""CPU fast path of kernels.decoder_block: a Gemma 3 or Llama layer of a decode-sized step as one C call
+(decoder_block.h), with the bits of the model's composition of the CPU family's ops.
 
-It runs where the family's own kernels are the ones the C build holds -- the VNNI grouped GEMM with the AVX-512
+It runs where the family's own kernels are the ones the C build holds -- the VNNI GEMMs with the AVX-512
 attention and KV write (decoder_block_avx512.c), or the AVX2 ones (decoder_block_avx2.c) -- for up to MAX_ROWS
-rows, an int8 KV cache with scales, and head shapes the C attention takes. Anything else returns None and the
+rows (with per-row weight scales on AVX2: as many as the family's GEMV takes, GEMV_MAX_ROWS over two activation
+terms), an int8 KV cache with scales, and head shapes the C attention takes. Anything else returns None and the
 model composes the layer from the ops (the same bits, call by call).
 
 The C structs of a BlockWeights, BlockCache or BlockBatch are built once per object and kept while it lives,
@@ -21,6 +22,7 @@ import torch
 from kernels.cpu import native
 from kernels.cpu.linear_two_terms import MAX_ROWS
 from kernels.cpu.paged_attention import c_kernel_supports
+from kernels.cpu.w8a8_gemv import GEMV_MAX_ROWS
 from kernels.cpu.rope import rope_tables
 from kernels.cpu.w8a8_grouped import chosen_isa
 from kernels.decoder_block import BlockBatch, BlockCache, BlockWeights
@@ -32,7 +34,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 class _Weights(ctypes.Structure):
     _fields_ = ([(n, _I) for n in ("d_model", "num_heads", "num_kv_heads", "head_dim", "ffn_dim", "writes_kv",
-                                   "sliding_window")]
+                                   "sliding_window", "per_row_scales", "activation")]
                 + [("eps", ctypes.c_double), ("sm_scale", ctypes.c_float)]
                 + [(n, _P) for n in ("attn_norm", "q_norm", "k_norm", "post_attention_norm", "ffn_norm",
                                      "post_ffw_norm", "qkv_w", "o_w", "gate_up_w", "down_w", "qkv_s", "o_s",
@@ -59,6 +61,7 @@ _KERNELS = {
 _SIGNATURES = {build: {name: _ARGS} for build, (_, name) in _KERNELS.items()}
 # The build that holds the CPU family's kernels: (grouped GEMM isa, SIMD isa of attention and the KV write).
 _BUILDS = {("vnni", "avx512"): "avx512", ("avx2", "avx2"): "avx2"}
+_ACTIVATIONS = {"gelu_tanh": 0, "silu": 1}  # decoder_block.h's BLOCK_GEGLU, BLOCK_SWIGLU
 
 # holder -> its C struct (None: the holder's tensors are not what the C call takes); kept while the holder lives
 _structs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -87,28 +90,33 @@ def _f32(t: torch.Tensor, *shape: int) -> bool:
     return t.dtype == torch.float32 and tuple(t.shape) == shape and t.is_contiguous() and t.device.type == "cpu"
 
 
-def _linear(w: torch.Tensor, s: torch.Tensor, n: int, k: int) -> bool:
+def _linear(w: torch.Tensor, s: torch.Tensor, n: int, k: int, per_row: bool) -> bool:
     return (w.dtype == torch.int8 and tuple(w.shape) == (n, k) and w.is_contiguous() and w.device.type == "cpu"
-            and k % GROUP == 0 and _f32(s, n, k // GROUP))
+            and (_f32(s, n) if per_row else k % GROUP == 0 and _f32(s, n, k // GROUP)))
 
 
 def _weights_struct(w: BlockWeights) -> _Weights | None:
     hq, hkv, d_head, f = w.num_heads, w.num_kv_heads, w.head_dim, w.ffn_dim
     d = w.attn_norm.shape[0] if w.attn_norm.dim() == 1 else -1
     n_qkv = (hq + 2 * hkv) * d_head if w.writes_kv else hq * d_head
-    ok = (d > 0 and c_kernel_supports(hq, hkv, d_head) and d_head % 2 == 0
-          and all(_f32(t, d) for t in (w.attn_norm, w.post_attention_norm, w.ffn_norm, w.post_ffw_norm))
-          and _f32(w.q_norm, d_head) and (not w.writes_kv or _f32(w.k_norm, d_head))
-          and _linear(w.qkv_w, w.qkv_s, n_qkv, d) and _linear(w.o_w, w.o_s, d, hq * d_head)
-          and _linear(w.gate_up_w, w.gate_up_s, 2 * f, d) and _linear(w.down_w, w.down_s, d, f))
+    per_row = w.qkv_s.dim() == 1
+    optional = ((w.q_norm, d_head), (w.k_norm if w.writes_kv else None, d_head), (w.post_attention_norm, d),
+                (w.post_ffw_norm, d))
+    ok = (d > 0 and c_kernel_supports(hq, hkv, d_head) and d_head % 2 == 0 and w.activation in _ACTIVATIONS
+          and (not w.writes_kv or (w.q_norm is None) == (w.k_norm is None))
+          and all(_f32(t, d) for t in (w.attn_norm, w.ffn_norm)) and all(t is None or _f32(t, n) for t, n in optional)
+          and _linear(w.qkv_w, w.qkv_s, n_qkv, d, per_row) and _linear(w.o_w, w.o_s, d, hq * d_head, per_row)
+          and _linear(w.gate_up_w, w.gate_up_s, 2 * f, d, per_row) and _linear(w.down_w, w.down_s, d, f, per_row))
     if not ok:
         return None
-    ptr = {n: getattr(w, n).data_ptr() for n in ("attn_norm", "q_norm", "post_attention_norm", "ffn_norm",
-                                                 "post_ffw_norm", "qkv_w", "o_w", "gate_up_w", "down_w", "qkv_s",
-                                                 "o_s", "gate_up_s", "down_s")}
+    ptr = {n: getattr(w, n).data_ptr() for n in ("attn_norm", "ffn_norm", "qkv_w", "o_w", "gate_up_w", "down_w",
+                                                 "qkv_s", "o_s", "gate_up_s", "down_s")}
+    ptr.update({n: None if getattr(w, n) is None else getattr(w, n).data_ptr()
+                for n in ("q_norm", "post_attention_norm", "post_ffw_norm")})
     return _Weights(d_model=d, num_heads=hq, num_kv_heads=hkv, head_dim=d_head, ffn_dim=f, writes_kv=int(w.writes_kv),
-                    sliding_window=w.sliding_window or 0, eps=w.eps, sm_scale=w.sm_scale,
-                    k_norm=w.k_norm.data_ptr() if w.writes_kv else None, **ptr)
+                    sliding_window=w.sliding_window or 0, per_row_scales=int(per_row),
+                    activation=_ACTIVATIONS[w.activation], eps=w.eps, sm_scale=w.sm_scale,
+                    k_norm=w.k_norm.data_ptr() if w.writes_kv and w.k_norm is not None else None, **ptr)
 
 
 def _cache_struct(c: BlockCache) -> _Cache | None:
@@ -161,7 +169,7 @@ def decoder_block_cpu(x: torch.Tensor, weights: BlockWeights, cache: BlockCache,
         return None
     w, c, b = _struct(weights, _weights_struct), _struct(cache, _cache_struct), _struct(batch, _batch_struct)
     if (w is None or c is None or b is None or b.num_tokens != x.shape[0] or x.shape[1] != w.d_model
-            or batch.max_position < 0):
+            or batch.max_position < 0 or (w.per_row_scales and build() == "avx2" and 2 * x.shape[0] > GEMV_MAX_ROWS)):
         return None
     cos, sin = rope_tables(weights.head_dim, weights.rope_base, batch.max_position + 1)
     out = x.contiguous().clone()

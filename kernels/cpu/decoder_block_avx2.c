@@ -1,6 +1,6 @@
-/* The Gemma 3 decoder layer in one call on AVX2 CPUs (decoder_block.h has the composition): the AVX2 builds of
- * paged attention, the KV write and the grouped W8A8 GEMM, the kernels the CPU family runs on such a CPU.
- * decoder_block_avx512.c is the same on AVX-512 VNNI CPUs.
+/* The decoder layer in one call on AVX2 CPUs (decoder_block.h has the composition): the AVX2 builds of paged
+ * attention, the KV write, the grouped W8A8 GEMM and the per-row GEMV, the kernels the CPU family runs on such a
+ * CPU. decoder_block_avx512.c is the same on AVX-512 VNNI CPUs.
  *
  * The attention comes first, compiled as in its own library (before rmsnorm.c turns fp-contract off for what
  * follows; it holds no product feeding an addition anyway).
@@ -10,9 +10,20 @@
 #include "rope.c"
 #include "quantize.c"
 #include "w8a8_grouped.c"
-#include "geglu.c"
+#undef PREFETCH_BYTES
+#include "w8a8_gemv.c"
+#include "glu.c"
+#include "linear_two_terms.h"
+
+/* Per-row weight scales: the family's GEMM for up to GEMV_MAX_ROWS rows is w8a8_gemv.c (w8a8_gemm.py takes
+   larger calls elsewhere, so this declines them). */
+static int row_gemm_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out, int64_t ldo,
+                         const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
+    return w8a8_gemv_avx2(a, lda, w, out, ldo, a_scale, w_scale, M, N, K, nthreads);
+}
 
 #define BLOCK_GEMM w8a8_grouped_avx2
+#define BLOCK_ROW_GEMM row_gemm_avx2
 #define BLOCK_KV_WRITE kv_write_rows_avx2
 #define BLOCK_ENTRY decoder_block_avx2
 #include "decoder_block.h"

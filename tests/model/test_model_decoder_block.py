@@ -4,7 +4,8 @@ ops, through the engine's own serving path (EngineCore: scheduler, paged int8 KV
 every sampled position, and the KV cache they leave, are the same bits. The steps mix chunked prefills (chunks
 under and over the fused op's MAX_ROWS, so both paths fill the cache), batched decodes, contexts past the
 sliding window (released blocks), device prefix hits and speculative verification rows; synthetic-tiny adds
-grouped-query attention and layers that read another layer's KV. Each test also checks that the fused op ran
+grouped-query attention and layers that read another layer's KV; SmolLM2 (llama) has no q/k norms or
+post-norms, SwiGLU and one weight scale per row. Each test also checks that the fused op ran
 (and, on synthetic-tiny, for the KV-sharing layers too): a test whose fused op always declined would compare
 the composition with itself."""
 
@@ -108,6 +109,17 @@ def test_grouped_query_attention_and_kv_sharing_layers_give_the_composed_bits():
                         make_request("b", tokens(20, seed=8), max_new=10)]
     _compare(models, requests, budget=40)
     assert models[2].took_sharing > 0
+
+
+def test_llama_layers_with_per_row_scales_give_the_composed_bits():
+    """SmolLM2: 9 query heads over 3 KV heads, SwiGLU, per-row weight scales; decodes of up to 4 sequences (the
+    rows the AVX2 GEMV takes with two activation terms) and prefill chunks (composed)."""
+    models = _fused_and_composed("smollm2-135m-instruct")
+    assert models[0][0].layers[0].block.qkv_s.dim() == 1 and models[0][0].layers[0].block.activation == "silu"
+    vocab = models[0][0].config.vocab_size
+    requests = lambda: [make_request(f"r{i}", [t % (vocab - 100) + 100 for t in tokens(30 + 9 * i, seed=20 + i)],  # noqa: E731
+                                     max_new=8) for i in range(4)]
+    _compare(models, requests, budget=64)
 
 
 def test_the_fused_op_declines_what_it_does_not_take_and_leaves_x_alone(models):

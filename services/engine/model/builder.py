@@ -79,7 +79,8 @@ class Int8Weights:
                           gate_activation=gate_activation, quantize_activations=self.quantize_activations,
                           quantize=self.kernel_ops.quantize_per_token, activation_terms=self.terms_of(name),
                           quantize_two_terms=self.kernel_ops.quantize_two_terms,
-                          linear_two_terms=self.kernel_ops.linear_two_terms, geglu=self.kernel_ops.geglu)
+                          linear_two_terms=self.kernel_ops.linear_two_terms, geglu=self.kernel_ops.geglu,
+                          swiglu=self.kernel_ops.swiglu)
 
     def terms_of(self, name: str) -> int:
         """int8 terms per activation of Linear `name` (a number for all, or per projection: "down", "lm_head")."""

@@ -1,4 +1,5 @@
-"""Layers the architectures share: the token embedding, rotary position embedding, RMSNorm -> Linear.
+"""Layers the architectures share: the token embedding, rotary position embedding, RMSNorm -> Linear, and a
+decoder layer as the fused op takes it (kernels.decoder_block).
 
 Every architecture file (models/*.py) is written with these and the Linear classes (linear.py); the
 precision lives entirely in the Linear objects and the embedding table.
@@ -9,7 +10,9 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import Ops
+from kernels.decoder_block import BlockWeights
 from kernels.rope import rope_inv_freq
+from services.engine.model.config import ModelConfig
 from services.engine.model.linear import Int8Linear, dequantize_weight
 
 
@@ -101,3 +104,35 @@ def linear_residual(x: torch.Tensor, linear, residual: torch.Tensor, eps: float,
     if post_norm is not None:
         out = kernel_ops.rmsnorm(out, post_norm, eps)
     return residual + out
+
+
+def block_weights(config: ModelConfig, layer_idx: int, rotary: Rotary, attn_norm: torch.Tensor, qkv, o,
+                  ffn_norm: torch.Tensor, gate_up, down, q_norm: torch.Tensor | None = None,
+                  k_norm: torch.Tensor | None = None, post_attention_norm: torch.Tensor | None = None,
+                  post_ffw_norm: torch.Tensor | None = None) -> BlockWeights | None:
+    """A pre-norm decoder layer as kernels.decoder_block takes it -- four two-term int8 Linears with the same kind
+    of weight scales, a GeGLU or SwiGLU gate and plain RoPE -- or None (the layer always composes its ops)."""
+    linears = (qkv, o, gate_up, down)
+    if (not all(isinstance(lin, Int8Linear) and lin.fuses_two_terms() for lin in linears)
+            or len({lin.w_scale.dim() for lin in linears}) != 1 or gate_up.gate_activation not in ("gelu_tanh", "silu")
+            or not rotary.plain):
+        return None
+    spec = config.layers[layer_idx]
+    return BlockWeights(
+        num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+        ffn_dim=config.ffn_dim, eps=config.rms_norm_eps, sm_scale=config.attn_scale,
+        sliding_window=spec.sliding_window_tokens, rope_base=rotary.base, writes_kv=spec.kv_source_layer is None,
+        activation=gate_up.gate_activation, attn_norm=attn_norm, q_norm=q_norm, k_norm=k_norm,
+        post_attention_norm=post_attention_norm, ffn_norm=ffn_norm, post_ffw_norm=post_ffw_norm,
+        qkv_w=qkv.w_q, qkv_s=qkv.w_scale, o_w=o.w_q, o_s=o.w_scale, gate_up_w=gate_up.w_q,
+        gate_up_s=gate_up.w_scale, down_w=down.w_q, down_s=down.w_scale)
+
+
+def fused_layer(block: BlockWeights | None, kernel_ops: Ops, layer_idx: int, x: torch.Tensor,
+                attn) -> torch.Tensor | None:
+    """The layer's output from the family's fused op where the layer, the family and the attention backend take
+    it (the composition's bits); None: the layer composes its ops."""
+    if block is None:
+        return None
+    paged = attn.block_kv(layer_idx)
+    return None if paged is None else kernel_ops.decoder_block(x, block, *paged)

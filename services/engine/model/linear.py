@@ -4,9 +4,9 @@ Int8Linear holds int8 weights symmetric per output channel (w_scale f32[N]) or p
 group of 32 input channels (w_scale f32[N, K/32], the grouped contract of kernels/w8a8_grouped.py); each
 call quantizes the activations per token and runs the W8A8 GEMM (exact integer semantics, so every row's result is independent
 of the batch it sits in). Optional gated epilogue (rows [0, N/2) gate, [N/2, N) up):
-out = act(gate) * up with act = gelu_tanh (GeGLU) or silu (SwiGLU). A two-term GeGLU Linear runs the kernel
-family's `geglu` op (kernels.geglu: gelu_tanh with a fixed-order contract, the same bits in a C kernel and in
-PyTorch); a one-term one takes the GEMM's fused GeGLU epilogue (torch's gelu).
+out = act(gate) * up with act = gelu_tanh (GeGLU) or silu (SwiGLU). A two-term gated Linear runs the kernel
+family's `geglu` or `swiglu` op (kernels.glu: the activations with a fixed-order contract, the same bits in a C
+kernel and in PyTorch); a one-term one takes the GEMM's fused GeGLU epilogue (torch's gelu) or torch's silu.
 
 activation_terms = 2 quantizes each activation row as two int8 terms, x ~ s1 * q1 + s2 * q2, where
 (q2, s2) quantizes the residual x - s1 * q1 per token: about 14 bits of activation precision from the
@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from kernels.geglu import geglu_ref
+from kernels.glu import geglu_ref, swiglu_ref
 from kernels.linear_two_terms import LinearTwoTerms, compose
 from kernels.quantize import quantize_two_terms_ref
 from kernels.rmsnorm import rmsnorm_ref
@@ -61,7 +61,8 @@ class Int8Linear:
                  quantize_activations: bool = True, quantize: Quantize = ops.quantize_per_token,
                  activation_terms: int = 1, quantize_two_terms: Quantize = quantize_two_terms_ref,
                  linear_two_terms: LinearTwoTerms | None = None,
-                 geglu: Callable[[torch.Tensor], torch.Tensor] = geglu_ref) -> None:
+                 geglu: Callable[[torch.Tensor], torch.Tensor] = geglu_ref,
+                 swiglu: Callable[[torch.Tensor], torch.Tensor] = swiglu_ref) -> None:
         grouped = (w_q.shape[0], w_q.shape[1] // GROUP) if w_q.dim() == 2 and w_q.shape[1] % GROUP == 0 else None
         if w_q.dtype != torch.int8 or w_q.dim() != 2 or tuple(w_scale.shape) not in ((w_q.shape[0],), grouped):
             raise ValueError(f"Int8Linear needs int8 w_q[N, K] and f32 w_scale[N] or [N, K/{GROUP}], got "
@@ -76,7 +77,8 @@ class Int8Linear:
         # The two-term op (norm, both terms, GEMM, sum, post-norm, residual); by default composed of the given ops.
         self.linear_two_terms = linear_two_terms or compose(rmsnorm_ref, quantize_two_terms, gemm)
         self.gate_activation = gate_activation
-        self.geglu = geglu  # the two-term path's GeGLU (kernels.geglu)
+        # the two-term path's gated activation (kernels.glu)
+        self.glu = {"gelu_tanh": geglu, "silu": swiglu}.get(gate_activation)
         if activation_terms not in (1, 2):
             raise ValueError(f"activation_terms must be 1 or 2, got {activation_terms}")
         self.activation_terms = activation_terms
@@ -101,9 +103,7 @@ class Int8Linear:
         if self.gate_activation and (post_norm is not None or residual is not None):
             raise ValueError("a gated Linear's output takes no post-norm or residual here")
         out = self.linear_two_terms(x, self.w_q, self.w_scale, norm_weight, eps, post_norm, residual)
-        if self.gate_activation == "gelu_tanh":
-            return self.geglu(out)
-        return _gated(out, self.gate_activation) if self.gate_activation else out
+        return self.glu(out) if self.glu is not None else out
 
     def fuses_two_terms(self) -> bool:
         """Whether this Linear runs as the two-term op (int8 activations, two terms)."""

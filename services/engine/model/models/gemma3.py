@@ -8,10 +8,10 @@ Per layer (x is the residual stream, f32[T, d_model]):
     x = x + rmsnorm(down(gelu_tanh(gate(h)) * up(h)), post_ffw_norm)
 Embeddings are scaled by sqrt(d_model); the output projection is the (tied) embedding matrix.
 
-An int8 layer whose four Linears are grouped two-term ones (the shipped recipe) with plain RoPE also runs as
-one fused op over the paged int8 KV cache (kernels.decoder_block, the kernel family's `decoder_block`) where
-the family has it and the attention backend hands out the layer's cache (`block_kv`); the composition below is
-its contract, and runs wherever the fused op declines.
+An int8 layer whose four Linears are two-term ones (the shipped recipe) with plain RoPE also runs as one fused
+op over the paged int8 KV cache (kernels.decoder_block, the kernel family's `decoder_block`) where the family
+has it and the attention backend hands out the layer's cache (`block_kv`); the composition below is its
+contract, and runs wherever the fused op declines.
 
 From the metadata (llama.cpp's rules for gemma3): every 6th layer is global (1-based: layers 6, 12, ...)
 unless `gemma3.attention.sliding_window_pattern` says otherwise, the others attend within
@@ -31,8 +31,7 @@ import torch
 from kernels.decoder_block import BlockWeights
 from services.engine.model.config import LayerSpec, ModelConfig
 from services.engine.model.gguf_file import GGUFFile, GGUFMetadataError
-from services.engine.model.layers import Rotary, linear_residual, norm_linear
-from services.engine.model.linear import Int8Linear
+from services.engine.model.layers import Rotary, block_weights, fused_layer, linear_residual, norm_linear
 from services.engine.model.models.common import attention_geometry, read_weights as read_named, rope_linear_scale
 from services.engine.model.tokenizer import Vocab
 
@@ -124,15 +123,12 @@ class Gemma3DecoderLayer:
     gate_up: object  # Linear with GeGLU epilogue: d_model -> ffn_dim
     down: object  # Linear: ffn_dim -> d_model
     post_ffw_norm: torch.Tensor
-    block: BlockWeights | None = None  # the layer as the fused op takes it (fused_block), or None
+    block: BlockWeights | None = None  # the layer as the fused op takes it (layers.block_weights), or None
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
-        if self.block is not None:
-            paged = attn.block_kv(self.layer_idx)
-            if paged is not None:
-                out = self.kernel_ops.decoder_block(x, self.block, *paged)
-                if out is not None:
-                    return out
+        out = fused_layer(self.block, self.kernel_ops, self.layer_idx, x, attn)
+        if out is not None:
+            return out
         cfg = self.config
         eps = cfg.rms_norm_eps
         t, hq, hkv, d = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -153,23 +149,6 @@ class Gemma3DecoderLayer:
                 + sum(t.numel() * 4 for t in norms if t is not None))
 
 
-def fused_block(layer: Gemma3DecoderLayer) -> BlockWeights | None:
-    """The layer as kernels.decoder_block takes it: int8 grouped two-term Linears and plain RoPE; else None."""
-    cfg, spec = layer.config, layer.config.layers[layer.layer_idx]
-    linears = (layer.qkv, layer.o, layer.gate_up, layer.down)
-    if (not all(isinstance(lin, Int8Linear) and lin.fuses_two_terms() and lin.w_scale.dim() == 2 for lin in linears)
-            or layer.gate_up.gate_activation != "gelu_tanh" or not layer.rotary.plain):
-        return None
-    return BlockWeights(
-        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, ffn_dim=cfg.ffn_dim,
-        eps=cfg.rms_norm_eps, sm_scale=cfg.attn_scale, sliding_window=spec.sliding_window_tokens,
-        rope_base=layer.rotary.base, writes_kv=spec.kv_source_layer is None, attn_norm=layer.attn_norm,
-        q_norm=layer.q_norm, k_norm=layer.k_norm, post_attention_norm=layer.post_attention_norm,
-        ffn_norm=layer.ffn_norm, post_ffw_norm=layer.post_ffw_norm, qkv_w=layer.qkv.w_q, qkv_s=layer.qkv.w_scale,
-        o_w=layer.o.w_q, o_s=layer.o.w_scale, gate_up_w=layer.gate_up.w_q, gate_up_s=layer.gate_up.w_scale,
-        down_w=layer.down.w_q, down_s=layer.down.w_scale)
-
-
 def build_layer(config: ModelConfig, i: int, weights, kernel_ops) -> Gemma3DecoderLayer:
     p = f"layers.{i}."
     spec = config.layers[i]
@@ -182,5 +161,6 @@ def build_layer(config: ModelConfig, i: int, weights, kernel_ops) -> Gemma3Decod
         post_attention_norm=weights.tensor(p + "post_attention_norm"), ffn_norm=weights.tensor(p + "ffn_norm"),
         gate_up=weights.linear(p + "gate_up", "gelu_tanh"), down=weights.linear(p + "down"),
         post_ffw_norm=weights.tensor(p + "post_ffw_norm"))
-    layer.block = fused_block(layer)
+    layer.block = block_weights(config, i, rotary, layer.attn_norm, layer.qkv, layer.o, layer.ffn_norm, layer.gate_up,
+                                layer.down, layer.q_norm, layer.k_norm, layer.post_attention_norm, layer.post_ffw_norm)
     return layer

@@ -9,6 +9,9 @@ Per layer (x is the residual stream, f32[T, d_model]):
 No embedding scaling; the output projection is `output.weight`, or the embedding matrix when the file has none.
 Attention scale 1/sqrt(head_dim); every layer global (llama.cpp runs this architecture without a window).
 
+An int8 layer of two-term Linears (the shipped recipe) with plain RoPE also runs as one fused op over the paged
+int8 KV cache (kernels.decoder_block) where the kernel family has it; the composition below is its contract.
+
 RoPE layout: llama.cpp rotates adjacent channel pairs (2i, 2i + 1) for this architecture, and its converter
 permutes the rows of q and k (per head) so that Hugging Face's half-split rotation becomes that one. The
 kernels here rotate halves (NEOX: pairs (i, i + D/2)), so the rows are permuted back at load -- the inverse
@@ -22,9 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.decoder_block import BlockWeights
 from services.engine.model.config import LayerSpec, ModelConfig
 from services.engine.model.gguf_file import GGUFFile, GGUFMetadataError
-from services.engine.model.layers import Rotary, linear_residual, norm_linear
+from services.engine.model.layers import Rotary, block_weights, fused_layer, linear_residual, norm_linear
 from services.engine.model.models.common import (UnsupportedModelFile, attention_geometry, read_weights as read_named,
                                                  rope_linear_scale)
 from services.engine.model.tokenizer import Vocab
@@ -116,8 +120,12 @@ class LlamaDecoderLayer:
     ffn_norm: torch.Tensor
     gate_up: object  # Linear with SwiGLU epilogue: d_model -> ffn_dim
     down: object  # Linear: ffn_dim -> d_model
+    block: BlockWeights | None = None  # the layer as the fused op takes it (layers.block_weights), or None
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, attn) -> torch.Tensor:
+        out = fused_layer(self.block, self.kernel_ops, self.layer_idx, x, attn)
+        if out is not None:
+            return out
         cfg = self.config
         eps = cfg.rms_norm_eps
         t, hq, hkv, d = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -139,7 +147,10 @@ def build_layer(config: ModelConfig, i: int, weights, kernel_ops) -> LlamaDecode
     spec = config.layers[i]
     rotary = Rotary(kernel_ops.rope_neox, config.head_dim, spec.rope_base, spec.rope_position_scale,
                     weights.tensor("rope_freqs"))
-    return LlamaDecoderLayer(
+    layer = LlamaDecoderLayer(
         config=config, layer_idx=i, rotary=rotary, kernel_ops=kernel_ops, attn_norm=weights.tensor(p + "attn_norm"),
         qkv=weights.linear(p + "qkv"), o=weights.linear(p + "o"), ffn_norm=weights.tensor(p + "ffn_norm"),
         gate_up=weights.linear(p + "gate_up", "silu"), down=weights.linear(p + "down"))
+    layer.block = block_weights(config, i, rotary, layer.attn_norm, layer.qkv, layer.o, layer.ffn_norm, layer.gate_up,
+                                layer.down)
+    return layer

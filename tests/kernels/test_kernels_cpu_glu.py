@@ -1,7 +1,8 @@
-"""The GeGLU contract (kernels/geglu.py) and its C kernel (kernels/cpu/geglu.c), bit for bit: row lengths
-around the 8 lanes, strided rows, values across the whole range (the exp's clamps at -87 and 88, its zero
-below -87, huge and tiny gates); and the contract against gelu_tanh in float64. A fused multiply-add, a
-reordered product or torch's own gelu changes the bits (checked against mutated kernels by hand)."""
+"""The GeGLU and SwiGLU contracts (kernels/glu.py) and their C kernels (kernels/cpu/glu.c), bit for bit: row
+lengths around the 8 lanes, strided rows, values across the whole range (the exp's clamps at -87 and 88, its
+zero below -87, huge and tiny gates); and the contract against gelu_tanh and silu in float64. A fused
+multiply-add, a reordered product or torch's own gelu changes the bits (checked against mutated kernels by
+hand)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 import torch
 
 from kernels.cpu import native
-from kernels.cpu.geglu import geglu_cpu, library
-from kernels.geglu import exp_ref, geglu_ref, gelu_tanh_ref
+from kernels.cpu.glu import geglu_cpu, library, swiglu_cpu
+from kernels.glu import exp_ref, geglu_ref, gelu_tanh_ref, silu_ref, swiglu_ref
 
 needs_kernel = pytest.mark.skipif(not native.simd_isas() or library() is None, reason="needs x86-64 with AVX2 and cc")
+GLUS = [pytest.param(geglu_cpu, geglu_ref, id="geglu"), pytest.param(swiglu_cpu, swiglu_ref, id="swiglu")]
 
 
 def _gelu_tanh_f64(g: torch.Tensor) -> torch.Tensor:
@@ -28,31 +30,34 @@ def _ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
 
 
 @needs_kernel
+@pytest.mark.parametrize("kernel,ref", GLUS)
 @pytest.mark.parametrize("f", [1, 7, 8, 9, 16, 31, 1024, 2048])
 @pytest.mark.parametrize("m", [1, 3, 16])
-def test_kernel_matches_contract_bitwise(m, f):
+def test_kernel_matches_contract_bitwise(m, f, kernel, ref):
     g = torch.Generator().manual_seed(m * 10_000 + f)
     y = torch.randn(m, 2 * f, generator=g) * torch.logspace(-4, 2, m)[:, None]
-    assert torch.equal(geglu_cpu(y), geglu_ref(y))
+    assert torch.equal(kernel(y), ref(y))
 
 
 @needs_kernel
-def test_every_range_of_the_gate_gives_the_contract_bits():
+@pytest.mark.parametrize("kernel,ref", GLUS)
+def test_every_range_of_the_gate_gives_the_contract_bits(kernel, ref):
     """Gates from -1e6 to 1e6: z past both clamps, the zero below -87, exp near its limits, g^3 overflowing."""
     gates = torch.cat([torch.linspace(-60, 60, 40_001), -torch.logspace(-30, 6, 999), torch.logspace(-30, 6, 999),
                        torch.tensor([0.0, -0.0, 5.61, 5.62, -5.55, -5.56])])
     ups = torch.randn(gates.numel(), generator=torch.Generator().manual_seed(1)) * 3
     y = torch.cat([gates, ups])[None, :]  # one row: gate columns first, then up
-    assert torch.equal(geglu_cpu(y), geglu_ref(y))
-    assert torch.isfinite(geglu_cpu(y)).all()
+    assert torch.equal(kernel(y), ref(y))
+    assert torch.isfinite(kernel(y)).all()
 
 
 @needs_kernel
-def test_strided_rows_are_read_where_they_lie():
+@pytest.mark.parametrize("kernel,ref", GLUS)
+def test_strided_rows_are_read_where_they_lie(kernel, ref):
     wide = torch.randn(5, 4200, generator=torch.Generator().manual_seed(2))
     y = wide[:, 50:4146]  # row stride 4200, 2 x 2048 columns
     assert not y.is_contiguous()
-    assert torch.equal(geglu_cpu(y), geglu_ref(y.contiguous()))
+    assert torch.equal(kernel(y), ref(y.contiguous()))
 
 
 def test_contract_is_gelu_tanh_to_a_few_ulps():
@@ -60,6 +65,13 @@ def test_contract_is_gelu_tanh_to_a_few_ulps():
     assert _ulps(gelu_tanh_ref(g), _gelu_tanh_f64(g))[g != 0].max() <= 4
     ours, theirs = gelu_tanh_ref(g), torch.nn.functional.gelu(g, approximate="tanh")
     assert (ours.double() - theirs.double()).abs().max() <= 4e-6  # torch's own, in its own rounding
+
+
+def test_silu_contract_is_silu_to_a_few_ulps():
+    g = torch.linspace(-10, 12, 300_001)
+    want = g.double() / (1 + torch.exp(-g.double()))
+    assert _ulps(silu_ref(g), want)[g != 0].max() <= 4
+    assert (silu_ref(g).double() - torch.nn.functional.silu(g).double()).abs().max() <= 4e-6
 
 
 def test_contract_keeps_the_negative_tail_where_torch_cancels():
@@ -77,7 +89,8 @@ def test_exp_is_exp_to_a_few_ulps_and_zero_below_its_range():
     assert torch.equal(exp_ref(torch.tensor([-87.01, -1000.0, float("-inf")])), torch.zeros(3))
 
 
-def test_reference_refuses_what_is_not_gate_and_up_columns():
+@pytest.mark.parametrize("ref,name", [(geglu_ref, "geglu"), (swiglu_ref, "swiglu")])
+def test_reference_refuses_what_is_not_gate_and_up_columns(ref, name):
     for bad in (torch.zeros(2, 3), torch.zeros(4), torch.zeros(2, 4, dtype=torch.float64)):
-        with pytest.raises(ValueError, match="geglu"):
-            geglu_ref(bad)
+        with pytest.raises(ValueError, match=name):
+            ref(bad)
