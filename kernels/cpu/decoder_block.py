@@ -3,8 +3,8 @@
 
 It runs where the family's own kernels are the ones the C build holds -- the VNNI GEMMs with the AVX-512
 attention and KV write (decoder_block_avx512.c), or the AVX2 ones (decoder_block_avx2.c) -- for up to MAX_ROWS
-rows (with per-row weight scales on AVX2: as many as the family's GEMV takes, GEMV_MAX_ROWS over two activation
-terms), an int8 KV cache with scales, and head shapes the C attention takes. Anything else returns None and the
+rows (with per-row weight scales on AVX2: as many as one call of the family's GEMV takes, GEMV_MAX_ROWS over two
+activation terms), an int8 KV cache with scales, and head shapes the C attention takes. Anything else returns None and the
 model composes the layer from the ops (the same bits, call by call).
 
 The C structs of a BlockWeights, BlockCache or BlockBatch are built once per object and kept while it lives,

@@ -7,13 +7,12 @@ Exact ways to get the int32 accumulator acc = a_q @ w_q^T, best first:
   the multiplies at large ones). Measured here (2 cores) against the AVX2 kernel: the 262,144 x 640 output
   projection at 32 rows 9.9 ms vs 37 ms, at 1 row 2.7 ms vs 2.7 ms; a 256 x 4096 x 640 prefill GEMM 1.8 ms
   vs 8.7 ms for the float path.
-- Without VNNI, for M <= GEMV_MAX_ROWS (decode and small batches), the AVX2 GEMV of w8a8_gemv.c: exact
-  int8 products through vpmaddubsw, every weight byte read once per call, the rows split between the
-  threads, the dequantization done as it stores; it declines activations holding -128 (the next path
-  takes those).
-- Without VNNI, the AVX2 kernel for M < SMALL_M_ROWS (decode, small batches) or for any M on a weight of
-  LARGE_WEIGHT_ELEMENTS or more (the output projection, which the float path would widen to 670 MB every
-  call), C_ROW_BLOCK rows at a time.
+- Without VNNI, at any M, GEMV_MAX_ROWS rows a call, the AVX2 GEMV of w8a8_gemv.c: exact int8 products
+  through vpmaddubsw, every weight byte read from memory once per call, the rows split between the threads,
+  the dequantization done as it stores (faster than the next two paths at every M measured, 1 to 1024 rows);
+  it declines activations holding -128 (the next paths take those).
+- Without VNNI, the AVX2 kernel for M < SMALL_M_ROWS or for any M on a weight of LARGE_WEIGHT_ELEMENTS or more
+  (the output projection, which the float path would widen to 670 MB every call), C_ROW_BLOCK rows at a time.
 - Otherwise, or without a C compiler: float32 GEMMs (MKL) on int8-valued operands. A float32 dot is exact
   while every partial sum stays below 2^24, which holds for K chunks of at most 1024 (1024*127*127 < 2^24);
   chunk results are added in float64 (exact), so the f32 value of the sum equals float32(int32 acc)
@@ -113,6 +112,20 @@ def int8_acc_c_blocked(a_q: torch.Tensor, w_q: torch.Tensor, isa: str | None = N
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def _gemv_blocked(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
+                  w_scale: torch.Tensor) -> torch.Tensor | None:
+    """The AVX2 GEMV's scaled product over blocks of GEMV_MAX_ROWS rows; None when it declines a block."""
+    m = a_q.shape[0]
+    if m <= GEMV_MAX_ROWS:
+        return w8a8_gemv_scaled(a_q, a_scale, w_q, w_scale)
+    out = torch.empty((m, w_q.shape[0]), dtype=torch.float32)
+    for m0 in range(0, m, GEMV_MAX_ROWS):
+        rows = slice(m0, m0 + GEMV_MAX_ROWS)
+        if w8a8_gemv_scaled(a_q[rows], a_scale[rows], w_q, w_scale, out=out[rows]) is None:
+            return None
+    return out
+
+
 def int8_acc_f32(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
     """float32[M, N] holding exactly float32(int32 a_q @ w_q^T), via float32 GEMMs on K chunks <= 1024."""
     m, k = a_q.shape
@@ -155,8 +168,8 @@ def w8a8_gemm_cpu(
         y = int8_acc_c_blocked(a_q, w_q, "vnni", a_scale, w_scale)
         if y is not None:
             return w8a8_epilogue_after_scales(y, bias, residual, geglu)
-    if a_q.shape[0] <= GEMV_MAX_ROWS and a_q.device.type == "cpu":
-        y = w8a8_gemv_scaled(a_q, a_scale, w_q, w_scale)
+    if a_q.device.type == "cpu":
+        y = _gemv_blocked(a_q, a_scale, w_q, w_scale)
         if y is not None:
             return w8a8_epilogue_after_scales(y, bias, residual, geglu)
     use_c = a_q.shape[0] < SMALL_M_ROWS or w_q.numel() >= LARGE_WEIGHT_ELEMENTS

@@ -7,10 +7,12 @@
  * the large-M paths without changing a row's result.
  *
  * Memory-bound by design: at small M the time is the time to read w once. Each thread streams one
- * contiguous range of weight rows (the rows split evenly over the threads), one row at a time, with a
- * software prefetch PREFETCH_BYTES ahead in the stream; every weight byte is read from memory once per call
- * and meets all M activation rows while it is in registers. The activations (M x Kp bytes, zero-padded to
- * Kp, a multiple of 64) stay in L1.
+ * contiguous range of weight rows (the rows split evenly over the threads), GEMV_TILE_ROWS rows at a time,
+ * with a software prefetch PREFETCH_BYTES ahead in the stream. A tile meets the activation rows
+ * GEMV_PASS_ROWS at a time (their accumulators live in registers): the first pass reads the tile from
+ * memory, the others from L1, so every weight byte is read from memory once per call. The activations
+ * (M x Kp bytes, zero-padded to Kp, a multiple of 64) stay in L1 or L2. Each output element is one row's
+ * exact sum, whatever M or the pass it falls in.
  *
  * The products: AVX2 has no int8 dot instruction that is exact on its own, so each 32-byte chunk is
  *
@@ -31,7 +33,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GEMV_MAX_ROWS 8
+#define GEMV_MAX_ROWS 128
+/* Activation rows one pass over a weight row holds in registers; weight rows a tile (the passes after the
+   first read it from L1). */
+#define GEMV_PASS_ROWS 8
+#define GEMV_TILE_ROWS 16
 /* How far ahead of the row being read the stream is prefetched. */
 #define PREFETCH_BYTES 2048
 
@@ -59,7 +65,7 @@ static inline __attribute__((always_inline)) void gemv_rows(const int M, const i
     const int64_t k64 = K / 64 * 64;
     for (int64_t n = n0; n < n1; n++) {
         const int8_t *wr = w + n * K;
-        __m256i c[GEMV_MAX_ROWS];
+        __m256i c[GEMV_PASS_ROWS];
         for (int m = 0; m < M; m++) c[m] = _mm256_setzero_si256();
         int64_t k = 0;
         for (; k < k64; k += 64) {
@@ -94,7 +100,8 @@ static inline __attribute__((always_inline)) void gemv_rows(const int M, const i
 }
 
 #define GEMV_CASE(MM)                                                                                        \
-    case MM: gemv_rows(MM, a_pad, Kp, w, w_end, out, ldo, a_scale, w_scale, K, n0, n1); break;
+    case MM: gemv_rows(MM, a_pad + m0 * Kp, Kp, w, w_end, out + m0 * ldo, ldo, a_scale + m0, w_scale, K, t0, t1); \
+        break;
 
 /* a: int8[M, K] (row stride lda), w: int8[N, K] contiguous, out: float32[M, N] (row stride ldo).
    Returns 0 when done, 1 when nothing was computed (M out of [1, GEMV_MAX_ROWS], an activation equal to
@@ -121,9 +128,14 @@ int w8a8_gemv_avx2(const int8_t *a, int64_t lda, const int8_t *w, float *out, in
     {
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int64_t n0 = N * t / nt, n1 = N * (t + 1) / nt;
-        switch (M) {
-            GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4)
-            GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+        for (int64_t t0 = n0; t0 < n1; t0 += GEMV_TILE_ROWS) {
+            const int64_t t1 = t0 + GEMV_TILE_ROWS < n1 ? t0 + GEMV_TILE_ROWS : n1;
+            for (int64_t m0 = 0; m0 < M; m0 += GEMV_PASS_ROWS) {
+                switch (M - m0 < GEMV_PASS_ROWS ? M - m0 : GEMV_PASS_ROWS) {
+                    GEMV_CASE(1) GEMV_CASE(2) GEMV_CASE(3) GEMV_CASE(4)
+                    GEMV_CASE(5) GEMV_CASE(6) GEMV_CASE(7) GEMV_CASE(8)
+                }
+            }
         }
     }
     free(a_pad);

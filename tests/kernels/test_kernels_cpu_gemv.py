@@ -29,11 +29,12 @@ def _exact(a, sa, w, sw):
 
 
 def _random_shapes(count: int, seed: int) -> list[tuple[int, int, int]]:
-    """Seeded shapes: every M in 1..8, N and K with tails of every kind (odd, < 32, between 32 and 64)."""
+    """Seeded shapes: M in 1..8 (one pass over a weight tile) and beyond (several), N and K with tails of every
+    kind (odd, < 32, between 32 and 64)."""
     g = torch.Generator().manual_seed(seed)
     shapes = []
     for i in range(count):
-        m = i % GEMV_MAX_ROWS + 1
+        m = i % 8 + 1 if i % 2 else int(torch.randint(9, GEMV_MAX_ROWS + 1, (1,), generator=g))
         n = int(torch.randint(1, 300, (1,), generator=g))
         k = int(torch.randint(1, 700, (1,), generator=g))
         shapes.append((m, n, k))
@@ -41,7 +42,8 @@ def _random_shapes(count: int, seed: int) -> list[tuple[int, int, int]]:
 
 
 EDGE_SHAPES = [(1, 1, 1), (1, 1, 31), (2, 3, 32), (3, 2, 33), (4, 5, 63), (5, 4, 64), (6, 7, 65), (7, 1, 127),
-               (8, 9, 128), (8, 3, 4099), (1, 1536, 640), (4, 640, 2048), (8, 2048, 640)]
+               (8, 9, 128), (8, 3, 4099), (1, 1536, 640), (4, 640, 2048), (8, 2048, 640), (9, 33, 64),
+               (16, 17, 200), (17, 70, 576), (GEMV_MAX_ROWS, 35, 700), (GEMV_MAX_ROWS - 1, 3072, 576)]
 
 
 @pytest.mark.parametrize("m,n,k", EDGE_SHAPES + _random_shapes(48, seed=16))
@@ -104,15 +106,19 @@ def test_gemm_epilogues_after_the_gemv_match_reference(geglu):
 
 
 def test_row_results_do_not_depend_on_the_path_the_batch_takes():
-    """Rows through the GEMV (M <= 8) equal the same rows in a batch of SMALL_M_ROWS - 1 (the AVX2 GEMM)
-    and of 3 * SMALL_M_ROWS (the float path without VNNI, the VNNI kernel with it)."""
-    a, sa, w, sw = _operands(3 * SMALL_M_ROWS, 300, 1500, seed=11)
+    """Rows of one call and of a batch of 3 * GEMV_MAX_ROWS (GEMV calls of GEMV_MAX_ROWS rows without VNNI,
+    the VNNI kernel with it) equal the same rows in batches the GEMV declines for an activation of -128: of
+    SMALL_M_ROWS - 1 rows (the AVX2 int16 GEMM) and of 2 * SMALL_M_ROWS (the float path)."""
+    a, sa, w, sw = _operands(3 * GEMV_MAX_ROWS, 300, 1500, seed=11)
     full = w8a8_gemm_cpu(a, sa, w, sw, geglu=True)
-    middle = w8a8_gemm_cpu(a[:SMALL_M_ROWS - 1], sa[:SMALL_M_ROWS - 1], w, sw, geglu=True)
-    assert torch.equal(middle, full[:SMALL_M_ROWS - 1])
     for start, rows in ((0, 1), (3, 4), (10, GEMV_MAX_ROWS)):
         part = w8a8_gemm_cpu(a[start:start + rows], sa[start:start + rows], w, sw, geglu=True)
         assert torch.equal(part, full[start:start + rows])
+    for rows in (SMALL_M_ROWS - 1, 2 * SMALL_M_ROWS):
+        declined = torch.cat([a[:rows], torch.full((1, a.shape[1]), -128, dtype=torch.int8)])
+        assert w8a8_gemv_scaled(declined, torch.cat([sa[:rows], sa[:1]]), w, sw) is None
+        got = w8a8_gemm_cpu(declined, torch.cat([sa[:rows], sa[:1]]), w, sw, geglu=True)
+        assert torch.equal(got[:rows], full[:rows])
 
 
 def test_this_x86_cpu_runs_the_gemv_for_decode():

@@ -112,8 +112,8 @@ def test_grouped_query_attention_and_kv_sharing_layers_give_the_composed_bits():
 
 
 def test_llama_layers_with_per_row_scales_give_the_composed_bits():
-    """SmolLM2: 9 query heads over 3 KV heads, SwiGLU, per-row weight scales; decodes of up to 4 sequences (the
-    rows the AVX2 GEMV takes with two activation terms) and prefill chunks (composed)."""
+    """SmolLM2: 9 query heads over 3 KV heads, SwiGLU, per-row weight scales; prefill chunks and batched
+    decodes of 4 sequences."""
     models = _fused_and_composed("smollm2-135m-instruct")
     assert models[0][0].layers[0].block.qkv_s.dim() == 1 and models[0][0].layers[0].block.activation == "silu"
     vocab = models[0][0].config.vocab_size
