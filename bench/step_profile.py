@@ -3,7 +3,7 @@ step path (bench.model's EngineSteps: ModelRunner over the paged KV cache, the C
 broken down by part.
 
 A decode step runs each decoder layer as one fused call where the kernel family has it (kernels.decoder_block:
-the whole Gemma 3 layer in one C call). The bench times the step as served (fused) and, in the same run, the
+the whole Gemma 3 or Llama layer in one C call). The bench times the step as served (fused) and, in the same run, the
 same step with every layer composed of its ops (the fused op's baseline), and splits both by part: each kernel
 op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a step's wall time splits into
 
@@ -15,8 +15,8 @@ op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a st
   * gemm_lm_head: the output projection (262,144 x 640 on Gemma 3 270M) where it runs as its own C call;
   * quantize: the activations' int8 quantization (two terms, or one with the RMSNorm fused);
   * rmsnorm: the RMSNorms not fused into a quantization;
-  * attention, rope, kv_write, geglu: the paged attention, RoPE (with the q/k norms before it, where one call
-    runs both: kernels.rmsnorm_rope), KV-write and GeGLU kernels;
+  * attention, rope, kv_write, glu: the paged attention, RoPE (with the q/k norms before it, where one call
+    runs both: kernels.rmsnorm_rope), KV-write and gated-activation (GeGLU, SwiGLU) kernels;
   * other: the rest of the step -- the model's PyTorch glue (residual adds, views), the embedding, the
     ForwardBatch, sampling, the Python in between.
 
@@ -48,7 +48,7 @@ from services.engine.model import load_model
 
 STREAM_BYTES = 512 * 2**20
 PARTS = ("decoder_block", "linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head", "quantize", "rmsnorm",
-         "attention", "rope", "kv_write", "geglu")
+         "attention", "rope", "kv_write", "glu")
 # The parts that read the weights (the GEMM bandwidth is computed over them; decoder_block also holds the layers'
 # attention and row-wise ops).
 WEIGHT_PARTS = ("decoder_block", "linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head")
@@ -86,7 +86,7 @@ def instrumented_ops(timers: Timers, vocab_size: int, variant: str = "fused"):
     base = variant_ops(variant)
     fixed = {"quantize_per_token": "quantize", "quantize_two_terms": "quantize", "rmsnorm_quant": "quantize",
              "rmsnorm": "rmsnorm", "paged_attention": "attention", "rope_neox": "rope", "rmsnorm_rope": "rope",
-             "kv_write": "kv_write", "geglu": "geglu", "decoder_block": "decoder_block"}
+             "kv_write": "kv_write", "geglu": "glu", "swiglu": "glu", "decoder_block": "decoder_block"}
     wrapped = {op: timers.wrap(lambda *a, part=part: part, getattr(base, op)) for op, part in fixed.items()}
     wrapped["w8a8_gemm"] = timers.wrap(
         lambda a_q, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",
