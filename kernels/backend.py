@@ -42,7 +42,8 @@ class Ops:
     rmsnorm_rope: Callable  # kernels.rmsnorm_rope: the per-head norm, then RoPE
     geglu: Callable  # kernels.glu: gelu_tanh(gate) * up with the fixed-order contract (int8 GeGLU Linears)
     swiglu: Callable  # kernels.glu: silu(gate) * up with the fixed-order contract (int8 SwiGLU Linears)
-    # kernels.decoder_block: a whole Gemma 3 layer over the paged int8 KV cache, or None (the model composes)
+    # kernels.decoder_block: a whole decoder layer (Gemma 3, Llama) over the paged int8 KV cache, or None (the
+    # model composes)
     decoder_block: Callable
     name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
 

@@ -3,9 +3,9 @@
 
 It runs where the family's own kernels are the ones the C build holds -- the VNNI GEMMs with the AVX-512
 attention and KV write (decoder_block_avx512.c), or the AVX2 ones (decoder_block_avx2.c) -- for up to MAX_ROWS
-rows (with per-row weight scales on AVX2: as many as one call of the family's GEMV takes, GEMV_MAX_ROWS over two
-activation terms), an int8 KV cache with scales, and head shapes the C attention takes. Anything else returns None and the
-model composes the layer from the ops (the same bits, call by call).
+rows (with per-row weight scales on AVX2 the two-term rows are one call of the family's GEMV, which takes
+GEMV_MAX_ROWS = 2 * MAX_ROWS), an int8 KV cache with scales, and head shapes the C attention takes. Anything else
+returns None and the model composes the layer from the ops (the same bits, call by call).
 
 The C structs of a BlockWeights, BlockCache or BlockBatch are built once per object and kept while it lives,
 so a call costs a dictionary lookup per holder and one ctypes call.
@@ -22,7 +22,6 @@ import torch
 from kernels.cpu import native
 from kernels.cpu.linear_two_terms import MAX_ROWS
 from kernels.cpu.paged_attention import c_kernel_supports
-from kernels.cpu.w8a8_gemv import GEMV_MAX_ROWS
 from kernels.cpu.rope import rope_tables
 from kernels.cpu.w8a8_grouped import chosen_isa
 from kernels.decoder_block import BlockBatch, BlockCache, BlockWeights
@@ -169,7 +168,7 @@ def decoder_block_cpu(x: torch.Tensor, weights: BlockWeights, cache: BlockCache,
         return None
     w, c, b = _struct(weights, _weights_struct), _struct(cache, _cache_struct), _struct(batch, _batch_struct)
     if (w is None or c is None or b is None or b.num_tokens != x.shape[0] or x.shape[1] != w.d_model
-            or batch.max_position < 0 or (w.per_row_scales and build() == "avx2" and 2 * x.shape[0] > GEMV_MAX_ROWS)):
+            or batch.max_position < 0):
         return None
     cos, sin = rope_tables(weights.head_dim, weights.rope_base, batch.max_position + 1)
     out = x.contiguous().clone()

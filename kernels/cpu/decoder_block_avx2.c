@@ -15,8 +15,9 @@
 #include "glu.c"
 #include "linear_two_terms.h"
 
-/* Per-row weight scales: the family's GEMM for up to GEMV_MAX_ROWS rows is w8a8_gemv.c (w8a8_gemm.py takes
-   larger calls elsewhere, so this declines them). */
+/* Per-row weight scales: the family's GEMM is w8a8_gemv.c, GEMV_MAX_ROWS rows a call (w8a8_gemm.py splits
+   larger calls; a layer of MAX_ROWS rows has 2 * MAX_ROWS = GEMV_MAX_ROWS two-term rows, so it never meets
+   one, and the GEMV would decline it). */
 static int row_gemm_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out, int64_t ldo,
                          const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
     return w8a8_gemv_avx2(a, lda, w, out, ldo, a_scale, w_scale, M, N, K, nthreads);

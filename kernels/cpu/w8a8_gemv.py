@@ -4,8 +4,8 @@ Returns float32(acc) * a_scale[m] * w_scale[n], the bits of the reference's dequ
 kernels/cpu/w8a8_gemm.py hands it every step, GEMV_MAX_ROWS rows a call, and keeps its other paths for the
 calls it declines without a row's result changing with the batch it sits in. The kernel reads every weight
 byte from memory once per call, each thread streaming its own half of the weight rows; the activations are
-copied once into zero-padded rows. Measured here (2 AVX2 cores, against the AVX2 int16 kernel and the float
-path, bench-free figures of one call): SmolLM2's 3072 x 576 gate_up at 16 rows 0.27 ms vs 0.38 ms, at 128 rows
+copied once into zero-padded rows. Measured here (2 AVX2 cores, one call timed at a time, against the AVX2
+int16 kernel and the float path): SmolLM2's 3072 x 576 gate_up at 16 rows 0.27 ms vs 0.38 ms, at 128 rows
 2.2 ms vs 4.5 ms (int16) and 3.3 ms (float).
 """
 
