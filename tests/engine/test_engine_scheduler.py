@@ -6,6 +6,8 @@ recording its chunks and appending one output token to every sampled request.
 
 from __future__ import annotations
 
+import pytest
+
 from services.engine.config import SchedulerConfig
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.request import Request, RequestId, RequestStatus, SamplingParams
@@ -137,24 +139,20 @@ def test_long_prefills_go_in_arrival_order_and_interactive_ones_pass_them():
     assert chunks(step(s)) == [("a", 250, 1), ("b", 72, 16)]  # a decodes: b gets the cap
 
 
-def test_the_last_chunk_of_a_long_prefill_does_not_go_first():
+@pytest.mark.parametrize("long_tokens,back_tokens", [
+    # long has 36 left after its first chunk (they would fit the budget): its last chunk is no reason to go first
+    pytest.param(100, 20, id="the_last_chunk_of_a_long_prefill_does_not_go_first"),
+    # back's 40 new tokens are more than the cap, but they fit the budget
+    pytest.param(500, 40, id="a_returning_turn_longer_than_the_cap_still_passes"),
+])
+def test_a_returning_turn_that_fits_the_budget_passes_a_long_prefill(long_tokens, back_tokens):
     s = make_scheduler(num_blocks=256, budget=64, long_prefill_tokens=8)
-    long, back = request("long", 100, 0.0), request("back", 20, 1.0)
+    long, back = request("long", long_tokens, 0.0), request("back", back_tokens, 1.0)
     s.add(long)
     assert chunks(step(s)) == [("long", 0, 64)]
-    s.add(back)  # long has 36 left (they would fit the budget), back 20: back goes first, long gets no share
-    assert chunks(step(s)) == [("back", 0, 20)]
-    assert chunks(step(s)) == [("back", 20, 1), ("long", 64, 8)]
-
-
-def test_a_returning_turn_longer_than_the_cap_still_passes_a_long_prefill():
-    s = make_scheduler(num_blocks=256, budget=64, long_prefill_tokens=8)
-    long, back = request("long", 500, 0.0), request("back", 40, 1.0)
-    s.add(long)
-    assert chunks(step(s)) == [("long", 0, 64)]
-    s.add(back)  # 40 new tokens: more than the cap, but they fit the budget
-    assert chunks(step(s)) == [("back", 0, 40)]
-    assert chunks(step(s)) == [("back", 40, 1), ("long", 64, 8)]
+    s.add(back)  # back goes first, whole; long gets no share of a step whose interactive prefill passes the cap
+    assert chunks(step(s)) == [("back", 0, back_tokens)]
+    assert chunks(step(s)) == [("back", back_tokens, 1), ("long", 64, 8)]
 
 
 def test_without_the_cap_the_short_prefill_waits_for_the_long_one():
