@@ -3,7 +3,7 @@ returning turns (a few new tokens after a device cache hit) arrive, for the engi
 baseline in the same run.
 
     python -m bench.mixed_load [--quick] [--model gemma-3-270m] [--threads 1] [--budget 256]
-                               [--long-prefill-tokens N]
+                               [--long-prefill-tokens N] [--long-prefill-solo-tokens N]
 
 The load, the same for both schedulers (contexts of bench/loadgen's dialogue trace, greedy):
   cold       --cold dialogues whose whole history (--cold-tokens) arrives at t = 0, nothing cached;
@@ -13,18 +13,20 @@ The load, the same for both schedulers (contexts of bench/loadgen's dialogue tra
 Every request generates --max-new tokens. The threads default to 1: one engine of `salon up --engines 2`
 on a 2-core host.
 
-Schedulers: "engine" is SchedulerConfig with --budget and --long-prefill-tokens (the engine's defaults:
-interactive requests first, long prefills in arrival order with a capped share beside them); "fifo" is the
-same budget with long_prefill_tokens = 0 (every request in arrival order, each taking what the budget
-leaves). Per scheduler: the returning turns' TTFT p50 / p90 and max, the cold turns' TTFT, the inter-token
-gaps (ITL) p50 / p90 of every stream, and the prompt tokens computed per second of the run; the engine's
-figures over FIFO's as ratios. Both must produce the same tokens (greedy, batch-invariant kernels): the run
-stops if not. Last line: RESULT {json}.
+Schedulers: "engine" is SchedulerConfig with --budget, --long-prefill-tokens and --long-prefill-solo-tokens
+(the engine's defaults: interactive requests first, long prefills in arrival order with a capped share
+beside them and a capped step of their own); "solo_off" is the same with long_prefill_solo_tokens = 0 (long
+prefills alone fill the budget); "fifo" is the same budget with long_prefill_tokens = 0 (every request in
+arrival order, each taking what the budget leaves). Per scheduler: the returning turns' TTFT p50 / p90 and
+max, the cold turns' TTFT, the inter-token gaps (ITL) p50 / p90 of every stream, and the prompt tokens
+computed per second of the run; the engine's figures over each baseline's as ratios. All must produce the
+same tokens (greedy, batch-invariant kernels): the run stops if not. Last line: RESULT {json}.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -108,6 +110,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget", type=int, default=SchedulerConfig.max_num_batched_tokens)
     parser.add_argument("--long-prefill-tokens", type=int, default=SchedulerConfig.long_prefill_tokens)
+    parser.add_argument("--long-prefill-solo-tokens", type=int, default=SchedulerConfig.long_prefill_solo_tokens)
     parser.add_argument("--cold", type=int, default=None, help="cold dialogues (quick 2, full 3)")
     parser.add_argument("--cold-tokens", type=int, default=None, help="each cold history (quick 1000, full 1800)")
     parser.add_argument("--returning", type=int, default=None, help="returning turns (quick 4, full 8)")
@@ -124,27 +127,36 @@ def main() -> None:
     model, tok = load_model(args.model, "int8")
     prompts = dialogue_prompts(tok, n_cold + n_back, cold_tokens)
     cold, returning = prompts[:n_cold], prompts[n_cold:]
-    configs = {"engine": SchedulerConfig(args.budget, long_prefill_tokens=args.long_prefill_tokens),
+    engine = SchedulerConfig(args.budget, long_prefill_tokens=args.long_prefill_tokens,
+                             long_prefill_solo_tokens=args.long_prefill_solo_tokens)
+    configs = {"engine": engine, "solo_off": dataclasses.replace(engine, long_prefill_solo_tokens=0),
                "fifo": SchedulerConfig(args.budget, long_prefill_tokens=0)}
     print(f"threads {args.threads}; {n_cold} cold histories of {cold_tokens} tokens at t = 0, {n_back} returning "
           f"turns of {args.new_tokens} new tokens every {gap_s} s, {args.max_new} new tokens each; budget "
-          f"{args.budget}, long_prefill_tokens {args.long_prefill_tokens} (fifo: 0)", flush=True)
+          f"{args.budget}, long_prefill_tokens {args.long_prefill_tokens} (fifo: 0), long_prefill_solo_tokens "
+          f"{args.long_prefill_solo_tokens} (solo_off: 0)", flush=True)
     runs = {name: run_load(model, tok, config, cold, returning, args.new_tokens, gap_s, args.max_new)
             for name, config in configs.items()}
-    if runs["engine"]["tokens"] != runs["fifo"]["tokens"]:
-        raise SystemExit("the two schedulers produced different tokens")
+    if any(run["tokens"] != runs["engine"]["tokens"] for run in runs.values()):
+        raise SystemExit("the schedulers produced different tokens")
     result: dict = {"threads": args.threads, "budget": args.budget, "long_prefill_tokens": args.long_prefill_tokens,
-                    "cold": n_cold, "cold_tokens": cold_tokens, "returning": n_back, "new_tokens": args.new_tokens}
+                    "long_prefill_solo_tokens": args.long_prefill_solo_tokens, "cold": n_cold,
+                    "cold_tokens": cold_tokens, "returning": n_back, "new_tokens": args.new_tokens}
     table = {name: figures(run) for name, run in runs.items()}
-    print(f"{'figure':28s} {'engine':>10s} {'fifo':>10s} {'engine/fifo':>12s}")
+    baselines = [name for name in configs if name != "engine"]
+    print(f"{'figure':28s} {'engine':>10s}" + "".join(f" {b:>10s} {'engine/' + b:>16s}" for b in baselines))
     for key in table["engine"]:
-        a, b = table["engine"][key], table["fifo"][key]
-        ratio = a / b if b else None
-        print(f"{key:28s} {a:10.1f} {b:10.1f} {'' if ratio is None else f'{ratio:11.2f}x'}")
+        a = table["engine"][key]
         result[key] = round(a, 3)
-        result[f"{key}_fifo"] = round(b, 3)
-        if ratio is not None:
-            result[f"{key}_over_fifo_x"] = round(ratio, 3)
+        line = f"{key:28s} {a:10.1f}"
+        for base in baselines:
+            b = table[base][key]
+            ratio = a / b if b else None
+            line += f" {b:10.1f} {'' if ratio is None else f'{ratio:15.2f}x'}"
+            result[f"{key}_{base}"] = round(b, 3)
+            if ratio is not None:
+                result[f"{key}_over_{base}_x"] = round(ratio, 3)
+        print(line)
     print("RESULT " + json.dumps(result))
 
 

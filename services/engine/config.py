@@ -23,6 +23,12 @@ class SchedulerConfig:
                                       "arrival order (core/scheduler.py). Small keeps those steps short: on a CPU a "
                                       "prefill's throughput is flat in its chunk size; a GPU step's fixed cost wants "
                                       "more"})
+    long_prefill_solo_tokens: int = field(
+        default=64, metadata={"help": "the most tokens long prefills take in a step of their own (no interactive "
+                                      "work in it), with long_prefill_tokens > 0; 0: the whole budget. A returning "
+                                      "turn that arrives during such a step waits for it to end, so this bounds its "
+                                      "queueing: on a CPU a step of 256 prefill tokens is about a second on one "
+                                      "thread, and the prefill's throughput is the same in chunks of 64"})
     speculative_tokens: int = field(
         default=0, metadata={"help": "draft tokens verified per decode step (speculative decoding from the request's "
                                      "own context, exact: the same tokens as without it); 0: off"})

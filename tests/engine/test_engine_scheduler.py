@@ -25,12 +25,13 @@ def one_layer_config() -> ModelConfig:
                        bos_token_id=1, eos_token_ids=(2,), layers=(LayerSpec("global", None, 10_000.0),))
 
 
-def make_scheduler(num_blocks: int, budget: int = 64, max_running: int = 8, long_prefill_tokens: int = 64
-                   ) -> Scheduler:
+def make_scheduler(num_blocks: int, budget: int = 64, max_running: int = 8, long_prefill_tokens: int = 64,
+                   long_prefill_solo_tokens: int = 0) -> Scheduler:
     cfg = one_layer_config()
     page = plan_layout(cfg, BS, 1 << 20).page_bytes
     kv = KVCacheManager(plan_layout(cfg, BS, num_blocks * page))
-    return Scheduler(SchedulerConfig(budget, max_running, 16, long_prefill_tokens), kv)
+    return Scheduler(SchedulerConfig(budget, max_running, 16, long_prefill_tokens,
+                                     long_prefill_solo_tokens=long_prefill_solo_tokens), kv)
 
 
 def request(rid: str, num_prompt_tokens: int, arrival_s: float) -> Request:
@@ -153,6 +154,31 @@ def test_a_returning_turn_that_fits_the_budget_passes_a_long_prefill(long_tokens
     s.add(back)  # back goes first, whole; long gets no share of a step whose interactive prefill passes the cap
     assert chunks(step(s)) == [("back", 0, back_tokens)]
     assert chunks(step(s)) == [("back", back_tokens, 1), ("long", 64, 8)]
+
+
+def test_long_prefills_alone_take_the_solo_cap_so_a_returning_turn_waits_for_a_short_step():
+    s = make_scheduler(num_blocks=256, budget=128, long_prefill_tokens=16, long_prefill_solo_tokens=48)
+    a, b = request("a", 130, 0.0), request("b", 300, 1.0)
+    s.add(a)
+    s.add(b)
+    # Alone, long prefills share the solo cap in arrival order: a's 130 tokens go in 48-token steps, then b
+    # takes what a's last chunk leaves.
+    assert chunks(step(s)) == [("a", 0, 48)]
+    assert chunks(step(s)) == [("a", 48, 48)]
+    assert chunks(step(s)) == [("a", 96, 34), ("b", 0, 14)]
+    back = request("back", 100, 2.0)  # more than either cap, within the budget: interactive, whole
+    s.add(back)
+    assert chunks(step(s)) == [("a", 130, 1), ("back", 0, 100)]
+    assert chunks(step(s)) == [("a", 131, 1), ("back", 100, 1), ("b", 14, 16)]  # beside decodes: the cap
+    s.remove(a)
+    s.remove(back)
+    assert chunks(step(s)) == [("b", 30, 48)]  # alone again: the solo cap
+
+
+def test_the_solo_cap_is_off_with_the_classes():
+    s = make_scheduler(num_blocks=256, budget=256, long_prefill_tokens=0, long_prefill_solo_tokens=48)
+    s.add(request("long", 900, 0.0))
+    assert chunks(step(s)) == [("long", 0, 256)]  # arrival order, each step filled
 
 
 def test_without_the_cap_the_short_prefill_waits_for_the_long_one():

@@ -11,13 +11,15 @@ is built in three passes:
      blocks last (a long one does not hold them back: it is taken in pass 3);
   3. long prefills, oldest first (running, then waiting): beside interactive work they share at most
      `long_prefill_tokens` minus the interactive prefill tokens, so a step with decodes or a returning turn
-     stays short; a step of long prefills alone gives them the whole budget. The oldest long prefill takes
-     its share first, so long prefills finish in arrival order instead of all slowly together.
+     stays short; a step of long prefills alone gives them `long_prefill_solo_tokens` (0: the whole budget).
+     The oldest long prefill takes its share first, so long prefills finish in arrival order instead of all
+     slowly together.
 
 So a decode or a returning turn never waits behind another dialogue's long history for more than
-`long_prefill_tokens` of its tokens per step, while a long prefill alone still fills the step. On a CPU a
-prefill's throughput is flat in its chunk size (the weights are re-read per 32 tokens anyway), so short steps
-cost little throughput. long_prefill_tokens = 0 turns the classes off: every request in arrival order.
+`long_prefill_tokens` of its tokens per step, and a returning turn that arrives while long prefills run alone
+waits at most for a step of `long_prefill_solo_tokens` (a step is never interrupted). On a CPU a prefill's
+throughput is flat in its chunk size (the weights are re-read per 32 tokens anyway), so short steps cost little
+throughput. long_prefill_tokens = 0 turns the classes off: every request in arrival order, each step filled.
 
 When the blocks a running request needs are not free, the newest running request is preempted
 (its blocks are freed and it goes back to the head of the queue; its tokens are recomputed when it
@@ -195,10 +197,13 @@ class Scheduler:
                 break
             self._admit(request, min(remaining, budget), planned, order)
             budget -= planned[request.request_id]
-        # 3. Long prefills, oldest first: a cap's worth beside interactive work, else the whole budget.
+        # 3. Long prefills, oldest first: a cap's worth beside interactive work, else the solo cap's (or the
+        # whole budget).
         share = budget
         if order:
             share = min(budget, max(0, cap - sum(n for n in planned.values() if n > 1)))
+        elif cap and self.config.long_prefill_solo_tokens:
+            share = min(budget, self.config.long_prefill_solo_tokens)
         for request in long_running + (long_waiting if not preempted else []):
             if share <= 0:
                 break
