@@ -10,7 +10,11 @@ AVX2 GEMV for M <= 8), at M = 1, 4 and 8 rows. The figures:
     before the kernels and again after them (a gap between the two says the machine's load changed);
   * step GEMMs: ms, weight GB/s, % of the streaming read; the output projection alone the same way;
   * the baseline kernel in the same run: the AVX2 int8 GEMM (int32 accumulators, then the dequantization in
-    PyTorch) that served these calls before the GEMV, where this CPU runs it.
+    PyTorch) that served these calls before the GEMV, where this CPU runs it;
+  * the int8 product ceiling (bench/int8_ceiling.c, the same threads): the exact products per second the
+    engine's GEMM instructions reach with every operand in registers, and each GEMM's GMAC/s as a share of
+    it. A GEMM near the streaming read is bound by memory, one near the ceiling by its products: on AVX2 (four
+    instructions per 32 products) the decode of 4 or more sequences is the second kind.
 
 With --grouped, the same weights also with group scales (f32[N, K/32], kernels.w8a8_grouped: +1/8 of the
 weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: kernels/cpu/w8a8_grouped_vnni.c
@@ -26,11 +30,14 @@ AVX2 kernel is timed against the VNNI one the same way (the baseline the VNNI ke
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import time
+from pathlib import Path
 
 import torch
 
+from kernels.cpu import native
 from kernels.cpu.native import cpu_isas
 from kernels.cpu.w8a8_gemm import int8_acc_c, w8a8_gemm_cpu
 from kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu
@@ -65,6 +72,18 @@ def _best_pair_s(fn_a, fn_b, repeats: int) -> tuple[float, float]:
     return best[fn_a], best[fn_b]
 
 
+def int8_product_ceiling_gmacs(threads: int, repeats: int) -> float | None:
+    """The best of `repeats` runs of bench/int8_ceiling.c on `threads` threads: the exact int8 products per second
+    (G) the engine's GEMM instructions reach on this CPU with every operand in registers (VNNI's vpdpbusd where
+    the engine runs the VNNI kernel, else AVX2's four-instruction product); None where it cannot be built."""
+    lib = native.load(Path(__file__).with_name("int8_ceiling.c"),
+                      {"int8_products_per_s": ([ctypes.c_int, ctypes.c_int64, ctypes.c_int], ctypes.c_double)})
+    if lib is None:
+        return None
+    vnni = int(cpu_isas()[:1] == ("vnni",))
+    return max(lib.int8_products_per_s(vnni, 4_000_000, threads) for _ in range(repeats)) / 1e9
+
+
 def _weights(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen), torch.rand(n, generator=gen) + 1e-3
 
@@ -95,10 +114,13 @@ def main() -> None:
 
     x = torch.ones(STREAM_BYTES // 4)
     stream_gbps = STREAM_BYTES / _best_s(lambda: x.sum(), repeats) / 1e9
+    ceiling = int8_product_ceiling_gmacs(args.threads, repeats)
     print(f"threads {args.threads}, CPU GEMM kernels {cpu_isas()}; streaming read (torch sum over 512 MB): "
-          f"{stream_gbps:.1f} GB/s; one step's weights {step_bytes / 1e6:.1f} MB")
+          f"{stream_gbps:.1f} GB/s; int8 product ceiling (bench/int8_ceiling.c): "
+          f"{'n/a' if ceiling is None else f'{ceiling:.1f} GMAC/s'}; one step's weights {step_bytes / 1e6:.1f} MB")
 
     result: dict = {"threads": args.threads, "isas": list(cpu_isas()), "stream_read_gbps": round(stream_gbps, 2),
+                    "int8_product_ceiling_gmacs": None if ceiling is None else round(ceiling, 2),
                     "step_weight_bytes": step_bytes}
     kernels = {"engine": w8a8_gemm_cpu}
     if "avx2" in cpu_isas():
@@ -122,9 +144,10 @@ def main() -> None:
                 result[f"{key}_gbps"] = round(gbps, 2)
                 result[f"{key}_pct_of_stream"] = round(100 * gbps / stream_gbps, 1)
                 print(f"M={m} {name:20s} {label:10s} {t * 1e3:8.3f} ms  {gbps:6.1f} GB/s  "
-                      f"{100 * gbps / stream_gbps:5.1f}% of the streaming read")
+                      f"{100 * gbps / stream_gbps:5.1f}% of the streaming read"
+                      f"{_of_ceiling(result, key, m * nbytes / t / 1e9, ceiling)}")
     if args.grouped:
-        _grouped_section(layers, lm_w, lm_s, step_bytes, repeats, gen, result)
+        _grouped_section(layers, lm_w, lm_s, step_bytes, repeats, gen, result, ceiling)
     again = STREAM_BYTES / _best_s(lambda: x.sum(), repeats) / 1e9
     print(f"streaming read again after the kernels: {again:.1f} GB/s (the percentages use the first)")
     result["stream_read_after_gbps"] = round(again, 2)
@@ -133,12 +156,22 @@ def main() -> None:
     print("RESULT " + json.dumps(result))
 
 
+def _of_ceiling(result: dict, key: str, gmacs: float, ceiling: float | None) -> str:
+    """Records and formats a GEMM's products per second against the int8 product ceiling (none: nothing)."""
+    if ceiling is None:
+        return ""
+    result[f"{key}_gmacs"] = round(gmacs, 2)
+    result[f"{key}_pct_of_product_ceiling"] = round(100 * gmacs / ceiling, 1)
+    return f"  {gmacs:6.1f} GMAC/s {100 * gmacs / ceiling:5.1f}% of the product ceiling"
+
+
 def _grouped_avx2(a_q, a_scale, w_q, w_scale, geglu=False):
     y = w8a8_grouped_scaled_cpu(a_q, a_scale, w_q, w_scale, isa="avx2")
     return w8a8_epilogue_after_scales(y, None, None, geglu)
 
 
-def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: torch.Generator, result: dict) -> None:
+def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: torch.Generator, result: dict,
+                     ceiling: float | None) -> None:
     """Per-row against group scales on the same weights, timed in alternation (see the module docstring); on a
     VNNI CPU also the grouped AVX2 kernel against the engine's (VNNI) one."""
     def group_scales(w):
@@ -154,11 +187,11 @@ def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: tor
         pairs.append(("grouped_avx2", _grouped_avx2, True))
     for base_name, base_gemm, base_grouped in pairs:
         _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm,
-                       base_grouped)
+                       base_grouped, ceiling)
 
 
 def _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm,
-                   base_grouped):
+                   base_grouped, ceiling):
     """The engine's grouped GEMMs against base_gemm (on the per-row scales, or base_grouped: on the same group
     scales), timed in alternation."""
     print(f"grouped ({cpu_isas()[0]}) against {base_name}:")
@@ -185,7 +218,8 @@ def _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen
                  lm_w.numel())):
             _record_pair(result, f"{label}_m{m}", base_name, t_base, t_grp, "gbps", nbytes / t_grp / 1e9)
             print(f"M={m} {label:10s} {base_name} {t_base * 1e3:8.3f} ms  grouped {t_grp * 1e3:8.3f} ms  "
-                  f"grouped/{base_name} {t_grp / t_base:5.2f}x")
+                  f"grouped/{base_name} {t_grp / t_base:5.2f}x"
+                  f"{_of_ceiling(result, f'{label}_m{m}_grouped', m * nbytes / t_grp / 1e9, ceiling)}")
     m = 256
     a = torch.randint(-127, 128, (m, FFN), dtype=torch.int8, generator=gen)
     a_s = torch.rand(m, generator=gen) + 1e-3
@@ -199,8 +233,14 @@ def _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen
         t_base, t_grp = _best_pair_s(prefill(base_gemm, s_base), prefill(w8a8_gemm_cpu, s_grp), repeats)
         macs = m * w.numel()
         _record_pair(result, f"prefill_m{m}_{label}", base_name, t_base, t_grp, "gmacs", macs / t_grp / 1e9)
+        pct = ""
+        if ceiling is not None:
+            share = 100 * macs / t_grp / 1e9 / ceiling
+            result[f"prefill_m{m}_{label}_grouped_pct_of_product_ceiling"] = round(share, 1)
+            pct = f", {share:.0f}% of the product ceiling"
         print(f"prefill M={m} {label:8s} {w.shape[0]}x{w.shape[1]}: {base_name} {t_base * 1e3:8.3f} ms  grouped "
-              f"{t_grp * 1e3:8.3f} ms ({macs / t_grp / 1e9:5.1f} GMAC/s)  grouped/{base_name} {t_grp / t_base:5.2f}x")
+              f"{t_grp * 1e3:8.3f} ms ({macs / t_grp / 1e9:5.1f} GMAC/s{pct})  grouped/{base_name} "
+              f"{t_grp / t_base:5.2f}x")
 
 
 def _record_pair(result: dict, key: str, base_name: str, t_base: float, t_grp: float, rate_unit: str,
