@@ -23,7 +23,10 @@ op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a st
 Baselines in the same run: the same steps without the timers (the timers' own cost is the difference), the
 composed step, and the GEMM floor -- the weight and scale bytes a step reads over a streaming read (torch sum
 over 512 MB, the same threads; measured before the steps and again after them), the time the GEMMs would take
-at the memory's practical limit. The prefill of a --prefill-token prompt (512; 0 skips it: more rows than the
+at the memory's practical limit -- and the product floor: the step's exact int8 products over the int8
+product ceiling (bench/int8_ceiling.c via bench.gemv, the same threads), the time they would take at the
+instructions' limit (on AVX2 the decode of 4 or more sequences is bound by its products before memory). The
+prefill of a --prefill-token prompt (512; 0 skips it: more rows than the
 fused op takes, so it is composed) is split the same way, best of the rounds.
 
     python -m bench.step_profile [--quick] [--model NAME] [--batches 1,4,8] [--prefill 512] [--threads N]
@@ -39,6 +42,7 @@ from collections import defaultdict
 
 import torch
 
+from bench.gemv import int8_product_ceiling_gmacs
 from bench.model import EngineSteps
 from kernels.backend import select_ops
 from kernels.cpu.linear_two_terms import linear_two_terms_c
@@ -143,6 +147,11 @@ def main() -> None:
     result["step_read_bytes"] = weight_read
     result["gemm_floor_ms"] = round(floor_ms, 3)
     print(f"a step reads {weight_read / 1e6:.1f} MB of weights and scales: GEMM floor {floor_ms:.2f} ms")
+    ceiling = int8_product_ceiling_gmacs(args.threads, 5)
+    result["int8_product_ceiling_gmacs"] = None if ceiling is None else round(ceiling, 2)
+    if ceiling is not None:
+        print(f"int8 product ceiling (bench/int8_ceiling.c): {ceiling:.1f} GMAC/s; a step makes "
+              f"{_step_products_per_row(plain) / 1e6:.0f} M products per sequence")
     for batch in (int(b) for b in args.batches.split(",")):
         prompts = ((torch.arange(batch * args.context) * 7919) % (vocab - 300) + 300).view(batch, args.context).tolist()
         runs = {}
@@ -172,6 +181,11 @@ def main() -> None:
         print(f"batch {batch}: step {fused * 1e3:.2f} ms ({batch / fused:.1f} tok/s); each layer composed of its "
               f"ops {composed * 1e3:.2f} ms ({composed / fused:.2f}x); the GEMM floor is "
               f"{100 * floor_ms / 1e3 / fused:.0f}% of the step")
+        if ceiling is not None:
+            products_ms = batch * _step_products_per_row(plain) / ceiling / 1e6
+            result[f"{key}_product_floor_ms"] = round(products_ms, 3)
+            print(f"  its products at the int8 product ceiling: {products_ms:.2f} ms (the step is bound by "
+                  f"{'its products' if products_ms > floor_ms else 'memory'} at best)")
         for variant in VARIANTS:
             timed = best[(variant, True)]
             parts = {p: v for p, v in best_parts[variant].items() if v > 0}
@@ -237,6 +251,12 @@ def _time(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def _step_products_per_row(model) -> int:
+    """Exact int8 products a decode step makes per sequence: every Linear's weights once per activation term."""
+    linears = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
+    return sum(lin.w_q.numel() * lin.activation_terms for lin in (*linears, model.lm_head))
 
 
 def _step_read_bytes(model) -> int:
