@@ -156,13 +156,22 @@ def main() -> None:
     print("RESULT " + json.dumps(result))
 
 
+def _pct_of_ceiling(result: dict, key: str, gmacs: float, ceiling: float | None) -> float | None:
+    """A GEMM's products per second as % of the int8 product ceiling, recorded under `key` (None: no ceiling)."""
+    if ceiling is None:
+        return None
+    pct = 100 * gmacs / ceiling
+    result[f"{key}_pct_of_product_ceiling"] = round(pct, 1)
+    return pct
+
+
 def _of_ceiling(result: dict, key: str, gmacs: float, ceiling: float | None) -> str:
     """Records and formats a GEMM's products per second against the int8 product ceiling (none: nothing)."""
-    if ceiling is None:
+    pct = _pct_of_ceiling(result, key, gmacs, ceiling)
+    if pct is None:
         return ""
     result[f"{key}_gmacs"] = round(gmacs, 2)
-    result[f"{key}_pct_of_product_ceiling"] = round(100 * gmacs / ceiling, 1)
-    return f"  {gmacs:6.1f} GMAC/s {100 * gmacs / ceiling:5.1f}% of the product ceiling"
+    return f"  {gmacs:6.1f} GMAC/s {pct:5.1f}% of the product ceiling"
 
 
 def _grouped_avx2(a_q, a_scale, w_q, w_scale, geglu=False):
@@ -233,11 +242,8 @@ def _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen
         t_base, t_grp = _best_pair_s(prefill(base_gemm, s_base), prefill(w8a8_gemm_cpu, s_grp), repeats)
         macs = m * w.numel()
         _record_pair(result, f"prefill_m{m}_{label}", base_name, t_base, t_grp, "gmacs", macs / t_grp / 1e9)
-        pct = ""
-        if ceiling is not None:
-            share = 100 * macs / t_grp / 1e9 / ceiling
-            result[f"prefill_m{m}_{label}_grouped_pct_of_product_ceiling"] = round(share, 1)
-            pct = f", {share:.0f}% of the product ceiling"
+        share = _pct_of_ceiling(result, f"prefill_m{m}_{label}_grouped", macs / t_grp / 1e9, ceiling)
+        pct = "" if share is None else f", {share:.0f}% of the product ceiling"
         print(f"prefill M={m} {label:8s} {w.shape[0]}x{w.shape[1]}: {base_name} {t_base * 1e3:8.3f} ms  grouped "
               f"{t_grp * 1e3:8.3f} ms ({macs / t_grp / 1e9:5.1f} GMAC/s{pct})  grouped/{base_name} "
               f"{t_grp / t_base:5.2f}x")

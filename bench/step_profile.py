@@ -148,10 +148,11 @@ def main() -> None:
     result["gemm_floor_ms"] = round(floor_ms, 3)
     print(f"a step reads {weight_read / 1e6:.1f} MB of weights and scales: GEMM floor {floor_ms:.2f} ms")
     ceiling = int8_product_ceiling_gmacs(args.threads, 5)
+    products_per_row = _step_products_per_row(plain)
     result["int8_product_ceiling_gmacs"] = None if ceiling is None else round(ceiling, 2)
     if ceiling is not None:
         print(f"int8 product ceiling (bench/int8_ceiling.c): {ceiling:.1f} GMAC/s; a step makes "
-              f"{_step_products_per_row(plain) / 1e6:.0f} M products per sequence")
+              f"{products_per_row / 1e6:.0f} M products per sequence")
     for batch in (int(b) for b in args.batches.split(",")):
         prompts = ((torch.arange(batch * args.context) * 7919) % (vocab - 300) + 300).view(batch, args.context).tolist()
         runs = {}
@@ -182,7 +183,7 @@ def main() -> None:
               f"ops {composed * 1e3:.2f} ms ({composed / fused:.2f}x); the GEMM floor is "
               f"{100 * floor_ms / 1e3 / fused:.0f}% of the step")
         if ceiling is not None:
-            products_ms = batch * _step_products_per_row(plain) / ceiling / 1e6
+            products_ms = batch * products_per_row / ceiling / 1e6
             result[f"{key}_product_floor_ms"] = round(products_ms, 3)
             print(f"  its products at the int8 product ceiling: {products_ms:.2f} ms (the step is bound by "
                   f"{'its products' if products_ms > floor_ms else 'memory'} at best)")
