@@ -16,7 +16,10 @@ sequences, as shipped / v6 time ratios (what the grouped scales and two-term act
 
 The peer, llama.cpp (bench/peer.py), runs in the same run on the same GGUF and threads when a build is
 found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 4, 8 and 32 sequences in
-the shape of the decode figures here (32-token prompts, then the same number of steps).
+the shape of the decode figures here (32-token prompts, then the same number of steps). The peer runs after
+salon's figures, so salon's batch-1 decode is measured again after it (decode_tokens_per_s_b1_after_peer) and
+the batch-1 ratio given against both: on a shared machine the load can change within a run, and a gap between
+salon's two figures says it did.
 
     python -m bench.model [--model NAME|PATH] [--quick] [--threads N] [--llama-cpp DIR] [--recipe-baseline]
 """
@@ -225,6 +228,9 @@ def main() -> None:
         result.update(_recipe_ratios(models["int8"], v6, steps, 2 if args.quick else 4))
         del v6
     peer_figures, peer_error = _peer(args, steps)
+    if peer_figures is not None:  # batch 1 again, after the peer (the docstring says why)
+        again = _decode_tps(models["int8"], 1, steps, rounds=2 if args.quick else 3)
+        result["decode_tokens_per_s_b1_after_peer"] = round(again, 1)
     with open(f"{args.reference_dir}/gpl-3.txt") as f:
         text = f.read()
     ids = tok.encode(text, parse_special=False)
@@ -252,8 +258,11 @@ def main() -> None:
     if peer_figures is None:
         print(f"peer: none measured ({peer_error})")
     else:
-        print(peer.comparison_table([(k, result[k], peer_figures[k]) for k in compared]))
+        after = ("decode_tokens_per_s_b1_after_peer", result["decode_tokens_per_s_b1_after_peer"],
+                 peer_figures["decode_tokens_per_s_b1"])
+        print(peer.comparison_table([(k, result[k], peer_figures[k]) for k in compared] + [after]))
         peer_figures.update({f"salon_over_peer_{k}_x": peer.ratio(result[k], peer_figures[k]) for k in compared})
+        peer_figures[f"salon_over_peer_{after[0]}_x"] = peer.ratio(after[1], after[2])
     result["peer"] = peer_figures
     if peer_error is not None:
         result["peer_error"] = peer_error
