@@ -37,14 +37,22 @@
  * Each thread streams its own contiguous range of weight blocks (the blocks split evenly over the threads),
  * prefetching its next block while it reads one. A group's weights are set up in two halves, each staying in
  * registers while it meets the activation rows, M_CHUNK at a time: at decode sizes (one pass) every weight
- * and scale byte is read from memory once per call and the activation rows stay in L1; at prefill sizes a
- * block's weights are read from memory once and from cache for the further chunks. Every output element
- * sees the same operations in the same order whatever M, the layout, the chunking or the thread split: a
- * row's result never depends on the batch it sits in.
+ * and scale byte is read from memory once per call and the activation rows stay in L1. At prefill sizes the
+ * thread's blocks go SUPER_BLOCKS at a time: the first chunk of rows meets them as they come from memory
+ * (prefetching), and the further chunks meet them from cache, each chunk's rows read from cache once per super
+ * block instead of streaming all M rows past every block (only the first pass carries the prefetches).
+ *
+ * Activation rows whose stride is a multiple of ALIAS_STRIDE bytes (K = 1024 or 2048 contiguous: Gemma's o and
+ * down projections) fall in a few of L1's sets, so the rows of a chunk evict each other; for the transposed
+ * layout such rows are first copied to a buffer with a stride of 64 bytes more (same values, so same bits).
+ *
+ * Every output element sees the same operations in the same order whatever M, the layout, the chunking, the
+ * copy or the thread split: a row's result never depends on the batch it sits in.
  */
 #pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "grouped_blocks.h"
@@ -52,6 +60,11 @@
 #define BLOCK_ROWS 8
 /* Activation rows a block meets per pass over its weights; their accumulators (2 x 2 KB) stay in L1. */
 #define M_CHUNK 64
+/* Weight blocks a thread's chunks of rows meet before its next ones, when there is more than one chunk (16
+   blocks of K = 2048 and a chunk's rows: 390 KB, within L2). */
+#define SUPER_BLOCKS 16
+/* Row strides that are a multiple of this many bytes are copied to a stride 64 bytes longer (M > 4). */
+#define ALIAS_STRIDE 512
 
 /* Rows 4h .. 4h+3 of the block at channel k in the pair layout: rows 4h+2p and 4h+2p+1 interleaved by 64 bits,
    x[2p] holding channels 0-7 and 16-23 of both, x[2p+1] channels 8-15 and 24-31; u = |x|. */
@@ -198,6 +211,23 @@ static inline __attribute__((always_inline)) void block_tile(const int pairs, co
 #define PAIRS_CASE(MM)                                                                                      \
     case MM: block_tile(1, MM, a, lda, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s); break;
 
+/* Rows [m0, m0 + mc) against the thread's blocks [s0, s1) of [.., b1): with the prefetches on the first pass
+   (m0 = 0) only, a separate copy of the loop each (the prefetches' checks cost the further passes). */
+static inline __attribute__((always_inline)) void chunk_pass(const int8_t *a, int64_t lda, const int8_t *w,
+                                                             const float *w_scale, float *out, int64_t ldo,
+                                                             const float *a_scale, int64_t M, int64_t N, int64_t K,
+                                                             int64_t m0, int64_t s0, int64_t s1, int64_t b1) {
+    const int64_t G = K / GROUP, mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
+    for (int64_t b = s0; b < s1; b++) {
+        const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
+        if (m0 == 0)
+            block_tile(0, mc, a, lda, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s);
+        else
+            block_tile(0, mc, a + m0 * lda, lda, w, w_scale, out + m0 * ldo, ldo, a_scale + m0, K, blk.n, blk.nr,
+                       NULL, NULL);
+    }
+}
+
 /* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, an activation
    equal to -128). */
 int w8a8_grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out, int64_t ldo,
@@ -209,22 +239,31 @@ int w8a8_grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float
         for (int64_t k = 0; k < K; k++) refuse |= src[k] == -128;
     }
     if (refuse) return 1;
+    /* the copy of rows whose stride aliases (without memory for it, the rows are read where they lie) */
+    int8_t *copy = M > 4 && lda % ALIAS_STRIDE == 0 ? malloc((size_t)(M * (K + 64))) : NULL;
+    if (copy) {
+        for (int64_t m = 0; m < M; m++) memcpy(copy + m * (K + 64), a + m * lda, (size_t)K);
+        a = copy;
+        lda = K + 64;
+    }
     const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
     #pragma omp parallel num_threads(nthreads)
     {
         int64_t b0, b1;
         grouped_thread_blocks(nb, &b0, &b1);
-        for (int64_t b = b0; b < b1; b++) {
-            const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
-            switch (M) {
-                PAIRS_CASE(1) PAIRS_CASE(2) PAIRS_CASE(3) PAIRS_CASE(4)
-                default:
-                    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK)
-                        block_tile(0, M - m0 < M_CHUNK ? M - m0 : M_CHUNK, a + m0 * lda, lda, w, w_scale,
-                                   out + m0 * ldo, ldo, a_scale + m0, K, blk.n, blk.nr, m0 ? NULL : blk.pf_w,
-                                   m0 ? NULL : blk.pf_s);
+        if (M <= 4) {
+            for (int64_t b = b0; b < b1; b++) {
+                const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
+                switch (M) { PAIRS_CASE(1) PAIRS_CASE(2) PAIRS_CASE(3) PAIRS_CASE(4) }
+            }
+        } else {
+            for (int64_t s0 = b0; s0 < b1; s0 += SUPER_BLOCKS) {
+                const int64_t s1 = s0 + SUPER_BLOCKS < b1 ? s0 + SUPER_BLOCKS : b1;
+                for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK)
+                    chunk_pass(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, m0, s0, s1, b1);
             }
         }
     }
+    free(copy);
     return 0;
 }

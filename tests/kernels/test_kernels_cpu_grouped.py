@@ -129,6 +129,32 @@ def test_strided_activation_rows_are_read_where_they_lie(isa):
     assert torch.equal(_run(rows, sa[::3], w, sw, isa), w8a8_grouped_scaled_ref(rows, sa[::3], w, sw))
 
 
+@needs_kernel
+@each_isa
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("m,k", [(5, 1024), (64, 2048), (65, 1024), (130, 2048)])
+def test_aliasing_row_strides_and_super_blocks(isa, threads, m, k):
+    """Row strides that are a multiple of 512 bytes (copied to a longer stride on AVX2), with more than one
+    chunk of rows and 517 weight rows (65 blocks: several super blocks a thread, and a short last block)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        a, sa, w, sw = _operands(m, 517, k, seed=m * 7 + k + threads)
+        assert torch.equal(_run(a, sa, w, sw, isa), w8a8_grouped_scaled_ref(a, sa, w, sw))
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+@each_isa
+def test_strided_rows_with_an_aliasing_stride_are_copied_whole(isa):
+    """K = 640 of rows 1,024 bytes apart: the copy takes each row's K bytes from where it lies."""
+    wide, sa, _, _ = _operands(70, 1, 1024, seed=41)
+    _, _, w, sw = _operands(1, 33, 640, seed=42)
+    rows = wide[:, :640]
+    assert torch.equal(_run(rows, sa, w, sw, isa), w8a8_grouped_scaled_ref(rows, sa, w, sw))
+
+
 @pytest.mark.parametrize("geglu", [False, True])
 @pytest.mark.parametrize("m", [1, 6, 40])
 def test_gemm_with_grouped_scales_matches_reference(m, geglu):
