@@ -228,6 +228,19 @@ static inline __attribute__((always_inline)) void chunk_pass(const int8_t *a, in
     }
 }
 
+/* The transposed layout's rows (M > 4) against this thread's blocks [b0, b1), SUPER_BLOCKS at a time. Not
+   inlined: the pair layout's loop below then compiles as it does alone (inlined, it was 3% slower at 2 rows). */
+static __attribute__((noinline)) void transposed_blocks(const int8_t *a, int64_t lda, const int8_t *w,
+                                                        const float *w_scale, float *out, int64_t ldo,
+                                                        const float *a_scale, int64_t M, int64_t N, int64_t K,
+                                                        int64_t b0, int64_t b1) {
+    for (int64_t s0 = b0; s0 < b1; s0 += SUPER_BLOCKS) {
+        const int64_t s1 = s0 + SUPER_BLOCKS < b1 ? s0 + SUPER_BLOCKS : b1;
+        for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK)
+            chunk_pass(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, m0, s0, s1, b1);
+    }
+}
+
 /* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, an activation
    equal to -128). */
 int w8a8_grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out, int64_t ldo,
@@ -251,16 +264,12 @@ int w8a8_grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float
     {
         int64_t b0, b1;
         grouped_thread_blocks(nb, &b0, &b1);
-        if (M <= 4) {
+        if (M > 4) {
+            transposed_blocks(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, b0, b1);
+        } else {
             for (int64_t b = b0; b < b1; b++) {
                 const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
                 switch (M) { PAIRS_CASE(1) PAIRS_CASE(2) PAIRS_CASE(3) PAIRS_CASE(4) }
-            }
-        } else {
-            for (int64_t s0 = b0; s0 < b1; s0 += SUPER_BLOCKS) {
-                const int64_t s1 = s0 + SUPER_BLOCKS < b1 ? s0 + SUPER_BLOCKS : b1;
-                for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK)
-                    chunk_pass(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, m0, s0, s1, b1);
             }
         }
     }
