@@ -24,6 +24,11 @@ M = 1, 2, 4, 8, 16 (2, 8, 16: decode of 1, 4, 8 sequences with two activation te
 M = 256 on a layer's gate_up (640 -> 2 x 2048, geglu) and down (2048 -> 640) weights. On a VNNI CPU the grouped
 AVX2 kernel is timed against the VNNI one the same way (the baseline the VNNI kernel replaced).
 
+Huge pages: the step's group-scaled GEMMs (the engine's Gemma path) at M = 2 and 8 (decode of 1 and 4 sequences)
+with the weights where torch allocates them (4 KB pages wherever transparent huge pages are "madvise" only)
+against the same weights copied into huge pages as the engine's loader places them
+(services/engine/model/huge_pages.py), the two timed in alternation.
+
     python -m bench.gemv [--quick] [--threads N] [--grouped]
 """
 
@@ -43,6 +48,7 @@ from kernels.cpu.w8a8_gemm import int8_acc_c, w8a8_gemm_cpu
 from kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu
 from kernels.w8a8_gemm import w8a8_epilogue, w8a8_epilogue_after_scales
 from kernels.w8a8_grouped import GROUP
+from services.engine.model.huge_pages import in_huge_pages
 
 D_MODEL, FFN, QKV, ATTN_OUT, VOCAB, LAYERS = 640, 2048, 1536, 1024, 262_144, 18
 STREAM_BYTES = 512 * 2**20
@@ -146,6 +152,7 @@ def main() -> None:
                 print(f"M={m} {name:20s} {label:10s} {t * 1e3:8.3f} ms  {gbps:6.1f} GB/s  "
                       f"{100 * gbps / stream_gbps:5.1f}% of the streaming read"
                       f"{_of_ceiling(result, key, m * nbytes / t / 1e9, ceiling)}")
+    _huge_pages_section(layers, lm_w, repeats, gen, result)
     if args.grouped:
         _grouped_section(layers, lm_w, lm_s, step_bytes, repeats, gen, result, ceiling)
     again = STREAM_BYTES / _best_s(lambda: x.sum(), repeats) / 1e9
@@ -172,6 +179,37 @@ def _of_ceiling(result: dict, key: str, gmacs: float, ceiling: float | None) -> 
         return ""
     result[f"{key}_gmacs"] = round(gmacs, 2)
     return f"  {gmacs:6.1f} GMAC/s {pct:5.1f}% of the product ceiling"
+
+
+def _huge_pages_section(layers, lm_w, repeats: int, gen: torch.Generator, result: dict) -> None:
+    """The step's grouped GEMMs with the weights in the allocator's pages against the same weights in huge pages
+    (see the module docstring), timed in alternation."""
+    small = {"lm.w": lm_w, "lm.s": torch.rand(VOCAB, D_MODEL // GROUP, generator=gen) + 1e-3}
+    for i, layer in enumerate(layers):
+        for j, (w, _, _) in enumerate(layer):
+            small[f"{i}.{j}.w"] = w
+            small[f"{i}.{j}.s"] = torch.rand(w.shape[0], w.shape[1] // GROUP, generator=gen) + 1e-3
+    huge = in_huge_pages(small)
+    print("huge pages: the step's grouped GEMMs with the weights in the allocator's pages and in huge pages")
+    for m in (2, 8):  # decode of 1 and 4 sequences with two activation terms
+        a = torch.randint(-127, 128, (m, FFN), dtype=torch.int8, generator=gen)
+        a_s = torch.rand(m, generator=gen) + 1e-3
+
+        def step(t, a=a, a_s=a_s):
+            def run():
+                for i, layer in enumerate(layers):
+                    for j, (w, _, geglu) in enumerate(layer):
+                        w8a8_gemm_cpu(a[:, :w.shape[1]], a_s, t[f"{i}.{j}.w"], t[f"{i}.{j}.s"], geglu=geglu)
+                w8a8_gemm_cpu(a[:, :D_MODEL], a_s, t["lm.w"], t["lm.s"])
+            return run
+
+        t_small, t_huge = _best_pair_s(step(small), step(huge), repeats)
+        key = f"huge_pages_step_gemms_m{m}"
+        result[f"{key}_small_pages_ms"] = round(t_small * 1e3, 3)
+        result[f"{key}_huge_pages_ms"] = round(t_huge * 1e3, 3)
+        result[f"{key}_speedup_x"] = round(t_small / t_huge, 3)
+        print(f"M={m} step_gemms (grouped)  allocator's pages {t_small * 1e3:8.3f} ms  huge pages "
+              f"{t_huge * 1e3:8.3f} ms  {t_small / t_huge:5.2f}x")
 
 
 def _grouped_avx2(a_q, a_scale, w_q, w_scale, geglu=False):

@@ -14,6 +14,10 @@ per row, one int8 activation term except the down projection: bench.quant_eval.V
 the shipped one in the same run, alternating the two, best of each: prefill 512 and decode at 1, 4, 8 and 32
 sequences, as shipped / v6 time ratios (what the grouped scales and two-term activations cost).
 
+On the CPU the int8 model's batch-1 decode is also timed against the same checkpoint with its weights left where
+the file maps them (small pages) instead of copied into huge pages as the engine loads them
+(services/engine/model/huge_pages.py), the two alternated, best of each: huge_pages_decode_b1_speedup_x.
+
 The peer, llama.cpp (bench/peer.py), runs in the same run on the same GGUF and threads when a build is
 found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 4, 8 and 32 sequences in
 the shape of the decode figures here (32-token prompts, then the same number of steps). The peer runs after
@@ -40,6 +44,7 @@ from services.engine.core.scheduler import ScheduledChunk, SchedulerOutput
 from services.engine.kv.kv_cache import KVCache
 from services.engine.kv.kv_layout import plan_layout
 from services.engine.worker.model_loading import load_model
+from services.engine.model import load_model as load_model_on_cpu
 from services.engine.model.config import synthetic_config
 from services.engine.model.sources import resolve_source
 from services.engine.model.perplexity import perplexity
@@ -122,6 +127,21 @@ def _v6_recipe_model(model_name: str, kernel_ops):
     ckpt = build_int8_checkpoint(config, w, calib, **{k: v for k, v in V6_RECIPE.items() if k != "activation_terms"})
     return build_model(config, Int8Weights(ckpt, kernel_ops, activation_terms=V6_RECIPE["activation_terms"]),
                        kernel_ops)
+
+
+def _huge_pages_ratio(name: str, shipped, steps: int, rounds: int) -> dict[str, float]:
+    """Batch-1 decode of the shipped int8 model (weights in huge pages) against the same checkpoint left where
+    the file maps it, alternated `rounds` times each, best of each."""
+    small, _ = load_model_on_cpu(name, "int8", kernel_ops=shipped.kernel_ops, progress=False, huge_pages=False)
+    best = {"huge": 0.0, "small": 0.0}
+    for r in range(rounds):
+        for label, model in (("huge", shipped), ("small", small)) if r % 2 == 0 else (("small", small),
+                                                                                     ("huge", shipped)):
+            best[label] = max(best[label], _decode_tps(model, 1, steps, rounds=1))
+    print(f"batch-1 decode, weights in huge pages {best['huge']:.1f} tok/s, where the file maps them "
+          f"{best['small']:.1f} tok/s: {best['huge'] / best['small']:.2f}x", flush=True)
+    return {"decode_tokens_per_s_b1_small_pages": round(best["small"], 1),
+            "huge_pages_decode_b1_speedup_x": round(best["huge"] / best["small"], 3)}
 
 
 def _recipe_ratios(shipped, v6, steps: int, rounds: int) -> dict[str, float]:
@@ -223,6 +243,8 @@ def main() -> None:
             result[f"decode_step_b{batch}_over_b1_x{sfx}"] = round(
                 result[f"decode_step_ms_b{batch}{sfx}"] / result[f"decode_step_ms_b1{sfx}"], 2)
         print(json.dumps({k: v for k, v in result.items() if k.endswith(sfx) or sfx == ""}), flush=True)
+    if args.device == "cpu":
+        result.update(_huge_pages_ratio(args.model, models["int8"], steps, 2 if args.quick else 4))
     if args.recipe_baseline:
         v6 = _v6_recipe_model(args.model, models["int8"].kernel_ops)
         result.update(_recipe_ratios(models["int8"], v6, steps, 2 if args.quick else 4))

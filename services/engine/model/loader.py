@@ -23,6 +23,7 @@ from services.engine.model.builder import build_float_model, build_int8_model
 from services.engine.model.checkpoint import calibrate_and_quantize, ensure_checkpoint
 from services.engine.model.config import ModelConfig, synthetic_config
 from services.engine.model.gguf_file import GGUFFile, open_gguf, read_vocab
+from services.engine.model.huge_pages import in_huge_pages
 from services.engine.model.model import CausalLM
 from services.engine.model.models import architecture
 from services.engine.model.sources import ModelSource, resolve_source
@@ -73,7 +74,9 @@ class LoadedModel:
 
 
 def load(name: str = "gemma-3-270m", precision: str = "int8", cache_dir: Path | None = None,
-         kernel_ops: Ops | None = None, progress: bool = True) -> LoadedModel:
+         kernel_ops: Ops | None = None, progress: bool = True, huge_pages: bool = True) -> LoadedModel:
+    """The model behind `name`. An int8 checkpoint's tensors go into huge pages (huge_pages.py; False leaves
+    them where the file maps them or the allocator put them: a bench's baseline)."""
     from services.engine.model.chat_renderer import ChatRenderer
 
     if precision not in PRECISIONS:
@@ -82,21 +85,23 @@ def load(name: str = "gemma-3-270m", precision: str = "int8", cache_dir: Path | 
     mf = open_model_file(name, cache_dir)
     tokenizer = Tokenizer(mf.vocab)
     config = mf.config
+    placed = in_huge_pages if huge_pages else (lambda tensors: tensors)
     if config.random_weights_seed is not None:
         weights = synthetic_weights(config)
         model = (build_float_model(config, weights, kernel_ops) if precision == "float32" else
-                 build_int8_model(config, calibrate_and_quantize(config, weights, tokenizer), kernel_ops))
+                 build_int8_model(config, placed(calibrate_and_quantize(config, weights, tokenizer)), kernel_ops))
     elif precision == "float32":
         model = build_float_model(config, architecture(config.architecture).read_weights(mf.gguf, config), kernel_ops)
     else:
         path, _ = ensure_checkpoint(mf, cache_dir, progress=progress)
-        model = build_int8_model(config, load_file(str(path)), kernel_ops)
+        model = build_int8_model(config, placed(load_file(str(path))), kernel_ops)
     chat = ChatRenderer(tokenizer, mf.chat_template, config.eos_token_ids)
     return LoadedModel(model, tokenizer, chat, mf.source)
 
 
 def load_model(name: str = "gemma-3-270m", precision: str = "int8", cache_dir: Path | None = None,
-               kernel_ops: Ops | None = None, progress: bool = True) -> tuple[CausalLM, Tokenizer]:
+               kernel_ops: Ops | None = None, progress: bool = True,
+               huge_pages: bool = True) -> tuple[CausalLM, Tokenizer]:
     """(CausalLM, Tokenizer). A real model's int8 checkpoint is converted on first use."""
-    loaded = load(name, precision, cache_dir, kernel_ops, progress)
+    loaded = load(name, precision, cache_dir, kernel_ops, progress, huge_pages)
     return loaded.model, loaded.tokenizer

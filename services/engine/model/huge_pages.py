@@ -1,0 +1,58 @@
+"""A checkpoint's tensors in transparent huge pages (Linux, CPU).
+
+A decode step streams every weight once (about 300 MB for Gemma 3 270M in int8). In 4 KB pages that is some
+75,000 TLB misses a step, each a page walk while the stream waits. In 2 MB pages it is about 150. A checkpoint
+read from disk sits in the file's pages, and tensors from the allocator sit in 4 KB anonymous pages wherever
+the kernel's transparent huge pages are "madvise" only, as they commonly are.
+
+    in_huge_pages(tensors) -> the same tensors (names, dtypes, shapes, values), copied into one anonymous
+                              mapping advised MADV_HUGEPAGE, each at a 64-byte aligned offset
+
+Measured (bench.gemv's step shapes, 2 threads, alternated rounds): a batch-1 step's GEMMs 1.16x faster with
+their weights in huge pages; 8 rows, bound by the products, 1.01x.
+
+Where the platform has no MADV_HUGEPAGE, or the tensors are not on the CPU, they are returned unchanged. The
+mapping lives as long as any tensor of it (each holds it through torch.frombuffer); the kernel backs it with
+huge pages as far as it can and with small pages elsewhere, so the values never depend on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+import torch
+
+HUGE_PAGE_BYTES = 2 << 20
+ALIGN_BYTES = 64
+
+
+def _aligned(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def in_huge_pages(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` copied into one mapping advised MADV_HUGEPAGE (see the module docstring), or unchanged."""
+    if (not hasattr(mmap, "MADV_HUGEPAGE") or not tensors
+            or any(t.device.type != "cpu" for t in tensors.values())):
+        return tensors
+    offsets: dict[str, int] = {}
+    total = 0
+    for name, t in tensors.items():
+        offsets[name] = total
+        total += _aligned(max(t.numel() * t.element_size(), 1), ALIGN_BYTES)
+    # one huge page more, so that the tensors can start on a huge-page boundary
+    # private: a shared anonymous mapping is shared memory, which has huge pages of its own setting (off)
+    region = mmap.mmap(-1, _aligned(total + HUGE_PAGE_BYTES, mmap.PAGESIZE),
+                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    region.madvise(mmap.MADV_HUGEPAGE)
+    arena = torch.frombuffer(region, dtype=torch.uint8)
+    start = -ctypes.addressof(ctypes.c_char.from_buffer(region)) % HUGE_PAGE_BYTES
+    out = {}
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        begin = start + offsets[name]
+        copy = arena[begin:begin + nbytes].view(t.dtype).view(t.shape)
+        copy.copy_(t)
+        out[name] = copy
+    return out
