@@ -2,7 +2,8 @@
 its name, dtype, shape and bits, in one private anonymous mapping the kernel counts as huge-page eligible
 (`THPeligible: 1` in /proc/self/smaps: madvised, and not shared memory), 64-byte aligned, the first tensor on
 a huge-page boundary; the serving model's weights are placed there by load(), and huge_pages=False leaves them
-out. Seeded random tensors of every dtype a checkpoint holds, and odd sizes."""
+out. Seeded random tensors of every dtype a checkpoint holds, odd sizes, and more than two huge pages in all
+(a mapping too small to hold one whole aligned huge page is never eligible)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def _mapping_of(address: int) -> dict[str, str]:
 def _tensors(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {
-        "a.w_q": torch.randint(-128, 128, (301, 640), dtype=torch.int8, generator=g),
-        "a.w_scale": torch.randn(301, 20, generator=g),
+        "a.w_q": torch.randint(-128, 128, (7001, 640), dtype=torch.int8, generator=g),  # 4.5 MB: whole huge pages
+        "a.w_scale": torch.randn(7001, 20, generator=g),
         "norm": torch.randn(7, generator=g),
         "b.w_q": torch.randint(-128, 128, (3, 5), dtype=torch.int8, generator=g),
         "half": torch.randn(9, 3, generator=g).to(torch.bfloat16),
