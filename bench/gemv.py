@@ -14,7 +14,10 @@ AVX2 GEMV for M <= 8), at M = 1, 4 and 8 rows. The figures:
   * the int8 product ceiling (bench/int8_ceiling.c, the same threads): the exact products per second the
     engine's GEMM instructions reach with every operand in registers, and each GEMM's GMAC/s as a share of
     it. A GEMM near the streaming read is bound by memory, one near the ceiling by its products: on AVX2 (four
-    instructions per 32 products) the decode of 4 or more sequences is the second kind.
+    instructions per 32 products) the decode of 4 or more sequences is the second kind;
+  * on AVX2, the same ceiling for one int16 term per activation (vpmaddwd on sign-extended int8 weights), in
+    the two-term recipe's products: what that recipe change would give the product-bound GEMMs (prefill,
+    decode of 4 or more), measured beside the engine's own ceiling.
 
 With --grouped, the same weights also with group scales (f32[N, K/32], kernels.w8a8_grouped: +1/8 of the
 weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: kernels/cpu/w8a8_grouped_vnni.c
@@ -82,12 +85,22 @@ def int8_product_ceiling_gmacs(threads: int, repeats: int) -> float | None:
     """The best of `repeats` runs of bench/int8_ceiling.c on `threads` threads: the exact int8 products per second
     (G) the engine's GEMM instructions reach on this CPU with every operand in registers (VNNI's vpdpbusd where
     the engine runs the VNNI kernel, else AVX2's four-instruction product); None where it cannot be built."""
+    return _ceiling_gmacs(1 if cpu_isas()[:1] == ("vnni",) else 0, threads, repeats)
+
+
+def int16_activation_ceiling_gmacs(threads: int, repeats: int) -> float | None:
+    """The same for a recipe the engine does not run: one int16 term per activation against sign-extended int8
+    weights (AVX2's vpmaddwd, 16 products an instruction), counted as the two int8 products of the two-term
+    recipe each product replaces, so it reads against int8_product_ceiling_gmacs; None without AVX2."""
+    return _ceiling_gmacs(2, threads, repeats) if "avx2" in cpu_isas() else None
+
+
+def _ceiling_gmacs(mode: int, threads: int, repeats: int) -> float | None:
     lib = native.load(Path(__file__).with_name("int8_ceiling.c"),
                       {"int8_products_per_s": ([ctypes.c_int, ctypes.c_int64, ctypes.c_int], ctypes.c_double)})
     if lib is None:
         return None
-    vnni = int(cpu_isas()[:1] == ("vnni",))
-    return max(lib.int8_products_per_s(vnni, 4_000_000, threads) for _ in range(repeats)) / 1e9
+    return max(lib.int8_products_per_s(mode, 4_000_000, threads) for _ in range(repeats)) / 1e9
 
 
 def _weights(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,12 +134,19 @@ def main() -> None:
     x = torch.ones(STREAM_BYTES // 4)
     stream_gbps = STREAM_BYTES / _best_s(lambda: x.sum(), repeats) / 1e9
     ceiling = int8_product_ceiling_gmacs(args.threads, repeats)
+    int16 = int16_activation_ceiling_gmacs(args.threads, repeats)
     print(f"threads {args.threads}, CPU GEMM kernels {cpu_isas()}; streaming read (torch sum over 512 MB): "
           f"{stream_gbps:.1f} GB/s; int8 product ceiling (bench/int8_ceiling.c): "
           f"{'n/a' if ceiling is None else f'{ceiling:.1f} GMAC/s'}; one step's weights {step_bytes / 1e6:.1f} MB")
+    if int16 is not None and ceiling is not None:
+        print(f"  with one int16 term per activation instead of two int8 terms (not the engine's recipe): "
+              f"{int16:.1f} GMAC/s in two-term products, {int16 / ceiling:.2f}x the ceiling above")
 
     result: dict = {"threads": args.threads, "isas": list(cpu_isas()), "stream_read_gbps": round(stream_gbps, 2),
                     "int8_product_ceiling_gmacs": None if ceiling is None else round(ceiling, 2),
+                    "int16_activation_ceiling_gmacs": None if int16 is None else round(int16, 2),
+                    "int16_activation_over_int8_ceiling_x":
+                        None if int16 is None or ceiling is None else round(int16 / ceiling, 2),
                     "step_weight_bytes": step_bytes}
     kernels = {"engine": w8a8_gemm_cpu}
     if "avx2" in cpu_isas():

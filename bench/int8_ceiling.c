@@ -5,10 +5,16 @@
  *
  *   avx2: 32 products per vpsignb + vpmaddubsw + vpmaddwd + vpaddd (w8a8_grouped.c, w8a8_gemv.c: AVX2 has
  *         no exact signed int8 dot product), the activation bytes broadcast from memory as the kernels do;
- *   vnni: 64 products per vpdpbusd with the activation bytes broadcast from memory (w8a8_grouped_vnni.c).
+ *   vnni: 64 products per vpdpbusd with the activation bytes broadcast from memory (w8a8_grouped_vnni.c);
+ *   int16: 16 products of an int16 activation and a sign-extended int8 weight per vpmaddwd + vpaddd, the
+ *          activation pair broadcast from memory. No engine kernel runs this: it is what a recipe with one
+ *          int16 term per activation (instead of two int8 terms, x ~ s1 * q1 + s2 * q2) would get on AVX2.
+ *          One such product stands for the two int8 products of the two terms, so it is counted twice:
+ *          the figure compares with the avx2 one directly.
  *
- * int8_products_per_s(vnni, iters, nthreads) -> products per second over all the threads (each runs iters
- * rounds of 8 independent accumulations), timed from the first thread's start to the last one's end.
+ * int8_products_per_s(mode, iters, nthreads) -> products per second over all the threads (each runs iters
+ * rounds of 8 independent accumulations), timed from the first thread's start to the last one's end;
+ * mode 0 avx2, 1 vnni, 2 int16 (in two-term int8 products).
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -35,6 +41,20 @@ __attribute__((target("avx2"))) static int32_t avx2_rounds(int64_t iters, const 
     return _mm256_extract_epi32(all, 0);
 }
 
+__attribute__((target("avx2"))) static int32_t int16_rounds(int64_t iters, const int32_t *act) {
+#define DECL16(i) __m256i acc##i = _mm256_set1_epi32(i + act[0]); \
+                  __m256i w##i = _mm256_set1_epi16((short)(i * 37 + act[1]));
+    FOR8(DECL16)
+    for (int64_t n = 0; n < iters; n++) {
+        const __m256i a = _mm256_set1_epi32(act[n & 63]);
+#define STEP16(i) acc##i = _mm256_add_epi32(acc##i, _mm256_madd_epi16(a, w##i));
+        FOR8(STEP16)
+    }
+    __m256i all = _mm256_setzero_si256();
+    FOR8(SUM)
+    return _mm256_extract_epi32(all, 0);
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static int32_t vnni_rounds(int64_t iters,
                                                                                   const int32_t *act) {
 #define DECL512(i) __m512i acc##i = _mm512_set1_epi32(i + act[0]); \
@@ -51,19 +71,21 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static int32_t vnni_round
     return _mm512_reduce_add_epi32(all);
 }
 
-double int8_products_per_s(int vnni, int64_t iters, int nthreads) {
+double int8_products_per_s(int mode, int64_t iters, int nthreads) {
     int32_t act[64];
     for (int i = 0; i < 64; i++) act[i] = (int32_t)(0x01020304u * (uint32_t)(i + 1));
     int ran = 0;
     const double start = omp_get_wtime();
     #pragma omp parallel num_threads(nthreads)
     {
-        const int32_t r = vnni ? vnni_rounds(iters, act) : avx2_rounds(iters, act);
+        const int32_t r = mode == 1 ? vnni_rounds(iters, act) : mode == 2 ? int16_rounds(iters, act)
+                                                                          : avx2_rounds(iters, act);
         #pragma omp atomic
         sink += r;
         #pragma omp atomic
         ran++;
     }
     const double seconds = omp_get_wtime() - start;
-    return (double)iters * 8.0 * (vnni ? 64.0 : 32.0) * ran / seconds;
+    /* int16: 16 products a round, each standing for two int8 products of the two-term recipe */
+    return (double)iters * 8.0 * (mode == 1 ? 64.0 : 32.0) * ran / seconds;
 }
