@@ -13,8 +13,9 @@
  * block (decoder_block.h) through either. The same functions run in the same order as when each is its own
  * call, so every bit is the same; what is saved is the calls between them (a decode step makes about ten per
  * layer, each a few microseconds of Python, tensor allocation and argument conversion). The row-wise work
- * before and after the GEMM runs on the calling thread (a few rows at decode sizes); the GEMM splits its
- * weight rows over the threads.
+ * before and after the GEMM runs on the calling thread (a few rows at decode sizes), except the terms' sum of
+ * a large output (the output projection's), which splits its columns over the threads as the GEMM splits its
+ * weight rows.
  *
  * fp-contract is off for every included file (rmsnorm.c's pragma comes first); none of quantize.c's
  * functions holds a product followed by a sum outside its own fp-contract=off section, so none changes.
@@ -22,6 +23,7 @@
 #ifndef SALON_LINEAR_TWO_TERMS_H
 #define SALON_LINEAR_TWO_TERMS_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -32,6 +34,70 @@ typedef int (*grouped_gemm_fn)(const int8_t *a, int64_t lda, const int8_t *w, co
 /* out[i] = a[i] + b[i] for n floats (one rounding each). */
 static void add_rows(const float *a, const float *b, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+/* Both terms' GEMM output above this size comes from a buffer the calling thread keeps (grown as needed, freed
+   when the thread ends) instead of malloc: glibc maps every allocation above its 32 MB threshold afresh, and
+   the output projection's at 17 or more rows (35 MB at 17, 134 MB at MAX_ROWS) paid a fresh mapping's page
+   faults on every call, about 1 ms per MB in this kind of VM. Smaller ones malloc reuses by itself. */
+#define KEPT_SCRATCH_BYTES ((size_t)32 << 20)
+
+struct kept_scratch {
+    void *p;
+    size_t bytes;
+};
+static pthread_key_t kept_scratch_key;
+static pthread_once_t kept_scratch_once = PTHREAD_ONCE_INIT;
+static int kept_scratch_ready;
+
+static void kept_scratch_free(void *v) {
+    struct kept_scratch *s = v;
+    free(s->p);
+    free(s);
+}
+
+static void kept_scratch_init(void) { kept_scratch_ready = pthread_key_create(&kept_scratch_key, kept_scratch_free) == 0; }
+
+/* The calling thread's kept buffer of at least `bytes` (its contents undefined), or NULL (no memory). */
+static void *kept_scratch(size_t bytes) {
+    pthread_once(&kept_scratch_once, kept_scratch_init);
+    if (!kept_scratch_ready) return NULL;
+    struct kept_scratch *s = pthread_getspecific(kept_scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(kept_scratch_key, s)) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->bytes < bytes) {
+        free(s->p);
+        s->p = malloc(bytes);
+        s->bytes = s->p ? bytes : 0;
+    }
+    return s->p;
+}
+
+/* Calls whose output holds at least this many floats sum their terms on all the threads (the output
+   projection: 262,144 columns a row); a layer's few thousand are summed on the calling thread, where a
+   parallel region would cost more than it saves. */
+#define SUM_TERMS_PARALLEL_FLOATS (1 << 16)
+#define SUM_TERMS_CHUNK 4096
+
+/* out[m] = y[m] + y[M + m] (+ residual[m]) for the M rows of N floats, in chunks of columns over the threads:
+   each element's additions are the same, in the same order, on whichever thread. */
+static void sum_terms(const float *y, int64_t M, int64_t N, const float *residual, int64_t sr, float *out,
+                      int nthreads) {
+    const int64_t per_row = (N + SUM_TERMS_CHUNK - 1) / SUM_TERMS_CHUNK;
+    #pragma omp parallel for num_threads(nthreads) schedule(static) \
+        if (nthreads > 1 && M * N >= SUM_TERMS_PARALLEL_FLOATS)
+    for (int64_t c = 0; c < M * per_row; c++) {
+        const int64_t m = c / per_row, n0 = (c % per_row) * SUM_TERMS_CHUNK;
+        const int64_t n = N - n0 < SUM_TERMS_CHUNK ? N - n0 : SUM_TERMS_CHUNK;
+        float *dst = out + m * N + n0;
+        add_rows(y + m * N + n0, y + (M + m) * N + n0, dst, n);
+        if (residual) add_rows(residual + m * sr + n0, dst, dst, n);
+    }
 }
 
 /* x f32[M, K] (row stride sx) -> out f32[M, N] contiguous; norm_w f32[K], post_w f32[N] and residual f32[M, N]
@@ -48,7 +114,9 @@ static int linear_two_terms_with(grouped_gemm_fn gemm, const float *x, int64_t M
     float *r = aligned_alloc(64, (size_t)ks * sizeof(float));
     int8_t *q = malloc((size_t)(2 * M * K));
     float *s = malloc((size_t)(2 * M) * sizeof(float));
-    float *y = malloc((size_t)(2 * M * N) * sizeof(float));
+    const size_t y_bytes = (size_t)(2 * M * N) * sizeof(float);
+    const int y_kept = y_bytes > KEPT_SCRATCH_BYTES;
+    float *y = y_kept ? kept_scratch(y_bytes) : malloc(y_bytes);
     float *o = post_w ? malloc((size_t)N * sizeof(float)) : NULL;
     int status = 1;
     if ((norm_w && !h) || !r || !q || !s || !y || (post_w && !o)) goto done;
@@ -66,14 +134,14 @@ static int linear_two_terms_with(grouped_gemm_fn gemm, const float *x, int64_t M
         s[M + m] = quantize_row_avx2(r, K, q + (M + m) * K, scale_floor);
     }
     if (gemm(q, K, w, w_scale, y, N, s, 2 * M, N, K, nthreads)) goto done;
+    if (!post_w) {
+        sum_terms(y, M, N, residual, sr, out, nthreads);
+        status = 0;
+        goto done;
+    }
     const float inv_n = (float)(1.0 / (double)N);
     for (int64_t m = 0; m < M; m++) {
         float *dst = out + m * N;
-        if (!post_w) {
-            add_rows(y + m * N, y + (M + m) * N, dst, N);
-            if (residual) add_rows(residual + m * sr, dst, dst, N);
-            continue;
-        }
         add_rows(y + m * N, y + (M + m) * N, o, N);
         norm_row(o, post_w, dst, N, inv_n, eps_f);
         if (residual) add_rows(residual + m * sr, dst, dst, N);
@@ -84,7 +152,7 @@ done:
     free(r);
     free(q);
     free(s);
-    free(y);
+    if (!y_kept) free(y);
     free(o);
     return status;
 }

@@ -9,6 +9,7 @@ the wrong length changes the bits (checked against mutated kernels by hand)."""
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 import torch
@@ -44,7 +45,10 @@ def _options(norm, post, residual):
 @needs_kernel
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("m,n,k", [(1, 1152, 640), (2, 640, 2048), (3, 17, 64), (1, 1, 32), (8, 4096, 640),
-                                   (9, 33, 96), (16, 640, 640), (17, 200, 640), (MAX_ROWS, 48, 128)])
+                                   (9, 33, 96), (16, 640, 640), (17, 200, 640), (MAX_ROWS, 48, 128),
+                                   # outputs summed on all the threads (SUM_TERMS_PARALLEL_FLOATS), a short last
+                                   # chunk of columns (SUM_TERMS_CHUNK), one chunk a row
+                                   (17, 4100, 64), (MAX_ROWS, 1100, 32)])
 def test_one_call_equals_the_reference_bit_for_bit(m, n, k, isa):
     x, w_q, w_scale, norm, post, residual = _case(m, n, k, seed=m * 1000 + n + k)
     for opts in _options(norm, post, residual):
@@ -71,6 +75,43 @@ def test_rows_are_read_where_they_lie_and_do_not_depend_on_the_batch(isa):
     for i in range(5):  # each row alone gives the bits it had in the batch
         row = linear_two_terms_c(x[i:i + 1], w_q, w_scale, residual=residual[i:i + 1], **opts, isa=isa)
         assert torch.equal(row, whole[i:i + 1])
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_terms_summed_over_threads_read_strided_residuals_and_keep_the_bits(isa, threads):
+    x, w_q, w_scale, norm, _, residual = _case(19, 8200, 32, seed=11)
+    wide_res = torch.zeros(19, 8300)
+    wide_res[:, 50:8250] = residual
+    want = linear_two_terms_ref(x, w_q, w_scale, norm_weight=norm, eps=EPS, residual=residual)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = linear_two_terms_c(x, w_q, w_scale, norm_weight=norm, eps=EPS, residual=wide_res[:, 50:8250], isa=isa)
+        plain = linear_two_terms_c(x, w_q, w_scale, isa=isa)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, want)
+    assert torch.equal(plain, linear_two_terms_ref(x, w_q, w_scale))
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+def test_outputs_above_the_kept_scratch_size_keep_the_bits_on_every_call_and_thread(isa):
+    # 2 terms x 17 rows x 262,144 columns of float32 is 35.6 MB, above KEPT_SCRATCH_BYTES: the thread's kept
+    # buffer, then grown for 20 rows, then reused for 17 again; another thread has its own.
+    n, k = 262_144, 32
+    _, w_q, w_scale, _, _, _ = _case(1, n, k, seed=13)
+    g = torch.Generator().manual_seed(14)
+    calls = [torch.randn(m, k, generator=g) * 4 for m in (17, 20, 17)]
+    for x in calls:
+        assert torch.equal(linear_two_terms_c(x, w_q, w_scale, isa=isa), linear_two_terms_ref(x, w_q, w_scale))
+    other: list[torch.Tensor] = []
+    worker = threading.Thread(target=lambda: other.append(linear_two_terms_c(calls[1], w_q, w_scale, isa=isa)))
+    worker.start()
+    worker.join()
+    assert torch.equal(other[0], linear_two_terms_ref(calls[1], w_q, w_scale))
 
 
 @needs_kernel
