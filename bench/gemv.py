@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from bench.alternate import best_alternated, seconds
 from kernels.cpu import native
 from kernels.cpu.native import cpu_isas
 from kernels.cpu.w8a8_gemm import int8_acc_c, w8a8_gemm_cpu
@@ -68,17 +69,11 @@ def _best_s(fn, repeats: int) -> float:
 
 
 def _best_pair_s(fn_a, fn_b, repeats: int) -> tuple[float, float]:
-    """Best times of fn_a and fn_b, run in alternation, each first every other round (a load change on the
-    machine, or what one leaves in the caches for the other, hits both alike)."""
+    """Best times of fn_a and fn_b after a call of each, run in alternation (bench/alternate.py)."""
     fn_a()
     fn_b()
-    best = {fn_a: float("inf"), fn_b: float("inf")}
-    for i in range(repeats):
-        for fn in (fn_a, fn_b) if i % 2 == 0 else (fn_b, fn_a):
-            start = time.perf_counter()
-            fn()
-            best[fn] = min(best[fn], time.perf_counter() - start)
-    return best[fn_a], best[fn_b]
+    best = best_alternated({"a": seconds(fn_a), "b": seconds(fn_b)}, repeats)
+    return best["a"], best["b"]
 
 
 def int8_product_ceiling_gmacs(threads: int, repeats: int) -> float | None:

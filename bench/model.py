@@ -37,6 +37,7 @@ import time
 import torch
 
 from bench import peer
+from bench.alternate import best_alternated
 from bench.quant_ceilings import float_activations
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.request import Request, RequestId, SamplingParams
@@ -133,11 +134,8 @@ def _huge_pages_ratio(name: str, shipped, steps: int, rounds: int) -> dict[str, 
     """Batch-1 decode of the shipped int8 model (weights in huge pages) against the same checkpoint left where
     the file maps it, alternated `rounds` times each, best of each."""
     small, _ = load_model_on_cpu(name, "int8", kernel_ops=shipped.kernel_ops, progress=False, huge_pages=False)
-    best = {"huge": 0.0, "small": 0.0}
-    for r in range(rounds):
-        for label, model in (("huge", shipped), ("small", small)) if r % 2 == 0 else (("small", small),
-                                                                                     ("huge", shipped)):
-            best[label] = max(best[label], _decode_tps(model, 1, steps, rounds=1))
+    best = best_alternated({"huge": lambda: _decode_tps(shipped, 1, steps, rounds=1),
+                            "small": lambda: _decode_tps(small, 1, steps, rounds=1)}, rounds, higher_is_better=True)
     print(f"batch-1 decode, weights in huge pages {best['huge']:.1f} tok/s, where the file maps them "
           f"{best['small']:.1f} tok/s: {best['huge'] / best['small']:.2f}x", flush=True)
     return {"decode_tokens_per_s_b1_small_pages": round(best["small"], 1),
@@ -150,11 +148,8 @@ def _recipe_ratios(shipped, v6, steps: int, rounds: int) -> dict[str, float]:
                **{f"decode_b{b}": (lambda m, b=b: 1 / _decode_tps(m, b, steps, rounds=1)) for b in (1, 4, 8, 32)}}
     out = {}
     for name, seconds_per_token in figures.items():
-        best = {"shipped": float("inf"), "v6": float("inf")}
-        for r in range(rounds):
-            order = (("shipped", shipped), ("v6", v6)) if r % 2 == 0 else (("v6", v6), ("shipped", shipped))
-            for label, model in order:
-                best[label] = min(best[label], seconds_per_token(model))
+        best = best_alternated({"shipped": lambda: seconds_per_token(shipped), "v6": lambda: seconds_per_token(v6)},
+                               rounds)
         out[f"recipe_{name}_ms_per_token_shipped"] = round(1e3 * best["shipped"], 3)
         out[f"recipe_{name}_ms_per_token_v6"] = round(1e3 * best["v6"], 3)
         out[f"recipe_{name}_shipped_over_v6_x"] = round(best["shipped"] / best["v6"], 3)

@@ -1,0 +1,36 @@
+"""Same-run A/B on a noisy machine: several measurements taken in alternation, best of each.
+
+Each round runs every measurement once, in the given order on even rounds and reversed on odd ones, so a
+change of the machine's load, or what one leaves in the caches for the next, falls on all of them alike;
+each keeps its best value over the rounds (the least disturbed one: the highest rate, the shortest time).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def best_alternated(measures: dict[str, Callable[[], float]], rounds: int, higher_is_better: bool = False
+                    ) -> dict[str, float]:
+    """{label: the best value measure() returned over `rounds` alternated rounds} (the lowest, or the highest
+    with higher_is_better)."""
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    pick = max if higher_is_better else min
+    best: dict[str, float] = {}
+    labels = list(measures)
+    for r in range(rounds):
+        for label in labels if r % 2 == 0 else reversed(labels):
+            value = measures[label]()
+            best[label] = value if label not in best else pick(best[label], value)
+    return best
+
+
+def seconds(fn: Callable[[], object]) -> Callable[[], float]:
+    """A measure of fn: the wall seconds one call takes."""
+    def measure() -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+    return measure
