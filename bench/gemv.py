@@ -19,6 +19,10 @@ AVX2 GEMV for M <= 8), at M = 1, 4 and 8 rows. The figures:
     the two-term recipe's products: what that recipe change would give the product-bound GEMMs (prefill,
     decode of 4 or more), measured beside the engine's own ceiling.
 
+With --int16, the int16-activation probe (bench/int16_gemm.c: one int16 term per activation, a recipe the engine
+does not run yet, an untuned kernel) on T rows against the engine's GEMM on the 2T int8 rows of two terms, the same
+weights with group scales, at T = 4, 16, 64 and 256 on a layer's gate_up and down weights, in alternation.
+
 With --grouped, the same weights also with group scales (f32[N, K/32], kernels.w8a8_grouped: +1/8 of the
 weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: kernels/cpu/w8a8_grouped_vnni.c
 on VNNI CPUs, w8a8_grouped.c on AVX2 ones), against the per-row scales, the two timed in alternation so the ratio
@@ -32,7 +36,7 @@ with the weights where torch allocates them (4 KB pages wherever transparent hug
 against the same weights copied into huge pages as the engine's loader places them
 (services/engine/model/huge_pages.py), the two timed in alternation.
 
-    python -m bench.gemv [--quick] [--threads N] [--grouped]
+    python -m bench.gemv [--quick] [--threads N] [--grouped] [--int16]
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from pathlib import Path
 import torch
 
 from bench.alternate import best_alternated, seconds
+from bench.int16_gemm import int16_section
 from kernels.cpu import native
 from kernels.cpu.native import cpu_isas
 from kernels.cpu.w8a8_gemm import int8_acc_c, w8a8_gemm_cpu
@@ -118,6 +123,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grouped", action="store_true",
                         help="also time group scales (f32[N, K/32]) against per-row scales on the same weights")
+    parser.add_argument("--int16", action="store_true",
+                        help="also time the int16-activation probe (bench/int16_gemm.c) against the engine's "
+                             "two-term GEMM")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     repeats = 3 if args.quick else 10
@@ -170,6 +178,8 @@ def main() -> None:
     _huge_pages_section(layers, lm_w, repeats, gen, result)
     if args.grouped:
         _grouped_section(layers, lm_w, lm_s, step_bytes, repeats, gen, result, ceiling)
+    if args.int16:
+        int16_section(layers[0], repeats, gen, result, args.threads)
     again = STREAM_BYTES / _best_s(lambda: x.sum(), repeats) / 1e9
     print(f"streaming read again after the kernels: {again:.1f} GB/s (the percentages use the first)")
     result["stream_read_after_gbps"] = round(again, 2)
