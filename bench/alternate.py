@@ -27,6 +27,14 @@ def best_alternated(measures: dict[str, Callable[[], float]], rounds: int, highe
     return best
 
 
+def best_seconds(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """{label: the shortest wall time of fn} over `rounds` alternated rounds, after one untimed call of each
+    (first-call costs: builds, page faults, cold caches)."""
+    for fn in fns.values():
+        fn()
+    return best_alternated({label: seconds(fn) for label, fn in fns.items()}, rounds)
+
+
 def seconds(fn: Callable[[], object]) -> Callable[[], float]:
     """A measure of fn: the wall seconds one call takes."""
     def measure() -> float:

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from bench.alternate import best_alternated, seconds
+from bench.alternate import best_seconds
 from bench.int16_gemm import int16_section
 from kernels.cpu import native
 from kernels.cpu.native import cpu_isas
@@ -75,9 +75,7 @@ def _best_s(fn, repeats: int) -> float:
 
 def _best_pair_s(fn_a, fn_b, repeats: int) -> tuple[float, float]:
     """Best times of fn_a and fn_b after a call of each, run in alternation (bench/alternate.py)."""
-    fn_a()
-    fn_b()
-    best = best_alternated({"a": seconds(fn_a), "b": seconds(fn_b)}, repeats)
+    best = best_seconds({"a": fn_a, "b": fn_b}, repeats)
     return best["a"], best["b"]
 
 

@@ -10,21 +10,27 @@ from pathlib import Path
 
 import torch
 
+from bench.alternate import best_seconds
 from kernels.cpu import native
+from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
 from kernels.w8a8_grouped import GROUP
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {"w16a8_grouped_probe": ([_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, ctypes.c_int], ctypes.c_int)}
 
 
+def _library():
+    return native.load(Path(__file__).with_name("int16_gemm.c"), _SIGNATURES)
+
+
 def probe_available() -> bool:
-    return native.load(Path(__file__).with_name("int16_gemm.c"), _SIGNATURES) is not None
+    return _library() is not None
 
 
 def w16a8_grouped_probe(a: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
                         threads: int | None = None) -> torch.Tensor:
     """a int16[M, K] (rows may be strided), a_scale f32[M], w_q int8[N, K], w_scale f32[N, K/32] -> f32[M, N]."""
-    lib = native.load(Path(__file__).with_name("int16_gemm.c"), _SIGNATURES)
+    lib = _library()
     if lib is None:
         raise RuntimeError("the probe needs x86-64 with AVX2 and a C compiler")
     m, k = a.shape
@@ -59,9 +65,6 @@ def int16_section(layer, repeats: int, gen: torch.Generator, result: dict, threa
     entry point the engine calls) on the 2T int8 rows of two terms, the same weights with group scales, for a
     layer's gate_up and down projections at T = 4, 16, 64 and 256 tokens, timed in alternation (best of each;
     no epilogue on either)."""
-    from bench.alternate import best_alternated, seconds
-    from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
-
     if not probe_available():
         print("int16 probe: not built here (needs x86-64 with AVX2 and cc)")
         return
@@ -75,11 +78,8 @@ def int16_section(layer, repeats: int, gen: torch.Generator, result: dict, threa
             s8 = torch.rand(2 * tokens, generator=gen) + 1e-3
             a16 = torch.randint(-32767, 32768, (tokens, k), dtype=torch.int16, generator=gen)
             s16 = torch.rand(tokens, generator=gen) + 1e-3
-            two_terms = lambda: w8a8_gemm_cpu(a8, s8, w, w_scale)  # noqa: E731
-            probe = lambda: w16a8_grouped_probe(a16, s16, w, w_scale, threads)  # noqa: E731
-            two_terms()
-            probe()
-            best = best_alternated({"two_terms": seconds(two_terms), "int16": seconds(probe)}, repeats)
+            best = best_seconds({"two_terms": lambda: w8a8_gemm_cpu(a8, s8, w, w_scale),
+                                 "int16": lambda: w16a8_grouped_probe(a16, s16, w, w_scale, threads)}, repeats)
             key = f"int16_probe_t{tokens}_{label}"
             result[f"{key}_two_terms_ms"] = round(best["two_terms"] * 1e3, 3)
             result[f"{key}_int16_ms"] = round(best["int16"] * 1e3, 3)

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from bench.alternate import best_alternated, seconds
+from bench.alternate import best_alternated, best_seconds, seconds
 
 
 def test_rounds_alternate_the_order_and_each_keeps_its_own_best():
@@ -44,3 +44,10 @@ def test_no_round_is_refused_and_seconds_times_one_call():
     ran = []
     elapsed = seconds(lambda: ran.append(1))()
     assert ran == [1] and 0.0 <= elapsed < 1.0
+
+
+def test_best_seconds_calls_each_once_untimed_then_alternates():
+    calls: list[str] = []
+    best = best_seconds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3)
+    assert calls == list("ab" "ab" "ba" "ab")  # the untimed first calls, then the alternated rounds
+    assert set(best) == {"a", "b"} and all(0.0 <= v < 1.0 for v in best.values())
