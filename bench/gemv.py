@@ -19,9 +19,9 @@ AVX2 GEMV for M <= 8), at M = 1, 4 and 8 rows. The figures:
     the two-term recipe's products: what that recipe change would give the product-bound GEMMs (prefill,
     decode of 4 or more), measured beside the engine's own ceiling.
 
-With --int16, the int16-activation probe (bench/int16_gemm.c: one int16 term per activation, a recipe the engine
-does not run yet, an untuned kernel) on T rows against the engine's GEMM on the 2T int8 rows of two terms, the same
-weights with group scales, at T = 4, 16, 64 and 256 on a layer's gate_up and down weights, in alternation.
+With --int16, the int16-activation GEMM (kernels/cpu/w16a8_grouped.c: one int16 term per activation) on T rows
+against the engine's two-term GEMM on the 2T int8 rows of two terms, the same weights with group scales, at T = 1,
+4, 16, 64 and 256 on a layer's gate_up and down weights, in alternation (int16_t{T}_{gate_up,down}_speedup_x).
 
 With --grouped, the same weights also with group scales (f32[N, K/32], kernels.w8a8_grouped: +1/8 of the
 weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: kernels/cpu/w8a8_grouped_vnni.c
@@ -122,8 +122,8 @@ def main() -> None:
     parser.add_argument("--grouped", action="store_true",
                         help="also time group scales (f32[N, K/32]) against per-row scales on the same weights")
     parser.add_argument("--int16", action="store_true",
-                        help="also time the int16-activation probe (bench/int16_gemm.c) against the engine's "
-                             "two-term GEMM")
+                        help="also time the int16-activation GEMM (kernels/cpu/w16a8_grouped.c) against the "
+                             "engine's two-term GEMM")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     repeats = 3 if args.quick else 10

@@ -18,6 +18,12 @@ On the CPU the int8 model's batch-1 decode is also timed against the same checkp
 the file maps them (small pages) instead of copied into huge pages as the engine loads them
 (services/engine/model/huge_pages.py), the two alternated, best of each: huge_pages_decode_b1_speedup_x.
 
+The int8 model runs the activation recipe its kernel family picks here (kernels.backend: one int16 term per
+activation where the CPU's GEMM is AVX2's, two int8 terms elsewhere); the same checkpoint in the other recipe is
+timed against it in the same run, alternating the two, best of each (activations_*_shipped_over_*_x: prefill 512
+and decode at 1, 4, 8 and 32 sequences), and its perplexity given (ppl_int8_<recipe>); --no-activation-baseline
+skips it.
+
 The peer, llama.cpp (bench/peer.py), runs in the same run on the same GGUF and threads when a build is
 found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 4, 8 and 32 sequences in
 the shape of the decode figures here (32-token prompts, then the same number of steps). The peer runs after
@@ -142,19 +148,36 @@ def _huge_pages_ratio(name: str, shipped, steps: int, rounds: int) -> dict[str, 
             "huge_pages_decode_b1_speedup_x": round(best["huge"] / best["small"], 3)}
 
 
-def _recipe_ratios(shipped, v6, steps: int, rounds: int) -> dict[str, float]:
-    """shipped / v6 time per figure, the two measured alternately `rounds` times each (best of each)."""
+def _recipe_ratios(shipped, other, steps: int, rounds: int, prefix: str = "recipe",
+                   labels: tuple[str, str] = ("shipped", "v6")) -> dict[str, float]:
+    """shipped / other time per figure, the two measured alternately `rounds` times each (best of each);
+    keys {prefix}_{figure}_ms_per_token_{label} and {prefix}_{figure}_{a}_over_{b}_x."""
+    a, b = labels
     figures = {"prefill_512": lambda m: 1 / _prefill_tps(m, 512, 1),
-               **{f"decode_b{b}": (lambda m, b=b: 1 / _decode_tps(m, b, steps, rounds=1)) for b in (1, 4, 8, 32)}}
+               **{f"decode_b{n}": (lambda m, n=n: 1 / _decode_tps(m, n, steps, rounds=1)) for n in (1, 4, 8, 32)}}
     out = {}
     for name, seconds_per_token in figures.items():
-        best = best_alternated({"shipped": lambda: seconds_per_token(shipped), "v6": lambda: seconds_per_token(v6)},
-                               rounds)
-        out[f"recipe_{name}_ms_per_token_shipped"] = round(1e3 * best["shipped"], 3)
-        out[f"recipe_{name}_ms_per_token_v6"] = round(1e3 * best["v6"], 3)
-        out[f"recipe_{name}_shipped_over_v6_x"] = round(best["shipped"] / best["v6"], 3)
-        print(f"{name:14s} shipped {1e3 * best['shipped']:8.3f} ms/token  v6 {1e3 * best['v6']:8.3f}  "
-              f"shipped/v6 {best['shipped'] / best['v6']:.3f}x", flush=True)
+        best = best_alternated({a: lambda: seconds_per_token(shipped), b: lambda: seconds_per_token(other)}, rounds)
+        out[f"{prefix}_{name}_ms_per_token_{a}"] = round(1e3 * best[a], 3)
+        out[f"{prefix}_{name}_ms_per_token_{b}"] = round(1e3 * best[b], 3)
+        out[f"{prefix}_{name}_{a}_over_{b}_x"] = round(best[a] / best[b], 3)
+        print(f"{name:14s} {a} {1e3 * best[a]:8.3f} ms/token  {b} {1e3 * best[b]:8.3f}  "
+              f"{a}/{b} {best[a] / best[b]:.3f}x", flush=True)
+    return out
+
+
+def _activation_recipes(args, shipped, steps: int, rounds: int, ids, bos) -> dict[str, float]:
+    """The shipped int8 model in the other activation recipe (kernels.backend.ACTIVATION_RECIPES: one int16
+    term or two int8 terms per activation), the same checkpoint, timed against the shipped one alternately,
+    and its perplexity."""
+    other = "two_terms" if shipped.kernel_ops.activations == "int16" else "int16"
+    model, _ = load_model(args.model, "int8", args.device, activations=other)
+    print(f"activation recipes: {shipped.kernel_ops.activations} (shipped here) against {other}", flush=True)
+    out = {"activations_shipped": shipped.kernel_ops.activations}
+    out.update(_recipe_ratios(shipped, model, steps, rounds, "activations", ("shipped", other)))
+    if args.device == "cpu":
+        out[f"ppl_int8_{other}"] = round(perplexity(model, ids, bos, max_chunks=2 if args.quick else None,
+                                                    kv_int8=True).ppl, 4)
     return out
 
 
@@ -212,6 +235,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu | cuda (the Triton op family, weights and KV there)")
     parser.add_argument("--recipe-baseline", action="store_true",
                         help="also time checkpoint format v6's int8 recipe against the shipped one (Gemma 3 270M)")
+    parser.add_argument("--no-activation-baseline", action="store_true",
+                        help="skip timing the other activation recipe (int16 / two int8 terms) against the shipped one")
     peer.add_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -244,14 +269,16 @@ def main() -> None:
         v6 = _v6_recipe_model(args.model, models["int8"].kernel_ops)
         result.update(_recipe_ratios(models["int8"], v6, steps, 2 if args.quick else 4))
         del v6
-    peer_figures, peer_error = _peer(args, steps)
-    if peer_figures is not None:  # batch 1 again, after the peer (the docstring says why)
-        again = _decode_tps(models["int8"], 1, steps, rounds=2 if args.quick else 3)
-        result["decode_tokens_per_s_b1_after_peer"] = round(again, 1)
     with open(f"{args.reference_dir}/gpl-3.txt") as f:
         text = f.read()
     ids = tok.encode(text, parse_special=False)
     bos = tok.bos_token_id if tok.add_bos else None  # llama-perplexity replaces each chunk's first token by BOS
+    if not args.no_activation_baseline:
+        result.update(_activation_recipes(args, models["int8"], steps, 2 if args.quick else 4, ids, bos))
+    peer_figures, peer_error = _peer(args, steps)
+    if peer_figures is not None:  # batch 1 again, after the peer (the docstring says why)
+        again = _decode_tps(models["int8"], 1, steps, rounds=2 if args.quick else 3)
+        result["decode_tokens_per_s_b1_after_peer"] = round(again, 1)
     ref_ppl = REF_PPL if args.model == "gemma-3-270m" else None  # the float64 reference exists for Gemma only
     chunks = 2 if args.quick else None
     result["ppl_chunks"] = chunks or len(ids) // 512

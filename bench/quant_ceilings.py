@@ -14,6 +14,8 @@ per row; the other tensors are Q4_K/Q6_K.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kernels.quantize import SCALE_FLOOR
@@ -64,11 +66,11 @@ def shipped_recipe_with_weight_groups(config, w: dict[str, torch.Tensor], tokeni
                                       activation_terms: int | None = None):
     """The architecture's shipped recipe (its calibration, smoothing and activation terms) with the smoothed
     weights fake-quantized per `weight_group` input channels, rounded to nearest (GPTQ, where the recipe
-    has it, is not applied), the activations fake-quantized as the engine quantizes them (or as
-    `activation_terms` int8 terms everywhere)."""
+    has it, is not applied), the activations fake-quantized as the engine's two-term recipe quantizes them
+    (or as `activation_terms` int8 terms everywhere)."""
     smoothed: dict[str, torch.Tensor] = {}
     ckpt = calibrate_and_quantize(config, w, tokenizer, rounding="nearest", smoothed_weights=smoothed)
-    model = build_int8_model(config, ckpt, kernel_ops)
+    model = build_int8_model(config, ckpt, dataclasses.replace(kernel_ops, activations="two_terms"))
     for i, layer in enumerate(model.layers):
         for name in FUSED:
             lin = getattr(layer, name)

@@ -16,7 +16,8 @@ Baselines measured in the same run: the float32 model (float KV) on the same ppl
 same GGUF (its Q4_K_M weights, through llama-server: the same 229 teacher-forced greedy tokens; `peer: null`
 without a build; --llama-cpp DIR as for the other benches), and the checkpoint the engine loads (load_model:
 the shipped recipe, architecture INT8_RECIPE and INT8_ACTIVATION_TERMS, from the cache; checked equal, tensor
-by tensor, to a fresh conversion).
+by tensor, to a fresh conversion), in the activation recipe the kernels pick here (engine_checkpoint) and in the
+other one (engine_checkpoint_<recipe>: one int16 term or two int8 terms per activation, kernels.backend).
 
 Calibration sets (none of them gpl-3.txt): "text" is services/engine/model/calibration_text.py; "text+sampled"
 adds text sampled from the float model itself (calibration_text.sampled_sequences, seeded).
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import time
@@ -267,7 +269,16 @@ def main() -> None:
         del fp32
         engine, _ = load_model(MODEL, precision="int8", kernel_ops=kernel_ops, progress=False)
         result["engine_checkpoint"] = measure(engine, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True)
-        print(line("engine: shipped recipe (load_model)", result["engine_checkpoint"]), flush=True)
+        print(line(f"engine: shipped recipe (load_model), {kernel_ops.activations}", result["engine_checkpoint"]),
+              flush=True)
+        del engine
+        # the same checkpoint in the other activation recipe (kernels.backend.ACTIVATION_RECIPES)
+        other = "two_terms" if kernel_ops.activations == "int16" else "int16"
+        engine, _ = load_model(MODEL, precision="int8", kernel_ops=dataclasses.replace(kernel_ops, activations=other),
+                               progress=False)
+        result["engine_activations"] = kernel_ops.activations
+        result[f"engine_checkpoint_{other}"] = measure(engine, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True)
+        print(line(f"engine: shipped recipe, {other}", result[f"engine_checkpoint_{other}"]), flush=True)
         del engine
         gc.collect()
         # the cached checkpoint the engine loaded is what the conversion builds today, tensor for tensor

@@ -8,12 +8,13 @@ same step with every layer composed of its ops (the fused op's baseline), and sp
 op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a step's wall time splits into
 
   * decoder_block: the fused layers (everything of a layer: its GEMMs, attention, norms, RoPE, KV writes);
-  * linear_layers, linear_lm_head: the two-term Linears that run as one C call (kernels.linear_two_terms: the
-    RMSNorm before, both activation terms, the W8A8 GEMM, the post-norm and residual; up to its MAX_ROWS rows,
-    grouped weights) of the composed decoder layers and of the output projection;
-  * gemm_layers: the decoder layers' W8A8 GEMMs (qkv, o, gate_up, down) where they run as their own C calls;
+  * linear_layers, linear_lm_head: the fused Linears that run as one C call (kernels.linear_two_terms: the
+    RMSNorm before, both int8 activation terms or the one int16 term, the GEMM, the post-norm and residual; up
+    to its MAX_ROWS rows, grouped weights) of the composed decoder layers and of the output projection;
+  * gemm_layers: the decoder layers' GEMMs (qkv, o, gate_up, down) where they run as their own C calls;
   * gemm_lm_head: the output projection (262,144 x 640 on Gemma 3 270M) where it runs as its own C call;
-  * quantize: the activations' int8 quantization (two terms, or one with the RMSNorm fused);
+  * quantize: the activations' quantization (two int8 terms, one int16 term, or one int8 term with the
+    RMSNorm fused);
   * rmsnorm: the RMSNorms not fused into a quantization;
   * attention, rope, kv_write, glu: the paged attention, RoPE (with the q/k norms before it, where one call
     runs both: kernels.rmsnorm_rope), KV-write and gated-activation (GeGLU, SwiGLU) kernels;
@@ -23,11 +24,12 @@ op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a st
 Baselines in the same run: the same steps without the timers (the timers' own cost is the difference), the
 composed step, and the GEMM floor -- the weight and scale bytes a step reads over a streaming read (torch sum
 over 512 MB, the same threads; measured before the steps and again after them), the time the GEMMs would take
-at the memory's practical limit -- and the product floor: the step's exact int8 products over the int8
-product ceiling (bench/int8_ceiling.c via bench.gemv, the same threads), the time they would take at the
-instructions' limit (on AVX2 the decode of 4 or more sequences is bound by its products before memory). The
-prefill of a --prefill-token prompt (512; 0 skips it: more rows than the
-fused op takes, so it is composed) is split the same way, best of the rounds.
+at the memory's practical limit -- and the product floor: the step's exact products over the product
+ceiling of their recipe (bench/int8_ceiling.c via bench.gemv, the same threads: the int8 one for two-term
+Linears, the int16 one for int16-activation Linears), the time they would take at the instructions' limit (on
+AVX2 the decode of 4 or more sequences is bound by its products before memory). The prefill of a
+--prefill-token prompt (512; 0 skips it: more rows than the fused op takes, so it is composed) is split the
+same way, best of the rounds.
 
     python -m bench.step_profile [--quick] [--model NAME] [--batches 1,4,8] [--prefill 512] [--threads N]
 """
@@ -42,10 +44,11 @@ from collections import defaultdict
 
 import torch
 
-from bench.gemv import int8_product_ceiling_gmacs
+from bench.gemv import int16_activation_ceiling_gmacs, int8_product_ceiling_gmacs
 from bench.model import EngineSteps
 from kernels.backend import select_ops
-from kernels.cpu.linear_two_terms import linear_two_terms_c
+from kernels.cpu.linear_two_terms import _w16a8_gemm, linear_two_terms_c
+from kernels.cpu.quantize import quantize_int16_cpu
 from kernels.decoder_block import no_decoder_block
 from kernels.linear_two_terms import compose
 from services.engine.model import load_model
@@ -104,6 +107,18 @@ def instrumented_ops(timers: Timers, vocab_size: int, variant: str = "fused"):
         return composed(*args) if out is None else out
 
     wrapped["linear_two_terms"] = linear_two_terms
+    fused16 = timers.wrap(lambda x, w_q, *rest: "linear_lm_head" if w_q.shape[0] == vocab_size else "linear_layers",
+                          lambda *a: linear_two_terms_c(*a, recipe="int16"))
+    gemm16 = timers.wrap(lambda a, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",
+                         _w16a8_gemm)
+    composed16 = compose(wrapped["rmsnorm"], timers.wrap(lambda *a: "quantize", quantize_int16_cpu), gemm16,
+                         terms=1)
+
+    def linear_int16(*args):
+        out = fused16(*args)
+        return composed16(*args) if out is None else out
+
+    wrapped["linear_int16"] = linear_int16
     return dataclasses.replace(base, **wrapped)
 
 
@@ -147,12 +162,18 @@ def main() -> None:
     result["step_read_bytes"] = weight_read
     result["gemm_floor_ms"] = round(floor_ms, 3)
     print(f"a step reads {weight_read / 1e6:.1f} MB of weights and scales: GEMM floor {floor_ms:.2f} ms")
-    ceiling = int8_product_ceiling_gmacs(args.threads, 5)
-    products_per_row = _step_products_per_row(plain)
-    result["int8_product_ceiling_gmacs"] = None if ceiling is None else round(ceiling, 2)
-    if ceiling is not None:
-        print(f"int8 product ceiling (bench/int8_ceiling.c): {ceiling:.1f} GMAC/s; a step makes "
-              f"{products_per_row / 1e6:.0f} M products per sequence")
+    ceiling8 = int8_product_ceiling_gmacs(args.threads, 5)
+    ceiling16 = int16_activation_ceiling_gmacs(args.threads, 5)
+    products8, products16 = _step_products_per_row(plain)
+    result["int8_product_ceiling_gmacs"] = None if ceiling8 is None else round(ceiling8, 2)
+    result["int16_activation_ceiling_gmacs"] = None if ceiling16 is None else round(ceiling16, 2)
+    # ns per sequence of a step's products at their ceilings (None where a needed ceiling is missing)
+    product_ns = (None if (products8 and ceiling8 is None) or (products16 and ceiling16 is None)
+               else products8 / (ceiling8 or 1) + products16 / (ceiling16 or 1))
+    if product_ns is not None:
+        print(f"product ceilings (bench/int8_ceiling.c): int8 {ceiling8 or 0:.1f}, int16 activations "
+              f"{ceiling16 or 0:.1f} GMAC/s (two-term units); a step makes {(products8 + products16) / 1e6:.0f} M "
+              f"such products per sequence ({products16 / 1e6:.0f} M of them as int16 terms)")
     for batch in (int(b) for b in args.batches.split(",")):
         prompts = ((torch.arange(batch * args.context) * 7919) % (vocab - 300) + 300).view(batch, args.context).tolist()
         runs = {}
@@ -182,10 +203,10 @@ def main() -> None:
         print(f"batch {batch}: step {fused * 1e3:.2f} ms ({batch / fused:.1f} tok/s); each layer composed of its "
               f"ops {composed * 1e3:.2f} ms ({composed / fused:.2f}x); the GEMM floor is "
               f"{100 * floor_ms / 1e3 / fused:.0f}% of the step")
-        if ceiling is not None:
-            products_ms = batch * products_per_row / ceiling / 1e6
+        if product_ns is not None:
+            products_ms = batch * product_ns / 1e6
             result[f"{key}_product_floor_ms"] = round(products_ms, 3)
-            print(f"  its products at the int8 product ceiling: {products_ms:.2f} ms (the step is bound by "
+            print(f"  its products at the product ceilings: {products_ms:.2f} ms (the step is bound by "
                   f"{'its products' if products_ms > floor_ms else 'memory'} at best)")
         for variant in VARIANTS:
             timed = best[(variant, True)]
@@ -254,10 +275,14 @@ def _time(fn) -> float:
     return time.perf_counter() - start
 
 
-def _step_products_per_row(model) -> int:
-    """Exact int8 products a decode step makes per sequence: every Linear's weights once per activation term."""
+def _step_products_per_row(model) -> tuple[int, int]:
+    """A decode step's products per sequence, in int8 products of the two-term recipe: (those of int8-term
+    Linears: every weight once per term; those of int16-activation Linears: every weight twice, each int16
+    product standing for the two it replaces, as bench.gemv's int16 ceiling counts them)."""
     linears = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
-    return sum(lin.w_q.numel() * lin.activation_terms for lin in (*linears, model.lm_head))
+    linears.append(model.lm_head)
+    int16 = sum(2 * lin.w_q.numel() for lin in linears if lin.int16_activations)
+    return sum(lin.w_q.numel() * lin.activation_terms for lin in linears if not lin.int16_activations), int16
 
 
 def _step_read_bytes(model) -> int:

@@ -6,6 +6,7 @@ CUDA -> the Triton kernels. Anything else -> the CPU fast path in kernels/cpu/ w
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Callable
@@ -15,7 +16,7 @@ import torch
 from kernels.decoder_block import no_decoder_block
 from kernels.glu import geglu_ref, swiglu_ref
 from kernels.kv_write import kv_write_ref
-from kernels.linear_two_terms import compose as compose_linear_two_terms, linear_two_terms_ref
+from kernels.linear_two_terms import compose as compose_linear_two_terms, linear_int16_ref, linear_two_terms_ref
 from kernels.paged_attention import paged_attention_ref
 from kernels.quantize import quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
 from kernels.rmsnorm import rmsnorm_ref
@@ -25,7 +26,10 @@ from kernels.w8a8_gemm import w8a8_gemm_ref
 
 OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm", "rmsnorm_quant", "w8a8_gemm", "rope_neox",
             "kv_write", "paged_attention", "linear_two_terms", "rmsnorm_rope", "geglu", "swiglu",
-            "decoder_block")
+            "decoder_block", "linear_int16")
+# The activation recipes of an int8 Linear (services/engine/model/linear.py): two int8 terms (kernels.quantize),
+# or one int16 term (kernels.w16a8_grouped).
+ACTIVATION_RECIPES = ("two_terms", "int16")
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,12 @@ class Ops:
     # kernels.decoder_block: a whole decoder layer (Gemma 3, Llama) over the paged int8 KV cache, or None (the
     # model composes)
     decoder_block: Callable
+    # kernels.linear_two_terms's int16 op: norm, one int16 activation term, grouped GEMM, post-norm, residual
+    linear_int16: Callable
     name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
+    # The activation recipe the family's int8 Linears run (ACTIVATION_RECIPES): the faster one of its kernels
+    # where it has a choice; the same on every family unless a CPU's kernels favour the other.
+    activations: str = "two_terms"
 
 
 def reference_ops() -> Ops:
@@ -63,6 +72,7 @@ def reference_ops() -> Ops:
         geglu=geglu_ref,
         swiglu=swiglu_ref,
         decoder_block=no_decoder_block,
+        linear_int16=linear_int16_ref,
         name="ref",
     )
 
@@ -75,6 +85,7 @@ def triton_ops() -> Ops:
     from kernels.quantize import quantize_per_token_triton, quantize_two_terms_triton, rmsnorm_quant_triton
     from kernels.rmsnorm import rmsnorm_triton
     from kernels.rope import rope_neox_triton
+    from kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
     from kernels.w8a8_gemm import w8a8_gemm_triton
 
     return Ops(
@@ -92,6 +103,9 @@ def triton_ops() -> Ops:
         geglu=geglu_triton,
         swiglu=swiglu_triton,
         decoder_block=decoder_block_triton,
+        # the int16 recipe is the CPU's (no Triton kernel of its own yet): its GEMM is the PyTorch reference
+        linear_int16=compose_linear_two_terms(rmsnorm_triton, quantize_int16_ref, w16a8_grouped_ref,
+                                              "linear_int16_triton", terms=1),
         name="triton",
     )
 
@@ -111,6 +125,7 @@ CPU_FAST_PATH_MODULES = {
     "geglu": "kernels.cpu.glu",
     "swiglu": "kernels.cpu.glu",
     "decoder_block": "kernels.cpu.decoder_block",
+    "linear_int16": "kernels.cpu.linear_two_terms",
 }
 
 
@@ -128,20 +143,37 @@ def _cpu_fast_path(op: str) -> Callable | None:
     return getattr(module, f"{op}_cpu", None)
 
 
+def cpu_activations() -> str:
+    """The CPU family's activation recipe here: one int16 term where the grouped GEMM is AVX2's (no VNNI: there
+    vpmaddwd makes int16 products about 1.8x as fast as the two int8 terms' vpmaddubsw) and the int16 kernel
+    builds; two int8 terms elsewhere (VNNI's vpdpbusd, or the references)."""
+    from kernels.cpu.w16a8_grouped import library as int16_library
+    from kernels.cpu.w8a8_grouped import chosen_isa
+
+    return "int16" if chosen_isa() == "avx2" and int16_library() is not None else "two_terms"
+
+
 def cpu_ops() -> Ops:
     ref = reference_ops()
     chosen = {op: _cpu_fast_path(op) or getattr(ref, op) for op in OP_NAMES}
-    return Ops(**chosen, name="cpu")
+    return Ops(**chosen, name="cpu", activations=cpu_activations())
 
 
 KERNEL_FAMILIES = ("auto", "triton", "cpu", "ref")
 
 
-def select_ops(device: torch.device | str, family: str = "auto") -> Ops:
+def select_ops(device: torch.device | str, family: str = "auto", activations: str = "auto") -> Ops:
     """The op family for tensors on `device`: "auto" is Triton on CUDA and the CPU fast path elsewhere.
     "triton" on a CPU device runs the same kernels through Triton's interpreter (slow; how the GPU path is
-    tested end to end without a GPU); "ref" is the plain PyTorch reference."""
-    device = torch.device(device)
+    tested end to end without a GPU); "ref" is the plain PyTorch reference. `activations` sets the int8
+    Linears' activation recipe (ACTIVATION_RECIPES; "auto": the family's own choice)."""
+    if activations != "auto" and activations not in ACTIVATION_RECIPES:
+        raise ValueError(f"activations: must be auto or one of {', '.join(ACTIVATION_RECIPES)}, got {activations!r}")
+    ops = _select_family(torch.device(device), family)
+    return ops if activations == "auto" else dataclasses.replace(ops, activations=activations)
+
+
+def _select_family(device: torch.device, family: str) -> Ops:
     if family not in KERNEL_FAMILIES:
         raise ValueError(f"kernels: must be one of {', '.join(KERNEL_FAMILIES)}, got {family!r}")
     if family == "auto":

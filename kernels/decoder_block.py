@@ -27,8 +27,9 @@ import torch
 @dataclass(frozen=True, eq=False)
 class BlockWeights:
     """One layer: norms f32[d_model] (q_norm, k_norm f32[head_dim]: Gemma's per-head norms; None where the
-    architecture has none, as the post-norms); each Linear as int8 w[N, K] with two-term activations and f32
-    scales [N, K / 32] (the grouped contract) or [N] (one per row); qkv's N is (Hq + 2 Hkv) * head_dim, or
+    architecture has none, as the post-norms); each Linear as int8 w[N, K] with two-term activations (or one
+    int16 term, int16_activations: kernels.w16a8_grouped) and f32 scales [N, K / 32] (the grouped contract) or
+    [N] (one per row; two terms only); qkv's N is (Hq + 2 Hkv) * head_dim, or
     Hq * head_dim where the layer reads another layer's KV (writes_kv False); gate_up's rows are the gate, then
     the up projection, with `activation` "gelu_tanh" (GeGLU) or "silu" (SwiGLU)."""
 
@@ -56,6 +57,7 @@ class BlockWeights:
     gate_up_s: torch.Tensor
     down_w: torch.Tensor
     down_s: torch.Tensor
+    int16_activations: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -3,7 +3,8 @@
  * the same order, with the same functions, so every bit is the one the model's own composition gives
  * (kernels/decoder_block.py says when it runs; tests/model/test_model_decoder_block.py checks the bits):
  *
- *   qkv  = linear_two_terms(x, norm attn_norm, W_qkv)              (linear_two_terms.h)
+ *   qkv  = linear_two_terms(x, norm attn_norm, W_qkv)              (linear_two_terms.h; linear_int16 where
+ *                                                                   the layer's activations are int16)
  *   q    = rope(rmsnorm(q heads, q_norm))                          (rmsnorm.c's norm_row, rope.c's rope_row:
  *   k    = rope(rmsnorm(k heads, k_norm))                           rmsnorm_rope.c's loop; Llama: rope only)
  *   cache[slot] = int8(k), int8(v)                                 (quantize.c's kv_write_rows)
@@ -20,7 +21,8 @@
  *
  * The includer brings the kernels of one CPU build (decoder_block_avx512.c, decoder_block_avx2.c), and defines
  * BLOCK_GEMM (its grouped W8A8 GEMM), BLOCK_ROW_GEMM (its per-row one, as a grouped_gemm_fn), BLOCK_KV_WRITE
- * (its kv_write_rows) and BLOCK_ENTRY (the entry point's name); paged_attention_i8 is the build's attention.
+ * (its kv_write_rows) and BLOCK_ENTRY (the entry point's name), and includes w16a8_grouped.c (the int16 GEMM);
+ * paged_attention_i8 is the build's attention.
  * The scratch rows are allocated per call (a decode step's are a few kilobytes).
  */
 #ifndef SALON_DECODER_BLOCK_H
@@ -45,6 +47,8 @@ typedef struct {
     int64_t sliding_window;  /* 0: global attention */
     int64_t per_row_scales;  /* 1: one weight scale per row (BLOCK_ROW_GEMM); 0: per row and 32 channels */
     int64_t activation;      /* BLOCK_GEGLU or BLOCK_SWIGLU */
+    int64_t int16_activations; /* 1: every Linear takes one int16 term a row (w16a8_grouped_avx2, grouped
+                                  scales only); 0: two int8 terms */
     double eps;
     float sm_scale;
     const float *attn_norm, *q_norm, *k_norm, *post_attention_norm, *ffn_norm, *post_ffw_norm;
@@ -78,7 +82,9 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     const int64_t n_qkv = L->writes_kv ? (Hq + 2 * Hkv) * D : Hq * D;
     if (T < 1 || D < 2 || D % 2 || D > BLOCK_MAX_HEAD_DIM) return 1;
     const float eps_f = (float)L->eps, inv_d = (float)(1.0 / (double)D);
-    const grouped_gemm_fn gemm = L->per_row_scales ? BLOCK_ROW_GEMM : BLOCK_GEMM;
+    if (L->int16_activations && L->per_row_scales) return 1;
+    const linear_gemm gemm = {L->int16_activations ? NULL : L->per_row_scales ? BLOCK_ROW_GEMM : BLOCK_GEMM,
+                              L->int16_activations ? w16a8_grouped_avx2 : NULL};
     float *qkv = malloc((size_t)(T * n_qkv) * sizeof(float));
     float *q = malloc((size_t)(T * Hq * D) * sizeof(float));
     float *kv = L->writes_kv ? malloc((size_t)(2 * T * Hkv * D) * sizeof(float)) : NULL;
@@ -90,7 +96,7 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     if (!qkv || !q || (L->writes_kv && !kv) || !att || !x1 || !h || !act) goto done;
 
     /* attention */
-    if (linear_two_terms_with(gemm, x, T, d, d, L->attn_norm, L->eps, L->qkv_w, L->qkv_s, n_qkv, NULL, NULL, 0, qkv,
+    if (linear_with(gemm, x, T, d, d, L->attn_norm, L->eps, L->qkv_w, L->qkv_s, n_qkv, NULL, NULL, 0, qkv,
                               scale_floor, nthreads))
         goto done;
     float row[BLOCK_MAX_HEAD_DIM];
@@ -122,17 +128,17 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     paged_attention_i8(q, C->k_cache, C->v_cache, C->k_scale, C->v_scale, B->block_tables, B->max_blocks,
                        B->query_start_loc, B->seq_lens, B->row_seq, T, Hq, Hkv, D, C->block_size, L->sm_scale,
                        L->sliding_window, att, nthreads);
-    if (linear_two_terms_with(gemm, att, T, Hq * D, Hq * D, NULL, L->eps, L->o_w, L->o_s, d, L->post_attention_norm, x,
+    if (linear_with(gemm, att, T, Hq * D, Hq * D, NULL, L->eps, L->o_w, L->o_s, d, L->post_attention_norm, x,
                               d, x1, scale_floor, nthreads))
         goto done;
 
     /* feed-forward */
-    if (linear_two_terms_with(gemm, x1, T, d, d, L->ffn_norm, L->eps, L->gate_up_w, L->gate_up_s, 2 * F, NULL, NULL, 0,
+    if (linear_with(gemm, x1, T, d, d, L->ffn_norm, L->eps, L->gate_up_w, L->gate_up_s, 2 * F, NULL, NULL, 0,
                               h, scale_floor, nthreads))
         goto done;
     (L->activation == BLOCK_SWIGLU ? swiglu_rows : geglu_rows)(h, T, F, 2 * F, act, F);
     /* the last op writes x itself: its residual is x1, so x is only overwritten once nothing can fail */
-    if (linear_two_terms_with(gemm, act, T, F, F, NULL, L->eps, L->down_w, L->down_s, d, L->post_ffw_norm, x1, d, x,
+    if (linear_with(gemm, act, T, F, F, NULL, L->eps, L->down_w, L->down_s, d, L->post_ffw_norm, x1, d, x,
                               scale_floor, nthreads))
         goto done;
     status = 0;

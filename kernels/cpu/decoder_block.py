@@ -33,7 +33,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 class _Weights(ctypes.Structure):
     _fields_ = ([(n, _I) for n in ("d_model", "num_heads", "num_kv_heads", "head_dim", "ffn_dim", "writes_kv",
-                                   "sliding_window", "per_row_scales", "activation")]
+                                   "sliding_window", "per_row_scales", "activation", "int16_activations")]
                 + [("eps", ctypes.c_double), ("sm_scale", ctypes.c_float)]
                 + [(n, _P) for n in ("attn_norm", "q_norm", "k_norm", "post_attention_norm", "ffn_norm",
                                      "post_ffw_norm", "qkv_w", "o_w", "gate_up_w", "down_w", "qkv_s", "o_s",
@@ -99,6 +99,8 @@ def _weights_struct(w: BlockWeights) -> _Weights | None:
     d = w.attn_norm.shape[0] if w.attn_norm.dim() == 1 else -1
     n_qkv = (hq + 2 * hkv) * d_head if w.writes_kv else hq * d_head
     per_row = w.qkv_s.dim() == 1
+    if w.int16_activations and per_row:
+        return None  # the int16 GEMM takes grouped scales only
     optional = ((w.q_norm, d_head), (w.k_norm if w.writes_kv else None, d_head), (w.post_attention_norm, d),
                 (w.post_ffw_norm, d))
     ok = (d > 0 and c_kernel_supports(hq, hkv, d_head) and d_head % 2 == 0 and w.activation in _ACTIVATIONS
@@ -114,7 +116,8 @@ def _weights_struct(w: BlockWeights) -> _Weights | None:
                 for n in ("q_norm", "post_attention_norm", "post_ffw_norm")})
     return _Weights(d_model=d, num_heads=hq, num_kv_heads=hkv, head_dim=d_head, ffn_dim=f, writes_kv=int(w.writes_kv),
                     sliding_window=w.sliding_window or 0, per_row_scales=int(per_row),
-                    activation=_ACTIVATIONS[w.activation], eps=w.eps, sm_scale=w.sm_scale,
+                    activation=_ACTIVATIONS[w.activation], int16_activations=int(w.int16_activations), eps=w.eps,
+                    sm_scale=w.sm_scale,
                     k_norm=w.k_norm.data_ptr() if w.writes_kv and w.k_norm is not None else None, **ptr)
 
 

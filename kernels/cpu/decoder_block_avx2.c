@@ -10,6 +10,7 @@
 #include "rope.c"
 #include "quantize.c"
 #include "w8a8_grouped.c"
+#include "w16a8_grouped.c"
 #undef PREFETCH_BYTES
 #include "w8a8_gemv.c"
 #include "glu.c"

@@ -10,6 +10,7 @@
 #include "rope.c"
 #include "quantize.c"
 #include "w8a8_grouped_vnni.c"
+#include "w16a8_grouped.c"
 #undef VNNI
 #include "w8a8_acc.c"
 #include "glu.c"

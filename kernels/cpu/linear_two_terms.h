@@ -1,5 +1,5 @@
-/* The two-term int8 Linear of grouped weights as one C function, bit for bit the composition of the kernels
- * the including file brings in (kernels.linear_two_terms has the contract and the reference):
+/* The int8 Linear of grouped weights as one C function, bit for bit the composition of the kernels the
+ * including file brings in (kernels.linear_two_terms has the contract and the references). Two int8 terms:
  *
  *   h   = rmsnorm(x, norm_w)                          (optional; rmsnorm.c's norm_row)
  *   q, s = the two int8 terms of every row of h       (quantize.c's quantize_two_terms_rows arithmetic)
@@ -8,14 +8,17 @@
  *   o   = y[m] + y[M + m]                             (the terms' sum, one rounding)
  *   out = residual + rmsnorm(o, post_w)               (optional post-norm, optional residual)
  *
- * The includer brings rmsnorm.c, quantize.c and one grouped GEMM (w8a8_grouped_vnni.c or w8a8_grouped.c) and
- * passes that GEMM's entry point: linear_two_terms.c (VNNI), linear_two_terms_avx2.c (AVX2), and the decoder
- * block (decoder_block.h) through either. The same functions run in the same order as when each is its own
- * call, so every bit is the same; what is saved is the calls between them (a decode step makes about ten per
- * layer, each a few microseconds of Python, tensor allocation and argument conversion). The row-wise work
- * before and after the GEMM runs on the calling thread (a few rows at decode sizes), except the terms' sum of
- * a large output (the output projection's), which splits its columns over the threads as the GEMM splits its
- * weight rows.
+ * One int16 term (kernels.w16a8_grouped) instead: q, s = the row's int16 term, out = residual +
+ * rmsnorm(gemm16(q, s, w), post_w).
+ *
+ * The includer brings rmsnorm.c, quantize.c, one grouped GEMM (w8a8_grouped_vnni.c or w8a8_grouped.c) and the
+ * int16 one (w16a8_grouped.c), and passes the GEMMs' entry points: linear_two_terms.c (VNNI),
+ * linear_two_terms_avx2.c (AVX2), and the decoder block (decoder_block.h) through either. The same functions
+ * run in the same order as when each is its own call, so every bit is the same; what is saved is the calls
+ * between them (a decode step makes about ten per layer, each a few microseconds of Python, tensor allocation
+ * and argument conversion). The row-wise work before and after the GEMM runs on the calling thread (a few rows
+ * at decode sizes), except the terms' sum of a large output (the output projection's), which splits its
+ * columns over the threads as the GEMM splits its weight rows.
  *
  * fp-contract is off for every included file (rmsnorm.c's pragma comes first); none of quantize.c's
  * functions holds a product followed by a sum outside its own fp-contract=off section, so none changes.
@@ -30,6 +33,16 @@
 /* A grouped W8A8 GEMM's entry point (w8a8_grouped_vnni, w8a8_grouped_avx2): 0 when done, 1 when declined. */
 typedef int (*grouped_gemm_fn)(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                                int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads);
+/* The grouped GEMM of int16 activations (w16a8_grouped_avx2), the same way. */
+typedef int (*grouped_gemm16_fn)(const int16_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
+                                 int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads);
+
+/* A Linear's activation recipe and its GEMM: two int8 terms through gemm8 (gemm16 NULL), or one int16 term
+   through gemm16 (kernels.w16a8_grouped). */
+typedef struct {
+    grouped_gemm_fn gemm8;
+    grouped_gemm16_fn gemm16;
+} linear_gemm;
 
 /* out[i] = a[i] + b[i] for n floats (one rounding each). */
 static void add_rows(const float *a, const float *b, float *out, int64_t n) {
@@ -101,25 +114,28 @@ static void sum_terms(const float *y, int64_t M, int64_t N, const float *residua
 }
 
 /* x f32[M, K] (row stride sx) -> out f32[M, N] contiguous; norm_w f32[K], post_w f32[N] and residual f32[M, N]
-   (row stride sr) optional (NULL). Returns 0 when done, 1 when nothing was computed (shapes the GEMM
-   declines, no memory). */
-static int linear_two_terms_with(grouped_gemm_fn gemm, const float *x, int64_t M, int64_t K, int64_t sx,
-                                 const float *norm_w, double eps, const int8_t *w, const float *w_scale, int64_t N,
-                                 const float *post_w, const float *residual, int64_t sr, float *out,
-                                 float scale_floor, int nthreads) {
+   (row stride sr) optional (NULL). Two int8 terms a row (g.gemm16 NULL: quantize.c's two-term arithmetic, both
+   terms' 2M rows through g.gemm8, summed) or one int16 term (quantize_row_int16_avx2, g.gemm16 on M rows, its
+   output the Linear's: straight into out where no post-norm or residual follows). Returns 0 when done, 1 when
+   nothing was computed (shapes the GEMM declines, no memory). */
+static int linear_with(linear_gemm g, const float *x, int64_t M, int64_t K, int64_t sx, const float *norm_w,
+                       double eps, const int8_t *w, const float *w_scale, int64_t N, const float *post_w,
+                       const float *residual, int64_t sr, float *out, float scale_floor, int nthreads) {
     if (M < 1 || K < GROUP || K % GROUP || N < 1) return 1;
+    const int terms = g.gemm16 ? 1 : 2;
     const float eps_f = (float)eps;
     const int64_t ks = (K + 15) / 16 * 16;
     float *h = norm_w ? malloc((size_t)(M * K) * sizeof(float)) : NULL;
-    float *r = aligned_alloc(64, (size_t)ks * sizeof(float));
-    int8_t *q = malloc((size_t)(2 * M * K));
-    float *s = malloc((size_t)(2 * M) * sizeof(float));
-    const size_t y_bytes = (size_t)(2 * M * N) * sizeof(float);
+    float *r = terms == 2 ? aligned_alloc(64, (size_t)ks * sizeof(float)) : NULL;
+    void *q = malloc((size_t)(2 * M * K));  /* 2M int8 rows or M int16 rows: the same bytes */
+    float *s = malloc((size_t)(terms * M) * sizeof(float));
+    const int direct = terms == 1 && !post_w && !residual;  /* the GEMM writes out itself */
+    const size_t y_bytes = direct ? 0 : (size_t)(terms * M * N) * sizeof(float);
     const int y_kept = y_bytes > KEPT_SCRATCH_BYTES;
-    float *y = y_kept ? kept_scratch(y_bytes) : malloc(y_bytes);
-    float *o = post_w ? malloc((size_t)N * sizeof(float)) : NULL;
+    float *y = direct ? out : y_kept ? kept_scratch(y_bytes) : malloc(y_bytes);
+    float *o = post_w && terms == 2 ? malloc((size_t)N * sizeof(float)) : NULL;
     int status = 1;
-    if ((norm_w && !h) || !r || !q || !s || !y || (post_w && !o)) goto done;
+    if ((norm_w && !h) || (terms == 2 && !r) || !q || !s || !y || (post_w && terms == 2 && !o)) goto done;
     const float *src = x;
     int64_t ss = sx;
     if (norm_w) {
@@ -128,23 +144,34 @@ static int linear_two_terms_with(grouped_gemm_fn gemm, const float *x, int64_t M
         src = h;
         ss = K;
     }
-    for (int64_t m = 0; m < M; m++) {
-        s[m] = quantize_row_avx2(src + m * ss, K, q + m * K, scale_floor);
-        residual_row(src + m * ss, q + m * K, s[m], K, r);
-        s[M + m] = quantize_row_avx2(r, K, q + (M + m) * K, scale_floor);
+    if (terms == 1) {
+        int16_t *q16 = q;
+        for (int64_t m = 0; m < M; m++) s[m] = quantize_row_int16_avx2(src + m * ss, K, q16 + m * K, scale_floor);
+        if (g.gemm16(q16, K, w, w_scale, y, N, s, M, N, K, nthreads)) goto done;
+    } else {
+        int8_t *q8 = q;
+        for (int64_t m = 0; m < M; m++) {
+            s[m] = quantize_row_avx2(src + m * ss, K, q8 + m * K, scale_floor);
+            residual_row(src + m * ss, q8 + m * K, s[m], K, r);
+            s[M + m] = quantize_row_avx2(r, K, q8 + (M + m) * K, scale_floor);
+        }
+        if (g.gemm8(q8, K, w, w_scale, y, N, s, 2 * M, N, K, nthreads)) goto done;
     }
-    if (gemm(q, K, w, w_scale, y, N, s, 2 * M, N, K, nthreads)) goto done;
-    if (!post_w) {
-        sum_terms(y, M, N, residual, sr, out, nthreads);
-        status = 0;
-        goto done;
-    }
-    const float inv_n = (float)(1.0 / (double)N);
-    for (int64_t m = 0; m < M; m++) {
-        float *dst = out + m * N;
-        add_rows(y + m * N, y + (M + m) * N, o, N);
-        norm_row(o, post_w, dst, N, inv_n, eps_f);
-        if (residual) add_rows(residual + m * sr, dst, dst, N);
+    if (!direct && !post_w && terms == 2) sum_terms(y, M, N, residual, sr, out, nthreads);
+    if (!direct && !post_w && terms == 1)
+        for (int64_t m = 0; m < M; m++) add_rows(residual + m * sr, y + m * N, out + m * N, N);
+    if (post_w) {
+        const float inv_n = (float)(1.0 / (double)N);
+        for (int64_t m = 0; m < M; m++) {
+            float *dst = out + m * N;
+            const float *lin = y + m * N;
+            if (terms == 2) {
+                add_rows(y + m * N, y + (M + m) * N, o, N);
+                lin = o;
+            }
+            norm_row(lin, post_w, dst, N, inv_n, eps_f);
+            if (residual) add_rows(residual + m * sr, dst, dst, N);
+        }
     }
     status = 0;
 done:
@@ -152,7 +179,7 @@ done:
     free(r);
     free(q);
     free(s);
-    if (!y_kept) free(y);
+    if (!direct && !y_kept) free(y);
     free(o);
     return status;
 }

@@ -1,6 +1,7 @@
-"""CPU fast path of kernels.linear_two_terms (the norm, both int8 terms, the grouped W8A8 GEMM, their sum, the
-post-norm and the residual) through linear_two_terms.h: one C call where a decode step made five to eight,
-with the bits of the composition of the CPU family's own kernels, which runs where the C call cannot.
+"""CPU fast paths of kernels.linear_two_terms's ops (the norm, both int8 terms or the one int16 term, the grouped
+GEMM, the terms' sum, the post-norm and the residual) through linear_two_terms.h: one C call where a decode
+step made five to eight, with the bits of the composition of the CPU family's own kernels, which runs where
+the C call cannot. The int16 op's GEMM is kernels/cpu/w16a8_grouped.c (AVX2) in either build.
 
 The C call takes grouped weights (w_scale f32[N, K/32]) for up to MAX_ROWS rows (decode, small batches,
 speculative verification: the sizes where the calls' overhead is a large part of the step), in the build of
@@ -17,12 +18,14 @@ from pathlib import Path
 import torch
 
 from kernels.cpu import native
-from kernels.cpu.quantize import quantize_two_terms_cpu
+from kernels.cpu.quantize import quantize_int16_cpu, quantize_two_terms_cpu
 from kernels.cpu.rmsnorm import rmsnorm_cpu
+from kernels.cpu.w16a8_grouped import w16a8_grouped_cpu
 from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
 from kernels.cpu.w8a8_grouped import chosen_isa
 from kernels.linear_two_terms import compose
 from kernels.quantize import SCALE_FLOOR
+from kernels.w16a8_grouped import w16a8_grouped_ref
 from kernels.w8a8_grouped import GROUP
 
 MAX_ROWS = 64
@@ -34,9 +37,18 @@ _KERNELS = {
     "vnni": (Path(__file__).with_name("linear_two_terms.c"), "linear_two_terms_vnni"),
     "avx2": (Path(__file__).with_name("linear_two_terms_avx2.c"), "linear_two_terms_avx2"),
 }
-_SIGNATURES = {isa: {name: _ARGS} for isa, (_, name) in _KERNELS.items()}
+_SIGNATURES = {isa: {name: _ARGS, name.replace("two_terms", "int16"): _ARGS} for isa, (_, name) in _KERNELS.items()}
+RECIPES = ("two_terms", "int16")
 
 composed = compose(rmsnorm_cpu, quantize_two_terms_cpu, w8a8_gemm_cpu, "linear_two_terms_composed_cpu")
+
+
+def _w16a8_gemm(a, a_scale, w_q, w_scale):
+    out = w16a8_grouped_cpu(a, a_scale, w_q, w_scale)
+    return w16a8_grouped_ref(a, a_scale, w_q, w_scale) if out is None else out
+
+
+composed_int16 = compose(rmsnorm_cpu, quantize_int16_cpu, _w16a8_gemm, "linear_int16_composed_cpu", terms=1)
 
 
 def library(isa: str | None = None) -> ctypes.CDLL | None:
@@ -46,18 +58,19 @@ def library(isa: str | None = None) -> ctypes.CDLL | None:
     return native.load(_KERNELS[isa][0], _SIGNATURES[isa]) if isa else None
 
 
-_entries: dict[str | None, object] = {}  # isa -> the loaded entry point (a few microseconds a call saved)
+# (isa, recipe) -> the loaded entry point (a few microseconds a call saved)
+_entries: dict[tuple[str | None, str], object] = {}
 
 
-def entry(isa: str | None = None):
-    """The C entry point of `isa`'s build (see library), or None."""
-    fn = _entries.get(isa)
+def entry(isa: str | None = None, recipe: str = "two_terms"):
+    """The C entry point of `isa`'s build (see library) for the activation `recipe` (RECIPES), or None."""
+    fn = _entries.get((isa, recipe))
     if fn is None:
         chosen = chosen_isa(isa)
         lib = library(chosen)
         if lib is None:
             return None
-        fn = _entries[isa] = getattr(lib, _KERNELS[chosen][1])
+        fn = _entries[(isa, recipe)] = getattr(lib, _KERNELS[chosen][1].replace("two_terms", recipe))
     return fn
 
 
@@ -69,9 +82,10 @@ def _f32_vector(t: torch.Tensor | None, n: int) -> bool:
 def linear_two_terms_c(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
                        norm_weight: torch.Tensor | None = None, eps: float = 0.0,
                        post_norm: torch.Tensor | None = None,
-                       residual: torch.Tensor | None = None, isa: str | None = None) -> torch.Tensor | None:
-    """The one C call (in `isa`'s build, by default this CPU's), or None where it does not take these arguments
-    (the caller composes)."""
+                       residual: torch.Tensor | None = None, isa: str | None = None,
+                       recipe: str = "two_terms") -> torch.Tensor | None:
+    """The one C call of the activation `recipe` (in `isa`'s build, by default this CPU's), or None where it
+    does not take these arguments (the caller composes)."""
     if x.dim() != 2 or w_q.dim() != 2 or w_scale.dim() != 2:
         return None
     m, k = x.shape
@@ -83,7 +97,7 @@ def linear_two_terms_c(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
             or (residual is not None and (residual.dtype != torch.float32 or tuple(residual.shape) != (m, n)
                                           or residual.stride(1) != 1 or residual.device.type != "cpu"))):
         return None
-    fn = entry(isa)
+    fn = entry(isa, recipe)
     if fn is None:
         return None
     out = torch.empty((m, n), dtype=torch.float32)
@@ -103,4 +117,14 @@ def linear_two_terms_cpu(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tens
     out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
     if out is None:
         out = composed(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
+    return out
+
+
+def linear_int16_cpu(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                     norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                     post_norm: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels.linear_two_terms's int16 op: the C call where it runs, else the CPU family's composition."""
+    out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual, recipe="int16")
+    if out is None:
+        out = composed_int16(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
     return out

@@ -10,6 +10,8 @@
  *   quantize_rows_*  x f32[M, K] (row stride sx) -> q int8[M, K], scale f32[M]
  *   kv_write_rows_*  x f32[T, H, D] -> the int8 rows and scales of cache slots slot[t] (the KV write)
  *   quantize_two_terms_rows_avx2  x f32[M, K] -> q int8[2M, K], scale f32[2M] (two int8 terms per row)
+ *   quantize_int16_rows_avx2  x f32[M, K] -> q int16[M, K], scale f32[M] (kernels.w16a8_grouped's recipe: the
+ *                             same arithmetic with 32767 for 127)
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -77,10 +79,10 @@ static inline __m128i pack8(__m256i v) {
     return _mm_packs_epi16(w, w);
 }
 
-static inline float quantize_row_avx2(const float *x, int64_t K, int8_t *q, float floor_) {
+/* absmax(row) of K floats (exact in any order: four chains of max). */
+static inline float absmax_row_avx2(const float *x, int64_t K) {
     const int64_t K32 = K / 32 * 32, K8 = K / 8 * 8;
-    const __m256i tail = avx2_tail_mask(K - K8);
-    __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;  /* four chains; max is exact in any order */
+    __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
     int64_t k = 0;
     for (; k < K32; k += 32) {
         m0 = _mm256_max_ps(m0, abs8(_mm256_loadu_ps(x + k)));
@@ -89,14 +91,56 @@ static inline float quantize_row_avx2(const float *x, int64_t K, int8_t *q, floa
         m3 = _mm256_max_ps(m3, abs8(_mm256_loadu_ps(x + k + 24)));
     }
     for (; k < K8; k += 8) m0 = _mm256_max_ps(m0, abs8(_mm256_loadu_ps(x + k)));
-    if (K8 < K) m1 = _mm256_max_ps(m1, abs8(_mm256_maskload_ps(x + K8, tail)));
+    if (K8 < K) m1 = _mm256_max_ps(m1, abs8(_mm256_maskload_ps(x + K8, avx2_tail_mask(K - K8))));
     __m256 m8 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    float scale = _mm_cvtss_f32(m4) / 127.0f;
+    return _mm_cvtss_f32(m4);
+}
+
+/* 8 values quantized to int16 (as int32 lanes): divide, round (ties to even), clamp to +-32767, convert. */
+static inline __m256i quantize8_int16(__m256 v, __m256 s) {
+    __m256 y = _mm256_round_ps(_mm256_div_ps(v, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-32767.0f)), _mm256_set1_ps(32767.0f));
+    return _mm256_cvtps_epi32(y);
+}
+
+/* One row of kernels.w16a8_grouped.quantize_int16_ref: scale = max(absmax / 32767, floor), q int16. */
+static inline float quantize_row_int16_avx2(const float *x, int64_t K, int16_t *q, float floor_) {
+    float scale = absmax_row_avx2(x, K) / 32767.0f;
     if (scale < floor_) scale = floor_;
     const __m256 s = _mm256_set1_ps(scale);
+    const int64_t K16 = K / 16 * 16;
+    int64_t k = 0;
+    for (; k < K16; k += 16) {  /* the in-lane pack interleaves the two vectors' halves; one permute restores */
+        __m256i v = _mm256_packs_epi32(quantize8_int16(_mm256_loadu_ps(x + k), s),
+                                       quantize8_int16(_mm256_loadu_ps(x + k + 8), s));
+        _mm256_storeu_si256((__m256i *)(q + k), _mm256_permute4x64_epi64(v, 0xD8));
+    }
+    for (; k < K; k += 8) {  /* the last K % 16: masked loads, stored through a bounce buffer */
+        const int64_t n = K - k < 8 ? K - k : 8;
+        int16_t buf[8];
+        __m256i v = quantize8_int16(_mm256_maskload_ps(x + k, avx2_tail_mask(n)), s);
+        _mm_storeu_si128((__m128i *)buf, _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
+        memcpy(q + k, buf, (size_t)n * sizeof(int16_t));
+    }
+    return scale;
+}
+
+void quantize_int16_rows_avx2(const float *x, int64_t M, int64_t K, int64_t sx, int16_t *q, float *scale,
+                              float floor_, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * K >= 65536)
+    for (int64_t m = 0; m < M; m++) scale[m] = quantize_row_int16_avx2(x + m * sx, K, q + m * K, floor_);
+}
+
+static inline float quantize_row_avx2(const float *x, int64_t K, int8_t *q, float floor_) {
+    const int64_t K32 = K / 32 * 32, K8 = K / 8 * 8;
+    const __m256i tail = avx2_tail_mask(K - K8);
+    float scale = absmax_row_avx2(x, K) / 127.0f;
+    if (scale < floor_) scale = floor_;
+    const __m256 s = _mm256_set1_ps(scale);
+    int64_t k;
     /* 32 at a time: two rounds of saturating packs interleave the four vectors' dwords; one permute restores
        the order. */
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);

@@ -15,6 +15,7 @@ import torch
 from kernels.cpu import native
 from kernels.cpu.rmsnorm import rmsnorm_cpu
 from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, quantize_two_terms_ref
+from kernels.w16a8_grouped import quantize_int16_ref
 
 _C_SOURCE = Path(__file__).with_name("quantize.c")
 _QUANTIZE_ARGS = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_float, ctypes.c_int]
@@ -22,6 +23,7 @@ _KV_WRITE_ARGS = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 
 _SIGNATURES = {f"{name}_{isa}": args for isa in ("avx512", "avx2")
                for name, args in (("quantize_rows", _QUANTIZE_ARGS), ("kv_write_rows", _KV_WRITE_ARGS))}
 _SIGNATURES["quantize_two_terms_rows_avx2"] = (_QUANTIZE_ARGS, ctypes.c_int)
+_SIGNATURES["quantize_int16_rows_avx2"] = _QUANTIZE_ARGS
 
 
 def library() -> ctypes.CDLL | None:
@@ -79,3 +81,18 @@ def quantize_two_terms_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 def rmsnorm_quant_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """rmsnorm_cpu, then quantize_per_token_cpu: same bits as rmsnorm_quant_ref."""
     return quantize_per_token_cpu(rmsnorm_cpu(x, weight, eps))
+
+
+def quantize_int16_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x f32[M, K] -> (int16[M, K], scale f32[M]) in one call (the AVX2 build; it runs on AVX-512 CPUs too);
+    same bits as kernels.w16a8_grouped.quantize_int16_ref, which runs where the kernel cannot."""
+    fn = kernel("quantize_int16_rows", "avx2")
+    if fn is None or x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
+        return quantize_int16_ref(x)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.int16)
+    scale = torch.empty((m,), dtype=torch.float32)
+    if m and k:
+        fn(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR, torch.get_num_threads())
+    return q, scale

@@ -51,6 +51,11 @@ class EngineConfig:
     kernels: str = field(default="auto", metadata={
         "help": "op family: auto (triton on cuda, the C kernels on cpu) | triton (on cpu: Triton's interpreter, "
                 "slow, for checks) | cpu | ref (plain PyTorch)"})
+    activations: str = field(default="auto", metadata={
+        "help": "activation recipe of the int8 Linears: two_terms (two int8 terms, ~14 bits) | int16 (one int16 "
+                "term, ~15 bits: about 1.8x the products a second on CPUs without VNNI) | auto (int16 where the "
+                "CPU family's GEMM is AVX2's, else two_terms). The recipes' numbers differ, so each has its own "
+                "KV cache namespace"})
     block_size_tokens: int = field(default=16, metadata={"help": "tokens per KV block"})
     kv_cache_bytes: int = field(default=1 << 30, metadata={"help": "bytes of paged KV cache (values + scales)"})
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)

@@ -1,46 +1,24 @@
-"""The int16-activation probe (bench/int16_gemm.c) against its reference, bit for bit: full int16 and int8
-ranges (group sums above 2^24, where the float conversion rounds), rows not a multiple of its 4-row step,
-short last weight blocks, strided rows and any thread count; and what it declines."""
+"""bench.gemv --int16's section (bench/int16_gemm.py): it times the int16 GEMM against the two-term GEMM on a
+layer's gate_up and down weights and records each pair and their ratio (the kernel's bits are
+tests/kernels/test_kernels_cpu_w16a8_grouped.py's)."""
 
 import pytest
 import torch
 
-from bench.int16_gemm import probe_available, w16a8_grouped_probe, w16a8_grouped_ref
-
-needs_probe = pytest.mark.skipif(not probe_available(), reason="needs x86-64 with AVX2 and cc")
-
-
-def _case(m: int, n: int, k: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randint(-32768, 32768, (m, k), dtype=torch.int16, generator=g)
-    a[0, :32] = 32767 - torch.arange(32, dtype=torch.int16)  # row 0, weight row 0, group 0: a sum of 133,069,329,
-    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
-    w[0, :32] = 127  # above 2^24 and odd, so float32 cannot hold it: the conversion's rounding is exercised
-    w[0, 0] = 126
-    ws = torch.rand(n, k // 32, generator=g) / 100 + 1e-4
-    a_s = torch.rand(m, generator=g) + 1e-3
-    return a, a_s, w, ws
+from bench.int16_gemm import int16_section
+from kernels.cpu.w16a8_grouped import library
 
 
-@needs_probe
-@pytest.mark.parametrize("m,n,k", [(1, 8, 32), (3, 13, 64), (4, 16, 640), (7, 41, 96), (9, 640, 2048),
-                                   (17, 4096, 64)])
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_probe_equals_the_reference_bit_for_bit(m, n, k, threads):
-    a, a_s, w, ws = _case(m, n, k, seed=m * 100 + n + k)
-    want = w16a8_grouped_ref(a, a_s, w, ws)
-    assert torch.equal(w16a8_grouped_probe(a, a_s, w, ws, threads), want)
-    acc = int(a[0, :32].long() @ w[0, :32].long())
-    assert acc == 133_069_329 and float(torch.tensor(acc, dtype=torch.float32)) != acc
-
-
-@needs_probe
-def test_strided_rows_and_declined_shapes():
-    a, a_s, w, ws = _case(6, 24, 128, seed=3)
-    wide = torch.zeros(6, 200, dtype=torch.int16)
-    wide[:, 40:168] = a
-    assert torch.equal(w16a8_grouped_probe(wide[:, 40:168], a_s, w, ws, 2), w16a8_grouped_ref(a, a_s, w, ws))
-    with pytest.raises(ValueError):
-        w16a8_grouped_probe(a.to(torch.int32), a_s, w, ws)
-    with pytest.raises(ValueError):
-        w16a8_grouped_probe(a[:, :100], a_s, w[:, :100].contiguous(), ws[:, :3].contiguous())
+@pytest.mark.skipif(library() is None, reason="needs x86-64 with AVX2 and cc")
+def test_section_records_both_timings_and_the_ratio(capsys):
+    gen = torch.Generator().manual_seed(0)
+    w = lambda n, k: (torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen), None, None)  # noqa: E731
+    layer = [None, None, w(64, 96), w(24, 128)]
+    result: dict = {}
+    int16_section(layer, 1, gen, result, 2, tokens=(1, 5))
+    for t in (1, 5):
+        for label in ("gate_up", "down"):
+            key = f"int16_t{t}_{label}"
+            assert result[f"{key}_two_terms_ms"] > 0 and result[f"{key}_int16_ms"] > 0
+            assert result[f"{key}_speedup_x"] > 0
+    assert "T=  5 down" in capsys.readouterr().out

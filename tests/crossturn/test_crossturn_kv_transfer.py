@@ -25,6 +25,19 @@ def test_layout_tag_names_precision_and_groups():
     assert tag != layout_tag(layout, "float32")
 
 
+def test_each_activation_recipe_has_its_own_namespace_tag():
+    """The KV an int16-activation model computes differs from the two-term model's: the engine tags its cache
+    namespace with the model's numerics (services/engine/api/service.py), so neither reads the other's KV."""
+    from kernels.backend import select_ops
+    from services.engine.model import load_model
+
+    layout = plan_layout(synthetic_config("synthetic-tiny"), 4, 1 << 20)
+    numerics = {recipe: load_model("synthetic-tiny", "int8", kernel_ops=select_ops("cpu", activations=recipe),
+                                   progress=False)[0].numerics for recipe in ("two_terms", "int16")}
+    assert numerics == {"two_terms": "int8", "int16": "int8-a16"}
+    assert layout_tag(layout, numerics["int16"]) != layout_tag(layout, numerics["two_terms"])
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_pack_unpack_round_trip_into_other_blocks(seed):
     config = synthetic_config("synthetic-tiny")

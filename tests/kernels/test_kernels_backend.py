@@ -15,7 +15,7 @@ from kernels.w8a8_gemm import w8a8_gemm_ref
 
 def test_ops_is_frozen_and_names_every_contract_op():
     ops = select_ops("cpu")
-    assert {f.name for f in dataclasses.fields(Ops)} == set(OP_NAMES) | {"name"}
+    assert {f.name for f in dataclasses.fields(Ops)} == set(OP_NAMES) | {"name", "activations"}
     assert all(callable(getattr(ops, op)) for op in OP_NAMES)
     try:
         ops.w8a8_gemm = None  # type: ignore[misc]
@@ -57,3 +57,20 @@ def test_selected_cpu_ops_agree_with_references():
         fcase = case.as_float(dtype)
         torch.testing.assert_close(ops.paged_attention(fcase.args()), paged_attention_ref(fcase.args()),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_the_activation_recipe_is_the_cpu_kernels_choice_unless_set():
+    from kernels.cpu.w16a8_grouped import library as int16_library
+    from kernels.cpu.w8a8_grouped import chosen_isa
+
+    ops = select_ops("cpu")
+    assert ops.activations == ("int16" if chosen_isa() == "avx2" and int16_library() is not None else "two_terms")
+    assert select_ops("cpu", "ref").activations == "two_terms" and select_ops("cuda").activations == "two_terms"
+    for recipe in backend.ACTIVATION_RECIPES:
+        assert select_ops("cpu", activations=recipe).activations == recipe
+    try:
+        select_ops("cpu", activations="int4")
+    except ValueError as e:
+        assert "activations" in str(e)
+    else:
+        raise AssertionError("an unknown recipe must be refused")

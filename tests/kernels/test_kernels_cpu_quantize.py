@@ -8,9 +8,11 @@ import torch
 
 from kernels.cpu import native
 from kernels.cpu.kv_write import kv_write_cpu
-from kernels.cpu.quantize import kernel, quantize_per_token_cpu, quantize_two_terms_cpu, rmsnorm_quant_cpu
+from kernels.cpu.quantize import (kernel, quantize_int16_cpu, quantize_per_token_cpu, quantize_two_terms_cpu,
+                                  rmsnorm_quant_cpu)
 from kernels.kv_write import kv_write_ref
 from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
+from kernels.w16a8_grouped import quantize_int16_ref
 
 ISAS = native.simd_isas()
 pytestmark = pytest.mark.skipif(not ISAS, reason="no C quantization kernel for this CPU (needs AVX-512 or AVX2 + FMA)")
@@ -147,3 +149,38 @@ def test_quantize_two_terms_is_bit_identical(m, k, threads):
     d = q.double() * s.double()[:, None]
     ulp = x.abs().double() * 2.0**-23
     assert ((d[:m] + d[m:] - x.double()).abs() <= 0.5 * s[m:, None].double() + 2 * ulp).all()
+
+
+@pytest.mark.parametrize("m,k", [(1, 1), (3, 7), (4, 15), (4, 16), (5, 17), (3, 33), (33, 640), (7, 2049),
+                                 (130, 640)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_quantize_int16_is_bit_identical(m, k, threads):
+    """kernels.w16a8_grouped's recipe: every tail length of the 16-wide loop, zero rows (the floor), rows of
+    every magnitude; the int16 grid is within about half a step of x."""
+    assert kernel("quantize_int16_rows", "avx2") is not None
+    x = rows(m, k, seed=m * 100 + k)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = quantize_int16_cpu(x)
+    finally:
+        torch.set_num_threads(before)
+    assert same(got, quantize_int16_ref(x))
+    q, s = got
+    assert q.dtype == torch.int16 and q.abs().max() <= 32767
+    # half a step, plus the float32 rounding of x / scale (up to 32767 * 2^-24 of a step)
+    assert ((q.double() * s.double()[:, None] - x.double()).abs() <= (0.5 + 2.0**-9) * s.double()[:, None]).all()
+
+
+def test_quantize_int16_ties_round_half_to_even_and_reads_strided_rows():
+    x = torch.zeros(2, 40)
+    x[:, 0] = 32767.0  # scale 1: the quotients are the values themselves
+    x[0, 1:9] = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 32766.5, -32765.5])
+    x[1, 20:24] = torch.tensor([3.5, 4.5, -3.5, -4.5])
+    q, s = quantize_int16_cpu(x)
+    assert torch.equal(s, torch.ones(2))
+    assert q[0, 1:9].tolist() == [0, 2, 2, 0, -2, -2, 32766, -32766]
+    assert q[1, 20:24].tolist() == [4, 4, -4, -4]
+    wide = torch.zeros(2, 100)
+    wide[:, 30:70] = x
+    assert same(quantize_int16_cpu(wide[:, 30:70]), quantize_int16_ref(x))

@@ -5,7 +5,8 @@ every sampled position, and the KV cache they leave, are the same bits. The step
 under and over the fused op's MAX_ROWS, so both paths fill the cache), batched decodes, contexts past the
 sliding window (released blocks), device prefix hits and speculative verification rows; synthetic-tiny adds
 grouped-query attention and layers that read another layer's KV; SmolLM2 (llama) has no q/k norms or
-post-norms, SwiGLU and one weight scale per row. Each test also checks that the fused op ran
+post-norms, SwiGLU and one weight scale per row. Every model runs in both activation recipes (two int8 terms,
+one int16 term: kernels.backend.ACTIVATION_RECIPES). Each test also checks that the fused op ran
 (and, on synthetic-tiny, for the KV-sharing layers too): a test whose fused op always declined would compare
 the composition with itself."""
 
@@ -16,7 +17,7 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.backend import select_ops
+from kernels.backend import ACTIVATION_RECIPES, select_ops
 from kernels.cpu import decoder_block as cpu_block
 from kernels.cpu.linear_two_terms import MAX_ROWS
 from kernels.decoder_block import no_decoder_block
@@ -43,19 +44,20 @@ class Counted:
         return out
 
 
-def _fused_and_composed(name: str):
+def _fused_and_composed(name: str, activations: str):
     counted = Counted()
-    ops = select_ops("cpu")
+    ops = select_ops("cpu", activations=activations)
     fused = load_model(name, "int8", kernel_ops=dataclasses.replace(ops, decoder_block=counted), progress=False)
     composed = load_model(name, "int8", kernel_ops=dataclasses.replace(ops, decoder_block=no_decoder_block),
                           progress=False)
     assert all(layer.block is not None for layer in fused[0].layers)
+    assert all(layer.block.int16_activations == (activations == "int16") for layer in fused[0].layers)
     return fused, composed, counted
 
 
-@pytest.fixture(scope="module")
-def models():
-    return _fused_and_composed("gemma-3-270m")
+@pytest.fixture(scope="module", params=ACTIVATION_RECIPES)
+def models(request):
+    return _fused_and_composed("gemma-3-270m", request.param)
 
 
 def _caches_equal(a, b) -> bool:
@@ -101,9 +103,10 @@ def test_speculative_verification_rows_give_the_composed_bits(models):
     _compare(models, requests, budget=64, speculative_tokens=4)
 
 
-def test_grouped_query_attention_and_kv_sharing_layers_give_the_composed_bits():
+@pytest.mark.parametrize("activations", ACTIVATION_RECIPES)
+def test_grouped_query_attention_and_kv_sharing_layers_give_the_composed_bits(activations):
     """synthetic-tiny: 4 query heads over 2 KV heads, 32-token windows, layers 2 and 3 reading layers 0 and 1's KV."""
-    models = _fused_and_composed("synthetic-tiny")
+    models = _fused_and_composed("synthetic-tiny", activations)
     assert [layer.block.writes_kv for layer in models[0][0].layers] == [True, True, False, False]
     requests = lambda: [make_request("a", tokens(90, seed=7), max_new=10),  # noqa: E731
                         make_request("b", tokens(20, seed=8), max_new=10)]
@@ -111,12 +114,15 @@ def test_grouped_query_attention_and_kv_sharing_layers_give_the_composed_bits():
     assert models[2].took_sharing > 0
 
 
-def test_llama_layers_with_per_row_scales_give_the_composed_bits():
+@pytest.mark.parametrize("activations", ACTIVATION_RECIPES)
+def test_llama_layers_with_per_row_scales_give_the_composed_bits(activations):
     """SmolLM2: 9 query heads over 3 KV heads, SwiGLU, per-row weight scales; prefill chunks and batched
     decodes of 4 sequences, every step within MAX_ROWS, so the fused op takes each one (on AVX2 its
-    2 * MAX_ROWS two-term rows are one call of the per-row GEMV)."""
-    models = _fused_and_composed("smollm2-135m-instruct")
-    assert models[0][0].layers[0].block.qkv_s.dim() == 1 and models[0][0].layers[0].block.activation == "silu"
+    2 * MAX_ROWS two-term rows are one call of the per-row GEMV). With int16 activations the per-row scales
+    are repeated over each row's groups (the int16 GEMM's grouped contract)."""
+    models = _fused_and_composed("smollm2-135m-instruct", activations)
+    block = models[0][0].layers[0].block
+    assert block.qkv_s.dim() == (2 if activations == "int16" else 1) and block.activation == "silu"
     vocab = models[0][0].config.vocab_size
     requests = lambda: [make_request(f"r{i}", [t % (vocab - 100) + 100 for t in tokens(30 + 9 * i, seed=20 + i)],  # noqa: E731
                                      max_new=8) for i in range(4)]

@@ -6,7 +6,7 @@
 - GPTQ rounding keeps round-to-nearest's scales and format and lowers the output error on its calibration
   rows;
 - the engine's Gemma model carries the shipped recipe (grouped weight scales everywhere, two int8 terms per
-  activation everywhere, no projection smoothing).
+  activation everywhere, or one int16 term where the kernel family runs that recipe, no projection smoothing).
 """
 
 from __future__ import annotations
@@ -76,8 +76,10 @@ def test_the_gemma_checkpoint_carries_the_shipped_recipe(int8_model):
     assert all(lin.w_scale.shape == (lin.w_q.shape[0], lin.w_q.shape[1] // 32) for lin in linears)
     assert model.embed.row_scale.shape == (model.config.vocab_size, model.config.d_model // 32)
     assert model.embed.channel_scale is None  # no output-projection smoothing
-    # every activation as two int8 terms
-    assert all(lin.activation_terms == 2 for lin in linears)
+    # every activation as two int8 terms, or as one int16 term where the kernel family runs that recipe
+    int16 = model.kernel_ops.activations == "int16"
+    assert all(lin.fuses() and lin.int16_activations == int16 for lin in linears)
+    assert all(lin.activation_terms == (1 if int16 else 2) for lin in linears)
 
 
 def test_smoothed_weights_are_what_the_checkpoint_rounds(int8_model):
@@ -114,7 +116,9 @@ def test_the_ceilings_rerun_the_shipped_recipe_on_its_smoothed_weights(int8_mode
                 assert torch.equal(getattr(layer, name).weight, dequantized(f"layers.{i}.{name}")), (group, i, name)
         assert torch.equal(model.lm_head.weight, dequantized("embed"))
         assert torch.equal(model.final_norm, ckpt["final_norm"])
-    shipped = build_int8_model(config, calibrate_and_quantize(config, w, tok), select_ops("cpu"))
+    # the ceilings model the two-term recipe (bench/quant_ceilings.py)
+    shipped = build_int8_model(config, calibrate_and_quantize(config, w, tok),
+                               select_ops("cpu", activations="two_terms"))
     for i, layer in enumerate(model.layers):
         for name in FUSED:
             assert getattr(layer, name).activation_terms == getattr(shipped.layers[i], name).activation_terms

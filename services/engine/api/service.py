@@ -37,7 +37,8 @@ def build_engine(config: EngineConfig) -> tuple[EngineCore, ChatRenderer]:
     """The engine core (warmed up unless told not to) and the model's chat renderer."""
     if config.torch_threads > 0:
         torch.set_num_threads(config.torch_threads)
-    loaded = load_serving_model(config.model, config.precision, config.device, config.kernels)
+    loaded = load_serving_model(config.model, config.precision, config.device, config.kernels,
+                                config.activations)
     core = EngineCore(loaded.model, loaded.tokenizer, config.scheduler, config.block_size_tokens,
                       config.kv_cache_bytes, config.device, prefix_caching=not config.no_prefix_cache,
                       kv_dtype=config.resolved_kv_dtype(), kernels=config.kernels)
@@ -131,10 +132,10 @@ class EngineService:
                                timeout_s=config.kvstore_timeout_s, tls=self._kvstore_tls(),
                                arena_dir=config.kvstore_shm_dir, arena_owner_uid=config.kvstore_arena_uid)
         return HostCache(client, host_layout(core.layout), timeout_s=config.kvstore_timeout_s,
-                         model_id=core.config.model_id, layout_tag=layout_tag(core.layout, config.precision))
+                         model_id=core.config.model_id, layout_tag=layout_tag(core.layout, core.model.numerics))
 
     def _namespace_of(self, core: EngineCore):
-        tag = layout_tag(core.layout, self.config.precision)
+        tag = layout_tag(core.layout, core.model.numerics)
         model_id = core.config.model_id
         cache: dict[str, bytes] = {}
 

@@ -40,6 +40,7 @@ class FloatWeights:
     """Float32 tensors by name; linear() builds FloatLinears of the fused projections."""
 
     precision = "float32"
+    numerics = "float32"
 
     def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor]) -> None:
         self.config = config
@@ -65,22 +66,29 @@ class Int8Weights:
     precision = "int8"
 
     def __init__(self, ckpt: dict[str, torch.Tensor], kernel_ops: Ops, quantize_activations: bool = True,
-                 activation_terms: int | dict[str, int] = 1) -> None:
+                 activation_terms: int | dict[str, int] = 1, int16_activations: bool = False) -> None:
         self.ckpt = ckpt
         self.kernel_ops = kernel_ops
         self.quantize_activations = quantize_activations
         self.activation_terms = activation_terms
+        # Linears of two int8 terms take one int16 term instead (kernels.w16a8_grouped); one-term ones stay int8
+        self.int16_activations = int16_activations
+        # what decides the model's numbers beyond the checkpoint (part of the KV cache namespace)
+        self.numerics = "int8-a16" if int16_activations else "int8"
 
     def tensor(self, name: str) -> torch.Tensor | None:
         return self.ckpt.get(name)
 
     def linear(self, name: str, gate_activation: str | None = None) -> Int8Linear:
+        terms = self.terms_of(name)
+        int16 = self.int16_activations and terms == 2
         return Int8Linear(self.ckpt[name + ".w_q"], self.ckpt[name + ".w_scale"], self.kernel_ops.w8a8_gemm,
                           gate_activation=gate_activation, quantize_activations=self.quantize_activations,
-                          quantize=self.kernel_ops.quantize_per_token, activation_terms=self.terms_of(name),
+                          quantize=self.kernel_ops.quantize_per_token, activation_terms=1 if int16 else terms,
                           quantize_two_terms=self.kernel_ops.quantize_two_terms,
                           linear_two_terms=self.kernel_ops.linear_two_terms, geglu=self.kernel_ops.geglu,
-                          swiglu=self.kernel_ops.swiglu)
+                          swiglu=self.kernel_ops.swiglu, int16_activations=int16,
+                          linear_int16=self.kernel_ops.linear_int16)
 
     def terms_of(self, name: str) -> int:
         """int8 terms per activation of Linear `name` (a number for all, or per projection: "down", "lm_head")."""
@@ -100,7 +108,7 @@ def build_model(config: ModelConfig, weights: FloatWeights | Int8Weights, kernel
     layers = [arch.build_layer(config, i, weights, kernel_ops) for i in range(config.num_layers)]
     lm_head = weights.linear("embed" if config.tied_embeddings else "lm_head")
     return CausalLM(config, weights.embedding(), layers, weights.tensor("final_norm"), lm_head, weights.precision,
-                    kernel_ops)
+                    kernel_ops, numerics=weights.numerics)
 
 
 def build_float_model(config: ModelConfig, w: dict[str, torch.Tensor], kernel_ops: Ops) -> CausalLM:
@@ -112,4 +120,5 @@ def build_int8_model(config: ModelConfig, ckpt: dict[str, torch.Tensor], kernel_
     from services.engine.model.models import architecture
 
     terms = architecture(config.architecture).INT8_ACTIVATION_TERMS
-    return build_model(config, Int8Weights(ckpt, kernel_ops, quantize_activations, terms), kernel_ops)
+    int16 = kernel_ops.activations == "int16"
+    return build_model(config, Int8Weights(ckpt, kernel_ops, quantize_activations, terms, int16), kernel_ops)

@@ -85,10 +85,10 @@ class Rotary:
 
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, linear, eps: float, kernel_ops: Ops) -> torch.Tensor:
-    """linear(rmsnorm(x)); int8 layers take the fused rmsnorm_quant kernel's output directly, two-term ones run
-    the norm inside their op."""
-    if isinstance(linear, Int8Linear) and linear.fuses_two_terms():
-        return linear.two_terms(x, norm_weight=norm_weight, eps=eps)
+    """linear(rmsnorm(x)); int8 layers take the fused rmsnorm_quant kernel's output directly, fused ones (two
+    int8 terms, one int16 term) run the norm inside their op."""
+    if isinstance(linear, Int8Linear) and linear.fuses():
+        return linear.fused(x, norm_weight=norm_weight, eps=eps)
     if isinstance(linear, Int8Linear) and linear.quantize_activations and linear.activation_terms == 1:
         return linear.from_quantized(*kernel_ops.rmsnorm_quant(x, norm_weight, eps))
     return linear(kernel_ops.rmsnorm(x, norm_weight, eps))
@@ -97,9 +97,9 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, linear, eps: float, 
 def linear_residual(x: torch.Tensor, linear, residual: torch.Tensor, eps: float, kernel_ops: Ops,
                     post_norm: torch.Tensor | None = None) -> torch.Tensor:
     """residual + linear(x), with rmsnorm(., post_norm) on the Linear's output where given; two-term int8
-    layers run all of it as their one op."""
-    if isinstance(linear, Int8Linear) and linear.fuses_two_terms() and not linear.gate_activation:
-        return linear.two_terms(x, eps=eps, post_norm=post_norm, residual=residual)
+    layers (two int8 terms, one int16 term) run all of it as their one op."""
+    if isinstance(linear, Int8Linear) and linear.fuses() and not linear.gate_activation:
+        return linear.fused(x, eps=eps, post_norm=post_norm, residual=residual)
     out = linear(x)
     if post_norm is not None:
         out = kernel_ops.rmsnorm(out, post_norm, eps)
@@ -110,11 +110,13 @@ def block_weights(config: ModelConfig, layer_idx: int, rotary: Rotary, attn_norm
                   ffn_norm: torch.Tensor, gate_up, down, q_norm: torch.Tensor | None = None,
                   k_norm: torch.Tensor | None = None, post_attention_norm: torch.Tensor | None = None,
                   post_ffw_norm: torch.Tensor | None = None) -> BlockWeights | None:
-    """A pre-norm decoder layer as kernels.decoder_block takes it -- four two-term int8 Linears with the same kind
-    of weight scales, a GeGLU or SwiGLU gate and plain RoPE -- or None (the layer always composes its ops)."""
+    """A pre-norm decoder layer as kernels.decoder_block takes it -- four fused int8 Linears of one activation
+    recipe with the same kind of weight scales, a GeGLU or SwiGLU gate and plain RoPE -- or None (the layer
+    always composes its ops)."""
     linears = (qkv, o, gate_up, down)
-    if (not all(isinstance(lin, Int8Linear) and lin.fuses_two_terms() for lin in linears)
-            or len({lin.w_scale.dim() for lin in linears}) != 1 or gate_up.gate_activation not in ("gelu_tanh", "silu")
+    if (not all(isinstance(lin, Int8Linear) and lin.fuses() for lin in linears)
+            or len({(lin.w_scale.dim(), lin.int16_activations) for lin in linears}) != 1
+            or gate_up.gate_activation not in ("gelu_tanh", "silu")
             or not rotary.plain):
         return None
     spec = config.layers[layer_idx]
@@ -125,7 +127,7 @@ def block_weights(config: ModelConfig, layer_idx: int, rotary: Rotary, attn_norm
         activation=gate_up.gate_activation, attn_norm=attn_norm, q_norm=q_norm, k_norm=k_norm,
         post_attention_norm=post_attention_norm, ffn_norm=ffn_norm, post_ffw_norm=post_ffw_norm,
         qkv_w=qkv.w_q, qkv_s=qkv.w_scale, o_w=o.w_q, o_s=o.w_scale, gate_up_w=gate_up.w_q,
-        gate_up_s=gate_up.w_scale, down_w=down.w_q, down_s=down.w_scale)
+        gate_up_s=gate_up.w_scale, down_w=down.w_q, down_s=down.w_scale, int16_activations=qkv.int16_activations)
 
 
 def fused_layer(block: BlockWeights | None, kernel_ops: Ops, layer_idx: int, x: torch.Tensor,

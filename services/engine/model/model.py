@@ -20,7 +20,7 @@ from services.engine.model.layers import Embedding
 
 class CausalLM:
     def __init__(self, config: ModelConfig, embed: Embedding, layers: list, final_norm: torch.Tensor,
-                 lm_head: object, precision: str, kernel_ops: Ops) -> None:
+                 lm_head: object, precision: str, kernel_ops: Ops, numerics: str | None = None) -> None:
         self.config = config
         self.embed = embed
         # Decoder layers: layer(x, positions, attn) -> x; each holds Linears named qkv, o, gate_up, down.
@@ -28,6 +28,8 @@ class CausalLM:
         self.final_norm = final_norm
         self.lm_head = lm_head  # Linear d_model -> vocab (the embedding table when tied)
         self.precision = precision
+        # the precision with what else decides the numbers ("int8-a16": int16 activations), for cache namespaces
+        self.numerics = numerics or precision
         self.kernel_ops = kernel_ops
         self._embed_scale = (None if config.embedding_multiplier == 1.0
                              else torch.tensor(config.embedding_multiplier, dtype=torch.float32))

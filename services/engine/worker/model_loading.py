@@ -7,20 +7,22 @@ import torch
 from kernels.backend import select_ops
 
 
-def load_model(name: str, precision: str = "int8", device: str = "cpu", kernels: str = "auto"):
-    """(CausalLM, Tokenizer): the model built with the `kernels` op family for `device`
-    (kernels.backend.select_ops), every tensor it holds on `device`."""
-    loaded = load_serving_model(name, precision, device, kernels)
+def load_model(name: str, precision: str = "int8", device: str = "cpu", kernels: str = "auto",
+               activations: str = "auto"):
+    """(CausalLM, Tokenizer): the model built with the `kernels` op family for `device` and its int8 Linears'
+    `activations` recipe (kernels.backend.select_ops), every tensor it holds on `device`."""
+    loaded = load_serving_model(name, precision, device, kernels, activations)
     return loaded.model, loaded.tokenizer
 
 
-def load_serving_model(name: str, precision: str = "int8", device: str = "cpu", kernels: str = "auto"):
+def load_serving_model(name: str, precision: str = "int8", device: str = "cpu", kernels: str = "auto",
+                       activations: str = "auto"):
     """The model with its tokenizer and chat renderer (services.engine.model.loader.LoadedModel); weights are
     converted and loaded on the host, then moved to `device` once."""
     from services.engine.model.loader import load
     from services.engine.model.placement import place
 
-    loaded = load(name, precision=precision, kernel_ops=select_ops(device, kernels))
+    loaded = load(name, precision=precision, kernel_ops=select_ops(device, kernels, activations))
     if torch.device(device).type != "cpu":
         place(loaded.model, device)
     return loaded
