@@ -1,8 +1,9 @@
-/* The split of a group-scaled GEMM's weight rows shared by w8a8_grouped.c (AVX2, 8-row blocks) and
- * w8a8_grouped_vnni.c (AVX-512 VNNI, 16-row blocks): inside an OpenMP parallel region each thread takes one
+/* The split of a group-scaled GEMM's weight rows shared by w8a8_grouped.c and w16a8_grouped.c (AVX2, 8-row
+ * blocks) and w8a8_grouped_vnni.c (AVX-512 VNNI, 16-row blocks): inside an OpenMP parallel region each thread takes one
  * contiguous range of row blocks (the blocks split evenly over the threads) and, for each block, the block's
  * first row, how many rows it has, and the next block's weights and scales to prefetch while it reads this
- * one (when that block is the same thread's and full: its rows and their G scales each are contiguous).
+ * one (when that block is the same thread's and full: its rows and their G scales each are contiguous); and
+ * the transposed load of an 8-row block's scales the AVX2 kernels share.
  */
 #ifndef SALON_GROUPED_BLOCKS_H
 #define SALON_GROUPED_BLOCKS_H
@@ -64,6 +65,36 @@ static inline __attribute__((always_inline)) void grouped_prefetch_scales(const 
    block, all of them. */
 static inline __attribute__((always_inline)) void grouped_prefetch_weights(const int8_t *pf_w, int rows, int64_t g) {
     for (int i = 0; i < rows / 2; i++) _mm_prefetch((const char *)(pf_w + g * rows * GROUP + 64 * i), _MM_HINT_T0);
+}
+
+/* For the AVX2 kernels' 8-row blocks: sc[j] = the 8 rows' scales of group g0 + j, for j < ng (ng <= 8; the
+   other lanes and vectors are zero). */
+static inline __attribute__((always_inline)) void grouped_load_scales(__m256 *sc, const float *const *srow,
+                                                                      int64_t g0, int64_t ng) {
+    __m256 v[8];
+    if (ng == 8) {
+        for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(srow[r] + g0);
+    } else {
+        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)ng), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int r = 0; r < 8; r++) v[r] = _mm256_maskload_ps(srow[r] + g0, mask);
+    }
+    /* 8 x 8 transpose: v[r] lane j -> sc[j] lane r. */
+    const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    sc[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    sc[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    sc[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    sc[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    sc[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    sc[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    sc[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    sc[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
 #endif

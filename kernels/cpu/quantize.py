@@ -47,52 +47,41 @@ def kernel(name: str, isa: str | None = None):
     return fn
 
 
+def _quantized_rows(name: str, isa: str | None, x: torch.Tensor, ref, terms: int = 1,
+                    dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize.c's `name` on x f32[M, K] -> (q dtype[terms * M, K], scale f32[terms * M]); `ref(x)` where
+    the kernel cannot run or declines (returns nonzero)."""
+    fn = kernel(name, isa)
+    if fn is None or x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
+        return ref(x)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    m, k = x.shape
+    q = torch.empty((terms * m, k), dtype=dtype)
+    scale = torch.empty((terms * m,), dtype=torch.float32)
+    if m and k and fn(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR,
+                      torch.get_num_threads()):
+        return ref(x)
+    return q, scale
+
+
 def quantize_per_token_cpu(x: torch.Tensor, isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x f32[M, K] -> (int8[M, K], scale f32[M]); same bits as quantize_per_token_ref. `isa` picks a build
     of the kernel (tests); the reference runs where it cannot."""
-    fn = kernel("quantize_rows", isa)
-    if fn is None or x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
-        return quantize_per_token_ref(x)
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    m, k = x.shape
-    q = torch.empty((m, k), dtype=torch.int8)
-    scale = torch.empty((m,), dtype=torch.float32)
-    if m and k:
-        fn(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR, torch.get_num_threads())
-    return q, scale
+    return _quantized_rows("quantize_rows", isa, x, quantize_per_token_ref)
 
 
 def quantize_two_terms_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x f32[M, K] -> (int8[2M, K], scale f32[2M]): both int8 terms of every row in one call (the AVX2 build;
     it runs on AVX-512 CPUs too); same bits as quantize_two_terms_ref, which runs where the kernel cannot."""
-    fn = kernel("quantize_two_terms_rows", "avx2")
-    if fn is None or x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
-        return quantize_two_terms_ref(x)
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    m, k = x.shape
-    q = torch.empty((2 * m, k), dtype=torch.int8)
-    scale = torch.empty((2 * m,), dtype=torch.float32)
-    if m and k and fn(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR,
-                      torch.get_num_threads()):
-        return quantize_two_terms_ref(x)
-    return q, scale
-
-
-def rmsnorm_quant_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """rmsnorm_cpu, then quantize_per_token_cpu: same bits as rmsnorm_quant_ref."""
-    return quantize_per_token_cpu(rmsnorm_cpu(x, weight, eps))
+    return _quantized_rows("quantize_two_terms_rows", "avx2", x, quantize_two_terms_ref, terms=2)
 
 
 def quantize_int16_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x f32[M, K] -> (int16[M, K], scale f32[M]) in one call (the AVX2 build; it runs on AVX-512 CPUs too);
     same bits as kernels.w16a8_grouped.quantize_int16_ref, which runs where the kernel cannot."""
-    fn = kernel("quantize_int16_rows", "avx2")
-    if fn is None or x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
-        return quantize_int16_ref(x)
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    m, k = x.shape
-    q = torch.empty((m, k), dtype=torch.int16)
-    scale = torch.empty((m,), dtype=torch.float32)
-    if m and k:
-        fn(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR, torch.get_num_threads())
-    return q, scale
+    return _quantized_rows("quantize_int16_rows", "avx2", x, quantize_int16_ref, dtype=torch.int16)
+
+
+def rmsnorm_quant_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """rmsnorm_cpu, then quantize_per_token_cpu: same bits as rmsnorm_quant_ref."""
+    return quantize_per_token_cpu(rmsnorm_cpu(x, weight, eps))

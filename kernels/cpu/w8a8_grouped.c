@@ -123,35 +123,6 @@ static inline __attribute__((always_inline)) __m256i half_sums(__m256i acc, cons
     return acc;
 }
 
-/* sc[j] = the 8 rows' scales of group g0 + j, for j < ng (ng <= 8; the other lanes and vectors are zero). */
-static inline __attribute__((always_inline)) void load_scales(__m256 *sc, const float *const *srow, int64_t g0,
-                                                              int64_t ng) {
-    __m256 v[8];
-    if (ng == 8) {
-        for (int r = 0; r < 8; r++) v[r] = _mm256_loadu_ps(srow[r] + g0);
-    } else {
-        const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)ng), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        for (int r = 0; r < 8; r++) v[r] = _mm256_maskload_ps(srow[r] + g0, mask);
-    }
-    /* 8 x 8 transpose: v[r] lane j -> sc[j] lane r. */
-    const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
-    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    sc[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
-    sc[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-    sc[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
-    sc[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-    sc[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-    sc[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    sc[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-    sc[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
-
 /* Rows [n, n + nr) of out (nr <= 8) for activation rows [0, mc) of a (mc <= M_CHUNK), in the pair layout
    (pairs: M <= 4, mc a compile-time constant so the loops over rows unroll) or the transposed one. pf_w,
    pf_s: the next block's weights and scales, prefetched while this one is read (NULL: none). */
@@ -170,7 +141,7 @@ static inline __attribute__((always_inline)) void block_tile(const int pairs, co
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
         const int64_t ng = G - g0 < 8 ? G - g0 : 8;
         __m256 sc[8];
-        load_scales(sc, srow, g0, ng);
+        grouped_load_scales(sc, srow, g0, ng);
         if (pf_s) grouped_prefetch_scales(pf_s, BLOCK_ROWS, g0, G);
         for (int64_t j = 0; j < ng; j++) {
             const int64_t k = (g0 + j) * GROUP;
