@@ -7,11 +7,15 @@ near-tie, rounding may legitimately pick the other token), and the reference's t
 matched at every step up to there:
 
 - float32 weights with a float32 KV cache (--precision float32, the reference path): within 0.02;
-- the default int8 path (W8A8 + int8 KV): the figures are printed, and gated loosely.
+- the int8 path (W8A8 + int8 KV), in both activation recipes (two int8 terms, one int16 term; the CPU family
+  serves one of them by default, kernels.backend): the figures are printed, and gated loosely.
 """
 
 from __future__ import annotations
 
+import pytest
+
+from kernels.backend import ACTIVATION_RECIPES, select_ops
 
 from bench.quant_eval import teacher_forced_serving
 from tests.engine_testlib import make_core, make_request
@@ -67,26 +71,38 @@ def test_float32_serving_path_matches_the_exact_reference(fp32_model, greedy_ref
         assert w < 0.02, (rec["prompt"][:40], w)
 
 
-def test_int8_serving_path_against_the_exact_reference(int8_model, greedy_refs):
+@pytest.fixture(scope="module", params=ACTIVATION_RECIPES)
+def int8_recipe_model(request, int8_model):
+    """The shipped int8 checkpoint in each activation recipe (the session's model where it is that recipe)."""
+    if int8_model[0].kernel_ops.activations == request.param:
+        return int8_model
+    from services.engine.model import load_model
+
+    return load_model("gemma-3-270m", "int8", kernel_ops=select_ops("cpu", activations=request.param), progress=False)
+
+
+def test_int8_serving_path_against_the_exact_reference(int8_recipe_model, greedy_refs):
+    int8_model = int8_recipe_model
     results = compare(greedy_refs, serve(int8_model, greedy_refs, "int8"))
     exact = sum(e for e, _, _ in results)
     errors = [x for _, _, errs in results for x in errs]
     mean = sum(errors) / len(errors)
-    print(f"int8 serving path: exact greedy ids (to the first margin < 0.1) {exact}/8, "
+    print(f"int8 serving path ({int8_model[0].kernel_ops.activations}): exact greedy ids (to the first margin < 0.1) {exact}/8, "
           f"top-5 log-prob error mean {mean:.3f} max {max(errors):.3f}")
     # Measured: 8/8, mean 0.058, max 0.583 (checkpoint v7); 6/8, mean 0.209 before the issue-15 recipe work.
     assert exact >= 7
     assert mean < 0.1
 
 
-def test_int8_serving_path_teacher_forced_top1(int8_model, greedy_refs):
+def test_int8_serving_path_teacher_forced_top1(int8_recipe_model, greedy_refs):
     """The shipped int8 recipe's next-token choice agrees with the exact model's at (nearly) every reference step:
     per step, a request whose prompt is the case's prompt plus the exact tokens before it generates one token
     through EngineCore with paged int8 KV (bench/quant_eval.py's teacher-forced rows), each round from the
     prefix blocks the previous one left."""
+    int8_model = int8_recipe_model
     result = teacher_forced_serving(*int8_model, greedy_refs, "int8")
     count, total = result["top1_count"], result["positions"]
-    print(f"int8 serving path, teacher-forced top-1 agreement with exact: {count}/{total} = {count / total:.3f}, "
+    print(f"int8 serving path ({int8_model[0].kernel_ops.activations}), teacher-forced top-1 agreement with exact: {count}/{total} = {count / total:.3f}, "
           f"log-prob error mean {result['lp_err_mean']:.3f}")
     assert result["short_reuse"] == 0
     assert total == 229
