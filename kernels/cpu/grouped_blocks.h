@@ -3,7 +3,7 @@
  * contiguous range of row blocks (the blocks split evenly over the threads) and, for each block, the block's
  * first row, how many rows it has, and the next block's weights and scales to prefetch while it reads this
  * one (when that block is the same thread's and full: its rows and their G scales each are contiguous); and
- * the transposed load of an 8-row block's scales the AVX2 kernels share.
+ * the transposed load of an 8-row block's scales and the scaled store of its outputs the AVX2 kernels share.
  */
 #ifndef SALON_GROUPED_BLOCKS_H
 #define SALON_GROUPED_BLOCKS_H
@@ -95,6 +95,19 @@ static inline __attribute__((always_inline)) void grouped_load_scales(__m256 *sc
     sc[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
     sc[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
     sc[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* For the AVX2 kernels' 8-row blocks: out[m, n .. n + nr) = y[m] * a_scale[m] for the chunk's mc rows (a short
+   block's nr < 8 columns through a masked store). */
+static inline __attribute__((always_inline)) void grouped_store_rows(const __m256 *y, int64_t mc,
+                                                                     const float *a_scale, float *out, int64_t ldo,
+                                                                     int64_t n, int nr) {
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int64_t m = 0; m < mc; m++) {
+        const __m256 v = _mm256_mul_ps(y[m], _mm256_set1_ps(a_scale[m]));
+        if (nr == 8) _mm256_storeu_ps(out + m * ldo + n, v);
+        else _mm256_maskstore_ps(out + m * ldo + n, keep, v);
+    }
 }
 
 #endif

@@ -171,12 +171,7 @@ static inline __attribute__((always_inline)) void block_tile(const int pairs, co
             }
         }
     }
-    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int64_t m = 0; m < mc; m++) {
-        const __m256 v = _mm256_mul_ps(y[m], _mm256_set1_ps(a_scale[m]));
-        if (nr == 8) _mm256_storeu_ps(out + m * ldo + n, v);
-        else _mm256_maskstore_ps(out + m * ldo + n, keep, v);
-    }
+    grouped_store_rows(y, mc, a_scale, out, ldo, n, nr);
 }
 
 #define PAIRS_CASE(MM)                                                                                      \
