@@ -16,8 +16,8 @@ AVX2 GEMV for M <= 8), at M = 1, 4 and 8 rows. The figures:
     it. A GEMM near the streaming read is bound by memory, one near the ceiling by its products: on AVX2 (four
     instructions per 32 products) the decode of 4 or more sequences is the second kind;
   * on AVX2, the same ceiling for one int16 term per activation (vpmaddwd on sign-extended int8 weights), in
-    the two-term recipe's products: what that recipe change would give the product-bound GEMMs (prefill,
-    decode of 4 or more), measured beside the engine's own ceiling.
+    the two-term recipe's products: the ceiling of the recipe the engine runs on CPUs without VNNI
+    (kernels/w16a8_grouped.py), measured beside the two-term ceiling.
 
 With --int16, the int16-activation GEMM (kernels/cpu/w16a8_grouped.c: one int16 term per activation) on T rows
 against the engine's two-term GEMM on the 2T int8 rows of two terms, the same weights with group scales, at T = 1,
@@ -87,9 +87,10 @@ def int8_product_ceiling_gmacs(threads: int, repeats: int) -> float | None:
 
 
 def int16_activation_ceiling_gmacs(threads: int, repeats: int) -> float | None:
-    """The same for a recipe the engine does not run: one int16 term per activation against sign-extended int8
-    weights (AVX2's vpmaddwd, 16 products an instruction), counted as the two int8 products of the two-term
-    recipe each product replaces, so it reads against int8_product_ceiling_gmacs; None without AVX2."""
+    """The same for the int16-activation recipe (the engine's on CPUs without VNNI): one int16 term per activation
+    against sign-extended int8 weights (AVX2's vpmaddwd, 16 products an instruction), counted as the two int8
+    products of the two-term recipe each product replaces, so it reads against int8_product_ceiling_gmacs; None
+    without AVX2."""
     return _ceiling_gmacs(2, threads, repeats) if "avx2" in cpu_isas() else None
 
 
@@ -140,7 +141,7 @@ def main() -> None:
           f"{stream_gbps:.1f} GB/s; int8 product ceiling (bench/int8_ceiling.c): "
           f"{'n/a' if ceiling is None else f'{ceiling:.1f} GMAC/s'}; one step's weights {step_bytes / 1e6:.1f} MB")
     if int16 is not None and ceiling is not None:
-        print(f"  with one int16 term per activation instead of two int8 terms (not the engine's recipe): "
+        print(f"  with one int16 term per activation instead of two int8 terms (the engine's recipe without VNNI): "
               f"{int16:.1f} GMAC/s in two-term products, {int16 / ceiling:.2f}x the ceiling above")
 
     result: dict = {"threads": args.threads, "isas": list(cpu_isas()), "stream_read_gbps": round(stream_gbps, 2),
