@@ -45,6 +45,7 @@ import torch
 from bench import peer
 from bench.alternate import best_alternated
 from bench.quant_ceilings import float_activations
+from kernels.backend import other_activations
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.request import Request, RequestId, SamplingParams
 from services.engine.core.scheduler import ScheduledChunk, SchedulerOutput
@@ -170,7 +171,7 @@ def _activation_recipes(args, shipped, steps: int, rounds: int, ids, bos) -> dic
     """The shipped int8 model in the other activation recipe (kernels.backend.ACTIVATION_RECIPES: one int16
     term or two int8 terms per activation), the same checkpoint, timed against the shipped one alternately,
     and its perplexity."""
-    other = "two_terms" if shipped.kernel_ops.activations == "int16" else "int16"
+    other = other_activations(shipped.kernel_ops.activations)
     model, _ = load_model(args.model, "int8", args.device, activations=other)
     print(f"activation recipes: {shipped.kernel_ops.activations} (shipped here) against {other}", flush=True)
     out = {"activations_shipped": shipped.kernel_ops.activations}

@@ -46,7 +46,7 @@ from safetensors.torch import load_file
 from bench import peer
 from bench.quant_ceilings import (exact_output_projection, fake_quantize_float_model, float_activations,
                                   shipped_recipe_with_weight_groups)
-from kernels.backend import select_ops
+from kernels.backend import other_activations, select_ops
 from services.engine.config import SchedulerConfig
 from services.engine.core.engine_core import EngineCore
 from services.engine.core.request import Request, RequestId, SamplingParams
@@ -273,7 +273,7 @@ def main() -> None:
               flush=True)
         del engine
         # the same checkpoint in the other activation recipe (kernels.backend.ACTIVATION_RECIPES)
-        other = "two_terms" if kernel_ops.activations == "int16" else "int16"
+        other = other_activations(kernel_ops.activations)
         engine, _ = load_model(MODEL, precision="int8", kernel_ops=dataclasses.replace(kernel_ops, activations=other),
                                progress=False)
         result["engine_activations"] = kernel_ops.activations

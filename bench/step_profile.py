@@ -47,8 +47,9 @@ import torch
 from bench.gemv import int16_activation_ceiling_gmacs, int8_product_ceiling_gmacs
 from bench.model import EngineSteps
 from kernels.backend import select_ops
-from kernels.cpu.linear_two_terms import _w16a8_gemm, linear_two_terms_c
+from kernels.cpu.linear_two_terms import linear_two_terms_c
 from kernels.cpu.quantize import quantize_int16_cpu
+from kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
 from kernels.decoder_block import no_decoder_block
 from kernels.linear_two_terms import compose
 from services.engine.model import load_model
@@ -110,7 +111,7 @@ def instrumented_ops(timers: Timers, vocab_size: int, variant: str = "fused"):
     fused16 = timers.wrap(lambda x, w_q, *rest: "linear_lm_head" if w_q.shape[0] == vocab_size else "linear_layers",
                           lambda *a: linear_two_terms_c(*a, recipe="int16"))
     gemm16 = timers.wrap(lambda a, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",
-                         _w16a8_gemm)
+                         w16a8_gemm_cpu)
     composed16 = compose(wrapped["rmsnorm"], timers.wrap(lambda *a: "quantize", quantize_int16_cpu), gemm16,
                          terms=1)
 

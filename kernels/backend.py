@@ -32,6 +32,11 @@ OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm", "rmsnorm_quan
 ACTIVATION_RECIPES = ("two_terms", "int16")
 
 
+def other_activations(recipe: str) -> str:
+    """The activation recipe that is not `recipe` (a same-run baseline's)."""
+    return next(r for r in ACTIVATION_RECIPES if r != recipe)
+
+
 @dataclass(frozen=True)
 class Ops:
     quantize_per_token: Callable

@@ -97,7 +97,7 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
 
     /* attention */
     if (linear_with(gemm, x, T, d, d, L->attn_norm, L->eps, L->qkv_w, L->qkv_s, n_qkv, NULL, NULL, 0, qkv,
-                              scale_floor, nthreads))
+                    scale_floor, nthreads))
         goto done;
     float row[BLOCK_MAX_HEAD_DIM];
     for (int64_t t = 0; t < T; t++) {
@@ -129,17 +129,17 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
                        B->query_start_loc, B->seq_lens, B->row_seq, T, Hq, Hkv, D, C->block_size, L->sm_scale,
                        L->sliding_window, att, nthreads);
     if (linear_with(gemm, att, T, Hq * D, Hq * D, NULL, L->eps, L->o_w, L->o_s, d, L->post_attention_norm, x,
-                              d, x1, scale_floor, nthreads))
+                    d, x1, scale_floor, nthreads))
         goto done;
 
     /* feed-forward */
     if (linear_with(gemm, x1, T, d, d, L->ffn_norm, L->eps, L->gate_up_w, L->gate_up_s, 2 * F, NULL, NULL, 0,
-                              h, scale_floor, nthreads))
+                    h, scale_floor, nthreads))
         goto done;
     (L->activation == BLOCK_SWIGLU ? swiglu_rows : geglu_rows)(h, T, F, 2 * F, act, F);
     /* the last op writes x itself: its residual is x1, so x is only overwritten once nothing can fail */
     if (linear_with(gemm, act, T, F, F, NULL, L->eps, L->down_w, L->down_s, d, L->post_ffw_norm, x1, d, x,
-                              scale_floor, nthreads))
+                    scale_floor, nthreads))
         goto done;
     status = 0;
 done:

@@ -1,6 +1,6 @@
 /* The split of a group-scaled GEMM's weight rows shared by w8a8_grouped.c and w16a8_grouped.c (AVX2, 8-row
- * blocks) and w8a8_grouped_vnni.c (AVX-512 VNNI, 16-row blocks): inside an OpenMP parallel region each thread takes one
- * contiguous range of row blocks (the blocks split evenly over the threads) and, for each block, the block's
+ * blocks) and w8a8_grouped_vnni.c (AVX-512 VNNI, 16-row blocks): inside an OpenMP parallel region each thread
+ * takes one contiguous range of row blocks (the blocks split evenly over the threads) and, for each block, the block's
  * first row, how many rows it has, and the next block's weights and scales to prefetch while it reads this
  * one (when that block is the same thread's and full: its rows and their G scales each are contiguous); and
  * the transposed load of an 8-row block's scales and the scaled store of its outputs the AVX2 kernels share.

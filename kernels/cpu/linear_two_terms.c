@@ -6,7 +6,6 @@
 #include "rmsnorm.c"
 #include "quantize.c"
 #include "w8a8_grouped_vnni.c"
-#include "w16a8_grouped.c"
 #include "linear_two_terms.h"
 
 int linear_two_terms_vnni(const float *x, int64_t M, int64_t K, int64_t sx, const float *norm_w, double eps,
@@ -16,10 +15,3 @@ int linear_two_terms_vnni(const float *x, int64_t M, int64_t K, int64_t sx, cons
     return linear_with(g, x, M, K, sx, norm_w, eps, w, w_scale, N, post_w, residual, sr, out, scale_floor, nthreads);
 }
 
-/* The same Linear with one int16 term a row (kernels.w16a8_grouped; the AVX2 GEMM, which AVX-512 CPUs run too). */
-int linear_int16_vnni(const float *x, int64_t M, int64_t K, int64_t sx, const float *norm_w, double eps,
-                       const int8_t *w, const float *w_scale, int64_t N, const float *post_w, const float *residual,
-                       int64_t sr, float *out, float scale_floor, int nthreads) {
-    const linear_gemm g = {NULL, w16a8_grouped_avx2};
-    return linear_with(g, x, M, K, sx, norm_w, eps, w, w_scale, N, post_w, residual, sr, out, scale_floor, nthreads);
-}

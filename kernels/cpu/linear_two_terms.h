@@ -11,9 +11,10 @@
  * One int16 term (kernels.w16a8_grouped) instead: q, s = the row's int16 term, out = residual +
  * rmsnorm(gemm16(q, s, w), post_w).
  *
- * The includer brings rmsnorm.c, quantize.c, one grouped GEMM (w8a8_grouped_vnni.c or w8a8_grouped.c) and the
- * int16 one (w16a8_grouped.c), and passes the GEMMs' entry points: linear_two_terms.c (VNNI),
- * linear_two_terms_avx2.c (AVX2), and the decoder block (decoder_block.h) through either. The same functions
+ * The includer brings rmsnorm.c, quantize.c and one grouped GEMM (w8a8_grouped_vnni.c or w8a8_grouped.c), and
+ * the int16 one (w16a8_grouped.c) where it runs that recipe, and passes the GEMMs' entry points:
+ * linear_two_terms.c (VNNI, two terms), linear_two_terms_avx2.c (AVX2, both recipes), and the decoder block
+ * (decoder_block.h, both) through either. The same functions
  * run in the same order as when each is its own call, so every bit is the same; what is saved is the calls
  * between them (a decode step makes about ten per layer, each a few microseconds of Python, tensor allocation
  * and argument conversion). The row-wise work before and after the GEMM runs on the calling thread (a few rows
@@ -157,10 +158,11 @@ static int linear_with(linear_gemm g, const float *x, int64_t M, int64_t K, int6
         }
         if (g.gemm8(q8, K, w, w_scale, y, N, s, 2 * M, N, K, nthreads)) goto done;
     }
-    if (!direct && !post_w && terms == 2) sum_terms(y, M, N, residual, sr, out, nthreads);
-    if (!direct && !post_w && terms == 1)
+    if (!post_w && terms == 2) {
+        sum_terms(y, M, N, residual, sr, out, nthreads);
+    } else if (!post_w && residual) {  /* one term, a residual: out = residual + y (direct: out is y already) */
         for (int64_t m = 0; m < M; m++) add_rows(residual + m * sr, y + m * N, out + m * N, N);
-    if (post_w) {
+    } else if (post_w) {
         const float inv_n = (float)(1.0 / (double)N);
         for (int64_t m = 0; m < M; m++) {
             float *dst = out + m * N;

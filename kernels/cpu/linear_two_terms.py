@@ -1,7 +1,8 @@
 """CPU fast paths of kernels.linear_two_terms's ops (the norm, both int8 terms or the one int16 term, the grouped
 GEMM, the terms' sum, the post-norm and the residual) through linear_two_terms.h: one C call where a decode
 step made five to eight, with the bits of the composition of the CPU family's own kernels, which runs where
-the C call cannot. The int16 op's GEMM is kernels/cpu/w16a8_grouped.c (AVX2) in either build.
+the C call cannot. The int16 op's GEMM is kernels/cpu/w16a8_grouped.c (AVX2): its C call is the AVX2 build's on
+every CPU.
 
 The C call takes grouped weights (w_scale f32[N, K/32]) for up to MAX_ROWS rows (decode, small batches,
 speculative verification: the sizes where the calls' overhead is a large part of the step), in the build of
@@ -20,12 +21,11 @@ import torch
 from kernels.cpu import native
 from kernels.cpu.quantize import quantize_int16_cpu, quantize_two_terms_cpu
 from kernels.cpu.rmsnorm import rmsnorm_cpu
-from kernels.cpu.w16a8_grouped import w16a8_grouped_cpu
+from kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
 from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
 from kernels.cpu.w8a8_grouped import chosen_isa
 from kernels.linear_two_terms import compose
 from kernels.quantize import SCALE_FLOOR
-from kernels.w16a8_grouped import w16a8_grouped_ref
 from kernels.w8a8_grouped import GROUP
 
 MAX_ROWS = 64
@@ -37,18 +37,13 @@ _KERNELS = {
     "vnni": (Path(__file__).with_name("linear_two_terms.c"), "linear_two_terms_vnni"),
     "avx2": (Path(__file__).with_name("linear_two_terms_avx2.c"), "linear_two_terms_avx2"),
 }
-_SIGNATURES = {isa: {name: _ARGS, name.replace("two_terms", "int16"): _ARGS} for isa, (_, name) in _KERNELS.items()}
-RECIPES = ("two_terms", "int16")
+_SIGNATURES = {isa: {name: _ARGS} for isa, (_, name) in _KERNELS.items()}
+_SIGNATURES["avx2"]["linear_int16_avx2"] = _ARGS  # the int16 recipe's one entry point, in the AVX2 build
 
 composed = compose(rmsnorm_cpu, quantize_two_terms_cpu, w8a8_gemm_cpu, "linear_two_terms_composed_cpu")
 
 
-def _w16a8_gemm(a, a_scale, w_q, w_scale):
-    out = w16a8_grouped_cpu(a, a_scale, w_q, w_scale)
-    return w16a8_grouped_ref(a, a_scale, w_q, w_scale) if out is None else out
-
-
-composed_int16 = compose(rmsnorm_cpu, quantize_int16_cpu, _w16a8_gemm, "linear_int16_composed_cpu", terms=1)
+composed_int16 = compose(rmsnorm_cpu, quantize_int16_cpu, w16a8_gemm_cpu, "linear_int16_composed_cpu", terms=1)
 
 
 def library(isa: str | None = None) -> ctypes.CDLL | None:
@@ -63,14 +58,15 @@ _entries: dict[tuple[str | None, str], object] = {}
 
 
 def entry(isa: str | None = None, recipe: str = "two_terms"):
-    """The C entry point of `isa`'s build (see library) for the activation `recipe` (RECIPES), or None."""
+    """The C entry point of the activation `recipe` ("two_terms": in `isa`'s build, see library; "int16": in the
+    AVX2 build whatever `isa`, its GEMM being AVX2's), or None."""
     fn = _entries.get((isa, recipe))
     if fn is None:
-        chosen = chosen_isa(isa)
+        chosen = "avx2" if recipe == "int16" else chosen_isa(isa)
         lib = library(chosen)
         if lib is None:
             return None
-        fn = _entries[(isa, recipe)] = getattr(lib, _KERNELS[chosen][1].replace("two_terms", recipe))
+        fn = _entries[(isa, recipe)] = getattr(lib, "linear_int16_avx2" if recipe == "int16" else _KERNELS[chosen][1])
     return fn
 
 

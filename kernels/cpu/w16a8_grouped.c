@@ -38,9 +38,8 @@
  * prefetching its next block while it reads one. A group's weights are set up in two halves (16 channels, or 4
  * rows in the pair layout), each staying in registers while it meets the activation rows, W16_M_CHUNK at a time:
  * at decode sizes (one pass) every weight and scale byte is read from memory once per call and the activation
- * rows stay in L1. At prefill sizes the
- * thread's blocks go W16_SUPER_BLOCKS at a time: the first chunk of rows meets them as they come from memory
- * (prefetching), the further chunks meet them from L2.
+ * rows stay in L1. At prefill sizes the thread's blocks go W16_SUPER_BLOCKS at a time: the first chunk of rows
+ * meets them as they come from memory (prefetching), the further chunks meet them from L2.
  *
  * For the transposed layout the activation rows are first copied group-major (int16[G, M, 32]: a group's 32
  * channels of all the rows, one after the other), so a chunk's rows of a group are one contiguous run of 4 KB

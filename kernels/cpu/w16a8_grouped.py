@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from kernels.cpu import native
+from kernels.w16a8_grouped import w16a8_grouped_ref
 from kernels.w8a8_grouped import check_grouped
 
 _SOURCE = Path(__file__).with_name("w16a8_grouped.c")
@@ -59,3 +60,9 @@ def w16a8_grouped_cpu(a: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
                               a_scale.data_ptr(), m, n, k, threads or torch.get_num_threads()):
         return None
     return out
+
+
+def w16a8_gemm_cpu(a: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """The int16 recipe's GEMM as the CPU family runs it: w16a8_grouped_cpu, else the reference (same bits)."""
+    out = w16a8_grouped_cpu(a, a_scale, w_q, w_scale)
+    return w16a8_grouped_ref(a, a_scale, w_q, w_scale) if out is None else out
