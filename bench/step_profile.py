@@ -2,9 +2,11 @@
 step path (bench.model's EngineSteps: ModelRunner over the paged KV cache, the CPU kernels, greedy sampling),
 broken down by part.
 
-A decode step runs each decoder layer as one fused call where the kernel family has it (kernels.decoder_block:
-the whole Gemma 3 or Llama layer in one C call). The bench times the step as served (fused) and, in the same run, the
-same step with every layer composed of its ops (the fused op's baseline), and splits both by part: each kernel
+A decode step runs its decoder layers as one fused call where the kernel family has it (kernels.decoder_block's
+decoder_blocks: every Gemma 3 or Llama layer of the step in one C call). The bench times the step as served (fused)
+and, in the same run, the same step with one fused call per layer (decoder_block: the Python between the layers'
+calls is what the one call saves) and with every layer composed of its ops (the fused op's baseline), and splits the
+first and last by part: each kernel
 op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a step's wall time splits into
 
   * decoder_block: the fused layers (everything of a layer: its GEMMs, attention, norms, RoPE, KV writes);
@@ -50,7 +52,7 @@ from kernels.backend import select_ops
 from kernels.cpu.linear_two_terms import linear_two_terms_c
 from kernels.cpu.quantize import quantize_int16_cpu
 from kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
-from kernels.decoder_block import no_decoder_block
+from kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from kernels.linear_two_terms import compose
 from services.engine.model import load_model
 
@@ -60,8 +62,10 @@ PARTS = ("decoder_block", "linear_layers", "linear_lm_head", "gemm_layers", "gem
 # The parts that read the weights (the GEMM bandwidth is computed over them; decoder_block also holds the layers'
 # attention and row-wise ops).
 WEIGHT_PARTS = ("decoder_block", "linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head")
-# The step as served (each layer one fused call where the family has it), and every layer composed of its ops.
-VARIANTS = ("fused", "composed")
+# The step as served (the step's layers in one fused call where the family has it), one fused call per layer, and
+# every layer composed of its ops; the middle one is timed without the timers only.
+VARIANTS = ("fused", "per_layer", "composed")
+TIMED_VARIANTS = ("fused", "composed")
 
 
 class Timers:
@@ -83,9 +87,14 @@ class Timers:
 
 
 def variant_ops(variant: str):
-    """The CPU op family of a variant: as served ("fused"), or without the fused layer ("composed")."""
+    """The CPU op family of a variant: as served ("fused"), with one fused call per layer ("per_layer"), or without
+    the fused layer ("composed")."""
     base = select_ops("cpu")
-    return base if variant == "fused" else dataclasses.replace(base, decoder_block=no_decoder_block)
+    if variant == "fused":
+        return base
+    if variant == "per_layer":
+        return dataclasses.replace(base, decoder_blocks=no_decoder_blocks)
+    return dataclasses.replace(base, decoder_block=no_decoder_block, decoder_blocks=no_decoder_blocks)
 
 
 def instrumented_ops(timers: Timers, vocab_size: int, variant: str = "fused"):
@@ -94,7 +103,8 @@ def instrumented_ops(timers: Timers, vocab_size: int, variant: str = "fused"):
     base = variant_ops(variant)
     fixed = {"quantize_per_token": "quantize", "quantize_two_terms": "quantize", "rmsnorm_quant": "quantize",
              "rmsnorm": "rmsnorm", "paged_attention": "attention", "rope_neox": "rope", "rmsnorm_rope": "rope",
-             "kv_write": "kv_write", "geglu": "glu", "swiglu": "glu", "decoder_block": "decoder_block"}
+             "kv_write": "kv_write", "geglu": "glu", "swiglu": "glu", "decoder_block": "decoder_block",
+             "decoder_blocks": "decoder_block"}
     wrapped = {op: timers.wrap(lambda *a, part=part: part, getattr(base, op)) for op, part in fixed.items()}
     wrapped["w8a8_gemm"] = timers.wrap(
         lambda a_q, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",
@@ -147,8 +157,9 @@ def main() -> None:
     models = {}  # (variant, timed) -> model
     for variant in VARIANTS:
         models[(variant, False)], _ = load_model(args.model, "int8", kernel_ops=variant_ops(variant), progress=False)
-        models[(variant, True)], _ = load_model(args.model, "int8", progress=False,
-                                                kernel_ops=instrumented_ops(timers, vocab_size(models), variant))
+        if variant in TIMED_VARIANTS:
+            models[(variant, True)], _ = load_model(args.model, "int8", progress=False,
+                                                    kernel_ops=instrumented_ops(timers, vocab_size(models), variant))
     plain = models[("fused", False)]
     vocab = plain.config.vocab_size
 
@@ -182,7 +193,7 @@ def main() -> None:
             run = EngineSteps(model, batch, args.context + rounds * steps + 8)
             runs[key_] = (run, run.step(prompts))
         best = {key_: float("inf") for key_ in models}
-        best_parts: dict[str, dict[str, float]] = {variant: {} for variant in VARIANTS}
+        best_parts: dict[str, dict[str, float]] = {variant: {} for variant in TIMED_VARIANTS}
         for _ in range(rounds):  # alternate, best round of each
             for key_ in models:
                 variant, timed = key_
@@ -197,19 +208,22 @@ def main() -> None:
                     if timed:
                         best_parts[variant] = {p: timers.seconds.get(p, 0.0) / steps for p in PARTS}
         key = f"b{batch}"
-        fused, composed = best[("fused", False)], best[("composed", False)]
+        fused, per_layer, composed = (best[(v, False)] for v in VARIANTS)
         result[f"{key}_step_ms"] = round(fused * 1e3, 3)
+        result[f"{key}_step_per_layer_ms"] = round(per_layer * 1e3, 3)
+        result[f"{key}_per_layer_over_fused_x"] = round(per_layer / fused, 3)
         result[f"{key}_step_composed_ms"] = round(composed * 1e3, 3)
         result[f"{key}_composed_over_fused_x"] = round(composed / fused, 3)
-        print(f"batch {batch}: step {fused * 1e3:.2f} ms ({batch / fused:.1f} tok/s); each layer composed of its "
-              f"ops {composed * 1e3:.2f} ms ({composed / fused:.2f}x); the GEMM floor is "
+        print(f"batch {batch}: step {fused * 1e3:.2f} ms ({batch / fused:.1f} tok/s); one fused call per layer "
+              f"{per_layer * 1e3:.2f} ms ({per_layer / fused:.3f}x); each layer composed of its ops "
+              f"{composed * 1e3:.2f} ms ({composed / fused:.2f}x); the GEMM floor is "
               f"{100 * floor_ms / 1e3 / fused:.0f}% of the step")
         if product_ns is not None:
             products_ms = batch * product_ns / 1e6
             result[f"{key}_product_floor_ms"] = round(products_ms, 3)
             print(f"  its products at the product ceilings: {products_ms:.2f} ms (the step is bound by "
                   f"{'its products' if products_ms > floor_ms else 'memory'} at best)")
-        for variant in VARIANTS:
+        for variant in TIMED_VARIANTS:
             timed = best[(variant, True)]
             parts = {p: v for p, v in best_parts[variant].items() if v > 0}
             other = timed - sum(parts.values())

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from kernels.decoder_block import no_decoder_block
+from kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from kernels.glu import geglu_ref, swiglu_ref
 from kernels.kv_write import kv_write_ref
 from kernels.linear_two_terms import compose as compose_linear_two_terms, linear_int16_ref, linear_two_terms_ref
@@ -26,7 +26,7 @@ from kernels.w8a8_gemm import w8a8_gemm_ref
 
 OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm", "rmsnorm_quant", "w8a8_gemm", "rope_neox",
             "kv_write", "paged_attention", "linear_two_terms", "rmsnorm_rope", "geglu", "swiglu",
-            "decoder_block", "linear_int16")
+            "decoder_block", "linear_int16", "decoder_blocks")
 # The activation recipes of an int8 Linear (services/engine/model/linear.py): two int8 terms (kernels.quantize),
 # or one int16 term (kernels.w16a8_grouped).
 ACTIVATION_RECIPES = ("two_terms", "int16")
@@ -56,6 +56,9 @@ class Ops:
     decoder_block: Callable
     # kernels.linear_two_terms's int16 op: norm, one int16 activation term, grouped GEMM, post-norm, residual
     linear_int16: Callable
+    # kernels.decoder_block: a step's decoder layers in one call, as many as the family takes (the model composes
+    # the rest)
+    decoder_blocks: Callable
     name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
     # The activation recipe the family's int8 Linears run (ACTIVATION_RECIPES): the faster one of its kernels
     # where it has a choice; the same on every family unless a CPU's kernels favour the other.
@@ -78,12 +81,13 @@ def reference_ops() -> Ops:
         swiglu=swiglu_ref,
         decoder_block=no_decoder_block,
         linear_int16=linear_int16_ref,
+        decoder_blocks=no_decoder_blocks,
         name="ref",
     )
 
 
 def triton_ops() -> Ops:
-    from kernels.decoder_block import decoder_block_triton
+    from kernels.decoder_block import decoder_block_triton, decoder_blocks_triton
     from kernels.glu import geglu_triton, swiglu_triton
     from kernels.kv_write import kv_write_triton
     from kernels.paged_attention import paged_attention_triton
@@ -108,6 +112,7 @@ def triton_ops() -> Ops:
         geglu=geglu_triton,
         swiglu=swiglu_triton,
         decoder_block=decoder_block_triton,
+        decoder_blocks=decoder_blocks_triton,
         # the int16 recipe is the CPU's (no Triton kernel of its own yet): its GEMM is the PyTorch reference
         linear_int16=compose_linear_two_terms(rmsnorm_triton, quantize_int16_ref, w16a8_grouped_ref,
                                               "linear_int16_triton", terms=1),
@@ -131,6 +136,7 @@ CPU_FAST_PATH_MODULES = {
     "swiglu": "kernels.cpu.glu",
     "decoder_block": "kernels.cpu.decoder_block",
     "linear_int16": "kernels.cpu.linear_two_terms",
+    "decoder_blocks": "kernels.cpu.decoder_block",
 }
 
 

@@ -11,6 +11,12 @@ model composes.
     decoder_block(x f32[T, d_model], weights: BlockWeights, cache: BlockCache, batch: BlockBatch)
         -> f32[T, d_model] | None        (a new tensor; x is not changed)
 
+    decoder_blocks(x f32[T, d_model], layers: Sequence[(BlockWeights, BlockCache, BlockBatch)])
+        -> (f32[T, d_model], n)          (the step's layers in order, as decoder_block would run them one by
+                                          one, in one call: n of them were done, stopping at the first the op
+                                          does not take; the output of layer n - 1, a new tensor, or x itself
+                                          when n = 0)
+
 The three holders are plain tensors and numbers: the layer's weights (built once with the model), the
 layer's KV cache slot (once per cache), and the step's rows for the layer's KV cache group (once per step and
 group, by the attention backend). Identity is what matters (eq=False): a family may keep what it derives from
@@ -19,6 +25,7 @@ one (e.g. the C structs of kernels/cpu/decoder_block.py) for as long as that obj
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -92,3 +99,15 @@ def no_decoder_block(x: torch.Tensor, weights: BlockWeights, cache: BlockCache, 
 def decoder_block_triton(x: torch.Tensor, weights: BlockWeights, cache: BlockCache, batch: BlockBatch) -> None:
     """The Triton family has no fused layer (a GPU step's launches are cheap beside its GEMMs): it declines."""
     return None
+
+
+def no_decoder_blocks(x: torch.Tensor, layers: Sequence[tuple[BlockWeights, BlockCache, BlockBatch]]
+                      ) -> tuple[torch.Tensor, int]:
+    """The op of a family without a fused layer: does none of the layers (the model composes them)."""
+    return x, 0
+
+
+def decoder_blocks_triton(x: torch.Tensor, layers: Sequence[tuple[BlockWeights, BlockCache, BlockBatch]]
+                          ) -> tuple[torch.Tensor, int]:
+    """The Triton family has no fused layer (decoder_block_triton): it does none of the layers."""
+    return x, 0

@@ -21,8 +21,8 @@
  *
  * The includer brings the kernels of one CPU build (decoder_block_avx512.c, decoder_block_avx2.c), and defines
  * BLOCK_GEMM (its grouped W8A8 GEMM), BLOCK_ROW_GEMM (its per-row one, as a grouped_gemm_fn), BLOCK_KV_WRITE
- * (its kv_write_rows) and BLOCK_ENTRY (the entry point's name), and includes w16a8_grouped.c (the int16 GEMM);
- * paged_attention_i8 is the build's attention.
+ * (its kv_write_rows), BLOCK_ENTRY (the entry point's name) and BLOCK_LAYERS_ENTRY (the step's layers in one
+ * call), and includes w16a8_grouped.c (the int16 GEMM); paged_attention_i8 is the build's attention.
  * The scratch rows are allocated per call (a decode step's are a few kilobytes).
  */
 #ifndef SALON_DECODER_BLOCK_H
@@ -151,6 +151,18 @@ done:
     free(h);
     free(act);
     return status;
+}
+
+/* Layers 0 .. n - 1 of a step in order on x, each as BLOCK_ENTRY with L[i], C[i], B[i] and its RoPE tables
+   cos[i], sin[i]: one call for the step's layers instead of one each (what it saves is the Python between them).
+   Returns how many were done: at the first layer that computes nothing it stops, and x holds the output of the
+   layer before it (x itself when none was done). */
+int64_t BLOCK_LAYERS_ENTRY(int64_t n, const block_weights *const *L, const block_cache *const *C,
+                           const block_batch *const *B, const float *const *cos, const float *const *sin, float *x,
+                           float scale_floor, int nthreads) {
+    for (int64_t i = 0; i < n; i++)
+        if (BLOCK_ENTRY(L[i], C[i], B[i], cos[i], sin[i], x, scale_floor, nthreads)) return i;
+    return n;
 }
 
 #endif

@@ -3,9 +3,11 @@
  *
  * One work item is one KV head (its G = Hq / Hkv query heads together, so each key is read and widened once
  * for all of them) of 4 consecutive rows of one sequence, which also share each widened key; rows left over,
- * and decodes, go one at a time. A query's arithmetic depends only on its own query, position and keys --
- * never on the other rows of the call, on how they are grouped into sequences or on the thread that runs
- * it -- so a query gets the same bits alone or batched, in a prefill chunk or as a decode:
+ * and decodes, go one at a time. Where the items are fewer than the threads (a decode of one sequence with one
+ * KV head), the query heads of a KV head are split between items (head_parts). A query's arithmetic depends
+ * only on its own query, position and keys -- never on the other rows of the call, on how they are grouped
+ * into sequences or on the thread that runs it -- so a query gets the same bits alone or batched, in a
+ * prefill chunk or as a decode:
  *
  *   keys are visited in chunks of 16 positions aligned to absolute positions (16c .. 16c + 15), from the
  *   chunk holding the first visible key (window start or 0) to the one holding the query itself; every
@@ -173,6 +175,16 @@ AVX512 static inline __attribute__((always_inline)) void attend_rows(
         }
 }
 
+/* Parts to split each KV head's G query heads into: 1, or while the work items are fewer than the threads
+   (the decode of one sequence of an MQA model is one item) a power of two dividing G. A head's bits never
+   depend on the heads beside it (its scores, softmax and sums are its own; hsum4_ps sums each vector alone), so
+   a split changes which thread computes a head and nothing else. */
+static int64_t head_parts(int64_t items, int64_t G, int nthreads) {
+    int64_t parts = 1;
+    while (items * parts < nthreads && G % (parts * 2) == 0) parts *= 2;
+    return parts;
+}
+
 /* q, out: f32[T, Hq, D]; k/v cache: int8[NB, BS, Hkv, D]; k/v scale: f32[NB, BS, Hkv];
    block_tables: int32[S, bt_stride]; query_start_loc: int32[S + 1]; seq_lens: int32[S]; window 0 = none.
    row_seq: int32[T], the sequence of each query row. Needs Hq / Hkv <= MAX_G, D % 16 == 0, D <= MAX_D. */
@@ -180,27 +192,31 @@ AVX512 void paged_attention_i8(const float *q, const int8_t *kc, const int8_t *v
                                const int32_t *block_tables, int64_t bt_stride, const int32_t *query_start_loc,
                                const int32_t *seq_lens, const int32_t *row_seq, int64_t T, int64_t Hq, int64_t Hkv,
                                int64_t D, int64_t BS, float sm_scale, int64_t window, float *out, int nthreads) {
-    const int64_t G = Hq / Hkv;
-    /* Work items: runs of 4 rows of one sequence from its first row on, then single rows for the rest; an
-       item is named by its first row, and the other rows of a run have nothing to do. */
+    const int64_t G = Hq / Hkv, parts = head_parts(T * Hkv, G, nthreads), Gp = G / parts;
+    /* Work items: runs of 4 rows of one sequence from its first row on, then single rows for the rest, each
+       for one part of a KV head's query heads; an item is named by its first row, and the other rows of a run
+       have nothing to do. */
     #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
-    for (int64_t item = 0; item < T * Hkv; item++) {
-        int64_t t = item / Hkv, h = item % Hkv, s = row_seq[t];
+    for (int64_t item = 0; item < T * Hkv * parts; item++) {
+        int64_t part = item % parts, t = item / parts / Hkv, h = item / parts % Hkv, s = row_seq[t];
         int64_t q_len = query_start_loc[s + 1] - query_start_loc[s], offset = t - query_start_loc[s];
         int64_t in_runs = q_len / 4 * 4;
         if (offset < in_runs && offset % 4 != 0) continue;
         int64_t position = seq_lens[s] - q_len + offset;
-        const float *qp = q + (t * Hq + h * G) * D;
-        float *op = out + (t * Hq + h * G) * D;
+        const float *qp = q + (t * Hq + h * G + part * Gp) * D;
+        float *op = out + (t * Hq + h * G + part * Gp) * D;
         const int32_t *table = block_tables + s * bt_stride;
         const int64_t qs = Hq * D;
-        if (G == 4 && offset < in_runs)
+        const int run = offset < in_runs;
+        if (Gp == 4 && run)  /* Gemma 3 */
             attend_rows(4, 4, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
-        else if (G == 4)
+        else if (Gp == 4)
             attend_rows(1, 4, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
-        else if (offset < in_runs)
-            attend_rows(4, (int)G, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
+        else if (Gp == 2 && !run)  /* Gemma 3's decode of one sequence, its heads in two parts */
+            attend_rows(1, 2, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
+        else if (run)
+            attend_rows(4, (int)Gp, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
         else
-            attend_rows(1, (int)G, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
+            attend_rows(1, (int)Gp, qp, qs, kc, vc, ks, vs, table, position, window, h, Hkv, D, BS, sm_scale, op, qs);
     }
 }

@@ -35,6 +35,9 @@ def _chunk(head_dim: int, base: float, index: int) -> tuple[torch.Tensor, torch.
 def rope_tables(head_dim: int, base: float, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin f32[n, head_dim / 2] for positions [0, n), n >= num_positions (a multiple of the chunk)."""
     key = (head_dim, float(base))
+    tables = _tables.get(key)  # a step's layers all find theirs here, without the lock
+    if tables is not None and tables[0].shape[0] >= num_positions:
+        return tables
     with _lock:
         cos, sin = _tables.get(key, (torch.empty(0, head_dim // 2), torch.empty(0, head_dim // 2)))
         if cos.shape[0] < num_positions:

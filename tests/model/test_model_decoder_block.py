@@ -12,6 +12,7 @@ the composition with itself."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 
 import pytest
@@ -20,7 +21,8 @@ import torch
 from kernels.backend import ACTIVATION_RECIPES, select_ops
 from kernels.cpu import decoder_block as cpu_block
 from kernels.cpu.linear_two_terms import MAX_ROWS
-from kernels.decoder_block import no_decoder_block
+from kernels.decoder_block import no_decoder_block, no_decoder_blocks
+from kernels.quantize import SCALE_FLOOR
 from services.engine.model import load_model
 from tests.engine_testlib import assert_rows_equal, logits_rows, make_core, make_request, tokens
 
@@ -29,7 +31,8 @@ pytestmark = pytest.mark.skipif(cpu_block.library() is None,
 
 
 class Counted:
-    """The CPU family's decoder_block, counting the calls it took (and those of layers that write no KV)."""
+    """The CPU family's decoder_block and decoder_blocks (a step's layers in one call), counting the layers they
+    took (and those that write no KV) and the calls that declined a layer."""
 
     def __init__(self) -> None:
         self.took = self.took_sharing = self.declined = 0
@@ -43,13 +46,22 @@ class Counted:
             self.took_sharing += not weights.writes_kv
         return out
 
+    def layers(self, x, layers):
+        out, done = cpu_block.decoder_blocks_cpu(x, layers)
+        self.declined += done < len(layers)
+        self.took += done
+        self.took_sharing += sum(not weights.writes_kv for weights, _, _ in layers[:done])
+        return out, done
+
 
 def _fused_and_composed(name: str, activations: str):
     counted = Counted()
     ops = select_ops("cpu", activations=activations)
-    fused = load_model(name, "int8", kernel_ops=dataclasses.replace(ops, decoder_block=counted), progress=False)
-    composed = load_model(name, "int8", kernel_ops=dataclasses.replace(ops, decoder_block=no_decoder_block),
-                          progress=False)
+    fused = load_model(name, "int8", progress=False,
+                       kernel_ops=dataclasses.replace(ops, decoder_block=counted, decoder_blocks=counted.layers))
+    composed = load_model(name, "int8", progress=False,
+                          kernel_ops=dataclasses.replace(ops, decoder_block=no_decoder_block,
+                                                         decoder_blocks=no_decoder_blocks))
     assert all(layer.block is not None for layer in fused[0].layers)
     assert all(layer.block.int16_activations == (activations == "int16") for layer in fused[0].layers)
     return fused, composed, counted
@@ -131,26 +143,79 @@ def test_llama_layers_with_per_row_scales_give_the_composed_bits(activations):
 
 
 def test_the_fused_op_declines_what_it_does_not_take_and_leaves_x_alone(models):
+    """Each step's layers go to decoder_blocks; a prefill of more rows than MAX_ROWS is declined whole (the model
+    composes), decodes are taken, and x is never written. The one-layer op declines the same arguments."""
     fused, _, _ = models
     core = make_core(fused, budget=128, kv_bytes=8 << 20)
-    layer = fused[0].layers[0]
+    model = fused[0]
     seen = []
 
-    def spy(x, weights, cache, batch):
+    def spy(x, layers):
         before = x.clone()
-        out = cpu_block.decoder_block_cpu(x, weights, cache, batch)
-        seen.append((out is None, x.shape[0], torch.equal(x, before)))
+        out, done = cpu_block.decoder_blocks_cpu(x, layers)
+        seen.append((done, x.shape[0], torch.equal(x, before)))
         if x.shape[0] <= MAX_ROWS:  # what it declines besides the row count
+            weights, cache, batch = layers[0]
+            assert cpu_block.decoder_blocks_cpu(x.double(), layers)[1] == 0
+            assert cpu_block.decoder_blocks_cpu(x[:, :-1], layers)[1] == 0
             assert cpu_block.decoder_block_cpu(x.double(), weights, cache, batch) is None
             assert cpu_block.decoder_block_cpu(x[:, :-1], weights, cache, batch) is None
             empty = dataclasses.replace(cache, k_scale=None)
             assert cpu_block.decoder_block_cpu(x, weights, empty, batch) is None
-        return out
+            assert cpu_block.decoder_blocks_cpu(x, [(weights, empty, batch), *layers[1:]])[1] == 0
+        return out, done
 
-    layer.kernel_ops = dataclasses.replace(layer.kernel_ops, decoder_block=spy)
+    ops = model.kernel_ops
+    model.kernel_ops = dataclasses.replace(ops, decoder_blocks=spy)
     try:
         logits_rows(core, [make_request("r", tokens(MAX_ROWS + 10, seed=6), max_new=2)])
     finally:
-        layer.kernel_ops = fused[0].kernel_ops
-    assert seen[0] == (True, MAX_ROWS + 10, True)  # the prefill: more rows than the op takes
-    assert all(not declined and unchanged for declined, _, unchanged in seen[1:])  # decodes: taken, x untouched
+        model.kernel_ops = ops
+    n = len(model.layers)
+    assert seen[0] == (0, MAX_ROWS + 10, True)  # the prefill: more rows than the op takes
+    assert seen[1:] and all(s == (n, 1, True) for s in seen[1:])  # decodes: every layer taken, x untouched
+
+
+def test_the_steps_layers_in_one_call_give_one_call_per_layer_and_stop_at_the_first_declined(models):
+    """decoder_blocks against decoder_block layer by layer on a decode step's real arguments: the same bits for
+    all the layers, and where layer 3 is one the call does not take (a cache the Python checks refuse, or weights
+    the C layer declines), the first three layers' output and n = 3. (Running a step's layers again rewrites
+    their KV slots with the same values.)"""
+    fused, _, _ = models
+    core = make_core(fused, budget=128, kv_bytes=8 << 20)
+    model = fused[0]
+    checked = []
+
+    def spy(x, layers):
+        chain = [x]
+        for weights, cache, batch in layers:
+            chain.append(cpu_block.decoder_block_cpu(chain[-1], weights, cache, batch))
+        out, done = cpu_block.decoder_blocks_cpu(x, layers)
+        assert done == len(layers) and torch.equal(out, chain[-1])
+        weights, cache, batch = layers[3]
+        cut = [*layers[:3], (weights, dataclasses.replace(cache, k_scale=None), batch), *layers[4:]]
+        out3, done3 = cpu_block.decoder_blocks_cpu(x, cut)
+        assert done3 == 3 and torch.equal(out3, chain[3])
+        # the C call's own stop: layer 3's weights as a C struct its layer declines (int16 activations with
+        # per-row scales), past the Python checks
+        args = [cpu_block._layer_args(x, *layer) for layer in layers]
+        declined = type(args[3][0]).from_buffer_copy(args[3][0])
+        declined.int16_activations, declined.per_row_scales = 1, 1
+        args[3] = (declined, *args[3][1:])
+        n = len(args)
+        arrays = [(ctypes.c_void_p * n)(*(ctypes.addressof(a[i]) for a in args)) for i in range(3)]
+        arrays += [(ctypes.c_void_p * n)(*(a[i].data_ptr() for a in args)) for i in (3, 4)]
+        out_c = x.clone()
+        assert cpu_block._entry_points()[1](n, *arrays, out_c.data_ptr(), SCALE_FLOOR, 1) == 3
+        assert torch.equal(out_c, chain[3])
+        checked.append(x.shape[0])
+        return out, done
+
+    ops = model.kernel_ops
+    model.kernel_ops = dataclasses.replace(ops, decoder_blocks=spy)
+    try:
+        logits_rows(core, [make_request("a", tokens(20, seed=9), max_new=3),
+                           make_request("b", tokens(12, seed=10), max_new=3)])
+    finally:
+        model.kernel_ops = ops
+    assert checked and max(checked) > 1

@@ -130,6 +130,19 @@ def block_weights(config: ModelConfig, layer_idx: int, rotary: Rotary, attn_norm
         gate_up_s=gate_up.w_scale, down_w=down.w_q, down_s=down.w_scale, int16_activations=qkv.int16_activations)
 
 
+def fused_layers(layers, kernel_ops: Ops, x: torch.Tensor, attn) -> tuple[torch.Tensor, int]:
+    """The step's first n layers from the family's one call for them (kernels.decoder_block's decoder_blocks):
+    (their output, n), where n counts the layers from the first on that the layer, the family and the attention
+    backend take (the composition's bits); the model runs layers n.. itself."""
+    taken = []
+    for layer in layers:
+        paged = None if layer.block is None else attn.block_kv(layer.layer_idx)
+        if paged is None:
+            break
+        taken.append((layer.block, *paged))
+    return kernel_ops.decoder_blocks(x, taken) if taken else (x, 0)
+
+
 def fused_layer(block: BlockWeights | None, kernel_ops: Ops, layer_idx: int, x: torch.Tensor,
                 attn) -> torch.Tensor | None:
     """The layer's output from the family's fused op where the layer, the family and the attention backend take

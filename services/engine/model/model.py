@@ -1,7 +1,8 @@
 """CausalLM: the decoder skeleton every architecture shares, one code path for both precisions.
 
     x = embed(token_ids) * embedding_multiplier
-    x = layer(x) for each decoder layer (the architecture's own: models/gemma3.py, models/llama.py)
+    x = layer(x) for each decoder layer (the architecture's own: models/gemma3.py, models/llama.py; the layers the
+        kernel family fuses run first, all in one call: layers.fused_layers)
     hidden = rmsnorm(x, final_norm);  logits = lm_head(hidden)
 
 The engine sees only this: `forward(token_ids, positions, attn) -> hidden`, `logits(hidden)`, `config`,
@@ -15,7 +16,7 @@ import torch
 from kernels.backend import Ops
 from services.engine.model.attention import AttentionBackend
 from services.engine.model.config import ModelConfig
-from services.engine.model.layers import Embedding
+from services.engine.model.layers import Embedding, fused_layers
 
 
 class CausalLM:
@@ -40,7 +41,8 @@ class CausalLM:
         x = self.embed.lookup(token_ids)
         if self._embed_scale is not None:
             x = x * self._embed_scale
-        for layer in self.layers:
+        x, done = fused_layers(self.layers, self.kernel_ops, x, attn)
+        for layer in self.layers[done:]:
             x = layer(x, positions, attn)
         return self.kernel_ops.rmsnorm(x, self.final_norm, self.config.rms_norm_eps)
 
