@@ -29,7 +29,10 @@ found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 4
 the shape of the decode figures here (32-token prompts, then the same number of steps). The peer runs after
 salon's figures, so salon's batch-1 decode is measured again after it (decode_tokens_per_s_b1_after_peer) and
 the batch-1 ratio given against both: on a shared machine the load can change within a run, and a gap between
-salon's two figures says it did.
+salon's two figures says it did. Then batch 1 is measured in alternation, salon's decode and llama-bench's batch-1
+decode back to back (3 pairs with --quick, else 7; the same number of new tokens), and the median of the pairs'
+ratios given (salon_over_peer_decode_b1_alternated_median_x, each pair's in decode_b1_alternated_ratios): the
+batch-1 figure least moved by the machine's load.
 
     python -m bench.model [--model NAME|PATH] [--quick] [--threads N] [--llama-cpp DIR] [--recipe-baseline]
 """
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -227,6 +231,24 @@ def _peer(args, steps: int) -> tuple[dict | None, str | None]:
             **{f"decode_tokens_per_s_b{n}": round(batched[n].decode_tokens_per_s, 1) for n in (4, 8, 32)}}, None
 
 
+def _alternated_b1(args, model, steps: int, pairs: int) -> dict:
+    """Batch-1 decode of salon and of llama-bench back to back, `pairs` times: each pair's ratio and their median."""
+    build = peer.find_build(args.llama_cpp)
+    gguf = resolve_source(args.model).path
+    ratios, salon, llama = [], [], []
+    for _ in range(pairs):
+        salon.append(_decode_tps(model, 1, steps, rounds=1))
+        llama.append(peer.run_llama_bench_decode(build, gguf, args.threads, new_tokens=steps))
+        ratios.append(salon[-1] / llama[-1])
+    print("batch 1 in alternation, salon / llama.cpp tok/s: " + ", ".join(
+        f"{s:.1f} / {p:.1f} ({r:.2f}x)" for s, p, r in zip(salon, llama, ratios))
+          + f"; median ratio {statistics.median(ratios):.2f}x", flush=True)
+    return {"decode_b1_alternated_salon_tokens_per_s": [round(v, 1) for v in salon],
+            "decode_b1_alternated_peer_tokens_per_s": [round(v, 1) for v in llama],
+            "decode_b1_alternated_ratios": [round(r, 3) for r in ratios],
+            "salon_over_peer_decode_b1_alternated_median_x": round(statistics.median(ratios), 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -277,9 +299,13 @@ def main() -> None:
     if not args.no_activation_baseline:
         result.update(_activation_recipes(args, models["int8"], steps, 2 if args.quick else 4, ids, bos))
     peer_figures, peer_error = _peer(args, steps)
-    if peer_figures is not None:  # batch 1 again, after the peer (the docstring says why)
+    if peer_figures is not None:  # batch 1 again, after the peer, and in alternation with it (the docstring says why)
         again = _decode_tps(models["int8"], 1, steps, rounds=2 if args.quick else 3)
         result["decode_tokens_per_s_b1_after_peer"] = round(again, 1)
+        try:
+            peer_figures.update(_alternated_b1(args, models["int8"], steps, 3 if args.quick else 7))
+        except peer.PeerError as e:
+            peer_figures["alternated_b1_error"] = str(e)
     ref_ppl = REF_PPL if args.model == "gemma-3-270m" else None  # the float64 reference exists for Gemma only
     chunks = 2 if args.quick else None
     result["ppl_chunks"] = chunks or len(ids) // 512

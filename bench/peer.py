@@ -233,11 +233,28 @@ def figures_from_llama_bench(rows: list[dict], prompt_tokens: int, new_tokens: i
 def run_llama_bench(build: LlamaCppBuild, gguf_path: str | Path, threads: int, *, prompt_tokens: int = 512,
                     new_tokens: int = 128, repetitions: int = 5, timeout_s: float = 900) -> LlamaBenchFigures:
     """Prefill of prompt_tokens and batch-1 decode of new_tokens (each from an empty context)."""
+    rows = _llama_bench_rows(build, gguf_path, threads, prompt_tokens, new_tokens, repetitions, timeout_s)
+    return figures_from_llama_bench(rows, prompt_tokens, new_tokens)
+
+
+def run_llama_bench_decode(build: LlamaCppBuild, gguf_path: str | Path, threads: int, *, new_tokens: int,
+                           repetitions: int = 1, timeout_s: float = 300) -> float:
+    """llama-bench's batch-1 decode alone (tg of new_tokens from an empty context, no prefill test): tokens/s."""
+    rows = [r for r in _llama_bench_rows(build, gguf_path, threads, 0, new_tokens, repetitions, timeout_s)
+            if r["n_prompt"] == 0 and r["n_gen"] == new_tokens]
+    if len(rows) != 1:
+        raise PeerError(f"llama-bench output has {len(rows)} rows for tg={new_tokens}, expected 1")
+    return float(rows[0]["avg_ts"])
+
+
+def _llama_bench_rows(build: LlamaCppBuild, gguf_path: str | Path, threads: int, prompt_tokens: int,
+                      new_tokens: int, repetitions: int, timeout_s: float) -> list[dict]:
+    """llama-bench's JSON rows for a prefill of prompt_tokens (0: none) and a decode of new_tokens."""
     if build.bench_path is None:
         raise PeerError("this llama.cpp build has no llama-bench")
     out = _run([str(build.bench_path), "-m", str(gguf_path), "-t", str(threads), "-p", str(prompt_tokens),
                 "-n", str(new_tokens), "-r", str(repetitions), "-o", "json"], timeout_s)
-    return figures_from_llama_bench(parse_llama_bench_json(out.stdout), prompt_tokens, new_tokens)
+    return parse_llama_bench_json(out.stdout)
 
 
 def parse_batched_bench_jsonl(text: str) -> list[BatchedBenchRow]:
