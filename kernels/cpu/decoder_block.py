@@ -86,7 +86,8 @@ def library() -> ctypes.CDLL | None:
 def _entry_points():
     if not _entry:
         lib = library()
-        _entry.append(None if lib is None else (getattr(lib, _KERNELS[build()][1]), getattr(lib, _KERNELS[build()][2])))
+        _, one, layers = _KERNELS[build()]
+        _entry.append(None if lib is None else (getattr(lib, one), getattr(lib, layers)))
     return _entry[0]
 
 
@@ -211,9 +212,15 @@ def decoder_blocks_cpu(x: torch.Tensor, layers: Sequence[tuple[BlockWeights, Blo
         taken.append(args)
     if not taken:
         return x, 0
+    out = x.contiguous().clone()
+    done = _call_layers(entries[1], taken, out, torch.get_num_threads())
+    return (out, done) if done else (x, 0)
+
+
+def _call_layers(entry, taken: list, out: torch.Tensor, nthreads: int) -> int:
+    """The C call for the step's layers on `out` (in place), each layer's (_layer_args) structs and RoPE tables
+    passed as arrays of pointers: how many layers it did."""
     n = len(taken)
     arrays = [(ctypes.c_void_p * n)(*(ctypes.addressof(args[i]) for args in taken)) for i in range(3)]
     arrays += [(ctypes.c_void_p * n)(*(args[i].data_ptr() for args in taken)) for i in (3, 4)]
-    out = x.contiguous().clone()
-    done = entries[1](n, *arrays, out.data_ptr(), SCALE_FLOOR, torch.get_num_threads())
-    return (out, done) if done else (x, 0)
+    return entry(n, *arrays, out.data_ptr(), SCALE_FLOOR, nthreads)

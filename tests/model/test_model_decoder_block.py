@@ -12,7 +12,6 @@ the composition with itself."""
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 
 import pytest
@@ -22,7 +21,6 @@ from kernels.backend import ACTIVATION_RECIPES, select_ops
 from kernels.cpu import decoder_block as cpu_block
 from kernels.cpu.linear_two_terms import MAX_ROWS
 from kernels.decoder_block import no_decoder_block, no_decoder_blocks
-from kernels.quantize import SCALE_FLOOR
 from services.engine.model import load_model
 from tests.engine_testlib import assert_rows_equal, logits_rows, make_core, make_request, tokens
 
@@ -202,11 +200,8 @@ def test_the_steps_layers_in_one_call_give_one_call_per_layer_and_stop_at_the_fi
         declined = type(args[3][0]).from_buffer_copy(args[3][0])
         declined.int16_activations, declined.per_row_scales = 1, 1
         args[3] = (declined, *args[3][1:])
-        n = len(args)
-        arrays = [(ctypes.c_void_p * n)(*(ctypes.addressof(a[i]) for a in args)) for i in range(3)]
-        arrays += [(ctypes.c_void_p * n)(*(a[i].data_ptr() for a in args)) for i in (3, 4)]
         out_c = x.clone()
-        assert cpu_block._entry_points()[1](n, *arrays, out_c.data_ptr(), SCALE_FLOOR, 1) == 3
+        assert cpu_block._call_layers(cpu_block._entry_points()[1], args, out_c, 1) == 3
         assert torch.equal(out_c, chain[3])
         checked.append(x.shape[0])
         return out, done
