@@ -29,12 +29,16 @@ on VNNI CPUs, w8a8_grouped.c on AVX2 ones), against the per-row scales, the two 
 grouped / per-row is a same-run figure on this noisy machine: the step's GEMMs and the output projection at
 M = 1, 2, 4, 8, 16 (2, 8, 16: decode of 1, 4, 8 sequences with two activation terms), and one prefill shape,
 M = 256 on a layer's gate_up (640 -> 2 x 2048, geglu) and down (2048 -> 640) weights. On a VNNI CPU the grouped
-AVX2 kernel is timed against the VNNI one the same way (the baseline the VNNI kernel replaced).
+AVX2 kernel is timed against the VNNI one the same way (the baseline the VNNI kernel replaced), and the VNNI
+kernel on the weights as they lie (vnni_rows: 16 rows of 32 bytes at a time, transposed in registers) against
+the same kernel on its packed copy (kernels.cpu.w8a8_grouped.packed_weights: one sequential stream, what the
+engine runs), the same way.
 
 Huge pages: the step's group-scaled GEMMs (the engine's Gemma path) at M = 2 and 8 (decode of 1 and 4 sequences)
 with the weights where torch allocates them (4 KB pages wherever transparent huge pages are "madvise" only)
 against the same weights copied into huge pages as the engine's loader places them
-(services/engine/model/huge_pages.py), the two timed in alternation.
+(services/engine/model/huge_pages.py), the two timed in alternation. On VNNI both read the weights as they lie
+(the packed copies the engine reads are in huge pages either way).
 
     python -m bench.gemv [--quick] [--threads N] [--grouped] [--int16]
 """
@@ -223,8 +227,8 @@ def _huge_pages_section(layers, lm_w, repeats: int, gen: torch.Generator, result
             def run():
                 for i, layer in enumerate(layers):
                     for j, (w, _, geglu) in enumerate(layer):
-                        w8a8_gemm_cpu(a[:, :w.shape[1]], a_s, t[f"{i}.{j}.w"], t[f"{i}.{j}.s"], geglu=geglu)
-                w8a8_gemm_cpu(a[:, :D_MODEL], a_s, t["lm.w"], t["lm.s"])
+                        _grouped_rows(a[:, :w.shape[1]], a_s, t[f"{i}.{j}.w"], t[f"{i}.{j}.s"], geglu=geglu)
+                _grouped_rows(a[:, :D_MODEL], a_s, t["lm.w"], t["lm.s"])
             return run
 
         t_small, t_huge = _best_pair_s(step(small), step(huge), repeats)
@@ -238,6 +242,12 @@ def _huge_pages_section(layers, lm_w, repeats: int, gen: torch.Generator, result
 
 def _grouped_avx2(a_q, a_scale, w_q, w_scale, geglu=False):
     y = w8a8_grouped_scaled_cpu(a_q, a_scale, w_q, w_scale, isa="avx2")
+    return w8a8_epilogue_after_scales(y, None, None, geglu)
+
+
+def _grouped_rows(a_q, a_scale, w_q, w_scale, geglu=False):
+    """The engine's grouped GEMM on the weights as they lie (on VNNI, not its packed copy)."""
+    y = w8a8_grouped_scaled_cpu(a_q, a_scale, w_q, w_scale, packed=False)
     return w8a8_epilogue_after_scales(y, None, None, geglu)
 
 
@@ -255,7 +265,7 @@ def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: tor
     result["grouped_step_scale_bytes"] = scale_bytes
     pairs = [("per_row", w8a8_gemm_cpu, False)]
     if cpu_isas()[:1] == ("vnni",):
-        pairs.append(("grouped_avx2", _grouped_avx2, True))
+        pairs += [("grouped_avx2", _grouped_avx2, True), ("vnni_rows", _grouped_rows, True)]
     for base_name, base_gemm, base_grouped in pairs:
         _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm,
                        base_grouped, ceiling)

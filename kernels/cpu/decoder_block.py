@@ -26,7 +26,7 @@ from kernels.cpu import native
 from kernels.cpu.linear_two_terms import MAX_ROWS
 from kernels.cpu.paged_attention import c_kernel_supports
 from kernels.cpu.rope import rope_tables
-from kernels.cpu.w8a8_grouped import chosen_isa
+from kernels.cpu.w8a8_grouped import chosen_isa, packed_weights
 from kernels.decoder_block import BlockBatch, BlockCache, BlockWeights
 from kernels.quantize import SCALE_FLOOR
 from kernels.w8a8_grouped import GROUP
@@ -118,13 +118,24 @@ def _weights_struct(w: BlockWeights) -> _Weights | None:
         return None
     ptr = {n: getattr(w, n).data_ptr() for n in ("attn_norm", "ffn_norm", "qkv_w", "o_w", "gate_up_w", "down_w",
                                                  "qkv_s", "o_s", "gate_up_s", "down_s")}
+    # two-term grouped Linears in the VNNI build read their packed copies (scale pointer NULL: the scales inside)
+    # (the struct holds them: they outlive a repacking of weights changed in place, which the struct ignores)
+    packed = []
+    if build() == "avx512" and not per_row and not w.int16_activations:
+        for lin in ("qkv", "o", "gate_up", "down"):
+            p = packed_weights(getattr(w, f"{lin}_w"), getattr(w, f"{lin}_s"))
+            if p is not None:
+                packed.append(p)
+                ptr[f"{lin}_w"], ptr[f"{lin}_s"] = p.data_ptr(), None
     ptr.update({n: None if getattr(w, n) is None else getattr(w, n).data_ptr()
                 for n in ("q_norm", "post_attention_norm", "post_ffw_norm")})
-    return _Weights(d_model=d, num_heads=hq, num_kv_heads=hkv, head_dim=d_head, ffn_dim=f, writes_kv=int(w.writes_kv),
-                    sliding_window=w.sliding_window or 0, per_row_scales=int(per_row),
-                    activation=_ACTIVATIONS[w.activation], int16_activations=int(w.int16_activations), eps=w.eps,
-                    sm_scale=w.sm_scale,
-                    k_norm=w.k_norm.data_ptr() if w.writes_kv and w.k_norm is not None else None, **ptr)
+    struct = _Weights(d_model=d, num_heads=hq, num_kv_heads=hkv, head_dim=d_head, ffn_dim=f,
+                      writes_kv=int(w.writes_kv), sliding_window=w.sliding_window or 0, per_row_scales=int(per_row),
+                      activation=_ACTIVATIONS[w.activation], int16_activations=int(w.int16_activations), eps=w.eps,
+                      sm_scale=w.sm_scale,
+                      k_norm=w.k_norm.data_ptr() if w.writes_kv and w.k_norm is not None else None, **ptr)
+    struct.packed = packed
+    return struct
 
 
 def _cache_struct(c: BlockCache) -> _Cache | None:

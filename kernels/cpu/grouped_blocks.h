@@ -36,7 +36,7 @@ static inline grouped_block grouped_block_at(int64_t b, int64_t b1, int rows, in
     blk.nr = N - blk.n < rows ? (int)(N - blk.n) : rows;
     const int next = b + 1 < b1 && N - blk.n >= 2 * rows;
     blk.pf_w = next ? w + (blk.n + rows) * K : NULL;
-    blk.pf_s = next ? w_scale + (blk.n + rows) * G : NULL;
+    blk.pf_s = next && w_scale ? w_scale + (blk.n + rows) * G : NULL;
     return blk;
 }
 

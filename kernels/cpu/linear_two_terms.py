@@ -23,7 +23,7 @@ from kernels.cpu.quantize import quantize_int16_cpu, quantize_two_terms_cpu
 from kernels.cpu.rmsnorm import rmsnorm_cpu
 from kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
 from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
-from kernels.cpu.w8a8_grouped import chosen_isa
+from kernels.cpu.w8a8_grouped import chosen_isa, weight_pointers
 from kernels.linear_two_terms import compose
 from kernels.quantize import SCALE_FLOOR
 from kernels.w8a8_grouped import GROUP
@@ -96,10 +96,12 @@ def linear_two_terms_c(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
     fn = entry(isa, recipe)
     if fn is None:
         return None
+    # the VNNI GEMM reads its packed copy of the weights (kernels.cpu.w8a8_grouped); the int16 one, AVX2's, never
+    w_ptr, s_ptr = weight_pointers(w_q, w_scale, None if recipe == "int16" else chosen_isa(isa))
     out = torch.empty((m, n), dtype=torch.float32)
     if fn(
             x.data_ptr(), m, k, x.stride(0), None if norm_weight is None else norm_weight.data_ptr(), float(eps),
-            w_q.data_ptr(), w_scale.data_ptr(), n, None if post_norm is None else post_norm.data_ptr(),
+            w_ptr, s_ptr, n, None if post_norm is None else post_norm.data_ptr(),
             None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
             out.data_ptr(), SCALE_FLOOR, torch.get_num_threads()):
         return None

@@ -8,7 +8,8 @@
  * No fused multiply-add: fp-contract is off for the whole file (the pragma below), as in w8a8_grouped.c.
  *
  * Layouts as in w8a8_grouped.c: a int8[M, K] (row stride lda), w int8[N, K] contiguous, w_scale float32[N, G]
- * contiguous (G = K / 32), out float32[M, N] (row stride ldo). No repacked copy of the weights is kept.
+ * contiguous (G = K / 32), out float32[M, N] (row stride ldo). Or, with w_scale NULL, the weights and scales in
+ * the packed layout of w8a8_grouped_vnni_pack (below): the same bits from one sequential stream per thread.
  *
  * The products: vpdpbusd multiplies unsigned bytes of its first operand with signed bytes of its second,
  * four pairs a 32-bit lane, and adds them to the lane without saturation. The weights, XORed with 0x80, are
@@ -27,7 +28,7 @@
  * of a group are one vector.
  *
  * Each thread streams its own contiguous range of blocks (split evenly over the threads), prefetching its
- * next block while it reads one; a group's weights stay in registers while they meet the activation rows,
+ * next block while it reads one (packed: a few groups ahead in its one stream); a group's weights stay in registers while they meet the activation rows,
  * M_CHUNK at a time (one pass at decode sizes: every weight and scale byte is read from memory once per
  * call). Every output element sees the same operations in the same order whatever M, the chunking or the
  * thread split: a row's result never depends on the batch it sits in.
@@ -45,6 +46,11 @@
 #define M_CHUNK 64
 /* Activation-sum corrections kept on the stack up to this many (M x G) entries. */
 #define STACK_CORRECTIONS 2048
+/* A packed group: 8 x 64 bytes of weights (group_weights' t[0..7]), then the 16 rows' float32 scales; the packed
+   tile prefetches the group this far ahead (without it, the packed layout lost to the rows' one from 12 rows on,
+   where the products bind and the hardware prefetcher fell behind). */
+#define PACKED_GROUP_BYTES (8 * 64 + BLOCK_ROWS * 4)
+#define PACKED_PREFETCH (4 * PACKED_GROUP_BYTES)
 
 /* 4 activation bytes read as one int32 wherever they lie, so each broadcast is vpdpbusd's memory operand. */
 typedef int32_t __attribute__((aligned(1), may_alias)) unaligned_i32;
@@ -98,6 +104,44 @@ VNNI static inline __attribute__((always_inline)) void group_scales(__m512 *sc, 
     for (int j = 0; j < 8; j++) sc[j] = _mm512_castsi512_ps(v[j]);
 }
 
+/* acc + vpdpbusd(w, the 4 bytes at p broadcast to every lane), the broadcast as the instruction's memory operand
+   ({1to16}: one fused load, not a broadcast of its own, which the compiler emits for the packed tile's loop). */
+VNNI static inline __attribute__((always_inline)) __m512i dpbusd_broadcast(__m512i acc, __m512i w,
+                                                                          const unaligned_i32 *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+}
+
+/* y[m] += float(acc_g of activation row m) * s for the mc rows, group g's 16 rows' weights in t (group_weights'
+   layout) and their scales in s: two chains of vpdpbusd (exact int32 sums: any order gives the same acc_g) from
+   the group's correction, then the product rounded and the sum. */
+VNNI static inline __attribute__((always_inline)) void group_rows(const int64_t mc, const int8_t *a, int64_t lda,
+                                                                  const int32_t *corr, int64_t G, int64_t g,
+                                                                  const __m512i *t, __m512 s, __m512 *y) {
+    const int64_t k = g * GROUP;
+    /* unrolled whole at decode sizes: y stays in registers (rolled, the compiler may swap this loop with the
+       caller's loop over groups and keep y in memory) */
+    #pragma GCC unroll 16
+    for (int64_t m = 0; m < mc; m++) {
+        const unaligned_i32 *am = (const unaligned_i32 *)(a + m * lda + k);
+        __m512i c0 = _mm512_set1_epi32(corr[m * G + g]), c1 = _mm512_setzero_si512();
+        for (int i = 0; i < 8; i += 2) {
+            c0 = dpbusd_broadcast(c0, t[i], am + i);
+            c1 = dpbusd_broadcast(c1, t[i + 1], am + i + 1);
+        }
+        y[m] = _mm512_add_ps(y[m], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c0, c1)), s));
+    }
+}
+
+/* out[m, n .. n + nr) = y[m] * a_scale[m] for the mc rows. */
+VNNI static inline __attribute__((always_inline)) void store_rows(const int64_t mc, const __m512 *y, float *out,
+                                                                  int64_t ldo, const float *a_scale, int64_t n,
+                                                                  int nr) {
+    const __mmask16 keep = (__mmask16)((1u << nr) - 1);
+    for (int64_t m = 0; m < mc; m++)
+        _mm512_mask_storeu_ps(out + m * ldo + n, keep, _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
+}
+
 /* Rows [n, n + nr) of out (nr <= 16) for activation rows [0, mc) of a (mc <= M_CHUNK; a compile-time constant
    up to 16 rows, decode with two activation terms per sequence, so the accumulators stay in registers).
    corr: -128 x each group's activation sum, [mc, G] (row stride G). pf_w, pf_s: the next block's weights and
@@ -119,27 +163,32 @@ VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t 
         group_scales(sc, srow, g0, ng);
         if (pf_s) grouped_prefetch_scales(pf_s, BLOCK_ROWS, g0, G);
         for (int64_t j = 0; j < ng; j++) {
-            const int64_t g = g0 + j, k = g * GROUP;
-            if (pf_w) grouped_prefetch_weights(pf_w, BLOCK_ROWS, g);
+            if (pf_w) grouped_prefetch_weights(pf_w, BLOCK_ROWS, g0 + j);
             __m512i t[8];
-            group_weights(t, wrow, k);
-            const __m512 s = sc[j];
-            for (int64_t m = 0; m < mc; m++) {
-                const unaligned_i32 *am = (const unaligned_i32 *)(a + m * lda + k);
-                /* two chains (exact int32 sums: any order gives the same acc_g) */
-                __m512i c0 = _mm512_set1_epi32(corr[m * G + g]), c1 = _mm512_setzero_si512();
-                for (int i = 0; i < 8; i += 2) {
-                    c0 = _mm512_dpbusd_epi32(c0, t[i], _mm512_set1_epi32(am[i]));
-                    c1 = _mm512_dpbusd_epi32(c1, t[i + 1], _mm512_set1_epi32(am[i + 1]));
-                }
-                const __m512i acc = _mm512_add_epi32(c0, c1);
-                y[m] = _mm512_add_ps(y[m], _mm512_mul_ps(_mm512_cvtepi32_ps(acc), s));
-            }
+            group_weights(t, wrow, (g0 + j) * GROUP);
+            group_rows(mc, a, lda, corr, G, g0 + j, t, sc[j], y);
         }
     }
-    const __mmask16 keep = (__mmask16)((1u << nr) - 1);
-    for (int64_t m = 0; m < mc; m++)
-        _mm512_mask_storeu_ps(out + m * ldo + n, keep, _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
+    store_rows(mc, y, out, ldo, a_scale, n, nr);
+}
+
+/* The same for a block of the packed layout (w8a8_grouped_vnni_pack): its groups one after another, each
+   group_weights' 8 vectors and then the 16 rows' scales, read in order -- one stream per thread, no transpose. */
+VNNI static inline __attribute__((always_inline)) void packed_tile(const int64_t mc, const int8_t *a, int64_t lda,
+                                                                   const int32_t *corr, const int8_t *pb, float *out,
+                                                                   int64_t ldo, const float *a_scale, int64_t G,
+                                                                   int64_t n, int nr) {
+    __m512 y[M_CHUNK];
+    for (int64_t m = 0; m < mc; m++) y[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const int8_t *q = pb + g * PACKED_GROUP_BYTES;
+        for (int i = 0; i < PACKED_GROUP_BYTES; i += 64)
+            _mm_prefetch((const char *)q + PACKED_PREFETCH + i, _MM_HINT_T0);
+        __m512i t[8];
+        for (int i = 0; i < 8; i++) t[i] = _mm512_loadu_si512((const void *)(q + 64 * i));
+        group_rows(mc, a, lda, corr, G, g, t, _mm512_loadu_ps((const float *)(q + 512)), y);
+    }
+    store_rows(mc, y, out, ldo, a_scale, n, nr);
 }
 
 /* corr[m * G + g] = -128 x the sum of a[m, 32g .. 32g + 31]. */
@@ -157,9 +206,13 @@ VNNI static void activation_corrections(int32_t *corr, const int8_t *a, int64_t 
 }
 
 #define DECODE_CASE(MM)                                                                                     \
-    case MM: block_tile(MM, a, lda, corr, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s); break;
+    case MM:                                                                                                \
+        if (packed) packed_tile(MM, a, lda, corr, w + b * G * PACKED_GROUP_BYTES, out, ldo, a_scale, G, blk.n, blk.nr); \
+        else block_tile(MM, a, lda, corr, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s); \
+        break;
 
-/* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, no memory). */
+/* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, no memory).
+   w_scale NULL: w is the packed layout of w8a8_grouped_vnni_pack (the scales inside it). */
 VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                            int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
     if (M < 1 || K < GROUP || K % GROUP) return 1;
@@ -168,6 +221,7 @@ VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const 
     int32_t *corr = M * G <= STACK_CORRECTIONS ? stack_corr : malloc((size_t)(M * G) * sizeof(int32_t));
     if (corr == NULL) return 1;
     activation_corrections(corr, a, lda, M, G);
+    const int packed = w_scale == NULL;
     #pragma omp parallel num_threads(nthreads)
     {
         int64_t b0, b1;
@@ -180,13 +234,53 @@ VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const 
                 DECODE_CASE(9) DECODE_CASE(10) DECODE_CASE(11) DECODE_CASE(12)
                 DECODE_CASE(13) DECODE_CASE(14) DECODE_CASE(15) DECODE_CASE(16)
                 default:
-                    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK)
-                        block_tile(M - m0 < M_CHUNK ? M - m0 : M_CHUNK, a + m0 * lda, lda, corr + m0 * G, w, w_scale,
+                    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
+                        const int64_t mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
+                        if (packed) {
+                            packed_tile(mc, a + m0 * lda, lda, corr + m0 * G, w + b * G * PACKED_GROUP_BYTES,
+                                        out + m0 * ldo, ldo, a_scale + m0, G, blk.n, blk.nr);
+                            continue;
+                        }
+                        block_tile(mc, a + m0 * lda, lda, corr + m0 * G, w, w_scale,
                                    out + m0 * ldo, ldo, a_scale + m0, K, blk.n, blk.nr, m0 ? NULL : blk.pf_w,
                                    m0 ? NULL : blk.pf_s);
+                    }
             }
         }
     }
     if (corr != stack_corr) free(corr);
     return 0;
+}
+
+/* The packed layout of int8 w[N, K] and its scales f32[N, K / 32], for w8a8_grouped_vnni with w_scale NULL:
+ * uint8 [nb = ceil(N / 16), G = K / 32, PACKED_GROUP_BYTES]. Block b's group g holds group_weights' 8 vectors
+ * for rows 16b .. 16b + 15 (vector i, lane r: w[16b + r, 32g + 4i .. 32g + 4i + 3] XOR 0x80), then the 16 rows'
+ * scales of group g. The missing rows of a short last block repeat its first row (computed, never stored), as
+ * block_tile's do. packed: nb * G * PACKED_GROUP_BYTES bytes. Returns 0 when done, 1 when K is not a positive
+ * multiple of 32 or N < 1. Each thread packs its own blocks. */
+VNNI int w8a8_grouped_vnni_pack(const int8_t *w, const float *w_scale, int64_t N, int64_t K, int8_t *packed,
+                                int nthreads) {
+    if (N < 1 || K < GROUP || K % GROUP) return 1;
+    const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t n = b * BLOCK_ROWS;
+        const int8_t *wrow[BLOCK_ROWS];
+        const float *srow[BLOCK_ROWS];
+        grouped_rows(wrow, srow, BLOCK_ROWS, n, N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS, w, w_scale, K, G);
+        for (int64_t g = 0; g < G; g++) {
+            int8_t *q = packed + (b * G + g) * PACKED_GROUP_BYTES;
+            __m512i t[8];
+            group_weights(t, wrow, g * GROUP);
+            for (int i = 0; i < 8; i++) _mm512_storeu_si512((void *)(q + 64 * i), t[i]);
+            float *sq = (float *)(q + 512);
+            for (int r = 0; r < BLOCK_ROWS; r++) sq[r] = srow[r][g];
+        }
+    }
+    return 0;
+}
+
+/* Bytes of w8a8_grouped_vnni_pack's layout for N x K weights. */
+int64_t w8a8_grouped_vnni_packed_bytes(int64_t N, int64_t K) {
+    return (N + BLOCK_ROWS - 1) / BLOCK_ROWS * (K / GROUP) * PACKED_GROUP_BYTES;
 }

@@ -1,7 +1,8 @@
 """Where an engine's resident memory goes: weights, the paged KV cache, the kvstore's arena, the rest.
 
     total   the process's RSS (/proc/self/smaps_rollup, `Rss:`)
-    weights every tensor of the model (CausalLM.weight_bytes)
+    weights every tensor of the model (CausalLM.weight_bytes), and the CPU kernels' packed copies of its weights
+            (kernels.cpu.w8a8_grouped.packed_bytes: made by the warm-up's first step, counted after it)
     kv      the paged KV cache tensors as allocated (KVCache.allocated_bytes); torch allocates them zeroed
             from fresh pages, so only blocks written so far are resident
     arena   resident pages of the kvstore's shared-memory arena mapped into the engine (the kvstore's

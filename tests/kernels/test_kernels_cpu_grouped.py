@@ -1,12 +1,15 @@
-"""The group-scaled W8A8 kernels (kernels/cpu/w8a8_grouped.c on AVX2, w8a8_grouped_vnni.c on AVX-512 VNNI),
-each one this CPU runs, against the grouped reference, bit for bit: every shape, the AVX2 kernel's two layouts
-(M <= 4 and M > 4), the VNNI kernel's decode cases (M <= 16) and 16-row blocks, the M_CHUNK passes of
-prefill, the thread split, batch invariance, and their place in w8a8_gemm_cpu. Scales are random floats over
+"""The group-scaled W8A8 kernels (kernels/cpu/w8a8_grouped.c on AVX2, w8a8_grouped_vnni.c on AVX-512 VNNI, the
+latter on the weights as they lie and on its packed copy), each one this CPU runs, against the grouped reference,
+bit for bit: every shape, the AVX2 kernel's two layouts (M <= 4 and M > 4), the VNNI kernel's decode cases
+(M <= 16) and 16-row blocks, the M_CHUNK passes of prefill, the thread split, batch invariance, and their place
+in w8a8_gemm_cpu; the packed layout's bytes, and the packed copy's life (kept, repacked after an in-place
+change, dropped with its weights). Scales are random floats over
 many groups, so a fused multiply-add or a change in the order the groups are added changes the bits (checked
 against mutated kernels by hand)."""
 
 from __future__ import annotations
 
+import gc
 import platform
 import shutil
 
@@ -15,14 +18,17 @@ import torch
 
 from kernels.cpu import native
 from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
-from kernels.cpu.w8a8_grouped import library, w8a8_grouped_scaled_cpu
+from kernels.cpu import w8a8_grouped as grouped_cpu
+from kernels.cpu.w8a8_grouped import library, packed_weights, w8a8_grouped_scaled_cpu
 from kernels.w8a8_gemm import w8a8_gemm_ref
 from kernels.w8a8_grouped import GROUP, w8a8_grouped_scaled_ref
 
 needs_kernel = pytest.mark.skipif("avx2" not in native.cpu_isas() or library() is None,
                                   reason="needs x86-64 with AVX2 and cc")
 ISAS = native.cpu_isas()
-each_isa = pytest.mark.parametrize("isa", ISAS)
+# "vnni-packed": the VNNI kernel on its packed copy of the weights (the default); "vnni": on the weights as they lie
+each_isa = pytest.mark.parametrize("isa", (["vnni-packed"] if "vnni" in ISAS else []) + list(ISAS))
+needs_vnni = pytest.mark.skipif("vnni" not in ISAS or library("vnni") is None, reason="needs AVX-512 VNNI and cc")
 
 
 def _operands(m: int, n: int, k: int, seed: int):
@@ -35,8 +41,14 @@ def _operands(m: int, n: int, k: int, seed: int):
     return a, a_scale, w, w_scale
 
 
+def _call(a, sa, w, sw, isa):
+    if isa == "vnni-packed":
+        return w8a8_grouped_scaled_cpu(a, sa, w, sw, isa="vnni")
+    return w8a8_grouped_scaled_cpu(a, sa, w, sw, isa=isa, packed=False)
+
+
 def _run(a, sa, w, sw, isa):
-    got = w8a8_grouped_scaled_cpu(a, sa, w, sw, isa=isa)
+    got = _call(a, sa, w, sw, isa)
     assert got is not None, "the C kernel declined a call it should take"
     return got
 
@@ -171,7 +183,7 @@ def test_activation_of_minus_128_is_exact_or_declined(isa):
     a, sa, w, sw = _operands(5, 17, 96, seed=5)
     a[2, 40] = -128
     a[4, :] = -128
-    got = w8a8_grouped_scaled_cpu(a, sa, w, sw, isa=isa)
+    got = _call(a, sa, w, sw, isa)
     if isa == "avx2":
         assert got is None
     else:
@@ -218,3 +230,55 @@ def test_this_vnni_cpu_runs_the_vnni_kernel():
     a, sa, w, sw = _operands(3, 40, 640, seed=13)
     a[1, 7] = -128
     assert torch.equal(w8a8_grouped_scaled_cpu(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))
+
+
+def _layout(w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """w8a8_grouped_vnni_pack's layout built by hand from its description: per 16-row block and group, vector i
+    lane r = w[16b + r, 32g + 4i .. 32g + 4i + 3] XOR 0x80 (8 x 64 bytes), then the 16 rows' scales; a short
+    block's missing rows repeat its first row."""
+    n, k = w.shape
+    out = []
+    for b in range(-(-n // 16)):
+        rows = [16 * b + r if 16 * b + r < n else 16 * b for r in range(16)]
+        for g in range(k // GROUP):
+            block = w[rows, GROUP * g:GROUP * (g + 1)].view(torch.uint8) ^ 0x80  # [16 rows, 32 channels]
+            vectors = block.reshape(16, 8, 4).permute(1, 0, 2).reshape(-1)  # vector i: rows' channels 4i .. 4i+3
+            out += [vectors, sw[rows, g].contiguous().view(torch.uint8)]
+    return torch.cat(out)
+
+
+@needs_vnni
+@pytest.mark.parametrize("n,k", [(1, 32), (16, 64), (17, 96), (40, 640)])
+def test_packed_layout_bytes(n, k):
+    _, _, w, sw = _operands(1, n, k, seed=n + k)
+    got = packed_weights(w, sw)
+    assert got.dtype == torch.uint8 and torch.equal(got, _layout(w, sw))
+
+
+@needs_vnni
+def test_packed_copy_is_kept_repacked_after_an_in_place_change_and_dropped_with_its_weights():
+    a, sa, w, sw = _operands(3, 50, 640, seed=51)
+    first = packed_weights(w, sw)
+    assert packed_weights(w, sw) is first
+    assert first.numel() == 4 * 20 * 576  # 4 blocks of 16 rows (the last one short), 20 groups
+    assert grouped_cpu.packed_bytes() >= first.numel()
+    w[7, 100] = -w[7, 100] - 1  # in place: the next call packs again
+    assert torch.equal(_run(a, sa, w, sw, "vnni-packed"), w8a8_grouped_scaled_ref(a, sa, w, sw))
+    assert packed_weights(w, sw) is not first
+    sw[49, 3] *= -3.0
+    assert torch.equal(_run(a, sa, w, sw, "vnni-packed"), w8a8_grouped_scaled_ref(a, sa, w, sw))
+    other = sw.clone()  # equal values, another tensor: packed for it
+    assert packed_weights(w, other) is not packed_weights(w, sw)
+    key = id(w)
+    assert key in grouped_cpu._packed
+    del w
+    gc.collect()
+    assert key not in grouped_cpu._packed
+
+
+def test_packed_weights_decline_what_the_layout_does_not_hold():
+    _, _, w, sw = _operands(1, 8, 64, seed=52)
+    assert packed_weights(w, sw[:, :1].contiguous()) is None  # not grouped scales of these weights
+    assert packed_weights(w[:, ::2], sw[:, :1]) is None  # not contiguous
+    assert packed_weights(w.to(torch.int16), sw) is None
+    assert packed_weights(w, sw.double()) is None

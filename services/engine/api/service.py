@@ -12,6 +12,7 @@ import asyncio
 import grpc
 import torch
 
+from kernels.cpu.w8a8_grouped import packed_bytes
 from services.common import internal_auth
 from services.common.logging import get_logger
 from services.common.peer_identity import AccessPolicy
@@ -114,7 +115,7 @@ class EngineService:
             host_cache=host_cache,
             sliding_window_tokens=max((layer.sliding_window_tokens or 0 for layer in model_cfg.layers), default=0),
             kv_bytes_per_token=core.layout.page_bytes // core.layout.block_size_tokens,
-            resident=ResidentMeter(core.model.weight_bytes(), core.kv_cache.allocated_bytes(),
+            resident=ResidentMeter(core.model.weight_bytes() + packed_bytes(), core.kv_cache.allocated_bytes(),
                                    self.config.kvstore_shm_dir if host_cache is not None else None),
         )
         log.info("engine_ready", model=model_cfg.model_id, kv_blocks=core.layout.num_blocks,

@@ -20,12 +20,11 @@ huge pages as far as it can and with small pages elsewhere, so the values never 
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-
 import torch
 
-HUGE_PAGE_BYTES = 2 << 20
+from kernels.cpu.huge_pages import HUGE_PAGE_BYTES, huge_page_arena
+
+__all__ = ["ALIGN_BYTES", "HUGE_PAGE_BYTES", "in_huge_pages"]
 ALIGN_BYTES = 64
 
 
@@ -35,26 +34,20 @@ def _aligned(n: int, alignment: int) -> int:
 
 def in_huge_pages(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`tensors` copied into one mapping advised MADV_HUGEPAGE (see the module docstring), or unchanged."""
-    if (not hasattr(mmap, "MADV_HUGEPAGE") or not tensors
-            or any(t.device.type != "cpu" for t in tensors.values())):
+    if not tensors or any(t.device.type != "cpu" for t in tensors.values()):
         return tensors
     offsets: dict[str, int] = {}
     total = 0
     for name, t in tensors.items():
         offsets[name] = total
         total += _aligned(max(t.numel() * t.element_size(), 1), ALIGN_BYTES)
-    # one huge page more, so that the tensors can start on a huge-page boundary
-    # private: a shared anonymous mapping is shared memory, which has huge pages of its own setting (off)
-    region = mmap.mmap(-1, _aligned(total + HUGE_PAGE_BYTES, mmap.PAGESIZE),
-                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE)
-    arena = torch.frombuffer(region, dtype=torch.uint8)
-    start = -ctypes.addressof(ctypes.c_char.from_buffer(region)) % HUGE_PAGE_BYTES
+    arena = huge_page_arena(total)
+    if arena is None:
+        return tensors
     out = {}
     for name, t in tensors.items():
         nbytes = t.numel() * t.element_size()
-        begin = start + offsets[name]
-        copy = arena[begin:begin + nbytes].view(t.dtype).view(t.shape)
+        copy = arena[offsets[name]:offsets[name] + nbytes].view(t.dtype).view(t.shape)
         copy.copy_(t)
         out[name] = copy
     return out
