@@ -16,7 +16,12 @@ sequences, as shipped / v6 time ratios (what the grouped scales and two-term act
 
 On the CPU the int8 model's batch-1 decode is also timed against the same checkpoint with its weights left where
 the file maps them (small pages) instead of copied into huge pages as the engine loads them
-(services/engine/model/huge_pages.py), the two alternated, best of each: huge_pages_decode_b1_speedup_x.
+(services/engine/model/huge_pages.py), the two alternated, best of each: huge_pages_decode_b1_speedup_x. On VNNI
+CPUs the grouped GEMMs read packed copies of the weights (kernels.cpu.w8a8_grouped.packed_weights), in huge pages
+for both loads, so that figure is about 1 there by construction. Instead the int8 model is timed against a second
+load of the checkpoint whose weights the GEMMs read as they lie (16 rows of 32 bytes at a time, transposed in
+registers: the layout before the packed one), alternated as the recipe figures below are:
+packed_{prefill_512,decode_b1,..}_packed_over_rows_x.
 
 The int8 model runs the activation recipe its kernel family picks here (kernels.backend: one int16 term per
 activation where the CPU's GEMM is AVX2's, two int8 terms elsewhere); the same checkpoint in the other recipe is
@@ -50,6 +55,7 @@ from bench import peer
 from bench.alternate import best_alternated
 from bench.quant_ceilings import float_activations
 from kernels.backend import other_activations
+from kernels.cpu.w8a8_grouped import chosen_isa, keep_rows
 from services.engine.core.kv_cache_manager import KVCacheManager
 from services.engine.core.request import Request, RequestId, SamplingParams
 from services.engine.core.scheduler import ScheduledChunk, SchedulerOutput
@@ -151,6 +157,20 @@ def _huge_pages_ratio(name: str, shipped, steps: int, rounds: int) -> dict[str, 
           f"{best['small']:.1f} tok/s: {best['huge'] / best['small']:.2f}x", flush=True)
     return {"decode_tokens_per_s_b1_small_pages": round(best["small"], 1),
             "huge_pages_decode_b1_speedup_x": round(best["huge"] / best["small"], 3)}
+
+
+def _packed_ratios(name: str, shipped, steps: int, rounds: int) -> dict[str, float]:
+    """On VNNI: the shipped int8 model (its grouped GEMMs read packed copies of the weights) against a second
+    load of the same checkpoint whose weights are read as they lie (kernels.cpu.w8a8_grouped.keep_rows), the
+    two alternated (_recipe_ratios' figures: packed_*_packed_over_rows_x)."""
+    rows, _ = load_model_on_cpu(name, "int8", kernel_ops=shipped.kernel_ops, progress=False)
+    linears = [rows.lm_head, getattr(rows.lm_head, "inner", None)]
+    linears += [getattr(layer, n, None) for layer in rows.layers for n in ("qkv", "o", "gate_up", "down")]
+    for lin in linears:
+        if getattr(lin, "w_q", None) is not None:
+            keep_rows(lin.w_q)
+    print("packed weights against the weights as they lie (VNNI grouped GEMM):", flush=True)
+    return _recipe_ratios(shipped, rows, steps, rounds, prefix="packed", labels=("packed", "rows"))
 
 
 def _recipe_ratios(shipped, other, steps: int, rounds: int, prefix: str = "recipe",
@@ -288,6 +308,8 @@ def main() -> None:
         print(json.dumps({k: v for k, v in result.items() if k.endswith(sfx) or sfx == ""}), flush=True)
     if args.device == "cpu":
         result.update(_huge_pages_ratio(args.model, models["int8"], steps, 2 if args.quick else 4))
+        if chosen_isa() == "vnni":
+            result.update(_packed_ratios(args.model, models["int8"], steps, 2 if args.quick else 4))
     if args.recipe_baseline:
         v6 = _v6_recipe_model(args.model, models["int8"].kernel_ops)
         result.update(_recipe_ratios(models["int8"], v6, steps, 2 if args.quick else 4))

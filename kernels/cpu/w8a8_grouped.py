@@ -69,18 +69,31 @@ def chosen_isa(isa: str | None = None) -> str | None:
 # id(w_q) -> (weakref to w_q, w_scale, their versions, the packed copy); an entry goes when its w_q does
 _packed: dict[int, tuple] = {}
 _packed_lock = threading.Lock()
+# id(w_q) -> weakref to w_q: weights never packed (keep_rows), the baseline of bench.model's packed figures
+_rows: dict[int, weakref.ref] = {}
+
+
+def keep_rows(w_q: torch.Tensor) -> None:
+    """Have the VNNI calls read w_q as it lies, never a packed copy (a baseline to time the packed layout
+    against, on another copy of the same weights); it holds while w_q lives."""
+    key = id(w_q)
+    with _packed_lock:
+        if key not in _rows:
+            weakref.finalize(w_q, _rows.pop, key, None)
+        _rows[key] = weakref.ref(w_q)
 
 
 def packed_weights(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor | None:
     """The VNNI kernel's packed copy of int8 w_q[N, K] with f32 w_scale[N, K/32] (both contiguous, on the CPU):
     uint8, made on the first call for this w_q and w_scale (or after either changed in place) and kept while w_q
-    lives; None where the VNNI kernel does not run here or the shapes are not grouped ones."""
+    lives; None where the VNNI kernel does not run here, the shapes are not grouped ones, or keep_rows holds w_q."""
     key = id(w_q)
     hit = _packed.get(key)
     if (hit is not None and hit[0]() is w_q and hit[1] is w_scale and hit[2] == w_q._version
             and hit[3] == w_scale._version):
         return hit[4]
-    lib = library("vnni")
+    rows = _rows.get(key)
+    lib = None if rows is not None and rows() is w_q else library("vnni")
     if (lib is None or w_q.dtype != torch.int8 or w_scale.dtype != torch.float32 or w_q.dim() != 2
             or w_q.shape[1] % GROUP or w_q.shape[0] < 1 or w_q.shape[1] < GROUP
             or tuple(w_scale.shape) != (w_q.shape[0], w_q.shape[1] // GROUP) or not w_q.is_contiguous()

@@ -282,3 +282,17 @@ def test_packed_weights_decline_what_the_layout_does_not_hold():
     assert packed_weights(w[:, ::2], sw[:, :1]) is None  # not contiguous
     assert packed_weights(w.to(torch.int16), sw) is None
     assert packed_weights(w, sw.double()) is None
+
+
+@needs_vnni
+def test_weights_kept_in_rows_are_never_packed():
+    a, sa, w, sw = _operands(2, 20, 640, seed=53)
+    grouped_cpu.keep_rows(w)
+    assert packed_weights(w, sw) is None
+    assert torch.equal(_run(a, sa, w, sw, "vnni-packed"), w8a8_grouped_scaled_ref(a, sa, w, sw))
+    other = w.clone()  # the same values in another tensor: packed as usual
+    assert packed_weights(other, sw) is not None
+    key = id(w)
+    del w
+    gc.collect()
+    assert key not in grouped_cpu._rows
