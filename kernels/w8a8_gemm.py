@@ -98,10 +98,10 @@ def _w8a8_gemm_kernel(
         mask_k = offs_k < K - k0
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0)
         w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0)
-        acc = tl.dot(a, w, acc)
+        acc = tl.dot(a, w, acc, out_dtype=tl.int32)
         if GEGLU:
             w_up = tl.load(w_ptrs + UP_OFFSET * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0)
-            acc_up = tl.dot(a, w_up, acc_up)
+            acc_up = tl.dot(a, w_up, acc_up, out_dtype=tl.int32)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
 
