@@ -409,12 +409,16 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
         )
         return out
     block_g = next_pow2(group)
-    block_q = max(1, (16 if interp else 64) // block_g)
+    # On a GPU a prefill program holds as many rows as a decode program (max(16, the group's heads)), with the
+    # same warps: the two kernels' dots then take the same tensor-core instructions over the same tiles, so a
+    # row's bits do not depend on the kernel it runs in (with 64-row tiles and 8 warps they did not match on an
+    # H200: tests/kernels/test_kernels_gpu.py).
+    block_q = max(1, 16 // block_g)
     on_device(_paged_prefill_kernel, dev)[(S, triton.cdiv(max_q_len, block_q), Hkv)](
         q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens, out,
         *common, D, *strides, out.stride(0), out.stride(1),
         GROUP=group, BLOCK_G=block_g, BLOCK_Q=block_q, HAS_WINDOW=sliding_window is not None,
         SPLIT_TOKENS=split, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=precision, HAS_SCALE=has_scale,
-        **({} if interp else dict(num_warps=8 if block_d >= 256 else 4, num_stages=2)),
+        **({} if interp else dict(num_warps=4, num_stages=2)),
     )
     return out

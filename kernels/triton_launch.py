@@ -54,12 +54,26 @@ class _InterpretedLaunch:
         return launch
 
 
+class _CompiledLaunch:
+    """`kernel[grid](...)` compiled without floating-point contraction (enable_fp_fusion=False) unless the call
+    says otherwise: Triton fuses a product and a sum into one FMA by default on GPUs, which the references (and
+    the interpreter, and the CPU kernels) round twice, so the bits would differ."""
+
+    def __init__(self, kernel) -> None:
+        self._kernel = kernel
+
+    def __getitem__(self, grid):
+        launch = self._kernel[grid]
+        return lambda *args, **kwargs: launch(*args, **{"enable_fp_fusion": False, **kwargs})
+
+
 def on_device(kernel, device: torch.device):
-    """The runnable form of `kernel` for tensors on `device` (compiled on CUDA, interpreted on CPU)."""
+    """The runnable form of `kernel` for tensors on `device` (compiled on CUDA without FMA contraction,
+    interpreted on CPU)."""
     if isinstance(kernel, InterpretedFunction):
         return kernel
     if device.type == "cuda":
-        return kernel
+        return _CompiledLaunch(kernel)
     if device.type == "cpu":
         return _InterpretedLaunch(kernel.fn)
     raise ValueError(f"Triton kernels run on cuda (or cpu through the interpreter), not on {device}")
