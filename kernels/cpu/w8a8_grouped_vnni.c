@@ -37,6 +37,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "grouped_blocks.h"
 
@@ -46,11 +47,36 @@
 #define M_CHUNK 64
 /* Activation-sum corrections kept on the stack up to this many (M x G) entries. */
 #define STACK_CORRECTIONS 2048
-/* A packed group: 8 x 64 bytes of weights (group_weights' t[0..7]), then the 16 rows' float32 scales; the packed
-   tile prefetches the group this far ahead (without it, the packed layout lost to the rows' one from 12 rows on,
-   where the products bind and the hardware prefetcher fell behind). */
-#define PACKED_GROUP_BYTES (8 * 64 + BLOCK_ROWS * 4)
-#define PACKED_PREFETCH (4 * PACKED_GROUP_BYTES)
+/* The packed layout (w8a8_grouped_vnni_pack): a 64-byte header, then the 16-row blocks one after another. A
+   block is a run of units, each its groups' weights (group_weights' t[0..7]: 512 bytes a group) followed by their
+   16 scales: one group and float32 scales (576 bytes), or, where every scale of the matrix is a float16
+   exactly, two groups and float16 scales (1088 bytes; an odd G's last unit holds one group and 32 bytes of
+   padding). So the scales arrive in the one stream with their weights (kept apart at the block's end, they cost
+   a stall per block: 2x the time at 2 rows). The packed tile prefetches this far ahead (without it, the packed
+   layout lost to the rows' one from 12 rows on, where the products bind and the hardware prefetcher fell
+   behind). */
+#define PACKED_MAGIC 0x31494e4e56534c53LL /* "SLSVNNI1" */
+#define PACKED_HEADER_BYTES 64
+#define PACKED_WEIGHT_BYTES (8 * 64)
+#define PACKED_PREFETCH (4 * PACKED_WEIGHT_BYTES)
+
+typedef struct {
+    int64_t magic, scale_bytes, n, k;
+} packed_header;
+
+/* Where group g of a packed block of G groups lies: its weights' and its scales' offsets in the block. */
+static inline __attribute__((always_inline)) void packed_group_at(int64_t g, int64_t G, int scale_bytes,
+                                                                  int64_t *w_off, int64_t *s_off) {
+    const int64_t U = scale_bytes == 4 ? 1 : 2, u = g / U, j = g % U, ng = G - u * U < U ? G - u * U : U;
+    const int64_t base = u * U * (PACKED_WEIGHT_BYTES + BLOCK_ROWS * scale_bytes);
+    *w_off = base + j * PACKED_WEIGHT_BYTES;
+    *s_off = base + ng * PACKED_WEIGHT_BYTES + j * BLOCK_ROWS * scale_bytes;
+}
+
+/* Bytes of one packed block of G groups with scales of scale_bytes (4 or 2) each. */
+static inline int64_t packed_block_bytes(int64_t G, int64_t scale_bytes) {
+    return (G * (PACKED_WEIGHT_BYTES + BLOCK_ROWS * scale_bytes) + 63) / 64 * 64;
+}
 
 /* 4 activation bytes read as one int32 wherever they lie, so each broadcast is vpdpbusd's memory operand. */
 typedef int32_t __attribute__((aligned(1), may_alias)) unaligned_i32;
@@ -172,23 +198,39 @@ VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t 
     store_rows(mc, y, out, ldo, a_scale, n, nr);
 }
 
-/* The same for a block of the packed layout (w8a8_grouped_vnni_pack): its groups one after another, each
-   group_weights' 8 vectors and then the 16 rows' scales, read in order -- one stream per thread, no transpose. */
+/* The same for a block of the packed layout (w8a8_grouped_vnni_pack): its units read in order, each group's 16
+   scales from its unit (SCALE_BYTES 4: float32; 2: float16, converted exactly) -- one stream per thread, no
+   transposes, prefetched ahead into the thread's next block. */
 VNNI static inline __attribute__((always_inline)) void packed_tile(const int64_t mc, const int8_t *a, int64_t lda,
                                                                    const int32_t *corr, const int8_t *pb, float *out,
                                                                    int64_t ldo, const float *a_scale, int64_t G,
-                                                                   int64_t n, int nr) {
+                                                                   int64_t n, int nr, const int SCALE_BYTES) {
     __m512 y[M_CHUNK];
     for (int64_t m = 0; m < mc; m++) y[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        const int8_t *q = pb + g * PACKED_GROUP_BYTES;
-        for (int i = 0; i < PACKED_GROUP_BYTES; i += 64)
+        int64_t w_off, s_off;
+        packed_group_at(g, G, SCALE_BYTES, &w_off, &s_off);
+        const int8_t *q = pb + w_off;
+        for (int i = 0; i < PACKED_WEIGHT_BYTES + BLOCK_ROWS * SCALE_BYTES; i += 64)
             _mm_prefetch((const char *)q + PACKED_PREFETCH + i, _MM_HINT_T0);
         __m512i t[8];
         for (int i = 0; i < 8; i++) t[i] = _mm512_loadu_si512((const void *)(q + 64 * i));
-        group_rows(mc, a, lda, corr, G, g, t, _mm512_loadu_ps((const float *)(q + 512)), y);
+        const __m512 s = SCALE_BYTES == 4
+            ? _mm512_loadu_ps((const float *)(pb + s_off))
+            : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + s_off)));
+        group_rows(mc, a, lda, corr, G, g, t, s, y);
     }
     store_rows(mc, y, out, ldo, a_scale, n, nr);
+}
+
+/* packed_tile for the header's scale size. */
+VNNI static inline __attribute__((always_inline)) void packed_tile_any(const int64_t mc, const int8_t *a, int64_t lda,
+                                                                       const int32_t *corr, const int8_t *pb,
+                                                                       float *out, int64_t ldo, const float *a_scale,
+                                                                       int64_t G, int64_t n, int nr,
+                                                                       int64_t scale_bytes) {
+    if (scale_bytes == 2) packed_tile(mc, a, lda, corr, pb, out, ldo, a_scale, G, n, nr, 2);
+    else packed_tile(mc, a, lda, corr, pb, out, ldo, a_scale, G, n, nr, 4);
 }
 
 /* corr[m * G + g] = -128 x the sum of a[m, 32g .. 32g + 31]. */
@@ -207,27 +249,35 @@ VNNI static void activation_corrections(int32_t *corr, const int8_t *a, int64_t 
 
 #define DECODE_CASE(MM)                                                                                     \
     case MM:                                                                                                \
-        if (packed) packed_tile(MM, a, lda, corr, w + b * G * PACKED_GROUP_BYTES, out, ldo, a_scale, G, blk.n, blk.nr); \
+        if (packed) packed_tile_any(MM, a, lda, corr, pb, out, ldo, a_scale, G, blk.n, blk.nr, sb); \
         else block_tile(MM, a, lda, corr, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s); \
         break;
 
 /* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, no memory).
-   w_scale NULL: w is the packed layout of w8a8_grouped_vnni_pack (the scales inside it). */
+   w_scale NULL: w is the packed layout of w8a8_grouped_vnni_pack (the scales inside it; 1 where its header is not
+   one of N x K weights). */
 VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                            int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
     if (M < 1 || K < GROUP || K % GROUP) return 1;
     const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
+    const int packed = w_scale == NULL;
+    const packed_header *hdr = (const packed_header *)w;
+    if (packed && (hdr->magic != PACKED_MAGIC || hdr->n != N || hdr->k != K
+                   || (hdr->scale_bytes != 4 && hdr->scale_bytes != 2)))
+        return 1;
+    const int64_t sb = packed ? hdr->scale_bytes : 4, bb = packed_block_bytes(G, sb);
+    const int8_t *blocks = w + PACKED_HEADER_BYTES;
     int32_t stack_corr[STACK_CORRECTIONS];
     int32_t *corr = M * G <= STACK_CORRECTIONS ? stack_corr : malloc((size_t)(M * G) * sizeof(int32_t));
     if (corr == NULL) return 1;
     activation_corrections(corr, a, lda, M, G);
-    const int packed = w_scale == NULL;
     #pragma omp parallel num_threads(nthreads)
     {
         int64_t b0, b1;
         grouped_thread_blocks(nb, &b0, &b1);
         for (int64_t b = b0; b < b1; b++) {
             const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
+            const int8_t *pb = blocks + b * bb;
             switch (M) {
                 DECODE_CASE(1) DECODE_CASE(2) DECODE_CASE(3) DECODE_CASE(4)
                 DECODE_CASE(5) DECODE_CASE(6) DECODE_CASE(7) DECODE_CASE(8)
@@ -237,8 +287,8 @@ VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const 
                     for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
                         const int64_t mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
                         if (packed) {
-                            packed_tile(mc, a + m0 * lda, lda, corr + m0 * G, w + b * G * PACKED_GROUP_BYTES,
-                                        out + m0 * ldo, ldo, a_scale + m0, G, blk.n, blk.nr);
+                            packed_tile_any(mc, a + m0 * lda, lda, corr + m0 * G, pb, out + m0 * ldo, ldo,
+                                            a_scale + m0, G, blk.n, blk.nr, sb);
                             continue;
                         }
                         block_tile(mc, a + m0 * lda, lda, corr + m0 * G, w, w_scale,
@@ -253,34 +303,47 @@ VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const 
 }
 
 /* The packed layout of int8 w[N, K] and its scales f32[N, K / 32], for w8a8_grouped_vnni with w_scale NULL:
- * uint8 [nb = ceil(N / 16), G = K / 32, PACKED_GROUP_BYTES]. Block b's group g holds group_weights' 8 vectors
- * for rows 16b .. 16b + 15 (vector i, lane r: w[16b + r, 32g + 4i .. 32g + 4i + 3] XOR 0x80), then the 16 rows'
- * scales of group g. The missing rows of a short last block repeat its first row (computed, never stored), as
- * block_tile's do. packed: nb * G * PACKED_GROUP_BYTES bytes. Returns 0 when done, 1 when K is not a positive
- * multiple of 32 or N < 1. Each thread packs its own blocks. */
-VNNI int w8a8_grouped_vnni_pack(const int8_t *w, const float *w_scale, int64_t N, int64_t K, int8_t *packed,
-                                int nthreads) {
-    if (N < 1 || K < GROUP || K % GROUP) return 1;
-    const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
+ * the header (magic, scale_bytes, N, K), then nb = ceil(N / 16) blocks of packed_block_bytes(G, scale_bytes).
+ * Block b holds its units (above): for each group g, group_weights' 8 vectors for rows 16b .. 16b + 15 (vector
+ * i, lane r: w[16b + r, 32g + 4i .. 32g + 4i + 3] XOR 0x80), and the 16 rows' scales of g after its unit's weights
+ * (float32, or float16 with scale_bytes 2: the caller asks for it only where every scale converts exactly). The missing
+ * rows of a short last block repeat its first row (computed, never stored), as block_tile's do. Returns 0 when
+ * done, 1 when K is not a positive multiple of 32, N < 1 or scale_bytes is not 4 or 2. Each thread packs its own
+ * blocks. */
+VNNI int w8a8_grouped_vnni_pack(const int8_t *w, const float *w_scale, int64_t N, int64_t K, int64_t scale_bytes,
+                                int8_t *packed, int nthreads) {
+    if (N < 1 || K < GROUP || K % GROUP || (scale_bytes != 4 && scale_bytes != 2)) return 1;
+    const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP, bb = packed_block_bytes(G, scale_bytes);
+    memset(packed, 0, PACKED_HEADER_BYTES);
+    const packed_header hdr = {PACKED_MAGIC, scale_bytes, N, K};
+    memcpy(packed, &hdr, sizeof hdr);
     #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t b = 0; b < nb; b++) {
         const int64_t n = b * BLOCK_ROWS;
         const int8_t *wrow[BLOCK_ROWS];
         const float *srow[BLOCK_ROWS];
         grouped_rows(wrow, srow, BLOCK_ROWS, n, N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS, w, w_scale, K, G);
+        int8_t *pb = packed + PACKED_HEADER_BYTES + b * bb;
+        memset(pb + bb - 64, 0, 64);  /* the padding, if any */
         for (int64_t g = 0; g < G; g++) {
-            int8_t *q = packed + (b * G + g) * PACKED_GROUP_BYTES;
+            int64_t w_off, s_off;
+            packed_group_at(g, G, (int)scale_bytes, &w_off, &s_off);
             __m512i t[8];
             group_weights(t, wrow, g * GROUP);
-            for (int i = 0; i < 8; i++) _mm512_storeu_si512((void *)(q + 64 * i), t[i]);
-            float *sq = (float *)(q + 512);
-            for (int r = 0; r < BLOCK_ROWS; r++) sq[r] = srow[r][g];
+            for (int i = 0; i < 8; i++) _mm512_storeu_si512((void *)(pb + w_off + 64 * i), t[i]);
+            int8_t *sq = pb + s_off;
+            float s[BLOCK_ROWS];
+            for (int r = 0; r < BLOCK_ROWS; r++) s[r] = srow[r][g];
+            if (scale_bytes == 4)
+                memcpy(sq, s, sizeof s);
+            else
+                _mm256_storeu_si256((__m256i *)sq, _mm512_cvtps_ph(_mm512_loadu_ps(s), _MM_FROUND_TO_NEAREST_INT));
         }
     }
     return 0;
 }
 
-/* Bytes of w8a8_grouped_vnni_pack's layout for N x K weights. */
-int64_t w8a8_grouped_vnni_packed_bytes(int64_t N, int64_t K) {
-    return (N + BLOCK_ROWS - 1) / BLOCK_ROWS * (K / GROUP) * PACKED_GROUP_BYTES;
+/* Bytes of w8a8_grouped_vnni_pack's layout for N x K weights with scales of scale_bytes each. */
+int64_t w8a8_grouped_vnni_packed_bytes(int64_t N, int64_t K, int64_t scale_bytes) {
+    return PACKED_HEADER_BYTES + (N + BLOCK_ROWS - 1) / BLOCK_ROWS * packed_block_bytes(K / GROUP, scale_bytes);
 }

@@ -232,27 +232,50 @@ def test_this_vnni_cpu_runs_the_vnni_kernel():
     assert torch.equal(w8a8_grouped_scaled_cpu(a, sa, w, sw), w8a8_grouped_scaled_ref(a, sa, w, sw))
 
 
-def _layout(w: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
-    """w8a8_grouped_vnni_pack's layout built by hand from its description: per 16-row block and group, vector i
-    lane r = w[16b + r, 32g + 4i .. 32g + 4i + 3] XOR 0x80 (8 x 64 bytes), then the 16 rows' scales; a short
-    block's missing rows repeat its first row."""
+def _layout(w: torch.Tensor, sw: torch.Tensor, scale_bytes: int) -> torch.Tensor:
+    """w8a8_grouped_vnni_pack's layout built by hand from its description: a 64-byte header (magic "SLSVNNI1",
+    scale bytes, N, K as int64), then per 16-row block its units: one group's weights and float32 scales, or two
+    groups' weights and then their float16 scales (an odd last group alone, then 32 bytes of zeros). A group's
+    weights: vector i lane r = w[16b + r, 32g + 4i .. 32g + 4i + 3] XOR 0x80 (8 x 64 bytes); its scales: the 16
+    rows'. A short block's missing rows repeat its first row."""
     n, k = w.shape
-    out = []
+    header = torch.tensor([int.from_bytes(b"SLSVNNI1", "little"), scale_bytes, n, k], dtype=torch.int64)
+    out = [header.view(torch.uint8), torch.zeros(32, dtype=torch.uint8)]
+    dtype, unit = (torch.float32, 1) if scale_bytes == 4 else (torch.float16, 2)
+    groups = k // GROUP
     for b in range(-(-n // 16)):
         rows = [16 * b + r if 16 * b + r < n else 16 * b for r in range(16)]
-        for g in range(k // GROUP):
-            block = w[rows, GROUP * g:GROUP * (g + 1)].view(torch.uint8) ^ 0x80  # [16 rows, 32 channels]
-            vectors = block.reshape(16, 8, 4).permute(1, 0, 2).reshape(-1)  # vector i: rows' channels 4i .. 4i+3
-            out += [vectors, sw[rows, g].contiguous().view(torch.uint8)]
+        for u in range(0, groups, unit):
+            members = range(u, min(u + unit, groups))
+            for g in members:
+                tile = w[rows, GROUP * g:GROUP * (g + 1)].view(torch.uint8) ^ 0x80  # [16 rows, 32 channels]
+                out.append(tile.reshape(16, 8, 4).permute(1, 0, 2).reshape(-1))  # vector i: channels 4i .. 4i+3
+            out += [sw[rows, g].to(dtype).contiguous().view(torch.uint8) for g in members]
+            if len(members) < unit:
+                out.append(torch.zeros(32, dtype=torch.uint8))
     return torch.cat(out)
 
 
 @needs_vnni
-@pytest.mark.parametrize("n,k", [(1, 32), (16, 64), (17, 96), (40, 640)])
-def test_packed_layout_bytes(n, k):
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("n,k", [(1, 32), (16, 64), (17, 96), (40, 640), (33, 160)])
+def test_packed_layout_bytes(n, k, half):
+    """float16 scales where every scale is one exactly (the token table's, from the GGUF), float32 otherwise."""
     _, _, w, sw = _operands(1, n, k, seed=n + k)
+    if half:
+        sw = sw.to(torch.float16).to(torch.float32)
     got = packed_weights(w, sw)
-    assert got.dtype == torch.uint8 and torch.equal(got, _layout(w, sw))
+    assert got.dtype == torch.uint8 and torch.equal(got, _layout(w, sw, 2 if half else 4))
+
+
+@needs_vnni
+@pytest.mark.parametrize("m", [1, 2, 5, 16, 17, 70])
+def test_packed_float16_scales_give_the_reference_bits(m):
+    a, sa, w, sw = _operands(m, 517, 640, seed=m + 60)
+    sw = sw.to(torch.float16).to(torch.float32)  # every scale a float16: packed with float16 scales
+    got = _run(a, sa, w, sw, "vnni-packed")
+    assert packed_weights(w, sw).numel() == 64 + 33 * 20 * (512 + 32)
+    assert torch.equal(got, w8a8_grouped_scaled_ref(a, sa, w, sw))
 
 
 @needs_vnni
@@ -260,7 +283,7 @@ def test_packed_copy_is_kept_repacked_after_an_in_place_change_and_dropped_with_
     a, sa, w, sw = _operands(3, 50, 640, seed=51)
     first = packed_weights(w, sw)
     assert packed_weights(w, sw) is first
-    assert first.numel() == 4 * 20 * 576  # 4 blocks of 16 rows (the last one short), 20 groups
+    assert first.numel() == 64 + 4 * 20 * 576  # header, 4 blocks of 16 rows (the last one short), 20 groups
     assert grouped_cpu.packed_bytes() >= first.numel()
     w[7, 100] = -w[7, 100] - 1  # in place: the next call packs again
     assert torch.equal(_run(a, sa, w, sw, "vnni-packed"), w8a8_grouped_scaled_ref(a, sa, w, sw))
