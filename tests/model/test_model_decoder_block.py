@@ -20,6 +20,7 @@ import torch
 from kernels.backend import ACTIVATION_RECIPES, select_ops
 from kernels.cpu import decoder_block as cpu_block
 from kernels.cpu.linear_two_terms import MAX_ROWS
+from kernels.cpu.w8a8_grouped import packed_bytes, packed_weights
 from kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from services.engine.model import load_model
 from tests.engine_testlib import assert_rows_equal, logits_rows, make_core, make_request, tokens
@@ -214,3 +215,25 @@ def test_the_steps_layers_in_one_call_give_one_call_per_layer_and_stop_at_the_fi
     finally:
         model.kernel_ops = ops
     assert checked and max(checked) > 1
+
+
+def test_the_vnni_serving_path_reads_packed_weights(models):
+    """On an AVX-512 VNNI CPU a two-term step's layers and the output projection read the packed copies of their
+    weights (kernels.cpu.w8a8_grouped.packed_weights): a silent fallback to the weights as they lie would give
+    the same bits at up to 1.5x the time. Each layer's C struct holds the packed weights with NULL scale pointers,
+    and the tied token table is packed with float16 scales (its GGUF scales are float16 values)."""
+    fused, _, _ = models
+    model = fused[0]
+    if cpu_block.build() != "avx512" or model.layers[0].block.int16_activations:
+        pytest.skip("packed weights are the VNNI two-term recipe's")
+    core = make_core(fused, budget=64, kv_bytes=32 << 20)
+    logits_rows(core, [make_request("p", tokens(20, seed=9), max_new=2)])
+    for layer in model.layers:
+        struct = cpu_block._structs[layer.block]
+        for lin in ("qkv", "o", "gate_up", "down"):
+            packed = packed_weights(getattr(layer.block, f"{lin}_w"), getattr(layer.block, f"{lin}_s"))
+            assert getattr(struct, f"{lin}_s") is None and getattr(struct, f"{lin}_w") == packed.data_ptr()
+    lm = model.lm_head
+    table = packed_weights(lm.w_q, lm.w_scale)
+    assert table is not None and table[8:16].view(torch.int64).item() == 2  # the header's scale bytes
+    assert packed_bytes() >= table.numel()
