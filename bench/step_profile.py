@@ -52,6 +52,7 @@ from kernels.backend import select_ops
 from kernels.cpu.linear_two_terms import linear_two_terms_c
 from kernels.cpu.quantize import quantize_int16_cpu
 from kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
+from kernels.cpu.w8a8_grouped import chosen_isa, packed_weights
 from kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from kernels.linear_two_terms import compose
 from services.engine.model import load_model
@@ -302,12 +303,16 @@ def _step_products_per_row(model) -> tuple[int, int]:
 
 def _step_read_bytes(model) -> int:
     """Bytes of int8 weights and their scales a decode step reads: every Linear of the decoder layers and the
-    output projection (the embedding's row lookups are not counted)."""
+    output projection (the embedding's row lookups are not counted); where the VNNI GEMM reads a packed copy
+    (kernels.cpu.w8a8_grouped.packed_weights: two-term grouped Linears), that copy's bytes (float16 scales where
+    the matrix's scales are float16 values)."""
+    linears = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
     total = 0
-    for layer in model.layers:
-        for name in ("qkv", "o", "gate_up", "down"):
-            total += getattr(layer, name).nbytes()
-    return total + model.lm_head.nbytes()
+    for lin in linears + [model.lm_head]:
+        packed = (None if lin.int16_activations or lin.w_scale.dim() != 2 or chosen_isa() != "vnni"
+                  else packed_weights(lin.w_q, lin.w_scale))
+        total += lin.nbytes() if packed is None else packed.numel()
+    return total
 
 
 if __name__ == "__main__":
