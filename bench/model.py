@@ -63,6 +63,7 @@ from services.engine.kv.kv_cache import KVCache
 from services.engine.kv.kv_layout import plan_layout
 from services.engine.worker.model_loading import load_model
 from services.engine.model import load_model as load_model_on_cpu
+from services.engine.model.builder import FUSED
 from services.engine.model.config import synthetic_config
 from services.engine.model.sources import resolve_source
 from services.engine.model.perplexity import perplexity
@@ -164,11 +165,8 @@ def _packed_ratios(name: str, shipped, steps: int, rounds: int) -> dict[str, flo
     load of the same checkpoint whose weights are read as they lie (kernels.cpu.w8a8_grouped.keep_rows), the
     two alternated (_recipe_ratios' figures: packed_*_packed_over_rows_x)."""
     rows, _ = load_model_on_cpu(name, "int8", kernel_ops=shipped.kernel_ops, progress=False)
-    linears = [rows.lm_head, getattr(rows.lm_head, "inner", None)]
-    linears += [getattr(layer, n, None) for layer in rows.layers for n in ("qkv", "o", "gate_up", "down")]
-    for lin in linears:
-        if getattr(lin, "w_q", None) is not None:
-            keep_rows(lin.w_q)
+    for lin in [getattr(layer, n) for layer in rows.layers for n in FUSED] + [rows.lm_head]:
+        keep_rows(lin.w_q)
     print("packed weights against the weights as they lie (VNNI grouped GEMM):", flush=True)
     return _recipe_ratios(shipped, rows, steps, rounds, prefix="packed", labels=("packed", "rows"))
 

@@ -56,6 +56,7 @@ from kernels.cpu.w8a8_grouped import chosen_isa, packed_weights
 from kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from kernels.linear_two_terms import compose
 from services.engine.model import load_model
+from services.engine.model.builder import FUSED
 
 STREAM_BYTES = 512 * 2**20
 PARTS = ("decoder_block", "linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head", "quantize", "rmsnorm",
@@ -291,12 +292,16 @@ def _time(fn) -> float:
     return time.perf_counter() - start
 
 
+def _step_linears(model) -> list:
+    """The Linears a decode step runs: each decoder layer's, then the output projection."""
+    return [getattr(layer, name) for layer in model.layers for name in FUSED] + [model.lm_head]
+
+
 def _step_products_per_row(model) -> tuple[int, int]:
     """A decode step's products per sequence, in int8 products of the two-term recipe: (those of int8-term
     Linears: every weight once per term; those of int16-activation Linears: every weight twice, each int16
     product standing for the two it replaces, as bench.gemv's int16 ceiling counts them)."""
-    linears = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
-    linears.append(model.lm_head)
+    linears = _step_linears(model)
     int16 = sum(2 * lin.w_q.numel() for lin in linears if lin.int16_activations)
     return sum(lin.w_q.numel() * lin.activation_terms for lin in linears if not lin.int16_activations), int16
 
@@ -306,9 +311,8 @@ def _step_read_bytes(model) -> int:
     output projection (the embedding's row lookups are not counted); where the VNNI GEMM reads a packed copy
     (kernels.cpu.w8a8_grouped.packed_weights: two-term grouped Linears), that copy's bytes (float16 scales where
     the matrix's scales are float16 values)."""
-    linears = [getattr(layer, name) for layer in model.layers for name in ("qkv", "o", "gate_up", "down")]
     total = 0
-    for lin in linears + [model.lm_head]:
+    for lin in _step_linears(model):
         packed = (None if lin.int16_activations or lin.w_scale.dim() != 2 or chosen_isa() != "vnni"
                   else packed_weights(lin.w_q, lin.w_scale))
         total += lin.nbytes() if packed is None else packed.numel()

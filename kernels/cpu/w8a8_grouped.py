@@ -16,12 +16,12 @@ activations holding -128.
 
 Packed weights (VNNI). The VNNI kernel also reads a weight matrix in its own packed layout
 (w8a8_grouped_vnni_pack): each 16-row block's groups one after another, every group already in the
-registers' order (its 8 vectors of 16 rows x 4 channels, XORed with 0x80), then the block's scales -- as
-float16 where every scale of the matrix is a float16 exactly (Gemma's token table, whose GGUF scales are
-float16: 10.5 MB less a step), else float32. A thread then reads one sequential stream instead of 16 rows 32
-bytes at a time, and does no transposes: at decode sizes, where the call is bound by reading the weights, it
-runs about 1.2-1.5x faster (bench.gemv).
-The bits are the same (the same operations in the same order). `packed_weights(w_q, w_scale)` makes that copy
+registers' order (its 8 vectors of 16 rows x 4 channels, XORed with 0x80) and its 16 scales right after it --
+float32, or float16 after each pair of groups where every scale of the matrix is a float16 exactly (Gemma's
+token table, whose GGUF scales are float16: 10.5 MB less a step). A thread then reads one sequential stream
+instead of 16 rows 32 bytes at a time, and does no transposes: at decode sizes, where the call is bound by
+reading the weights, it runs about 1.2-1.5x faster (bench.gemv, bench.model's packed_* figures). The bits are
+the same (the same operations in the same order). `packed_weights(w_q, w_scale)` makes that copy
 once per weight tensor (in huge pages) and keeps it while w_q lives; the VNNI calls of this module,
 kernels.cpu.linear_two_terms and kernels.cpu.decoder_block take it by default. A weight changed in place is
 packed again on its next call here (its tensors' version counters tell); a decoder block's structs take
