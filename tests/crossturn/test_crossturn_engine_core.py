@@ -49,7 +49,8 @@ def test_next_turn_hits_the_device_cache_and_matches_no_cache(model_and_tokenize
     p2 = p1 + reply + tokens(30, 2)[1:]
     second = req("t2", p2)
     out = run(core, second)
-    assert second.num_cached_device_tokens == computed // BS * BS
+    # Every computed token: the whole blocks, then on into the block the first turn ended inside.
+    assert computed % BS and second.num_cached_device_tokens == computed
     assert out == reference(model_and_tokenizer, p2)
     assert accounted(core)
 
@@ -61,16 +62,16 @@ def test_regenerate_and_edit_reuse_the_retained_window(model_and_tokenizer):
     p = history + last_message
     retain = max(0, len(history) - 32 - BS)
     out = run(core, req("t1", p, retain_from=retain))
-    # Regenerate: the same prompt again; everything but the last (partial) block comes from the cache.
+    # Regenerate: the same prompt again; everything but its last token comes from the cache.
     regen = req("t2", p, retain_from=retain)
     assert run(core, regen) == out
-    assert regen.num_cached_device_tokens == (len(p) - 1) // BS * BS
+    assert (len(p) - 1) % BS and regen.num_cached_device_tokens == len(p) - 1
     # Edit the last message from its 6th token on: the hit ends inside the edited message, more than a
     # window (32) after the last global-only point, so it needs the retained sliding blocks.
     edited = history + last_message[:5] + tokens(30, 5)[1:]
     edit = req("t3", edited, retain_from=retain)
     assert run(core, edit) == reference(model_and_tokenizer, edited)
-    assert edit.num_cached_device_tokens == (len(history) + 5) // BS * BS
+    assert (len(history) + 5) % BS and edit.num_cached_device_tokens == len(history) + 5
     assert accounted(core)
 
 

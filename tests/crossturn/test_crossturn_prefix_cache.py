@@ -39,15 +39,18 @@ def test_random_operations_keep_blocks_accounted_and_hits_verified(seed):
                 stored.append(tokens)
         elif op < 0.85:
             query = rng.choice(stems)[: rng.randrange(BS + 1, 40)]
-            max_tokens = (len(query) - 1) // BS * BS
             hit = cache.lookup(make_request("q", query, namespace=NS))
             if hit is not None:
                 n = hit.num_tokens
+                entry = hit.entry
                 tables = cache.take(hit)
-                assert 0 < n <= max_tokens and n % BS == 0
-                # The hit really is a stored prefix of the query.
-                assert any(t[:n] == query[:n] for t in stored)
-                assert all(len(t) == n // BS for t in tables)
+                # At least the query's last token is left; the hit really is a prefix of the query that the
+                # entry holds, whole blocks by hash and then as far into the next block as they agree.
+                assert BS <= n <= len(query) - 1
+                assert entry.token_ids[:n] == query[:n] and len(entry.token_ids) >= n
+                # A hit that ends inside a block ends where the tokens (or the entry, or the query) end.
+                assert n % BS == 0 or n == min(len(query) - 1, len(entry.token_ids)) or entry.token_ids[n] != query[n]
+                assert all(len(t) == -(-n // BS) for t in tables)
                 kv.free_tables(tables)
         else:
             cache.reclaim(rng.randrange(1, 20))
@@ -79,3 +82,33 @@ def test_forced_hash_collision_on_the_real_lookup_path_is_a_miss(monkeypatch):
     assert cache.lookup(other) is None
     hit = cache.lookup(make_request("a2", a, namespace=NS))
     assert hit is not None and hit.num_tokens == 20
+
+
+def test_a_hit_runs_on_into_the_block_the_entry_ends_inside():
+    """Exact: an entry of 22 tokens (5 whole blocks of 4, then 2), a query sharing its first 21 tokens: a hit of
+    21 tokens with the entry's first 6 blocks, its last one the block the hit ends inside; the entry's other
+    blocks go back to the pool. A query that is the entry's tokens exactly leaves its last token to compute; one
+    that differs at a block boundary gets whole blocks only."""
+    kv = KVCacheManager(plan_layout(synthetic_config("synthetic-tiny"), BS, 400 * 2 * 2 * BS * 2 * (16 + 4)))
+    cache = DevicePrefixCache(kv)
+    stored = list(range(100, 122))
+
+    def insert():
+        tables = _tables(kv, len(stored))
+        cache.insert(NS, stored, tables, block_hashes(NS, stored[:20], BS))
+        return [list(t) for t in tables]
+
+    tables = insert()
+    free = kv.num_free_blocks
+    hit = cache.lookup(make_request("q", stored[:21] + [7, 8, 9], namespace=NS))
+    assert hit is not None and hit.num_tokens == 21
+    assert cache.take(hit) == [t[:6] for t in tables]
+    assert kv.num_free_blocks == free + sum(len(t) - 6 for t in tables) and cache.num_entries == 0
+    kv.free_tables([t[:6] for t in tables])
+
+    insert()
+    assert cache.lookup(make_request("q", stored, namespace=NS)).num_tokens == 21
+    assert cache.lookup(make_request("q", stored[:12] + [7] * 9, namespace=NS)).num_tokens == 12
+    assert cache.lookup(make_request("q", stored[:14], namespace=NS)).num_tokens == 13
+    cache.clear()
+    assert kv.num_free_blocks == kv.layout.num_blocks

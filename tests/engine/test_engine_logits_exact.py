@@ -67,14 +67,19 @@ def test_gemma_logits_alone_batched_chunked_and_cached(gemma, prompts):
                           [others[0], make_request("t", target, NEW, max_context_tokens=32768), others[1], others[2]])
     assert_rows_equal(batched["t"], alone)
 
-    # Device hit: an earlier request computed the first 400 tokens on the same engine.
+    # Device hit: an earlier request computed the first 405 tokens and its reply on the same engine; the hit
+    # runs on into block 25 as far as those tokens agree with the target, and the request writes that block
+    # from its middle.
     core = make_core(gemma, budget=256, kv_bytes=64 << 20)
     puts = []
     core.set_host_sink(puts.append)
-    logits_rows(core, [ns_request("p", target[:400])])
+    first = ns_request("p", target[:405])
+    logits_rows(core, [first])
+    computed = target[:405] + first.output_token_ids[:-1]
+    shared = next(i for i, (a, b) in enumerate(zip(computed + [-1], target)) if a != b)
     second = ns_request("t", target)
     device = logits_rows(core, [second])["t"]
-    assert second.num_cached_device_tokens == 400 // BS * BS
+    assert shared % BS and second.num_cached_device_tokens == shared >= 405
     assert_rows_equal(device, alone)
 
     # Host hit: the same prefix's KV, as the kvstore returns it, on a fresh engine.

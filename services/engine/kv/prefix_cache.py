@@ -7,10 +7,16 @@ regeneration or an edit of the last message matches a shorter prefix and adopts 
 it. Entries are owned by no request, and are reclaimed (least recently used first) whenever the
 block pool runs short, so caching never refuses work that would otherwise fit.
 
-A match at block k (tokens [0, kB)) is *usable* when every group holds what a continuation from kB
-needs: a global group all blocks [0, k), a sliding group of window W the blocks covering
-[kB - W + 1, kB). An entry is taken whole (one request at a time owns blocks); a second request
-for the same prefix meanwhile falls back to the kvstore.
+A match is found by block hashes, whole blocks [0, k) (tokens [0, kB)), and then runs on token by
+token into the entry's block k while the entry's tokens and the request's agree: a hit of T = kB + j
+tokens (0 <= j <= B; at most the request's length - 1, so at least its last token is computed). The
+tokens that usually follow a turn -- the rest of the previous prompt's last block and the reply's first
+tokens -- are then not computed again: on average half a block of every returning turn. The request
+adopts block k as its own last block and writes its first new token at offset j: the entry is taken
+whole, so no one else holds that block, and KV past j (the entry's own continuation) is overwritten
+before any query can see it. A hit of T tokens is *usable* when every group holds what a continuation
+from T needs: a global group all blocks [0, ceil(T/B)), a sliding group of window W the blocks
+covering [T - W + 1, T). A second request for the same prefix meanwhile falls back to the kvstore.
 
 `lookup` is a query (any thread: the servicer asks it to decide whether the kvstore is worth
 asking); `take` is the engine thread's command that hands the hit's tables over. A lock makes the
@@ -70,17 +76,20 @@ class DevicePrefixCache:
     def num_reclaimable_blocks(self) -> int:
         return self._num_blocks
 
-    def _usable(self, entry: CachedPrefix, num_blocks: int) -> bool:
+    def _usable(self, entry: CachedPrefix, num_tokens: int) -> bool:
         bs = self.layout.block_size_tokens
+        num_blocks = -(-num_tokens // bs)
         for group, table in zip(self.layout.groups, entry.tables):
             first = 0
             if group.sliding_window_tokens is not None:
-                first = max(0, num_blocks * bs - group.sliding_window_tokens + 1) // bs
+                first = max(0, num_tokens - group.sliding_window_tokens + 1) // bs
             if len(table) < num_blocks or any(table[i] is None for i in range(first, num_blocks)):
                 return False
         return True
 
     def _find(self, hashes: Sequence[BlockHash], token_ids: Sequence[int], max_blocks: int) -> PrefixHit | None:
+        """The longest usable hit: whole blocks by hash (at most max_blocks), then on into the entry's next
+        block while its tokens agree with token_ids (the most a hit may cover)."""
         bs = self.layout.block_size_tokens
         for k in range(min(len(hashes), max_blocks), 0, -1):
             holders = self._by_hash.get(hashes[k - 1])
@@ -90,8 +99,11 @@ class DevicePrefixCache:
             # Verify against the stored tokens: a hash collision must never hand out wrong KV.
             if list(token_ids[:k * bs]) != entry.token_ids[:k * bs]:
                 continue
-            if self._usable(entry, k):
-                return PrefixHit(k * bs, CacheSource.DEVICE, entry=entry)
+            n, end = k * bs, min(len(token_ids), len(entry.token_ids), (k + 1) * bs)
+            while n < end and token_ids[n] == entry.token_ids[n]:
+                n += 1
+            if self._usable(entry, n):
+                return PrefixHit(n, CacheSource.DEVICE, entry=entry)
         return None
 
     def lookup(self, request: Request) -> PrefixHit | None:
@@ -100,14 +112,15 @@ class DevicePrefixCache:
         if request.namespace is None:
             return None
         bs = self.layout.block_size_tokens
-        max_tokens = cacheable_prefix_tokens(request.num_tokens, bs)
-        hashes = request.block_hashes(max_tokens, bs)
+        max_blocks = cacheable_prefix_tokens(request.num_tokens, bs) // bs
+        hashes = request.block_hashes(max_blocks * bs, bs)
         with self._lock:
-            return self._find(hashes, request.token_slice(0, max_tokens), max_tokens // bs)
+            return self._find(hashes, request.token_slice(0, request.num_tokens - 1), max_blocks)
 
     # ---- commands (engine thread) ---------------------------------------------------------------
     def take(self, hit: PrefixHit) -> list[BlockTable]:
-        """Remove the hit's entry and return its tables cut to the hit (the caller now owns them)."""
+        """Remove the hit's entry and return its tables cut to the hit's blocks, the one it ends inside
+        included (the caller now owns them)."""
         entry = hit.entry
         if hit.source is not CacheSource.DEVICE or entry is None:
             raise ValueError("take() needs a device hit")
@@ -115,7 +128,7 @@ class DevicePrefixCache:
             if id(entry) not in self._entries:
                 raise RuntimeError("the hit's cache entry is gone (taken or reclaimed since the lookup)")
             self._remove(entry)
-        num_blocks = hit.num_tokens // self.layout.block_size_tokens
+        num_blocks = -(-hit.num_tokens // self.layout.block_size_tokens)  # with the block a hit ends inside
         self.kv.free_tables([t[num_blocks:] for t in entry.tables])
         return [t[:num_blocks] for t in entry.tables]
 

@@ -40,7 +40,9 @@ class HostKV:
 
 @dataclass(frozen=True)
 class PrefixHit:
-    """The first num_tokens tokens of a request's context are cached (a whole number of blocks)."""
+    """The first num_tokens tokens of a request's context are cached: a whole number of blocks from the host;
+    from the device, whole blocks and then as many tokens of the next block as the entry shares with the
+    request (kv/prefix_cache.py)."""
 
     num_tokens: int
     source: CacheSource
