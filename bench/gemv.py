@@ -32,7 +32,8 @@ M = 256 on a layer's gate_up (640 -> 2 x 2048, geglu) and down (2048 -> 640) wei
 AVX2 kernel is timed against the VNNI one the same way (the baseline the VNNI kernel replaced), and the VNNI
 kernel on the weights as they lie (vnni_rows: 16 rows of 32 bytes at a time, transposed in registers) against
 the same kernel on its packed copy (kernels.cpu.w8a8_grouped.packed_weights: one sequential stream, what the
-engine runs), the same way.
+engine runs), the same way; and the engine's kernel against itself built with the prefill's prefetch at every
+size (vnni_prefill_prefetch, bench/w8a8_grouped_vnni_prefill_prefetch.c: the baseline of its decode prefetch).
 
 Huge pages: the step's group-scaled GEMMs (the engine's Gemma path) at M = 2 and 8 (decode of 1 and 4 sequences)
 with the weights where torch allocates them (4 KB pages wherever transparent huge pages are "madvise" only)
@@ -58,7 +59,8 @@ from bench.int16_gemm import int16_section
 from kernels.cpu import native
 from kernels.cpu.native import cpu_isas
 from kernels.cpu.w8a8_gemm import int8_acc_c, w8a8_gemm_cpu
-from kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu
+from kernels.cpu.w8a8_grouped import GEMM_ARGS as GROUPED_ARGS
+from kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu, weight_pointers
 from kernels.w8a8_gemm import w8a8_epilogue, w8a8_epilogue_after_scales
 from kernels.w8a8_grouped import GROUP
 from services.engine.model.huge_pages import in_huge_pages
@@ -251,6 +253,22 @@ def _grouped_rows(a_q, a_scale, w_q, w_scale, geglu=False):
     return w8a8_epilogue_after_scales(y, None, None, geglu)
 
 
+def _grouped_prefill_prefetch(a_q, a_scale, w_q, w_scale, geglu=False):
+    """The engine's grouped GEMM on its packed copy with the prefill's prefetch at every size
+    (bench/w8a8_grouped_vnni_prefill_prefetch.c): the baseline of the decode prefetch."""
+    lib = native.load(Path(__file__).with_name("w8a8_grouped_vnni_prefill_prefetch.c"),
+                      {"w8a8_grouped_vnni": GROUPED_ARGS})
+    w_ptr, s_ptr = weight_pointers(w_q, w_scale, "vnni")
+    m, k = a_q.shape
+    n = w_q.shape[0]
+    a_scale = a_scale.to(torch.float32).contiguous()
+    y = torch.empty((m, n), dtype=torch.float32)
+    if s_ptr is not None or lib.w8a8_grouped_vnni(a_q.data_ptr(), a_q.stride(0), w_ptr, None, y.data_ptr(), n,
+                                                  a_scale.data_ptr(), m, n, k, torch.get_num_threads()):
+        raise RuntimeError("the prefill-prefetch baseline declined a call the engine's kernel takes")
+    return w8a8_epilogue_after_scales(y, None, None, geglu)
+
+
 def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: torch.Generator, result: dict,
                      ceiling: float | None) -> None:
     """Per-row against group scales on the same weights, timed in alternation (see the module docstring); on a
@@ -265,7 +283,8 @@ def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: tor
     result["grouped_step_scale_bytes"] = scale_bytes
     pairs = [("per_row", w8a8_gemm_cpu, False)]
     if cpu_isas()[:1] == ("vnni",):
-        pairs += [("grouped_avx2", _grouped_avx2, True), ("vnni_rows", _grouped_rows, True)]
+        pairs += [("grouped_avx2", _grouped_avx2, True), ("vnni_rows", _grouped_rows, True),
+                  ("vnni_prefill_prefetch", _grouped_prefill_prefetch, True)]
     for base_name, base_gemm, base_grouped in pairs:
         _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm,
                        base_grouped, ceiling)

@@ -198,10 +198,11 @@ def _included_sources(source: Path, seen: set[Path] | None = None) -> list[Path]
 
 def library_name(source: Path) -> str:
     """The file name of `source`'s library: its stem and the hash of everything that decides its bytes (the
-    source, every header beside it, and the sources it includes, e.g. a fused kernel's parts)."""
+    source, every header beside it, and the files it includes, e.g. a fused kernel's parts, or a kernel and its
+    headers from another folder)."""
     text = source.read_text()
     headers = "".join(h.read_text() for h in sorted(source.parent.glob("*.h")))  # what it may #include
-    parts = "".join(p.read_text() for p in _included_sources(source) if p.suffix != ".h")
+    parts = "".join(p.read_text() for p in _included_sources(source) if p.suffix != ".h" or p.parent != source.parent)
     digest = hashlib.sha256(" ".join(_CFLAGS).encode() + b"\n" + text.encode() + headers.encode()
                             + parts.encode()).hexdigest()[:16]
     return f"{source.stem}_{digest}.so"

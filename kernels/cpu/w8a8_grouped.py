@@ -41,14 +41,14 @@ from kernels.cpu import native
 from kernels.cpu.huge_pages import huge_page_arena
 from kernels.w8a8_grouped import GROUP, check_grouped
 
-_ARGS = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+GEMM_ARGS = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
           ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int], ctypes.c_int)
 # isa -> (source, its one entry point)
 _KERNELS = {
     "vnni": (Path(__file__).with_name("w8a8_grouped_vnni.c"), "w8a8_grouped_vnni"),
     "avx2": (Path(__file__).with_name("w8a8_grouped.c"), "w8a8_grouped_avx2"),
 }
-_SIGNATURES = {isa: {name: _ARGS} for isa, (_, name) in _KERNELS.items()}
+_SIGNATURES = {isa: {name: GEMM_ARGS} for isa, (_, name) in _KERNELS.items()}
 _SIGNATURES["vnni"]["w8a8_grouped_vnni_pack"] = ([ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
                                                 + [ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
 _SIGNATURES["vnni"]["w8a8_grouped_vnni_packed_bytes"] = ([ctypes.c_int64] * 3, ctypes.c_int64)

@@ -52,13 +52,23 @@
    16 scales: one group and float32 scales (576 bytes), or, where every scale of the matrix is a float16
    exactly, two groups and float16 scales (1088 bytes; an odd G's last unit holds one group and 32 bytes of
    padding). So the scales arrive in the one stream with their weights (kept apart at the block's end, they cost
-   a stall per block: 2x the time at 2 rows). The packed tile prefetches this far ahead (without it, the packed
-   layout lost to the rows' one from 12 rows on, where the products bind and the hardware prefetcher fell
-   behind). */
+   a stall per block: 2x the time at 2 rows). The packed tile prefetches ahead in its stream. At decode sizes (up
+   to 16 rows) into L2 about 16 groups ahead and into L1 2 groups ahead: with 4 to 16 rows a group's products take
+   long enough that prefetches into L1 a few groups ahead arrive late and the stream stalls while the core computes
+   (bench.gemv's vnni_prefill_prefetch pairs: the step's GEMMs at 4, 8 and 16 rows took 0.79-0.84x the time with this
+   than with the prefill's prefetch, 0.97-0.99x at 2 rows). At prefill sizes into L1 4 groups ahead (without any
+   prefetch, the packed layout lost to the rows' one from 12 rows on). */
 #define PACKED_MAGIC 0x31494e4e56534c53LL /* "SLSVNNI1" */
 #define PACKED_HEADER_BYTES 64
 #define PACKED_WEIGHT_BYTES (8 * 64)
-#define PACKED_PREFETCH (4 * PACKED_WEIGHT_BYTES)
+#define PACKED_PREFETCH_L2 (16 * PACKED_WEIGHT_BYTES)
+#define PACKED_PREFETCH_L1 (2 * PACKED_WEIGHT_BYTES)
+#define PACKED_PREFETCH_PREFILL (4 * PACKED_WEIGHT_BYTES)
+/* bench/w8a8_grouped_vnni_prefill_prefetch.c builds this file with 0: the prefill's prefetch at every size (the
+   baseline of bench.gemv's vnni_prefill_prefetch pairs). */
+#ifndef DECODE_PREFETCH
+#define DECODE_PREFETCH 1
+#endif
 
 typedef struct {
     int64_t magic, scale_bytes, n, k;
@@ -211,8 +221,14 @@ VNNI static inline __attribute__((always_inline)) void packed_tile(const int64_t
         int64_t w_off, s_off;
         packed_group_at(g, G, SCALE_BYTES, &w_off, &s_off);
         const int8_t *q = pb + w_off;
-        for (int i = 0; i < PACKED_WEIGHT_BYTES + BLOCK_ROWS * SCALE_BYTES; i += 64)
-            _mm_prefetch((const char *)q + PACKED_PREFETCH + i, _MM_HINT_T0);
+        for (int i = 0; i < PACKED_WEIGHT_BYTES + BLOCK_ROWS * SCALE_BYTES; i += 64) {
+            if (DECODE_PREFETCH && mc <= 16) {  /* a compile-time constant at decode sizes */
+                _mm_prefetch((const char *)q + PACKED_PREFETCH_L2 + i, _MM_HINT_T1);
+                _mm_prefetch((const char *)q + PACKED_PREFETCH_L1 + i, _MM_HINT_T0);
+            } else {
+                _mm_prefetch((const char *)q + PACKED_PREFETCH_PREFILL + i, _MM_HINT_T0);
+            }
+        }
         __m512i t[8];
         for (int i = 0; i < 8; i++) t[i] = _mm512_loadu_si512((const void *)(q + 64 * i));
         const __m512 s = SCALE_BYTES == 4
