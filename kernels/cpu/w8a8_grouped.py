@@ -41,8 +41,9 @@ from kernels.cpu import native
 from kernels.cpu.huge_pages import huge_page_arena
 from kernels.w8a8_grouped import GROUP, check_grouped
 
+# The grouped GEMMs' one signature (a, lda, w, w_scale, out, ldo, a_scale, M, N, K, nthreads) -> int.
 GEMM_ARGS = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-          ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int], ctypes.c_int)
+              ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int], ctypes.c_int)
 # isa -> (source, its one entry point)
 _KERNELS = {
     "vnni": (Path(__file__).with_name("w8a8_grouped_vnni.c"), "w8a8_grouped_vnni"),
