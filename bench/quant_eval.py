@@ -121,14 +121,14 @@ def reference_ppl(ref_dir: Path, num_chunks: int) -> float:
     return ref["running_ppl_per_chunk"][num_chunks - 1]
 
 
-def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str) -> dict[str, float]:
+def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str, device: str = "cpu") -> dict[str, float]:
     """top-1 agreement and log-prob error of the exact tokens, one greedy token per request, through EngineCore.
 
     Requests go in rounds, step k of every case together, under one cache namespace (without one nothing is
     cached), so each starts from the blocks its case's previous prompt left; `short_reuse` counts the requests
     after the first round that reused less than those full blocks (0 when the prefix cache works)."""
-    core = EngineCore(model, tokenizer, SchedulerConfig(512, 64, 256), BLOCK_TOKENS, 256 << 20, prefix_caching=True,
-                      kv_dtype=kv_dtype)
+    core = EngineCore(model, tokenizer, SchedulerConfig(512, 64, 256), BLOCK_TOKENS, 256 << 20, device,
+                      prefix_caching=True, kv_dtype=kv_dtype)
     rows: dict[str, torch.Tensor] = {}
 
     def observe(sampled, logits):

@@ -1,8 +1,8 @@
 """The gated activations of the int8 FFNs, GeGLU (Gemma) and SwiGLU (Llama), as kernel ops with a fixed-order
-contract: the references below and the C kernels (kernels/cpu/glu.c) run the same float32 operations in the
-same order, so they give the same bits. torch's own gelu and silu pick their vector math by the CPU they run
-on, which no C kernel can promise to match; a decode step that runs a whole decoder layer in one C call needs
-ops that can (kernels/cpu/decoder_block.h).
+contract: the references below, the C kernels (kernels/cpu/glu.c) and the Triton kernel below run the same
+float32 operations in the same order, so they give the same bits. torch's own gelu and silu pick their vector
+math by the CPU they run on, which no C kernel can promise to match; a decode step that runs a whole decoder
+layer in one C call needs ops that can (kernels/cpu/decoder_block.h).
 
     geglu(y f32[M, 2F]) -> f32[M, F]:   out = gelu_tanh(g) * u,   g = y[:, :F] (gate), u = y[:, F:] (up)
     swiglu(y f32[M, 2F]) -> f32[M, F]:  out = silu(g) * u
@@ -33,6 +33,10 @@ gelu loses every digit there (a test checks both).
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_launch import on_device
 
 _EXP_LO, _EXP_HI = -87.0, 88.0
 _LOG2E = 1.44269504088896341
@@ -93,11 +97,63 @@ def swiglu_ref(y: torch.Tensor) -> torch.Tensor:
     return silu_ref(g) * u
 
 
-# The Triton family's ops: the references' elementwise ops on the tensor's device (IEEE there too, so the
-# contract's bits); Triton kernels of their own would save passes over [M, 2F], a small part of a GPU step.
+@triton.jit
+def _exp_contract(z):
+    """The contract's exp (module docstring) in Triton: each product and sum rounded on its own (the launch
+    turns FMA contraction off), round-half-even by adding and subtracting 1.5 * 2^23 (exact for |n| < 2^22),
+    2^n built from its exponent bits."""
+    t = tl.minimum(tl.maximum(z, -87.0), 88.0)
+    n = t * 1.44269504088896341
+    n = (n + 12582912.0) - 12582912.0
+    r = t - n * 0.693359375
+    r = r - n * -2.12194440e-4
+    p = 1.9875691500e-4 * r + 1.3981999507e-3
+    p = p * r + 8.3334519073e-3
+    p = p * r + 4.1665795894e-2
+    p = p * r + 1.6666665459e-1
+    p = p * r + 5.0000001201e-1
+    p = p * (r * r) + (r + 1.0)
+    two_n = ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    return tl.where(z < -87.0, 0.0, p * two_n)
+
+
+@triton.jit
+def _glu_kernel(y_ptr, out_ptr, F, stride_y, stride_o, GELU: tl.constexpr, BLOCK: tl.constexpr):
+    # One program per (row, BLOCK columns): the gate from column c, the up projection from column F + c.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < F
+    g = tl.load(y_ptr + row * stride_y + cols, mask=mask, other=0.0)
+    u = tl.load(y_ptr + row * stride_y + F + cols, mask=mask, other=0.0)
+    if GELU:
+        inner = g + 0.044715 * ((g * g) * g)
+        act = tl.math.div_rn(g, 1.0 + _exp_contract(inner * -1.5957691216057308))
+    else:
+        act = tl.math.div_rn(g, 1.0 + _exp_contract(-g))
+    tl.store(out_ptr + row * stride_o + cols, act * u, mask=mask)
+
+
+_GLU_BLOCK = 1024
+
+
+def _glu_triton(y: torch.Tensor, name: str, gelu: bool) -> torch.Tensor:
+    _gate_and_up(y, name)
+    y = y if y.stride(1) == 1 else y.contiguous()
+    m, f = y.shape[0], y.shape[1] // 2
+    out = torch.empty((m, f), dtype=torch.float32, device=y.device)
+    if m and f:
+        on_device(_glu_kernel, y.device)[(m, triton.cdiv(f, _GLU_BLOCK))](
+            y, out, f, y.stride(0), out.stride(0), GELU=gelu, BLOCK=_GLU_BLOCK, num_warps=4)
+    return out
+
+
+# The Triton family's ops: one launch for the whole op, the references' operations in the references' order
+# (so the contract's bits; tests/kernels check them against the references).
 def geglu_triton(y: torch.Tensor) -> torch.Tensor:
-    return geglu_ref(y)
+    """y f32[M, 2F] -> f32[M, F]: geglu_ref's bits in one kernel."""
+    return _glu_triton(y, "geglu", True)
 
 
 def swiglu_triton(y: torch.Tensor) -> torch.Tensor:
-    return swiglu_ref(y)
+    """y f32[M, 2F] -> f32[M, F]: swiglu_ref's bits in one kernel."""
+    return _glu_triton(y, "swiglu", False)

@@ -47,12 +47,24 @@ def rmsnorm_quant_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tupl
 
 
 @triton.jit
+def _quantize_row(x, scale_floor):
+    """A row in registers -> (its int8 values as float32 integers, its scale): the contract's bits."""
+    absmax = tl.max(tl.abs(x), axis=0)
+    scale = tl.maximum(tl.math.div_rn(absmax, 127.0), scale_floor)
+    y = tl.math.div_rn(x, scale)
+    y = tl.minimum(tl.maximum(y, -127.0), 127.0)
+    y = (y + 12582912.0) - 12582912.0  # round half to even
+    return y, scale
+
+
+@triton.jit
 def _quantize_rows_kernel(
     x_ptr, w_ptr, q_ptr, scale_ptr,
-    K, stride_x, stride_q, eps, scale_floor,
-    BLOCK_K: tl.constexpr, RMSNORM: tl.constexpr,
+    M, K, stride_x, stride_q, eps, scale_floor,
+    BLOCK_K: tl.constexpr, RMSNORM: tl.constexpr, TWO_TERMS: tl.constexpr,
 ):
-    # One program per row; the whole row sits in registers (BLOCK_K >= K).
+    # One program per row; the whole row sits in registers (BLOCK_K >= K). TWO_TERMS: the residual's term too,
+    # into row M + row (quantize_two_terms_ref's layout).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_K)
     mask = cols < K
@@ -62,16 +74,17 @@ def _quantize_rows_kernel(
         rstd = 1.0 / tl.sqrt_rn(mean_sq + eps)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0)
         x = x * rstd * w
-    absmax = tl.max(tl.abs(x), axis=0)
-    scale = tl.maximum(tl.math.div_rn(absmax, 127.0), scale_floor)
-    y = tl.math.div_rn(x, scale)
-    y = tl.minimum(tl.maximum(y, -127.0), 127.0)
-    y = (y + 12582912.0) - 12582912.0  # round half to even
+    y, scale = _quantize_row(x, scale_floor)
     tl.store(q_ptr + row * stride_q + cols, y.to(tl.int8), mask=mask)
     tl.store(scale_ptr + row, scale)
+    if TWO_TERMS:
+        y2, scale2 = _quantize_row(x - y * scale, scale_floor)
+        tl.store(q_ptr + (M + row) * stride_q + cols, y2.to(tl.int8), mask=mask)
+        tl.store(scale_ptr + M + row, scale2)
 
 
-def _launch_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                     terms: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     check_tensor("x", x, torch.float32, 2, x.device)
     M, K = x.shape
     check(0 < K <= _MAX_ROW, f"x: row length must be in [1, {_MAX_ROW}], got {K}")
@@ -80,16 +93,17 @@ def _launch_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -
         check(weight.shape[0] == K, f"weight: expected {K} elements, got {weight.shape[0]}")
         weight = weight.contiguous()
     x = x if x.stride(1) == 1 else x.contiguous()
-    q = torch.empty((M, K), dtype=torch.int8, device=x.device)
-    scale = torch.empty((M,), dtype=torch.float32, device=x.device)
+    q = torch.empty((terms * M, K), dtype=torch.int8, device=x.device)
+    scale = torch.empty((terms * M,), dtype=torch.float32, device=x.device)
     if M == 0:
         return q, scale
     kernel = on_device(_quantize_rows_kernel, x.device)
     block_k = next_pow2(K)
     kernel[(M,)](
         x, weight if weight is not None else x, q, scale,
-        K, x.stride(0), q.stride(0), float(eps), SCALE_FLOOR,
-        BLOCK_K=block_k, RMSNORM=weight is not None, num_warps=min(16, max(1, block_k // 256)),
+        M, K, x.stride(0), q.stride(0), float(eps), SCALE_FLOOR,
+        BLOCK_K=block_k, RMSNORM=weight is not None, TWO_TERMS=terms == 2,
+        num_warps=min(16, max(1, block_k // 256)),
     )
     return q, scale
 
@@ -100,11 +114,9 @@ def quantize_per_token_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def quantize_two_terms_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_two_terms_ref with the Triton quantizer for both terms (the same bits: it matches the
-    reference's quantize_per_token bit for bit)."""
-    q1, s1 = quantize_per_token_triton(x)
-    q2, s2 = quantize_per_token_triton(x - q1.to(torch.float32) * s1[:, None])
-    return torch.cat([q1, q2]), torch.cat([s1, s2])
+    """quantize_two_terms_ref in one launch: each row's first term, then its residual's term from the same
+    registers (the product and the difference rounded on their own, as the reference's), into rows M + row."""
+    return _launch_quantize(x, None, 0.0, terms=2)
 
 
 def rmsnorm_quant_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

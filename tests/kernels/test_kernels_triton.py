@@ -11,11 +11,14 @@ import torch
 from kernels_cases import PAGED_CASES, make_paged_case
 from tests.triton_interpreter import row_independent_dot as use_row_independent_dot
 
+from kernels.glu import geglu_ref, geglu_triton, swiglu_ref, swiglu_triton
 from kernels.kv_write import kv_write_ref, kv_write_triton
 from kernels.paged_attention import PagedAttentionArgs, paged_attention_ref, paged_attention_triton
 from kernels.quantize import (
     quantize_per_token_ref,
     quantize_per_token_triton,
+    quantize_two_terms_ref,
+    quantize_two_terms_triton,
     rmsnorm_quant_ref,
     rmsnorm_quant_triton,
 )
@@ -40,6 +43,48 @@ def test_quantize_per_token_bit_exact(shape):
     q, s = quantize_per_token_triton(x.to(DEVICE))
     q_ref, s_ref = quantize_per_token_ref(x)
     assert torch.equal(q.cpu(), q_ref) and torch.equal(s.cpu(), s_ref)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 37), (3, 130), (4, 2048)])
+def test_quantize_two_terms_bit_exact(shape):
+    """Both terms from one launch: the first term's rows, then the residual's, with the reference's bits."""
+    x = torch.randn(*shape, generator=_gen(shape[1] + 1)) * torch.logspace(-3, 3, shape[0])[:, None]
+    if shape[0] > 2:
+        x[1] = 0.0  # zero row: both terms zero, both scales the floor
+        x[2, :4] = torch.tensor([1.5, 2.5, -0.5, 127.0])[: shape[1]]
+    q, s = quantize_two_terms_triton(x.to(DEVICE))
+    q_ref, s_ref = quantize_two_terms_ref(x)
+    assert q.shape == (2 * shape[0], shape[1])
+    assert torch.equal(q.cpu(), q_ref) and torch.equal(s.cpu(), s_ref)
+
+
+GLUS = [pytest.param(geglu_triton, geglu_ref, id="geglu"), pytest.param(swiglu_triton, swiglu_ref, id="swiglu")]
+
+
+@pytest.mark.parametrize("kernel,ref", GLUS)
+@pytest.mark.parametrize("m,f", [(1, 1), (3, 7), (2, 1025), (5, 2048)])
+def test_glu_bit_exact(m, f, kernel, ref):
+    y = torch.randn(m, 2 * f, generator=_gen(m * 10_000 + f)) * torch.logspace(-4, 2, m)[:, None]
+    assert torch.equal(kernel(y.to(DEVICE)).cpu(), ref(y))
+    strided = torch.randn(m, 2 * f + 3, generator=_gen(f))[:, 1:2 * f + 1]  # a row stride that is not 2F
+    assert torch.equal(kernel(strided.to(DEVICE)).cpu(), ref(strided))
+
+
+@pytest.mark.parametrize("kernel,ref", GLUS)
+def test_glu_every_range_of_the_gate(kernel, ref):
+    """Gates from -1e6 to 1e6: the exp past both clamps, its zero below -87, g^3 overflowing."""
+    gates = torch.cat([torch.linspace(-60, 60, 4001), -torch.logspace(-30, 6, 999), torch.logspace(-30, 6, 999),
+                       torch.tensor([0.0, -0.0, 5.61, 5.62, -5.55, -5.56, -87.0, 88.0])])
+    ups = torch.randn(gates.numel(), generator=_gen(1)) * 3
+    y = torch.cat([gates, ups])[None, :]
+    assert torch.equal(kernel(y.to(DEVICE)).cpu(), ref(y))
+
+
+def test_glu_refuses_bad_operands():
+    with pytest.raises(ValueError, match="geglu"):
+        geglu_triton(torch.randn(2, 7).to(DEVICE))
+    with pytest.raises(ValueError, match="swiglu"):
+        swiglu_triton(torch.randn(2, 8, dtype=torch.float64).to(DEVICE))
 
 
 @pytest.mark.parametrize("shape", [(1, 3), (9, 37), (5, 640)])

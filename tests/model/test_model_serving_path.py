@@ -9,11 +9,15 @@ matched at every step up to there:
 - float32 weights with a float32 KV cache (--precision float32, the reference path): within 0.02;
 - the int8 path (W8A8 + int8 KV), in both activation recipes (two int8 terms, one int16 term; the CPU family
   serves one of them by default, kernels.backend): the figures are printed, and gated loosely.
+
+On a GPU (tests marked `gpu`, skipped without CUDA) the same cases and gates run through EngineCore on CUDA: the
+Triton op family, weights and paged KV on the device.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kernels.backend import ACTIVATION_RECIPES, select_ops
 
@@ -28,8 +32,11 @@ TOP = 20  # the engine reports this many (the API's most); the reference's top 5
 TOP1_GATE = 223
 
 
-def serve(model_and_tokenizer, refs, kv_dtype):
-    core = make_core(model_and_tokenizer, budget=256, kv_bytes=256 << 20, kv_dtype=kv_dtype)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def serve(model_and_tokenizer, refs, kv_dtype, device="cpu"):
+    core = make_core(model_and_tokenizer, budget=256, kv_bytes=256 << 20, kv_dtype=kv_dtype, device=device)
     requests = [make_request(f"ref{i}", rec["prompt_ids"], len(rec["generated_ids"]), max_context_tokens=32768,
                              num_top_logprobs=TOP) for i, rec in enumerate(refs)]
     tops = {r.request_id: [] for r in requests}
@@ -62,13 +69,18 @@ def compare(refs, served):
     return out
 
 
-def test_float32_serving_path_matches_the_exact_reference(fp32_model, greedy_refs):
-    results = compare(greedy_refs, serve(fp32_model, greedy_refs, "float32"))
+def assert_float32_exact(fp32_model, greedy_refs, device="cpu"):
+    results = compare(greedy_refs, serve(fp32_model, greedy_refs, "float32", device))
     worst = max(w for _, w, _ in results)
-    print(f"float32 serving path: exact greedy ids {sum(e for e, _, _ in results)}/8, worst top-5 error {worst:.4f}")
+    print(f"float32 serving path ({device}): exact greedy ids {sum(e for e, _, _ in results)}/8, "
+          f"worst top-5 error {worst:.4f}")
     for rec, (exact, w, _) in zip(greedy_refs, results):
         assert exact, rec["prompt"][:40]
         assert w < 0.02, (rec["prompt"][:40], w)
+
+
+def test_float32_serving_path_matches_the_exact_reference(fp32_model, greedy_refs):
+    assert_float32_exact(fp32_model, greedy_refs)
 
 
 @pytest.fixture(scope="module", params=ACTIVATION_RECIPES)
@@ -81,17 +93,33 @@ def int8_recipe_model(request, int8_model):
     return load_model("gemma-3-270m", "int8", kernel_ops=select_ops("cpu", activations=request.param), progress=False)
 
 
-def test_int8_serving_path_against_the_exact_reference(int8_recipe_model, greedy_refs):
-    int8_model = int8_recipe_model
-    results = compare(greedy_refs, serve(int8_model, greedy_refs, "int8"))
+def assert_int8_against_reference(int8_model, greedy_refs, device="cpu"):
+    """The int8 serving path's greedy ids and top-5 log-probs against the reference; returns what it served."""
+    served = serve(int8_model, greedy_refs, "int8", device)
+    results = compare(greedy_refs, served)
     exact = sum(e for e, _, _ in results)
     errors = [x for _, _, errs in results for x in errs]
     mean = sum(errors) / len(errors)
-    print(f"int8 serving path ({int8_model[0].kernel_ops.activations}): exact greedy ids (to the first margin < 0.1) {exact}/8, "
-          f"top-5 log-prob error mean {mean:.3f} max {max(errors):.3f}")
+    print(f"int8 serving path ({int8_model[0].kernel_ops.activations}, {device}): exact greedy ids (to the first "
+          f"margin < 0.1) {exact}/8, top-5 log-prob error mean {mean:.3f} max {max(errors):.3f}")
     # Measured: 8/8, mean 0.058, max 0.583 (checkpoint v7); 6/8, mean 0.209 before the issue-15 recipe work.
     assert exact >= 7
     assert mean < 0.1
+    return served
+
+
+def assert_teacher_forced_top1(int8_model, greedy_refs, device="cpu"):
+    result = teacher_forced_serving(*int8_model, greedy_refs, "int8", device)
+    count, total = result["top1_count"], result["positions"]
+    print(f"int8 serving path ({int8_model[0].kernel_ops.activations}, {device}), teacher-forced top-1 agreement "
+          f"with exact: {count}/{total} = {count / total:.3f}, log-prob error mean {result['lp_err_mean']:.3f}")
+    assert result["short_reuse"] == 0
+    assert total == 229
+    assert count >= TOP1_GATE
+
+
+def test_int8_serving_path_against_the_exact_reference(int8_recipe_model, greedy_refs):
+    assert_int8_against_reference(int8_recipe_model, greedy_refs)
 
 
 def test_int8_serving_path_teacher_forced_top1(int8_recipe_model, greedy_refs):
@@ -99,11 +127,42 @@ def test_int8_serving_path_teacher_forced_top1(int8_recipe_model, greedy_refs):
     per step, a request whose prompt is the case's prompt plus the exact tokens before it generates one token
     through EngineCore with paged int8 KV (bench/quant_eval.py's teacher-forced rows), each round from the
     prefix blocks the previous one left."""
-    int8_model = int8_recipe_model
-    result = teacher_forced_serving(*int8_model, greedy_refs, "int8")
-    count, total = result["top1_count"], result["positions"]
-    print(f"int8 serving path ({int8_model[0].kernel_ops.activations}), teacher-forced top-1 agreement with exact: {count}/{total} = {count / total:.3f}, "
-          f"log-prob error mean {result['lp_err_mean']:.3f}")
-    assert result["short_reuse"] == 0
-    assert total == 229
-    assert count >= TOP1_GATE
+    assert_teacher_forced_top1(int8_recipe_model, greedy_refs)
+
+
+def load_on_gpu(precision):
+    from services.engine.worker.model_loading import load_model as load_on
+
+    return load_on("gemma-3-270m", precision, "cuda")
+
+
+@pytest.fixture(scope="module")
+def gpu_int8_model():
+    return load_on_gpu("int8")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_float32_serving_path_matches_the_exact_reference(greedy_refs):
+    assert_float32_exact(load_on_gpu("float32"), greedy_refs, "cuda")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_int8_serving_path_against_the_exact_reference(gpu_int8_model, int8_model, greedy_refs):
+    """The same gates on CUDA, and how far the GPU's top log-probs are from the CPU's same checkpoint (printed:
+    the GPU family keeps two int8 activation terms, as VNNI CPUs do)."""
+    served = assert_int8_against_reference(gpu_int8_model, greedy_refs, "cuda")
+    cpu_ops = int8_model[0].kernel_ops.activations
+    on_cpu = serve(int8_model, greedy_refs, "int8")
+    same_ids = sum(a[0] == b[0] for a, b in zip(served, on_cpu))
+    diffs = [abs(dict(gs)[i] - lp) for (_, g), (_, c) in zip(served, on_cpu) for gs, cs in zip(g, c)
+             for i, lp in cs if i in dict(gs)]
+    print(f"GPU ({gpu_int8_model[0].kernel_ops.activations}) against CPU ({cpu_ops}) int8: identical greedy ids in "
+          f"{same_ids}/8 cases, top log-prob difference max {max(diffs):.3g} mean {sum(diffs) / len(diffs):.3g}")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_int8_serving_path_teacher_forced_top1(gpu_int8_model, greedy_refs):
+    assert_teacher_forced_top1(gpu_int8_model, greedy_refs, "cuda")
