@@ -28,10 +28,11 @@ def make_core(model_and_tokenizer, budget: int = 256, kv_bytes: int = 4 << 20, m
               block_size_tokens: int = BLOCK_SIZE_TOKENS, kv_dtype: str = "int8", speculative_tokens: int = 0,
               ngram: tuple[int, int] = (2, 4), kernels: str = "auto",
               long_prefill_solo_tokens: int = SchedulerConfig.long_prefill_solo_tokens,
-              device: str = "cpu") -> EngineCore:
+              device: str = "cpu", speculative_max_rows: int = SchedulerConfig.speculative_max_rows) -> EngineCore:
     model, tok = model_and_tokenizer
     config = SchedulerConfig(budget, max_running, max_waiting, speculative_tokens=speculative_tokens,
-                             ngram_min=ngram[0], ngram_max=ngram[1], long_prefill_solo_tokens=long_prefill_solo_tokens)
+                             ngram_min=ngram[0], ngram_max=ngram[1], long_prefill_solo_tokens=long_prefill_solo_tokens,
+                             speculative_max_rows=speculative_max_rows)
     return EngineCore(model, tok, config, block_size_tokens, kv_bytes, device, prefix_caching=prefix_caching,
                       kv_dtype=kv_dtype, kernels=kernels)
 

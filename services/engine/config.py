@@ -33,6 +33,10 @@ class SchedulerConfig:
     speculative_tokens: int = field(
         default=0, metadata={"help": "draft tokens verified per decode step (speculative decoding from the request's "
                                      "own context, exact: the same tokens as without it); 0: off"})
+    speculative_max_rows: int = field(
+        default=8, metadata={"help": "draft tokens only while the step's decodes with their drafts stay within "
+                                     "this many rows (a decode step's cost is nearly flat in its rows up to a few; "
+                                     "0: no cap)"})
     ngram_min: int = field(default=2, metadata={"help": "shortest context suffix (tokens) a draft is looked up by"})
     ngram_max: int = field(default=4, metadata={"help": "longest context suffix (tokens) a draft is looked up by"})
 

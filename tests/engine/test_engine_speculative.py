@@ -55,11 +55,14 @@ def check_blocks_follow_computed_tokens(core) -> None:
                 assert len(table) == core.layout.blocks_for_tokens(r.num_computed_tokens), r.request_id
 
 
-def drive(core, requests, host_hits=None, until: Callable[[object], bool] | None = None) -> dict[str, Stream]:
-    """Add the requests, step until idle (or until `until(core)`), collecting every event's parts."""
+def drive(core, requests, host_hits=None, until: Callable[[object], bool] | None = None,
+          out: dict[str, Stream] | None = None) -> dict[str, Stream]:
+    """Add the requests, step until idle (or until `until(core)`), collecting every event's parts (into `out`,
+    which holds the streams of requests added before, where given)."""
     for r in requests:
         core.add(r, (host_hits or {}).get(r.request_id))
-    out = {r.request_id: Stream([], [], [], "", None) for r in requests}
+    out = {} if out is None else out
+    out.update({r.request_id: Stream([], [], [], "", None) for r in requests})
     while core.has_work() and not (until is not None and until(core)):
         for e in core.step():
             s = out[e.request_id]
@@ -152,7 +155,7 @@ def test_oracle_drafts_give_the_plain_tokens_and_the_expected_acceptance(tiny, s
     plain = drive(make_core(tiny), requests_of(specs))
     reference = {rid: list(prompt) + plain[rid].token_ids for rid, prompt, _, _ in specs}
     oracle = OracleProposer(K, reference, lambda p: corrupt_every > 0 and p % corrupt_every == 0)
-    core = make_core(tiny, speculative_tokens=K)
+    core = make_core(tiny, speculative_tokens=K, speculative_max_rows=0)  # no row cap: replay's drafts
     core.scheduler.proposer = oracle
     got = drive(core, requests_of(specs))
     assert_same(got, plain)
@@ -176,14 +179,67 @@ def test_ngram_drafts_in_random_mixes_give_the_plain_tokens(tiny, seed):
         if "seed" in kw:
             kw["seed"] += i
         specs.append((f"r{i}", prompt, rng.randint(1, 40), kw))
-    budget = rng.choice([4096, 24, 9])
+    budget, max_rows = rng.choice([4096, 24, 9]), rng.choice([0, 8, 3])
     plain = drive(make_core(tiny, budget=4096), requests_of(specs))
-    core = make_core(tiny, budget=budget, speculative_tokens=K)
+    core = make_core(tiny, budget=budget, speculative_tokens=K, speculative_max_rows=max_rows)
     assert_same(drive(core, requests_of(specs)), plain)
     assert blocks_accounted(core)
-    if budget == 4096:  # every prompt prefills in the first step, then no draft is cut by the budget
+    if budget == 4096 and max_rows == 0:  # every prompt prefills in the first step, then no draft is cut
         want = [replay(p, plain[rid].token_ids, new, ngram_rule) for rid, p, new, _ in specs]
         assert (core.num_draft_tokens, core.num_accepted_draft_tokens) == tuple(map(sum, zip(*want)))
+
+
+def record_steps(core) -> list:
+    """Every step's SchedulerOutput, as the runner gets it."""
+    seen, execute = [], core.runner.execute
+    core.runner.execute = lambda output: (seen.append(output), execute(output))[1]
+    return seen
+
+
+def test_drafts_only_in_steps_of_decodes_within_the_row_cap(tiny):
+    """Drafts never ride in a step with an interactive prefill (a returning turn's first token would wait for
+    their rows), and a step's decodes with their drafts stay within speculative_max_rows rows; the tokens are
+    the plain run's."""
+    specs = [("a", tokens(30, 1), 20, {}), ("b", tokens(20, 2), 20, {}), ("c", tokens(25, 3), 20, {})]
+    plain = drive(make_core(tiny), requests_of(specs))
+    reference = {rid: list(prompt) + plain[rid].token_ids for rid, prompt, _, _ in specs}
+    for max_rows, cap in [(5, 5), (0, 3 * (1 + K))]:
+        core = make_core(tiny, speculative_tokens=K, speculative_max_rows=max_rows)
+        core.scheduler.proposer = OracleProposer(K, reference, lambda p: False)
+        steps = record_steps(core)
+        got = drive(core, requests_of(specs[:1]), until=lambda c: c.num_draft_tokens > 0)
+        drive(core, requests_of(specs[1:]), out=got)  # "b" and "c" prefill while "a" decodes
+        assert_same(got, plain)
+        for output in steps:
+            drafted = sum(c.num_draft_tokens for c in output.chunks)
+            prefills = [c for c in output.chunks if c.num_tokens - c.num_draft_tokens > 1]
+            assert not (drafted and prefills), [(c.request.request_id, c.num_tokens) for c in output.chunks]
+            assert sum(c.num_tokens for c in output.chunks) <= cap or prefills
+        assert max(sum(c.num_tokens for c in o.chunks) for o in steps if not any(
+            c.num_tokens - c.num_draft_tokens > 1 for c in o.chunks)) == cap  # the cap is reached, not undershot
+        assert any(c.request.request_id != "a" and c.num_tokens > 1 for o in steps for c in o.chunks)
+        assert blocks_accounted(core)
+
+
+def test_drafts_ride_beside_a_long_prefill_share(tiny):
+    """A long prefill's share (a cold history, longer than the budget) is throughput work: decodes beside it
+    still get their drafts, within the row cap; the tokens are the plain run's."""
+    specs = [("a", tokens(30, 1), 24, {}), ("d", tokens(90, 4), 6, {})]
+    plain = drive(make_core(tiny, budget=16), requests_of(specs))
+    reference = {rid: list(prompt) + plain[rid].token_ids for rid, prompt, _, _ in specs}
+    core = make_core(tiny, budget=16, speculative_tokens=K, speculative_max_rows=3)
+    core.scheduler.proposer = OracleProposer(K, reference, lambda p: False)
+    steps = record_steps(core)
+    got = drive(core, requests_of(specs[:1]), until=lambda c: c.num_draft_tokens > 0)
+    drive(core, requests_of(specs[1:]), out=got)
+    assert_same(got, plain)
+    beside = [o for o in steps if any(c.request.request_id == "d" and c.num_tokens > 1 for c in o.chunks)
+              and any(c.num_draft_tokens for c in o.chunks)]
+    assert beside  # "a" verified drafts in steps that also computed a share of "d"'s history
+    for output in beside:
+        decodes = [c for c in output.chunks if c.num_tokens - c.num_draft_tokens == 1]
+        assert sum(c.num_tokens for c in decodes) <= 3
+    assert blocks_accounted(core)
 
 
 def test_stop_tokens_and_stop_strings_inside_accepted_drafts(tiny):

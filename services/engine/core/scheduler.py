@@ -37,7 +37,9 @@ blocks are retired into the caches before they are freed.
 
 Speculative decoding (config.speculative_tokens > 0) comes last, from the budget nothing else took:
 a decoding request's chunk is its last token followed by draft tokens from its own context
-(ngram_proposer.py), all computed in this step like a prefill chunk, every row sampled. The KV
+(ngram_proposer.py), all computed in this step like a prefill chunk, every row sampled; never in a step
+with an interactive prefill (a returning turn's first token would wait for the drafts' rows), and only while
+the step's decodes with their drafts stay within `speculative_max_rows` rows. The KV
 slots of the drafts are allocated with the chunk; after sampling, `on_verified` keeps the
 accepted drafts as computed tokens and gives back the blocks that only rejected ones used.
 """
@@ -203,6 +205,7 @@ class Scheduler:
         # 3. Long prefills, oldest first: a cap's worth beside interactive work, else the solo cap's (or the
         # whole budget).
         share = budget
+        interactive_prefill = any(n > 1 for n in planned.values())  # a returning turn's or a short prompt's
         if order:
             share = min(budget, max(0, cap - sum(n for n in planned.values() if n > 1)))
         elif cap and self.config.long_prefill_solo_tokens:
@@ -226,7 +229,7 @@ class Scheduler:
                 self._long_prefills.discard(request.request_id)
             share -= num_new
             budget -= num_new
-        drafts = self._propose_drafts(order, planned, budget) if not preempted else {}
+        drafts = self._propose_drafts(order, planned, budget) if not (preempted or interactive_prefill) else {}
         return SchedulerOutput([self._chunk(r, planned[r.request_id], drafts.get(r.request_id, ()))
                                 for r in order], preempted)
 
@@ -260,10 +263,15 @@ class Scheduler:
         """Speculative decoding, with the budget left after everything else: a decoding request gets draft
         tokens (ngram_proposer.py) to verify in its step, never more than its remaining max_new_tokens and
         context allow, and only while free blocks hold their KV (drafts reclaim no cached prefix and
-        preempt nothing)."""
+        preempt nothing). Never in a step with an interactive prefill (schedule() asks only without one: a
+        returning turn's first token would wait for the drafts' rows too; a long prefill's share is throughput
+        work and does not keep them out), and only while the step's decodes with their drafts stay within
+        speculative_max_rows rows (a decode step's cost is nearly flat in its rows up to a few)."""
         drafts: dict[RequestId, tuple[int, ...]] = {}
         if self.proposer is None:
             return drafts
+        if self.config.speculative_max_rows:
+            budget = min(budget, self.config.speculative_max_rows - sum(n == 1 for n in planned.values()))
         for request in order:
             if budget <= 0:
                 break
