@@ -6,9 +6,13 @@ import json
 import subprocess
 import sys
 
+from tests.model.conftest import reference_path
+
 
 def test_bench_model_quick_runs_the_engine_step_path_and_reports():
-    proc = subprocess.run([sys.executable, "-m", "bench.model", "--quick", "--threads", "1", "--model", "synthetic-tiny"],
+    reference_dir = reference_path("gpl-3.txt").parent  # the perplexity text
+    proc = subprocess.run([sys.executable, "-m", "bench.model", "--quick", "--threads", "1", "--model",
+                           "synthetic-tiny", "--reference-dir", str(reference_dir)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]

@@ -8,8 +8,6 @@ tokens, so every case crosses the window.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from services.common.prefix_hash import namespace_digest
@@ -19,9 +17,9 @@ from services.engine.kv.prefix_hit import host_hit
 from services.engine.worker.model_loading import load_model
 from tests.engine_testlib import BLOCK_SIZE_TOKENS as BS
 from tests.engine_testlib import make_core, make_request, run_one
+from tests.model.conftest import reference_path
 
 NS = namespace_digest("gemma-3-270m", "test", "tenant")
-GPL = (Path(__file__).resolve().parents[3] / "shared" / "reference" / "gpl-3.txt")
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +32,7 @@ def core_for(gemma, caching=True):
 
 
 def paragraphs():
-    text = GPL.read_text() if GPL.exists() else ""
+    text = reference_path("gpl-3.txt").read_text()
     parts = [p.strip().replace("\n", " ") for p in text.split("\n\n") if len(p.strip()) > 200]
     assert len(parts) >= 24, "the reference text is needed for these prompts"
     return parts

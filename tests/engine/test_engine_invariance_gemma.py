@@ -8,16 +8,14 @@ reference data; the 579-token ones cross the 512-token sliding window.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from services.engine.core.request import Request, RequestId, SamplingParams
 from services.engine.worker.model_loading import load_model
 from tests.engine_testlib import make_core
+from tests.model.conftest import reference_path
 
-# The reference data lives in ../shared/reference beside the repository.
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "greedy_ref_f64.jsonl"
 NEW_TOKENS = 12
 
 
@@ -28,7 +26,8 @@ def gemma():
 
 @pytest.fixture(scope="module")
 def prompts():
-    records = [json.loads(line) for line in REFERENCE.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in reference_path("greedy_ref_f64.jsonl").read_text().splitlines()
+               if line.strip()]
     return [r["prompt_ids"] for r in records]
 
 
