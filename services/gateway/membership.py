@@ -105,6 +105,12 @@ class EngineHandle:
     def accepting(self) -> bool:
         return self.serving and not self.draining and self.engine_id is not None
 
+    @property
+    def routable(self) -> bool:
+        """Accepting and in a model's pool (model_pools.py: an engine joins one with its first LoadReport that
+        names its model): a member of a ring, what `salon_gateway_engine_serving` shows."""
+        return self.accepting and self.report is not None and bool(self.report.model_id)
+
     def load(self) -> EngineLoad:
         assert self.engine_id is not None
         reported = 0
@@ -158,7 +164,7 @@ class EngineHandle:
 
     def _publish(self) -> None:
         if self.engine_id is not None:
-            metrics.ENGINE_SERVING.labels(engine=self.engine_id).set(1 if self.accepting else 0)
+            metrics.ENGINE_SERVING.labels(engine=self.engine_id).set(1 if self.routable else 0)
         self._on_change()
 
     async def _watch_health(self) -> None:

@@ -53,7 +53,7 @@ REFUSALS = Counter(
 )
 ENGINE_SERVING = Gauge(
     "salon_gateway_engine_serving",
-    "1 while the engine is SERVING and not draining (a member of the ring), else 0.",
+    "1 while the engine is SERVING, not draining and has reported its model (a member of its model's ring), else 0.",
     ["engine"],
 )
 ENGINE_INFLIGHT = Gauge(

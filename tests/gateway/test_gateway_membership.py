@@ -13,6 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
+from prometheus_client import REGISTRY
 
 from salon.engine.v1 import engine_pb2, engine_pb2_grpc
 from services.gateway.membership import EngineEndpoint, EnginePool, PoolSettings, parse_engine_list
@@ -96,6 +97,36 @@ async def test_health_and_draining_move_engines_in_and_out() -> None:
         await pool.stop()
         for server, *_ in servers:
             await server.stop(None)
+
+
+async def test_serving_gauge_waits_for_the_engines_model() -> None:
+    """`salon_gateway_engine_serving` says "a member of its model's ring": SERVING by health is not enough, the
+    engine is in no model's pool until a LoadReport names its model (model_pools.py). A gauge of 1 before that
+    let a client (and the process tests) send a dialogue while its ring owner was still outside the ring."""
+    server, engine, health, port = await start_engine("gauge-e0")
+    pool = EnginePool([EngineEndpoint(f"127.0.0.1:{port}", EngineId("gauge-e0"))], PoolSettings(load_interval_ms=50))
+
+    def gauge() -> float | None:
+        return REGISTRY.get_sample_value("salon_gateway_engine_serving", {"engine": "gauge-e0"})
+
+    pool.start()
+    try:
+        handle = pool.by_id(EngineId("gauge-e0"))
+        await pool.wait_for(lambda s: accepting(pool) == {"gauge-e0"}, timeout_s=5)
+        for _ in range(100):  # a report without a model changes no membership, so poll for it
+            if handle.report is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert (handle.routable, gauge()) == (False, 0.0)
+        engine.set_report(model_id="m")
+        await pool.wait_for(lambda s: handle.routable, timeout_s=2)
+        assert gauge() == 1.0
+        await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await pool.wait_for(lambda s: not accepting(pool), timeout_s=2)
+        assert (handle.routable, gauge()) == (False, 0.0)
+    finally:
+        await pool.stop()
+        await server.stop(None)
 
 
 async def test_dns_discovery_learns_engine_ids() -> None:
