@@ -23,7 +23,8 @@
  * BLOCK_GEMM (its grouped W8A8 GEMM), BLOCK_ROW_GEMM (its per-row one, as a grouped_gemm_fn), BLOCK_KV_WRITE
  * (its kv_write_rows), BLOCK_ENTRY (the entry point's name) and BLOCK_LAYERS_ENTRY (the step's layers in one
  * call), and includes w16a8_grouped.c (the int16 GEMM); paged_attention_i8 is the build's attention.
- * The scratch rows are allocated per call (a decode step's are a few kilobytes).
+ * The scratch rows are allocated per call (a decode step's are a few kilobytes). The row-wise work (q/k norm and
+ * RoPE, the GLU, linear_with's) splits its rows over the threads from ROWS_PARALLEL rows (linear_two_terms.h).
  */
 #ifndef SALON_DECODER_BLOCK_H
 #define SALON_DECODER_BLOCK_H
@@ -72,6 +73,53 @@ typedef struct {
     const int32_t *query_start_loc, *seq_lens, *row_seq;  /* [S + 1], [S], [T] */
 } block_batch;
 
+/* A layer's row-wise work, its rows split by for_rows (linear_two_terms.h): BLOCK_ENTRY's arguments and scratch. */
+typedef struct {
+    const block_weights *L;
+    const block_batch *B;
+    const float *cos, *sin;
+    float *qkv, *q, *kv, *h, *act;
+    int64_t T, n_qkv, half;
+    float inv_d, eps_f;
+} block_rows;
+
+/* Row t's q heads and (writes_kv) its k heads: rmsnorm (q_norm, k_norm where the architecture has them), RoPE at
+   its position; its v copied beside the k rows for the KV write. */
+static void block_qk_row(void *ctx, int64_t t, int thread) {
+    const block_rows *c = ctx;
+    const block_weights *L = c->L;
+    const int64_t Hq = L->num_heads, Hkv = L->num_kv_heads, D = L->head_dim, T = c->T, n_qkv = c->n_qkv;
+    const float *cs = c->cos + c->B->positions[t] * c->half, *sn = c->sin + c->B->positions[t] * c->half;
+    float row[BLOCK_MAX_HEAD_DIM];
+    (void)thread;
+    for (int64_t hd = 0; hd < Hq; hd++) {
+        const float *head = c->qkv + t * n_qkv + hd * D;
+        if (L->q_norm) {
+            norm_row(head, L->q_norm, row, D, c->inv_d, c->eps_f);
+            head = row;
+        }
+        rope_row(head, cs, sn, c->half, c->q + (t * Hq + hd) * D);
+    }
+    if (!L->writes_kv) return;
+    for (int64_t hd = 0; hd < Hkv; hd++) {
+        const float *head = c->qkv + t * n_qkv + (Hq + hd) * D;
+        if (L->k_norm) {
+            norm_row(head, L->k_norm, row, D, c->inv_d, c->eps_f);
+            head = row;
+        }
+        rope_row(head, cs, sn, c->half, c->kv + (t * Hkv + hd) * D);
+    }
+    memcpy(c->kv + (T + t) * Hkv * D, c->qkv + t * n_qkv + (Hq + Hkv) * D, (size_t)(Hkv * D) * sizeof(float));
+}
+
+/* Row t of the GLU: act[t] = act(gate) * up of h[t] (glu.c's row function). */
+static void block_glu_row(void *ctx, int64_t t, int thread) {
+    const block_rows *c = ctx;
+    const int64_t F = c->L->ffn_dim;
+    (void)thread;
+    (c->L->activation == BLOCK_SWIGLU ? swiglu_rows : geglu_rows)(c->h + t * 2 * F, 1, F, 2 * F, c->act + t * F, F);
+}
+
 /* x f32[T, d_model] (contiguous) -> the layer's output, in place; cos/sin f32[P, D / 2] the RoPE tables of the
    layer's base (P > every position). Returns 0 when done, 1 when nothing was computed (shapes a kernel
    declines, no memory): x is then unchanged. */
@@ -99,28 +147,8 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     if (linear_with(gemm, x, T, d, d, L->attn_norm, L->eps, L->qkv_w, L->qkv_s, n_qkv, NULL, NULL, 0, qkv,
                     scale_floor, nthreads))
         goto done;
-    float row[BLOCK_MAX_HEAD_DIM];
-    for (int64_t t = 0; t < T; t++) {
-        const float *c = cos + B->positions[t] * half, *s = sin + B->positions[t] * half;
-        for (int64_t hd = 0; hd < Hq; hd++) {
-            const float *head = qkv + t * n_qkv + hd * D;
-            if (L->q_norm) {
-                norm_row(head, L->q_norm, row, D, inv_d, eps_f);
-                head = row;
-            }
-            rope_row(head, c, s, half, q + (t * Hq + hd) * D);
-        }
-        if (!L->writes_kv) continue;
-        for (int64_t hd = 0; hd < Hkv; hd++) {
-            const float *head = qkv + t * n_qkv + (Hq + hd) * D;
-            if (L->k_norm) {
-                norm_row(head, L->k_norm, row, D, inv_d, eps_f);
-                head = row;
-            }
-            rope_row(head, c, s, half, kv + (t * Hkv + hd) * D);
-        }
-        memcpy(kv + (T + t) * Hkv * D, qkv + t * n_qkv + (Hq + Hkv) * D, (size_t)(Hkv * D) * sizeof(float));
-    }
+    block_rows rows = {L, B, cos, sin, qkv, q, kv, h, act, T, n_qkv, half, inv_d, eps_f};
+    for_rows(T, nthreads, block_qk_row, &rows);
     if (L->writes_kv) {
         BLOCK_KV_WRITE(kv, T, Hkv, D, C->k_cache, C->k_scale, B->slot_mapping, scale_floor, nthreads);
         BLOCK_KV_WRITE(kv + T * Hkv * D, T, Hkv, D, C->v_cache, C->v_scale, B->slot_mapping, scale_floor, nthreads);
@@ -136,7 +164,7 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     if (linear_with(gemm, x1, T, d, d, L->ffn_norm, L->eps, L->gate_up_w, L->gate_up_s, 2 * F, NULL, NULL, 0,
                     h, scale_floor, nthreads))
         goto done;
-    (L->activation == BLOCK_SWIGLU ? swiglu_rows : geglu_rows)(h, T, F, 2 * F, act, F);
+    for_rows(T, nthreads, block_glu_row, &rows);
     /* the last op writes x itself: its residual is x1, so x is only overwritten once nothing can fail */
     if (linear_with(gemm, act, T, F, F, NULL, L->eps, L->down_w, L->down_s, d, L->post_ffw_norm, x1, d, x,
                     scale_floor, nthreads))

@@ -17,9 +17,12 @@
  * (decoder_block.h, both) through either. The same functions
  * run in the same order as when each is its own call, so every bit is the same; what is saved is the calls
  * between them (a decode step makes about ten per layer, each a few microseconds of Python, tensor allocation
- * and argument conversion). The row-wise work before and after the GEMM runs on the calling thread (a few rows
- * at decode sizes), except the terms' sum of a large output (the output projection's), which splits its
- * columns over the threads as the GEMM splits its weight rows.
+ * and argument conversion). The row-wise work before and after the GEMM (norm, the terms, the terms' sum, the
+ * post-norm and residual) runs on the calling thread at decode sizes and splits its rows over the threads from
+ * ROWS_PARALLEL rows (a prefill chunk's: on the calling thread alone, the other threads waited for it, about a
+ * tenth of a 64-token chunk's step); the terms' sum of a large output (the output projection's) splits its
+ * columns over the threads as the GEMM splits its weight rows. Each row's operations are the same on whichever
+ * thread.
  *
  * fp-contract is off for every included file (rmsnorm.c's pragma comes first); none of quantize.c's
  * functions holds a product followed by a sum outside its own fp-contract=off section, so none changes.
@@ -27,6 +30,7 @@
 #ifndef SALON_LINEAR_TWO_TERMS_H
 #define SALON_LINEAR_TWO_TERMS_H
 
+#include <omp.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -92,6 +96,21 @@ static void *kept_scratch(size_t bytes) {
     return s->p;
 }
 
+/* Row-wise work (norms, quantization, GLU, RoPE) of at least this many rows splits its rows over the threads; fewer
+   rows (decode steps) stay on the calling thread, where a parallel region would cost about what it saves. */
+#define ROWS_PARALLEL 16
+/* fn(ctx, m, thread) for the rows m of [0, M): split over the threads from ROWS_PARALLEL rows (thread: the
+   caller's index in the team, for its own scratch), else in order on the calling thread, with no parallel region
+   at all (a region that runs on one thread still costs its setup, about 0.35 us, some ten times a layer). */
+typedef void (*row_fn)(void *ctx, int64_t m, int thread);
+static inline __attribute__((always_inline)) void for_rows(int64_t M, int nthreads, row_fn fn, void *ctx) {
+    if (nthreads > 1 && M >= ROWS_PARALLEL) {
+        #pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t m = 0; m < M; m++) fn(ctx, m, omp_get_thread_num());
+    } else {
+        for (int64_t m = 0; m < M; m++) fn(ctx, m, 0);
+    }
+}
 /* Calls whose output holds at least this many floats sum their terms on all the threads (the output
    projection: 262,144 columns a row); a layer's few thousand are summed on the calling thread, where a
    parallel region would cost more than it saves. */
@@ -114,6 +133,55 @@ static void sum_terms(const float *y, int64_t M, int64_t N, const float *residua
     }
 }
 
+/* One Linear's row-wise work, its rows split by for_rows (linear_with's arguments; r and o: a scratch row per
+   thread, ks and N floats apart). */
+typedef struct {
+    const float *x, *norm_w, *post_w, *residual;
+    int64_t M, K, sx, N, sr, ks;
+    float inv_k, inv_n, eps_f, scale_floor;
+    float *h, *r, *s, *y, *o, *out;
+    void *q;
+    int terms;
+} linear_rows;
+/* Row m before the GEMM: the norm (norm_w), then the row's terms. */
+static void linear_input_row(void *ctx, int64_t m, int thread) {
+    const linear_rows *c = ctx;
+    const int64_t K = c->K;
+    const float *src = c->x + m * c->sx;
+    if (c->norm_w) {
+        norm_row(src, c->norm_w, c->h + m * K, K, c->inv_k, c->eps_f);
+        src = c->h + m * K;
+    }
+    if (c->terms == 1) {
+        c->s[m] = quantize_row_int16_avx2(src, K, (int16_t *)c->q + m * K, c->scale_floor);
+    } else {
+        int8_t *q8 = c->q;
+        float *r = c->r + c->ks * thread;
+        c->s[m] = quantize_row_avx2(src, K, q8 + m * K, c->scale_floor);
+        residual_row(src, q8 + m * K, c->s[m], K, r);
+        c->s[c->M + m] = quantize_row_avx2(r, K, q8 + (c->M + m) * K, c->scale_floor);
+    }
+}
+/* Row m after the GEMM with a post-norm: the terms' sum (two terms), the norm, the residual. */
+static void linear_post_row(void *ctx, int64_t m, int thread) {
+    const linear_rows *c = ctx;
+    const int64_t N = c->N;
+    float *dst = c->out + m * N;
+    const float *lin = c->y + m * N;
+    if (c->terms == 2) {
+        float *o = c->o + N * thread;
+        add_rows(c->y + m * N, c->y + (c->M + m) * N, o, N);
+        lin = o;
+    }
+    norm_row(lin, c->post_w, dst, N, c->inv_n, c->eps_f);
+    if (c->residual) add_rows(c->residual + m * c->sr, dst, dst, N);
+}
+/* Row m after the GEMM of one term with a residual and no post-norm: out = residual + y. */
+static void linear_residual_row(void *ctx, int64_t m, int thread) {
+    const linear_rows *c = ctx;
+    (void)thread;
+    add_rows(c->residual + m * c->sr, c->y + m * c->N, c->out + m * c->N, c->N);
+}
 /* x f32[M, K] (row stride sx) -> out f32[M, N] contiguous; norm_w f32[K], post_w f32[N] and residual f32[M, N]
    (row stride sr) optional (NULL). Two int8 terms a row (g.gemm16 NULL: quantize.c's two-term arithmetic, both
    terms' 2M rows through g.gemm8, summed) or one int16 term (quantize_row_int16_avx2, g.gemm16 on M rows, its
@@ -124,57 +192,33 @@ static int linear_with(linear_gemm g, const float *x, int64_t M, int64_t K, int6
                        const float *residual, int64_t sr, float *out, float scale_floor, int nthreads) {
     if (M < 1 || K < GROUP || K % GROUP || N < 1) return 1;
     const int terms = g.gemm16 ? 1 : 2;
-    const float eps_f = (float)eps;
     const int64_t ks = (K + 15) / 16 * 16;
+    const int row_threads = nthreads > 1 && M >= ROWS_PARALLEL ? nthreads : 1;
     float *h = norm_w ? malloc((size_t)(M * K) * sizeof(float)) : NULL;
-    float *r = terms == 2 ? aligned_alloc(64, (size_t)ks * sizeof(float)) : NULL;
+    float *r = terms == 2 ? aligned_alloc(64, (size_t)(ks * row_threads) * sizeof(float)) : NULL;
     void *q = malloc((size_t)(2 * M * K));  /* 2M int8 rows or M int16 rows: the same bytes */
     float *s = malloc((size_t)(terms * M) * sizeof(float));
     const int direct = terms == 1 && !post_w && !residual;  /* the GEMM writes out itself */
     const size_t y_bytes = direct ? 0 : (size_t)(terms * M * N) * sizeof(float);
     const int y_kept = y_bytes > KEPT_SCRATCH_BYTES;
     float *y = direct ? out : y_kept ? kept_scratch(y_bytes) : malloc(y_bytes);
-    float *o = post_w && terms == 2 ? malloc((size_t)N * sizeof(float)) : NULL;
+    float *o = post_w && terms == 2 ? malloc((size_t)(N * row_threads) * sizeof(float)) : NULL;
     int status = 1;
     if ((norm_w && !h) || (terms == 2 && !r) || !q || !s || !y || (post_w && terms == 2 && !o)) goto done;
-    const float *src = x;
-    int64_t ss = sx;
-    if (norm_w) {
-        const float inv_k = (float)(1.0 / (double)K);
-        for (int64_t m = 0; m < M; m++) norm_row(x + m * sx, norm_w, h + m * K, K, inv_k, eps_f);
-        src = h;
-        ss = K;
-    }
+    linear_rows rows = {x, norm_w, post_w, residual, M, K, sx, N, sr, ks, (float)(1.0 / (double)K),
+                        (float)(1.0 / (double)N), (float)eps, scale_floor, h, r, s, y, o, out, q, terms};
+    for_rows(M, nthreads, linear_input_row, &rows);
     if (terms == 1) {
-        int16_t *q16 = q;
-        for (int64_t m = 0; m < M; m++) s[m] = quantize_row_int16_avx2(src + m * ss, K, q16 + m * K, scale_floor);
-        if (g.gemm16(q16, K, w, w_scale, y, N, s, M, N, K, nthreads)) goto done;
+        if (g.gemm16(q, K, w, w_scale, y, N, s, M, N, K, nthreads)) goto done;
     } else {
-        int8_t *q8 = q;
-        for (int64_t m = 0; m < M; m++) {
-            s[m] = quantize_row_avx2(src + m * ss, K, q8 + m * K, scale_floor);
-            residual_row(src + m * ss, q8 + m * K, s[m], K, r);
-            s[M + m] = quantize_row_avx2(r, K, q8 + (M + m) * K, scale_floor);
-        }
-        if (g.gemm8(q8, K, w, w_scale, y, N, s, 2 * M, N, K, nthreads)) goto done;
+        if (g.gemm8(q, K, w, w_scale, y, N, s, 2 * M, N, K, nthreads)) goto done;
     }
-    if (!post_w && terms == 2) {
+    if (!post_w && terms == 2)
         sum_terms(y, M, N, residual, sr, out, nthreads);
-    } else if (!post_w && residual) {  /* one term, a residual: out = residual + y (direct: out is y already) */
-        for (int64_t m = 0; m < M; m++) add_rows(residual + m * sr, y + m * N, out + m * N, N);
-    } else if (post_w) {
-        const float inv_n = (float)(1.0 / (double)N);
-        for (int64_t m = 0; m < M; m++) {
-            float *dst = out + m * N;
-            const float *lin = y + m * N;
-            if (terms == 2) {
-                add_rows(y + m * N, y + (M + m) * N, o, N);
-                lin = o;
-            }
-            norm_row(lin, post_w, dst, N, inv_n, eps_f);
-            if (residual) add_rows(residual + m * sr, dst, dst, N);
-        }
-    }
+    else if (post_w)
+        for_rows(M, nthreads, linear_post_row, &rows);
+    else if (residual)  /* one term, a residual: out = residual + y (direct: out is y already) */
+        for_rows(M, nthreads, linear_residual_row, &rows);
     status = 0;
 done:
     free(h);

@@ -112,7 +112,7 @@ def test_rows_are_read_where_they_lie_and_do_not_depend_on_the_batch(isa, recipe
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_terms_summed_over_threads_read_strided_residuals_and_keep_the_bits(isa, threads, recipe):
     ref, _ = RECIPES[recipe]
-    x, w_q, w_scale, norm, _, residual = _case(19, 8200, 32, seed=11)
+    x, w_q, w_scale, norm, post, residual = _case(19, 8200, 32, seed=11)
     wide_res = torch.zeros(19, 8300)
     wide_res[:, 50:8250] = residual
     want = ref(x, w_q, w_scale, norm_weight=norm, eps=EPS, residual=residual)
@@ -122,10 +122,15 @@ def test_terms_summed_over_threads_read_strided_residuals_and_keep_the_bits(isa,
         got = linear_two_terms_c(x, w_q, w_scale, norm_weight=norm, eps=EPS, residual=wide_res[:, 50:8250], isa=isa,
                                  recipe=recipe)
         plain = linear_two_terms_c(x, w_q, w_scale, isa=isa, recipe=recipe)
+        # 19 rows (>= ROWS_PARALLEL): the norm, the terms and the post-norm's rows split over the threads, each
+        # with its own scratch row
+        normed = linear_two_terms_c(x, w_q, w_scale, norm_weight=norm, eps=EPS, post_norm=post,
+                                    residual=wide_res[:, 50:8250], isa=isa, recipe=recipe)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(got, want)
     assert torch.equal(plain, ref(x, w_q, w_scale))
+    assert torch.equal(normed, ref(x, w_q, w_scale, norm_weight=norm, eps=EPS, post_norm=post, residual=residual))
 
 
 @needs_kernel
