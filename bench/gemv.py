@@ -28,7 +28,9 @@ weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_
 on VNNI CPUs, w8a8_grouped.c on AVX2 ones), against the per-row scales, the two timed in alternation so the ratio
 grouped / per-row is a same-run figure on this noisy machine: the step's GEMMs and the output projection at
 M = 1, 2, 4, 8, 16 (2, 8, 16: decode of 1, 4, 8 sequences with two activation terms), and one prefill shape,
-M = 256 on a layer's gate_up (640 -> 2 x 2048, geglu) and down (2048 -> 640) weights. On a VNNI CPU the grouped
+M = 256 on a layer's gate_up (640 -> 2 x 2048, geglu) and down (2048 -> 640) weights; and the 18 layers' grouped
+GEMMs at a 64-token prefill chunk's 128 two-term rows, weights from memory (prefill_chunk_m128_layers_*: GMAC/s and
+% of the product ceiling, what bounds a cold history's prefill). On a VNNI CPU the grouped
 AVX2 kernel is timed against the VNNI one the same way (the baseline the VNNI kernel replaced), and the VNNI
 kernel on the weights as they lie (vnni_rows: 16 rows of 32 bytes at a time, transposed in registers) against
 the same kernel on its packed copy (kernels.cpu.w8a8_grouped.packed_weights: one sequential stream, what the
@@ -288,6 +290,33 @@ def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: tor
     for base_name, base_gemm, base_grouped in pairs:
         _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm,
                        base_grouped, ceiling)
+    _prefill_chunk(layers_g, repeats, gen, result, ceiling)
+
+
+# A 64-token prefill chunk (the scheduler's solo share for cold histories) with two activation terms a token.
+PREFILL_CHUNK_ROWS = 128
+
+
+def _prefill_chunk(layers_g, repeats: int, gen: torch.Generator, result: dict, ceiling: float | None) -> None:
+    """The 18 layers' grouped GEMMs (weights from memory, as a step reads them) at a 64-token prefill chunk's 128
+    two-term rows through the kernel the engine's fused layers call (w8a8_grouped_scaled_cpu: the packed copy on
+    VNNI, the dequantized output without the epilogue, which those layers fuse): the products per second a cold
+    history's prefill gets, against the product ceiling of the same run."""
+    m = PREFILL_CHUNK_ROWS
+    a = torch.randint(-127, 128, (m, FFN), dtype=torch.int8, generator=gen)
+    a_s = torch.rand(m, generator=gen) + 1e-3
+
+    def run():
+        for layer in layers_g:
+            for w, s, _ in layer:
+                if w8a8_grouped_scaled_cpu(a[:, :w.shape[1]], a_s, w, s) is None:
+                    raise RuntimeError("the grouped GEMM declined the prefill chunk")
+
+    t = _best_s(run, repeats)
+    gmacs = m * sum(w.numel() for layer in layers_g for w, _, _ in layer) / t / 1e9
+    result["prefill_chunk_m128_layers_ms"] = round(t * 1e3, 3)
+    detail = _of_ceiling(result, "prefill_chunk_m128_layers", gmacs, ceiling) or f"  {gmacs:6.1f} GMAC/s"
+    print(f"prefill chunk M={m} (64 tokens, two terms), the step's layer GEMMs: {t * 1e3:8.2f} ms{detail}")
 
 
 def _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm,
