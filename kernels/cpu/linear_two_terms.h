@@ -103,8 +103,10 @@ static void *kept_scratch(size_t bytes) {
    caller's index in the team, for its own scratch), else in order on the calling thread, with no parallel region
    at all (a region that runs on one thread still costs its setup, about 0.35 us, some ten times a layer). */
 typedef void (*row_fn)(void *ctx, int64_t m, int thread);
+/* The threads for_rows gives M rows: the scratch rows a caller keeps for them. */
+static inline int row_team(int64_t M, int nthreads) { return nthreads > 1 && M >= ROWS_PARALLEL ? nthreads : 1; }
 static inline __attribute__((always_inline)) void for_rows(int64_t M, int nthreads, row_fn fn, void *ctx) {
-    if (nthreads > 1 && M >= ROWS_PARALLEL) {
+    if (row_team(M, nthreads) > 1) {
         #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t m = 0; m < M; m++) fn(ctx, m, omp_get_thread_num());
     } else {
@@ -193,7 +195,7 @@ static int linear_with(linear_gemm g, const float *x, int64_t M, int64_t K, int6
     if (M < 1 || K < GROUP || K % GROUP || N < 1) return 1;
     const int terms = g.gemm16 ? 1 : 2;
     const int64_t ks = (K + 15) / 16 * 16;
-    const int row_threads = nthreads > 1 && M >= ROWS_PARALLEL ? nthreads : 1;
+    const int row_threads = row_team(M, nthreads);
     float *h = norm_w ? malloc((size_t)(M * K) * sizeof(float)) : NULL;
     float *r = terms == 2 ? aligned_alloc(64, (size_t)(ks * row_threads) * sizeof(float)) : NULL;
     void *q = malloc((size_t)(2 * M * K));  /* 2M int8 rows or M int16 rows: the same bytes */
