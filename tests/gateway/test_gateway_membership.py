@@ -117,6 +117,7 @@ async def test_serving_gauge_waits_for_the_engines_model() -> None:
             if handle.report is not None:
                 break
             await asyncio.sleep(0.05)
+        assert handle.report is not None and not handle.report.model_id, "no LoadReport without a model arrived"
         assert (handle.routable, gauge()) == (False, 0.0)
         engine.set_report(model_id="m")
         await pool.wait_for(lambda s: handle.routable, timeout_s=2)
