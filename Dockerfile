@@ -4,7 +4,7 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /app
 
-# A C compiler (with OpenMP) for the CPU int8 GEMM kernels, built on first use (kernels/cpu/w8a8_acc.c).
+# A C compiler (with OpenMP) for the CPU int8 GEMM kernels, built on first use (salon/kernels/cpu/w8a8_acc.c).
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libgomp1 \
     && rm -rf /var/lib/apt/lists/*
 
@@ -14,15 +14,11 @@ ARG PIP_EXTRA_INDEX_URL
 RUN pip install "torch==2.13.0"
 COPY pyproject.toml README.md ./
 COPY salon ./salon
-COPY salon_cli ./salon_cli
-COPY services ./services
-COPY kernels ./kernels
-COPY bench ./bench
 COPY protos ./protos
 RUN pip install .
 
 # The services run as an unprivileged user (uid 10001, as the Kubernetes manifests expect). Its home
-# holds the converted model and the CPU kernels (a private 0700 cache: kernels/cpu/native.py loads
+# holds the converted model and the CPU kernels (a private 0700 cache: salon/kernels/cpu/native.py loads
 # code only from such a place); /certs is where compose's `certs` step writes the stack's certificates.
 RUN groupadd --gid 10001 salon && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/salon salon \
     && mkdir -p /certs && chown salon:salon /certs && chmod 0700 /certs
@@ -30,7 +26,7 @@ USER 10001:10001
 ENV HOME=/home/salon
 
 # Convert the default model to the int8 checkpoint and build the CPU kernels at build time so engines start fast.
-RUN salon convert && python -m kernels.cpu.native
+RUN salon convert && python -m salon.kernels.cpu.native
 
 EXPOSE 50051
 CMD ["salon", "up"]

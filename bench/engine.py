@@ -10,7 +10,7 @@ Aggregate tokens/s = generated tokens / wall time (prefill included). TTFT/ITL p
 continuous runs. KV memory per stream = most blocks a request held x bytes per block. The requests are
 greedy; one more continuous run at 32 streams samples (temperature 0.8, top-p 0.95) to show what
 sampling costs.
-The peer, llama.cpp (bench/peer.py), runs the same shape when a build is found: llama-batched-bench with
+The peer, llama.cpp (salon/loadgen/peer.py), runs the same shape when a build is found: llama-batched-bench with
 N distinct prompts of the same length, prefilled together, then N sequences decoding the same number of
 new tokens, on the same GGUF and threads; its aggregate is also generated tokens / wall time (prefill
 included), next to salon's static and continuous figures.
@@ -25,12 +25,12 @@ import time
 
 import torch
 
-from bench import peer
-from services.engine.config import SchedulerConfig
-from services.engine.core.engine_core import EngineCore
-from services.engine.core.request import Request, RequestId, SamplingParams
-from services.engine.model.sources import resolve_source
-from services.engine.worker.model_loading import load_model
+from salon.loadgen import peer
+from salon.engine.config import SchedulerConfig
+from salon.engine.core.engine_core import EngineCore
+from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.model.sources import resolve_source
+from salon.engine.worker.model_loading import load_model
 
 
 def make_requests(n: int, prompt_tokens: int, new_tokens: int, tag: str, vocab: int,

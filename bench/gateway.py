@@ -31,12 +31,12 @@ from pathlib import Path
 
 import grpc
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
-from salon.engine.v1 import engine_pb2, engine_pb2_grpc
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.process import ServiceProcess, start_service
-from services.gateway.ring import HashRing
-from services.gateway.types import TenantId, dialogue_key
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import ServiceProcess, start_service
+from salon.gateway.ring import HashRing
+from salon.gateway.types import TenantId, dialogue_key
 
 API_KEY = "bench-key-0123456789"
 BENCH_TENANT = TenantId("bench")

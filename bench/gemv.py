@@ -3,7 +3,7 @@
 A decode step of Gemma 3 270M reads ~268 MB of int8 weights: per layer (18) the qkv, o, gate_up and down
 projections (5.6 MB, all of it in L3 if timed alone), and the tied 262,144 x 640 output projection (168 MB).
 So the step's GEMMs are timed as the engine runs them: 18 layers of distinct weights, then the output
-projection, through the engine's CPU GEMM (kernels.cpu.w8a8_gemm.w8a8_gemm_cpu: on CPUs without VNNI the
+projection, through the engine's CPU GEMM (salon.kernels.cpu.w8a8_gemm.w8a8_gemm_cpu: on CPUs without VNNI the
 AVX2 GEMV for M <= 8), at M = 1, 4 and 8 rows. The figures:
 
   * streaming read: torch sum over a 512 MB float32 tensor, the same threads (the memory's practical limit),
@@ -17,14 +17,14 @@ AVX2 GEMV for M <= 8), at M = 1, 4 and 8 rows. The figures:
     instructions per 32 products) the decode of 4 or more sequences is the second kind;
   * on AVX2, the same ceiling for one int16 term per activation (vpmaddwd on sign-extended int8 weights), in
     the two-term recipe's products: the ceiling of the recipe the engine runs on CPUs without VNNI
-    (kernels/w16a8_grouped.py), measured beside the two-term ceiling.
+    (salon/kernels/w16a8_grouped.py), measured beside the two-term ceiling.
 
-With --int16, the int16-activation GEMM (kernels/cpu/w16a8_grouped.c: one int16 term per activation) on T rows
+With --int16, the int16-activation GEMM (salon/kernels/cpu/w16a8_grouped.c: one int16 term per activation) on T rows
 against the engine's two-term GEMM on the 2T int8 rows of two terms, the same weights with group scales, at T = 1,
 4, 16, 64 and 256 on a layer's gate_up and down weights, in alternation (int16_t{T}_{gate_up,down}_speedup_x).
 
-With --grouped, the same weights also with group scales (f32[N, K/32], kernels.w8a8_grouped: +1/8 of the
-weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: kernels/cpu/w8a8_grouped_vnni.c
+With --grouped, the same weights also with group scales (f32[N, K/32], salon.kernels.w8a8_grouped: +1/8 of the
+weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: salon/kernels/cpu/w8a8_grouped_vnni.c
 on VNNI CPUs, w8a8_grouped.c on AVX2 ones), against the per-row scales, the two timed in alternation so the ratio
 grouped / per-row is a same-run figure on this noisy machine: the step's GEMMs and the output projection at
 M = 1, 2, 4, 8, 16 (2, 8, 16: decode of 1, 4, 8 sequences with two activation terms), and one prefill shape,
@@ -33,14 +33,14 @@ GEMMs at a 64-token prefill chunk's 128 two-term rows, weights from memory (pref
 % of the product ceiling, what bounds a cold history's prefill). On a VNNI CPU the grouped
 AVX2 kernel is timed against the VNNI one the same way (the baseline the VNNI kernel replaced), and the VNNI
 kernel on the weights as they lie (vnni_rows: 16 rows of 32 bytes at a time, transposed in registers) against
-the same kernel on its packed copy (kernels.cpu.w8a8_grouped.packed_weights: one sequential stream, what the
+the same kernel on its packed copy (salon.kernels.cpu.w8a8_grouped.packed_weights: one sequential stream, what the
 engine runs), the same way; and the engine's kernel against itself built with the prefill's prefetch at every
 size (vnni_prefill_prefetch, bench/w8a8_grouped_vnni_prefill_prefetch.c: the baseline of its decode prefetch).
 
 Huge pages: the step's group-scaled GEMMs (the engine's Gemma path) at M = 2 and 8 (decode of 1 and 4 sequences)
 with the weights where torch allocates them (4 KB pages wherever transparent huge pages are "madvise" only)
 against the same weights copied into huge pages as the engine's loader places them
-(services/engine/model/huge_pages.py), the two timed in alternation. On VNNI both read the weights as they lie
+(salon/engine/model/huge_pages.py), the two timed in alternation. On VNNI both read the weights as they lie
 (the packed copies the engine reads are in huge pages either way).
 
     python -m bench.gemv [--quick] [--threads N] [--grouped] [--int16]
@@ -58,14 +58,14 @@ import torch
 
 from bench.alternate import best_seconds
 from bench.int16_gemm import int16_section
-from kernels.cpu import native
-from kernels.cpu.native import cpu_isas
-from kernels.cpu.w8a8_gemm import int8_acc_c, w8a8_gemm_cpu
-from kernels.cpu.w8a8_grouped import GEMM_ARGS as GROUPED_ARGS
-from kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu, weight_pointers
-from kernels.w8a8_gemm import w8a8_epilogue, w8a8_epilogue_after_scales
-from kernels.w8a8_grouped import GROUP
-from services.engine.model.huge_pages import in_huge_pages
+from salon.kernels.cpu import native
+from salon.kernels.cpu.native import cpu_isas
+from salon.kernels.cpu.w8a8_gemm import int8_acc_c, w8a8_gemm_cpu
+from salon.kernels.cpu.w8a8_grouped import GEMM_ARGS as GROUPED_ARGS
+from salon.kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu, weight_pointers
+from salon.kernels.w8a8_gemm import w8a8_epilogue, w8a8_epilogue_after_scales
+from salon.kernels.w8a8_grouped import GROUP
+from salon.engine.model.huge_pages import in_huge_pages
 
 D_MODEL, FFN, QKV, ATTN_OUT, VOCAB, LAYERS = 640, 2048, 1536, 1024, 262_144, 18
 STREAM_BYTES = 512 * 2**20
@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--grouped", action="store_true",
                         help="also time group scales (f32[N, K/32]) against per-row scales on the same weights")
     parser.add_argument("--int16", action="store_true",
-                        help="also time the int16-activation GEMM (kernels/cpu/w16a8_grouped.c) against the "
+                        help="also time the int16-activation GEMM (salon/kernels/cpu/w16a8_grouped.c) against the "
                              "engine's two-term GEMM")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

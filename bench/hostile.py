@@ -38,10 +38,10 @@ from pathlib import Path
 
 import grpc
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from bench.gateway import process_cpu_s
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.process import ServiceProcess, start_service
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import ServiceProcess, start_service
 
 API_KEY = "bench-hostile-key-0123"
 KINDS = ("messages", "ids", "message_ids", "text")

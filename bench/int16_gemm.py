@@ -1,4 +1,4 @@
-"""bench.gemv --int16: the int16-activation GEMM (kernels/cpu/w16a8_grouped.c: one int16 term per activation)
+"""bench.gemv --int16: the int16-activation GEMM (salon/kernels/cpu/w16a8_grouped.c: one int16 term per activation)
 against the engine's two-term GEMM on the same weights and group scales, timed in alternation."""
 
 from __future__ import annotations
@@ -6,23 +6,23 @@ from __future__ import annotations
 import torch
 
 from bench.alternate import best_seconds
-from kernels.cpu.w16a8_grouped import library, w16a8_grouped_cpu
-from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
-from kernels.w8a8_grouped import GROUP
+from salon.kernels.cpu.w16a8_grouped import library, w16a8_grouped_cpu
+from salon.kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
+from salon.kernels.w8a8_grouped import GROUP
 
 TOKENS = (1, 4, 16, 64, 256)
 
 
 def int16_section(layer, repeats: int, gen: torch.Generator, result: dict, threads: int,
                   tokens: tuple[int, ...] = TOKENS) -> None:
-    """T tokens as T int16 rows (kernels.cpu.w16a8_grouped) against the engine's GEMM (kernels.cpu.w8a8_gemm, the
+    """T tokens as T int16 rows (salon.kernels.cpu.w16a8_grouped) against the engine's GEMM (salon.kernels.cpu.w8a8_gemm, the
     entry point the engine calls for two terms) on their 2T int8 rows, the same weights with group scales, for a
     layer's gate_up and down projections (layer[2], layer[3]) at each T, timed in alternation (best of each; no
     epilogue on either). Keys int16_t{T}_{gate_up,down}_{two_terms_ms,int16_ms,speedup_x}."""
     if library() is None:
         print("int16 GEMM: not built here (needs x86-64 with AVX2 and cc)")
         return
-    print("int16 GEMM (kernels/cpu/w16a8_grouped.c): T tokens as T int16 rows against the engine's GEMM on their "
+    print("int16 GEMM (salon/kernels/cpu/w16a8_grouped.c): T tokens as T int16 rows against the engine's GEMM on their "
           "2T int8 rows (two terms)")
     for label, (w, _, _) in (("gate_up", layer[2]), ("down", layer[3])):
         n, k = w.shape

@@ -24,11 +24,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernels.kv_write import kv_write_ref, kv_write_triton
-from kernels.paged_attention import PagedAttentionArgs, paged_attention_ref, paged_attention_triton
-from kernels.quantize import rmsnorm_quant_ref, rmsnorm_quant_triton
-from kernels.rope import rope_neox_ref, rope_neox_triton
-from kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
+from salon.kernels.kv_write import kv_write_ref, kv_write_triton
+from salon.kernels.paged_attention import PagedAttentionArgs, paged_attention_ref, paged_attention_triton
+from salon.kernels.quantize import rmsnorm_quant_ref, rmsnorm_quant_triton
+from salon.kernels.rope import rope_neox_ref, rope_neox_triton
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
 
 # Dense (no sparsity) peaks by device name: HBM GB/s and int8 tensor-core TOPS.
 DEVICE_PEAKS = {

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.kvstore_client.client import KVStoreClient
-from services.common.kvstore_client.layout import KVLayout
-from services.common.prefix_hash import encode_token_ids, namespace_digest
-from services.kvstore.arena import Arena
-from services.kvstore.radix_tree import RadixTree
-from services.kvstore.store import KVStore
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.kvstore_client.client import KVStoreClient
+from salon.common.kvstore_client.layout import KVLayout
+from salon.common.prefix_hash import encode_token_ids, namespace_digest
+from salon.kvstore.arena import Arena
+from salon.kvstore.radix_tree import RadixTree
+from salon.kvstore.store import KVStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GEMMA = KVLayout(16, 3 * 16 * 520, 15 * 16 * 520, 512)
@@ -104,7 +104,7 @@ def bench_match(num_dialogues: int, history_tokens_mean: int, num_queries: int) 
 
 def start_kvstore(shm_dir: str, capacity_bytes: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.kvstore", "--port", "0", "--capacity-bytes", str(capacity_bytes),
+        [sys.executable, "-m", "salon.kvstore", "--port", "0", "--capacity-bytes", str(capacity_bytes),
          "--shm-dir", shm_dir, "--log-json", "true", *INSECURE_LOOPBACK_FLAGS],
         cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,

@@ -5,7 +5,7 @@ baseline in the same run.
     python -m bench.mixed_load [--quick] [--model gemma-3-270m] [--threads 1] [--budget 256]
                                [--long-prefill-tokens N] [--long-prefill-solo-tokens N]
 
-The load, the same for both schedulers (contexts of bench/loadgen's dialogue trace, greedy):
+The load, the same for both schedulers (contexts of salon/loadgen's dialogue trace, greedy):
   cold       --cold dialogues whose whole history (--cold-tokens) arrives at t = 0, nothing cached;
   returning  --returning dialogues whose previous turn is in the device prefix cache (served before the
              clock starts); each comes back with its new tokens (the last --new-tokens of its context) at
@@ -32,12 +32,12 @@ import time
 
 import torch
 
-from bench.loadgen.report import percentile
+from salon.loadgen.report import percentile
 from bench.speculative import dialogue_prompts
-from services.engine.config import SchedulerConfig
-from services.engine.core.engine_core import EngineCore
-from services.engine.core.request import Request, RequestId, SamplingParams
-from services.engine.worker.model_loading import load_model
+from salon.engine.config import SchedulerConfig
+from salon.engine.core.engine_core import EngineCore
+from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.worker.model_loading import load_model
 
 NAMESPACE = b"bench-mixed-load"
 

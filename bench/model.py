@@ -16,20 +16,20 @@ sequences, as shipped / v6 time ratios (what the grouped scales and two-term act
 
 On the CPU the int8 model's batch-1 decode is also timed against the same checkpoint with its weights left where
 the file maps them (small pages) instead of copied into huge pages as the engine loads them
-(services/engine/model/huge_pages.py), the two alternated, best of each: huge_pages_decode_b1_speedup_x. On VNNI
-CPUs the grouped GEMMs read packed copies of the weights (kernels.cpu.w8a8_grouped.packed_weights), in huge pages
+(salon/engine/model/huge_pages.py), the two alternated, best of each: huge_pages_decode_b1_speedup_x. On VNNI
+CPUs the grouped GEMMs read packed copies of the weights (salon.kernels.cpu.w8a8_grouped.packed_weights), in huge pages
 for both loads, so that figure is about 1 there by construction. Instead the int8 model is timed against a second
 load of the checkpoint whose weights the GEMMs read as they lie (16 rows of 32 bytes at a time, transposed in
 registers: the layout before the packed one), alternated as the recipe figures below are:
 packed_{prefill_512,decode_b1,..}_packed_over_rows_x.
 
-The int8 model runs the activation recipe its kernel family picks here (kernels.backend: one int16 term per
+The int8 model runs the activation recipe its kernel family picks here (salon.kernels.backend: one int16 term per
 activation where the CPU's GEMM is AVX2's, two int8 terms elsewhere); the same checkpoint in the other recipe is
 timed against it in the same run, alternating the two, best of each (activations_*_shipped_over_*_x: prefill 512
 and decode at 1, 4, 8 and 32 sequences), and its perplexity given (ppl_int8_<recipe>); --no-activation-baseline
 skips it.
 
-The peer, llama.cpp (bench/peer.py), runs in the same run on the same GGUF and threads when a build is
+The peer, llama.cpp (salon/loadgen/peer.py), runs in the same run on the same GGUF and threads when a build is
 found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 4, 8 and 32 sequences in
 the shape of the decode figures here (32-token prompts, then the same number of steps). The peer runs after
 salon's figures, so salon's batch-1 decode is measured again after it (decode_tokens_per_s_b1_after_peer) and
@@ -51,23 +51,23 @@ import time
 
 import torch
 
-from bench import peer
+from salon.loadgen import peer
 from bench.alternate import best_alternated
 from bench.quant_ceilings import float_activations
-from kernels.backend import other_activations
-from kernels.cpu.w8a8_grouped import chosen_isa, keep_rows
-from services.engine.core.kv_cache_manager import KVCacheManager
-from services.engine.core.request import Request, RequestId, SamplingParams
-from services.engine.core.scheduler import ScheduledChunk, SchedulerOutput
-from services.engine.kv.kv_cache import KVCache
-from services.engine.kv.kv_layout import plan_layout
-from services.engine.worker.model_loading import load_model
-from services.engine.model import load_model as load_model_on_cpu
-from services.engine.model.builder import FUSED
-from services.engine.model.config import synthetic_config
-from services.engine.model.sources import resolve_source
-from services.engine.model.perplexity import perplexity
-from services.engine.worker.model_runner import ModelRunner
+from salon.kernels.backend import other_activations
+from salon.kernels.cpu.w8a8_grouped import chosen_isa, keep_rows
+from salon.engine.core.kv_cache_manager import KVCacheManager
+from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.core.scheduler import ScheduledChunk, SchedulerOutput
+from salon.engine.kv.kv_cache import KVCache
+from salon.engine.kv.kv_layout import plan_layout
+from salon.engine.worker.model_loading import load_model
+from salon.engine.model import load_model as load_model_on_cpu
+from salon.engine.model.builder import FUSED
+from salon.engine.model.config import synthetic_config
+from salon.engine.model.sources import resolve_source
+from salon.engine.model.perplexity import perplexity
+from salon.engine.worker.model_runner import ModelRunner
 
 REF_PPL = 13.829072782896715
 
@@ -137,9 +137,9 @@ def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32, rounds: 
 def _v6_recipe_model(model_name: str, kernel_ops):
     """The int8 model of checkpoint format v6's recipe, converted from the GGUF in this run."""
     from bench.quant_eval import V6_RECIPE, load_float
-    from services.engine.model.builder import Int8Weights, build_model
-    from services.engine.model.checkpoint import calibrate_float, calibration_sequences
-    from services.engine.model.quantize import build_int8_checkpoint
+    from salon.engine.model.builder import Int8Weights, build_model
+    from salon.engine.model.checkpoint import calibrate_float, calibration_sequences
+    from salon.engine.model.quantize import build_int8_checkpoint
 
     config, w, tok = load_float(model_name)
     calib = calibrate_float(config, w, calibration_sequences(config, w, tok))
@@ -162,7 +162,7 @@ def _huge_pages_ratio(name: str, shipped, steps: int, rounds: int) -> dict[str, 
 
 def _packed_ratios(name: str, shipped, steps: int, rounds: int) -> dict[str, float]:
     """On VNNI: the shipped int8 model (its grouped GEMMs read packed copies of the weights) against a second
-    load of the same checkpoint whose weights are read as they lie (kernels.cpu.w8a8_grouped.keep_rows), the
+    load of the same checkpoint whose weights are read as they lie (salon.kernels.cpu.w8a8_grouped.keep_rows), the
     two alternated (_recipe_ratios' figures: packed_*_packed_over_rows_x)."""
     rows, _ = load_model_on_cpu(name, "int8", kernel_ops=shipped.kernel_ops, progress=False)
     for lin in [getattr(layer, n) for layer in rows.layers for n in FUSED] + [rows.lm_head]:
@@ -190,7 +190,7 @@ def _recipe_ratios(shipped, other, steps: int, rounds: int, prefix: str = "recip
 
 
 def _activation_recipes(args, shipped, steps: int, rounds: int, ids, bos) -> dict[str, float]:
-    """The shipped int8 model in the other activation recipe (kernels.backend.ACTIVATION_RECIPES: one int16
+    """The shipped int8 model in the other activation recipe (salon.kernels.backend.ACTIVATION_RECIPES: one int16
     term or two int8 terms per activation), the same checkpoint, timed against the shipped one alternately,
     and its perplexity."""
     other = other_activations(shipped.kernel_ops.activations)

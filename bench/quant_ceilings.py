@@ -18,15 +18,15 @@ import dataclasses
 
 import torch
 
-from kernels.quantize import SCALE_FLOOR
-from services.engine.model.builder import FUSED, build_int8_model
-from services.engine.model.checkpoint import calibrate_and_quantize
-from services.engine.model.linear import FloatLinear
+from salon.kernels.quantize import SCALE_FLOOR
+from salon.engine.model.builder import FUSED, build_int8_model
+from salon.engine.model.checkpoint import calibrate_and_quantize
+from salon.engine.model.linear import FloatLinear
 
 
 def fake_quantize(x: torch.Tensor, group: int) -> torch.Tensor:
     """f32[N, K] -> the same values through symmetric int8 with one scale per `group` columns (K % group == 0),
-    round half to even, scale = max(absmax / 127, SCALE_FLOOR) as kernels.quantize."""
+    round half to even, scale = max(absmax / 127, SCALE_FLOOR) as salon.kernels.quantize."""
     n, k = x.shape
     g = x.reshape(n, k // group, group)
     scale = (g.abs().amax(-1, keepdim=True) / 127).clamp_min(SCALE_FLOOR)

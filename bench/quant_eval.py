@@ -1,9 +1,9 @@
 """int8 recipes of Gemma 3 270M against the exact reference, through the engine's own int8 model.
 
-Each variant is a set of build_int8_checkpoint options (services/engine/model/quantize.py), converted from
+Each variant is a set of build_int8_checkpoint options (salon/engine/model/quantize.py), converted from
 the GGUF's float weights with a calibration set, built with build_int8_model (the engine's C kernels) and
 measured on:
-    ppl        llama-perplexity's method (services.engine.model.perplexity, W8A8 + int8 KV) on gpl-3.txt,
+    ppl        llama-perplexity's method (salon.engine.model.perplexity, W8A8 + int8 KV) on gpl-3.txt,
                14 chunks (--quick: 4); delta_pct against the float64 reference after as many chunks
     top1       teacher-forced on greedy_ref_f64.jsonl through EngineCore (scheduler, paged int8 KV, the
                sampler, greedy): for every step k of every case, a request with prompt + the k exact tokens
@@ -17,9 +17,9 @@ same GGUF (its Q4_K_M weights, through llama-server: the same 229 teacher-forced
 without a build; --llama-cpp DIR as for the other benches), and the checkpoint the engine loads (load_model:
 the shipped recipe, architecture INT8_RECIPE and INT8_ACTIVATION_TERMS, from the cache; checked equal, tensor
 by tensor, to a fresh conversion), in the activation recipe the kernels pick here (engine_checkpoint) and in the
-other one (engine_checkpoint_<recipe>: one int16 term or two int8 terms per activation, kernels.backend).
+other one (engine_checkpoint_<recipe>: one int16 term or two int8 terms per activation, salon.kernels.backend).
 
-Calibration sets (none of them gpl-3.txt): "text" is services/engine/model/calibration_text.py; "text+sampled"
+Calibration sets (none of them gpl-3.txt): "text" is salon/engine/model/calibration_text.py; "text+sampled"
 adds text sampled from the float model itself (calibration_text.sampled_sequences, seeded).
 
 --ceilings adds rows that locate the error (bench/quant_ceilings.py): the shipped checkpoint with float
@@ -43,22 +43,22 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from bench import peer
+from salon.loadgen import peer
 from bench.quant_ceilings import (exact_output_projection, fake_quantize_float_model, float_activations,
                                   shipped_recipe_with_weight_groups)
-from kernels.backend import other_activations, select_ops
-from services.engine.config import SchedulerConfig
-from services.engine.core.engine_core import EngineCore
-from services.engine.core.request import Request, RequestId, SamplingParams
-from services.engine.model import load_model
-from services.engine.model.builder import Int8Weights, build_float_model, build_model
-from services.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences, convert
-from services.engine.model.loader import open_model_file
-from services.engine.model.models import architecture
-from services.engine.model.perplexity import perplexity
-from services.engine.model.quantize import build_int8_checkpoint
-from services.engine.model.sources import resolve_source
-from services.engine.model.tokenizer import Tokenizer
+from salon.kernels.backend import other_activations, select_ops
+from salon.engine.config import SchedulerConfig
+from salon.engine.core.engine_core import EngineCore
+from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.model import load_model
+from salon.engine.model.builder import Int8Weights, build_float_model, build_model
+from salon.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences, convert
+from salon.engine.model.loader import open_model_file
+from salon.engine.model.models import architecture
+from salon.engine.model.perplexity import perplexity
+from salon.engine.model.quantize import build_int8_checkpoint
+from salon.engine.model.sources import resolve_source
+from salon.engine.model.tokenizer import Tokenizer
 
 MODEL = "gemma-3-270m"
 BOS = 2
@@ -91,7 +91,7 @@ VARIANTS: list[tuple[str, dict, str]] = [
     ("two-term down + GPTQ not lm_head",
      {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_lm_head": False}, "text"),
     ("v6: two-term down + GPTQ on lm_head only", V6_RECIPE, "text"),  # the recipe of checkpoint format v6
-    # group-scaled weights (kernels/w8a8_grouped.py): one scale per row and 32 input channels
+    # group-scaled weights (salon/kernels/w8a8_grouped.py): one scale per row and 32 input channels
     ("W per 32 ch, two-term down", {**LMH, "weight_group": 32, "activation_terms": {"down": 2}}, "text"),
     ("W per 32 ch, two-term acts: all", {**LMH, "weight_group": 32, "activation_terms": 2}, "text"),
     ("W per 32 ch, two-term all, GPTQ on lm_head",
@@ -272,7 +272,7 @@ def main() -> None:
         print(line(f"engine: shipped recipe (load_model), {kernel_ops.activations}", result["engine_checkpoint"]),
               flush=True)
         del engine
-        # the same checkpoint in the other activation recipe (kernels.backend.ACTIVATION_RECIPES)
+        # the same checkpoint in the other activation recipe (salon.kernels.backend.ACTIVATION_RECIPES)
         other = other_activations(kernel_ops.activations)
         engine, _ = load_model(MODEL, precision="int8", kernel_ops=dataclasses.replace(kernel_ops, activations=other),
                                progress=False)

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import grpc
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
-from salon.engine.v1 import engine_pb2, engine_pb2_grpc
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.process import ServiceProcess, start_service
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import ServiceProcess, start_service
 
 KEY_OPEN = "sk-soak-open-4b1d9e"
 KEY_LIMITED = "sk-soak-limited-77c0aa"

@@ -5,7 +5,7 @@
 Two engine cores on one loaded model, identical except --speculative-tokens (0 = the baseline),
 run the same requests, alternating which goes first:
   random     bench.engine's batch-1 shape: a prompt of distinct token ids, greedy
-  dialogue   batch 1: contexts of the dialogue workload (bench/loadgen's trace: a character
+  dialogue   batch 1: contexts of the dialogue workload (salon/loadgen's trace: a character
              definition and the history as "Name: text" lines, ending with the character's name),
              sampled as the workload samples (temperature 0.7, top-p 0.95, a seed per turn)
   dialogue4  the same contexts, 4 in flight (the dialogue preset's concurrency)
@@ -23,11 +23,11 @@ import time
 
 import torch
 
-from bench.loadgen.workload import WorkloadConfig, generate_trace
-from services.engine.config import SchedulerConfig
-from services.engine.core.engine_core import EngineCore
-from services.engine.core.request import Request, RequestId, SamplingParams
-from services.engine.worker.model_loading import load_model
+from salon.loadgen.workload import WorkloadConfig, generate_trace
+from salon.engine.config import SchedulerConfig
+from salon.engine.core.engine_core import EngineCore
+from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.worker.model_loading import load_model
 
 
 def dialogue_prompts(tok, n: int, max_tokens: int) -> list[list[int]]:

@@ -2,15 +2,15 @@
 step path (bench.model's EngineSteps: ModelRunner over the paged KV cache, the CPU kernels, greedy sampling),
 broken down by part.
 
-A decode step runs its decoder layers as one fused call where the kernel family has it (kernels.decoder_block's
+A decode step runs its decoder layers as one fused call where the kernel family has it (salon.kernels.decoder_block's
 decoder_blocks: every Gemma 3 or Llama layer of the step in one C call). The bench times the step as served (fused)
 and, in the same run, the same step with one fused call per layer (decoder_block: the Python between the layers'
 calls is what the one call saves) and with every layer composed of its ops (the fused op's baseline), and splits the
 first and last by part: each kernel
-op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a step's wall time splits into
+op of the model's op family (salon.kernels.backend.Ops) is wrapped in a timer, so a step's wall time splits into
 
   * decoder_block: the fused layers (everything of a layer: its GEMMs, attention, norms, RoPE, KV writes);
-  * linear_layers, linear_lm_head: the fused Linears that run as one C call (kernels.linear_two_terms: the
+  * linear_layers, linear_lm_head: the fused Linears that run as one C call (salon.kernels.linear_two_terms: the
     RMSNorm before, both int8 activation terms or the one int16 term, the GEMM, the post-norm and residual; up
     to its MAX_ROWS rows, grouped weights) of the composed decoder layers and of the output projection;
   * gemm_layers: the decoder layers' GEMMs (qkv, o, gate_up, down) where they run as their own C calls;
@@ -19,7 +19,7 @@ op of the model's op family (kernels.backend.Ops) is wrapped in a timer, so a st
     RMSNorm fused);
   * rmsnorm: the RMSNorms not fused into a quantization;
   * attention, rope, kv_write, glu: the paged attention, RoPE (with the q/k norms before it, where one call
-    runs both: kernels.rmsnorm_rope), KV-write and gated-activation (GeGLU, SwiGLU) kernels;
+    runs both: salon.kernels.rmsnorm_rope), KV-write and gated-activation (GeGLU, SwiGLU) kernels;
   * other: the rest of the step -- the model's PyTorch glue (residual adds, views), the embedding, the
     ForwardBatch, sampling, the Python in between.
 
@@ -48,15 +48,15 @@ import torch
 
 from bench.gemv import int16_activation_ceiling_gmacs, int8_product_ceiling_gmacs
 from bench.model import EngineSteps
-from kernels.backend import select_ops
-from kernels.cpu.linear_two_terms import linear_two_terms_c
-from kernels.cpu.quantize import quantize_int16_cpu
-from kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
-from kernels.cpu.w8a8_grouped import packed_weights
-from kernels.decoder_block import no_decoder_block, no_decoder_blocks
-from kernels.linear_two_terms import compose
-from services.engine.model import load_model
-from services.engine.model.builder import FUSED
+from salon.kernels.backend import select_ops
+from salon.kernels.cpu.linear_two_terms import linear_two_terms_c
+from salon.kernels.cpu.quantize import quantize_int16_cpu
+from salon.kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
+from salon.kernels.cpu.w8a8_grouped import packed_weights
+from salon.kernels.decoder_block import no_decoder_block, no_decoder_blocks
+from salon.kernels.linear_two_terms import compose
+from salon.engine.model import load_model
+from salon.engine.model.builder import FUSED
 
 STREAM_BYTES = 512 * 2**20
 PARTS = ("decoder_block", "linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head", "quantize", "rmsnorm",
@@ -309,7 +309,7 @@ def _step_products_per_row(model) -> tuple[int, int]:
 def _step_read_bytes(model) -> int:
     """Bytes of int8 weights and their scales a decode step reads: every Linear of the decoder layers and the
     output projection (the embedding's row lookups are not counted); where the VNNI GEMM reads a packed copy
-    (kernels.cpu.w8a8_grouped.packed_weights: two-term grouped Linears), that copy's bytes (float16 scales where
+    (salon.kernels.cpu.w8a8_grouped.packed_weights: two-term grouped Linears), that copy's bytes (float16 scales where
     the matrix's scales are float16 values)."""
     total = 0
     for lin in _step_linears(model):

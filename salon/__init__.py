@@ -1,1 +1,1 @@
-"""Generated from protos/ by `python -m services.common.protogen`. Do not edit."""
+"""salon: an LLM serving stack for long-running chat (gateway, engine, kvstore); see README.md."""

@@ -30,8 +30,8 @@ class TLSFiles:
 
 
 def _make_certs(directory: Path) -> TLSFiles:
-    from salon_cli.certs import issue, make_ca, pem_cert, pem_key
-    from services.common.peer_identity import ROLES, spiffe_id
+    from salon.cli.certs import issue, make_ca, pem_cert, pem_key
+    from salon.common.peer_identity import ROLES, spiffe_id
 
     def write(name: str, key, cert) -> tuple[Path, Path]:
         (directory / f"{name}.key").write_bytes(pem_key(key))

@@ -10,15 +10,15 @@ from collections.abc import Sequence
 
 import torch
 
-from services.engine.config import SchedulerConfig
-from services.engine.core.engine_core import EngineCore
-from services.engine.core.request import (
+from salon.engine.config import SchedulerConfig
+from salon.engine.core.engine_core import EngineCore
+from salon.engine.core.request import (
     FinishReason,
     Request,
     RequestId,
     SamplingParams,
 )
-from services.engine.kv.prefix_hit import PrefixHit
+from salon.engine.kv.prefix_hit import PrefixHit
 
 BLOCK_SIZE_TOKENS = 16
 

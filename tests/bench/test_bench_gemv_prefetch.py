@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bench.gemv import _grouped_prefill_prefetch
-from kernels.cpu.w8a8_grouped import library, w8a8_grouped_scaled_cpu
-from kernels.w8a8_gemm import w8a8_epilogue_after_scales
+from salon.kernels.cpu.w8a8_grouped import library, w8a8_grouped_scaled_cpu
+from salon.kernels.w8a8_gemm import w8a8_epilogue_after_scales
 
 
 @pytest.mark.skipif(library("vnni") is None, reason="needs AVX-512 VNNI and cc")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bench.int16_gemm import int16_section
-from kernels.cpu.w16a8_grouped import library
+from salon.kernels.cpu.w16a8_grouped import library
 
 
 @pytest.mark.skipif(library() is None, reason="needs x86-64 with AVX2 and cc")

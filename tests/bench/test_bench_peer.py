@@ -1,4 +1,4 @@
-"""The peer layer (bench/peer.py): parsing real llama-bench / llama-batched-bench output, finding a build,
+"""The peer layer (salon/loadgen/peer.py): parsing real llama-bench / llama-batched-bench output, finding a build,
 and -- when a llama.cpp build is here -- llama-server on the Gemma GGUF against the exact greedy reference.
 
 The parsing cases are real output of llama.cpp's tools on the Gemma GGUF (data/), kept as they were printed
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import peer
+from salon.loadgen import peer
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,7 +142,7 @@ def server_build(build):
 
 @pytest.fixture(scope="module")
 def gguf():
-    from services.engine.model.gguf_file import default_gguf_path
+    from salon.engine.model.gguf_file import default_gguf_path
 
     return default_gguf_path()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from bench.quant_ceilings import FakeQuantLinear, fake_quantize
-from kernels.quantize import quantize_per_token_ref
+from salon.kernels.quantize import quantize_per_token_ref
 
 
 def test_one_group_per_row_is_the_kernels_per_token_quantization():

@@ -15,8 +15,8 @@ import urllib.request
 import grpc
 import pytest
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
-from salon_cli.chat import build_parser, chat_loop
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.cli.chat import build_parser, chat_loop
 from tests.hardening.hardening_stack import KEY_A, auth, start_engine, start_gateway, stop_all, write_tenants
 
 SMOL = "smollm2-135m-instruct"

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-SALON = [sys.executable, "-m", "salon_cli.main"]
+SALON = [sys.executable, "-m", "salon.cli.main"]
 
 
 def free_ports(n):

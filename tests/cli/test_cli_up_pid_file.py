@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from salon_cli.up import write_pid_file
+from salon.cli.up import write_pid_file
 
 
 def test_pid_file_is_replaced_whole_never_truncated(tmp_path):

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import grpc
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
-from salon.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from services.gateway.ring import HashRing
-from services.gateway.types import TenantId, dialogue_key
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from salon.gateway.ring import HashRing
+from salon.gateway.types import TenantId, dialogue_key
 
 from test_cli_up_chat import SALON, free_ports
 

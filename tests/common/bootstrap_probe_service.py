@@ -9,10 +9,10 @@ ReleaseLease makes the service give up (health.fatal: the process exits with EXI
 import asyncio
 import sys
 
-from salon.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from services.common.errors import InvalidArgument, ResourceExhausted
-from services.common.peer_identity import AccessPolicy
-from services.common.server import ServerConfig, run
+from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from salon.common.errors import InvalidArgument, ResourceExhausted
+from salon.common.peer_identity import AccessPolicy
+from salon.common.server import ServerConfig, run
 
 
 class ProbeServicer(kvstore_pb2_grpc.KVStoreServiceServicer):
@@ -59,7 +59,7 @@ class ProbeService:
 
 
 if __name__ == "__main__":
-    from services.common.config import parse_config
+    from salon.common.config import parse_config
 
     internal = sys.argv[1:2] == ["--internal"]
     run(ProbeService(internal), parse_config(ServerConfig, sys.argv[2:] if internal else None,

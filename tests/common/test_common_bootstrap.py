@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from salon.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 
 PROBE = Path(__file__).with_name("bootstrap_probe_service.py")
 

@@ -4,8 +4,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from services.common.config import parse_config
-from services.common.server import ServerConfig
+from salon.common.config import parse_config
+from salon.common.server import ServerConfig
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pb2
 
-from services.common import protogen
+from salon.common import protogen
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def test_generated_stubs_are_fresh(tmp_path):
         committed = REPO / rel
         if not committed.exists() or not filecmp.cmp(path, committed, shallow=False):
             stale.append(str(rel))
-    assert not stale, f"stale generated code, run `python -m services.common.protogen`: {stale}"
+    assert not stale, f"stale generated code, run `python -m salon.common.protogen`: {stale}"
 
 
 def _descriptor_set(tmp_path) -> descriptor_pb2.FileDescriptorSet:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.common.prefix_hash import namespace_digest
-from services.engine.kv.prefix_hit import host_hit
-from services.engine.worker.model_loading import load_model
+from salon.common.prefix_hash import namespace_digest
+from salon.engine.kv.prefix_hit import host_hit
+from salon.engine.worker.model_loading import load_model
 from tests import engine_testlib
 from tests.engine_testlib import BLOCK_SIZE_TOKENS as BS
 from tests.engine_testlib import blocks_accounted as accounted

@@ -13,10 +13,10 @@ import time
 import grpc
 import pytest
 
-from salon.chat.v1 import chat_pb2
-from salon.engine.v1 import engine_pb2, engine_pb2_grpc
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.process import start_service
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import start_service
 
 CHARACTER = chat_pb2.Character(name="Ada", definition="Ada is a patient teacher of sailing. " * 6)
 
@@ -43,7 +43,7 @@ def generate(address, messages, salt="tenant-1", conversation_id="c1", max_new=8
 
 def wait_for_put(address, timeout_s=20):
     """Puts are asynchronous: wait until the kvstore reports stored blocks."""
-    from salon.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+    from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(address) as ch:

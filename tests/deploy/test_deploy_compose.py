@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.common.config import parse_config
+from salon.common.config import parse_config
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
@@ -29,7 +29,7 @@ def _flag(command, name):
 def _salon_services():
     """The services that run a salon service (the image also runs the one-shot certs step)."""
     return {name: svc for name, svc in _compose()["services"].items()
-            if svc.get("image") == "salon:latest" and svc["command"][2].startswith("services.")}
+            if svc.get("image") == "salon:latest" and svc["command"][2] in ("salon.gateway", "salon.engine", "salon.kvstore")}
 
 
 def test_compose_file_matches_the_compose_spec():
@@ -53,7 +53,7 @@ def test_service_command_is_a_real_entry_point_with_valid_flags(name):
     command = _salon_services()[name]["command"]
     assert command[:2] == ["python", "-m"], command
     module = command[2]
-    assert re.fullmatch(r"services\.(gateway|engine|kvstore)", module), module
+    assert re.fullmatch(r"salon\.(gateway|engine|kvstore)", module), module
     assert (REPO / module.replace(".", "/") / "__main__.py").exists()
     config = parse_config(_config_class(module + ".config"), command[3:], environ={})
     port = _flag(command, "--port")
@@ -95,7 +95,7 @@ def test_internal_links_are_mutual_tls_with_identities():
                                                                     "--namespace-grant-key-file")
     assert "--salt-secret-file" in gateway
     certs = _compose()["services"]["certs"]["command"]
-    assert certs[:3] == ["python", "-m", "salon_cli.certs"] and _flag(certs, "--out") == "/certs/tls"
+    assert certs[:3] == ["python", "-m", "salon.cli.certs"] and _flag(certs, "--out") == "/certs/tls"
     for name in salon:
         assert salon[name]["depends_on"], name  # after the certificates exist (directly or through the kvstore)
 
@@ -135,7 +135,7 @@ def test_gpu_override_reserves_a_device_per_engine_and_runs_the_engine_on_it():
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     override = yaml.safe_load(GPU_OVERRIDE.read_text())["services"]
-    engines = {name for name, svc in _salon_services().items() if svc["command"][2] == "services.engine"}
+    engines = {name for name, svc in _salon_services().items() if svc["command"][2] == "salon.engine"}
     assert set(override) == engines
     device_ids = []
     for name in engines:
@@ -144,6 +144,6 @@ def test_gpu_override_reserves_a_device_per_engine_and_runs_the_engine_on_it():
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
         device_ids += device["device_ids"]
     assert len(set(device_ids)) == len(engines)  # one GPU each
-    # The variable is the engine's own --device setting (services.common.config's SALON_ENGINE_<FIELD>).
-    from services.engine.config import EngineConfig
+    # The variable is the engine's own --device setting (salon.common.config's SALON_ENGINE_<FIELD>).
+    from salon.engine.config import EngineConfig
     assert parse_config(EngineConfig, [], env_prefix="SALON_ENGINE_", environ={"SALON_ENGINE_DEVICE": "cuda"}).device == "cuda"

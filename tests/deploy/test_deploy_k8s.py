@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.common.config import env_names, parse_config
+from salon.common.config import env_names, parse_config
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 MANIFESTS = sorted(K8S.glob("*.yaml"))
@@ -50,7 +50,7 @@ def test_workload_kinds():
 
 
 def _config_class(service):
-    module = importlib.import_module(f"services.{service}.config")
+    module = importlib.import_module(f"salon.{service}.config")
     classes = [obj for obj in vars(module).values() if isinstance(obj, type) and dataclasses.is_dataclass(obj)
                and "server" in {f.name for f in dataclasses.fields(obj)}]
     assert len(classes) == 1
@@ -59,7 +59,7 @@ def _config_class(service):
 
 @pytest.mark.parametrize("service", ["gateway", "engine", "kvstore"])
 def test_env_names_are_config_fields_and_probes_hit_the_grpc_port(service):
-    (obj, container), = [(o, c) for o, c in _containers() if c["command"][-1] == f"services.{service}"]
+    (obj, container), = [(o, c) for o, c in _containers() if c["command"][-1] == f"salon.{service}"]
     prefix = f"SALON_{service.upper()}_"
     env = {e["name"]: e.get("value", "x") for e in container["env"] if e["name"].startswith(prefix)}
     resolved = {k: ("engine-0" if "$(" in v else v) for k, v in env.items()}

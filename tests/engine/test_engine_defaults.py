@@ -8,9 +8,9 @@ import dataclasses
 
 import torch
 
-from services.engine.api.service import build_core
-from services.engine.config import EngineConfig
-from services.engine.model.linear import Int8Linear
+from salon.engine.api.service import build_core
+from salon.engine.config import EngineConfig
+from salon.engine.model.linear import Int8Linear
 
 
 def test_default_engine_builds_int8_layers_and_an_int8_kv_cache():

@@ -3,7 +3,7 @@
 A GPU step must not synchronize the device per layer or per request. Here (no GPU) the engine runs the
 GPU op family (Triton, interpreted) on CPU tensors, and a TorchFunctionMode counts every call that would
 be a host<->device transfer or synchronization on a GPU (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`,
-`bool()` / `int()` / `float()` of a tensor), made by the engine's own code (services/ and kernels/, not the
+`bool()` / `int()` / `float()` of a tensor), made by the engine's own code (salon/, not the
 interpreter's internals). The budget per step: the batch metadata in one copy (model_runner.to_device,
 called once) and the sampled ids out in one `.tolist()`.
 
@@ -21,13 +21,13 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from services.engine.model.placement import place, tensors
-from services.engine.worker import model_runner
-from services.engine.worker.model_loading import load_model
+from salon.engine.model.placement import place, tensors
+from salon.engine.worker import model_runner
+from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import make_core, make_request
 
 REPO = Path(__file__).resolve().parents[2]
-OWN_CODE = (str(REPO / "services"), str(REPO / "kernels"))
+OWN_CODE = (str(REPO / "salon"),)
 SYNCS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"}
 
 

@@ -5,10 +5,10 @@ import threading
 
 import grpc
 
-from salon.chat.v1 import chat_pb2
-from salon.engine.v1 import engine_pb2, engine_pb2_grpc
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.process import start_service
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import start_service
 
 
 def test_sigterm_drains_streams_and_reports_draining(tmp_path):

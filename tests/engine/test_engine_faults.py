@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.kvstore_client.client import FetchResult
-from services.engine.core.engine_loop import MAX_CONSECUTIVE_STEP_FAILURES, EngineDead, EngineLoop
-from services.engine.core.request import FinishReason
-from services.engine.kv.host_cache import HostCache
-from services.engine.kv.kv_transfer import host_layout
-from services.engine.kv.prefix_hit import host_hit
-from services.engine.worker.model_loading import load_model
+from salon.common.kvstore_client.client import FetchResult
+from salon.engine.core.engine_loop import MAX_CONSECUTIVE_STEP_FAILURES, EngineDead, EngineLoop
+from salon.engine.core.request import FinishReason
+from salon.engine.kv.host_cache import HostCache
+from salon.engine.kv.kv_transfer import host_layout
+from salon.engine.kv.prefix_hit import host_hit
+from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import blocks_accounted, make_core, make_request, run, tokens
 
 

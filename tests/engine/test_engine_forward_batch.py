@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu.paged_attention import paged_attention_c
-from kernels.paged_attention import PagedAttentionArgs
-from services.engine.core.scheduler import ScheduledChunk, SchedulerOutput
-from services.engine.kv.kv_cache import KVCache
-from services.engine.kv.kv_layout import plan_layout
-from services.engine.worker.model_loading import load_model
-from services.engine.worker.model_runner import ModelRunner
+from salon.kernels.cpu.paged_attention import paged_attention_c
+from salon.kernels.paged_attention import PagedAttentionArgs
+from salon.engine.core.scheduler import ScheduledChunk, SchedulerOutput
+from salon.engine.kv.kv_cache import KVCache
+from salon.engine.kv.kv_layout import plan_layout
+from salon.engine.worker.model_loading import load_model
+from salon.engine.worker.model_runner import ModelRunner
 from tests.engine_testlib import make_request
 
 BS = 4

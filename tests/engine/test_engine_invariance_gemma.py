@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from services.engine.core.request import Request, RequestId, SamplingParams
-from services.engine.worker.model_loading import load_model
+from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import make_core
 from tests.model.conftest import reference_path
 
@@ -68,7 +68,7 @@ def test_greedy_tokens_survive_preemption(gemma, prompts):
     reference, _ = generate(gemma, sets, 128)
     probe_model, _ = gemma
     # About enough blocks for three of the six requests at a time: the newest get preempted.
-    from services.engine.kv.kv_layout import plan_layout
+    from salon.engine.kv.kv_layout import plan_layout
 
     page = plan_layout(probe_model.config, 16, 1 << 30).page_bytes
     outs, core = generate(gemma, sets, 128, kv_bytes=page * 30)

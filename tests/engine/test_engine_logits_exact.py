@@ -13,9 +13,9 @@ import random
 
 import pytest
 
-from services.common.prefix_hash import namespace_digest
-from services.engine.kv.prefix_hit import host_hit
-from services.engine.worker.model_loading import load_model
+from salon.common.prefix_hash import namespace_digest
+from salon.engine.kv.prefix_hit import host_hit
+from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import BLOCK_SIZE_TOKENS as BS
 from tests.engine_testlib import (
     assert_rows_equal,
@@ -28,7 +28,7 @@ from tests.model.conftest import reference_path
 
 
 def kv_bytes_for(model, num_blocks: int) -> int:
-    from services.engine.kv.kv_layout import plan_layout
+    from salon.engine.kv.kv_layout import plan_layout
 
     return plan_layout(model.config, BS, 1 << 30).page_bytes * num_blocks
 

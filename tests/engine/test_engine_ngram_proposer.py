@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from services.engine.core.ngram_proposer import NgramProposer, propose_reference
+from salon.engine.core.ngram_proposer import NgramProposer, propose_reference
 
 
 def test_fixed_contexts():

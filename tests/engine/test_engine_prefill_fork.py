@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine.core.request import RequestId
-from services.engine.worker.model_loading import load_model
+from salon.engine.core.request import RequestId
+from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import blocks_accounted, make_core, make_request, run_one, tokens
 
 NAMESPACE = b"ns-fork"

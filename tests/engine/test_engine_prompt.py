@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-from salon.chat.v1 import chat_pb2
-from services.engine.api.prompt import Character, ChatMessage, PromptRenderer, RenderStopped, ReplyMemo, Role
-from services.engine.api.validation import Limits, parse_dialogue
-from services.engine.model.chat_renderer import ChatRenderer
-from services.engine.model.loader import open_model_file
-from services.engine.model.tokenizer import Tokenizer
+from salon.api.chat.v1 import chat_pb2
+from salon.engine.api.prompt import Character, ChatMessage, PromptRenderer, RenderStopped, ReplyMemo, Role
+from salon.engine.api.validation import Limits, parse_dialogue
+from salon.engine.model.chat_renderer import ChatRenderer
+from salon.engine.model.loader import open_model_file
+from salon.engine.model.tokenizer import Tokenizer
 
 START, END, NL = 105, 106, 107  # Gemma's <start_of_turn>, <end_of_turn>, "\n"
 IM_START, IM_END = 1, 2  # SmolLM2's <|im_start|>, <|im_end|>
@@ -210,7 +210,7 @@ def test_the_validation_lower_bound_never_exceeds_the_render(files, name):
 def _accepted(proto, limits: Limits, character, context: int) -> bool:
     import dataclasses
 
-    from services.common.errors import OutOfRange
+    from salon.common.errors import OutOfRange
 
     try:
         parse_dialogue(proto, dataclasses.replace(limits, max_context_tokens=context), character)

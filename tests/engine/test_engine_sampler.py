@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu import native
-from kernels.cpu.sample import sample_rows_cpu
-from services.engine.core.request import SamplingParams
-from services.engine.worker.sampler import advance_generator, kept_tokens, sample, sample_row, uniform
+from salon.kernels.cpu import native
+from salon.kernels.cpu.sample import sample_rows_cpu
+from salon.engine.core.request import SamplingParams
+from salon.engine.worker.sampler import advance_generator, kept_tokens, sample, sample_row, uniform
 
 VOCAB = 262_144
 

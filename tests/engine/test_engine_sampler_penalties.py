@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kernels.cpu import native
-from kernels.cpu.sample import sample_rows_cpu
-from services.common.errors import InvalidArgument
-from services.engine.core.request import SamplingParams
-from services.engine.worker.sampler import apply_penalties, effective_top_k, kept_tokens, sample, sample_row
-from services.engine.api.validation import check_penalties
+from salon.kernels.cpu import native
+from salon.kernels.cpu.sample import sample_rows_cpu
+from salon.common.errors import InvalidArgument
+from salon.engine.core.request import SamplingParams
+from salon.engine.worker.sampler import apply_penalties, effective_top_k, kept_tokens, sample, sample_row
+from salon.engine.api.validation import check_penalties
 
 VOCAB = 4096
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine.config import SchedulerConfig
-from services.engine.core.kv_cache_manager import KVCacheManager
-from services.engine.core.request import Request, RequestId, RequestStatus, SamplingParams
-from services.engine.core.scheduler import Scheduler, SchedulerOutput
-from services.engine.kv.kv_layout import plan_layout
-from services.engine.model.config import LayerSpec, ModelConfig
+from salon.engine.config import SchedulerConfig
+from salon.engine.core.kv_cache_manager import KVCacheManager
+from salon.engine.core.request import Request, RequestId, RequestStatus, SamplingParams
+from salon.engine.core.scheduler import Scheduler, SchedulerOutput
+from salon.engine.kv.kv_layout import plan_layout
+from salon.engine.model.config import LayerSpec, ModelConfig
 
 BS = 4
 OUTPUT_TOKEN = 7

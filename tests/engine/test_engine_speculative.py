@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from services.common.prefix_hash import namespace_digest
-from services.engine.core.ngram_proposer import NgramProposer, propose_reference
-from services.engine.core.request import FinishReason
-from services.engine.kv.prefix_hit import host_hit
-from services.engine.worker.model_loading import load_model
+from salon.common.prefix_hash import namespace_digest
+from salon.engine.core.ngram_proposer import NgramProposer, propose_reference
+from salon.engine.core.request import FinishReason
+from salon.engine.kv.prefix_hit import host_hit
+from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import blocks_accounted, make_core, make_request, tokens
 
 K = 4

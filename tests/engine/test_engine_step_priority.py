@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from services.engine.config import EngineConfig
-from services.engine.core.engine_loop import EngineLoop, lower_step_priority
+from salon.engine.config import EngineConfig
+from salon.engine.core.engine_loop import EngineLoop, lower_step_priority
 
 
 def _in_thread(fn):

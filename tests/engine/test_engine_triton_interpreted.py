@@ -17,9 +17,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.common.prefix_hash import namespace_digest
-from services.engine.kv.prefix_hit import host_hit
-from services.engine.worker.model_loading import load_model
+from salon.common.prefix_hash import namespace_digest
+from salon.engine.kv.prefix_hit import host_hit
+from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import BLOCK_SIZE_TOKENS as BS
 from tests.engine_testlib import logits_rows, make_core, make_request
 from tests.triton_interpreter import row_independent_dot

@@ -101,18 +101,18 @@ from collections.abc import Iterable, Sequence  # noqa: E402
 
 import grpc  # noqa: E402
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc  # noqa: E402
-from salon.engine.v1 import engine_pb2, engine_pb2_grpc  # noqa: E402
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS  # noqa: E402
-from services.common.process import ServiceProcess, start_service  # noqa: E402
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc  # noqa: E402
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc  # noqa: E402
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS  # noqa: E402
+from salon.common.process import ServiceProcess, start_service  # noqa: E402
 
 ENGINE_MODEL = "synthetic-tiny"
 
 
 def ring_owner(engine_ids: Sequence[str], conversation_id: str, tenant_id: str = "acme") -> str:
     """Where the gateway's ring puts a tenant's dialogue when no session or load says otherwise."""
-    from services.gateway.ring import HashRing
-    from services.gateway.types import TenantId, dialogue_key
+    from salon.gateway.ring import HashRing
+    from salon.gateway.types import TenantId, dialogue_key
 
     return HashRing(engine_ids).owner(dialogue_key(TenantId(tenant_id), conversation_id))
 
@@ -121,7 +121,7 @@ ENGINE_KV_CACHE_BYTES = 32 << 20
 
 
 def start_engines(engine_ids: Sequence[str], log_dir: Path, ports: Sequence[int] | None = None) -> dict[str, ServiceProcess]:
-    """`python -m services.engine` processes (synthetic model, small KV cache) started together, then
+    """`python -m salon.engine` processes (synthetic model, small KV cache) started together, then
     waited on until each is SERVING."""
     procs: dict[str, ServiceProcess] = {}
     try:

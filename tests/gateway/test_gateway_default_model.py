@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from services.common.errors import NotFound, Unavailable
-from services.gateway.model_pools import ModelPools
+from salon.common.errors import NotFound, Unavailable
+from salon.gateway.model_pools import ModelPools
 
 
 class _Engines:

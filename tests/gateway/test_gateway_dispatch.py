@@ -9,15 +9,15 @@ import time
 import grpc
 import pytest
 
-from salon.chat.v1 import chat_pb2
-from salon.engine.v1 import engine_pb2, engine_pb2_grpc
-from services.common.errors import RETRY_AFTER_METADATA_KEY
-from services.gateway.dispatch import DispatchSettings, Dispatcher, UpstreamError
-from services.gateway.membership import EngineEndpoint, EnginePool, PoolSettings
-from services.gateway.ring import HashRing
-from services.gateway.routing import BoundedLoadPolicy
-from services.gateway.sessions import InMemorySessionTable
-from services.gateway.types import EngineId, TenantId, dialogue_key
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
+from salon.common.errors import RETRY_AFTER_METADATA_KEY
+from salon.gateway.dispatch import DispatchSettings, Dispatcher, UpstreamError
+from salon.gateway.membership import EngineEndpoint, EnginePool, PoolSettings
+from salon.gateway.ring import HashRing
+from salon.gateway.routing import BoundedLoadPolicy
+from salon.gateway.sessions import InMemorySessionTable
+from salon.gateway.types import EngineId, TenantId, dialogue_key
 
 from test_gateway_membership import start_engine
 
@@ -125,7 +125,7 @@ async def test_failover_limit_gives_unavailable() -> None:
     behaviours = {"a": Behaviour("a", cut_after=1), "b": Behaviour("b", cut_after=1), "c": Behaviour("c", cut_after=1)}
     stack = await make_stack(behaviours)
     try:
-        from services.common.errors import Unavailable
+        from salon.common.errors import Unavailable
 
         with pytest.raises(Unavailable, match="failover limit"):
             await run(stack[2], "x")

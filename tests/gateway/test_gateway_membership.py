@@ -15,9 +15,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import REGISTRY
 
-from salon.engine.v1 import engine_pb2, engine_pb2_grpc
-from services.gateway.membership import EngineEndpoint, EnginePool, PoolSettings, parse_engine_list
-from services.gateway.types import EngineId
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
+from salon.gateway.membership import EngineEndpoint, EnginePool, PoolSettings, parse_engine_list
+from salon.gateway.types import EngineId
 
 
 class ScriptedEngine(engine_pb2_grpc.EngineServiceServicer):

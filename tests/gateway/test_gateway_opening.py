@@ -1,10 +1,10 @@
 """The routing key of a stateless dialogue (routing.py): the chained hash of its opening."""
 
-from salon.chat.v1 import chat_pb2
-from services.common.prefix_hash import ROOT_PARENT, chain_hash
-from services.gateway.http.convert import chat_dialogue
-from services.gateway.http.schemas import ChatMessage
-from services.gateway.routing import opening_conversation_id, render_opening
+from salon.api.chat.v1 import chat_pb2
+from salon.common.prefix_hash import ROOT_PARENT, chain_hash
+from salon.gateway.http.convert import chat_dialogue
+from salon.gateway.http.schemas import ChatMessage
+from salon.gateway.routing import opening_conversation_id, render_opening
 
 
 def messages(*pairs):

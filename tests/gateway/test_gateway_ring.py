@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.gateway.ring import HashRing, ring_hash
-from services.gateway.types import EngineId
+from salon.gateway.ring import HashRing, ring_hash
+from salon.gateway.types import EngineId
 
 
 def engines(n: int) -> list[EngineId]:

@@ -7,15 +7,15 @@ import random
 
 import pytest
 
-from services.gateway.ring import HashRing
-from services.gateway.routing import (
+from salon.gateway.ring import HashRing
+from salon.gateway.routing import (
     BoundedLoadPolicy,
     EngineLoad,
     LeastLoadedPolicy,
     bounded_capacity,
     make_policy,
 )
-from services.gateway.types import DialogueKey, EngineId
+from salon.gateway.types import DialogueKey, EngineId
 
 E = [EngineId(f"e{i}") for i in range(3)]
 

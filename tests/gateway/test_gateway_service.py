@@ -7,8 +7,8 @@ import time
 import grpc
 import pytest
 
-from salon.chat.v1 import chat_pb2
-from salon.engine.v1 import engine_pb2
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2
 
 from gateway_helpers import (  # noqa: F401 - redis_server is a fixture
     ACME_KEY,

@@ -8,10 +8,10 @@ import random
 import time
 
 
-from services.gateway import metrics
-from services.gateway.sessions import InMemorySessionTable
-from services.gateway.sessions_redis import RedisSessionTable
-from services.gateway.types import DialogueKey, EngineId
+from salon.gateway import metrics
+from salon.gateway.sessions import InMemorySessionTable
+from salon.gateway.sessions_redis import RedisSessionTable
+from salon.gateway.types import DialogueKey, EngineId
 
 from gateway_helpers import RedisServer, redis_server  # noqa: F401 - fixture
 

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from services.gateway.ratelimit import AdmissionControl, TokenBucket
-from services.gateway.tenants import Tenant, TenantConfigError, TenantTable
-from services.gateway.types import TenantId
+from salon.gateway.ratelimit import AdmissionControl, TokenBucket
+from salon.gateway.tenants import Tenant, TenantConfigError, TenantTable
+from salon.gateway.types import TenantId
 
 from gateway_helpers import ACME_KEY, GLOBEX_KEY, SALT_SECRET, TENANTS, write_tenants
 
@@ -112,7 +112,7 @@ def test_keys_never_in_repr_or_errors(tmp_path) -> None:
 
 def test_every_key_is_compared(monkeypatch) -> None:
     """No early exit: a match on the first tenant still compares against every other digest."""
-    import services.gateway.tenants as tenants_module
+    import salon.gateway.tenants as tenants_module
 
     calls = []
     real = tenants_module.hmac.compare_digest

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import parse_config
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.process import start_service
-from services.common.tracing import ratio_sampler
-from services.gateway.config import GatewayConfig
+from salon.common.config import parse_config
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import start_service
+from salon.common.tracing import ratio_sampler
+from salon.gateway.config import GatewayConfig
 
 from gateway_helpers import ACME_KEY, auth, chat_request, chat_stub, collect, start_gateway, write_tenants
 
@@ -149,7 +149,7 @@ def test_inject_only_propagator_reads_nothing_and_writes_only_trace_context() ->
     from opentelemetry import baggage, trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-    from services.common.tracing import InjectOnlyPropagator
+    from salon.common.tracing import InjectOnlyPropagator
 
     propagator = InjectOnlyPropagator()
     carrier = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "baggage": "k=v"}

@@ -3,8 +3,8 @@ message types must stay wire-identical."""
 
 from __future__ import annotations
 
-from salon.chat.v1 import chat_pb2
-from salon.engine.v1 import engine_pb2
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2
 
 
 def fields(descriptor):

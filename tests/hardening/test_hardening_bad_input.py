@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from salon.chat.v1 import chat_pb2
+from salon.api.chat.v1 import chat_pb2
 from hardening_stack import (
     KEY_A,
     assert_engine_clean,

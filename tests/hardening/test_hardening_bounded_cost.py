@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from bench.hostile import KINDS, hostile_request
-from salon.chat.v1 import chat_pb2
-from salon.engine.v1 import engine_pb2, engine_pb2_grpc
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
 from hardening_stack import (
     KEY_A,
     KEY_B,

@@ -11,12 +11,12 @@ import time
 import grpc
 import pytest
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
-from salon.kvstore.v1 import kvstore_pb2
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.kvstore_client.client import KVStoreClient
-from services.common.kvstore_client.layout import KVLayout
-from services.common.process import start_service
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.api.kvstore.v1 import kvstore_pb2
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.kvstore_client.client import KVStoreClient
+from salon.common.kvstore_client.layout import KVLayout
+from salon.common.process import start_service
 from hardening_stack import (
     KEY_A,
     assert_engine_clean,
@@ -147,9 +147,9 @@ def test_a_reply_streaming_for_a_deleted_dialogue_is_ended(stack) -> None:
 async def test_the_kvstore_keeps_blocks_another_live_conversation_put(stack) -> None:
     """Two conversations put the same first blocks (a shared character definition): dropping one
     removes only the blocks nobody else put."""
-    from services.common import namespace_grant
-    from services.common.kvstore_client.client import NamespaceClaim
-    from services.common.prefix_hash import namespace_digest
+    from salon.common import namespace_grant
+    from salon.common.kvstore_client.client import NamespaceClaim
+    from salon.common.prefix_hash import namespace_digest
 
     import numpy as np
 

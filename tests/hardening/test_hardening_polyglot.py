@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import descriptor_pool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from salon.chat.v1 import chat_pb2
+from salon.api.chat.v1 import chat_pb2
 from hardening_stack import (
     KEY_A,
     auth,

@@ -13,10 +13,10 @@ import time
 import grpc
 import pytest
 
-from salon.chat.v1 import chat_pb2
-from salon.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.process import start_service
+from salon.api.chat.v1 import chat_pb2
+from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import start_service
 from hardening_stack import (
     KEY_A,
     KEY_B,

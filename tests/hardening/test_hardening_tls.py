@@ -11,12 +11,12 @@ import time
 import grpc
 import pytest
 
-from salon.chat.v1 import chat_pb2
-from salon.engine.v1 import engine_pb2, engine_pb2_grpc
-from salon.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from services.common import namespace_grant
-from services.common.prefix_hash import encode_token_ids, namespace_digest
-from services.common.process import start_service
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
+from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from salon.common import namespace_grant
+from salon.common.prefix_hash import encode_token_ids, namespace_digest
+from salon.common.process import start_service
 from hardening_stack import (
     KEY_A,
     assert_engine_clean,

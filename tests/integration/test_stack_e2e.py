@@ -11,9 +11,9 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.process import start_service
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import start_service
 
 API_KEY = "e2e-test-key"
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.kv_write import kv_write_ref
-from kernels.paged_attention import PagedAttentionArgs
+from salon.kernels.kv_write import kv_write_ref
+from salon.kernels.paged_attention import PagedAttentionArgs
 
 # Awkward paged-attention batches shared by the reference and kernel tests.
 PAGED_CASES = {

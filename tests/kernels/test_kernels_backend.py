@@ -7,10 +7,10 @@ import dataclasses
 import torch
 from kernels_cases import make_paged_case
 
-from kernels import backend
-from kernels.backend import OP_NAMES, Ops, select_ops
-from kernels.paged_attention import paged_attention_ref
-from kernels.w8a8_gemm import w8a8_gemm_ref
+from salon.kernels import backend
+from salon.kernels.backend import OP_NAMES, Ops, select_ops
+from salon.kernels.paged_attention import paged_attention_ref
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 
 
 def test_ops_is_frozen_and_names_every_contract_op():
@@ -60,8 +60,8 @@ def test_selected_cpu_ops_agree_with_references():
 
 
 def test_the_activation_recipe_is_the_cpu_kernels_choice_unless_set():
-    from kernels.cpu.w16a8_grouped import library as int16_library
-    from kernels.cpu.w8a8_grouped import chosen_isa
+    from salon.kernels.cpu.w16a8_grouped import library as int16_library
+    from salon.kernels.cpu.w8a8_grouped import chosen_isa
 
     ops = select_ops("cpu")
     assert ops.activations == ("int16" if chosen_isa() == "avx2" and int16_library() is not None else "two_terms")

@@ -1,4 +1,4 @@
-"""Greedy top-1 of kernels/cpu/argmax.c against torch.argmax: random rows, ties, NaN, infinities, tails."""
+"""Greedy top-1 of salon/kernels/cpu/argmax.c against torch.argmax: random rows, ties, NaN, infinities, tails."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kernels.cpu.argmax import argmax_rows_cpu
+from salon.kernels.cpu.argmax import argmax_rows_cpu
 
 pytestmark = pytest.mark.skipif(argmax_rows_cpu(torch.zeros(1, 1)) is None, reason="needs x86-64 with AVX2 and cc")
 

@@ -1,4 +1,4 @@
-"""The AVX2 W8A8 GEMV (kernels/cpu/w8a8_gemv.c) against the plain reference, bit for bit, and its place in
+"""The AVX2 W8A8 GEMV (salon/kernels/cpu/w8a8_gemv.c) against the plain reference, bit for bit, and its place in
 the CPU GEMM: a row's result is the same whether it goes through the GEMV or through the large-M paths."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import shutil
 import pytest
 import torch
 
-from kernels.cpu import native
-from kernels.cpu.w8a8_gemm import SMALL_M_ROWS, w8a8_gemm_cpu
-from kernels.cpu.w8a8_gemv import GEMV_MAX_ROWS, library, w8a8_gemv_scaled
-from kernels.w8a8_gemm import w8a8_gemm_ref
+from salon.kernels.cpu import native
+from salon.kernels.cpu.w8a8_gemm import SMALL_M_ROWS, w8a8_gemm_cpu
+from salon.kernels.cpu.w8a8_gemv import GEMV_MAX_ROWS, library, w8a8_gemv_scaled
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 
 pytestmark = pytest.mark.skipif(library() is None, reason="needs x86-64 with AVX2 and cc")
 

@@ -1,4 +1,4 @@
-"""The GeGLU and SwiGLU contracts (kernels/glu.py) and their C kernels (kernels/cpu/glu.c), bit for bit: row
+"""The GeGLU and SwiGLU contracts (salon/kernels/glu.py) and their C kernels (salon/kernels/cpu/glu.c), bit for bit: row
 lengths around the 8 lanes, strided rows, values across the whole range (the exp's clamps at -87 and 88, its
 zero below -87, huge and tiny gates); and the contract against gelu_tanh and silu in float64. A fused
 multiply-add, a reordered product or torch's own gelu changes the bits (checked against mutated kernels by
@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from kernels.cpu import native
-from kernels.cpu.glu import geglu_cpu, library, swiglu_cpu
-from kernels.glu import exp_ref, geglu_ref, gelu_tanh_ref, silu_ref, swiglu_ref
+from salon.kernels.cpu import native
+from salon.kernels.cpu.glu import geglu_cpu, library, swiglu_cpu
+from salon.kernels.glu import exp_ref, geglu_ref, gelu_tanh_ref, silu_ref, swiglu_ref
 
 needs_kernel = pytest.mark.skipif(not native.simd_isas() or library() is None, reason="needs x86-64 with AVX2 and cc")
 GLUS = [pytest.param(geglu_cpu, geglu_ref, id="geglu"), pytest.param(swiglu_cpu, swiglu_ref, id="swiglu")]

@@ -1,4 +1,4 @@
-"""The group-scaled W8A8 kernels (kernels/cpu/w8a8_grouped.c on AVX2, w8a8_grouped_vnni.c on AVX-512 VNNI, the
+"""The group-scaled W8A8 kernels (salon/kernels/cpu/w8a8_grouped.c on AVX2, w8a8_grouped_vnni.c on AVX-512 VNNI, the
 latter on the weights as they lie and on its packed copy), each one this CPU runs, against the grouped reference,
 bit for bit: every shape, the AVX2 kernel's two layouts (M <= 4 and M > 4), the VNNI kernel's decode cases
 (M <= 16) and 16-row blocks, the M_CHUNK passes of prefill, the thread split, batch invariance, and their place
@@ -16,12 +16,12 @@ import shutil
 import pytest
 import torch
 
-from kernels.cpu import native
-from kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
-from kernels.cpu import w8a8_grouped as grouped_cpu
-from kernels.cpu.w8a8_grouped import library, packed_weights, w8a8_grouped_scaled_cpu
-from kernels.w8a8_gemm import w8a8_gemm_ref
-from kernels.w8a8_grouped import GROUP, w8a8_grouped_scaled_ref
+from salon.kernels.cpu import native
+from salon.kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
+from salon.kernels.cpu import w8a8_grouped as grouped_cpu
+from salon.kernels.cpu.w8a8_grouped import library, packed_weights, w8a8_grouped_scaled_cpu
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref
+from salon.kernels.w8a8_grouped import GROUP, w8a8_grouped_scaled_ref
 
 needs_kernel = pytest.mark.skipif("avx2" not in native.cpu_isas() or library() is None,
                                   reason="needs x86-64 with AVX2 and cc")

@@ -1,6 +1,6 @@
-"""The fused int8 Linear in one C call (kernels/cpu/linear_two_terms.h, in each build this CPU runs: around the
+"""The fused int8 Linear in one C call (salon/kernels/cpu/linear_two_terms.h, in each build this CPU runs: around the
 AVX-512 VNNI GEMM and around the AVX2 one), in both activation recipes (two int8 terms; one int16 term through
-w16a8_grouped.c), against kernels.linear_two_terms's references, bit for bit: every
+w16a8_grouped.c), against salon.kernels.linear_two_terms's references, bit for bit: every
 combination of the norm before, the post-norm and the residual, decode and small-batch row counts up to
 MAX_ROWS, the kernels' 8- and 16-row blocks and short last blocks, strided rows; and the calls it declines
 (more rows, per-row weight scales, other dtypes), where linear_two_terms_cpu composes the CPU family's
@@ -15,11 +15,11 @@ import threading
 import pytest
 import torch
 
-from kernels.cpu import native
-from kernels.cpu.linear_two_terms import (MAX_ROWS, composed, composed_int16, library, linear_int16_cpu,
+from salon.kernels.cpu import native
+from salon.kernels.cpu.linear_two_terms import (MAX_ROWS, composed, composed_int16, library, linear_int16_cpu,
                                           linear_two_terms_c, linear_two_terms_cpu)
-from kernels.linear_two_terms import linear_int16_ref, linear_two_terms_ref
-from kernels.w8a8_grouped import GROUP
+from salon.kernels.linear_two_terms import linear_int16_ref, linear_two_terms_ref
+from salon.kernels.w8a8_grouped import GROUP
 
 needs_kernel = pytest.mark.skipif(library() is None, reason="needs x86-64 with AVX2 and cc")
 # Each build this CPU runs (the engine runs the first).

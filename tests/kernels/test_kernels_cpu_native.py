@@ -1,4 +1,4 @@
-"""kernels/cpu/native.py: every C kernel builds here, and a library loaded before its signatures were given
+"""salon/kernels/cpu/native.py: every C kernel builds here, and a library loaded before its signatures were given
 gets them when they are."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cpu import native
+from salon.kernels.cpu import native
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("cc") is None
                                 or "avx2" not in native.cpu_flags(), reason="needs x86-64 with AVX2 and cc")
@@ -24,18 +24,18 @@ def test_every_kernel_builds():
 def test_signatures_given_after_a_plain_load_are_applied():
     source = Path(native.__file__).with_name("quantize.c")
     code = (
-        "import ctypes; from pathlib import Path; from kernels.cpu import native\n"
+        "import ctypes; from pathlib import Path; from salon.kernels.cpu import native\n"
         f"src = Path({str(source)!r})\n"
         "assert native.load(src, {}) is not None\n"
         "lib = native.load(src, {'quantize_rows_avx2': [ctypes.c_void_p] * 2})\n"
         "assert lib.quantize_rows_avx2.argtypes == [ctypes.c_void_p] * 2\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(native.__file__).parents[2])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(native.__file__).parents[3])
 
 
 def test_prebuild_command():
-    out = subprocess.run([sys.executable, "-m", "kernels.cpu.native"], capture_output=True, text=True, check=True,
-                         cwd=Path(native.__file__).parents[2])
+    out = subprocess.run([sys.executable, "-m", "salon.kernels.cpu.native"], capture_output=True, text=True, check=True,
+                         cwd=Path(native.__file__).parents[3])
     assert out.stdout.strip() == "built every CPU kernel"
 
 
@@ -60,7 +60,7 @@ def _plant(tmp_path: Path, directory: Path, mode: int = 0o644) -> Path:
 
 def _load_quantize(cache_dir: Path) -> subprocess.CompletedProcess:
     """native.load of the quantize kernel in a fresh process whose kernel cache is `cache_dir`."""
-    code = ("import sys, warnings; from pathlib import Path; from kernels.cpu import native\n"
+    code = ("import sys, warnings; from pathlib import Path; from salon.kernels.cpu import native\n"
             "warnings.simplefilter('always')\n"
             "lib = native.load(Path(native.__file__).with_name('quantize.c'), {})\n"
             "print('LOADED' if lib is not None else 'REFUSED')\n")
@@ -68,7 +68,7 @@ def _load_quantize(cache_dir: Path) -> subprocess.CompletedProcess:
 
     env = {**os.environ, "SALON_KERNEL_CACHE_DIR": str(cache_dir)}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=Path(native.__file__).parents[2])
+                          cwd=Path(native.__file__).parents[3])
 
 
 def test_a_library_planted_in_a_world_writable_directory_is_not_loaded(tmp_path):
@@ -118,7 +118,7 @@ def test_the_cache_is_created_private_and_a_loose_parent_is_refused(tmp_path):
 def test_each_library_of_a_process_is_its_own():
     """Libraries are loaded through /proc/self/fd/N: one loaded after another must not be taken for it."""
     code = (
-        "from pathlib import Path; from kernels.cpu import native\n"
+        "from pathlib import Path; from salon.kernels.cpu import native\n"
         "d = Path(native.__file__).parent\n"
         "first = native.load(d / 'w8a8_acc.c', {})\n"
         "second = native.load(d / 'quantize.c', {})\n"
@@ -126,4 +126,4 @@ def test_each_library_of_a_process_is_its_own():
         "assert first._handle != second._handle, 'the second library is the first one'\n"
         "assert hasattr(second, 'quantize_rows_avx2') and not hasattr(first, 'quantize_rows_avx2')\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(native.__file__).parents[2])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(native.__file__).parents[3])

@@ -1,4 +1,4 @@
-"""kernels/cpu/paged_attention.py (the C kernels: AVX-512 and AVX2, each where the CPU runs it) and
+"""salon/kernels/cpu/paged_attention.py (the C kernels: AVX-512 and AVX2, each where the CPU runs it) and
 paged_attention_torch.py (the PyTorch path) against the reference, on awkward shapes, and their batch/chunk
 invariance."""
 
@@ -9,11 +9,11 @@ import random
 import pytest
 import torch
 
-from kernels.cpu import paged_attention as cpu_attention
-from kernels.cpu.paged_attention_torch import paged_attention_torch
-from kernels.kv_write import kv_write_ref
-from kernels.paged_attention import PagedAttentionArgs
-from kernels.paged_attention import paged_attention_ref as _paged_attention_ref
+from salon.kernels.cpu import paged_attention as cpu_attention
+from salon.kernels.cpu.paged_attention_torch import paged_attention_torch
+from salon.kernels.kv_write import kv_write_ref
+from salon.kernels.paged_attention import PagedAttentionArgs
+from salon.kernels.paged_attention import paged_attention_ref as _paged_attention_ref
 
 NUM_BLOCKS = 512
 

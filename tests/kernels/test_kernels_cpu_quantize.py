@@ -1,4 +1,4 @@
-"""The C quantization paths (kernels/cpu/quantize.py, kv_write.py) against the references, bit for bit, in
+"""The C quantization paths (salon/kernels/cpu/quantize.py, kv_write.py) against the references, bit for bit, in
 every build of quantize.c this CPU runs (AVX-512 and AVX2 + FMA, or AVX2 + FMA alone)."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu import native
-from kernels.cpu.kv_write import kv_write_cpu
-from kernels.cpu.quantize import (kernel, quantize_int16_cpu, quantize_per_token_cpu, quantize_two_terms_cpu,
+from salon.kernels.cpu import native
+from salon.kernels.cpu.kv_write import kv_write_cpu
+from salon.kernels.cpu.quantize import (kernel, quantize_int16_cpu, quantize_per_token_cpu, quantize_two_terms_cpu,
                                   rmsnorm_quant_cpu)
-from kernels.kv_write import kv_write_ref
-from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
-from kernels.w16a8_grouped import quantize_int16_ref
+from salon.kernels.kv_write import kv_write_ref
+from salon.kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
+from salon.kernels.w16a8_grouped import quantize_int16_ref
 
 ISAS = native.simd_isas()
 pytestmark = pytest.mark.skipif(not ISAS, reason="no C quantization kernel for this CPU (needs AVX-512 or AVX2 + FMA)")
@@ -155,7 +155,7 @@ def test_quantize_two_terms_is_bit_identical(m, k, threads):
                                  (130, 640)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_quantize_int16_is_bit_identical(m, k, threads):
-    """kernels.w16a8_grouped's recipe: every tail length of the 16-wide loop, zero rows (the floor), rows of
+    """salon.kernels.w16a8_grouped's recipe: every tail length of the 16-wide loop, zero rows (the floor), rows of
     every magnitude; the int16 grid is within about half a step of x."""
     assert kernel("quantize_int16_rows", "avx2") is not None
     x = rows(m, k, seed=m * 100 + k)

@@ -1,4 +1,4 @@
-"""The RMSNorm contract (kernels/rmsnorm.py) and its C kernel (kernels/cpu/rmsnorm.c), bit for bit: row lengths
+"""The RMSNorm contract (salon/kernels/rmsnorm.py) and its C kernel (salon/kernels/cpu/rmsnorm.c), bit for bit: row lengths
 around the 16 lanes, per-head [T, H, D] views of a wider tensor, the thread split, rows of zeros and of huge
 or tiny values, batch invariance; and the contract against float64 (its order is fixed, its value is the
 norm's). A reordered sum, a fused multiply-add or the textbook torch expression changes the bits (checked
@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu import native
-from kernels.cpu.rmsnorm import library, rmsnorm_cpu
-from kernels.rmsnorm import LANES, rmsnorm_ref, sum_of_squares
+from salon.kernels.cpu import native
+from salon.kernels.cpu.rmsnorm import library, rmsnorm_cpu
+from salon.kernels.rmsnorm import LANES, rmsnorm_ref, sum_of_squares
 
 needs_kernel = pytest.mark.skipif(not native.simd_isas() or library() is None, reason="needs x86-64 with AVX2 and cc")
 
@@ -93,6 +93,6 @@ def test_contract_sums_in_its_own_order():
 
 @needs_kernel
 def test_engine_op_family_takes_the_kernel():
-    from kernels.backend import select_ops
+    from salon.kernels.backend import select_ops
 
     assert select_ops("cpu").rmsnorm is rmsnorm_cpu

@@ -1,4 +1,4 @@
-"""The per-head RMSNorm and RoPE in one C call (kernels/cpu/rmsnorm_rope.c) against the CPU family's two calls
+"""The per-head RMSNorm and RoPE in one C call (salon/kernels/cpu/rmsnorm_rope.c) against the CPU family's two calls
 (rmsnorm_cpu, then rope_neox_cpu) bit for bit, and against the reference composition to float rounding:
 decode rows and prefill chunks, heads read where they lie in a fused qkv row, positions out of order and far
 apart; and the calls it declines compose the two kernels."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu import native
-from kernels.cpu.rmsnorm import rmsnorm_cpu
-from kernels.cpu.rmsnorm_rope import library, rmsnorm_rope_c, rmsnorm_rope_cpu
-from kernels.cpu.rope import rope_neox_cpu
-from kernels.rmsnorm_rope import rmsnorm_rope_ref
+from salon.kernels.cpu import native
+from salon.kernels.cpu.rmsnorm import rmsnorm_cpu
+from salon.kernels.cpu.rmsnorm_rope import library, rmsnorm_rope_c, rmsnorm_rope_cpu
+from salon.kernels.cpu.rope import rope_neox_cpu
+from salon.kernels.rmsnorm_rope import rmsnorm_rope_ref
 
 needs_kernel = pytest.mark.skipif(not native.simd_isas() or library() is None, reason="needs x86-64 AVX2 and cc")
 EPS = 1e-6

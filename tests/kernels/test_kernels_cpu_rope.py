@@ -1,12 +1,12 @@
-"""kernels/cpu/rope.py: the reference's values from tables that never depend on the batch or on growth."""
+"""salon/kernels/cpu/rope.py: the reference's values from tables that never depend on the batch or on growth."""
 
 from __future__ import annotations
 
 import torch
 
-from kernels.cpu import rope as cpu_rope
-from kernels.cpu.rope import CHUNK_POSITIONS, rope_neox_cpu, rope_tables
-from kernels.rope import rope_neox_ref
+from salon.kernels.cpu import rope as cpu_rope
+from salon.kernels.cpu.rope import CHUNK_POSITIONS, rope_neox_cpu, rope_tables
+from salon.kernels.rope import rope_neox_ref
 
 
 def test_matches_reference_across_chunks_and_bases():

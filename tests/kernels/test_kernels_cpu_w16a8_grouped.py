@@ -1,4 +1,4 @@
-"""The int16-activation group-scaled GEMM (kernels/cpu/w16a8_grouped.c) against kernels.w16a8_grouped's reference,
+"""The int16-activation group-scaled GEMM (salon/kernels/cpu/w16a8_grouped.c) against salon.kernels.w16a8_grouped's reference,
 bit for bit: both layouts (M <= 8 pairs, M > 8 transposed) and the 64-row chunks of prefill, short last weight
 blocks, K of one group to 64 groups (the group-major copy of rows 2 and 4 KB long among them), 1 to 3 threads,
 strided rows, group sums above 2^24 that float32 must round, the extremes of both ranges, batch invariance; and
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu.w16a8_grouped import library, w16a8_grouped_cpu
-from kernels.w16a8_grouped import w16a8_grouped_ref
+from salon.kernels.cpu.w16a8_grouped import library, w16a8_grouped_cpu
+from salon.kernels.w16a8_grouped import w16a8_grouped_ref
 
 needs_kernel = pytest.mark.skipif(library() is None, reason="needs x86-64 with AVX2 and cc")
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.cpu.w8a8_gemm import SMALL_M_ROWS, VNNI_ROW_BLOCK, cpu_isas, int8_acc_c, int8_acc_c_blocked, w8a8_gemm_cpu
-from kernels.w8a8_gemm import w8a8_gemm_ref
+from salon.kernels.cpu.w8a8_gemm import SMALL_M_ROWS, VNNI_ROW_BLOCK, cpu_isas, int8_acc_c, int8_acc_c_blocked, w8a8_gemm_cpu
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 
 SHAPES = [(1, 1, 1), (1, 7, 33), (3, 5, 17), (4, 9, 16), (5, 640, 2048), (1, 1536, 640), (15, 33, 1040),
           (16, 31, 1025), (40, 100, 2100), (1, 3, 4099), (7, 2048, 1024)]
@@ -81,7 +81,7 @@ def test_row_result_independent_of_batch():
 
 def test_large_weights_take_the_blocked_c_path_at_any_batch():
     """The output projection's size: 70 rows (over SMALL_M_ROWS) go through the C kernel in row blocks."""
-    from kernels.cpu.w8a8_gemm import LARGE_WEIGHT_ELEMENTS
+    from salon.kernels.cpu.w8a8_gemm import LARGE_WEIGHT_ELEMENTS
 
     n, k = LARGE_WEIGHT_ELEMENTS // 640 + 3, 640
     a, sa, w, sw = _operands(SMALL_M_ROWS + 6, n, k, seed=21)

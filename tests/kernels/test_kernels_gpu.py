@@ -9,10 +9,10 @@ import pytest
 import torch
 from kernels_cases import make_paged_case
 
-from kernels.glu import geglu_ref, geglu_triton, swiglu_ref, swiglu_triton
-from kernels.kv_write import kv_write_ref, kv_write_triton
-from kernels.paged_attention import paged_attention_ref, paged_attention_triton
-from kernels.quantize import (
+from salon.kernels.glu import geglu_ref, geglu_triton, swiglu_ref, swiglu_triton
+from salon.kernels.kv_write import kv_write_ref, kv_write_triton
+from salon.kernels.paged_attention import paged_attention_ref, paged_attention_triton
+from salon.kernels.quantize import (
     quantize_per_token_ref,
     quantize_per_token_triton,
     quantize_two_terms_ref,
@@ -20,8 +20,8 @@ from kernels.quantize import (
     rmsnorm_quant_ref,
     rmsnorm_quant_triton,
 )
-from kernels.rope import rope_neox_ref, rope_neox_triton
-from kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
+from salon.kernels.rope import rope_neox_ref, rope_neox_triton
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEV = "cuda"
@@ -48,7 +48,7 @@ def test_gpu_w8a8_gemm_model_shapes(M, K, N, geglu):
 @pytest.mark.parametrize("M", [1, 7, 64, 256])
 @pytest.mark.parametrize("K,N,geglu", [(640, 1024, False), (640, 4096, True), (2048, 640, False)])
 def test_gpu_w8a8_grouped_gemm_model_shapes(M, K, N, geglu):
-    # w_scale f32[N, K/32]: the group-scaled kernel of kernels/w8a8_grouped.py, compiled without FMA
+    # w_scale f32[N, K/32]: the group-scaled kernel of salon/kernels/w8a8_grouped.py, compiled without FMA
     g = torch.Generator(device=DEV).manual_seed(M + N + 1)
     a = torch.randint(-127, 128, (M, K), generator=g, dtype=torch.int8, device=DEV)
     w = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8, device=DEV)

@@ -8,11 +8,11 @@ import pytest
 import torch
 from kernels_cases import PAGED_CASES, dense_attention, make_paged_case
 
-from kernels.kv_write import kv_write_ref
-from kernels.paged_attention import paged_attention_ref
-from kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, rmsnorm_quant_ref
-from kernels.rope import rope_neox_ref
-from kernels.w8a8_gemm import w8a8_gemm_ref
+from salon.kernels.kv_write import kv_write_ref
+from salon.kernels.paged_attention import paged_attention_ref
+from salon.kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, rmsnorm_quant_ref
+from salon.kernels.rope import rope_neox_ref
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 
 
 def test_quantize_exact_values_ties_to_even_and_zero_rows():

@@ -1,5 +1,5 @@
 """Each Triton kernel against its PyTorch reference. Without CUDA the kernels run in Triton's interpreter on
-CPU tensors (kernels.triton_launch picks that per launch), so these tests run on any machine; shapes stay small
+CPU tensors (salon.kernels.triton_launch picks that per launch), so these tests run on any machine; shapes stay small
 because the interpreter is slow. Large shapes on a real GPU are in test_kernels_gpu.py."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torch
 from kernels_cases import PAGED_CASES, make_paged_case
 from tests.triton_interpreter import row_independent_dot as use_row_independent_dot
 
-from kernels.glu import geglu_ref, geglu_triton, swiglu_ref, swiglu_triton
-from kernels.kv_write import kv_write_ref, kv_write_triton
-from kernels.paged_attention import PagedAttentionArgs, paged_attention_ref, paged_attention_triton
-from kernels.quantize import (
+from salon.kernels.glu import geglu_ref, geglu_triton, swiglu_ref, swiglu_triton
+from salon.kernels.kv_write import kv_write_ref, kv_write_triton
+from salon.kernels.paged_attention import PagedAttentionArgs, paged_attention_ref, paged_attention_triton
+from salon.kernels.quantize import (
     quantize_per_token_ref,
     quantize_per_token_triton,
     quantize_two_terms_ref,
@@ -22,9 +22,9 @@ from kernels.quantize import (
     rmsnorm_quant_ref,
     rmsnorm_quant_triton,
 )
-from kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
-from kernels.rope import rope_neox_ref, rope_neox_triton
-from kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
+from salon.kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
+from salon.kernels.rope import rope_neox_ref, rope_neox_triton
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -1,4 +1,4 @@
-"""The group-scaled W8A8 Triton GEMM (kernels/w8a8_grouped.py) against w8a8_gemm_ref. Without CUDA the kernel runs
+"""The group-scaled W8A8 Triton GEMM (salon/kernels/w8a8_grouped.py) against w8a8_gemm_ref. Without CUDA the kernel runs
 in Triton's interpreter on CPU tensors; shapes stay small because the interpreter is slow. Same strictness as the
 per-row kernel in test_kernels_triton.py: bit-identical without geglu, geglu (the kernel's tanh via exp against
 torch's gelu) to rtol = atol = 1e-5."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
-from kernels.w8a8_grouped import GROUP, w8a8_grouped_triton
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
+from salon.kernels.w8a8_grouped import GROUP, w8a8_grouped_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EPILOGUES = ["none", "bias", "residual", "bias_residual"]

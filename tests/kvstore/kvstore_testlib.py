@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 
-from services.common.kvstore_client.layout import KVLayout
-from services.common.prefix_hash import encode_token_ids
-from services.kvstore.arena import Arena
-from services.kvstore.radix_tree import RadixTree
-from services.kvstore.store import KVStore
+from salon.common.kvstore_client.layout import KVLayout
+from salon.common.prefix_hash import encode_token_ids
+from salon.kvstore.arena import Arena
+from salon.kvstore.radix_tree import RadixTree
+from salon.kvstore.store import KVStore
 
 # 4-token blocks, 64 B global (one alignment unit) and 128 B local per block, window of 5 tokens:
 # a continuation at a block boundary needs local KV of the last ceil((5 - 1) / 4) = 1 block.
@@ -82,20 +82,20 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS  # noqa: E402
-from services.common.kvstore_client.client import KVStoreClient  # noqa: E402
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS  # noqa: E402
+from salon.common.kvstore_client.client import KVStoreClient  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class KVStoreProcess:
-    """`python -m services.kvstore` as a subprocess; `port` parsed from its LISTENING line."""
+    """`python -m salon.kvstore` as a subprocess; `port` parsed from its LISTENING line."""
 
     def __init__(self, shm_dir, capacity_bytes: int, port: int = 0, lease_ttl_s: float = 30.0,
                  extra: tuple[str, ...] = INSECURE_LOOPBACK_FLAGS) -> None:
         self.shm_dir = str(shm_dir)
         args = [
-            sys.executable, "-m", "services.kvstore", "--port", str(port), "--capacity-bytes", str(capacity_bytes),
+            sys.executable, "-m", "salon.kvstore", "--port", str(port), "--capacity-bytes", str(capacity_bytes),
             "--shm-dir", str(shm_dir), "--lease-ttl-s", str(lease_ttl_s), "--grace-s", "1", *extra,
         ]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

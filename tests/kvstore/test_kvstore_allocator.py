@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from services.kvstore.allocator import ALIGN_BYTES, Extent, ExtentAllocator, aligned
+from salon.kvstore.allocator import ALIGN_BYTES, Extent, ExtentAllocator, aligned
 
 
 def test_best_fit_split_and_merge() -> None:

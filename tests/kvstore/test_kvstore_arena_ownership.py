@@ -9,8 +9,8 @@ import os
 import pytest
 from kvstore_testlib import KVStoreProcess
 
-from services.common.kvstore_client.arena_mapping import ArenaMapping, ArenaRefused
-from services.kvstore.arena import ARENA_PREFIX, Arena, remove_stale_arenas
+from salon.common.kvstore_client.arena_mapping import ArenaMapping, ArenaRefused
+from salon.kvstore.arena import ARENA_PREFIX, Arena, remove_stale_arenas
 
 
 def _arenas(directory) -> set[str]:

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from kvstore_testlib import LAYOUT, NS_A, NS_B, KVStoreProcess, fetch_bytes, make_store, payload, put
 
-from salon.kvstore.v1 import kvstore_pb2 as pb
-from salon.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
-from services.common.kvstore_client.client import layout_to_proto
-from services.common.prefix_hash import encode_token_ids
-from services.kvstore.allocator import aligned
-from services.kvstore.store import LeaseLimit, unwritten_slot
+from salon.api.kvstore.v1 import kvstore_pb2 as pb
+from salon.api.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+from salon.common.kvstore_client.client import layout_to_proto
+from salon.common.prefix_hash import encode_token_ids
+from salon.kvstore.allocator import aligned
+from salon.kvstore.store import LeaseLimit, unwritten_slot
 
 NS_C, NS_D = b"C" * 32, b"D" * 32
 NAMESPACES = [NS_A, NS_B, NS_C, NS_D]

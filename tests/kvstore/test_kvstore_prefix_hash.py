@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from services.common.prefix_hash import (
+from salon.common.prefix_hash import (
     block_hashes,
     decode_token_ids,
     encode_token_ids,

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from kvstore_testlib import NS_A, NS_B, KVStoreProcess, block_rows
 
-from salon.kvstore.v1 import kvstore_pb2 as pb
-from salon.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
-from services.common.kvstore_client.client import KVStoreClient, layout_to_proto
-from services.common.kvstore_client.layout import KVLayout, MatchResult
-from services.common.prefix_hash import encode_token_ids
+from salon.api.kvstore.v1 import kvstore_pb2 as pb
+from salon.api.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+from salon.common.kvstore_client.client import KVStoreClient, layout_to_proto
+from salon.common.kvstore_client.layout import KVLayout, MatchResult
+from salon.common.prefix_hash import encode_token_ids
 
 # The default model's sizes: 16-token blocks, 3 global + 15 sliding layers of 520 B per token.
 GEMMA = KVLayout(16, 3 * 16 * 520, 15 * 16 * 520, 512)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from kvstore_testlib import LAYOUT, NS_A, NS_B, fetch_bytes, make_store, payload, put
 
-from services.common.kvstore_client.layout import KVLayout, MatchResult
-from services.common.prefix_hash import encode_token_ids
-from services.kvstore.radix_tree import LayoutMismatch
+from salon.common.kvstore_client.layout import KVLayout, MatchResult
+from salon.common.prefix_hash import encode_token_ids
+from salon.kvstore.radix_tree import LayoutMismatch
 
 GLOBAL_ONLY = G = KVLayout(4, 64, 0, 0)
 

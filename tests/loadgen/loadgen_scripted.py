@@ -5,7 +5,7 @@ import asyncio
 import grpc
 import pytest
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 
 EOS = (1, 106)
 KEY = "scripted-key-1"

@@ -6,12 +6,12 @@ import sys
 
 from loadgen_scripted import KEY, ScriptedChat, scripted  # noqa: F401 (fixture)
 
-from salon_cli.bench import main as bench_main
+from salon.cli.bench import main as bench_main
 
 
 async def _run_cli(*args):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "salon_cli.main", "bench", *args,
+        sys.executable, "-m", "salon.cli.main", "bench", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
     return proc.returncode, out.decode(), err.decode()

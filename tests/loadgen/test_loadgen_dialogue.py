@@ -2,10 +2,10 @@
 
 import pytest
 
-from bench.loadgen.dialogue import EMPTY_REPLY_TEXT, DialogueState, strip_trailing_eos
-from bench.loadgen.driver import turn_request
-from bench.loadgen.transport_grpc import to_proto_request
-from bench.loadgen.workload import (
+from salon.loadgen.dialogue import EMPTY_REPLY_TEXT, DialogueState, strip_trailing_eos
+from salon.loadgen.driver import turn_request
+from salon.loadgen.transport_grpc import to_proto_request
+from salon.loadgen.workload import (
     DialogueSpec,
     HistoryMessage,
     Role,
@@ -14,7 +14,7 @@ from bench.loadgen.workload import (
     WorkloadConfig,
     generate_trace,
 )
-from salon.chat.v1 import chat_pb2
+from salon.api.chat.v1 import chat_pb2
 
 U, C = Role.USER, Role.CHARACTER
 

@@ -10,10 +10,10 @@ import grpc
 import pytest
 from loadgen_scripted import KEY, ScriptedChat, scripted  # noqa: F401 (fixture)
 
-from bench.loadgen.driver import DriverConfig, replay
-from bench.loadgen.transport_grpc import ChatGrpcTransport
-from bench.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
-from salon.chat.v1 import chat_pb2
+from salon.loadgen.driver import DriverConfig, replay
+from salon.loadgen.transport_grpc import ChatGrpcTransport
+from salon.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
+from salon.api.chat.v1 import chat_pb2
 
 
 def _trace(prime=None):

@@ -9,8 +9,8 @@ import json
 import subprocess
 import sys
 
-from bench.loadgen.stack import StackConfig, engine_args
-from services.common.process import threads_per_process
+from salon.loadgen.stack import StackConfig, engine_args
+from salon.common.process import threads_per_process
 
 
 def test_engine_flags_for_each_mode():
@@ -34,7 +34,7 @@ def test_engine_flags_for_each_mode():
 def test_bench_launch_compare_no_cache_synthetic_tiny(tmp_path):
     report, plot = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "salon_cli.main", "bench", "--launch", "--model", "synthetic-tiny",
+        [sys.executable, "-m", "salon.cli.main", "bench", "--launch", "--model", "synthetic-tiny",
          "--engines", "2", "--compare-no-cache", "--seed", "3", "--dialogues", "4", "--initial-dialogues", "4",
          "--turns", "4", "--history-messages", "10", "--long-dialogues", "4", "--long-history-messages", "60",
          "--regenerate-fraction", "0.3", "--edit-fraction", "0.3", "--max-new-tokens", "6", "--temperature", "0",
@@ -76,7 +76,7 @@ def test_bench_launch_engine_prefix_caches_only(tmp_path):
     """One engine, no kvstore: the driver against the real engine and gateway, turn kinds checked by prompt size."""
     report = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "salon_cli.main", "bench", "--launch", "--model", "synthetic-tiny", "--engines", "1",
+        [sys.executable, "-m", "salon.cli.main", "bench", "--launch", "--model", "synthetic-tiny", "--engines", "1",
          "--no-kvstore", "--seed", "0", "--dialogues", "2", "--initial-dialogues", "2", "--turns", "4",
          "--history-messages", "8", "--regenerate-fraction", "0.4", "--edit-fraction", "0.3",
          "--max-new-tokens", "5", "--temperature", "0", "--time-scale", "0", "--startup-timeout-s", "240",

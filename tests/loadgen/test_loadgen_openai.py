@@ -10,7 +10,7 @@ import sys
 def test_bench_api_openai_matches_the_grpc_hit_rate(tmp_path):
     report = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "salon_cli.main", "bench", "--launch", "--model", "synthetic-tiny", "--api", "openai",
+        [sys.executable, "-m", "salon.cli.main", "bench", "--launch", "--model", "synthetic-tiny", "--api", "openai",
          "--quick", "--engines", "2", "--seed", "5", "--dialogues", "4", "--initial-dialogues", "4", "--turns", "4",
          "--history-messages", "10", "--long-dialogues", "4", "--long-history-messages", "40",
          "--regenerate-fraction", "0.2", "--edit-fraction", "0.2", "--max-new-tokens", "6", "--temperature", "0",

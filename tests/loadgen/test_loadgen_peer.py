@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from bench import peer
+from salon.loadgen import peer
 
 TINY = ["--engines", "1", "--dialogues", "4", "--turns", "3", "--long-dialogues", "0", "--history-messages", "6",
         "--regenerate-fraction", "0.3", "--max-new-tokens", "4", "--no-progress", "--startup-timeout-s", "600"]
@@ -23,10 +23,10 @@ TINY = ["--engines", "1", "--dialogues", "4", "--turns", "3", "--long-dialogues"
 def test_memoized_rendering_is_the_renderers_own():
     """The peer's prompts (rendered piece by piece, pieces memoized) equal PromptRenderer.render, turn after
     turn of a dialogue that regenerates and edits, with replies carried as token ids."""
-    from bench.loadgen.dialogue import DialogueState
-    from bench.loadgen.driver import turn_request
-    from bench.loadgen.runs import load_rendering
-    from bench.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
+    from salon.loadgen.dialogue import DialogueState
+    from salon.loadgen.driver import turn_request
+    from salon.loadgen.runs import load_rendering
+    from salon.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
 
     rendering = load_rendering("gemma-3-270m")
     trace = generate_trace(WorkloadConfig(seed=4, num_dialogues=3, turns_per_dialogue=6, history_messages_mean=8,
@@ -45,7 +45,7 @@ def test_memoized_rendering_is_the_renderers_own():
 
 def _bench(tmp_path, *args):
     report = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "salon_cli.main", "bench", "--launch", "--compare-llama-server",
+    proc = subprocess.run([sys.executable, "-m", "salon.cli.main", "bench", "--launch", "--compare-llama-server",
                            *args, "--log-dir", str(tmp_path / "logs"), "--json", str(report)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

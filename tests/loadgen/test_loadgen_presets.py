@@ -2,13 +2,13 @@
 
 import pytest
 
-from bench.loadgen.dialogue import DialogueState
-from bench.loadgen.presets import NAMES, preset
-from bench.loadgen.report import DEFAULT_LONG_HISTORY_TOKENS, MIN_LONG_HISTORY_TURNS
-from bench.loadgen.runs import load_rendering
-from bench.loadgen.transport_llama_server import to_prompt_message
-from bench.loadgen.workload import generate_trace
-from services.engine.api.prompt import Character
+from salon.loadgen.dialogue import DialogueState
+from salon.loadgen.presets import NAMES, preset
+from salon.loadgen.report import DEFAULT_LONG_HISTORY_TOKENS, MIN_LONG_HISTORY_TURNS
+from salon.loadgen.runs import load_rendering
+from salon.loadgen.transport_llama_server import to_prompt_message
+from salon.loadgen.workload import generate_trace
+from salon.engine.api.prompt import Character
 
 
 @pytest.fixture(scope="module")

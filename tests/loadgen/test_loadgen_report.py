@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from bench.loadgen.driver import token_gaps_ms
-from bench.loadgen.records import RunResult, TurnRecord
-from bench.loadgen.report import (
+from salon.loadgen.driver import token_gaps_ms
+from salon.loadgen.records import RunResult, TurnRecord
+from salon.loadgen.report import (
     MIN_LONG_HISTORY_TURNS,
     compare,
     compare_peer,
@@ -179,7 +179,7 @@ def test_ttft_split_of_returning_turns_exact():
     slowest tenth (at least one turn) by client TTFT; turns without the engine's timings are left out."""
     import dataclasses
 
-    from bench.loadgen.report import ttft_split
+    from salon.loadgen.report import ttft_split
 
     records = [dataclasses.replace(rec(0, t, 10, ttft=float(100 + 10 * t)), server_ttft_ms=float(90 + 9 * t),
                                    server_queue_ms=float(t)) for t in range(11)]

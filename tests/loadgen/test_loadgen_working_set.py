@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 
-from bench.loadgen.working_set import plan, point, table
+from salon.loadgen.working_set import plan, point, table
 
 
 def test_plan_sizes_the_engines_below_the_dialogues():
@@ -42,7 +42,7 @@ def test_table_rows():
 def test_working_set_run_evicts_and_hits_less(tmp_path):
     report, plot = tmp_path / "ws.json", tmp_path / "ws.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "salon_cli.main", "bench", "--launch", "--working-set", "--model", "synthetic-tiny",
+        [sys.executable, "-m", "salon.cli.main", "bench", "--launch", "--working-set", "--model", "synthetic-tiny",
          "--engines", "1", "--dialogues", "6", "--initial-dialogues", "6", "--turns", "3", "--history-messages", "20",
          "--min-history-messages", "20", "--max-new-tokens", "4", "--temperature", "0", "--time-scale", "0",
          "--concurrency", "1", "--kvstore-fractions", "0.25", "--startup-timeout-s", "240", "--no-progress",

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from bench.loadgen.workload import Role, TurnKind, WorkloadConfig, arrival_times_s, generate_trace
+from salon.loadgen.workload import Role, TurnKind, WorkloadConfig, arrival_times_s, generate_trace
 
 
 def test_same_seed_gives_identical_trace():

@@ -25,7 +25,7 @@ def greedy_refs() -> list[dict]:
 
 @pytest.fixture(scope="session")
 def fp32_model():
-    from services.engine.model import load_model
+    from salon.engine.model import load_model
 
     torch.manual_seed(0)
     return load_model("gemma-3-270m", precision="float32", progress=False)
@@ -33,7 +33,7 @@ def fp32_model():
 
 @pytest.fixture(scope="session")
 def int8_model():
-    from services.engine.model import load_model
+    from salon.engine.model import load_model
 
     return load_model("gemma-3-270m", precision="int8", progress=False)
 
@@ -53,13 +53,13 @@ def smollm_reference(name: str) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def smollm_fp32():
-    from services.engine.model import load
+    from salon.engine.model import load
 
     return load(SMOLLM, precision="float32", progress=False)
 
 
 @pytest.fixture(scope="session")
 def smollm_int8():
-    from services.engine.model import load
+    from salon.engine.model import load
 
     return load(SMOLLM, precision="int8", progress=False)

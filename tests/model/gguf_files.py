@@ -13,7 +13,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from services.engine.model.tokenizer_bpe import _bytes_to_unicode
+from salon.engine.model.tokenizer_bpe import _bytes_to_unicode
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")

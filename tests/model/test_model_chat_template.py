@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import InvalidArgument
-from services.engine.model.chat_renderer import ChatRenderer, TemplateMessage as M
-from services.engine.model.chat_template import ChatTemplateError
-from services.engine.model.loader import open_model_file
-from services.engine.model.tokenizer import Tokenizer
+from salon.common.errors import InvalidArgument
+from salon.engine.model.chat_renderer import ChatRenderer, TemplateMessage as M
+from salon.engine.model.chat_template import ChatTemplateError
+from salon.engine.model.loader import open_model_file
+from salon.engine.model.tokenizer import Tokenizer
 from tests.model.conftest import smollm_reference
 
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from services.engine.model.checkpoint import checkpoint_path, ensure_checkpoint
-from services.engine.model.loader import open_model_file
-from services.engine.model.sources import resolve_source
+from salon.engine.model.checkpoint import checkpoint_path, ensure_checkpoint
+from salon.engine.model.loader import open_model_file
+from salon.engine.model.sources import resolve_source
 from tests.model.gguf_files import write_llama_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONVERT = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from services.engine.model.loader import open_model_file
-    from services.engine.model import checkpoint
+    from salon.engine.model.loader import open_model_file
+    from salon.engine.model import checkpoint
     gguf, cache, go, crash = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4] == "crash"
     if crash:  # die half-way through writing the checkpoint, as a killed process would
         real = checkpoint.save_file

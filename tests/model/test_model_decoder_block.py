@@ -1,12 +1,12 @@
 """The shipped Gemma 3 int8 model with each decoder layer of a decode-sized step as one C call
-(kernels.decoder_block, kernels/cpu/decoder_block.h) against the same model composing every layer from its
+(salon.kernels.decoder_block, salon/kernels/cpu/decoder_block.h) against the same model composing every layer from its
 ops, through the engine's own serving path (EngineCore: scheduler, paged int8 KV cache, sampling): the logits of
 every sampled position, and the KV cache they leave, are the same bits. The steps mix chunked prefills (chunks
 under and over the fused op's MAX_ROWS, so both paths fill the cache), batched decodes, contexts past the
 sliding window (released blocks), device prefix hits and speculative verification rows; synthetic-tiny adds
 grouped-query attention and layers that read another layer's KV; SmolLM2 (llama) has no q/k norms or
 post-norms, SwiGLU and one weight scale per row. Every model runs in both activation recipes (two int8 terms,
-one int16 term: kernels.backend.ACTIVATION_RECIPES). Each test also checks that the fused op ran
+one int16 term: salon.kernels.backend.ACTIVATION_RECIPES). Each test also checks that the fused op ran
 (and, on synthetic-tiny, for the KV-sharing layers too): a test whose fused op always declined would compare
 the composition with itself."""
 
@@ -17,12 +17,12 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.backend import ACTIVATION_RECIPES, select_ops
-from kernels.cpu import decoder_block as cpu_block
-from kernels.cpu.linear_two_terms import MAX_ROWS
-from kernels.cpu.w8a8_grouped import packed_bytes, packed_weights
-from kernels.decoder_block import no_decoder_block, no_decoder_blocks
-from services.engine.model import load_model
+from salon.kernels.backend import ACTIVATION_RECIPES, select_ops
+from salon.kernels.cpu import decoder_block as cpu_block
+from salon.kernels.cpu.linear_two_terms import MAX_ROWS
+from salon.kernels.cpu.w8a8_grouped import packed_bytes, packed_weights
+from salon.kernels.decoder_block import no_decoder_block, no_decoder_blocks
+from salon.engine.model import load_model
 from tests.engine_testlib import assert_rows_equal, logits_rows, make_core, make_request, tokens
 
 pytestmark = pytest.mark.skipif(cpu_block.library() is None,
@@ -219,7 +219,7 @@ def test_the_steps_layers_in_one_call_give_one_call_per_layer_and_stop_at_the_fi
 
 def test_the_vnni_serving_path_reads_packed_weights(models):
     """On an AVX-512 VNNI CPU a two-term step's layers and the output projection read the packed copies of their
-    weights (kernels.cpu.w8a8_grouped.packed_weights): a silent fallback to the weights as they lie would give
+    weights (salon.kernels.cpu.w8a8_grouped.packed_weights): a silent fallback to the weights as they lie would give
     the same bits at up to 1.5x the time. Each layer's C struct holds the packed weights with NULL scale pointers,
     and the tied token table is packed with float16 scales (its GGUF scales are float16 values)."""
     fused, _, _ = models

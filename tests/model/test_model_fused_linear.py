@@ -1,4 +1,4 @@
-"""The shipped Gemma 3 int8 model with its two-term Linears as one C call each (kernels.linear_two_terms: the
+"""The shipped Gemma 3 int8 model with its two-term Linears as one C call each (salon.kernels.linear_two_terms: the
 norm before, the GEMM of both terms, the post-norm and the residual) against the same model with each of
 those parts its own kernel call: the hidden states and logits of a prefill and of decode steps alone and
 batched are the same bits, so the fusion changes no served token and no cache hit."""
@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from kernels.backend import select_ops
-from kernels.cpu.linear_two_terms import composed, library
-from services.engine.model import load_model
-from services.engine.model.attention import DenseAttention
+from salon.kernels.backend import select_ops
+from salon.kernels.cpu.linear_two_terms import composed, library
+from salon.engine.model import load_model
+from salon.engine.model.attention import DenseAttention
 
 pytestmark = pytest.mark.skipif(library() is None, reason="the one C call needs x86-64 with AVX2 and cc")
 

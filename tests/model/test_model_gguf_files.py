@@ -12,10 +12,10 @@ import pytest
 import torch
 from gguf.quants import dequantize
 
-from services.engine.model import DenseAttention, load
-from services.engine.model.chat_renderer import TemplateMessage
-from services.engine.model.gguf_file import GGUFMetadataError, UnsupportedTensorType, open_gguf
-from services.engine.model.models.common import UnsupportedModelFile
+from salon.engine.model import DenseAttention, load
+from salon.engine.model.chat_renderer import TemplateMessage
+from salon.engine.model.gguf_file import GGUFMetadataError, UnsupportedTensorType, open_gguf
+from salon.engine.model.models.common import UnsupportedModelFile
 from tests.model.gguf_files import write_gemma3_gguf, write_llama_gguf
 
 WEIGHT_TYPES = {"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q5_0", "ffn_gate": "Q5_1",
@@ -137,7 +137,7 @@ def test_both_architectures_load_and_generate_in_both_precisions(which, llama_fi
 
 
 def test_gemma3_layers_from_the_metadata(gemma_file, tmp_path):
-    from services.engine.model.loader import open_model_file
+    from salon.engine.model.loader import open_model_file
 
     cfg = open_model_file(str(gemma_file), tmp_path).config
     assert [s.attention for s in cfg.layers] == ["sliding"] * 5 + ["global"]
@@ -169,8 +169,8 @@ def test_an_unknown_tensor_is_named(tmp_path):
 
 
 def test_an_unknown_architecture_and_a_missing_file_are_named(tmp_path):
-    from services.engine.model.models import UnsupportedArchitecture
-    from services.engine.model.sources import ModelNotFound
+    from salon.engine.model.models import UnsupportedArchitecture
+    from salon.engine.model.sources import ModelNotFound
 
     path = tmp_path / "other.gguf"
     writer = gguf.GGUFWriter(str(path), arch="mamba")

@@ -1,4 +1,4 @@
-"""The loader's huge pages (services/engine/model/huge_pages.py): in_huge_pages gives back every tensor with
+"""The loader's huge pages (salon/engine/model/huge_pages.py): in_huge_pages gives back every tensor with
 its name, dtype, shape and bits, in one private anonymous mapping the kernel counts as huge-page eligible
 (`THPeligible: 1` in /proc/self/smaps: madvised, and not shared memory), 64-byte aligned, the first tensor on
 a huge-page boundary; the serving model's weights are placed there by load(), and huge_pages=False leaves them
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.engine.model import load_model
-from services.engine.model.huge_pages import ALIGN_BYTES, HUGE_PAGE_BYTES, in_huge_pages
+from salon.engine.model import load_model
+from salon.engine.model.huge_pages import ALIGN_BYTES, HUGE_PAGE_BYTES, in_huge_pages
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 needs_thp = pytest.mark.skipif(

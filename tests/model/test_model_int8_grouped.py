@@ -1,6 +1,6 @@
 """Group-scaled int8 weights on the model side: the grid quantize_weight(w, 32) rounds to is the one the
 quantization ceilings measured (bench/quant_ceilings.fake_quantize), Int8Linear and the token table serve it
-with the grouped W8A8 contract (kernels/w8a8_grouped.py), and a checkpoint built with weight_group=32 holds
+with the grouped W8A8 contract (salon/kernels/w8a8_grouped.py), and a checkpoint built with weight_group=32 holds
 one scale per row and 32 channels in every matrix."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from bench.quant_ceilings import fake_quantize
-from kernels.backend import select_ops
-from kernels.w8a8_gemm import w8a8_gemm_ref
-from services.engine.model import synthetic_config
-from services.engine.model.builder import FUSED, build_int8_model
-from services.engine.model.checkpoint import calibrate_float, calibration_sequences
-from services.engine.model.layers import Embedding
-from services.engine.model.linear import Int8Linear, dequantize_weight, quantize_weight
-from services.engine.model.quantize import build_int8_checkpoint, gptq_quantize
-from services.engine.model.synthetic import synthetic_weights
+from salon.kernels.backend import select_ops
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref
+from salon.engine.model import synthetic_config
+from salon.engine.model.builder import FUSED, build_int8_model
+from salon.engine.model.checkpoint import calibrate_float, calibration_sequences
+from salon.engine.model.layers import Embedding
+from salon.engine.model.linear import Int8Linear, dequantize_weight, quantize_weight
+from salon.engine.model.quantize import build_int8_checkpoint, gptq_quantize
+from salon.engine.model.synthetic import synthetic_weights
 
 
 def _weight(n=24, k=96, seed=0):

@@ -14,14 +14,14 @@ from __future__ import annotations
 import torch
 
 from bench.quant_ceilings import shipped_recipe_with_weight_groups
-from services.engine.model import synthetic_config
-from services.engine.model.builder import FUSED, build_int8_model
-from services.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences
-from services.engine.model.linear import dequantize_weight, quantize_weight
-from services.engine.model.models import architecture
-from services.engine.model.quantize import build_int8_checkpoint, gptq_quantize
-from services.engine.model.synthetic import synthetic_weights
-from kernels.backend import select_ops
+from salon.engine.model import synthetic_config
+from salon.engine.model.builder import FUSED, build_int8_model
+from salon.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences
+from salon.engine.model.linear import dequantize_weight, quantize_weight
+from salon.engine.model.models import architecture
+from salon.engine.model.quantize import build_int8_checkpoint, gptq_quantize
+from salon.engine.model.synthetic import synthetic_weights
+from salon.kernels.backend import select_ops
 
 
 def _tiny(int8_model):

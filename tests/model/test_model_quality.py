@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 
-from services.engine.model import DenseAttention
-from services.engine.model.perplexity import perplexity
+from salon.engine.model import DenseAttention
+from salon.engine.model.perplexity import perplexity
 from tests.model.conftest import reference_path
 
 REF_PPL = 13.829072782896715

@@ -8,7 +8,7 @@ matched at every step up to there:
 
 - float32 weights with a float32 KV cache (--precision float32, the reference path): within 0.02;
 - the int8 path (W8A8 + int8 KV), in both activation recipes (two int8 terms, one int16 term; the CPU family
-  serves one of them by default, kernels.backend): the figures are printed, and gated loosely.
+  serves one of them by default, salon.kernels.backend): the figures are printed, and gated loosely.
 
 On a GPU (tests marked `gpu`, skipped without CUDA) the same cases and gates run through EngineCore on CUDA: the
 Triton op family, weights and paged KV on the device.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.backend import ACTIVATION_RECIPES, select_ops
+from salon.kernels.backend import ACTIVATION_RECIPES, select_ops
 
 from bench.quant_eval import teacher_forced_serving
 from tests.engine_testlib import make_core, make_request
@@ -88,7 +88,7 @@ def int8_recipe_model(request, int8_model):
     """The shipped int8 checkpoint in each activation recipe (the session's model where it is that recipe)."""
     if int8_model[0].kernel_ops.activations == request.param:
         return int8_model
-    from services.engine.model import load_model
+    from salon.engine.model import load_model
 
     return load_model("gemma-3-270m", "int8", kernel_ops=select_ops("cpu", activations=request.param), progress=False)
 
@@ -131,7 +131,7 @@ def test_int8_serving_path_teacher_forced_top1(int8_recipe_model, greedy_refs):
 
 
 def load_on_gpu(precision):
-    from services.engine.worker.model_loading import load_model as load_on
+    from salon.engine.worker.model_loading import load_model as load_on
 
     return load_on("gemma-3-270m", precision, "cuda")
 

@@ -9,8 +9,8 @@ agreement with float32 >= 95%, perplexity on gpl-3.txt within 2% of float32.
 import pytest
 import torch
 
-from services.engine.model import DenseAttention, IncrementalDetokenizer
-from services.engine.model.perplexity import perplexity
+from salon.engine.model import DenseAttention, IncrementalDetokenizer
+from salon.engine.model.perplexity import perplexity
 from tests.model.conftest import reference_path, smollm_reference
 
 

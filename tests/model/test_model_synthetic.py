@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from kernels.backend import select_ops
-from services.engine.model import DenseAttention, load_model, synthetic_config
-from services.engine.model.builder import build_float_model
-from services.engine.model.synthetic import synthetic_weights
+from salon.kernels.backend import select_ops
+from salon.engine.model import DenseAttention, load_model, synthetic_config
+from salon.engine.model.builder import build_float_model
+from salon.engine.model.synthetic import synthetic_weights
 
 
 def _reference_forward(cfg, w, ids):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from services.engine.model import IncrementalDetokenizer
+from salon.engine.model import IncrementalDetokenizer
 from tests.model.conftest import reference_path
 
 

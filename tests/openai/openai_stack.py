@@ -8,7 +8,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common.process import ServiceProcess
+from salon.common.process import ServiceProcess
 from tests.hardening.hardening_stack import MODEL, engine_load, start_engine, start_gateway, stop_all, wait_gateway_sees
 
 KEY = "sk-openai-tests-plain-5d1c"

@@ -15,9 +15,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.process import start_service
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import start_service
 from tests.hardening.hardening_stack import MODEL, stop_all, wait_gateway_sees
 from tests.openai.openai_stack import KEY, TENANTS
 

@@ -16,9 +16,9 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
-from services.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from services.common.process import start_service
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import start_service
 from tests.hardening.hardening_stack import MODEL, stop_all
 from tests.openai.openai_stack import KEY, TENANTS
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from salon.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from tests.hardening.hardening_stack import start_gateway, stop_all
 from tests.openai.openai_stack import KEY, KEY_LIMITED, MODEL, start_stack, stop_stack
 

@@ -1,1 +1,0 @@
-"""CPU fast paths of the kernel ops: kernels.cpu.<op>.<op>_cpu, same signatures as the references."""

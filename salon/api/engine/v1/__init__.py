@@ -1,0 +1,1 @@
+"""Generated from protos/ by `python -m salon.common.protogen`. Do not edit."""

@@ -1,1 +1,0 @@
-"""Generated from protos/ by `python -m services.common.protogen`. Do not edit."""

@@ -1,0 +1,117 @@
+"""`salon chat`: an interactive terminal client that streams replies from the gateway.
+
+Each line you type is a user message; the character's reply streams back token by token. The whole
+dialogue is re-sent every turn (as a product backend does), and the usage line after each reply shows
+how much of it came from the cross-turn KV cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import uuid
+
+import grpc
+
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+
+DEFAULT_CHARACTER = (
+    "Ada is a warm, witty engineer who loves explaining how things work with small concrete examples. "
+    "She answers briefly, in plain words."
+)
+
+
+_ENDED = {chat_pb2.FINISH_REASON_STOP_TOKEN: "end of turn", chat_pb2.FINISH_REASON_LENGTH: "token limit",
+          chat_pb2.FINISH_REASON_CONTEXT_FULL: "context full", chat_pb2.FINISH_REASON_STOP_STRING: "stop string"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="salon chat", description=__doc__.splitlines()[0])
+    p.add_argument("--target", default=os.environ.get("SALON_GATEWAY", "127.0.0.1:50051"), help="gateway host:port")
+    p.add_argument("--api-key", default=os.environ.get("SALON_API_KEY", "salon-dev-key"), help="tenant API key")
+    p.add_argument("--conversation-id", default=None, help="continue this dialogue id (default: a new one)")
+    p.add_argument("--character-name", default="Ada")
+    p.add_argument("--character", default=DEFAULT_CHARACTER, help="character definition")
+    p.add_argument("--model", default="", help="served model to chat with (default: the stack's default model)")
+    p.add_argument("--user-name", default="", help="your name, sent as the author of your messages (default: none)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.2,
+                   help="vLLM's repetition_penalty (1 = off): keeps a small model from looping on a phrase")
+    return p
+
+
+async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
+    conversation_id = args.conversation_id or uuid.uuid4().hex
+    history: list[chat_pb2.Message] = []
+    metadata = (("authorization", f"Bearer {args.api_key}"),)
+    async with grpc.aio.insecure_channel(args.target) as channel:
+        stub = chat_pb2_grpc.ChatServiceStub(channel)
+        try:
+            info = await stub.GetModelInfo(chat_pb2.GetModelInfoRequest(model=args.model), metadata=metadata,
+                                           timeout=30)
+            eos_ids = set(info.model.eos_token_ids)
+        except grpc.aio.AioRpcError as exc:
+            out.write(f"cannot reach the gateway at {args.target}: {exc.code().name}: {exc.details()}\n")
+            return 1
+        model = info.model.model_id
+        out.write(f"conversation {conversation_id} with {args.character_name} on {model} (Ctrl-D to quit)\n")
+        for line in lines:
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            history.append(chat_pb2.Message(role=chat_pb2.ROLE_USER, author=args.user_name, text=text))
+            request = chat_pb2.GenerateRequest(
+                conversation_id=conversation_id,
+                character=chat_pb2.Character(name=args.character_name, definition=args.character),
+                dialogue=chat_pb2.Dialogue(messages=history),
+                sampling=chat_pb2.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                                 repetition_penalty=args.repetition_penalty),
+                model=model,
+            )
+            reply_ids: list[int] = []
+            out.write(f"{args.character_name}: ")
+            try:
+                async for event in stub.Generate(request, metadata=metadata):
+                    if event.HasField("delta"):
+                        reply_ids.extend(event.delta.token_ids)
+                        out.write(event.delta.text)
+                        out.flush()
+                    else:
+                        usage = event.final.usage
+                        cached = usage.cached_tokens.device + usage.cached_tokens.host
+                        out.write(
+                            f"\n  [{usage.prompt_tokens} prompt tokens, {cached} cached, "
+                            f"{usage.generated_tokens} generated, ttft {event.final.timings.ttft_ms:.0f} ms, "
+                            f"engine {event.final.engine_id}, {_ENDED.get(event.final.finish_reason, 'ended')}]\n"
+                        )
+            except grpc.aio.AioRpcError as exc:
+                out.write(f"\n  error: {exc.code().name}: {exc.details()}\n")
+                history.pop()
+                continue
+            # Send the reply back as the token ids the model generated (not re-tokenized text), so the next
+            # turn's prompt extends this turn's tokens exactly and the cross-turn cache hits in full.
+            while reply_ids and reply_ids[-1] in eos_ids:
+                reply_ids.pop()
+            history.append(
+                chat_pb2.Message(role=chat_pb2.ROLE_CHARACTER, author=args.character_name, token_ids=reply_ids)
+            )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def lines():
+        while True:
+            try:
+                yield input(f"{args.user_name or 'You'}: ")
+            except EOFError:
+                return
+
+    try:
+        return asyncio.run(chat_loop(args, lines()))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,282 @@
+"""`salon up`: start the local stack — kvstore, engine(s), gateway — as separate OS processes, and keep it up.
+
+    salon up ── certificates and secrets (state dir/tls, salon/cli/certs.py), once
+       ├─ kvstore   mTLS: engines only                 ┐ each child gets --parent-pid: it stops when salon up
+       ├─ engine-i  mTLS: gateways only; → kvstore     │ is gone, however it went (SIGKILL, a closed terminal)
+       │            (--engines of them per --model; the gateway keeps one pool per model)
+       └─ gateway   public port on loopback (API key)  ┘
+    supervise: a child that exits is logged and started again on the same port, with backoff
+    (BACKOFF_INITIAL_S doubling to BACKOFF_MAX_S, reset once it has run for BACKOFF_RESET_S); the others
+    keep serving: the gateway fails over from a dead engine, engines recompute while the kvstore is
+    down, and the kvstore keeps what it holds when an engine restarts.
+    Ctrl-C, SIGTERM or SIGHUP: stop every child (SIGTERM, then the grace period) and exit 0.
+
+`--internal-auth insecure-loopback` runs the internal links without TLS (development on one host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from salon.cli.certs import StackSecrets, write_stack_secrets
+from salon.common.internal_auth import INSECURE_LOOPBACK, MODES, MTLS
+from salon.common.process import ServiceProcess, ServiceStartError, threads_per_process
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+KNOWN_NAMES = ("smollm2-135m-instruct", "gemma-3-270m")
+BACKOFF_INITIAL_S = 1.0
+BACKOFF_MAX_S = 30.0
+BACKOFF_RESET_S = 60.0
+_POLL_S = 0.2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="salon up", description=__doc__.splitlines()[0])
+    p.add_argument("--model", action="append", default=None,
+                   help=f"model to serve: a known name ({', '.join(KNOWN_NAMES)}), synthetic-tiny or a .gguf path; "
+                        f"repeat it to serve several, one engine pool each (the first is the default; "
+                        f"default: {DEFAULT_MODEL})")
+    p.add_argument("--engines", type=int, default=1, help="engine processes per model")
+    p.add_argument("--gateway-port", type=int, default=50051)
+    p.add_argument("--kvstore-port", type=int, default=50061)
+    p.add_argument("--engine-base-port", type=int, default=50071, help="engine i listens on base + i")
+    p.add_argument("--metrics-base-port", type=int, default=9100, help="gateway, kvstore, engines: base, +1, +2...")
+    p.add_argument("--kvstore-capacity-bytes", type=int, default=2 << 30)
+    p.add_argument("--redis-url", default=None, help="share the session table through Redis")
+    p.add_argument("--api-key", default=os.environ.get("SALON_API_KEY", "salon-dev-key"), help="key of the local tenant")
+    p.add_argument("--state-dir", type=Path, default=Path.home() / ".cache" / "salon" / "stack")
+    p.add_argument("--shm-dir", type=Path, default=None,
+                   help="tmpfs directory for the kvstore's arena (default: a private 0700 one in /dev/shm "
+                        "for this state dir)")
+    p.add_argument("--internal-auth", choices=MODES, default=MTLS,
+                   help="mtls: certificates for every internal link (made in STATE_DIR/tls); insecure-loopback: none")
+    p.add_argument("--exit-when-serving", action="store_true", help="stop everything once all are SERVING")
+    return p
+
+
+def write_tenants_file(state_dir: Path, api_key: str) -> Path:
+    """The local tenant; its namespace salt is derived from the stack's salt secret."""
+    path = state_dir / "tenants.json"
+    path.write_text(json.dumps({"tenants": [{"tenant_id": "local", "api_key": api_key}]}))
+    path.chmod(0o600)
+    return path
+
+
+def write_pid_file(path: Path, pid: int) -> None:
+    """Replace `path` with one holding `pid`: written beside it and renamed over it, so a reader sees the old
+    pid or the new one, never an empty or half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{pid}\n")
+    os.replace(tmp, path)
+
+
+@dataclass
+class Child:
+    """One supervised service: how to start it, and its current process."""
+
+    name: str  # kvstore, engine-0, gateway
+    service: str  # the salon.<service> module
+    args: tuple[str, ...]
+    log_path: Path
+    pid_path: Path
+    proc: ServiceProcess | None = None
+    started_s: float = 0.0
+    backoff_s: float = BACKOFF_INITIAL_S
+    restart_at_s: float | None = None
+    restarts: int = 0
+    history: list[int | None] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.proc = ServiceProcess(self.service, self.args, self.log_path).start(timeout_s=120)
+        self.started_s = time.monotonic()
+        self.restart_at_s = None
+        write_pid_file(self.pid_path, self.proc.process.pid)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.process is not None and self.proc.process.poll() is None
+
+
+def _internal_flags(secrets: StackSecrets | None, role: str, mode: str) -> list[str]:
+    if mode == INSECURE_LOOPBACK or secrets is None:
+        return ["--internal-auth", INSECURE_LOOPBACK]
+    files = secrets.roles[role]
+    return ["--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
+            "--tls-client-ca-file", str(secrets.ca_cert), "--health-port", "0"]
+
+
+def _client_flags(secrets: StackSecrets | None, prefix: str, role: str, mode: str) -> list[str]:
+    if mode == INSECURE_LOOPBACK or secrets is None:
+        return []
+    files = secrets.roles[role]
+    return [f"--{prefix}-tls-ca-file", str(secrets.ca_cert), f"--{prefix}-tls-cert-file", str(files.cert),
+            f"--{prefix}-tls-key-file", str(files.key)]
+
+
+def private_shm_dir(state_dir: Path) -> Path:
+    """This stack's own tmpfs directory (0700): its arena is never next to another stack's."""
+    base = Path("/dev/shm")
+    if not base.is_dir():
+        return state_dir / "shm"
+    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    return base / f"salon-{os.getuid()}-{tag}"
+
+
+def models_of(args: argparse.Namespace) -> list[str]:
+    """The models to serve, in order (the first is the default), each once."""
+    return list(dict.fromkeys(args.model or [DEFAULT_MODEL]))
+
+
+def plan_stack(args: argparse.Namespace) -> list[Child]:
+    """The children, in start order (kvstore, engines, gateway)."""
+    state = args.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    shm_dir = args.shm_dir or private_shm_dir(state)
+    shm_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    secrets = write_stack_secrets(state / "tls")
+    mode = args.internal_auth
+    parent = ["--parent-pid", str(os.getpid())]
+    kvstore_target = f"127.0.0.1:{args.kvstore_port}"
+    children = [Child("kvstore", "kvstore", (
+        "--port", str(args.kvstore_port), "--metrics-port", str(args.metrics_base_port + 1),
+        "--capacity-bytes", str(args.kvstore_capacity_bytes), "--namespace-grant-key-file", str(secrets.grant_key),
+        "--shm-dir", str(shm_dir),
+        *_internal_flags(secrets, "kvstore", mode), *parent), state / "kvstore.log", state / "kvstore.pid")]
+    engine_targets = []
+    models = models_of(args)
+    num_engines = args.engines * len(models)
+    for i in range(num_engines):
+        model = models[i // args.engines]
+        name = f"engine-{i}"
+        port = args.engine_base_port + i
+        children.append(Child(name, "engine", (
+            "--port", str(port), "--metrics-port", str(args.metrics_base_port + 2 + i), "--engine-id", name,
+            "--model", model, "--kvstore-target", kvstore_target, "--kvstore-shm-dir", str(shm_dir),
+            "--torch-threads", str(threads_per_process(num_engines)),
+            *_internal_flags(secrets, "engine", mode), *_client_flags(secrets, "kvstore", "engine", mode), *parent),
+            state / f"{name}.log", state / f"{name}.pid"))
+        engine_targets.append(f"{name}=127.0.0.1:{port}")
+    gateway = ["--port", str(args.gateway_port), "--metrics-port", str(args.metrics_base_port),
+               "--engines", ",".join(engine_targets), "--tenants-file", str(write_tenants_file(state, args.api_key)),
+               "--salt-secret-file", str(secrets.salt_secret), "--namespace-grant-key-file", str(secrets.grant_key),
+               "--default-model", models[0], *_client_flags(secrets, "engine", "gateway", mode), *parent]
+    if mode == INSECURE_LOOPBACK:
+        gateway += ["--internal-auth", INSECURE_LOOPBACK]
+    if args.redis_url:
+        gateway += ["--redis-url", args.redis_url]
+    children.append(Child("gateway", "gateway", tuple(gateway), state / "gateway.log", state / "gateway.pid"))
+    return children
+
+
+def start_stack(children: list[Child], models: list[str]) -> None:
+    """Start every child and wait until each is SERVING (engines load in parallel)."""
+    try:
+        kvstore, *engines, gateway = children
+        kvstore.start()
+        kvstore.proc.wait_serving(timeout_s=120)
+        for engine in engines:
+            engine.start()
+        print(f"loading {', '.join(models)} in {len(engines)} engine(s) (the first run converts each GGUF once)...",
+              flush=True)
+        for engine in engines:
+            engine.proc.wait_serving(timeout_s=1800)
+        gateway.start()
+        gateway.proc.wait_serving(timeout_s=120)
+    except BaseException:
+        stop_stack(children)
+        raise
+
+
+def stop_stack(children: list[Child]) -> None:
+    for child in reversed(children):
+        if child.proc is not None:
+            child.proc.stop()
+
+
+def describe(children: list[Child], args: argparse.Namespace) -> str:
+    rows = [f"  {c.name:<9} {c.proc.address:<18} pid {c.proc.process.pid:<7} metrics http://127.0.0.1:"
+            f"{c.proc.metrics_port}/metrics" for c in children]
+    auth = ("mutual TLS between services (certificates in " + str(args.state_dir / "tls") + ")"
+            if args.internal_auth == MTLS else "insecure-loopback: internal links without TLS (development)")
+    return "\n".join(
+        ["salon is up:", *rows, f"  logs      {args.state_dir}", f"  internal  {auth}",
+         f"models    {', '.join(models_of(args))} (default {models_of(args)[0]})",
+         f"chat with it:  salon chat --target 127.0.0.1:{args.gateway_port} --api-key {args.api_key}",
+         "Ctrl-C stops everything."]
+    )
+
+
+def _exit_description(code: int | None) -> str:
+    if code is None:
+        return "did not start"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def supervise_once(children: list[Child], now_s: float) -> None:
+    """Notice deaths (log, schedule a restart with backoff) and start children whose time has come."""
+    for child in children:
+        if child.restart_at_s is None and not child.alive:
+            code = child.proc.process.returncode if child.proc is not None else None
+            child.history.append(code)
+            if now_s - child.started_s >= BACKOFF_RESET_S:
+                child.backoff_s = BACKOFF_INITIAL_S
+            child.restart_at_s = now_s + child.backoff_s
+            print(f"{child.name} {_exit_description(code)}; restarting it in {child.backoff_s:g} s "
+                  f"(log: {child.log_path})", file=sys.stderr, flush=True)
+            child.backoff_s = min(BACKOFF_MAX_S, child.backoff_s * 2)
+        elif child.restart_at_s is not None and now_s >= child.restart_at_s:
+            try:
+                child.start()
+            except ServiceStartError as exc:
+                child.proc = None
+                child.started_s = now_s
+                child.restart_at_s = None  # noticed as dead on the next pass
+                print(f"{child.name} did not start again: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+                continue
+            child.restarts += 1
+            print(f"{child.name} started again (pid {child.proc.process.pid}, restart {child.restarts})",
+                  file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    stop = {"now": False}
+
+    def request_stop(*_):
+        stop["now"] = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, request_stop)
+    children = plan_stack(args)
+    try:
+        start_stack(children, models_of(args))
+    except ServiceStartError as exc:
+        print(f"salon up failed: {exc}", file=sys.stderr)
+        return 1
+    print(describe(children, args), flush=True)
+    stop["now"] = stop["now"] or args.exit_when_serving
+    try:
+        while not stop["now"]:
+            supervise_once(children, time.monotonic())
+            time.sleep(_POLL_S)
+    finally:
+        print("stopping...", flush=True)
+        stop_stack(children)
+        if args.shm_dir is None:  # the private tmpfs directory goes once its arena has
+            with contextlib.suppress(OSError):
+                private_shm_dir(args.state_dir).rmdir()
+    return 0

@@ -1,0 +1,157 @@
+"""The engine as a salon.common.server Service: load + warm the model off the loop, then SERVING.
+
+Only gateway identities may call it (access_policy). Its kvstore link is checked at start like its
+own listener (salon/common/internal_auth.py). If the step thread dies, the engine reports
+NOT_SERVING and exits (EXIT_FATAL) for its supervisor to restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import torch
+
+from salon.kernels.cpu.w8a8_grouped import packed_bytes
+from salon.common import internal_auth
+from salon.common.logging import get_logger
+from salon.common.peer_identity import AccessPolicy
+from salon.common.prefix_hash import namespace_digest
+from salon.common.server import HealthState
+from salon.engine.api.prompt import PromptRenderer
+from salon.engine.api.servicer import EngineRuntime, EngineServicer, add_to_server
+from salon.engine.api.validation import Limits
+from salon.engine.config import EngineConfig
+from salon.engine.core.engine_core import EngineCore, warmup
+from salon.engine.core.engine_loop import EngineLoop
+from salon.engine.kv.host_cache import HostCache
+from salon.engine.kv.kv_transfer import host_layout, layout_tag
+from salon.engine import metrics
+from salon.engine.resident import ResidentMeter
+from salon.engine.model.chat_renderer import ChatRenderer
+from salon.engine.worker.model_loading import load_serving_model
+
+log = get_logger(__name__)
+
+
+def build_engine(config: EngineConfig) -> tuple[EngineCore, ChatRenderer]:
+    """The engine core (warmed up unless told not to) and the model's chat renderer."""
+    if config.torch_threads > 0:
+        torch.set_num_threads(config.torch_threads)
+    loaded = load_serving_model(config.model, config.precision, config.device, config.kernels,
+                                config.activations)
+    core = EngineCore(loaded.model, loaded.tokenizer, config.scheduler, config.block_size_tokens,
+                      config.kv_cache_bytes, config.device, prefix_caching=not config.no_prefix_cache,
+                      kv_dtype=config.resolved_kv_dtype(), kernels=config.kernels)
+    if config.warmup:
+        warmup(core)
+    return core, loaded.chat
+
+
+def build_core(config: EngineConfig) -> EngineCore:
+    return build_engine(config)[0]
+
+
+class EngineService:
+    name = "engine"
+    access_policy = AccessPolicy({"/salon.engine.v1.EngineService/": frozenset({"gateway"})})
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.servicer = EngineServicer(config)
+        self._loop: EngineLoop | None = None
+        self._host: HostCache | None = None
+        self._task: asyncio.Task | None = None
+
+    def _kvstore_tls(self):
+        config = self.config
+        return internal_auth.client_tls_or_none("--kvstore-tls", config.kvstore_tls_ca_file,
+                                                config.kvstore_tls_cert_file, config.kvstore_tls_key_file)
+
+    async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
+        if self.config.kvstore_target and not self.config.no_prefix_cache:
+            internal_auth.check_client(self.config.server.internal_auth, self._kvstore_tls(), "--kvstore-tls",
+                                       [self.config.kvstore_target])
+        names = [add_to_server(self.servicer, server)]
+        self.servicer.health = health
+        self._task = asyncio.create_task(self._load(health))
+        return names
+
+    async def _load(self, health: HealthState) -> None:
+        try:
+            core, chat = await asyncio.to_thread(build_engine, self.config)
+        except Exception:
+            log.exception("model_load_failed", model=self.config.model)
+            raise
+        model_cfg = core.config
+        metrics.set_model(model_cfg.model_id)
+        context = min(model_cfg.max_context_tokens, self.config.max_context_tokens or model_cfg.max_context_tokens)
+        self._loop = EngineLoop(core, asyncio.get_running_loop(), on_fatal=health.fatal,
+                                step_nice=self.config.step_nice)
+        host_cache = self._host_cache(core)
+        if host_cache is not None:
+            loop = asyncio.get_running_loop()
+            core.set_host_sink(lambda put: loop.call_soon_threadsafe(host_cache.store, put))
+        self._host = host_cache
+        if host_cache is not None:
+            host_cache.client.start()  # maps the kvstore's arena in the background
+        self._loop.start()
+        renderer = PromptRenderer(chat)
+        self.servicer.runtime = EngineRuntime(
+            loop=self._loop,
+            tokenizer=core.tokenizer,
+            limits=Limits(vocab_size=model_cfg.vocab_size, max_context_tokens=context,
+                          default_max_new_tokens=self.config.default_max_new_tokens,
+                          max_new_tokens_limit=self.config.max_new_tokens_limit,
+                          max_token_bytes=max(len(core.tokenizer.decode([i]).encode())
+                                              for i in range(model_cfg.vocab_size)),
+                          message_overhead_tokens=renderer.message_overhead_tokens,
+                          prompt_overhead_tokens=renderer.prompt_overhead_tokens,
+                          character_overhead_tokens=renderer.character_overhead_tokens),
+            model_config=model_cfg,
+            chat=chat,
+            block_size_tokens=self.config.block_size_tokens,
+            namespace_of=None if self.config.no_prefix_cache else self._namespace_of(core),
+            host_cache=host_cache,
+            sliding_window_tokens=max((layer.sliding_window_tokens or 0 for layer in model_cfg.layers), default=0),
+            kv_bytes_per_token=core.layout.page_bytes // core.layout.block_size_tokens,
+            resident=ResidentMeter(core.model.weight_bytes() + packed_bytes(), core.kv_cache.allocated_bytes(),
+                                   self.config.kvstore_shm_dir if host_cache is not None else None),
+        )
+        log.info("engine_ready", model=model_cfg.model_id, kv_blocks=core.layout.num_blocks,
+                 kv_bytes=core.layout.capacity_bytes, kv_groups=len(core.layout.groups),
+                 threads=torch.get_num_threads())
+        await health.set_serving()
+
+    def _host_cache(self, core: EngineCore) -> HostCache | None:
+        if self.config.no_prefix_cache or not self.config.kvstore_target:
+            return None
+        from salon.common.kvstore_client.client import KVStoreClient
+
+        config = self.config
+        client = KVStoreClient(config.kvstore_target, use_shared_memory=config.kvstore_shared_memory,
+                               timeout_s=config.kvstore_timeout_s, tls=self._kvstore_tls(),
+                               arena_dir=config.kvstore_shm_dir, arena_owner_uid=config.kvstore_arena_uid)
+        return HostCache(client, host_layout(core.layout), timeout_s=config.kvstore_timeout_s,
+                         model_id=core.config.model_id, layout_tag=layout_tag(core.layout, core.model.numerics))
+
+    def _namespace_of(self, core: EngineCore):
+        tag = layout_tag(core.layout, core.model.numerics)
+        model_id = core.config.model_id
+        cache: dict[str, bytes] = {}
+
+        def namespace_of(salt: str) -> bytes:
+            digest = cache.get(salt)
+            if digest is None:
+                digest = cache[salt] = namespace_digest(model_id, tag, salt)
+            return digest
+
+        return namespace_of
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self._loop is not None:
+            await asyncio.to_thread(self._loop.stop)
+        if self._host is not None:
+            await self._host.close()

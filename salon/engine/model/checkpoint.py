@@ -1,0 +1,168 @@
+"""The int8 checkpoint on disk: `convert` (GGUF -> calibrated int8 safetensors, once per file) and its cache.
+
+Cache layout (default ~/.cache/salon, overridable):
+    <cache_dir>/int8/<sha256 of the GGUF>/model-int8.safetensors
+        int8 weights + scales (per output channel, or per channel and 32 inputs) + norms; metadata: format,
+        sha256, model id
+    <cache_dir>/int8/<sha256>/convert.lock
+Keyed by the file's content, so a renamed or re-downloaded file finds its checkpoint and a changed file
+never reads a stale one. Engines that start together convert once: the first takes the lock and
+converts, the others wait on the lock and then find the finished file. The file is written under a
+temporary name and renamed into place (cache_files.atomic_write): a conversion that dies half-way leaves
+no checkpoint behind, only a temporary file that is never read.
+The float32 path always dequantizes the GGUF (seconds) so it stays the exact reference.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from salon.kernels.backend import select_ops
+from salon.engine.model.attention import DenseAttention
+from salon.engine.model.builder import build_float_model
+from salon.engine.model.cache_files import atomic_write, file_lock
+from salon.engine.model.calibration_text import CALIBRATION_TEXT
+from salon.engine.model.config import ModelConfig
+from salon.engine.model.model import CausalLM
+from salon.engine.model.quantize import Calibration, build_int8_checkpoint, calibrate
+from salon.engine.model.tokenizer import Tokenizer
+
+CHECKPOINT_FILE = "model-int8.safetensors"
+# Bump when the checkpoint recipe changes: old caches are then rebuilt, never misread.
+CHECKPOINT_FORMAT = "salon-int8-v8"  # v8: v7 (Gemma: one weight scale per row and 32 input channels) calibrated
+# through the fixed-order RMSNorm (salon/kernels/rmsnorm.py)
+
+
+def default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "salon"
+
+
+def checkpoint_path(sha256: str, cache_dir: Path | None = None) -> Path:
+    return Path(cache_dir or default_cache_dir()) / "int8" / sha256 / CHECKPOINT_FILE
+
+
+# The int8 recipe the conversion ships for each architecture is the architecture's INT8_RECIPE
+# (build_int8_checkpoint options) plus INT8_SMOOTH; SHIPPED_RECIPE is Gemma 3's, for the benches.
+SAMPLED_SEQS, SAMPLED_TOKENS = 16, 512
+
+
+@torch.inference_mode()
+def sampled_sequences(config: ModelConfig, w: dict[str, torch.Tensor], bos_token_id: int,
+                      num_seqs: int = SAMPLED_SEQS, num_tokens: int = SAMPLED_TOKENS, seed: int = 0) -> list[list[int]]:
+    """Text sampled from the float model itself (temperature 1, from BOS): num_seqs x num_tokens, seeded."""
+    model = build_float_model(config, w, select_ops("cpu"))
+    gen = torch.Generator().manual_seed(seed)
+    attn = DenseAttention(config, num_seqs=num_seqs)
+    tokens = torch.full((num_seqs,), bos_token_id, dtype=torch.int64)
+    seqs = [[bos_token_id] for _ in range(num_seqs)]
+    for _ in range(num_tokens - 1):
+        hidden = model.forward(tokens, attn.begin_step([1] * num_seqs), attn)
+        probs = torch.softmax(model.logits(hidden).double(), dim=-1)
+        tokens = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+        for seq, t in zip(seqs, tokens.tolist()):
+            seq.append(t)
+    return seqs
+
+
+def calibration_sequences(config: ModelConfig, w: dict[str, torch.Tensor], tokenizer: Tokenizer,
+                          sampled: bool = False) -> list[list[int]]:
+    """The calibration text (calibration_text.py), plus text sampled from the float model when asked."""
+    # (A synthetic config may use only the head of its tokenizer's vocabulary: ids past it are dropped.)
+    seqs = [[t for t in tokenizer.encode(CALIBRATION_TEXT, add_bos=config.add_bos, parse_special=False)
+             if t < config.vocab_size]]
+    if sampled:
+        seqs += sampled_sequences(config, w, tokenizer.bos_token_id)
+    return seqs
+
+
+def calibrate_float(config: ModelConfig, w: dict[str, torch.Tensor], sequences: list[list[int]]) -> Calibration:
+    """What each projection (and the output projection) of the float model is fed on the sequences."""
+    float_model = build_float_model(config, w, select_ops("cpu"))
+
+    def run(model: CausalLM) -> list[torch.Tensor]:
+        hidden = []
+        for ids in sequences:
+            attn = DenseAttention(config)
+            hidden.append(model.forward(torch.tensor(ids), attn.begin_step([len(ids)]), attn))
+        return hidden
+
+    return calibrate(float_model, run)
+
+
+def calibrate_and_quantize(config: ModelConfig, weights: dict[str, torch.Tensor],
+                           tokenizer: Tokenizer, **overrides) -> dict[str, torch.Tensor]:
+    """The architecture's shipped int8 recipe: calibrate on its calibration set, then build the checkpoint.
+    `overrides` replace build_int8_checkpoint options of the recipe (measurements: bench/quant_ceilings.py)."""
+    from salon.engine.model.models import architecture
+
+    arch = architecture(config.architecture)
+    recipe = dict(arch.INT8_RECIPE)
+    sampled = recipe.pop("sampled_calibration", False)
+    calib = calibrate_float(config, weights, calibration_sequences(config, weights, tokenizer, sampled))
+    return build_int8_checkpoint(config, weights, calib, smooth=arch.INT8_SMOOTH, **{**recipe, **overrides})
+
+
+def is_complete(path: Path, sha256: str) -> bool:
+    """A finished checkpoint of this recipe for this file (the header of a renamed-into-place file)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+    except Exception:  # absent or unreadable: treat as absent
+        return False
+    return meta.get("format") == CHECKPOINT_FORMAT and meta.get("sha256") == sha256
+
+
+def ensure_checkpoint(model_file, cache_dir: Path | None = None, overwrite: bool = False,
+                      progress: bool = True) -> tuple[Path, bool]:
+    """(path of the int8 checkpoint of `model_file`, whether this call converted it)."""
+    from salon.engine.model.models import architecture
+
+    source, config = model_file.source, model_file.config
+    path = checkpoint_path(source.sha256, cache_dir)
+    if not overwrite and is_complete(path, source.sha256):
+        return path, False
+    with file_lock(path.with_name("convert.lock")):
+        if not overwrite and is_complete(path, source.sha256):
+            return path, False  # another process converted it while this one waited
+        steps = tqdm(total=3, desc=f"convert {source.model_id} to int8", disable=not progress)
+        with steps:
+            weights = architecture(config.architecture).read_weights(model_file.gguf, config)
+            steps.update(1)
+            tensors = calibrate_and_quantize(config, weights, Tokenizer(model_file.vocab))
+            steps.update(1)
+            meta = {"format": CHECKPOINT_FORMAT, "sha256": source.sha256, "model_id": source.model_id}
+            atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+            steps.update(1)
+    return path, True
+
+
+def convert(model: str = "gemma-3-270m", cache_dir: Path | None = None, overwrite: bool = False,
+            progress: bool = True) -> Path:
+    """GGUF (a known name or a path) -> calibrated int8 checkpoint in the cache; returns its path."""
+    from salon.engine.model.loader import open_model_file
+
+    return ensure_checkpoint(open_model_file(model, cache_dir), cache_dir, overwrite, progress)[0]
+
+
+def main_convert(argv: list[str] | None = None) -> int:
+    """`salon convert [--model NAME|PATH] [--cache-dir DIR] [--overwrite]`."""
+    import argparse
+
+    from salon.engine.model.loader import open_model_file
+
+    parser = argparse.ArgumentParser(prog="salon convert", description="GGUF -> cached int8 checkpoint")
+    parser.add_argument("--model", default="gemma-3-270m", help="a known model name or a path to a .gguf")
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    path, converted = ensure_checkpoint(open_model_file(args.model, args.cache_dir), args.cache_dir, args.overwrite)
+    verb = "converted" if converted else "already converted"
+    print(f"{verb} {args.model} -> {path} in {time.monotonic() - started:.1f} s")
+    return 0

@@ -1,0 +1,28 @@
+"""One module per architecture (`general.architecture` of the GGUF), built from the shared layers.
+
+Each module provides:
+    config_from_gguf(f, model_id, sha256, vocab) -> ModelConfig   the model description from the metadata
+    read_weights(f, config) -> dict[str, Tensor]                  float32 weights under the builder's names
+    build_layer(config, i, weights, kernel_ops) -> decoder layer   layer(x, positions, attn) -> x
+    LAYER_NORMS, KEY_SMOOTHING, INT8_SMOOTH, INT8_ACTIVATION_TERMS, INT8_RECIPE  the int8 recipe (quantize.py, linear.py, checkpoint.py)
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from salon.engine.model.models import gemma3, llama
+
+ARCHITECTURES: dict[str, ModuleType] = {"gemma3": gemma3, "llama": llama}
+
+
+class UnsupportedArchitecture(ValueError):
+    pass
+
+
+def architecture(name: str) -> ModuleType:
+    module = ARCHITECTURES.get(name)
+    if module is None:
+        raise UnsupportedArchitecture(f"architecture {name!r} is not supported "
+                                      f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+    return module

@@ -1,0 +1,206 @@
+"""One completion being answered: its choices' events turned into an OpenAI response body or SSE chunks.
+
+It owns what the request holds until it ends, however it ends (finished, failed, client gone): the
+tenant's admission slot and the request's span. `close()` releases both, exactly once.
+
+    chat.completion(.chunk)   choices[i].message / delta {role, content}, logprobs.content, finish_reason
+    text_completion           choices[i].text, legacy logprobs {tokens, token_logprobs, top_logprobs, text_offset}
+    stream                    data: {chunk}\\n\\n ... [data: {usage chunk}] data: [DONE]\\n\\n
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+from opentelemetry.trace import Span, Status, StatusCode
+
+from salon.api.chat.v1 import chat_pb2
+from salon.common.errors import SalonError
+from salon.gateway.genai_span import set_response_attributes
+from salon.gateway.http import convert
+from salon.gateway.http.choices import ChoiceEvent
+from salon.gateway.http.errors import ApiError, from_salon_error
+
+
+class _Choice:
+    def __init__(self, index: int):
+        self.index = index
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.chat_logprobs: list[dict] = []
+        self.completion_logprobs: list[dict] = []
+        self.num_text_chars = 0
+        self.final: chat_pb2.GenerateFinal | None = None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None if self.final is None else convert.FINISH_REASONS.get(self.final.finish_reason, "stop")
+
+
+class Completion:
+    def __init__(self, *, kind: str, response_id: str, model: str, num_choices: int,
+                 events: AsyncIterator[ChoiceEvent], span: Span, release: Callable[[], None],
+                 logprobs: bool, include_usage: bool, arrived_s: float, return_token_ids: bool = False):
+        self.kind = kind  # "chat" or "text_completion"
+        self.response_id = response_id
+        self.model = model
+        self.created = int(time.time())
+        self.choices = [_Choice(i) for i in range(num_choices)]
+        self.events = events
+        self.span = span
+        self._release = release
+        self.logprobs = logprobs
+        self.include_usage = include_usage
+        self.arrived_s = arrived_s
+        self.ttft_s: float | None = None
+        self.return_token_ids = return_token_ids
+        self._closed = False
+
+    # ---- events ----------------------------------------------------------------------------------
+    async def next_event(self) -> ChoiceEvent | None:
+        """The next event (recorded), None at the end; errors come as ApiError."""
+        try:
+            item = await self.events.__anext__()
+        except StopAsyncIteration:
+            return None
+        except SalonError as exc:
+            raise from_salon_error(exc) from None
+        choice = self.choices[item.index]
+        event = item.event
+        if event.HasField("final"):
+            choice.final = event.final
+        else:
+            if self.ttft_s is None and event.delta.token_ids:
+                self.ttft_s = time.perf_counter() - self.arrived_s
+            choice.text.append(event.delta.text)
+            choice.token_ids.extend(event.delta.token_ids)
+            if self.logprobs:
+                if self.kind == "chat":
+                    choice.chat_logprobs.extend(convert.chat_logprobs(event.delta))
+                else:
+                    choice.completion_logprobs.append(convert.completion_logprobs(event.delta, choice.num_text_chars))
+            choice.num_text_chars += len(event.delta.text)
+        return item
+
+    def usage(self) -> dict | None:
+        finals = [c.final for c in self.choices if c.final is not None]
+        return convert.usage(finals) if len(finals) == len(self.choices) else None
+
+    # ---- whole body ------------------------------------------------------------------------------
+    async def body(self) -> dict:
+        try:
+            while await self.next_event() is not None:
+                pass
+            usage = self.usage()
+            if usage is None:
+                raise convert.api_error_for_missing_final()
+            return {
+                "id": self.response_id,
+                "object": "chat.completion" if self.kind == "chat" else "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [self._whole_choice(c) for c in self.choices],
+                "usage": usage,
+                "system_fingerprint": None,
+            }
+        finally:
+            await self.close()
+
+    def _whole_choice(self, c: _Choice) -> dict:
+        out = self._whole_choice_fields(c)
+        if self.return_token_ids:
+            out["token_ids"] = c.token_ids
+        return out
+
+    def _whole_choice_fields(self, c: _Choice) -> dict:
+        text = "".join(c.text)
+        if self.kind == "chat":
+            return {"index": c.index, "message": {"role": "assistant", "content": text},
+                    "logprobs": {"content": c.chat_logprobs} if self.logprobs else None,
+                    "finish_reason": c.finish_reason}
+        logprobs = None
+        if self.logprobs:
+            logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+            for part in c.completion_logprobs:
+                for key in logprobs:
+                    logprobs[key].extend(part[key] or [])
+        return {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason}
+
+    @property
+    def engine_id(self) -> str:
+        final = self.choices[0].final
+        return final.engine_id if final is not None else ""
+
+    # ---- stream ----------------------------------------------------------------------------------
+    def _chunk(self, choices: list[dict], usage: dict | None = None, with_usage: bool = True) -> str:
+        obj = {"id": self.response_id,
+               "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+               "created": self.created, "model": self.model, "choices": choices}
+        if self.include_usage and with_usage:
+            obj["usage"] = usage
+        return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+    def _delta_choice(self, index: int, delta: chat_pb2.TokenDelta | None, finish_reason: str | None) -> dict:
+        out = self._delta_choice_fields(index, delta, finish_reason)
+        if self.return_token_ids:
+            out["token_ids"] = list(delta.token_ids) if delta is not None else []
+        return out
+
+    def _delta_choice_fields(self, index: int, delta: chat_pb2.TokenDelta | None, finish_reason: str | None) -> dict:
+        if self.kind == "chat":
+            logprobs = {"content": convert.chat_logprobs(delta)} if (self.logprobs and delta is not None) else None
+            return {"index": index, "delta": {"content": delta.text} if delta is not None else {},
+                    "logprobs": logprobs, "finish_reason": finish_reason}
+        logprobs = None
+        if self.logprobs and delta is not None:
+            logprobs = convert.completion_logprobs(delta, self.choices[index].num_text_chars - len(delta.text))
+        return {"index": index, "text": delta.text if delta is not None else "", "logprobs": logprobs,
+                "finish_reason": finish_reason}
+
+    async def first(self) -> ChoiceEvent | None:
+        """The first event, read before the response starts (so errors get their HTTP status)."""
+        try:
+            return await self.next_event()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def sse(self, first: ChoiceEvent | None) -> AsyncIterator[str]:
+        try:
+            if self.kind == "chat":
+                for c in self.choices:
+                    yield self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                        "logprobs": None, "finish_reason": None}])
+            item = first
+            while item is not None:
+                if item.event.HasField("final"):
+                    yield self._chunk([self._delta_choice(item.index, None, self.choices[item.index].finish_reason)])
+                else:
+                    yield self._chunk([self._delta_choice(item.index, item.event.delta, None)])
+                try:
+                    item = await self.next_event()
+                except ApiError as exc:
+                    yield f"data: {json.dumps(exc.body())}\n\n"
+                    return
+            if self.include_usage:
+                yield self._chunk([], self.usage())
+            yield "data: [DONE]\n\n"
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.events.aclose()
+        finally:
+            self._release()
+            finals = [c.final for c in self.choices if c.final is not None]
+            set_response_attributes(self.span, self.response_id, self.model,
+                                    [c.finish_reason or "abort" for c in self.choices], finals, self.ttft_s)
+            if len(finals) != len(self.choices):
+                self.span.set_status(Status(StatusCode.ERROR, "the completion did not finish"))
+            self.span.end()

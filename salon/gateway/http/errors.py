@@ -1,0 +1,89 @@
+"""OpenAI error objects: `{"error": {"message", "type", "param", "code"}}` with the HTTP status of
+each salon error, defined once.
+
+    salon error / gRPC status              HTTP  type                    code
+    INVALID_ARGUMENT, OUT_OF_RANGE         400   invalid_request_error   invalid_value / unsupported_parameter
+    UNAUTHENTICATED                        401   invalid_request_error   invalid_api_key
+    PERMISSION_DENIED                      403   permission_error        permission_denied
+    NOT_FOUND                              404   invalid_request_error   model_not_found
+    RESOURCE_EXHAUSTED                     429   rate_limit_error        rate_limit_exceeded   + Retry-After
+    UNAVAILABLE                            503   service_unavailable     no_engine
+    DEADLINE_EXCEEDED                      504   timeout                 deadline_exceeded
+    anything else                          500   internal_error          internal
+
+A 429 carries `Retry-After` (whole seconds, rounded up) and `retry-after-ms` (the exact hint, which
+the official clients read first).
+"""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+from fastapi.responses import JSONResponse
+
+from salon.common.errors import ResourceExhausted, SalonError
+
+_BY_CODE: dict[grpc.StatusCode, tuple[int, str, str]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error", "invalid_value"),
+    grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_request_error", "invalid_value"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "invalid_request_error", "invalid_api_key"),
+    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error", "permission_denied"),
+    grpc.StatusCode.NOT_FOUND: (404, "invalid_request_error", "model_not_found"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error", "rate_limit_exceeded"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable", "no_engine"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout", "deadline_exceeded"),
+}
+
+
+class ApiError(Exception):
+    """An error to answer with, already in OpenAI's terms."""
+
+    def __init__(self, status: int, message: str, type_: str, code: str, param: str | None = None,
+                 retry_after_ms: int | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+        self.param = param
+        self.retry_after_ms = retry_after_ms
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        headers = {}
+        if self.retry_after_ms is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_ms / 1000)))
+            headers["retry-after-ms"] = str(int(self.retry_after_ms))
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def invalid(param: str, message: str, code: str = "invalid_value") -> ApiError:
+    """400 naming the field."""
+    return ApiError(400, f"{param}: {message}", "invalid_request_error", code, param)
+
+
+def unsupported(param: str, why: str) -> ApiError:
+    return ApiError(400, f"{param}: {why}", "invalid_request_error", "unsupported_parameter", param)
+
+
+def model_not_found(model: str, served: list[str]) -> ApiError:
+    return ApiError(404, f"model {model!r} is not served (served: {', '.join(served) or 'none yet'})",
+                    "invalid_request_error", "model_not_found", "model")
+
+
+def from_salon_error(exc: SalonError) -> ApiError:
+    """The HTTP answer to a salon error raised by the core (dispatcher, admission, engines)."""
+    status, type_, code = _BY_CODE.get(exc.code, (500, "internal_error", "internal"))
+    retry_after_ms = None
+    if isinstance(exc, ResourceExhausted) and exc.retry_after_ms is not None:
+        retry_after_ms = int(exc.retry_after_ms)
+    else:
+        for key, value in exc.trailing_metadata():
+            if key == "retry-after-ms" and value.isdigit():
+                retry_after_ms = int(value)
+    if status == 429 and retry_after_ms is None:
+        retry_after_ms = 1000
+    return ApiError(status, exc.message, type_, code, None, retry_after_ms)

@@ -1,0 +1,248 @@
+"""The endpoints. Each one authenticates first (401 before anything is parsed), then validates the body
+(400 naming the field), resolves the model (404), is admitted (429), and only then reaches an engine.
+
+    POST /v1/chat/completions   chat (stream or not)            POST /tokenize    vLLM's shape
+    POST /v1/completions        text or token-id prompt          POST /detokenize  vLLM's shape
+    GET  /v1/models             the served models                GET  /health      200 / 503, no auth
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+from pydantic import BaseModel, ValidationError
+
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2
+from salon.common.errors import SalonError
+from salon.common.logging import bind_request_context
+from salon.gateway import metrics
+from salon.gateway.dispatch import Dispatcher
+from salon.gateway.genai_span import set_request_attributes
+from salon.gateway.grants import Grants
+from salon.gateway.http import convert
+from salon.gateway.http.catalog import ModelCatalog
+from salon.gateway.http.choices import run_choices
+from salon.gateway.http.completion import Completion
+from salon.gateway.http.errors import ApiError, from_salon_error, invalid, unsupported
+from salon.gateway.http.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from salon.gateway.ratelimit import AdmissionControl
+from salon.gateway.routing import OPENING_MAX_BYTES, opening_conversation_id
+from salon.gateway.tenants import Tenant, TenantTable
+from salon.gateway.validate import MAX_CONVERSATION_ID_BYTES
+
+CONVERSATION_ID_HEADER = "x-salon-conversation-id"
+ENGINE_ID_HEADER = "x-salon-engine-id"
+REQUEST_ID_HEADER = "x-request-id"
+
+_tracer = trace.get_tracer(__name__)
+router = APIRouter()
+
+
+@dataclass
+class Front:
+    """The gateway core as the HTTP routes use it (the same objects the gRPC servicer uses)."""
+
+    tenants: TenantTable
+    admission: AdmissionControl
+    dispatcher: Dispatcher
+    catalog: ModelCatalog
+    grants: Grants
+    opening_max_bytes: int = OPENING_MAX_BYTES
+
+    def authenticate(self, request: Request) -> Tenant:
+        tenant = self.tenants.authenticate(request.headers.get("authorization"))
+        if tenant is None:
+            metrics.REFUSALS.labels(reason="unauthenticated").inc()
+            raise ApiError(401, "authorization: missing or unknown API key (expected 'Bearer <key>')",
+                           "invalid_request_error", "invalid_api_key")
+        return tenant
+
+    def conversation_id(self, request: Request, tenant: Tenant, opening: bytes, request_id: str) -> str:
+        given = request.headers.get(CONVERSATION_ID_HEADER)
+        if given is not None:
+            if not given or len(given.encode()) > MAX_CONVERSATION_ID_BYTES:
+                raise invalid(CONVERSATION_ID_HEADER, f"must be 1..{MAX_CONVERSATION_ID_BYTES} bytes")
+            return given
+        return (opening_conversation_id(tenant.namespace_salt, opening, self.opening_max_bytes)
+                or f"~request/{request_id}")
+
+
+def _front(request: Request) -> Front:
+    return request.app.state.front
+
+
+async def parse(request: Request, model: type[BaseModel]):
+    """The body as `model`, or a 400 naming the first offending field."""
+    try:
+        raw = await request.json()
+    except ValueError:
+        raise invalid("body", "is not valid JSON") from None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        metrics.REFUSALS.labels(reason="invalid").inc()
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or "body"
+        if err["type"] == "extra_forbidden":
+            raise unsupported(param, "is not a supported field") from None
+        raise invalid(param, err["msg"]) from None
+
+
+async def _complete(request: Request, body_model: type, operation: str) -> Response:
+    arrived_s = time.perf_counter()
+    front = _front(request)
+    tenant = front.authenticate(request)
+    body = await parse(request, body_model)
+    try:
+        if operation == "chat":
+            engine_request, opening = convert.chat_request(body)
+            logprobs = body.logprobs
+        else:
+            engine_request, opening = convert.completion_request(body)
+            logprobs = body.logprobs is not None
+    except ApiError:
+        metrics.REFUSALS.labels(reason="invalid").inc()
+        raise
+    info = await front.catalog.resolve(body.model)
+    refusal = front.admission.admit(tenant, time.monotonic())
+    if refusal is not None:
+        metrics.REFUSALS.labels(reason=refusal.reason).inc()
+        raise ApiError(429, refusal.message, "rate_limit_error", "rate_limit_exceeded", None, refusal.retry_after_ms)
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            front.admission.release(tenant)
+
+    try:
+        request_id = uuid.uuid4().hex
+        engine_request.request_id = request_id
+        engine_request.conversation_id = front.conversation_id(request, tenant, opening, request_id)
+        engine_request.namespace_salt = tenant.namespace_salt
+        engine_request.namespace_grant = front.grants.for_tenant(tenant)
+        # A new trace: the public port does not continue a client's trace context.
+        span = _tracer.start_span(f"{operation} {info.model_id}", kind=SpanKind.SERVER,
+                                  context=otel_context.Context(), attributes={"http.route": request.url.path})
+        set_request_attributes(span, operation, info.model_id, engine_request.sampling, body.n)
+        context = contextvars.copy_context()
+        context.run(_enter, span, request_id, engine_request.conversation_id, tenant)
+        events = run_choices(front.dispatcher, engine_request, body.n, tenant.tenant_id, None, arrived_s, context,
+                             info.model_id)
+    except BaseException:
+        release()
+        raise
+    prefix = "chatcmpl-" if operation == "chat" else "cmpl-"
+    stream_options = body.stream_options
+    completion = Completion(kind=operation, response_id=prefix + request_id, model=info.model_id, num_choices=body.n,
+                            events=events, span=span, release=release, logprobs=logprobs,
+                            include_usage=bool(body.stream and stream_options and stream_options.include_usage),
+                            arrived_s=arrived_s, return_token_ids=body.return_token_ids)
+    headers = {REQUEST_ID_HEADER: request_id}
+    if body.stream:
+        first = await completion.first()
+        return StreamingResponse(completion.sse(first), media_type="text/event-stream",
+                                 headers={**headers, "cache-control": "no-cache"})
+    result = await completion.body()
+    return JSONResponse(result, headers={**headers, ENGINE_ID_HEADER: completion.engine_id})
+
+
+def _enter(span, request_id: str, conversation_id: str, tenant: Tenant) -> None:
+    otel_context.attach(trace.set_span_in_context(span))
+    bind_request_context(request_id=request_id, conversation_id=conversation_id, tenant=tenant.tenant_id)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _complete(request, ChatCompletionRequest, "chat")
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _complete(request, CompletionRequest, "text_completion")
+
+
+def _model_entry(info: chat_pb2.ModelInfo, created: int) -> dict:
+    return {"id": info.model_id, "object": "model", "created": created, "owned_by": "salon",
+            "max_model_len": info.max_context_tokens}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    front = _front(request)
+    front.authenticate(request)
+    models = await front.catalog.models()
+    return JSONResponse({"object": "list", "data": [_model_entry(m, front.catalog.created_unix_s) for m in models]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> Response:
+    front = _front(request)
+    front.authenticate(request)
+    info = await front.catalog.resolve(model_id)
+    return JSONResponse(_model_entry(info, front.catalog.created_unix_s))
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> Response:
+    front = _front(request)
+    tenant = front.authenticate(request)
+    body: TokenizeRequest = await parse(request, TokenizeRequest)
+    info = await front.catalog.resolve(body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise invalid("prompt", "give exactly one of prompt and messages")
+    if body.prompt is not None:
+        add_special = True if body.add_special_tokens is None else body.add_special_tokens
+        engine_request = engine_pb2.TokenizeRequest(text=body.prompt, add_special_tokens=add_special)
+    else:
+        if not body.add_generation_prompt:
+            raise unsupported("add_generation_prompt", "salon always renders the generation prompt")
+        if body.add_special_tokens:
+            raise unsupported("add_special_tokens", "with messages, the rendered template has its own special tokens")
+        character, dialogue, _ = convert.chat_dialogue(body.messages)
+        engine_request = engine_pb2.TokenizeRequest(dialogue=dialogue, namespace_salt=tenant.namespace_salt)
+        if character is not None:
+            engine_request.character.CopyFrom(character)
+    response = await front.catalog.call_any("Tokenize", engine_request, info.model_id)
+    return JSONResponse({"count": len(response.token_ids), "max_model_len": response.max_context_tokens or
+                         info.max_context_tokens, "tokens": list(response.token_ids), "token_strs": None})
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> Response:
+    front = _front(request)
+    front.authenticate(request)
+    body: DetokenizeRequest = await parse(request, DetokenizeRequest)
+    info = await front.catalog.resolve(body.model)
+    if any(t < 0 for t in body.tokens):
+        raise invalid("tokens", "token ids must not be negative")
+    response = await front.catalog.call_any("Detokenize", engine_pb2.DetokenizeRequest(token_ids=body.tokens),
+                                            info.model_id)
+    return JSONResponse({"prompt": response.text})
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    if _front(request).catalog.accepting_handles():
+        return Response(status_code=200)
+    return JSONResponse({"error": {"message": "no engine is serving", "type": "service_unavailable",
+                                   "param": None, "code": "no_engine"}}, status_code=503)
+
+
+def salon_error_response(exc: SalonError) -> Response:
+    return from_salon_error(exc).response()

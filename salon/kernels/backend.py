@@ -1,0 +1,194 @@
+"""The one interface the engine uses for numeric ops: `select_ops(device) -> Ops`.
+
+CUDA -> the Triton kernels. Anything else -> the CPU fast path in salon/kernels/cpu/ where one exists
+(CPU_FAST_PATH_MODULES), else the plain PyTorch reference. All implementations share the signatures of the `_ref` functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from salon.kernels.decoder_block import no_decoder_block, no_decoder_blocks
+from salon.kernels.glu import geglu_ref, swiglu_ref
+from salon.kernels.kv_write import kv_write_ref
+from salon.kernels.linear_two_terms import compose as compose_linear_two_terms, linear_int16_ref, linear_two_terms_ref
+from salon.kernels.paged_attention import paged_attention_ref
+from salon.kernels.quantize import quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
+from salon.kernels.rmsnorm import rmsnorm_ref
+from salon.kernels.rmsnorm_rope import compose as compose_rmsnorm_rope, rmsnorm_rope_ref
+from salon.kernels.rope import rope_neox_ref
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref
+
+OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm", "rmsnorm_quant", "w8a8_gemm", "rope_neox",
+            "kv_write", "paged_attention", "linear_two_terms", "rmsnorm_rope", "geglu", "swiglu",
+            "decoder_block", "linear_int16", "decoder_blocks")
+# The activation recipes of an int8 Linear (salon/engine/model/linear.py): two int8 terms (salon.kernels.quantize),
+# or one int16 term (salon.kernels.w16a8_grouped).
+ACTIVATION_RECIPES = ("two_terms", "int16")
+
+
+def other_activations(recipe: str) -> str:
+    """The activation recipe that is not `recipe` (a same-run baseline's)."""
+    return next(r for r in ACTIVATION_RECIPES if r != recipe)
+
+
+@dataclass(frozen=True)
+class Ops:
+    quantize_per_token: Callable
+    quantize_two_terms: Callable
+    rmsnorm: Callable
+    rmsnorm_quant: Callable
+    w8a8_gemm: Callable
+    rope_neox: Callable
+    kv_write: Callable
+    paged_attention: Callable
+    linear_two_terms: Callable  # salon.kernels.linear_two_terms: norm, two-term GEMM, post-norm, residual as one op
+    rmsnorm_rope: Callable  # salon.kernels.rmsnorm_rope: the per-head norm, then RoPE
+    geglu: Callable  # salon.kernels.glu: gelu_tanh(gate) * up with the fixed-order contract (int8 GeGLU Linears)
+    swiglu: Callable  # salon.kernels.glu: silu(gate) * up with the fixed-order contract (int8 SwiGLU Linears)
+    # salon.kernels.decoder_block: a whole decoder layer (Gemma 3, Llama) over the paged int8 KV cache, or None (the
+    # model composes)
+    decoder_block: Callable
+    # salon.kernels.linear_two_terms's int16 op: norm, one int16 activation term, grouped GEMM, post-norm, residual
+    linear_int16: Callable
+    # salon.kernels.decoder_block: a step's decoder layers in one call, as many as the family takes (the model composes
+    # the rest)
+    decoder_blocks: Callable
+    name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
+    # The activation recipe the family's int8 Linears run (ACTIVATION_RECIPES): the faster one of its kernels
+    # where it has a choice; the same on every family unless a CPU's kernels favour the other.
+    activations: str = "two_terms"
+
+
+def reference_ops() -> Ops:
+    return Ops(
+        quantize_per_token=quantize_per_token_ref,
+        quantize_two_terms=quantize_two_terms_ref,
+        rmsnorm=rmsnorm_ref,
+        rmsnorm_quant=rmsnorm_quant_ref,
+        w8a8_gemm=w8a8_gemm_ref,
+        rope_neox=rope_neox_ref,
+        kv_write=kv_write_ref,
+        paged_attention=paged_attention_ref,
+        linear_two_terms=linear_two_terms_ref,
+        rmsnorm_rope=rmsnorm_rope_ref,
+        geglu=geglu_ref,
+        swiglu=swiglu_ref,
+        decoder_block=no_decoder_block,
+        linear_int16=linear_int16_ref,
+        decoder_blocks=no_decoder_blocks,
+        name="ref",
+    )
+
+
+def triton_ops() -> Ops:
+    from salon.kernels.decoder_block import decoder_block_triton, decoder_blocks_triton
+    from salon.kernels.glu import geglu_triton, swiglu_triton
+    from salon.kernels.kv_write import kv_write_triton
+    from salon.kernels.paged_attention import paged_attention_triton
+    from salon.kernels.quantize import quantize_per_token_triton, quantize_two_terms_triton, rmsnorm_quant_triton
+    from salon.kernels.rmsnorm import rmsnorm_triton
+    from salon.kernels.rope import rope_neox_triton
+    from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
+    from salon.kernels.w8a8_gemm import w8a8_gemm_triton
+
+    return Ops(
+        quantize_per_token=quantize_per_token_triton,
+        quantize_two_terms=quantize_two_terms_triton,
+        rmsnorm=rmsnorm_triton,
+        rmsnorm_quant=rmsnorm_quant_triton,
+        w8a8_gemm=w8a8_gemm_triton,
+        rope_neox=rope_neox_triton,
+        kv_write=kv_write_triton,
+        paged_attention=paged_attention_triton,
+        linear_two_terms=compose_linear_two_terms(rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton,
+                                                  "linear_two_terms_triton"),
+        rmsnorm_rope=compose_rmsnorm_rope(rmsnorm_triton, rope_neox_triton, "rmsnorm_rope_triton"),
+        geglu=geglu_triton,
+        swiglu=swiglu_triton,
+        decoder_block=decoder_block_triton,
+        decoder_blocks=decoder_blocks_triton,
+        # the int16 recipe is the CPU's (no Triton kernel of its own yet): its GEMM is the PyTorch reference
+        linear_int16=compose_linear_two_terms(rmsnorm_triton, quantize_int16_ref, w16a8_grouped_ref,
+                                              "linear_int16_triton", terms=1),
+        name="triton",
+    )
+
+
+# op -> module under salon/kernels/cpu/ that defines `<op>_cpu`.
+CPU_FAST_PATH_MODULES = {
+    "w8a8_gemm": "salon.kernels.cpu.w8a8_gemm",
+    "paged_attention": "salon.kernels.cpu.paged_attention",
+    "quantize_per_token": "salon.kernels.cpu.quantize",
+    "quantize_two_terms": "salon.kernels.cpu.quantize",
+    "rmsnorm": "salon.kernels.cpu.rmsnorm",
+    "rmsnorm_quant": "salon.kernels.cpu.quantize",
+    "kv_write": "salon.kernels.cpu.kv_write",
+    "rope_neox": "salon.kernels.cpu.rope",
+    "linear_two_terms": "salon.kernels.cpu.linear_two_terms",
+    "rmsnorm_rope": "salon.kernels.cpu.rmsnorm_rope",
+    "geglu": "salon.kernels.cpu.glu",
+    "swiglu": "salon.kernels.cpu.glu",
+    "decoder_block": "salon.kernels.cpu.decoder_block",
+    "linear_int16": "salon.kernels.cpu.linear_two_terms",
+    "decoder_blocks": "salon.kernels.cpu.decoder_block",
+}
+
+
+def _cpu_fast_path(op: str) -> Callable | None:
+    """`<op>_cpu` from its salon/kernels/cpu/ module if that module exists, imported on first use."""
+    module_name = CPU_FAST_PATH_MODULES.get(op)
+    if module_name is None:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name not in (module_name, "salon.kernels.cpu"):
+            raise  # the module exists but one of its own imports is missing: a real error
+        return None
+    return getattr(module, f"{op}_cpu", None)
+
+
+def cpu_activations() -> str:
+    """The CPU family's activation recipe here: one int16 term where the grouped GEMM is AVX2's (no VNNI: there
+    vpmaddwd makes int16 products about 1.8x as fast as the two int8 terms' vpmaddubsw) and the int16 kernel
+    builds; two int8 terms elsewhere (VNNI's vpdpbusd, or the references)."""
+    from salon.kernels.cpu.w16a8_grouped import library as int16_library
+    from salon.kernels.cpu.w8a8_grouped import chosen_isa
+
+    return "int16" if chosen_isa() == "avx2" and int16_library() is not None else "two_terms"
+
+
+def cpu_ops() -> Ops:
+    ref = reference_ops()
+    chosen = {op: _cpu_fast_path(op) or getattr(ref, op) for op in OP_NAMES}
+    return Ops(**chosen, name="cpu", activations=cpu_activations())
+
+
+KERNEL_FAMILIES = ("auto", "triton", "cpu", "ref")
+
+
+def select_ops(device: torch.device | str, family: str = "auto", activations: str = "auto") -> Ops:
+    """The op family for tensors on `device`: "auto" is Triton on CUDA and the CPU fast path elsewhere.
+    "triton" on a CPU device runs the same kernels through Triton's interpreter (slow; how the GPU path is
+    tested end to end without a GPU); "ref" is the plain PyTorch reference. `activations` sets the int8
+    Linears' activation recipe (ACTIVATION_RECIPES; "auto": the family's own choice)."""
+    if activations != "auto" and activations not in ACTIVATION_RECIPES:
+        raise ValueError(f"activations: must be auto or one of {', '.join(ACTIVATION_RECIPES)}, got {activations!r}")
+    ops = _select_family(torch.device(device), family)
+    return ops if activations == "auto" else dataclasses.replace(ops, activations=activations)
+
+
+def _select_family(device: torch.device, family: str) -> Ops:
+    if family not in KERNEL_FAMILIES:
+        raise ValueError(f"kernels: must be one of {', '.join(KERNEL_FAMILIES)}, got {family!r}")
+    if family == "auto":
+        family = "triton" if device.type == "cuda" else "cpu"
+    if family == "cpu" and device.type == "cuda":
+        raise ValueError("kernels: the cpu family runs on CPU tensors only (use triton or ref on cuda)")
+    return {"triton": triton_ops, "cpu": cpu_ops, "ref": reference_ops}[family]()

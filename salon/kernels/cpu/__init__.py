@@ -1,0 +1,1 @@
+"""CPU fast paths of the kernel ops: salon.kernels.cpu.<op>.<op>_cpu, same signatures as the references."""

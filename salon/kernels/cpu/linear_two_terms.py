@@ -1,0 +1,128 @@
+"""CPU fast paths of salon.kernels.linear_two_terms's ops (the norm, both int8 terms or the one int16 term, the grouped
+GEMM, the terms' sum, the post-norm and the residual) through linear_two_terms.h: one C call where a decode
+step made five to eight, with the bits of the composition of the CPU family's own kernels, which runs where
+the C call cannot. The int16 op's GEMM is salon/kernels/cpu/w16a8_grouped.c (AVX2): its C call is the AVX2 build's on
+every CPU.
+
+The C call takes grouped weights (w_scale f32[N, K/32]) for up to MAX_ROWS rows (decode, small batches,
+speculative verification: the sizes where the calls' overhead is a large part of the step), in the build of
+the grouped GEMM this CPU runs (salon.kernels.cpu.w8a8_grouped: linear_two_terms.c around the AVX-512 VNNI GEMM,
+linear_two_terms_avx2.c around the AVX2 one); larger calls, per-row weight scales and other CPUs run the
+composition.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from salon.kernels.cpu import native
+from salon.kernels.cpu.quantize import quantize_int16_cpu, quantize_two_terms_cpu
+from salon.kernels.cpu.rmsnorm import rmsnorm_cpu
+from salon.kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
+from salon.kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
+from salon.kernels.cpu.w8a8_grouped import chosen_isa, weight_pointers
+from salon.kernels.linear_two_terms import compose
+from salon.kernels.quantize import SCALE_FLOOR
+from salon.kernels.w8a8_grouped import GROUP
+
+MAX_ROWS = 64
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_ARGS = ([_P, _I, _I, _I, _P, ctypes.c_double, _P, _P, _I, _P, _P, _I, _P, ctypes.c_float, ctypes.c_int],
+         ctypes.c_int)
+# grouped GEMM isa -> (source, its one entry point)
+_KERNELS = {
+    "vnni": (Path(__file__).with_name("linear_two_terms.c"), "linear_two_terms_vnni"),
+    "avx2": (Path(__file__).with_name("linear_two_terms_avx2.c"), "linear_two_terms_avx2"),
+}
+_SIGNATURES = {isa: {name: _ARGS} for isa, (_, name) in _KERNELS.items()}
+_SIGNATURES["avx2"]["linear_int16_avx2"] = _ARGS  # the int16 recipe's one entry point, in the AVX2 build
+
+composed = compose(rmsnorm_cpu, quantize_two_terms_cpu, w8a8_gemm_cpu, "linear_two_terms_composed_cpu")
+
+
+composed_int16 = compose(rmsnorm_cpu, quantize_int16_cpu, w16a8_gemm_cpu, "linear_int16_composed_cpu", terms=1)
+
+
+def library(isa: str | None = None) -> ctypes.CDLL | None:
+    """The build around the grouped GEMM for `isa` ("vnni", "avx2"; by default the one the CPU family's GEMM
+    runs here), or None where this CPU does not run it or there is no C compiler."""
+    isa = chosen_isa(isa)
+    return native.load(_KERNELS[isa][0], _SIGNATURES[isa]) if isa else None
+
+
+# (isa, recipe) -> the loaded entry point (a few microseconds a call saved)
+_entries: dict[tuple[str | None, str], object] = {}
+
+
+def entry(isa: str | None = None, recipe: str = "two_terms"):
+    """The C entry point of the activation `recipe` ("two_terms": in `isa`'s build, see library; "int16": in the
+    AVX2 build whatever `isa`, its GEMM being AVX2's), or None."""
+    fn = _entries.get((isa, recipe))
+    if fn is None:
+        chosen = "avx2" if recipe == "int16" else chosen_isa(isa)
+        lib = library(chosen)
+        if lib is None:
+            return None
+        fn = _entries[(isa, recipe)] = getattr(lib, "linear_int16_avx2" if recipe == "int16" else _KERNELS[chosen][1])
+    return fn
+
+
+def _f32_vector(t: torch.Tensor | None, n: int) -> bool:
+    return t is None or (t.dtype == torch.float32 and tuple(t.shape) == (n,) and t.is_contiguous()
+                         and t.device.type == "cpu")
+
+
+def linear_two_terms_c(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                       norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                       post_norm: torch.Tensor | None = None,
+                       residual: torch.Tensor | None = None, isa: str | None = None,
+                       recipe: str = "two_terms") -> torch.Tensor | None:
+    """The one C call of the activation `recipe` (in `isa`'s build, by default this CPU's), or None where it
+    does not take these arguments (the caller composes)."""
+    if x.dim() != 2 or w_q.dim() != 2 or w_scale.dim() != 2:
+        return None
+    m, k = x.shape
+    n = w_q.shape[0]
+    if (not 1 <= m <= MAX_ROWS or k % GROUP or w_q.shape[1] != k or tuple(w_scale.shape) != (n, k // GROUP)
+            or x.dtype != torch.float32 or x.stride(1) != 1 or x.device.type != "cpu"
+            or w_q.dtype != torch.int8 or not w_q.is_contiguous() or w_scale.dtype != torch.float32
+            or not w_scale.is_contiguous() or not _f32_vector(norm_weight, k) or not _f32_vector(post_norm, n)
+            or (residual is not None and (residual.dtype != torch.float32 or tuple(residual.shape) != (m, n)
+                                          or residual.stride(1) != 1 or residual.device.type != "cpu"))):
+        return None
+    fn = entry(isa, recipe)
+    if fn is None:
+        return None
+    # the VNNI GEMM reads its packed copy of the weights (salon.kernels.cpu.w8a8_grouped); the int16 one, AVX2's, never
+    w_ptr, s_ptr = weight_pointers(w_q, w_scale, None if recipe == "int16" else chosen_isa(isa))
+    out = torch.empty((m, n), dtype=torch.float32)
+    if fn(
+            x.data_ptr(), m, k, x.stride(0), None if norm_weight is None else norm_weight.data_ptr(), float(eps),
+            w_ptr, s_ptr, n, None if post_norm is None else post_norm.data_ptr(),
+            None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
+            out.data_ptr(), SCALE_FLOOR, torch.get_num_threads()):
+        return None
+    return out
+
+
+def linear_two_terms_cpu(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                         norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                         post_norm: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """salon.kernels.linear_two_terms's op: the C call where it runs, else the CPU family's composition (same bits)."""
+    out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
+    if out is None:
+        out = composed(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
+    return out
+
+
+def linear_int16_cpu(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                     norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                     post_norm: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """salon.kernels.linear_two_terms's int16 op: the C call where it runs, else the CPU family's composition."""
+    out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual, recipe="int16")
+    if out is None:
+        out = composed_int16(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
+    return out

@@ -1,0 +1,365 @@
+/* Group-scaled W8A8 GEMM on AVX-512 VNNI CPUs, bit-identical to salon.kernels.w8a8_grouped.w8a8_grouped_scaled_ref
+ * (and to the AVX2 kernel of w8a8_grouped.c):
+ *
+ *   acc_g[m, n] = sum_{k in [32g, 32g + 32)} a[m, k] * w[n, k]                   (exact, int32)
+ *   y = 0;  for g = 0 .. G-1:  y = y + float(acc_g) * w_scale[n, g]   (the product rounded, then the sum)
+ *   out[m, n] = y * a_scale[m]
+ *
+ * No fused multiply-add: fp-contract is off for the whole file (the pragma below), as in w8a8_grouped.c.
+ *
+ * Layouts as in w8a8_grouped.c: a int8[M, K] (row stride lda), w int8[N, K] contiguous, w_scale float32[N, G]
+ * contiguous (G = K / 32), out float32[M, N] (row stride ldo). Or, with w_scale NULL, the weights and scales in
+ * the packed layout of w8a8_grouped_vnni_pack (below): the same bits from one sequential stream per thread.
+ *
+ * The products: vpdpbusd multiplies unsigned bytes of its first operand with signed bytes of its second,
+ * four pairs a 32-bit lane, and adds them to the lane without saturation. The weights, XORed with 0x80, are
+ * the unsigned operand (w + 128, in [0, 255]); the activations are the signed one, each 4-byte chunk
+ * broadcast to all 16 lanes straight from memory. So a lane gets sum (w + 128) a = sum w a + 128 sum a, and
+ * starting each group's accumulator at -128 * (the group's sum of activations), computed once per call and
+ * activation row, makes it the exact acc_g (|acc_g| <= 32 * 128 * 128 < 2^24: the float conversion is exact).
+ * Every int8 activation is taken, -128 included.
+ *
+ * Weight rows go in blocks of 16, one per 32-bit lane (a short last block's missing rows alias its first
+ * row and are never stored). A group of the block (16 rows x 32 channels) is loaded as 8 vectors [row r |
+ * row r + 8] and transposed 8 x 8 in 32-bit elements inside each 256-bit half (vpunpck{l,h}{dq,qdq},
+ * vpermt2q), so vector i holds channels 4i .. 4i+3 of row j in lane j; its 8 vectors meet 8 broadcasts of one
+ * activation row's 32 bytes and give the 16 rows' acc_g with no horizontal step. A block's scales are read
+ * 8 groups at a time ([row r | row r + 8], 8 floats each) and transposed the same way, so the 16 rows' scales
+ * of a group are one vector.
+ *
+ * Each thread streams its own contiguous range of blocks (split evenly over the threads), prefetching its
+ * next block while it reads one (packed: a few groups ahead in its one stream); a group's weights stay in
+ * registers while they meet the activation rows, M_CHUNK at a time (one pass at decode sizes: every weight and
+ * scale byte is read from memory once per call). Every output element sees the same operations in the same order
+ * whatever M, the chunking or the thread split: a row's result never depends on the batch it sits in.
+ */
+#pragma GCC optimize("fp-contract=off")
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grouped_blocks.h"
+
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define BLOCK_ROWS 16
+/* Activation rows a group's weights meet per pass; their accumulators (4 KB) stay in L1. */
+#define M_CHUNK 64
+/* Activation-sum corrections kept on the stack up to this many (M x G) entries. */
+#define STACK_CORRECTIONS 2048
+/* The packed layout (w8a8_grouped_vnni_pack): a 64-byte header, then the 16-row blocks one after another. A
+   block is a run of units, each its groups' weights (group_weights' t[0..7]: 512 bytes a group) followed by their
+   16 scales: one group and float32 scales (576 bytes), or, where every scale of the matrix is a float16
+   exactly, two groups and float16 scales (1088 bytes; an odd G's last unit holds one group and 32 bytes of
+   padding). So the scales arrive in the one stream with their weights (kept apart at the block's end, they cost
+   a stall per block: 2x the time at 2 rows). The packed tile prefetches ahead in its stream. At decode sizes (up
+   to 16 rows) into L2 about 16 groups ahead and into L1 2 groups ahead: with 4 to 16 rows a group's products
+   take long enough that prefetches into L1 a few groups ahead arrive late, and the stream stalls while the core
+   computes (bench.gemv's vnni_prefill_prefetch pairs: the step's GEMMs at 4, 8 and 16 rows took 0.69-0.79x the
+   time of the prefill's prefetch, 1.00x at 2 rows). At prefill sizes into L1 4 groups ahead (without any
+   prefetch, the packed layout lost to the rows' one from 12 rows on). */
+#define PACKED_MAGIC 0x31494e4e56534c53LL /* "SLSVNNI1" */
+#define PACKED_HEADER_BYTES 64
+#define PACKED_WEIGHT_BYTES (8 * 64)
+#define PACKED_PREFETCH_L2 (16 * PACKED_WEIGHT_BYTES)
+#define PACKED_PREFETCH_L1 (2 * PACKED_WEIGHT_BYTES)
+#define PACKED_PREFETCH_PREFILL (4 * PACKED_WEIGHT_BYTES)
+/* bench/w8a8_grouped_vnni_prefill_prefetch.c builds this file with 0: the prefill's prefetch at every size (the
+   baseline of bench.gemv's vnni_prefill_prefetch pairs). */
+#ifndef DECODE_PREFETCH
+#define DECODE_PREFETCH 1
+#endif
+
+typedef struct {
+    int64_t magic, scale_bytes, n, k;
+} packed_header;
+
+/* Where group g of a packed block of G groups lies: its weights' and its scales' offsets in the block. */
+static inline __attribute__((always_inline)) void packed_group_at(int64_t g, int64_t G, int scale_bytes,
+                                                                  int64_t *w_off, int64_t *s_off) {
+    const int64_t U = scale_bytes == 4 ? 1 : 2, u = g / U, j = g % U, ng = G - u * U < U ? G - u * U : U;
+    const int64_t base = u * U * (PACKED_WEIGHT_BYTES + BLOCK_ROWS * scale_bytes);
+    *w_off = base + j * PACKED_WEIGHT_BYTES;
+    *s_off = base + ng * PACKED_WEIGHT_BYTES + j * BLOCK_ROWS * scale_bytes;
+}
+
+/* Bytes of one packed block of G groups with scales of scale_bytes (4 or 2) each. */
+static inline int64_t packed_block_bytes(int64_t G, int64_t scale_bytes) {
+    return (G * (PACKED_WEIGHT_BYTES + BLOCK_ROWS * scale_bytes) + 63) / 64 * 64;
+}
+
+/* 4 activation bytes read as one int32 wherever they lie, so each broadcast is vpdpbusd's memory operand. */
+typedef int32_t __attribute__((aligned(1), may_alias)) unaligned_i32;
+
+/* v[0..7] -> their 8 x 8 transpose in 32-bit elements inside each 256-bit half: v[c] half h lane r = v[r] half
+   h lane c, before. */
+VNNI static inline __attribute__((always_inline)) void transpose8_halves(__m512i *v) {
+    const __m512i a0 = _mm512_unpacklo_epi32(v[0], v[1]), a1 = _mm512_unpackhi_epi32(v[0], v[1]);
+    const __m512i a2 = _mm512_unpacklo_epi32(v[2], v[3]), a3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    const __m512i a4 = _mm512_unpacklo_epi32(v[4], v[5]), a5 = _mm512_unpackhi_epi32(v[4], v[5]);
+    const __m512i a6 = _mm512_unpacklo_epi32(v[6], v[7]), a7 = _mm512_unpackhi_epi32(v[6], v[7]);
+    /* per 128-bit lane: b0 = column 0 of rows 0-3 (lanes 0, 2) / column 4 (lanes 1, 3), b1 = columns 1 / 5, ... */
+    const __m512i b0 = _mm512_unpacklo_epi64(a0, a2), b1 = _mm512_unpackhi_epi64(a0, a2);
+    const __m512i b2 = _mm512_unpacklo_epi64(a1, a3), b3 = _mm512_unpackhi_epi64(a1, a3);
+    const __m512i b4 = _mm512_unpacklo_epi64(a4, a6), b5 = _mm512_unpackhi_epi64(a4, a6);
+    const __m512i b6 = _mm512_unpacklo_epi64(a5, a7), b7 = _mm512_unpackhi_epi64(a5, a7);
+    /* columns 0-3: the even 128-bit lanes of b (rows 0-3) and of b + 4 (rows 4-7); columns 4-7: the odd ones */
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    v[0] = _mm512_permutex2var_epi64(b0, lo, b4);
+    v[1] = _mm512_permutex2var_epi64(b1, lo, b5);
+    v[2] = _mm512_permutex2var_epi64(b2, lo, b6);
+    v[3] = _mm512_permutex2var_epi64(b3, lo, b7);
+    v[4] = _mm512_permutex2var_epi64(b0, hi, b4);
+    v[5] = _mm512_permutex2var_epi64(b1, hi, b5);
+    v[6] = _mm512_permutex2var_epi64(b2, hi, b6);
+    v[7] = _mm512_permutex2var_epi64(b3, hi, b7);
+}
+
+/* t[i] lane r = bytes k + 4i .. k + 4i + 3 of row r of the block, XORed with 0x80 (unsigned w + 128). */
+VNNI static inline __attribute__((always_inline)) void group_weights(__m512i *t, const int8_t *const *wrow,
+                                                                     int64_t k) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int r = 0; r < 8; r++)
+        t[r] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wrow[r] + k))),
+                                  _mm256_loadu_si256((const __m256i *)(wrow[r + 8] + k)), 1);
+    transpose8_halves(t);
+    for (int i = 0; i < 8; i++) t[i] = _mm512_xor_si512(t[i], flip);
+}
+
+/* sc[j] lane r = w_scale of row r of the block, group g0 + j, for j < ng (ng <= 8; zero past ng). */
+VNNI static inline __attribute__((always_inline)) void group_scales(__m512 *sc, const float *const *srow, int64_t g0,
+                                                                    int64_t ng) {
+    const __mmask8 mask = (__mmask8)((1u << ng) - 1);
+    __m512i v[8];
+    for (int r = 0; r < 8; r++) {
+        const __m256i lo = _mm256_castps_si256(_mm256_maskz_loadu_ps(mask, srow[r] + g0));
+        const __m256i hi = _mm256_castps_si256(_mm256_maskz_loadu_ps(mask, srow[r + 8] + g0));
+        v[r] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    transpose8_halves(v);
+    for (int j = 0; j < 8; j++) sc[j] = _mm512_castsi512_ps(v[j]);
+}
+
+/* acc + vpdpbusd(w, the 4 bytes at p broadcast to every lane), the broadcast as the instruction's memory operand
+   ({1to16}: one fused load, not a broadcast of its own, which the compiler emits for the packed tile's loop). */
+VNNI static inline __attribute__((always_inline)) __m512i dpbusd_broadcast(__m512i acc, __m512i w,
+                                                                          const unaligned_i32 *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+}
+
+/* y[m] += float(acc_g of activation row m) * s for the mc rows, group g's 16 rows' weights in t (group_weights'
+   layout) and their scales in s: two chains of vpdpbusd (exact int32 sums: any order gives the same acc_g) from
+   the group's correction, then the product rounded and the sum. */
+VNNI static inline __attribute__((always_inline)) void group_rows(const int64_t mc, const int8_t *a, int64_t lda,
+                                                                  const int32_t *corr, int64_t G, int64_t g,
+                                                                  const __m512i *t, __m512 s, __m512 *y) {
+    const int64_t k = g * GROUP;
+    /* unrolled whole at decode sizes: y stays in registers (rolled, the compiler may swap this loop with the
+       caller's loop over groups and keep y in memory) */
+    #pragma GCC unroll 16
+    for (int64_t m = 0; m < mc; m++) {
+        const unaligned_i32 *am = (const unaligned_i32 *)(a + m * lda + k);
+        __m512i c0 = _mm512_set1_epi32(corr[m * G + g]), c1 = _mm512_setzero_si512();
+        for (int i = 0; i < 8; i += 2) {
+            c0 = dpbusd_broadcast(c0, t[i], am + i);
+            c1 = dpbusd_broadcast(c1, t[i + 1], am + i + 1);
+        }
+        y[m] = _mm512_add_ps(y[m], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c0, c1)), s));
+    }
+}
+
+/* out[m, n .. n + nr) = y[m] * a_scale[m] for the mc rows. */
+VNNI static inline __attribute__((always_inline)) void store_rows(const int64_t mc, const __m512 *y, float *out,
+                                                                  int64_t ldo, const float *a_scale, int64_t n,
+                                                                  int nr) {
+    const __mmask16 keep = (__mmask16)((1u << nr) - 1);
+    for (int64_t m = 0; m < mc; m++)
+        _mm512_mask_storeu_ps(out + m * ldo + n, keep, _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
+}
+
+/* Rows [n, n + nr) of out (nr <= 16) for activation rows [0, mc) of a (mc <= M_CHUNK; a compile-time constant
+   up to 16 rows, decode with two activation terms per sequence, so the accumulators stay in registers).
+   corr: -128 x each group's activation sum, [mc, G] (row stride G). pf_w, pf_s: the next block's weights and
+   scales, prefetched while this one is read (NULL: none). */
+VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t mc, const int8_t *a, int64_t lda,
+                                                                  const int32_t *corr, const int8_t *w,
+                                                                  const float *w_scale, float *out, int64_t ldo,
+                                                                  const float *a_scale, int64_t K, int64_t n, int nr,
+                                                                  const int8_t *pf_w, const float *pf_s) {
+    const int64_t G = K / GROUP;
+    const int8_t *wrow[BLOCK_ROWS];
+    const float *srow[BLOCK_ROWS];
+    grouped_rows(wrow, srow, BLOCK_ROWS, n, nr, w, w_scale, K, G);
+    __m512 y[M_CHUNK];
+    for (int64_t m = 0; m < mc; m++) y[m] = _mm512_setzero_ps();
+    for (int64_t g0 = 0; g0 < G; g0 += 8) {
+        const int64_t ng = G - g0 < 8 ? G - g0 : 8;
+        __m512 sc[8];
+        group_scales(sc, srow, g0, ng);
+        if (pf_s) grouped_prefetch_scales(pf_s, BLOCK_ROWS, g0, G);
+        for (int64_t j = 0; j < ng; j++) {
+            if (pf_w) grouped_prefetch_weights(pf_w, BLOCK_ROWS, g0 + j);
+            __m512i t[8];
+            group_weights(t, wrow, (g0 + j) * GROUP);
+            group_rows(mc, a, lda, corr, G, g0 + j, t, sc[j], y);
+        }
+    }
+    store_rows(mc, y, out, ldo, a_scale, n, nr);
+}
+
+/* The same for a block of the packed layout (w8a8_grouped_vnni_pack): its units read in order, each group's 16
+   scales from its unit (SCALE_BYTES 4: float32; 2: float16, converted exactly) -- one stream per thread, no
+   transposes, prefetched ahead into the thread's next block. */
+VNNI static inline __attribute__((always_inline)) void packed_tile(const int64_t mc, const int8_t *a, int64_t lda,
+                                                                   const int32_t *corr, const int8_t *pb, float *out,
+                                                                   int64_t ldo, const float *a_scale, int64_t G,
+                                                                   int64_t n, int nr, const int SCALE_BYTES) {
+    __m512 y[M_CHUNK];
+    for (int64_t m = 0; m < mc; m++) y[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        int64_t w_off, s_off;
+        packed_group_at(g, G, SCALE_BYTES, &w_off, &s_off);
+        const int8_t *q = pb + w_off;
+        for (int i = 0; i < PACKED_WEIGHT_BYTES + BLOCK_ROWS * SCALE_BYTES; i += 64) {
+            if (DECODE_PREFETCH && mc <= 16) {  /* a compile-time constant at decode sizes */
+                _mm_prefetch((const char *)q + PACKED_PREFETCH_L2 + i, _MM_HINT_T1);
+                _mm_prefetch((const char *)q + PACKED_PREFETCH_L1 + i, _MM_HINT_T0);
+            } else {
+                _mm_prefetch((const char *)q + PACKED_PREFETCH_PREFILL + i, _MM_HINT_T0);
+            }
+        }
+        __m512i t[8];
+        for (int i = 0; i < 8; i++) t[i] = _mm512_loadu_si512((const void *)(q + 64 * i));
+        const __m512 s = SCALE_BYTES == 4
+            ? _mm512_loadu_ps((const float *)(pb + s_off))
+            : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + s_off)));
+        group_rows(mc, a, lda, corr, G, g, t, s, y);
+    }
+    store_rows(mc, y, out, ldo, a_scale, n, nr);
+}
+
+/* packed_tile for the header's scale size. */
+VNNI static inline __attribute__((always_inline)) void packed_tile_any(const int64_t mc, const int8_t *a, int64_t lda,
+                                                                       const int32_t *corr, const int8_t *pb,
+                                                                       float *out, int64_t ldo, const float *a_scale,
+                                                                       int64_t G, int64_t n, int nr,
+                                                                       int64_t scale_bytes) {
+    if (scale_bytes == 2) packed_tile(mc, a, lda, corr, pb, out, ldo, a_scale, G, n, nr, 2);
+    else packed_tile(mc, a, lda, corr, pb, out, ldo, a_scale, G, n, nr, 4);
+}
+
+/* corr[m * G + g] = -128 x the sum of a[m, 32g .. 32g + 31]. */
+VNNI static void activation_corrections(int32_t *corr, const int8_t *a, int64_t lda, int64_t M, int64_t G) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t g = 0; g < G; g++) {
+            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones,
+                                                  _mm256_loadu_si256((const __m256i *)(a + m * lda + g * GROUP)));
+            __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
+            corr[m * G + g] = -128 * _mm_cvtsi128_si32(h);
+        }
+}
+
+#define DECODE_CASE(MM)                                                                                     \
+    case MM:                                                                                                \
+        if (packed) packed_tile_any(MM, a, lda, corr, pb, out, ldo, a_scale, G, blk.n, blk.nr, sb); \
+        else block_tile(MM, a, lda, corr, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s); \
+        break;
+
+/* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, no memory).
+   w_scale NULL: w is the packed layout of w8a8_grouped_vnni_pack (the scales inside it; 1 where its header is not
+   one of N x K weights). */
+VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
+                           int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
+    if (M < 1 || K < GROUP || K % GROUP) return 1;
+    const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
+    const int packed = w_scale == NULL;
+    const packed_header *hdr = (const packed_header *)w;
+    if (packed && (hdr->magic != PACKED_MAGIC || hdr->n != N || hdr->k != K
+                   || (hdr->scale_bytes != 4 && hdr->scale_bytes != 2)))
+        return 1;
+    const int64_t sb = packed ? hdr->scale_bytes : 4, bb = packed_block_bytes(G, sb);
+    const int8_t *blocks = w + PACKED_HEADER_BYTES;
+    int32_t stack_corr[STACK_CORRECTIONS];
+    int32_t *corr = M * G <= STACK_CORRECTIONS ? stack_corr : malloc((size_t)(M * G) * sizeof(int32_t));
+    if (corr == NULL) return 1;
+    activation_corrections(corr, a, lda, M, G);
+    #pragma omp parallel num_threads(nthreads)
+    {
+        int64_t b0, b1;
+        grouped_thread_blocks(nb, &b0, &b1);
+        for (int64_t b = b0; b < b1; b++) {
+            const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
+            const int8_t *pb = blocks + b * bb;
+            switch (M) {
+                DECODE_CASE(1) DECODE_CASE(2) DECODE_CASE(3) DECODE_CASE(4)
+                DECODE_CASE(5) DECODE_CASE(6) DECODE_CASE(7) DECODE_CASE(8)
+                DECODE_CASE(9) DECODE_CASE(10) DECODE_CASE(11) DECODE_CASE(12)
+                DECODE_CASE(13) DECODE_CASE(14) DECODE_CASE(15) DECODE_CASE(16)
+                default:
+                    for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
+                        const int64_t mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
+                        if (packed) {
+                            packed_tile_any(mc, a + m0 * lda, lda, corr + m0 * G, pb, out + m0 * ldo, ldo,
+                                            a_scale + m0, G, blk.n, blk.nr, sb);
+                            continue;
+                        }
+                        block_tile(mc, a + m0 * lda, lda, corr + m0 * G, w, w_scale,
+                                   out + m0 * ldo, ldo, a_scale + m0, K, blk.n, blk.nr, m0 ? NULL : blk.pf_w,
+                                   m0 ? NULL : blk.pf_s);
+                    }
+            }
+        }
+    }
+    if (corr != stack_corr) free(corr);
+    return 0;
+}
+
+/* The packed layout of int8 w[N, K] and its scales f32[N, K / 32], for w8a8_grouped_vnni with w_scale NULL:
+ * the header (magic, scale_bytes, N, K), then nb = ceil(N / 16) blocks of packed_block_bytes(G, scale_bytes).
+ * Block b holds its units (above): for each group g, group_weights' 8 vectors for rows 16b .. 16b + 15 (vector
+ * i, lane r: w[16b + r, 32g + 4i .. 32g + 4i + 3] XOR 0x80), and the 16 rows' scales of g after its unit's weights
+ * (float32, or float16 with scale_bytes 2: the caller asks for it only where every scale converts exactly). The missing
+ * rows of a short last block repeat its first row (computed, never stored), as block_tile's do. Returns 0 when
+ * done, 1 when K is not a positive multiple of 32, N < 1 or scale_bytes is not 4 or 2. Each thread packs its own
+ * blocks. */
+VNNI int w8a8_grouped_vnni_pack(const int8_t *w, const float *w_scale, int64_t N, int64_t K, int64_t scale_bytes,
+                                int8_t *packed, int nthreads) {
+    if (N < 1 || K < GROUP || K % GROUP || (scale_bytes != 4 && scale_bytes != 2)) return 1;
+    const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP, bb = packed_block_bytes(G, scale_bytes);
+    memset(packed, 0, PACKED_HEADER_BYTES);
+    const packed_header hdr = {PACKED_MAGIC, scale_bytes, N, K};
+    memcpy(packed, &hdr, sizeof hdr);
+    #pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t n = b * BLOCK_ROWS;
+        const int8_t *wrow[BLOCK_ROWS];
+        const float *srow[BLOCK_ROWS];
+        grouped_rows(wrow, srow, BLOCK_ROWS, n, N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS, w, w_scale, K, G);
+        int8_t *pb = packed + PACKED_HEADER_BYTES + b * bb;
+        memset(pb + bb - 64, 0, 64);  /* the padding, if any */
+        for (int64_t g = 0; g < G; g++) {
+            int64_t w_off, s_off;
+            packed_group_at(g, G, (int)scale_bytes, &w_off, &s_off);
+            __m512i t[8];
+            group_weights(t, wrow, g * GROUP);
+            for (int i = 0; i < 8; i++) _mm512_storeu_si512((void *)(pb + w_off + 64 * i), t[i]);
+            int8_t *sq = pb + s_off;
+            float s[BLOCK_ROWS];
+            for (int r = 0; r < BLOCK_ROWS; r++) s[r] = srow[r][g];
+            if (scale_bytes == 4)
+                memcpy(sq, s, sizeof s);
+            else
+                _mm256_storeu_si256((__m256i *)sq, _mm512_cvtps_ph(_mm512_loadu_ps(s), _MM_FROUND_TO_NEAREST_INT));
+        }
+    }
+    return 0;
+}
+
+/* Bytes of w8a8_grouped_vnni_pack's layout for N x K weights with scales of scale_bytes each. */
+int64_t w8a8_grouped_vnni_packed_bytes(int64_t N, int64_t K, int64_t scale_bytes) {
+    return PACKED_HEADER_BYTES + (N + BLOCK_ROWS - 1) / BLOCK_ROWS * packed_block_bytes(K / GROUP, scale_bytes);
+}

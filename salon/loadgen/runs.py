@@ -1,0 +1,135 @@
+"""One replay of a trace: through salon (a stack launched for the run, or one already running) or
+through llama-server on the same GGUF. Each returns the RunResult; salon's also the kvstore's stats.
+
+The peer gets what salon gets: the same trace and concurrency (llama-server with that many slots,
+each with context for the longest dialogue, so neither side drops history), the same prompt tokens
+(transport_llama_server renders with salon's renderer), the same reply length, and greedy decoding
+when the trace is greedy. Its threads default to this host's cores, as the salon engines share them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from salon.loadgen.dialogue import context_tokens_needed
+from salon.loadgen.driver import DriverConfig, replay
+from salon.loadgen.records import RunResult, TurnRecord
+from salon.loadgen.transport_grpc import ChatGrpcTransport
+from salon.loadgen.workload import Trace
+
+PEER_MODEL = "gemma-3-270m"  # the model whose GGUF llama-server loads
+
+
+@dataclass(frozen=True)
+class SalonSide:
+    """Where salon runs: a stack launched for the run (launch=True) or the gateway at target."""
+
+    launch: bool
+    target: str
+    api_key: str
+    model: str
+    num_engines: int
+    kvstore: bool
+    kvstore_capacity_bytes: int
+    engine_kv_cache_bytes: int | None
+    engine_args: tuple[str, ...]
+    startup_timeout_s: float
+    request_timeout_s: float
+    log_dir: Path
+
+
+def run_salon(trace: Trace, side: SalonSide, cache: bool, driver: DriverConfig,
+              on_turn: Callable[[TurnRecord], None] | None = None, log_prefix: str = "",
+              mode_detail: str | None = None, api: str = "grpc", label: str | None = None,
+              after_run: Callable[[object], dict] | None = None) -> tuple[RunResult, dict | None]:
+    """Replays the trace through salon (with or without its caches); (RunResult, kvstore GetStats or None).
+
+    api "grpc": salon.chat.v1 with conversation ids; "openai": the HTTP API as a stateless client (no
+    conversation ids; needs a launched stack). after_run(stack) runs on the launched stack before it
+    stops; what it returns lands in the run's `extra`."""
+    label = label or ("cache" if cache else "no-cache")
+    stack = None
+    target, api_key = side.target, side.api_key
+    if side.launch:
+        from salon.loadgen.stack import StackConfig, launch_stack
+
+        config = StackConfig(model=side.model, num_engines=side.num_engines, cache=cache,
+                             kvstore=cache and side.kvstore, engine_args=side.engine_args,
+                             kvstore_capacity_bytes=side.kvstore_capacity_bytes,
+                             engine_kv_cache_bytes=side.engine_kv_cache_bytes, engine_timeout_s=side.startup_timeout_s,
+                             http=api == "openai")
+        log_dir = side.log_dir / log_prefix if log_prefix else side.log_dir
+        print(f"starting {label} stack: {side.num_engines} engine(s) of {side.model}, logs in {log_dir}", flush=True)
+        stack = launch_stack(config, log_dir)
+        target, api_key = stack.gateway_address, config.api_key
+    try:
+        # Priming fills a cache; without one it would only cost time, so the no-cache run skips it.
+        if api == "openai":
+            from salon.loadgen.transport_openai import OpenAIHttpTransport
+
+            if stack is None:
+                raise ValueError("the OpenAI transport needs a launched stack (--launch)")
+            transport = OpenAIHttpTransport(stack.http_url, api_key, request_timeout_s=side.request_timeout_s)
+        else:
+            transport = ChatGrpcTransport(target, api_key, side.request_timeout_s)
+        run = asyncio.run(replay(trace, transport, replace(driver, prime=driver.prime and cache), label, on_turn))
+        stats = stack.kvstore_stats() if stack is not None else None
+        if after_run is not None and stack is not None:
+            run = replace(run, extra={**run.extra, **after_run(stack)})
+    finally:
+        if stack is not None:
+            stack.stop()
+    if mode_detail:
+        run = replace(run, extra={**run.extra, "mode_detail": mode_detail})
+    return run, stats
+
+
+def load_rendering(model: str):
+    """salon's renderer over the model's tokenizer and chat format (synthetic models: Gemma's)."""
+    from salon.loadgen.transport_llama_server import SalonRendering
+    from salon.engine.model.loader import open_model_file
+    from salon.engine.model.tokenizer import Tokenizer
+
+    model_file = open_model_file(model)
+    return SalonRendering(Tokenizer(model_file.vocab), model_file.chat_template, model_file.config.eos_token_ids)
+
+
+def peer_context_tokens(trace: Trace, round_to: int = 256) -> int:
+    """Context per llama-server slot: enough that no dialogue of the trace drops history."""
+    need = max(context_tokens_needed(d, trace.config.max_new_tokens) for d in trace.dialogues)
+    return -(-need // round_to) * round_to
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    run: RunResult
+    threads: int
+    num_slots: int
+    ctx_tokens_per_slot: int
+    num_held_back_turns: int
+
+
+def run_llama_server(trace: Trace, build, driver: DriverConfig, threads: int | None = None,
+                     on_turn: Callable[[TurnRecord], None] | None = None, startup_timeout_s: float = 300.0,
+                     rendering=None) -> PeerRun:
+    """Replays the trace through llama-server (raises salon.loadgen.peer.PeerError when it cannot start)."""
+    from salon.loadgen.transport_llama_server import LlamaServerTransport
+    from salon.loadgen.peer import LlamaServer
+    from salon.engine.model.loader import config_for
+    from salon.engine.model.sources import resolve_source
+
+    threads = threads or os.cpu_count() or 1
+    ctx = peer_context_tokens(trace)
+    config = config_for(PEER_MODEL)
+    server = LlamaServer(build, resolve_source(PEER_MODEL).path, threads=threads, num_slots=driver.concurrency,
+                         ctx_tokens_per_slot=ctx, startup_timeout_s=startup_timeout_s)
+    transport = LlamaServerTransport(server, rendering or load_rendering(PEER_MODEL), config.model_id,
+                                     frozenset(config.eos_token_ids))
+    print(f"starting llama-server: {driver.concurrency} slots x {ctx} tokens of context, {threads} threads, "
+          f"{build.describe()}", flush=True)
+    run = asyncio.run(replay(trace, transport, driver, "llama-server", on_turn))
+    return PeerRun(run, threads, driver.concurrency, ctx, transport.num_held_back_turns)
