@@ -20,10 +20,10 @@ class SchedulerConfig:
         default=8, metadata={"help": "the most tokens long prefills (prompts that do not fit the budget) take in a "
                                      "step that also holds interactive work (decodes, prompts that fit the budget, "
                                      "returning turns after a cache hit); 0: no such classes, every request in "
-                                     "arrival order (core/scheduler.py). Small keeps those steps short: on a 2-core "
-                                     "CPU, 8 against 16 gave returning turns' TTFT p90 0.93x and ITL p90 0.78x at "
-                                     "0.96x the steady turns/s (salon bench, llama-server trace, 4 alternated "
-                                     "rounds); a GPU step's fixed cost wants more"})
+                                     "arrival order (core/scheduler.py). Small keeps those steps short, so "
+                                     "returning turns' TTFT and ITL stay low for slightly fewer turns/s "
+                                     "(measured by `salon bench --launch --preset llama-server`, "
+                                     "docs/benchmarks.md); a GPU step's fixed cost wants more"})
     long_prefill_solo_tokens: int = field(
         default=64, metadata={"help": "the most tokens long prefills take in a step of their own (no interactive "
                                       "work in it), with long_prefill_tokens > 0; 0: the whole budget. A returning "
@@ -58,7 +58,8 @@ class EngineConfig:
                 "slow, for checks) | cpu | ref (plain PyTorch)"})
     activations: str = field(default="auto", metadata={
         "help": "activation recipe of the int8 Linears: two_terms (two int8 terms, ~14 bits) | int16 (one int16 "
-                "term, ~15 bits: about 1.8x the products a second on CPUs without VNNI) | auto (int16 where the "
+                "term, ~15 bits: more products a second than two terms on CPUs without VNNI, measured by "
+                "`python -m bench.gemv --int16`) | auto (int16 where the "
                 "CPU family's GEMM is AVX2's, else two_terms). The recipes' numbers differ, so each has its own "
                 "KV cache namespace"})
     block_size_tokens: int = field(default=16, metadata={"help": "tokens per KV block"})

@@ -156,7 +156,8 @@ def _cpu_fast_path(op: str) -> Callable | None:
 
 def cpu_activations() -> str:
     """The CPU family's activation recipe here: one int16 term where the grouped GEMM is AVX2's (no VNNI: there
-    vpmaddwd makes int16 products about 1.8x as fast as the two int8 terms' vpmaddubsw) and the int16 kernel
+    vpmaddwd makes int16 products faster than the two int8 terms' vpmaddubsw, measured by
+    `python -m bench.gemv --int16`) and the int16 kernel
     builds; two int8 terms elsewhere (VNNI's vpdpbusd, or the references)."""
     from salon.kernels.cpu.w16a8_grouped import library as int16_library
     from salon.kernels.cpu.w8a8_grouped import chosen_isa

@@ -13,8 +13,8 @@ output row and group of 32 input channels (salon.kernels.w8a8_grouped's weights,
 About 15 bits of each activation through one GEMM row, where the two-term recipe (salon.kernels.quantize's
 quantize_two_terms) takes about 14 bits through two int8 rows. On a CPU without VNNI the products are what a
 prefill or a batched step spends its time on (bench.gemv), and AVX2's vpmaddwd makes 16 int16 products an
-instruction, where the two int8 terms take two vpmaddubsw and two vpmaddwd for 32 products each: about 1.8x
-the products a second (bench.gemv's int16_activation_over_int8_ceiling_x). The C kernel is
+instruction, where the two int8 terms take two vpmaddubsw and two vpmaddwd for 32 products each: more
+products a second (measured by `python -m bench.gemv`, its int16_activation_over_int8_ceiling_x). The C kernel is
 salon/kernels/cpu/w16a8_grouped.c; salon.kernels.linear_two_terms composes the whole Linear of either recipe.
 
 Every path evaluates the same operations in the same order, so a row's result never depends on the batch it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 
 import httpx
@@ -256,13 +257,22 @@ def test_curl_sse_example_from_the_readme(stack):
     block = re.search(r"<!-- curl-sse-example -->\n```bash\n(.*?)```", readme, re.S)
     assert block, "README: the curl SSE example block is missing"
     command = block.group(1).replace("127.0.0.1:8000", f"127.0.0.1:{stack.gateway.extra_ports['http_port']}")
-    command = command.replace("salon-dev-key", KEY)
+    command = command.replace("salon-dev-key", KEY).replace('"model": "smollm2-135m-instruct"', f'"model": "{MODEL}"')
     out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, check=True).stdout
     events = [line for line in out.splitlines() if line]
     assert all(line.startswith("data: ") for line in events), out
     assert events[-1] == "data: [DONE]"
     assert '"object":"chat.completion.chunk"' in events[0]
     assert '"usage":{"prompt_tokens"' in events[-2]
+
+
+def test_grpc_python_example_from_the_readme(stack):
+    readme = (__import__("pathlib").Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"<!-- grpc-python-example -->\n```python\n(.*?)```", readme, re.S)
+    assert block, "README: the Python gRPC example block is missing"
+    code = block.group(1).replace("127.0.0.1:50051", stack.gateway.address).replace("salon-dev-key", KEY)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert re.fullmatch(r"\[\d+ prompt tokens, \d+ cached, [1-9]\d* generated\]", out.splitlines()[-1]), out
 
 
 def _turns(client, messages: list[dict], num_turns: int, headers: dict | None = None) -> list[str]:

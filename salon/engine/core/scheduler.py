@@ -19,9 +19,10 @@ So a decode or a returning turn never waits behind another dialogue's long histo
 `long_prefill_tokens` of its tokens per step, and a returning turn that arrives while long prefills run alone
 waits at most for a step of `long_prefill_solo_tokens` (a step is never interrupted). On a CPU the model's own
 prefill throughput is flat in its chunk size (16 to 256 tokens within 4%, the engine's step path alone), but a
-served step costs more than its forward pass: solo steps of 32 instead of 64 tokens gave 0.9x the dialogue
-trace's steady turns/s and a longer TTFT p90, while 8 long-prefill tokens beside interactive work instead of 16
-gave shorter TTFT and ITL for 0.96x the turns/s (config.py has the figures). long_prefill_tokens = 0 turns the
+served step costs more than its forward pass: solo steps of 32 instead of 64 tokens give fewer steady turns/s
+of the dialogue trace and no shorter TTFT, while 8 long-prefill tokens beside interactive work instead of 16
+give shorter TTFT and ITL for slightly fewer turns/s (measured by `salon bench --launch --preset llama-server`;
+docs/benchmarks.md has the figures). long_prefill_tokens = 0 turns the
 classes off: every request in arrival order, each step filled.
 
 When the blocks a running request needs are not free, the newest running request is preempted

@@ -8,10 +8,10 @@ the kernel's transparent huge pages are "madvise" only, as they commonly are.
     in_huge_pages(tensors) -> the same tensors (names, dtypes, shapes, values), copied into one anonymous
                               mapping advised MADV_HUGEPAGE, each at a 64-byte aligned offset
 
-Measured on a 2-core AVX2 machine: a step's grouped GEMMs at 2 rows 1.16x faster with their weights in huge pages
-(a C harness over the real kernel, median of 60 alternated rounds), and 1.06x in bench.gemv --quick (best of 3,
-against anonymous 4 KB pages); 8 rows, bound by the products, 1.01x. bench.model reports the engine's batch-1
-decode against the file's pages (huge_pages_decode_b1_speedup_x).
+Huge pages pay where a step is bound by reading the weights (decode at a few rows: a step's weight stream makes
+about 150 page walks instead of about 75,000), not where it is bound by the products (8 rows and up on AVX2).
+Measured by `python -m bench.gemv --quick` against anonymous 4 KB pages; `python -m bench.model` reports the
+engine's batch-1 decode against the file's pages (huge_pages_decode_b1_speedup_x).
 
 Where the platform has no MADV_HUGEPAGE, or the tensors are not on the CPU, they are returned unchanged. The
 mapping lives as long as any tensor of it (each holds it through torch.frombuffer); the kernel backs it with

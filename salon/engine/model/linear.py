@@ -16,7 +16,8 @@ one op (salon.kernels.linear_two_terms: the kernel family's `linear_two_terms`),
 before the Linear and the post-norm and residual after it (`fused`), one C call on the CPU.
 
 int16_activations = True quantizes each activation row as one int16 term instead (salon.kernels.w16a8_grouped:
-about 15 bits; on CPUs without VNNI about 1.8x the products a second of the two int8 terms), through the
+about 15 bits; on CPUs without VNNI more products a second than the two int8 terms, measured by
+`python -m bench.gemv --int16`), through the
 family's `linear_int16` op, fused the same way. Its GEMM takes grouped scales: one scale per row is repeated
 over the row's groups (the same weights, the grouped contract).
 """

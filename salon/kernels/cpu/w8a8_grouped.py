@@ -20,7 +20,8 @@ registers' order (its 8 vectors of 16 rows x 4 channels, XORed with 0x80) and it
 float32, or float16 after each pair of groups where every scale of the matrix is a float16 exactly (Gemma's
 token table, whose GGUF scales are float16: 10.5 MB less a step). A thread then reads one sequential stream
 instead of 16 rows 32 bytes at a time, and does no transposes: at decode sizes, where the call is bound by
-reading the weights, it runs about 1.2-1.5x faster (bench.gemv, bench.model's packed_* figures). The bits are
+reading the weights, it runs faster (measured by `python -m bench.gemv --grouped` and bench.model's packed_*
+figures). The bits are
 the same (the same operations in the same order). `packed_weights(w_q, w_scale)` makes that copy
 once per weight tensor (in huge pages) and keeps it while w_q lives; the VNNI calls of this module,
 salon.kernels.cpu.linear_two_terms and salon.kernels.cpu.decoder_block take it by default. A weight changed in place is

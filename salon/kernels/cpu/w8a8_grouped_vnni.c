@@ -52,12 +52,12 @@
    16 scales: one group and float32 scales (576 bytes), or, where every scale of the matrix is a float16
    exactly, two groups and float16 scales (1088 bytes; an odd G's last unit holds one group and 32 bytes of
    padding). So the scales arrive in the one stream with their weights (kept apart at the block's end, they cost
-   a stall per block: 2x the time at 2 rows). The packed tile prefetches ahead in its stream. At decode sizes (up
-   to 16 rows) into L2 about 16 groups ahead and into L1 2 groups ahead: with 4 to 16 rows a group's products
-   take long enough that prefetches into L1 a few groups ahead arrive late, and the stream stalls while the core
-   computes (bench.gemv's vnni_prefill_prefetch pairs: the step's GEMMs at 4, 8 and 16 rows took 0.69-0.79x the
-   time of the prefill's prefetch, 1.00x at 2 rows). At prefill sizes into L1 4 groups ahead (without any
-   prefetch, the packed layout lost to the rows' one from 12 rows on). */
+   a stall per block, measured by `python -m bench.gemv --grouped`). The packed tile prefetches ahead in its
+   stream. At decode sizes (up to 16 rows) into L2 about 16 groups ahead and into L1 2 groups ahead: with 4 to
+   16 rows a group's products take long enough that prefetches into L1 a few groups ahead arrive late, and the
+   stream stalls while the core computes (measured by `python -m bench.gemv --quick --grouped`, its
+   vnni_prefill_prefetch pairs: the decode distances win from 4 rows and tie at 2). At prefill sizes into L1 4
+   groups ahead (without any prefetch, the packed layout lost to the rows' one from 12 rows on). */
 #define PACKED_MAGIC 0x31494e4e56534c53LL /* "SLSVNNI1" */
 #define PACKED_HEADER_BYTES 64
 #define PACKED_WEIGHT_BYTES (8 * 64)
