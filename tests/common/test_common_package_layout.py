@@ -62,7 +62,6 @@ class Import:
     module: str
     names: tuple[str, ...]
     runs_at_import: bool
-    line: int
 
 
 def module_files(root: Path = REPO / PACKAGE) -> dict[str, Path]:
@@ -121,10 +120,10 @@ def parse_imports(module: str, path: Path) -> list[Import]:
     found = []
     for node, at_import in imports_of(tree.body):
         if isinstance(node, ast.Import):
-            found.extend(Import(alias.name, (), at_import, node.lineno) for alias in node.names)
+            found.extend(Import(alias.name, (), at_import) for alias in node.names)
         else:
             target = resolve(module, path.name == "__init__.py", node)
-            found.append(Import(target, tuple(alias.name for alias in node.names), at_import, node.lineno))
+            found.append(Import(target, tuple(alias.name for alias in node.names), at_import))
     return found
 
 
@@ -172,7 +171,7 @@ def edges_of(module: str, imports: list[Import], modules: dict[str, Path], at_im
     return edges
 
 
-def import_graph(at_import_only: bool = True, root: Path = REPO / PACKAGE) -> tuple[dict[str, set[str]], dict]:
+def import_graph(at_import_only: bool = True, root: Path = REPO / PACKAGE) -> tuple[dict[str, set[str]], dict[str, Path]]:
     modules = module_files(root)
     graph = {name: edges_of(name, parse_imports(name, path), modules, at_import_only) for name, path in modules.items()}
     return graph, modules
