@@ -171,7 +171,9 @@ def edges_of(module: str, imports: list[Import], modules: dict[str, Path], at_im
     return edges
 
 
-def import_graph(at_import_only: bool = True, root: Path = REPO / PACKAGE) -> tuple[dict[str, set[str]], dict[str, Path]]:
+def import_graph(at_import_only: bool = True,
+                 root: Path = REPO / PACKAGE) -> tuple[dict[str, set[str]], dict[str, Path]]:
+    """The graph (module -> the modules it imports) and each module's file."""
     modules = module_files(root)
     graph = {name: edges_of(name, parse_imports(name, path), modules, at_import_only) for name, path in modules.items()}
     return graph, modules
