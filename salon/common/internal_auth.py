@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from salon.common.channel import ClientTLS
-    from salon.common.server import ServerConfig
+from salon.common.client_tls import ClientTLS
 
 MTLS = "mtls"
 INSECURE_LOOPBACK = "insecure-loopback"
@@ -33,6 +31,17 @@ INSECURE_LOOPBACK_FLAGS = ("--internal-auth", INSECURE_LOOPBACK)
 
 class SecurityConfigError(ValueError):
     """A security setting that must not start a server; the message names the flags."""
+
+
+class ListenerSecurity(Protocol):
+    """The settings of a server that check_server reads (salon.common.server.ServerConfig has them);
+    named here so that this module, which the server imports, does not import the server back."""
+
+    host: str
+    internal_auth: str
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    tls_client_ca_file: str | None
 
 
 def is_loopback_host(host: str) -> bool:
@@ -56,7 +65,7 @@ def check_mode(mode: str) -> None:
         raise SecurityConfigError(f"--internal-auth: {mode!r} is not one of {', '.join(MODES)}")
 
 
-def check_server(config: ServerConfig, internal: bool) -> None:
+def check_server(config: ListenerSecurity, internal: bool) -> None:
     """Refuse half TLS configs always; for an internal service, the mode's requirements."""
     check_mode(config.internal_auth)
     cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
@@ -107,10 +116,9 @@ def check_client(mode: str, tls: ClientTLS | None, flag_prefix: str, targets: It
 def client_tls_or_none(flag_prefix: str, ca_file: str | None, cert_file: str | None, key_file: str | None,
                        server_name: str | None = None) -> ClientTLS | None:
     """ClientTLS from a service's flags, None when none of them is set."""
-    from salon.common.channel import ClientTLS
-
     if not (ca_file or cert_file or key_file):
         return None
     if not ca_file:
-        raise SecurityConfigError(f"{flag_prefix}-cert-file needs {flag_prefix}-ca-file (the CA of the server's certificate)")
+        raise SecurityConfigError(
+            f"{flag_prefix}-cert-file needs {flag_prefix}-ca-file (the CA of the server's certificate)")
     return ClientTLS(ca_file, cert_file, key_file, server_name)

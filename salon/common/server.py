@@ -37,6 +37,7 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 from salon.common import internal_auth
 from salon.common.interceptors import ServiceInterceptor
 from salon.common.logging import configure_logging, get_logger
+from salon.common.message_limits import MAX_MESSAGE_BYTES, grpc_options
 from salon.common.metrics import start_metrics_server
 from salon.common.peer_identity import AccessPolicy
 from salon.common.tracing import configure_tracing, shutdown_tracing
@@ -45,9 +46,6 @@ log = get_logger(__name__)
 
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
-# Largest gRPC message accepted or sent between services; bigger ones fail with RESOURCE_EXHAUSTED in
-# grpc itself. The public port takes less (the gateway's --max-receive-message-bytes).
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # Exit status of a service that stopped because it could not go on (its supervisor restarts it).
 EXIT_FATAL = 70
 # How long a failing service reports NOT_SERVING before it stops listening.
@@ -157,13 +155,6 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
     )
-
-
-def grpc_options(max_receive_message_bytes: int = MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_receive_message_length", max_receive_message_bytes),
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ]
 
 
 def _watch_parent(parent_pid: int, stop: asyncio.Event) -> asyncio.Task:

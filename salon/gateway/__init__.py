@@ -5,6 +5,6 @@
     routing.py        the routing rule (consistent hashing with bounded loads) behind RoutingPolicy; ring.py
     membership.py     engines from config / DNS, health and load watches
     sessions.py       where each dialogue was last served (in memory); sessions_redis.py (shared, degrades)
-    service.py        wiring for salon.common.server.serve; config.py, __main__.py
+    bootstrap.py      wiring for salon.common.server.serve (builds the parts from config.py); __main__.py
     metrics.py        salon_gateway_* Prometheus metrics
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from salon.common.config import parse_config
 from salon.common.server import run
 from salon.gateway.config import GatewayConfig
-from salon.gateway.service import GatewayService
+from salon.gateway.bootstrap import GatewayService
 
 
 def main() -> None:

@@ -5,6 +5,10 @@
           └── exclude the failed engine ◄─────┘ stream ended without a final
               resume_token_ids = every token already sent to the client
 
+Two parts: an attempt (`Dispatcher._attempt`) streams from one engine and reports how it ended; the
+failover policy (`Dispatcher.stream` with `_spill_refusal`, `_fail_over`) picks the next engine, sets
+the resume tokens and decides when to give up.
+
 Invariants:
   * the client sees each generated token exactly once: on failover the next engine receives every
     token already forwarded as `resume_token_ids` and streams only what comes after them;
@@ -19,9 +23,10 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -32,7 +37,7 @@ from salon.common.errors import RETRY_AFTER_METADATA_KEY, SalonError, Unavailabl
 from salon.common.logging import get_logger
 from salon.gateway import metrics
 from salon.gateway.call_trace import CallTrace
-from salon.gateway.membership import EnginePool
+from salon.gateway.membership import EngineHandle, EnginePool
 from salon.gateway.model_pools import ModelPools
 from salon.gateway.routing import RouteDecision, RoutingPolicy
 from salon.gateway.sessions import SessionTable
@@ -66,11 +71,37 @@ class DispatchSettings:
     max_refusal_retries: int = 1
 
 
-class _EngineFailed(Exception):
-    def __init__(self, engine_id: EngineId, reason: str):
-        super().__init__(reason)
-        self.engine_id = engine_id
-        self.reason = reason
+@dataclass
+class _Reply:
+    """One reply's state across its engine calls: what the failover policy decides from, and what each
+    attempt resumes after."""
+
+    request: engine_pb2.GenerateRequest
+    tenant_id: TenantId
+    model: str
+    key: DialogueKey
+    deadline_s: float | None
+    arrived_s: float
+    reply_request_id: str
+    # The engine of the current (or next) attempt.
+    engine_id: EngineId
+    # Every token already sent to the client: the next engine's resume_token_ids.
+    forwarded_token_ids: list[int] = field(default_factory=list)
+    # Engines this reply must not go to again (refused it or failed).
+    exclude: set[EngineId] = field(default_factory=set)
+    num_failovers: int = 0
+    num_refusals: int = 0
+    first_token_seen: bool = False
+
+
+@dataclass
+class _AttemptEnd:
+    """How one attempt ended: `finished` (the final event went to the client), else `rejected` (the
+    engine's own error status: a refusal or an error for the client) or `failure` (why to fail over)."""
+
+    finished: bool = False
+    rejected: grpc.aio.AioRpcError | None = None
+    failure: str = ""
 
 
 class _EngineMetrics:
@@ -176,115 +207,146 @@ class Dispatcher:
     ) -> AsyncIterator[chat_pb2.GenerateResponse]:
         """Yield the reply's events. `deadline_s` is absolute (time.monotonic), None for no deadline;
         `model`: the served model whose pool serves the reply (with pools) and the latency metrics' label;
-        reply_request_id: the id GenerateFinal reports (the caller's own; default the engine request's)."""
-        reply_request_id = reply_request_id or request.request_id
+        reply_request_id: the id GenerateFinal reports (the caller's own; default the engine request's).
+
+        The failover policy: one attempt per engine (`_attempt`); after each, the way it ended decides
+        what follows (a refusal spills to another engine, an engine error goes to the client, a failure
+        moves the reply on with resume tokens) until an attempt finishes or the policy gives up."""
         key = dialogue_key(tenant_id, request.conversation_id)
         decision = await self._place(model, key)
-        exclude: set[EngineId] = set()
-        forwarded_token_ids: list[int] = []
-        num_failovers = 0
-        num_refusals = 0
-        first_token_seen = False
-        engine_id = decision.engine_id
+        reply = _Reply(request, tenant_id, model, key, deadline_s, arrived_s,
+                       reply_request_id or request.request_id, decision.engine_id)
         while True:
-            handle = self.pool.by_id(engine_id)
+            handle = self.pool.by_id(reply.engine_id)
             if handle is None:  # removed between routing and now
-                exclude.add(engine_id)
-                engine_id = self._route(model, key, None, exclude).engine_id
+                reply.exclude.add(reply.engine_id)
+                reply.engine_id = self._route(model, key, None, reply.exclude).engine_id
                 continue
-            # The request is ours (built by the servicer): each attempt resumes after what was sent.
-            if forwarded_token_ids:
-                request.resume_token_ids[:] = forwarded_token_ids
-            timeout_s = None if deadline_s is None else max(0.001, deadline_s - time.monotonic())
-            if num_failovers == 0 and num_refusals == 0:
-                metrics.ADDED_LATENCY.labels(model).observe(time.perf_counter() - arrived_s)
-            handle.num_inflight += 1
-            engine_metrics = self._engine_metrics(engine_id)
-            engine_metrics.inflight.inc()
-            call_trace = CallTrace(_ENGINE_GENERATE_METHOD)
-            call_code, call_details = grpc.StatusCode.CANCELLED, None  # until the call says otherwise
-            call = handle.generate(request, timeout=timeout_s, metadata=call_trace.metadata)
-            try:
-                finished = False
-                async for event in call:
-                    if finished:
-                        continue  # nothing follows a final event: read the stream to its end
-                    if event.HasField("final"):
-                        call_code = grpc.StatusCode.OK  # the reply is whole, whatever follows it
-                        self._finish(event.final, reply_request_id, forwarded_token_ids, num_failovers, engine_id)
-                        engine_metrics.ok(tenant_id).inc()
-                        yield event
-                        # Let the call complete normally (its trace span ends with the stream).
-                        finished = True
-                        continue
-                    forwarded_token_ids.extend(event.delta.token_ids)
-                    if not first_token_seen and event.delta.token_ids:
-                        first_token_seen = True
-                        metrics.TIME_TO_FIRST_TOKEN.labels(model).observe(time.perf_counter() - arrived_s)
+            end = _AttemptEnd()
+            # aclosing: whatever stops this generator closes the attempt too, which releases its call.
+            async with contextlib.aclosing(self._attempt(handle, reply, end)) as events:
+                async for event in events:
                     yield event
-                call_code = grpc.StatusCode.OK
-                if finished:
-                    return
-                raise _EngineFailed(engine_id, "stream ended without a final event")
-            except grpc.aio.AioRpcError as exc:
-                code = call_code = exc.code()
-                call_details = exc.details()
-                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and not forwarded_token_ids \
-                        and num_refusals < self.settings.max_refusal_retries:
-                    num_refusals += 1
-                    exclude.add(engine_id)
-                    next_engine = self._choose(model, key, None, exclude)
-                    if next_engine is not None:
-                        metrics.SPILLS.inc()
-                        engine_id = next_engine.engine_id
-                        continue
-                if code not in _FAILOVER_CODES:
-                    metrics.REQUESTS.labels(engine=engine_id, tenant=tenant_id, code=code.name).inc()
-                    retry_after = dict(exc.trailing_metadata() or ()).get(RETRY_AFTER_METADATA_KEY)
-                    raise UpstreamError(code, exc.details() or code.name, retry_after) from None
-                failure = _EngineFailed(engine_id, f"{code.name}: {exc.details()}")
-            except _EngineFailed as exc:
-                failure = exc
-            finally:
-                call.cancel()
-                call_trace.end(call_code, call_details)
-                handle.num_inflight -= 1
-                engine_metrics.inflight.dec()
-
-            # The engine failed mid-stream (or before streaming): move to the next one.
-            handle.mark_failed(failure.reason)
-            metrics.FAILOVERS.labels(from_engine=failure.engine_id).inc()
-            if num_failovers >= self.settings.max_failovers:
-                metrics.REQUESTS.labels(engine=engine_id, tenant=tenant_id, code="UNAVAILABLE").inc()
-                raise Unavailable(f"engine {engine_id} failed ({failure.reason}) and failover limit reached")
-            num_failovers += 1
-            max_new_tokens = request.sampling.max_new_tokens
-            if max_new_tokens and len(forwarded_token_ids) >= max_new_tokens:
-                # Every token was sent; only the final event was lost. Nothing is left to resume.
-                final = chat_pb2.GenerateFinal(finish_reason=chat_pb2.FINISH_REASON_LENGTH, engine_id=engine_id)
-                self._finish(final, reply_request_id, forwarded_token_ids, num_failovers, engine_id)
-                metrics.REQUESTS.labels(engine=engine_id, tenant=tenant_id, code="OK").inc()
-                yield chat_pb2.GenerateResponse(final=final)
+            if end.finished:
                 return
-            exclude.add(engine_id)
-            engine_id = self._route(model, key, None, exclude).engine_id
-            await self._record(key, engine_id)
-            log.warning("failover", from_engine=failure.engine_id, to_engine=engine_id, reason=failure.reason,
-                        num_resume_tokens=len(forwarded_token_ids))
+            if end.rejected is not None:
+                if not self._spill_refusal(reply, end.rejected):
+                    raise self._upstream_error(reply, end.rejected)
+                continue
+            last = await self._fail_over(handle, reply, end.failure)
+            if last is not None:
+                yield last
+                return
+
+    async def _attempt(self, handle: EngineHandle, reply: _Reply,
+                       end: _AttemptEnd) -> AsyncIterator[chat_pb2.GenerateResponse]:
+        """Stream the reply from one engine, resuming after the tokens already forwarded, and record in
+        `end` how the call ended. The call is released (cancelled, its trace ended, its in-flight count
+        dropped) before this generator stops, whatever stops it."""
+        # The request is ours (built by the servicer): each attempt resumes after what was sent.
+        request = reply.request
+        if reply.forwarded_token_ids:
+            request.resume_token_ids[:] = reply.forwarded_token_ids
+        timeout_s = None if reply.deadline_s is None else max(0.001, reply.deadline_s - time.monotonic())
+        if reply.num_failovers == 0 and reply.num_refusals == 0:
+            metrics.ADDED_LATENCY.labels(reply.model).observe(time.perf_counter() - reply.arrived_s)
+        handle.num_inflight += 1
+        engine_metrics = self._engine_metrics(reply.engine_id)
+        engine_metrics.inflight.inc()
+        call_trace = CallTrace(_ENGINE_GENERATE_METHOD)
+        call_code, call_details = grpc.StatusCode.CANCELLED, None  # until the call says otherwise
+        call = handle.generate(request, timeout=timeout_s, metadata=call_trace.metadata)
+        try:
+            async for event in call:
+                if end.finished:
+                    continue  # nothing follows a final event: read the stream to its end
+                if event.HasField("final"):
+                    call_code = grpc.StatusCode.OK  # the reply is whole, whatever follows it
+                    self._finish(event.final, reply)
+                    engine_metrics.ok(reply.tenant_id).inc()
+                    # Let the call complete normally (its trace span ends with the stream).
+                    end.finished = True
+                    yield event
+                    continue
+                reply.forwarded_token_ids.extend(event.delta.token_ids)
+                if not reply.first_token_seen and event.delta.token_ids:
+                    reply.first_token_seen = True
+                    metrics.TIME_TO_FIRST_TOKEN.labels(reply.model).observe(time.perf_counter() - reply.arrived_s)
+                yield event
+            call_code = grpc.StatusCode.OK
+            if not end.finished:
+                end.failure = "stream ended without a final event"
+        except grpc.aio.AioRpcError as exc:
+            call_code, call_details = exc.code(), exc.details()
+            if call_code in _FAILOVER_CODES:
+                end.failure = f"{call_code.name}: {exc.details()}"
+            else:
+                end.rejected = exc
+        finally:
+            call.cancel()
+            call_trace.end(call_code, call_details)
+            handle.num_inflight -= 1
+            engine_metrics.inflight.dec()
+
+    def _spill_refusal(self, reply: _Reply, error: grpc.aio.AioRpcError) -> bool:
+        """An engine that refuses a new reply (RESOURCE_EXHAUSTED before any token) passes it to another
+        engine, up to max_refusal_retries times: True with reply.engine_id moved on; False when the
+        refusal goes to the client. The refused engine is excluded, so its released call does not
+        weigh on the choice."""
+        if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or reply.forwarded_token_ids \
+                or reply.num_refusals >= self.settings.max_refusal_retries:
+            return False
+        reply.num_refusals += 1
+        reply.exclude.add(reply.engine_id)
+        next_engine = self._choose(reply.model, reply.key, None, reply.exclude)
+        if next_engine is None:
+            return False
+        metrics.SPILLS.inc()
+        reply.engine_id = next_engine.engine_id
+        return True
 
     @staticmethod
-    def _finish(
-        final: chat_pb2.GenerateFinal,
-        reply_request_id: str,
-        forwarded_token_ids: list[int],
-        num_failovers: int,
-        engine_id: EngineId,
-    ) -> None:
+    def _upstream_error(reply: _Reply, error: grpc.aio.AioRpcError) -> UpstreamError:
+        """The engine's own error status for the client, counted against the engine that gave it."""
+        code = error.code()
+        metrics.REQUESTS.labels(engine=reply.engine_id, tenant=reply.tenant_id, code=code.name).inc()
+        retry_after = dict(error.trailing_metadata() or ()).get(RETRY_AFTER_METADATA_KEY)
+        return UpstreamError(code, error.details() or code.name, retry_after)
+
+    async def _fail_over(self, handle: EngineHandle, reply: _Reply,
+                         reason: str) -> chat_pb2.GenerateResponse | None:
+        """The engine failed mid-stream (or before streaming): take it out of routing and move the reply
+        to the next engine, which resumes after the tokens forwarded so far. Past max_failovers the
+        client gets UNAVAILABLE. Returns the reply's last event when the failed engine had sent every
+        token and only its final event was lost; None when the reply goes on elsewhere."""
+        handle.mark_failed(reason)
+        metrics.FAILOVERS.labels(from_engine=reply.engine_id).inc()
+        if reply.num_failovers >= self.settings.max_failovers:
+            metrics.REQUESTS.labels(engine=reply.engine_id, tenant=reply.tenant_id, code="UNAVAILABLE").inc()
+            raise Unavailable(f"engine {reply.engine_id} failed ({reason}) and failover limit reached")
+        reply.num_failovers += 1
+        max_new_tokens = reply.request.sampling.max_new_tokens
+        if max_new_tokens and len(reply.forwarded_token_ids) >= max_new_tokens:
+            # Every token was sent; only the final event was lost. Nothing is left to resume.
+            final = chat_pb2.GenerateFinal(finish_reason=chat_pb2.FINISH_REASON_LENGTH, engine_id=reply.engine_id)
+            self._finish(final, reply)
+            metrics.REQUESTS.labels(engine=reply.engine_id, tenant=reply.tenant_id, code="OK").inc()
+            return chat_pb2.GenerateResponse(final=final)
+        failed_engine = reply.engine_id
+        reply.exclude.add(failed_engine)
+        reply.engine_id = self._route(reply.model, reply.key, None, reply.exclude).engine_id
+        await self._record(reply.key, reply.engine_id)
+        log.warning("failover", from_engine=failed_engine, to_engine=reply.engine_id, reason=reason,
+                    num_resume_tokens=len(reply.forwarded_token_ids))
+        return None
+
+    @staticmethod
+    def _finish(final: chat_pb2.GenerateFinal, reply: _Reply) -> None:
         """Make the final event describe the whole reply, across failovers."""
-        final.failovers = num_failovers
-        final.request_id = reply_request_id
+        final.failovers = reply.num_failovers
+        final.request_id = reply.reply_request_id
         if not final.engine_id:
-            final.engine_id = engine_id
-        if num_failovers:
+            final.engine_id = reply.engine_id
+        if reply.num_failovers:
             # The engines count resumed tokens as generated; the gateway's count is the reply as sent.
-            final.usage.generated_tokens = len(forwarded_token_ids)
+            final.usage.generated_tokens = len(reply.forwarded_token_ids)

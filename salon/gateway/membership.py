@@ -31,7 +31,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
-from salon.common.channel import ClientTLS, create_channel
+from salon.common.channel import create_channel
+from salon.common.client_tls import ClientTLS
 from salon.common.logging import get_logger
 from salon.gateway import metrics
 from salon.gateway.routing import EngineLoad
