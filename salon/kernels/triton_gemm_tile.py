@@ -1,7 +1,8 @@
-"""The pieces of a W8A8 GEMM that the per-row (salon/kernels/w8a8_gemm.py) and group-scaled
-(salon/kernels/w8a8_grouped.py) Triton kernels share: their launchers' argument checks (gemm_operands) and launch
-call (GemmOperands.launch), which tile a program computes, and the epilogue after the dequantization (bias,
-GeGLU, residual, store). Both kernels evaluate them with the same operations, so their epilogue bits agree."""
+"""The pieces around the Triton W8A8 GEMM kernel (salon/kernels/w8a8_triton.py) that its per-row
+(salon/kernels/w8a8_gemm.py) and group-scaled (salon/kernels/w8a8_grouped.py) launchers share: their argument
+checks (gemm_operands) and launch call (GemmOperands.launch), which tile a program computes, and the epilogue
+after the dequantization (bias, GeGLU, residual, store). Both layouts evaluate them with the same operations, so
+their epilogue bits agree."""
 
 from __future__ import annotations
 
@@ -32,18 +33,20 @@ class GemmOperands:
     def grid(self, cfg: dict) -> tuple[int]:
         return (triton.cdiv(self.M, cfg["BLOCK_M"]) * triton.cdiv(self.n_out, cfg["BLOCK_N"]),)
 
-    def launch(self, kernel, cfg: dict, geglu: bool, scale_stride: bool = False, **options) -> torch.Tensor:
-        """Run `kernel` over the output (the argument order both kernels take: pointers, sizes, strides --
-        w_scale's row stride after w_q's where scale_stride -- then the epilogue flags); its output."""
+    def launch(self, kernel, cfg: dict, geglu: bool, group_scales: bool, **options) -> torch.Tensor:
+        """Run `kernel` (salon/kernels/w8a8_triton.py's) over the output with the scale layout group_scales
+        selects: its argument order is pointers, sizes, strides (w_scale's row stride after w_q's), then the
+        layout and epilogue flags; its output."""
         if self.M == 0 or self.n_out == 0:
             return self.out
-        strides = [self.a_q.stride(0), self.w_q.stride(0), *([self.w_scale.stride(0)] if scale_stride else []),
+        strides = [self.a_q.stride(0), self.w_q.stride(0), self.w_scale.stride(0),
                    self.residual.stride(0) if self.residual is not None else 0, self.out.stride(0)]
         on_device(kernel, self.a_q.device)[self.grid(cfg)](
             self.a_q, self.a_scale, self.w_q, self.w_scale, self.bias if self.bias is not None else self.a_scale,
             self.residual if self.residual is not None else self.out, self.out,
             self.M, self.n_out, self.K, self.n_out, *strides,
-            HAS_BIAS=self.bias is not None, HAS_RESIDUAL=self.residual is not None, GEGLU=geglu, **options, **cfg)
+            GROUP_SCALES=group_scales, HAS_BIAS=self.bias is not None, HAS_RESIDUAL=self.residual is not None,
+            GEGLU=geglu, **options, **cfg)
         return self.out
 
 

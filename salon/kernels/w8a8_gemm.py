@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
-from salon.kernels.triton_gemm_tile import finish_tile, gemm_operands, grouped_tile
+from salon.kernels.triton_gemm_tile import gemm_operands
 from salon.kernels.triton_launch import check, check_tensor, is_interpreted
 from salon.kernels.w8a8_grouped import w8a8_grouped_scaled_ref, w8a8_grouped_triton
+from salon.kernels.w8a8_triton import w8a8_kernel
 
 # A float32 dot of int8-valued vectors is exact while |partial sum| < 2**24: K * 127 * 127 < 2**24 for K <= 1040.
 EXACT_F32_CHUNK_K = 1024
@@ -73,49 +72,6 @@ def w8a8_epilogue_after_scales(y: torch.Tensor, bias: torch.Tensor | None, resid
     return y
 
 
-@triton.jit
-def _w8a8_gemm_kernel(
-    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, res_ptr, out_ptr,
-    M, N_OUT, K, UP_OFFSET,
-    stride_am, stride_wn, stride_rm, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GEGLU: tl.constexpr,
-):
-    # Output tile [BLOCK_M, BLOCK_N] of out[M, N_OUT]. With GEGLU the program also accumulates the "up" rows
-    # of w (row n + UP_OFFSET) next to the "gate" rows n, so gate and up of a column meet in registers.
-    pid_m, pid_n = grouped_tile(M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N_OUT
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N] view of w^T
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for k0 in range(0, K, BLOCK_K):
-        mask_k = offs_k < K - k0
-        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0)
-        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0)
-        acc = tl.dot(a, w, acc, out_dtype=tl.int32)
-        if GEGLU:
-            w_up = tl.load(w_ptrs + UP_OFFSET * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0)
-            acc_up = tl.dot(a, w_up, acc_up, out_dtype=tl.int32)
-        a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-
-    a_s = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
-    w_s = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
-    y = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
-    up = y
-    if GEGLU:
-        w_s_up = tl.load(w_scale_ptr + UP_OFFSET + offs_n, mask=mask_n, other=0.0)
-        up = acc_up.to(tl.float32) * a_s[:, None] * w_s_up[None, :]
-    finish_tile(y, up, offs_m, offs_n, mask_m, mask_n, bias_ptr, res_ptr, out_ptr, UP_OFFSET, stride_rm, stride_om,
-                HAS_BIAS, HAS_RESIDUAL, GEGLU)
-
-
 def _gemm_config(M: int, N: int, device: torch.device) -> dict:
     """Tile sizes. The int32 sums are exact whatever the tiling, and the epilogue is per element, so the
     result does not depend on the configuration (batch invariance holds across M buckets)."""
@@ -144,7 +100,7 @@ def w8a8_gemm_triton(
     if w_scale.dim() == 2:
         return w8a8_grouped_triton(a_q, a_scale, w_q, w_scale, bias=bias, residual=residual, geglu=geglu)
     g = gemm_operands(a_q, a_scale, w_q, w_scale, bias, residual, geglu, _per_row_scales)
-    return g.launch(_w8a8_gemm_kernel, _gemm_config(g.M, g.n_out, a_q.device), geglu)
+    return g.launch(w8a8_kernel, _gemm_config(g.M, g.n_out, a_q.device), geglu, group_scales=False)
 
 
 def _per_row_scales(a_q: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:

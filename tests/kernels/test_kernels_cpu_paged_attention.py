@@ -25,7 +25,7 @@ def positional(fn):
 
 paged_attention_ref = positional(_paged_attention_ref)
 paged_attention_c = positional(cpu_attention.paged_attention_c)
-C_KERNELS = ["avx512", "avx2"]  # paged_attention.c, paged_attention_avx2.c
+C_KERNELS = ["avx512", "avx2"]  # paged_attention_avx512.c, paged_attention_avx2.c
 paged_attention_cpu = positional(cpu_attention.paged_attention_cpu)
 
 
@@ -145,7 +145,7 @@ def test_c_kernel_declines_unsupported_shapes_and_the_dispatcher_falls_back():
                                rtol=1e-5, atol=2e-5)
 
 
-# C: the G = 4 and G = 3 paths (constant-folded in paged_attention_avx2.c) and the generic one
+# C: the G = 4 and G = 3 paths (constant-folded in paged_attention_avx2.c's build) and the generic one
 @pytest.mark.parametrize("impl,heads", [*((c, heads) for c in C_KERNELS for heads in [(4, 1), (9, 3), (6, 2)]),
                                         ("torch", (4, 1))])
 @pytest.mark.parametrize("window", [None, 40])

@@ -8,7 +8,7 @@
  *   q    = rope(rmsnorm(q heads, q_norm))                          (rmsnorm.c's norm_row, rope.c's rope_row:
  *   k    = rope(rmsnorm(k heads, k_norm))                           rmsnorm_rope.c's loop; Llama: rope only)
  *   cache[slot] = int8(k), int8(v)                                 (quantize.c's kv_write_rows)
- *   a    = paged_attention(q, cache, block tables)                 (paged_attention*.c)
+ *   a    = paged_attention(q, cache, block tables)                 (paged_attention.h)
  *   x1   = x + rmsnorm(linear_two_terms(a, W_o), post_attention_norm)       (Llama: no post-norm)
  *   h    = act(linear_two_terms(x1, norm ffn_norm, W_gate_up))     (glu.c: GeGLU for Gemma, SwiGLU for Llama)
  *   out  = x1 + rmsnorm(linear_two_terms(h, W_down), post_ffw_norm)         (Llama: no post-norm)

@@ -5,7 +5,7 @@
  * The attention comes first, compiled as in its own library (before rmsnorm.c turns fp-contract off for what
  * follows; it holds no product feeding an addition anyway).
  */
-#include "paged_attention.c"
+#include "paged_attention_avx512.c"
 #include "rmsnorm.c"
 #include "rope.c"
 #include "quantize.c"

@@ -4,11 +4,12 @@ Same semantics as salon.kernels.paged_attention.paged_attention_ref. Each query 
 own, so its result never depends on which other queries share the call (other sequences, or the
 other tokens of its own prefill chunk). Three implementations, picked by the CPU:
 
-- with AVX-512: the C kernel of paged_attention.c (one work item per query row and KV head; its
-  header comment gives the exact order of operations). It reads the int8 K/V where they lie, widening
-  them in registers, so a decode step costs what its visible keys cost -- no copy of the cache per step;
-- without AVX-512 but with AVX2 and FMA: the C kernel of paged_attention_avx2.c, the same kernel in
-  8-lane vectors (same interface and limits; its header comment gives its order of operations);
+- with AVX-512: paged_attention_avx512.c, the C kernel of paged_attention.h in 16-lane vectors (a work item
+  is a run of query rows of one KV head; the header's comment gives the exact order of operations). It reads the
+  int8 K/V where they lie, widening them in registers, so a decode step costs what its visible keys cost --
+  no copy of the cache per step;
+- without AVX-512 but with AVX2 and FMA: paged_attention_avx2.c, the same kernel in 8-lane vectors (same
+  interface and limits; its comment gives its fixed sums);
 - otherwise (or without a C compiler, or for shapes and dtypes the C kernels decline) the PyTorch path
   (paged_attention_torch.py).
 
@@ -28,7 +29,7 @@ from salon.kernels.cpu import native
 from salon.kernels.cpu.paged_attention_torch import paged_attention_torch
 from salon.kernels.paged_attention import PagedAttentionArgs
 
-_C_SOURCES = {"avx512": Path(__file__).with_name("paged_attention.c"),
+_C_SOURCES = {"avx512": Path(__file__).with_name("paged_attention_avx512.c"),
               "avx2": Path(__file__).with_name("paged_attention_avx2.c")}
 _C_SIGNATURES = {"paged_attention_i8": [ctypes.c_void_p] * 6 + [ctypes.c_int64] + [ctypes.c_void_p] * 3
                  + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]}
@@ -36,8 +37,8 @@ _C_SIGNATURES = {"paged_attention_i8": [ctypes.c_void_p] * 6 + [ctypes.c_int64] 
 
 @functools.cache
 def c_isas() -> tuple[str, ...]:
-    """The C kernels this CPU can run, best first: "avx512" (paged_attention.c), "avx2" (paged_attention_avx2.c,
-    AVX2 + FMA); the engine runs the first, tests run each."""
+    """The C kernels this CPU can run, best first: "avx512" (paged_attention_avx512.c), "avx2"
+    (paged_attention_avx2.c, AVX2 + FMA); the engine runs the first, tests run each."""
     return native.simd_isas()
 
 

@@ -50,6 +50,12 @@
  * Every output element sees the same operations in the same order whatever M, the layout, the chunking, the
  * copy or the thread split: a row's result never depends on the batch it sits in.
  *
+ * Not one source with w8a8_grouped.c: the same block split, prefetch, scale transpose and scaled store
+ * (grouped_blocks.h), but other products (int16 activations against sign-extended weights in vpmaddwd, not
+ * bytes through vpsignb and vpmaddubsw), other layouts of a block's group (rows r and r + 4 side by side; a
+ * transpose of channel pairs over the whole group) and another copy of the rows (group-major): that file's
+ * header says why each layout is what it is.
+ *
  * Helpers are static and prefixed w16_ / W16_: the file is included after w8a8_grouped.c into one translation
  * unit (decoder_block_avx2.c, linear_two_terms_avx2.c) as well as built alone.
  */

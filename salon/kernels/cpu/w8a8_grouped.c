@@ -48,6 +48,16 @@
  *
  * Every output element sees the same operations in the same order whatever M, the layout, the chunking, the
  * copy or the thread split: a row's result never depends on the batch it sits in.
+ *
+ * Not one source with w16a8_grouped.c or w8a8_grouped_vnni.c: the three share what is the same algorithm (the
+ * split of the weight blocks over the threads, the prefetch of the next block, the 8-row scale transpose and the
+ * scaled store: grouped_blocks.h), and differ in how a group's exact sums are made, which is not a width or a
+ * type: here vpsignb + vpmaddubsw + vpmaddwd on bytes (the -128 refusal comes from vpsignb), 8-row blocks in a
+ * 64-bit row interleave (M <= 4) or a 4 x 4 dword transpose per 16-channel half, rows copied where their stride
+ * aliases; w16a8_grouped.c sign-extends the weights to meet int16 activations in vpmaddwd, with rows r and r + 4
+ * side by side (M <= 8) or a transpose of 16-bit channel pairs over the whole group, rows copied group-major;
+ * w8a8_grouped_vnni.c makes them with vpdpbusd on 16-row blocks and an activation-sum correction, with a packed
+ * weight layout of its own.
  */
 #pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>

@@ -32,6 +32,11 @@
  * registers while they meet the activation rows, M_CHUNK at a time (one pass at decode sizes: every weight and
  * scale byte is read from memory once per call). Every output element sees the same operations in the same order
  * whatever M, the chunking or the thread split: a row's result never depends on the batch it sits in.
+ *
+ * Not one source with w8a8_grouped.c (AVX2): the contract, the thread split and the prefetch of the next block
+ * are the same (grouped_blocks.h), the algorithm of a group's sums is not: vpdpbusd of unsigned weights against
+ * broadcast signed activations with a per-row activation-sum correction, 16-row blocks transposed 8 x 8 inside
+ * 256-bit halves, and the packed layout, where the AVX2 kernel uses vpsignb + vpmaddubsw on 8-row blocks.
  */
 #pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
