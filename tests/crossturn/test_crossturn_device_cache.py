@@ -7,8 +7,8 @@ import pytest
 from salon.common.prefix_hash import block_hashes
 from salon.engine.kv.kv_cache_manager import KVCacheManager
 from salon.engine.kv.kv_layout import plan_layout
-from salon.engine.prefix.device_cache import DevicePrefixCache
 from salon.engine.model.config import synthetic_config
+from salon.engine.prefix.device_cache import DevicePrefixCache
 from tests.engine_testlib import make_request
 
 BS = 4
