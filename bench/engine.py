@@ -28,7 +28,7 @@ import torch
 from salon.loadgen import peer
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.engine_core import EngineCore
-from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.model.sources import resolve_source
 from salon.engine.worker.model_loading import load_model
 

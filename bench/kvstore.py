@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from salon.common.kvstore_client.client import KVStoreClient
-from salon.common.kvstore_client.layout import KVLayout
+from salon.common.kvstore_contract.client import KVStoreClient
+from salon.common.kvstore_contract.layout import KVLayout
 from salon.common.prefix_hash import encode_token_ids, namespace_digest
 from salon.kvstore.arena import Arena
 from salon.kvstore.radix_tree import RadixTree

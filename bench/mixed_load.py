@@ -36,7 +36,7 @@ from salon.loadgen.report import percentile
 from bench.speculative import dialogue_prompts
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.engine_core import EngineCore
-from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.worker.model_loading import load_model
 
 NAMESPACE = b"bench-mixed-load"

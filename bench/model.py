@@ -56,9 +56,9 @@ from bench.alternate import best_alternated
 from bench.quant_ceilings import float_activations
 from salon.kernels.backend import other_activations
 from salon.kernels.cpu.w8a8_grouped import chosen_isa, keep_rows
-from salon.engine.core.kv_cache_manager import KVCacheManager
-from salon.engine.core.request import Request, RequestId, SamplingParams
-from salon.engine.core.scheduler import ScheduledChunk, SchedulerOutput
+from salon.engine.kv.kv_cache_manager import KVCacheManager
+from salon.engine.request import Request, RequestId, SamplingParams
+from salon.engine.batch import ScheduledChunk, SchedulerOutput
 from salon.engine.kv.kv_cache import KVCache
 from salon.engine.kv.kv_layout import plan_layout
 from salon.engine.worker.model_loading import load_model

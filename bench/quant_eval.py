@@ -49,7 +49,7 @@ from bench.quant_ceilings import (exact_output_projection, fake_quantize_float_m
 from salon.kernels.backend import other_activations, select_ops
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.engine_core import EngineCore
-from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.model import load_model
 from salon.engine.model.builder import Int8Weights, build_float_model, build_model
 from salon.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences, convert

@@ -26,7 +26,7 @@ import torch
 from salon.loadgen.workload import WorkloadConfig, generate_trace
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.engine_core import EngineCore
-from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.worker.model_loading import load_model
 
 

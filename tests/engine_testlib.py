@@ -12,13 +12,13 @@ import torch
 
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.engine_core import EngineCore
-from salon.engine.core.request import (
+from salon.engine.prefix.hit import PrefixHit
+from salon.engine.request import (
     FinishReason,
     Request,
     RequestId,
     SamplingParams,
 )
-from salon.engine.kv.prefix_hit import PrefixHit
 
 BLOCK_SIZE_TOKENS = 16
 

@@ -6,7 +6,7 @@ import sys
 
 from salon.common.config import parse_config
 from salon.common.server import run
-from salon.engine.api.service import EngineService
+from salon.engine.api.bootstrap import EngineService
 from salon.engine.config import EngineConfig
 
 

@@ -7,7 +7,7 @@ import sys
 from salon.common.config import parse_config
 from salon.common.server import run
 from salon.kvstore.config import KVStoreConfig
-from salon.kvstore.service import KVStoreService
+from salon.kvstore.bootstrap import KVStoreService
 
 
 def main(argv: list[str] | None = None) -> None:

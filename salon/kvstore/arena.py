@@ -3,7 +3,7 @@
 A file in a tmpfs directory (normally /dev/shm), created by the kvstore with mode 0600, sized to
 capacity and pre-touched (every page written once at start, so no page fault lands on the fetch path).
 The kvstore reads and writes it through a memoryview; engines on the same host map the same file
-(salon/common/kvstore_client/arena_mapping.py) and read fetched blocks / write put blocks at
+(salon/common/kvstore_contract/arena_mapping.py) and read fetched blocks / write put blocks at
 offsets the kvstore hands out under a lease. Which byte ranges are in use is decided by
 ExtentAllocator, not here.
 

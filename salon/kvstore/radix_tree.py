@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from salon.common.kvstore_client.layout import MISS, KVLayout, MatchResult
+from salon.common.kvstore_contract.layout import MISS, KVLayout, MatchResult
 from salon.kvstore.allocator import Extent, ExtentAllocator, aligned
 
 

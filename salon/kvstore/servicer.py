@@ -22,7 +22,7 @@ from salon.api.kvstore.v1 import kvstore_pb2 as pb
 from salon.api.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from salon.common import namespace_grant
 from salon.common.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
-from salon.common.kvstore_client.layout import KVLayout
+from salon.common.kvstore_contract.layout import KVLayout
 from salon.common.peer_identity import peer_key
 from salon.common.prefix_hash import namespace_digest
 from salon.kvstore import metrics

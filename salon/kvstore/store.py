@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from salon.common.kvstore_client.layout import KVLayout, MatchResult
+from salon.common.kvstore_contract.layout import KVLayout, MatchResult
 from salon.kvstore.allocator import Extent
 from salon.kvstore.arena import Arena
 from salon.kvstore.radix_tree import Node, RadixTree

@@ -70,7 +70,7 @@ def dialogue_tokens(trace: Trace, rendering, max_context_tokens: int) -> list[in
 
 def plan(tokens: Sequence[int], model: str, num_engines: int, concurrency: int, block_size_tokens: int = 16,
          max_num_batched_tokens: int = 256) -> WorkingSetPlan:
-    from salon.engine.core.kv_cache_manager import KVCacheManager
+    from salon.engine.kv.kv_cache_manager import KVCacheManager
     from salon.engine.kv.kv_layout import plan_layout
     from salon.engine.kv.kv_transfer import host_layout
     from salon.engine.model.loader import config_for

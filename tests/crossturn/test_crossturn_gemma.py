@@ -13,7 +13,7 @@ import pytest
 from salon.common.prefix_hash import namespace_digest
 from salon.engine.api.prompt import Character, ChatMessage, PromptRenderer, Role
 from salon.engine.model.chat_renderer import ChatRenderer
-from salon.engine.kv.prefix_hit import host_hit
+from salon.engine.prefix.hit import host_hit
 from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import BLOCK_SIZE_TOKENS as BS
 from tests.engine_testlib import make_core, make_request, run_one

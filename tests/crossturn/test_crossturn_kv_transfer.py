@@ -6,7 +6,8 @@ import torch
 from salon.engine.kv.kv_cache import KVCache
 from salon.engine.kv.kv_layout import BlockId, plan_layout
 from salon.engine.kv.kv_transfer import GLOBAL, LOCAL, host_layout, layout_tag, pack_blocks, unpack_blocks
-from salon.engine.model.config import gemma3_270m_config, synthetic_config
+from salon.engine.model.config import synthetic_config
+from tests.model_configs import gemma3_270m_config
 
 
 def test_gemma_host_layout_sizes():
@@ -27,7 +28,7 @@ def test_layout_tag_names_precision_and_groups():
 
 def test_each_activation_recipe_has_its_own_namespace_tag():
     """The KV an int16-activation model computes differs from the two-term model's: the engine tags its cache
-    namespace with the model's numerics (salon/engine/api/service.py), so neither reads the other's KV."""
+    namespace with the model's numerics (salon/engine/api/bootstrap.py), so neither reads the other's KV."""
     from salon.kernels.backend import select_ops
     from salon.engine.model import load_model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from salon.engine.core.request import FinishReason
+from salon.engine.request import FinishReason
 from salon.engine.worker.model_loading import load_model
 from tests import engine_testlib
 from tests.engine_testlib import make_core, make_request, tokens

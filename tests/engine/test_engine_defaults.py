@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from salon.engine.api.service import build_core
+from salon.engine.api.bootstrap import build_core
 from salon.engine.config import EngineConfig
 from salon.engine.model.linear import Int8Linear
 

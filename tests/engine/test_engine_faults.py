@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from salon.common.kvstore_client.client import FetchResult
+from salon.common.kvstore_contract.client import FetchResult
 from salon.engine.core.engine_loop import MAX_CONSECUTIVE_STEP_FAILURES, EngineDead, EngineLoop
-from salon.engine.core.request import FinishReason
-from salon.engine.kv.host_cache import HostCache
+from salon.engine.request import FinishReason
+from salon.engine.prefix.host_cache import HostCache
 from salon.engine.kv.kv_transfer import host_layout
-from salon.engine.kv.prefix_hit import host_hit
+from salon.engine.prefix.hit import host_hit
 from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import blocks_accounted, make_core, make_request, run, tokens
 

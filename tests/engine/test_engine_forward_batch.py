@@ -8,7 +8,7 @@ import torch
 
 from salon.kernels.cpu.paged_attention import paged_attention_c
 from salon.kernels.paged_attention import PagedAttentionArgs
-from salon.engine.core.scheduler import ScheduledChunk, SchedulerOutput
+from salon.engine.batch import ScheduledChunk, SchedulerOutput
 from salon.engine.kv.kv_cache import KVCache
 from salon.engine.kv.kv_layout import plan_layout
 from salon.engine.worker.model_loading import load_model

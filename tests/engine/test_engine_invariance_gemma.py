@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import make_core
 from tests.model.conftest import reference_path

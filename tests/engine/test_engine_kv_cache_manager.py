@@ -6,10 +6,11 @@ import random
 
 import pytest
 
-from salon.engine.core.block_pool import BlockPool
-from salon.engine.core.kv_cache_manager import KVCacheManager
+from salon.engine.kv.block_pool import BlockPool
+from salon.engine.kv.kv_cache_manager import KVCacheManager
 from salon.engine.kv.kv_layout import plan_groups, plan_layout
-from salon.engine.model.config import LayerSpec, ModelConfig, gemma3_270m_config, synthetic_config
+from salon.engine.model.config import LayerSpec, ModelConfig, synthetic_config
+from tests.model_configs import gemma3_270m_config
 
 
 def tiny_layout(num_blocks: int, window: int = 32, block_size: int = 16):

@@ -1,12 +1,12 @@
 """The other choices of an n > 1 completion start from a copy of the first choice's prompt KV
-(kv/prefix_fork.py): the shared prompt is computed once, and every choice's tokens equal the tokens it
+(prefix/fork.py): the shared prompt is computed once, and every choice's tokens equal the tokens it
 gets when run alone (synthetic-tiny has sliding-window layers, so the copy's window rule is exercised)."""
 
 from __future__ import annotations
 
 import pytest
 
-from salon.engine.core.request import RequestId
+from salon.engine.request import RequestId
 from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import blocks_accounted, make_core, make_request, run_one, tokens
 

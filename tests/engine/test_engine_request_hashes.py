@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from salon.common.prefix_hash import block_hashes, namespace_digest
-from salon.engine.core.request import Request, RequestId, SamplingParams
+from salon.engine.request import Request, RequestId, SamplingParams
 
 NS = namespace_digest("gemma-3-270m", "int8-b16", "tenant-a")
 

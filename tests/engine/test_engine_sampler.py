@@ -8,7 +8,7 @@ import torch
 
 from salon.kernels.cpu import native
 from salon.kernels.cpu.sample import sample_rows_cpu
-from salon.engine.core.request import SamplingParams
+from salon.engine.request import SamplingParams
 from salon.engine.worker.sampler import advance_generator, kept_tokens, sample, sample_row, uniform
 
 VOCAB = 262_144

@@ -12,7 +12,7 @@ import torch
 from salon.kernels.cpu import native
 from salon.kernels.cpu.sample import sample_rows_cpu
 from salon.common.errors import InvalidArgument
-from salon.engine.core.request import SamplingParams
+from salon.engine.request import SamplingParams
 from salon.engine.worker.sampler import apply_penalties, effective_top_k, kept_tokens, sample, sample_row
 from salon.engine.api.validation import check_penalties
 

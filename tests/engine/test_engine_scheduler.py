@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from salon.engine.batch import SchedulerOutput
 from salon.engine.config import SchedulerConfig
-from salon.engine.core.kv_cache_manager import KVCacheManager
-from salon.engine.core.request import Request, RequestId, RequestStatus, SamplingParams
-from salon.engine.core.scheduler import Scheduler, SchedulerOutput
+from salon.engine.core.scheduler import Scheduler
+from salon.engine.kv.kv_cache_manager import KVCacheManager
 from salon.engine.kv.kv_layout import plan_layout
+from salon.engine.request import Request, RequestId, RequestStatus, SamplingParams
 from salon.engine.model.config import LayerSpec, ModelConfig
 
 BS = 4

@@ -22,8 +22,8 @@ import torch
 
 from salon.common.prefix_hash import namespace_digest
 from salon.engine.core.ngram_proposer import NgramProposer, propose_reference
-from salon.engine.core.request import FinishReason
-from salon.engine.kv.prefix_hit import host_hit
+from salon.engine.request import FinishReason
+from salon.engine.prefix.hit import host_hit
 from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import blocks_accounted, make_core, make_request, tokens
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from salon.common.prefix_hash import namespace_digest
-from salon.engine.kv.prefix_hit import host_hit
+from salon.engine.prefix.hit import host_hit
 from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import BLOCK_SIZE_TOKENS as BS
 from tests.engine_testlib import logits_rows, make_core, make_request

@@ -14,8 +14,8 @@ import pytest
 from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.api.kvstore.v1 import kvstore_pb2
 from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from salon.common.kvstore_client.client import KVStoreClient
-from salon.common.kvstore_client.layout import KVLayout
+from salon.common.kvstore_contract.client import KVStoreClient
+from salon.common.kvstore_contract.layout import KVLayout
 from salon.common.process import start_service
 from hardening_stack import (
     KEY_A,
@@ -148,7 +148,7 @@ async def test_the_kvstore_keeps_blocks_another_live_conversation_put(stack) -> 
     """Two conversations put the same first blocks (a shared character definition): dropping one
     removes only the blocks nobody else put."""
     from salon.common import namespace_grant
-    from salon.common.kvstore_client.client import NamespaceClaim
+    from salon.common.kvstore_contract.client import NamespaceClaim
     from salon.common.prefix_hash import namespace_digest
 
     import numpy as np

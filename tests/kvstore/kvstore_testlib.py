@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from salon.common.kvstore_client.layout import KVLayout
+from salon.common.kvstore_contract.layout import KVLayout
 from salon.common.prefix_hash import encode_token_ids
 from salon.kvstore.arena import Arena
 from salon.kvstore.radix_tree import RadixTree
@@ -83,7 +83,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS  # noqa: E402
-from salon.common.kvstore_client.client import KVStoreClient  # noqa: E402
+from salon.common.kvstore_contract.client import KVStoreClient  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

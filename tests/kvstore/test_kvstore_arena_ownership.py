@@ -9,7 +9,7 @@ import os
 import pytest
 from kvstore_testlib import KVStoreProcess
 
-from salon.common.kvstore_client.arena_mapping import ArenaMapping, ArenaRefused
+from salon.common.kvstore_contract.arena_mapping import ArenaMapping, ArenaRefused
 from salon.kvstore.arena import ARENA_PREFIX, Arena, remove_stale_arenas
 
 

@@ -9,8 +9,8 @@ import threading
 
 from kvstore_testlib import NS_A, KVStoreProcess, block_rows
 
-from salon.common.kvstore_client import client as client_module
-from salon.common.kvstore_client.layout import KVLayout
+from salon.common.kvstore_contract import client as client_module
+from salon.common.kvstore_contract.layout import KVLayout
 
 SMALL = KVLayout(4, 256, 512, 9)
 

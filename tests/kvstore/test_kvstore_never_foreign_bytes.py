@@ -18,7 +18,7 @@ from kvstore_testlib import LAYOUT, NS_A, NS_B, KVStoreProcess, fetch_bytes, mak
 
 from salon.api.kvstore.v1 import kvstore_pb2 as pb
 from salon.api.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
-from salon.common.kvstore_client.client import layout_to_proto
+from salon.common.kvstore_contract.client import layout_to_proto
 from salon.common.prefix_hash import encode_token_ids
 from salon.kvstore.allocator import aligned
 from salon.kvstore.store import LeaseLimit, unwritten_slot

@@ -12,8 +12,8 @@ from kvstore_testlib import NS_A, NS_B, KVStoreProcess, block_rows
 
 from salon.api.kvstore.v1 import kvstore_pb2 as pb
 from salon.api.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
-from salon.common.kvstore_client.client import KVStoreClient, layout_to_proto
-from salon.common.kvstore_client.layout import KVLayout, MatchResult
+from salon.common.kvstore_contract.client import KVStoreClient, layout_to_proto
+from salon.common.kvstore_contract.layout import KVLayout, MatchResult
 from salon.common.prefix_hash import encode_token_ids
 
 # The default model's sizes: 16-token blocks, 3 global + 15 sliding layers of 520 B per token.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kvstore_testlib import LAYOUT, NS_A, NS_B, fetch_bytes, make_store, payload, put
 
-from salon.common.kvstore_client.layout import KVLayout, MatchResult
+from salon.common.kvstore_contract.layout import KVLayout, MatchResult
 from salon.common.prefix_hash import encode_token_ids
 from salon.kvstore.radix_tree import LayoutMismatch
 

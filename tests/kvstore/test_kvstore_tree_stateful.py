@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from kvstore_testlib import NS_A, NS_B, make_store, payload, put
 
-from salon.common.kvstore_client.layout import KVLayout
+from salon.common.kvstore_contract.layout import KVLayout
 from salon.common.prefix_hash import decode_token_ids, encode_token_ids
 
 LAYOUTS = {NS_A: KVLayout(4, 64, 128, 5), NS_B: KVLayout(4, 100, 200, 9)}

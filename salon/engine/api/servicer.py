@@ -43,9 +43,9 @@ from salon.engine.api.validation import (
 from salon.engine.config import EngineConfig
 from salon.engine.core.engine_loop import EngineDead, EngineLoop
 from salon.engine.core.output import RequestEvent
-from salon.engine.core.request import FinishReason, Request, RequestId
-from salon.engine.kv.host_cache import HostCache
-from salon.engine.kv.prefix_hit import PrefixHit, cacheable_prefix_tokens
+from salon.engine.request import FinishReason, Request, RequestId
+from salon.engine.prefix.host_cache import HostCache
+from salon.engine.prefix.hit import PrefixHit, cacheable_prefix_tokens
 from salon.engine.model.chat_renderer import ChatRenderer
 from salon.engine.model.config import ModelConfig
 from salon.engine.model.tokenizer import Tokenizer

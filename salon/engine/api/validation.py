@@ -26,7 +26,7 @@ from salon.api.chat.v1 import chat_pb2
 from salon.common.errors import InvalidArgument, OutOfRange
 from salon.common.prompt_bounds import prompt_count_problem
 from salon.engine.api.prompt import Character, ChatMessage, Role
-from salon.engine.core.request import SamplingParams
+from salon.engine.request import SamplingParams
 
 MAX_ID_BYTES = 256
 MAX_STOP_STRINGS = 16

@@ -1,1 +1,1 @@
-"""The engine core: requests, the scheduler, KV block accounting, the step loop and its thread."""
+"""The engine core: the scheduler, the output states, the step loop and its thread."""

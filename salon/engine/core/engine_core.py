@@ -5,7 +5,7 @@
 
 Commands (add, abort, step) and queries (probe_prefix, load, fits, expired) are all the engine loop
 (engine_loop.py) and the servicer need; nothing outside reaches into the scheduler or the caches.
-Prefix caching (when enabled) is prefix_caching.py: the scheduler starts an admitted request from
+Prefix caching (when enabled) is prefix/policy.py: the scheduler starts an admitted request from
 the longer of its device hit and the host hit it was submitted with; a finished or preempted
 request's blocks go to the device cache, and their KV to the kvstore (`host_sink`).
 
@@ -22,18 +22,19 @@ from dataclasses import dataclass
 import torch
 
 from salon.kernels.backend import select_ops
+from salon.engine.batch import SchedulerOutput
 from salon.engine.config import SchedulerConfig
-from salon.engine.core.kv_cache_manager import KVCacheManager
 from salon.engine.core.output import OutputState, RequestEvent, final_stats
-from salon.engine.core.prefix_caching import PrefixCaching
-from salon.engine.core.request import FinishReason, Request, RequestId, SamplingParams
-from salon.engine.core.scheduler import Scheduler, SchedulerOutput
-from salon.engine.kv.host_cache import HostPut
+from salon.engine.core.scheduler import Scheduler
 from salon.engine.kv.kv_cache import KVCache
+from salon.engine.kv.kv_cache_manager import KVCacheManager
 from salon.engine.kv.kv_layout import KVCacheLayout, plan_layout
 from salon.engine.kv.kv_transfer import GLOBAL, LOCAL, unpack_blocks
-from salon.engine.kv.prefix_fork import fork_hit
-from salon.engine.kv.prefix_hit import PrefixHit, better_hit
+from salon.engine.prefix.fork import fork_hit
+from salon.engine.prefix.hit import PrefixHit, better_hit
+from salon.engine.prefix.host_cache import HostPut
+from salon.engine.prefix.policy import PrefixCaching
+from salon.engine.request import FinishReason, Request, RequestId, SamplingParams
 from salon.engine.worker.model_runner import ModelRunner
 from salon.engine.worker.sampler import advance_generator
 
@@ -122,9 +123,9 @@ class EngineCore:
             self.prefix.host_sink = sink
 
     def add(self, request: Request, host_hit: PrefixHit | None = None, prefill_from: RequestId | None = None) -> None:
-        """Queue a request; host_hit: KV fetched from the kvstore for its context (kv/host_cache.py);
+        """Queue a request; host_hit: KV fetched from the kvstore for its context (prefix/host_cache.py);
         prefill_from: a running request whose computed prompt this one repeats (another choice of the
-        same completion): the KV of the shared whole blocks is copied from it (kv/prefix_fork.py)."""
+        same completion): the KV of the shared whole blocks is copied from it (prefix/fork.py)."""
         if request.request_id in self._outputs:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         if prefill_from is not None and self.prefix is not None and request.namespace is not None:

@@ -32,8 +32,8 @@ from salon.common.logging import get_logger
 from salon.engine import metrics
 from salon.engine.core.engine_core import EngineCore, LoadSnapshot
 from salon.engine.core.output import RequestEvent
-from salon.engine.core.request import FinishReason, Request, RequestId
-from salon.engine.kv.prefix_hit import PrefixHit
+from salon.engine.prefix.hit import PrefixHit
+from salon.engine.request import FinishReason, Request, RequestId
 
 log = get_logger(__name__)
 # Linux nice values run from -20 to 19: an increment above 19 always ends at 19.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from salon.engine.core.request import FinishReason, Request
 from salon.engine.model.tokenizer import IncrementalDetokenizer
+from salon.engine.request import FinishReason, Request
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ When the blocks a running request needs are not free, the newest running request
 is readmitted). Newest-first preemption and oldest-first admission keep the order fair: a request
 is never preempted to make room for one that arrived after it, nor for one already in this step.
 
-With prefix caching (prefix_caching.py), a request about to be admitted asks for its cached prefix
+With prefix caching (prefix/policy.py), a request about to be admitted asks for its cached prefix
 first: the longer of its device hit and the host hit it was submitted with. It starts from there
 (a device hit's block tables are adopted, a host hit's KV rides on the request's first chunk to be
 written into its fresh blocks), and only the rest is allocated and computed. A preempted request's
@@ -49,57 +49,16 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass
 
 from salon.engine import metrics
+from salon.engine.batch import HostKV, ScheduledChunk, SchedulerOutput
 from salon.engine.config import SchedulerConfig
-from salon.engine.core.kv_cache_manager import KVCacheManager
 from salon.engine.core.ngram_proposer import NgramProposer
-from salon.engine.core.prefix_caching import PrefixCaching
-from salon.engine.core.request import Request, RequestId, RequestStatus
+from salon.engine.kv.kv_cache_manager import KVCacheManager
 from salon.engine.kv.kv_layout import BlockTable
-from salon.engine.kv.prefix_hit import CacheSource, HostKV, PrefixHit
-
-
-@dataclass(frozen=True)
-class ScheduledChunk:
-    """Tokens [start_position, start_position + len(token_ids)) of one request, computed this step."""
-
-    request: Request
-    token_ids: list[int]
-    start_position: int
-    # Per KV cache group (kv_layout.py), the request's block table after allocation.
-    block_tables: list[BlockTable]
-    # True when the chunk reaches the request's last token: its logits row is sampled.
-    needs_sample: bool
-    # KV fetched from the kvstore for blocks [0, start_position / BS): written into the request's
-    # blocks before the step runs (the first chunk after a host hit only).
-    host_kv: HostKV | None = None
-    # Speculative decoding: the chunk's last tokens are these drafts, not (yet) the request's; every
-    # row from the request's last token on is sampled, and only accepted drafts become its tokens.
-    draft_token_ids: tuple[int, ...] = ()
-
-    @property
-    def num_draft_tokens(self) -> int:
-        return len(self.draft_token_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-
-@dataclass(frozen=True)
-class SchedulerOutput:
-    chunks: list[ScheduledChunk]
-    preempted: list[RequestId]
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks
+from salon.engine.prefix.hit import CacheSource, PrefixHit
+from salon.engine.prefix.policy import PrefixCaching
+from salon.engine.request import Request, RequestId, RequestStatus
 
 
 class Scheduler:
@@ -307,7 +266,7 @@ class Scheduler:
         retain_from = request.retain_local_from
         if hit is not None and hit.host_kv is not None:
             self._host_kv_to_load[request.request_id] = hit.host_kv
-            # A copy of a running request's prompt KV (kv/prefix_fork.py) came from the device.
+            # A copy of a running request's prompt KV (prefix/fork.py) came from the device.
             if hit.source is CacheSource.DEVICE:
                 request.num_cached_device_tokens = hit.num_tokens
             else:

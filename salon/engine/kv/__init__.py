@@ -1,1 +1,1 @@
-"""KV data: the paged cache tensors and their layout, the device prefix cache, the kvstore link and payload format."""
+"""KV data: the paged cache tensors, their layout and block bookkeeping, the kvstore payload format."""

@@ -31,7 +31,7 @@ _SCALE_BYTES = {"int8": 4, "bfloat16": 0, "float32": 0}
 BlockId = NewType("BlockId", int)
 GroupId = NewType("GroupId", int)
 # One request's blocks in one group: entry i holds token positions [i*BS, (i+1)*BS), or None once a
-# sliding-window group has released that block (core/kv_cache_manager.py).
+# sliding-window group has released that block (kv/kv_cache_manager.py).
 BlockTable = list[BlockId | None]
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from salon.common.kvstore_client.layout import KVLayout
+from salon.common.kvstore_contract.layout import KVLayout
 from salon.engine.kv.kv_cache import KVCache
 from salon.engine.kv.kv_layout import BlockId, KVCacheGroup, KVCacheLayout
 
@@ -35,7 +35,7 @@ def _groups(layout: KVCacheLayout, part: str) -> list[KVCacheGroup]:
 
 
 def host_layout(layout: KVCacheLayout) -> KVLayout:
-    """The kvstore's view of our KV (salon/common/kvstore_client/layout.py): payload sizes, sliding window."""
+    """The kvstore's view of our KV (salon/common/kvstore_contract/layout.py): payload sizes, sliding window."""
     per_layer = layout.bytes_per_layer_block
     windows = [g.sliding_window_tokens for g in _groups(layout, LOCAL)]
     return KVLayout(

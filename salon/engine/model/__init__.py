@@ -8,13 +8,13 @@ and chat templates.
 
 from salon.engine.model.attention import AttentionBackend, DenseAttention
 from salon.engine.model.checkpoint import convert, main_convert
-from salon.engine.model.config import LayerSpec, ModelConfig, gemma3_270m_config, synthetic_config
+from salon.engine.model.config import LayerSpec, ModelConfig, synthetic_config
 from salon.engine.model.loader import LoadedModel, ModelFile, config_for, load, load_model, open_model_file
 from salon.engine.model.model import CausalLM
 from salon.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = [
     "AttentionBackend", "CausalLM", "DenseAttention", "IncrementalDetokenizer", "LayerSpec", "LoadedModel",
-    "ModelConfig", "ModelFile", "Tokenizer", "config_for", "convert", "gemma3_270m_config", "load", "load_model",
-    "main_convert", "open_model_file", "synthetic_config",
+    "ModelConfig", "ModelFile", "Tokenizer", "config_for", "convert", "load", "load_model", "main_convert",
+    "open_model_file", "synthetic_config",
 ]

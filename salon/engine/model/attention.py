@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 
 from salon.kernels.decoder_block import BlockBatch, BlockCache
-from salon.engine.model import ops
+from salon.engine.model.ops import quantize_symmetric
 from salon.engine.model.config import ModelConfig
 
 
@@ -76,7 +76,7 @@ class _SeqCache:
 
 def fake_quantize_kv(x: torch.Tensor) -> torch.Tensor:
     """int8 KV emulation: per token per KV head over head_dim, stored as int8 + f32 scale."""
-    q, scale = ops.quantize_symmetric(x, dim=-1)
+    q, scale = quantize_symmetric(x, dim=-1)
     return q.to(torch.float32) * scale[..., None]
 
 

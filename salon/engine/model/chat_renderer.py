@@ -40,7 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from salon.engine.model.chat_template import GEMMA_TURN_TEMPLATE, ChatTemplateError, render_template
-from salon.engine.model.tokenizer import TOKEN_CONTROL, Tokenizer
+from salon.engine.model.tokenizer import Tokenizer
+from salon.engine.model.vocab import TOKEN_CONTROL
 
 ROLES = ("system", "user", "assistant")
 _PLACEHOLDER = "\x00salon-content-{}\x00"

@@ -117,13 +117,6 @@ GEMMA3_VOCAB_SIZE = 262144
 GEMMA3_EOS_TOKEN_IDS = (1, 106, 212)
 
 
-def gemma3_270m_config():
-    """Gemma 3 270M's config, read from its GGUF (18 layers, MQA, every 6th layer global, 512-token windows)."""
-    from salon.engine.model.loader import config_for
-
-    return config_for("gemma-3-270m")
-
-
 def synthetic_config(name: str) -> ModelConfig:
     """Small random-weight Gemma-3-architecture configs over the real Gemma vocabulary (its tokenizer applies).
 

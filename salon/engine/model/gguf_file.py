@@ -23,7 +23,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize
 
-from salon.engine.model.tokenizer import Vocab
+from salon.engine.model.vocab import Vocab
 
 _MISSING = object()
 _MAGIC = b"GGUF"

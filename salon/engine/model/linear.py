@@ -33,7 +33,7 @@ from salon.kernels.linear_two_terms import LinearTwoTerms, compose, linear_int16
 from salon.kernels.quantize import quantize_two_terms_ref
 from salon.kernels.rmsnorm import rmsnorm_ref
 from salon.kernels.w8a8_grouped import GROUP
-from salon.engine.model import ops
+from salon.engine.model.ops import gelu_tanh, quantize_per_token, quantize_symmetric
 
 W8A8Gemm = Callable[..., torch.Tensor]
 Quantize = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -42,7 +42,7 @@ GATE_ACTIVATIONS = (None, "gelu_tanh", "silu")
 
 def _gated(out: torch.Tensor, activation: str) -> torch.Tensor:
     n = out.shape[1] // 2
-    act = ops.gelu_tanh if activation == "gelu_tanh" else torch.nn.functional.silu
+    act = gelu_tanh if activation == "gelu_tanh" else torch.nn.functional.silu
     return act(out[:, :n]) * out[:, n:]
 
 
@@ -64,7 +64,7 @@ class FloatLinear:
 
 class Int8Linear:
     def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, gemm: W8A8Gemm, gate_activation: str | None = None,
-                 quantize_activations: bool = True, quantize: Quantize = ops.quantize_per_token,
+                 quantize_activations: bool = True, quantize: Quantize = quantize_per_token,
                  activation_terms: int = 1, quantize_two_terms: Quantize = quantize_two_terms_ref,
                  linear_two_terms: LinearTwoTerms | None = None,
                  geglu: Callable[[torch.Tensor], torch.Tensor] = geglu_ref,
@@ -140,11 +140,11 @@ def quantize_weight(weight: torch.Tensor, group: int = 0) -> tuple[torch.Tensor,
     """f32[N, K] -> int8[N, K], f32[N] (symmetric per output channel), or with group = GROUP f32[N, K/GROUP]
     (symmetric per output channel and group of input channels; K a multiple of the group)."""
     if not group:
-        return ops.quantize_symmetric(weight, dim=1)
+        return quantize_symmetric(weight, dim=1)
     n, k = weight.shape
     if group != GROUP or k % group:
         raise ValueError(f"weight groups: {GROUP} input channels of a K divisible by {GROUP}, got {group} for K={k}")
-    q, scale = ops.quantize_symmetric(weight.reshape(n, k // group, group), dim=2)
+    q, scale = quantize_symmetric(weight.reshape(n, k // group, group), dim=2)
     return q.reshape(n, k).contiguous(), scale.contiguous()
 
 

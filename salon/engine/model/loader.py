@@ -28,7 +28,8 @@ from salon.engine.model.model import CausalLM
 from salon.engine.model.models import architecture
 from salon.engine.model.sources import ModelSource, resolve_source
 from salon.engine.model.synthetic import synthetic_weights
-from salon.engine.model.tokenizer import Tokenizer, Vocab
+from salon.engine.model.tokenizer import Tokenizer
+from salon.engine.model.vocab import Vocab
 
 PRECISIONS = ("int8", "float32")
 

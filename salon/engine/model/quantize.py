@@ -223,6 +223,136 @@ def gptq_quantize(weight: torch.Tensor, rows: torch.Tensor, damp: float = DEFAUL
     return q_out, scale
 
 
+# Rounds one matrix to (int8 values, scales), given the calibration rows it sees (None: none known).
+Rounder = Callable[[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor]]
+
+
+def check_recipe(calib: Calibration | None, statistic: str, rounding: str, lm_head_alpha: float | None) -> None:
+    if statistic not in SMOOTH_STATISTICS:
+        raise ValueError(f"statistic must be one of {SMOOTH_STATISTICS}, got {statistic!r}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    if calib is None and (rounding != "nearest" or lm_head_alpha is not None):
+        raise ValueError("GPTQ rounding and output-projection smoothing need a calibration")
+
+
+def rounder(rounding: str, gptq_damp: float, weight_group: int) -> Rounder:
+    """GPTQ where the rounding asks for it and the matrix's calibration rows are known; nearest otherwise."""
+
+    def quantize(weight: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if rounding == "gptq" and rows is not None:
+            return gptq_quantize(weight, rows, damp=gptq_damp, group=weight_group)
+        return quantize_weight(weight, weight_group)
+
+    return quantize
+
+
+def output_projection_tensors(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration | None,
+                              quantize: Rounder, statistic: str, lm_head_alpha: float | None, gptq_rows: bool,
+                              weight_group: int,
+                              smoothed_weights: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """The final norm, the token table and the output projection (smoothed by lm_head_alpha, when given), and
+    the RoPE frequencies when the file has them."""
+    out: dict[str, torch.Tensor] = {}
+    head = w["embed"] if config.tied_embeddings else w["lm_head"]
+    s_head = torch.ones(config.d_model)
+    if lm_head_alpha is not None:
+        rows = calib.inputs["lm_head"]
+        act = rows.pow(2).mean(dim=0).sqrt() if statistic == "rms" else calib.absmax["lm_head"]
+        s_head = _smooth_scale(act, head, lm_head_alpha)
+    out["final_norm"] = w["final_norm"] / s_head
+    head_rows = calib.inputs["lm_head"] / s_head if gptq_rows else None
+    head_q = quantize(head * s_head, head_rows)
+    if smoothed_weights is not None:
+        smoothed_weights["embed" if config.tied_embeddings else "lm_head"] = head * s_head
+    if config.tied_embeddings:
+        out["embed.w_q"], out["embed.w_scale"] = head_q
+        if lm_head_alpha is not None:
+            out["embed.lookup_scale"] = 1.0 / s_head
+    else:
+        out["embed.w_q"], out["embed.w_scale"] = quantize_weight(w["embed"], weight_group)
+        out["lm_head.w_q"], out["lm_head.w_scale"] = head_q
+    if "rope_freqs" in w:
+        out["rope_freqs"] = w["rope_freqs"].clone()
+    return out
+
+
+def layer_smoothing_scales(config: ModelConfig, calib: Calibration, layer: int, fused: dict[str, torch.Tensor],
+                           smooth: tuple[str, ...], statistic: str, alpha: float | None,
+                           alpha_by_projection: dict[str, float] | None,
+                           alphas_chosen: dict[str, float] | None) -> dict[str, torch.Tensor]:
+    """Per smoothed projection of one layer, the scale of its input channels, from the calibration (the o
+    projection's expanded from one per KV head and channel to every query head; not where KV is shared)."""
+    p = f"layers.{layer}."
+    hq, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    group = hq // hkv
+
+    def expand_o(s: torch.Tensor) -> torch.Tensor:  # [Hkv, D] -> [Hq * D] (query heads of a KV head share)
+        return s[:, None, :].expand(hkv, group, d).reshape(hq * d)
+
+    shares = config.layers[layer].kv_source_layer is not None
+    has_readers = any(spec.kv_source_layer == layer for spec in config.layers)
+    scales: dict[str, torch.Tensor] = {}
+    for name in smooth:
+        if name == "o" and (shares or has_readers):
+            continue
+        act = calib.rms(p + name) if statistic == "rms" else calib.absmax[p + name]
+        expand = (lambda s: s) if name != "o" else expand_o
+        if name == "o":
+            act = act.reshape(hkv, group, d).amax(dim=1)
+        a = (alpha_by_projection or {}).get(name, alpha)
+        if a is None:
+            a = _best_alpha(calib.inputs[p + name], fused[name], act, ALPHA_GRID, expand)
+        if alphas_chosen is not None:
+            alphas_chosen[p + name] = a
+        scales[name] = expand(_smooth_scale(act, fused[name], a))
+    return scales
+
+
+def apply_smoothing(config: ModelConfig, fused: dict[str, torch.Tensor], norms: dict[str, torch.Tensor],
+                    scales: dict[str, torch.Tensor]) -> None:
+    """Fold each projection's scales into its weights (* s) and into what produces its input (/ s), in place."""
+    hq, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    group = hq // hkv
+    if "qkv" in scales:
+        norms["attn_norm"] /= scales["qkv"]
+        fused["qkv"] *= scales["qkv"]
+    if "gate_up" in scales:
+        norms["ffn_norm"] /= scales["gate_up"]
+        fused["gate_up"] *= scales["gate_up"]
+    if "down" in scales:
+        fused["gate_up"][config.ffn_dim:] /= scales["down"][:, None]
+        fused["down"] *= scales["down"]
+    if "o" in scales:
+        s_v = scales["o"].reshape(hkv, group, d)[:, 0, :]  # the per-(KV head, channel) scale
+        fused["qkv"][(hq + hkv) * d:].view(hkv, d, -1).div_(s_v[:, :, None])
+        fused["o"] *= scales["o"]
+
+
+def apply_key_row_scale(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration, layer: int,
+                        fused: dict[str, torch.Tensor], kv_beta: float) -> None:
+    """Key smoothing without q/k norms: the k rows of the qkv projection * s, its q rows / s, in place."""
+    hq, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
+    s_k = key_row_scale(config, w, calib.inputs[f"layers.{layer}.qkv"], layer, kv_beta)  # [Hkv, D]
+    fused["qkv"][hq * d:(hq + hkv) * d].view(hkv, d, -1).mul_(s_k[:, :, None])
+    fused["qkv"][:hq * d].view(hkv, hq // hkv, d, -1).div_(s_k[:, None, :, None])
+
+
+def key_norm_tensors(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration | None, layer: int,
+                     kv_beta: float, key_scales: dict[int, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Key smoothing through q/k norms: the layer's q-norm / s and, when it produces KV, its k-norm * s, with s
+    the scale of the layer whose KV it reads (computed once per KV-producing layer into key_scales)."""
+    p = f"layers.{layer}."
+    src = config.kv_source(layer)
+    if calib is not None and kv_beta > 0 and src not in key_scales:
+        key_scales[src] = key_smoothing_scale(config, w, calib.inputs[f"layers.{src}.qkv"], src, kv_beta)
+    k_scale = key_scales.get(src, torch.ones(config.head_dim))
+    out = {p + "attn_q_norm": w[p + "attn_q_norm"] / k_scale}  # readers of shared KV divide by the source's
+    if config.layers[layer].kv_source_layer is None:
+        out[p + "attn_k_norm"] = w[p + "attn_k_norm"] * k_scale
+    return out
+
+
 def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration | None,
                           alpha: float | None = None, smooth: tuple[str, ...] = ("qkv", "gate_up", "down", "o"),
                           alphas_chosen: dict[str, float] | None = None,
@@ -247,86 +377,21 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
     smoothed_weights, when given, receives each quantized matrix as float32 before rounding (smoothing applied),
     by its checkpoint name without ".w_q" ("embed" or "lm_head" for the output projection; bench/quant_ceilings.py).
     """
-    if statistic not in SMOOTH_STATISTICS:
-        raise ValueError(f"statistic must be one of {SMOOTH_STATISTICS}, got {statistic!r}")
-    if rounding not in ROUNDINGS:
-        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
-    if calib is None and (rounding != "nearest" or lm_head_alpha is not None):
-        raise ValueError("GPTQ rounding and output-projection smoothing need a calibration")
+    check_recipe(calib, statistic, rounding, lm_head_alpha)
     arch = architecture(config.architecture)
-
-    def quantize(weight: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if rounding == "gptq" and rows is not None:
-            return gptq_quantize(weight, rows, damp=gptq_damp, group=weight_group)
-        return quantize_weight(weight, weight_group)
-
-    out: dict[str, torch.Tensor] = {}
-    head = w["embed"] if config.tied_embeddings else w["lm_head"]
-    s_head = torch.ones(config.d_model)
-    if lm_head_alpha is not None:
-        rows = calib.inputs["lm_head"]
-        act = rows.pow(2).mean(dim=0).sqrt() if statistic == "rms" else calib.absmax["lm_head"]
-        s_head = _smooth_scale(act, head, lm_head_alpha)
-    out["final_norm"] = w["final_norm"] / s_head
-    head_rows = None
-    if rounding == "gptq" and gptq_lm_head:
-        head_rows = calib.inputs["lm_head"] / s_head
-    head_q = quantize(head * s_head, head_rows)
-    if smoothed_weights is not None:
-        smoothed_weights["embed" if config.tied_embeddings else "lm_head"] = head * s_head
-    if config.tied_embeddings:
-        out["embed.w_q"], out["embed.w_scale"] = head_q
-        if lm_head_alpha is not None:
-            out["embed.lookup_scale"] = 1.0 / s_head
-    else:
-        out["embed.w_q"], out["embed.w_scale"] = quantize_weight(w["embed"], weight_group)
-        out["lm_head.w_q"], out["lm_head.w_scale"] = head_q
-    if "rope_freqs" in w:
-        out["rope_freqs"] = w["rope_freqs"].clone()
-    hq, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
-    group = hq // hkv
-
-    def expand_o(s: torch.Tensor) -> torch.Tensor:  # [Hkv, D] -> [Hq * D] (query heads of a KV head share)
-        return s[:, None, :].expand(hkv, group, d).reshape(hq * d)
-
+    quantize = rounder(rounding, gptq_damp, weight_group)
+    out = output_projection_tensors(config, w, calib, quantize, statistic, lm_head_alpha,
+                                    rounding == "gptq" and gptq_lm_head, weight_group, smoothed_weights)
     key_scales: dict[int, torch.Tensor] = {}  # KV-producing layer -> its key scale
     for i in range(config.num_layers):
         p = f"layers.{i}."
         fused = {k: v.clone() for k, v in fused_float_weights(config, w, i).items()}
         norms = {n: w[p + n].clone() for n in arch.LAYER_NORMS}
-        shares = config.layers[i].kv_source_layer is not None
-        has_readers = any(spec.kv_source_layer == i for spec in config.layers)
-        scales: dict[str, torch.Tensor] = {}
-        for name in smooth:
-            if calib is None or (name == "o" and (shares or has_readers)):
-                continue
-            act = calib.rms(p + name) if statistic == "rms" else calib.absmax[p + name]
-            expand = (lambda s: s) if name != "o" else expand_o
-            if name == "o":
-                act = act.reshape(hkv, group, d).amax(dim=1)
-            a = (alpha_by_projection or {}).get(name, alpha)
-            if a is None:
-                a = _best_alpha(calib.inputs[p + name], fused[name], act, ALPHA_GRID, expand)
-            if alphas_chosen is not None:
-                alphas_chosen[p + name] = a
-            scales[name] = expand(_smooth_scale(act, fused[name], a))
-        if "qkv" in scales:
-            norms["attn_norm"] /= scales["qkv"]
-            fused["qkv"] *= scales["qkv"]
-        if "gate_up" in scales:
-            norms["ffn_norm"] /= scales["gate_up"]
-            fused["gate_up"] *= scales["gate_up"]
-        if "down" in scales:
-            fused["gate_up"][config.ffn_dim:] /= scales["down"][:, None]
-            fused["down"] *= scales["down"]
-        if "o" in scales:
-            s_v = scales["o"].reshape(hkv, group, d)[:, 0, :]  # the per-(KV head, channel) scale
-            fused["qkv"][(hq + hkv) * d:].view(hkv, d, -1).div_(s_v[:, :, None])
-            fused["o"] *= scales["o"]
+        scales = {} if calib is None else layer_smoothing_scales(config, calib, i, fused, smooth, statistic, alpha,
+                                                                 alpha_by_projection, alphas_chosen)
+        apply_smoothing(config, fused, norms, scales)
         if arch.KEY_SMOOTHING == "qk_rows" and calib is not None and kv_beta > 0:
-            s_k = key_row_scale(config, w, calib.inputs[p + "qkv"], i, kv_beta)  # [Hkv, D]
-            fused["qkv"][hq * d:(hq + hkv) * d].view(hkv, d, -1).mul_(s_k[:, :, None])
-            fused["qkv"][:hq * d].view(hkv, group, d, -1).div_(s_k[:, None, :, None])
+            apply_key_row_scale(config, w, calib, i, fused, kv_beta)
         for name, weight in fused.items():
             rows = None
             if rounding == "gptq" and gptq_layers and p + name in calib.inputs:  # the rows it sees once smoothed
@@ -335,13 +400,6 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
             if smoothed_weights is not None:
                 smoothed_weights[p + name] = weight
         out.update({p + n: t for n, t in norms.items()})
-        if arch.KEY_SMOOTHING != "qk_norm":
-            continue
-        src = config.kv_source(i)
-        if calib is not None and kv_beta > 0 and src not in key_scales:
-            key_scales[src] = key_smoothing_scale(config, w, calib.inputs[f"layers.{src}.qkv"], src, kv_beta)
-        k_scale = key_scales.get(src, torch.ones(d))
-        out[p + "attn_q_norm"] = w[p + "attn_q_norm"] / k_scale  # readers of shared KV divide by the source's
-        if not shares:
-            out[p + "attn_k_norm"] = w[p + "attn_k_norm"] * k_scale
+        if arch.KEY_SMOOTHING == "qk_norm":
+            out.update(key_norm_tensors(config, w, calib, i, kv_beta, key_scales))
     return {k: v.contiguous() for k, v in out.items()}

@@ -11,43 +11,19 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-# GGUF token types (llama.cpp's llama_token_type).
-TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
-
-# Token texts llama.cpp treats as end of generation wherever they occur in a vocabulary (its EOG list),
-# besides the file's EOS / EOT / EOM ids.
-END_OF_GENERATION_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-                           "<EOT>", "<|end_of_text|>", "</s>")
+from salon.engine.model.tokenizer_bpe import ByteLevelBPEModel
+from salon.engine.model.tokenizer_spm import SentencePieceModel
+from salon.engine.model.vocab import TOKEN_CONTROL, TOKEN_USER_DEFINED, Vocab
 
 
-@dataclass(frozen=True)
-class Vocab:
-    tokens: tuple[str, ...]
-    scores: tuple[float, ...]
-    types: tuple[int, ...]
-    bos_token_id: int
-    eos_token_id: int
-    unk_token_id: int
-    pad_token_id: int
-    # `tokenizer.ggml.model`: "llama" (SentencePiece) or "gpt2" (byte-level BPE).
-    model: str = "llama"
-    # `tokenizer.ggml.pre`: the BPE pre-tokenizer (regex split) by llama.cpp's name.
-    pre: str = "default"
-    merges: tuple[str, ...] = ()
-    # Whether a prompt starts with BOS (`tokenizer.ggml.add_bos_token`).
-    add_bos: bool = True
-    eot_token_id: int | None = None
-    eom_token_id: int | None = None
-
-    def end_of_generation_ids(self) -> tuple[int, ...]:
-        """EOS, EOT, EOM and every token whose text is on llama.cpp's end-of-generation list, ascending."""
-        ids = {self.eos_token_id}
-        ids.update(i for i in (self.eot_token_id, self.eom_token_id) if i is not None)
-        wanted = set(END_OF_GENERATION_TEXTS)
-        ids.update(i for i, t in enumerate(self.tokens) if t in wanted)
-        return tuple(sorted(ids))
+def fragment_encoder(vocab: Vocab) -> SentencePieceModel | ByteLevelBPEModel:
+    """The encoder of plain fragments for the vocabulary's `tokenizer.ggml.model`."""
+    if vocab.model == "llama":
+        return SentencePieceModel(vocab)
+    if vocab.model == "gpt2":
+        return ByteLevelBPEModel(vocab)
+    raise ValueError(f"tokenizer.ggml.model = {vocab.model!r} is not supported (llama or gpt2)")
 
 
 _HEAD_CHARS = 3
@@ -65,16 +41,7 @@ class Tokenizer:
         self.unk_token_id = vocab.unk_token_id
         self.pad_token_id = vocab.pad_token_id
         self.add_bos = vocab.add_bos
-        if vocab.model == "llama":
-            from salon.engine.model.tokenizer_spm import SentencePieceModel
-
-            self._model = SentencePieceModel(vocab)
-        elif vocab.model == "gpt2":
-            from salon.engine.model.tokenizer_bpe import ByteLevelBPEModel
-
-            self._model = ByteLevelBPEModel(vocab)
-        else:
-            raise ValueError(f"tokenizer.ggml.model = {vocab.model!r} is not supported (llama or gpt2)")
+        self._model = fragment_encoder(vocab)
         self._user_defined = self._specials({TOKEN_USER_DEFINED})
         self._all_specials = self._specials({TOKEN_USER_DEFINED, TOKEN_CONTROL})
         # Piece -> its rank in longest-first order, by its first _HEAD_CHARS characters: a text is searched only

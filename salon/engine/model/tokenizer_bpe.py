@@ -13,7 +13,7 @@ from tokenizers import Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers
 
-from salon.engine.model.tokenizer import TOKEN_CONTROL, TOKEN_USER_DEFINED, Vocab
+from salon.engine.model.vocab import TOKEN_CONTROL, TOKEN_USER_DEFINED, Vocab
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"

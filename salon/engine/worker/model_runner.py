@@ -11,10 +11,10 @@ from collections.abc import Callable
 import torch
 
 from salon.kernels.backend import Ops
-from salon.engine.core.request import Request, SamplingParams
-from salon.engine.core.scheduler import SchedulerOutput
+from salon.engine.batch import SchedulerOutput
 from salon.engine.kv.kv_cache import KVCache
 from salon.engine.kv.kv_transfer import to_device
+from salon.engine.request import Request, SamplingParams
 from salon.engine.worker.attention_backend import ForwardBatch, PagedAttention
 from salon.engine.worker.sampler import (DraftHistory, SampledToken, TokenHistory, greedy_ids, num_produced,
                                             plain_greedy, rewind_generator, sample)

@@ -44,7 +44,7 @@ import torch
 
 from salon.kernels.cpu.argmax import argmax_rows_cpu
 from salon.kernels.cpu.sample import sample_rows_cpu
-from salon.engine.core.request import SamplingParams
+from salon.engine.request import SamplingParams
 
 # Top-p looks among this many most likely tokens first, then above a threshold found by a histogram.
 TOP_P_CANDIDATES = 64

@@ -33,7 +33,7 @@ from salon.engine.model.config import LayerSpec, ModelConfig
 from salon.engine.model.gguf_file import GGUFFile, GGUFMetadataError
 from salon.engine.model.layers import Rotary, block_weights, fused_layer, linear_residual, norm_linear
 from salon.engine.model.models.common import attention_geometry, read_weights as read_named, rope_linear_scale
-from salon.engine.model.tokenizer import Vocab
+from salon.engine.model.vocab import Vocab
 
 ARCH = "gemma3"
 DEFAULT_SLIDING_PATTERN = 6

@@ -31,7 +31,7 @@ from salon.engine.model.gguf_file import GGUFFile, GGUFMetadataError
 from salon.engine.model.layers import Rotary, block_weights, fused_layer, linear_residual, norm_linear
 from salon.engine.model.models.common import (UnsupportedModelFile, attention_geometry, read_weights as read_named,
                                                  rope_linear_scale)
-from salon.engine.model.tokenizer import Vocab
+from salon.engine.model.vocab import Vocab
 
 ARCH = "llama"
 # No q/k norms: int8 key smoothing is folded into the k rows, its inverse into the q rows.

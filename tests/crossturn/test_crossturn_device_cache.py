@@ -5,10 +5,10 @@ import random
 import pytest
 
 from salon.common.prefix_hash import block_hashes
-from salon.engine.core.kv_cache_manager import KVCacheManager
+from salon.engine.kv.kv_cache_manager import KVCacheManager
 from salon.engine.kv.kv_layout import plan_layout
-from salon.engine.kv.prefix_cache import DevicePrefixCache
 from salon.engine.model.config import synthetic_config
+from salon.engine.prefix.device_cache import DevicePrefixCache
 from tests.engine_testlib import make_request
 
 BS = 4
@@ -66,7 +66,7 @@ def test_random_operations_keep_blocks_accounted_and_hits_verified(seed):
 def test_forced_hash_collision_on_the_real_lookup_path_is_a_miss(monkeypatch):
     """Every block hash collides (requests hash through a function that ignores the tokens): the device
     cache still answers by the stored tokens -- a miss for other tokens, never their KV."""
-    import salon.engine.core.request as request_module
+    import salon.engine.request as request_module
 
     def colliding(namespace, token_ids, block_size, parent=None):
         return [bytes([i % 256]) * 32 for i in range(len(token_ids) // block_size)]

@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING
 
 from salon.common.prefix_hash import BlockHash
 from salon.engine.kv.kv_layout import BlockTable
-from salon.engine.kv.prefix_hit import CacheSource, PrefixHit, cacheable_prefix_tokens
+from salon.engine.prefix.hit import CacheSource, PrefixHit, cacheable_prefix_tokens
 
 if TYPE_CHECKING:
-    from salon.engine.core.kv_cache_manager import KVCacheManager
-    from salon.engine.core.request import Request
+    from salon.engine.kv.kv_cache_manager import KVCacheManager
+    from salon.engine.request import Request
 
 
 @dataclass(eq=False)

@@ -41,8 +41,8 @@ from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from salon.api.kvstore.v1 import kvstore_pb2 as pb
 from salon.api.kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 from salon.common.client_tls import ClientTLS, client_credentials, tls_options
-from salon.common.kvstore_client.arena_mapping import ArenaMapping, ArenaRefused
-from salon.common.kvstore_client.layout import MISS, KVLayout, MatchResult
+from salon.common.kvstore_contract.arena_mapping import ArenaMapping, ArenaRefused
+from salon.common.kvstore_contract.layout import MISS, KVLayout, MatchResult
 from salon.common.logging import get_logger
 from salon.common.message_limits import grpc_options
 from salon.common.prefix_hash import encode_token_ids

@@ -1,7 +1,7 @@
 """Copying a running request's prompt KV to a request that repeats its prompt (the other choices of
 an n > 1 completion), so the shared prompt is prefilled once.
 
-The device prefix cache (prefix_cache.py) hands an entry to one request at a time and holds only
+The device prefix cache (device_cache.py) hands an entry to one request at a time and holds only
 finished requests' blocks, so choices running side by side cannot share it. Instead the second
 choice gets a copy: the parent's whole blocks of the common prefix are packed (kv_transfer.pack_blocks)
 into the same payload a kvstore hit carries, and written into the child's fresh blocks at its first
@@ -21,11 +21,12 @@ from collections.abc import Sequence
 
 import torch
 
-from salon.engine.core.request import Request
+from salon.engine.batch import HostKV
 from salon.engine.kv.kv_cache import KVCache
 from salon.engine.kv.kv_layout import BlockTable
 from salon.engine.kv.kv_transfer import GLOBAL, LOCAL, local_start_block, pack_blocks
-from salon.engine.kv.prefix_hit import CacheSource, HostKV, PrefixHit, cacheable_prefix_tokens
+from salon.engine.prefix.hit import CacheSource, PrefixHit, cacheable_prefix_tokens
+from salon.engine.request import Request
 
 
 def _usable(cache: KVCache, tables: Sequence[BlockTable], num_blocks: int) -> bool:

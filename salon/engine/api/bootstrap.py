@@ -24,7 +24,7 @@ from salon.engine.api.validation import Limits
 from salon.engine.config import EngineConfig
 from salon.engine.core.engine_core import EngineCore, warmup
 from salon.engine.core.engine_loop import EngineLoop
-from salon.engine.kv.host_cache import HostCache
+from salon.engine.prefix.host_cache import HostCache
 from salon.engine.kv.kv_transfer import host_layout, layout_tag
 from salon.engine import metrics
 from salon.engine.resident import ResidentMeter
@@ -126,7 +126,7 @@ class EngineService:
     def _host_cache(self, core: EngineCore) -> HostCache | None:
         if self.config.no_prefix_cache or not self.config.kvstore_target:
             return None
-        from salon.common.kvstore_client.client import KVStoreClient
+        from salon.common.kvstore_contract.client import KVStoreClient
 
         config = self.config
         client = KVStoreClient(config.kvstore_target, use_shared_memory=config.kvstore_shared_memory,

@@ -3,9 +3,9 @@ and where that KV comes from.
 
 Both caches answer a lookup with a PrefixHit (or None):
 
-    device  kv/prefix_cache.py: a finished request's block tables, still in the paged cache; the
+    device  prefix/device_cache.py: a finished request's block tables, still in the paged cache; the
             request adopts them (cut to the hit) and computes from hit.num_tokens on
-    host    kv/host_cache.py: KV fetched from the kvstore before admission; the request gets fresh
+    host    prefix/host_cache.py: KV fetched from the kvstore before admission; the request gets fresh
             blocks for it, written at its first step (kv_transfer.unpack_blocks)
 
 The scheduler asks for the hit when it admits a request (before allocating its slots) and is handed
@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from salon.engine.batch import HostKV
+
 if TYPE_CHECKING:
-    from salon.engine.kv.prefix_cache import CachedPrefix
+    from salon.engine.prefix.device_cache import CachedPrefix
 
 
 class CacheSource(enum.Enum):
@@ -30,19 +32,10 @@ class CacheSource(enum.Enum):
 
 
 @dataclass(frozen=True)
-class HostKV:
-    """KV of a context's first blocks as fetched from the kvstore (kv_transfer.py's payload rows)."""
-
-    global_kv: torch.Tensor  # uint8[num_blocks, global_bytes_per_block], blocks [0, num_blocks)
-    local_kv: torch.Tensor  # uint8[num_blocks - local_first_block, local_bytes_per_block]
-    local_first_block: int
-
-
-@dataclass(frozen=True)
 class PrefixHit:
     """The first num_tokens tokens of a request's context are cached: a whole number of blocks from the host;
     from the device, whole blocks and then as many tokens of the next block as the entry shares with the
-    request (kv/prefix_cache.py)."""
+    request (prefix/device_cache.py)."""
 
     num_tokens: int
     source: CacheSource

@@ -10,7 +10,7 @@ the blocks wholly before c - W + 1: no query at position >= c can see them any m
 group holds at most ceil((W - 1 + chunk) / BS) + 1 blocks per request whatever the context length,
 while a global group holds ceil(num_tokens / BS). `free(request_id)` returns everything at once.
 
-Prefix caching (kv/prefix_cache.py) moves whole block tables in and out: `detach` hands a finished
+Prefix caching (prefix/device_cache.py) moves whole block tables in and out: `detach` hands a finished
 request's tables to the cache without freeing them, `adopt` gives cached tables to a new request
 whose prompt extends them. Blocks held by the cache are *reclaimable*: when the pool is short,
 `allocate_slots` asks the `reclaimer` to free some before it reports failure. A request may also
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from salon.engine.core.block_pool import BlockPool
+from salon.engine.kv.block_pool import BlockPool
 from salon.engine.kv.kv_layout import BlockTable, KVCacheLayout
 
 

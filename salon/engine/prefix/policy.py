@@ -1,8 +1,8 @@
 """The engine's prefix caching: which cached prefix a request starts from, and where a leaving
 request's KV goes.
 
-    lookup   (query)    the longer of the device hit (kv/prefix_cache.py) and the host hit the request
-                        was submitted with (kv/host_cache.py fetched it before admission)
+    lookup   (query)    the longer of the device hit (prefix/device_cache.py) and the host hit the request
+                        was submitted with (prefix/host_cache.py fetched it before admission)
     take     (command)  hand a device hit's block tables over to the request that starts from it
     retire   (command)  a finished or preempted request's blocks go to the device cache (reclaimable),
                         and their KV to the kvstore through `host_sink`; or they are freed
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from salon.engine.core.kv_cache_manager import KVCacheManager
-from salon.engine.core.request import Request
-from salon.engine.kv.host_cache import HostPut
 from salon.engine.kv.kv_cache import KVCache
+from salon.engine.kv.kv_cache_manager import KVCacheManager
 from salon.engine.kv.kv_layout import BlockTable
 from salon.engine.kv.kv_transfer import GLOBAL, LOCAL, copy_to_host, local_start_block, pack_blocks
-from salon.engine.kv.prefix_cache import DevicePrefixCache
-from salon.engine.kv.prefix_hit import PrefixHit, better_hit, cacheable_prefix_tokens
+from salon.engine.prefix.device_cache import DevicePrefixCache
+from salon.engine.prefix.hit import PrefixHit, better_hit, cacheable_prefix_tokens
+from salon.engine.prefix.host_cache import HostPut
+from salon.engine.request import Request
 
 
 class PrefixCaching:

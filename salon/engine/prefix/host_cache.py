@@ -26,11 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from salon.common.kvstore_client.client import FetchResult, KVStoreClient, NamespaceClaim
-from salon.common.kvstore_client.layout import KVLayout
+from salon.common.kvstore_contract.client import FetchResult, KVStoreClient, NamespaceClaim
+from salon.common.kvstore_contract.layout import KVLayout
 from salon.common.logging import get_logger
 from salon.engine import metrics
-from salon.engine.kv.prefix_hit import PrefixHit, host_hit
+from salon.engine.prefix.hit import PrefixHit, host_hit
 
 log = get_logger(__name__)
 
