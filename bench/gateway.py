@@ -73,8 +73,9 @@ async def timed_call(call) -> float | None:
     return None
 
 
-async def run_rate(rate: float, seconds: float, gateway_stub, engine_stubs, max_new_tokens: int,
-                   gateway_pid: int | None = None) -> dict:
+async def run_rate(
+    rate: float, seconds: float, gateway_stub, engine_stubs, max_new_tokens: int, gateway_pid: int | None = None
+) -> dict:
     """Open loop at `rate` requests/s; phases alternate between direct and gateway every PHASE_S."""
     latencies: dict[str, list[float]] = {"direct": [], "gateway": []}
     failures: Counter = Counter()
@@ -90,13 +91,23 @@ async def run_rate(rate: float, seconds: float, gateway_stub, engine_stubs, max_
         conv = f"lat-{i % 64}"
         if path == "gateway":
             call = gateway_stub.Generate(
-                chat_pb2.GenerateRequest(conversation_id=conv, tokens=chat_pb2.TokenizedPrompt(
-                    token_ids=PROMPT_TOKEN_IDS), sampling=sampling), metadata=metadata, timeout=30)
+                chat_pb2.GenerateRequest(
+                    conversation_id=conv, tokens=chat_pb2.TokenizedPrompt(token_ids=PROMPT_TOKEN_IDS), sampling=sampling
+                ),
+                metadata=metadata,
+                timeout=30,
+            )
         else:
             stub = engine_stubs[i % len(engine_stubs)]
-            call = stub.Generate(engine_pb2.GenerateRequest(
-                request_id=f"direct-{rate}-{i}", conversation_id=conv,
-                tokens=chat_pb2.TokenizedPrompt(token_ids=PROMPT_TOKEN_IDS), sampling=sampling), timeout=30)
+            call = stub.Generate(
+                engine_pb2.GenerateRequest(
+                    request_id=f"direct-{rate}-{i}",
+                    conversation_id=conv,
+                    tokens=chat_pb2.TokenizedPrompt(token_ids=PROMPT_TOKEN_IDS),
+                    sampling=sampling,
+                ),
+                timeout=30,
+            )
         ms = await timed_call(call)
         if ms is None:
             failures[path] += 1
@@ -127,8 +138,9 @@ async def run_rate(rate: float, seconds: float, gateway_stub, engine_stubs, max_
     return row
 
 
-async def run_skew(gateway_stub, engine_ids: list[str], num_requests: int, concurrency: int,
-                   max_new_tokens: int, seed: int = 0) -> dict:
+async def run_skew(
+    gateway_stub, engine_ids: list[str], num_requests: int, concurrency: int, max_new_tokens: int, seed: int = 0
+) -> dict:
     """Zipf(1.1) over 200 dialogues whose 10 hottest all live on the first engine's ring arcs (the
     worst case for pure consistent hashing), `concurrency` requests in flight; where did each go?"""
     rng = random.Random(seed)
@@ -144,9 +156,15 @@ async def run_skew(gateway_stub, engine_ids: list[str], num_requests: int, concu
 
     async def one(conv: str) -> None:
         async with semaphore:
-            call = gateway_stub.Generate(chat_pb2.GenerateRequest(
-                conversation_id=conv, tokens=chat_pb2.TokenizedPrompt(token_ids=PROMPT_TOKEN_IDS),
-                sampling=chat_pb2.SamplingParams(max_new_tokens=max_new_tokens)), metadata=metadata, timeout=120)
+            call = gateway_stub.Generate(
+                chat_pb2.GenerateRequest(
+                    conversation_id=conv,
+                    tokens=chat_pb2.TokenizedPrompt(token_ids=PROMPT_TOKEN_IDS),
+                    sampling=chat_pb2.SamplingParams(max_new_tokens=max_new_tokens),
+                ),
+                metadata=metadata,
+                timeout=120,
+            )
             async for event in call:
                 if event.HasField("final"):
                     served[event.final.engine_id] += 1
@@ -163,24 +181,53 @@ async def run_skew(gateway_stub, engine_ids: list[str], num_requests: int, concu
     }
 
 
-def start_stack(num_engines: int, workdir: Path, engine_args: list[str],
-                gateway_args: list[str] = ()) -> tuple[list[ServiceProcess], ServiceProcess]:
+def start_stack(
+    num_engines: int, workdir: Path, engine_args: list[str], gateway_args: list[str] = ()
+) -> tuple[list[ServiceProcess], ServiceProcess]:
     # Started together, then waited on: model loading overlaps.
     engines = [
-        ServiceProcess("engine", ("--port", "0", "--model", "synthetic-tiny", "--engine-id", f"e{i}",
-                                  "--kv-cache-bytes", str(64 << 20), *INSECURE_LOOPBACK_FLAGS, *engine_args),
-                       workdir / f"engine-{i}.log").start(600)
+        ServiceProcess(
+            "engine",
+            (
+                "--port",
+                "0",
+                "--model",
+                "synthetic-tiny",
+                "--engine-id",
+                f"e{i}",
+                "--kv-cache-bytes",
+                str(64 << 20),
+                *INSECURE_LOOPBACK_FLAGS,
+                *engine_args,
+            ),
+            workdir / f"engine-{i}.log",
+        ).start(600)
         for i in range(num_engines)
     ]
     for engine in engines:
         engine.wait_serving(600)
     tenants = workdir / "tenants.json"
-    tenants.write_text(json.dumps({"tenants": [{"tenant_id": BENCH_TENANT, "api_key": API_KEY,
-                                                 "namespace_salt": "bench-salt"}]}))
+    tenants.write_text(
+        json.dumps({"tenants": [{"tenant_id": BENCH_TENANT, "api_key": API_KEY, "namespace_salt": "bench-salt"}]})
+    )
     spec = ",".join(f"e{i}={e.address}" for i, e in enumerate(engines))
-    gateway = start_service("gateway", ["--port", "0", "--engines", spec, "--tenants-file", str(tenants),
-                                        "--log-json", "true", *INSECURE_LOOPBACK_FLAGS, *gateway_args],
-                            log_path=workdir / "gateway.log", timeout_s=60)
+    gateway = start_service(
+        "gateway",
+        [
+            "--port",
+            "0",
+            "--engines",
+            spec,
+            "--tenants-file",
+            str(tenants),
+            "--log-json",
+            "true",
+            *INSECURE_LOOPBACK_FLAGS,
+            *gateway_args,
+        ],
+        log_path=workdir / "gateway.log",
+        timeout_s=60,
+    )
     return engines, gateway
 
 
@@ -196,10 +243,16 @@ async def wait_all_engines_routable(gateway_stub, num_engines: int, timeout_s: f
     metadata = (("authorization", f"Bearer {API_KEY}"),)
     while True:
         seen = set()
-        for engine_id, conv in probes.items():
-            call = gateway_stub.Generate(chat_pb2.GenerateRequest(
-                conversation_id=conv, tokens=chat_pb2.TokenizedPrompt(token_ids=PROMPT_TOKEN_IDS),
-                sampling=chat_pb2.SamplingParams(max_new_tokens=1)), metadata=metadata, timeout=30)
+        for conv in probes.values():
+            call = gateway_stub.Generate(
+                chat_pb2.GenerateRequest(
+                    conversation_id=conv,
+                    tokens=chat_pb2.TokenizedPrompt(token_ids=PROMPT_TOKEN_IDS),
+                    sampling=chat_pb2.SamplingParams(max_new_tokens=1),
+                ),
+                metadata=metadata,
+                timeout=30,
+            )
             async for event in call:
                 if event.HasField("final"):
                     seen.add(event.final.engine_id)
@@ -226,21 +279,32 @@ async def main_async(args: argparse.Namespace) -> dict:
             # Warm both paths (connections, code paths) before measuring.
             await run_rate(50, 1.0, gateway_stub, engine_stubs, 1)
             rows = []
-            print(f"{'rate/s':>7} {'sent/s':>7} {'direct p50':>10} {'p99':>7} {'gateway p50':>11} {'p99':>7} "
-                  f"{'added p50':>9} {'p99':>7} {'gw cpu ms/req':>13}  failures")
+            print(
+                f"{'rate/s':>7} {'sent/s':>7} {'direct p50':>10} {'p99':>7} {'gateway p50':>11} {'p99':>7} "
+                f"{'added p50':>9} {'p99':>7} {'gw cpu ms/req':>13}  failures"
+            )
             for rate in rates:
                 row = await run_rate(rate, seconds, gateway_stub, engine_stubs, 1, gateway.process.pid)
                 rows.append(row)
-                print(f"{rate:>7} {row['achieved_per_s']:>7.0f} {row['direct_ms_p50']:>10.2f} "
-                      f"{row['direct_ms_p99']:>7.2f} {row['gateway_ms_p50']:>11.2f} {row['gateway_ms_p99']:>7.2f} "
-                      f"{row['added_ms_p50']:>9.2f} {row['added_ms_p99']:>7.2f} "
-                      f"{row.get('gateway_cpu_ms_per_request', float('nan')):>13.3f}  {row['failures']}", flush=True)
-            skew = await run_skew(gateway_stub, [f"e{i}" for i in range(args.engines)],
-                                  num_requests=300 if args.quick else 1500, concurrency=48,
-                                  max_new_tokens=8 if args.quick else 16)
-            print(f"skewed workload (hottest dialogue {skew['hottest_dialogue_share']:.0%} of requests): "
-                  f"served {skew['requests_by_engine']} max/mean {skew['max_over_mean']:.2f}; "
-                  f"ring only {skew['ring_only_requests_by_engine']} max/mean {skew['ring_only_max_over_mean']:.2f}")
+                print(
+                    f"{rate:>7} {row['achieved_per_s']:>7.0f} {row['direct_ms_p50']:>10.2f} "
+                    f"{row['direct_ms_p99']:>7.2f} {row['gateway_ms_p50']:>11.2f} {row['gateway_ms_p99']:>7.2f} "
+                    f"{row['added_ms_p50']:>9.2f} {row['added_ms_p99']:>7.2f} "
+                    f"{row.get('gateway_cpu_ms_per_request', float('nan')):>13.3f}  {row['failures']}",
+                    flush=True,
+                )
+            skew = await run_skew(
+                gateway_stub,
+                [f"e{i}" for i in range(args.engines)],
+                num_requests=300 if args.quick else 1500,
+                concurrency=48,
+                max_new_tokens=8 if args.quick else 16,
+            )
+            print(
+                f"skewed workload (hottest dialogue {skew['hottest_dialogue_share']:.0%} of requests): "
+                f"served {skew['requests_by_engine']} max/mean {skew['max_over_mean']:.2f}; "
+                f"ring only {skew['ring_only_requests_by_engine']} max/mean {skew['ring_only_max_over_mean']:.2f}"
+            )
             await gateway_channel.close()
             for c in engine_channels:
                 await c.close()
@@ -257,8 +321,9 @@ async def main_async(args: argparse.Namespace) -> dict:
         "direct_latency_ms_p99": round(target["direct_ms_p99"], 3),
         "gateway_latency_ms_p50": round(target["gateway_ms_p50"], 3),
         "gateway_latency_ms_p99": round(target["gateway_ms_p99"], 3),
-        "gateway_cpu_ms_per_request": (round(target["gateway_cpu_ms_per_request"], 3)
-                                       if "gateway_cpu_ms_per_request" in target else None),
+        "gateway_cpu_ms_per_request": (
+            round(target["gateway_cpu_ms_per_request"], 3) if "gateway_cpu_ms_per_request" in target else None
+        ),
         "trace_sample_ratio": args.trace_sample_ratio,
         "num_engines": args.engines,
         "added_latency_ms_p99_by_rate": {str(r["rate_per_s"]): round(r["added_ms_p99"], 3) for r in rows},
@@ -275,10 +340,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="rates 50/100/250/500 for 3 s each, short skew run")
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--seconds-per-rate", type=float, default=8.0)
-    parser.add_argument("--trace-sample-ratio", type=float, default=None,
-                        help="--trace-sample-ratio of every process (default: the services' default, every trace)")
-    parser.add_argument("--engine-arg", action="append", default=[],
-                        help="extra flag for the engines, e.g. --engine-arg=--device=cuda (repeatable)")
+    parser.add_argument(
+        "--trace-sample-ratio",
+        type=float,
+        default=None,
+        help="--trace-sample-ratio of every process (default: the services' default, every trace)",
+    )
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        help="extra flag for the engines, e.g. --engine-arg=--device=cuda (repeatable)",
+    )
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
     print("RESULT " + json.dumps(result))

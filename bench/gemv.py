@@ -24,7 +24,8 @@ against the engine's two-term GEMM on the 2T int8 rows of two terms, the same we
 4, 16, 64 and 256 on a layer's gate_up and down weights, in alternation (int16_t{T}_{gate_up,down}_speedup_x).
 
 With --grouped, the same weights also with group scales (f32[N, K/32], salon.kernels.w8a8_grouped: +1/8 of the
-weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu: salon/kernels/cpu/w8a8_grouped_vnni.c
+weight bytes as float32 scales), through the same engine entry point (w8a8_gemm_cpu:
+salon/kernels/cpu/w8a8_grouped_vnni.c
 on VNNI CPUs, w8a8_grouped.c on AVX2 ones), against the per-row scales, the two timed in alternation so the ratio
 grouped / per-row is a same-run figure on this noisy machine: the step's GEMMs and the output projection at
 M = 1, 2, 4, 8, 16 (2, 8, 16: decode of 1, 4, 8 sequences with two activation terms), and one prefill shape,
@@ -58,6 +59,7 @@ import torch
 
 from bench.alternate import best_seconds
 from bench.int16_gemm import int16_section
+from salon.engine.model.huge_pages import in_huge_pages
 from salon.kernels.cpu import native
 from salon.kernels.cpu.native import cpu_isas
 from salon.kernels.cpu.w8a8_gemm import int8_acc_c, w8a8_gemm_cpu
@@ -65,7 +67,6 @@ from salon.kernels.cpu.w8a8_grouped import GEMM_ARGS as GROUPED_ARGS
 from salon.kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu, weight_pointers
 from salon.kernels.w8a8_gemm import w8a8_epilogue, w8a8_epilogue_after_scales
 from salon.kernels.w8a8_grouped import GROUP
-from salon.engine.model.huge_pages import in_huge_pages
 
 D_MODEL, FFN, QKV, ATTN_OUT, VOCAB, LAYERS = 640, 2048, 1536, 1024, 262_144, 18
 STREAM_BYTES = 512 * 2**20
@@ -103,8 +104,10 @@ def int16_activation_ceiling_gmacs(threads: int, repeats: int) -> float | None:
 
 
 def _ceiling_gmacs(mode: int, threads: int, repeats: int) -> float | None:
-    lib = native.load(Path(__file__).with_name("int8_ceiling.c"),
-                      {"int8_products_per_s": ([ctypes.c_int, ctypes.c_int64, ctypes.c_int], ctypes.c_double)})
+    lib = native.load(
+        Path(__file__).with_name("int8_ceiling.c"),
+        {"int8_products_per_s": ([ctypes.c_int, ctypes.c_int64, ctypes.c_int], ctypes.c_double)},
+    )
     if lib is None:
         return None
     return max(lib.int8_products_per_s(mode, 4_000_000, threads) for _ in range(repeats)) / 1e9
@@ -128,11 +131,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--grouped", action="store_true",
-                        help="also time group scales (f32[N, K/32]) against per-row scales on the same weights")
-    parser.add_argument("--int16", action="store_true",
-                        help="also time the int16-activation GEMM (salon/kernels/cpu/w16a8_grouped.c) against the "
-                             "engine's two-term GEMM")
+    parser.add_argument(
+        "--grouped",
+        action="store_true",
+        help="also time group scales (f32[N, K/32]) against per-row scales on the same weights",
+    )
+    parser.add_argument(
+        "--int16",
+        action="store_true",
+        help="also time the int16-activation GEMM (salon/kernels/cpu/w16a8_grouped.c) against the "
+        "engine's two-term GEMM",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     repeats = 3 if args.quick else 10
@@ -145,19 +154,26 @@ def main() -> None:
     stream_gbps = STREAM_BYTES / _best_s(lambda: x.sum(), repeats) / 1e9
     ceiling = int8_product_ceiling_gmacs(args.threads, repeats)
     int16 = int16_activation_ceiling_gmacs(args.threads, repeats)
-    print(f"threads {args.threads}, CPU GEMM kernels {cpu_isas()}; streaming read (torch sum over 512 MB): "
-          f"{stream_gbps:.1f} GB/s; int8 product ceiling (bench/int8_ceiling.c): "
-          f"{'n/a' if ceiling is None else f'{ceiling:.1f} GMAC/s'}; one step's weights {step_bytes / 1e6:.1f} MB")
+    print(
+        f"threads {args.threads}, CPU GEMM kernels {cpu_isas()}; streaming read (torch sum over 512 MB): "
+        f"{stream_gbps:.1f} GB/s; int8 product ceiling (bench/int8_ceiling.c): "
+        f"{'n/a' if ceiling is None else f'{ceiling:.1f} GMAC/s'}; one step's weights {step_bytes / 1e6:.1f} MB"
+    )
     if int16 is not None and ceiling is not None:
-        print(f"  with one int16 term per activation instead of two int8 terms (the engine's recipe without VNNI): "
-              f"{int16:.1f} GMAC/s in two-term products, {int16 / ceiling:.2f}x the ceiling above")
+        print(
+            f"  with one int16 term per activation instead of two int8 terms (the engine's recipe without VNNI): "
+            f"{int16:.1f} GMAC/s in two-term products, {int16 / ceiling:.2f}x the ceiling above"
+        )
 
-    result: dict = {"threads": args.threads, "isas": list(cpu_isas()), "stream_read_gbps": round(stream_gbps, 2),
-                    "int8_product_ceiling_gmacs": None if ceiling is None else round(ceiling, 2),
-                    "int16_activation_ceiling_gmacs": None if int16 is None else round(int16, 2),
-                    "int16_activation_over_int8_ceiling_x":
-                        None if int16 is None or ceiling is None else round(int16 / ceiling, 2),
-                    "step_weight_bytes": step_bytes}
+    result: dict = {
+        "threads": args.threads,
+        "isas": list(cpu_isas()),
+        "stream_read_gbps": round(stream_gbps, 2),
+        "int8_product_ceiling_gmacs": None if ceiling is None else round(ceiling, 2),
+        "int16_activation_ceiling_gmacs": None if int16 is None else round(int16, 2),
+        "int16_activation_over_int8_ceiling_x": None if int16 is None or ceiling is None else round(int16 / ceiling, 2),
+        "step_weight_bytes": step_bytes,
+    }
     kernels = {"engine": w8a8_gemm_cpu}
     if "avx2" in cpu_isas():
         kernels["avx2_gemm_baseline"] = _avx2_baseline
@@ -165,10 +181,11 @@ def main() -> None:
         a = torch.randint(-127, 128, (m, FFN), dtype=torch.int8, generator=gen)
         a_s = torch.rand(m, generator=gen) + 1e-3
         for name, gemm in kernels.items():
+
             def step():
                 for layer in layers:
                     for w, s, geglu in layer:
-                        gemm(a[:, :w.shape[1]], a_s, w, s, geglu=geglu)
+                        gemm(a[:, : w.shape[1]], a_s, w, s, geglu=geglu)
                 gemm(a[:, :D_MODEL], a_s, lm_w, lm_s)
 
             t_step = _best_s(step, repeats)
@@ -179,9 +196,11 @@ def main() -> None:
                 result[f"{key}_ms"] = round(t * 1e3, 3)
                 result[f"{key}_gbps"] = round(gbps, 2)
                 result[f"{key}_pct_of_stream"] = round(100 * gbps / stream_gbps, 1)
-                print(f"M={m} {name:20s} {label:10s} {t * 1e3:8.3f} ms  {gbps:6.1f} GB/s  "
-                      f"{100 * gbps / stream_gbps:5.1f}% of the streaming read"
-                      f"{_of_ceiling(result, key, m * nbytes / t / 1e9, ceiling)}")
+                print(
+                    f"M={m} {name:20s} {label:10s} {t * 1e3:8.3f} ms  {gbps:6.1f} GB/s  "
+                    f"{100 * gbps / stream_gbps:5.1f}% of the streaming read"
+                    f"{_of_ceiling(result, key, m * nbytes / t / 1e9, ceiling)}"
+                )
     _huge_pages_section(layers, lm_w, repeats, gen, result)
     if args.grouped:
         _grouped_section(layers, lm_w, lm_s, step_bytes, repeats, gen, result, ceiling)
@@ -231,8 +250,9 @@ def _huge_pages_section(layers, lm_w, repeats: int, gen: torch.Generator, result
             def run():
                 for i, layer in enumerate(layers):
                     for j, (w, _, geglu) in enumerate(layer):
-                        _grouped_rows(a[:, :w.shape[1]], a_s, t[f"{i}.{j}.w"], t[f"{i}.{j}.s"], geglu=geglu)
+                        _grouped_rows(a[:, : w.shape[1]], a_s, t[f"{i}.{j}.w"], t[f"{i}.{j}.s"], geglu=geglu)
                 _grouped_rows(a[:, :D_MODEL], a_s, t["lm.w"], t["lm.s"])
+
             return run
 
         t_small, t_huge = _best_pair_s(step(small), step(huge), repeats)
@@ -240,8 +260,10 @@ def _huge_pages_section(layers, lm_w, repeats: int, gen: torch.Generator, result
         result[f"{key}_small_pages_ms"] = round(t_small * 1e3, 3)
         result[f"{key}_huge_pages_ms"] = round(t_huge * 1e3, 3)
         result[f"{key}_speedup_x"] = round(t_small / t_huge, 3)
-        print(f"M={m} step_gemms (grouped)  allocator's pages {t_small * 1e3:8.3f} ms  huge pages "
-              f"{t_huge * 1e3:8.3f} ms  {t_small / t_huge:5.2f}x")
+        print(
+            f"M={m} step_gemms (grouped)  allocator's pages {t_small * 1e3:8.3f} ms  huge pages "
+            f"{t_huge * 1e3:8.3f} ms  {t_small / t_huge:5.2f}x"
+        )
 
 
 def _grouped_avx2(a_q, a_scale, w_q, w_scale, geglu=False):
@@ -258,23 +280,37 @@ def _grouped_rows(a_q, a_scale, w_q, w_scale, geglu=False):
 def _grouped_prefill_prefetch(a_q, a_scale, w_q, w_scale, geglu=False):
     """The engine's grouped GEMM on its packed copy with the prefill's prefetch at every size
     (bench/w8a8_grouped_vnni_prefill_prefetch.c): the baseline of the decode prefetch."""
-    lib = native.load(Path(__file__).with_name("w8a8_grouped_vnni_prefill_prefetch.c"),
-                      {"w8a8_grouped_vnni": GROUPED_ARGS})
+    lib = native.load(
+        Path(__file__).with_name("w8a8_grouped_vnni_prefill_prefetch.c"), {"w8a8_grouped_vnni": GROUPED_ARGS}
+    )
     w_ptr, s_ptr = weight_pointers(w_q, w_scale, "vnni")
     m, k = a_q.shape
     n = w_q.shape[0]
     a_scale = a_scale.to(torch.float32).contiguous()
     y = torch.empty((m, n), dtype=torch.float32)
-    if s_ptr is not None or lib.w8a8_grouped_vnni(a_q.data_ptr(), a_q.stride(0), w_ptr, None, y.data_ptr(), n,
-                                                  a_scale.data_ptr(), m, n, k, torch.get_num_threads()):
+    if s_ptr is not None or lib.w8a8_grouped_vnni(
+        a_q.data_ptr(),
+        a_q.stride(0),
+        w_ptr,
+        None,
+        y.data_ptr(),
+        n,
+        a_scale.data_ptr(),
+        m,
+        n,
+        k,
+        torch.get_num_threads(),
+    ):
         raise RuntimeError("the prefill-prefetch baseline declined a call the engine's kernel takes")
     return w8a8_epilogue_after_scales(y, None, None, geglu)
 
 
-def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: torch.Generator, result: dict,
-                     ceiling: float | None) -> None:
+def _grouped_section(
+    layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: torch.Generator, result: dict, ceiling: float | None
+) -> None:
     """Per-row against group scales on the same weights, timed in alternation (see the module docstring); on a
     VNNI CPU also the grouped AVX2 kernel against the engine's (VNNI) one."""
+
     def group_scales(w):
         return torch.rand(w.shape[0], w.shape[1] // GROUP, generator=gen) + 1e-3
 
@@ -285,11 +321,27 @@ def _grouped_section(layers, lm_w, lm_s, step_bytes: int, repeats: int, gen: tor
     result["grouped_step_scale_bytes"] = scale_bytes
     pairs = [("per_row", w8a8_gemm_cpu, False)]
     if cpu_isas()[:1] == ("vnni",):
-        pairs += [("grouped_avx2", _grouped_avx2, True), ("vnni_rows", _grouped_rows, True),
-                  ("vnni_prefill_prefetch", _grouped_prefill_prefetch, True)]
+        pairs += [
+            ("grouped_avx2", _grouped_avx2, True),
+            ("vnni_rows", _grouped_rows, True),
+            ("vnni_prefill_prefetch", _grouped_prefill_prefetch, True),
+        ]
     for base_name, base_gemm, base_grouped in pairs:
-        _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm,
-                       base_grouped, ceiling)
+        _grouped_pairs(
+            layers,
+            layers_g,
+            lm_w,
+            lm_s,
+            lm_sg,
+            step_bytes,
+            repeats,
+            gen,
+            result,
+            base_name,
+            base_gemm,
+            base_grouped,
+            ceiling,
+        )
     _prefill_chunk(layers_g, repeats, gen, result, ceiling)
 
 
@@ -309,7 +361,7 @@ def _prefill_chunk(layers_g, repeats: int, gen: torch.Generator, result: dict, c
     def run():
         for layer in layers_g:
             for w, s, _ in layer:
-                if w8a8_grouped_scaled_cpu(a[:, :w.shape[1]], a_s, w, s) is None:
+                if w8a8_grouped_scaled_cpu(a[:, : w.shape[1]], a_s, w, s) is None:
                     raise RuntimeError("the grouped GEMM declined the prefill chunk")
 
     t = _best_s(run, repeats)
@@ -319,8 +371,9 @@ def _prefill_chunk(layers_g, repeats: int, gen: torch.Generator, result: dict, c
     print(f"prefill chunk M={m} (64 tokens, two terms), the step's layer GEMMs: {t * 1e3:8.2f} ms{detail}")
 
 
-def _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm,
-                   base_grouped, ceiling):
+def _grouped_pairs(
+    layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen, result, base_name, base_gemm, base_grouped, ceiling
+):
     """The engine's grouped GEMMs against base_gemm (on the per-row scales, or base_grouped: on the same group
     scales), timed in alternation."""
     print(f"grouped ({cpu_isas()[0]}) against {base_name}:")
@@ -333,22 +386,28 @@ def _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen
             def run():
                 for layer in lays:
                     for w, s, geglu in layer:
-                        gemm(a[:, :w.shape[1]], a_s, w, s, geglu=geglu)
+                        gemm(a[:, : w.shape[1]], a_s, w, s, geglu=geglu)
                 gemm(a[:, :D_MODEL], a_s, lm_w, lm_scale)
+
             return run
 
         def lm(gemm, lm_scale, a=a, a_s=a_s):
             return lambda: gemm(a[:, :D_MODEL], a_s, lm_w, lm_scale)
 
         for label, (t_base, t_grp), nbytes in (
-                ("step_gemms", _best_pair_s(step(base_gemm, base_layers, base_lm_s),
-                                            step(w8a8_gemm_cpu, layers_g, lm_sg), repeats), step_bytes),
-                ("lm_head", _best_pair_s(lm(base_gemm, base_lm_s), lm(w8a8_gemm_cpu, lm_sg), repeats),
-                 lm_w.numel())):
+            (
+                "step_gemms",
+                _best_pair_s(step(base_gemm, base_layers, base_lm_s), step(w8a8_gemm_cpu, layers_g, lm_sg), repeats),
+                step_bytes,
+            ),
+            ("lm_head", _best_pair_s(lm(base_gemm, base_lm_s), lm(w8a8_gemm_cpu, lm_sg), repeats), lm_w.numel()),
+        ):
             _record_pair(result, f"{label}_m{m}", base_name, t_base, t_grp, "gbps", nbytes / t_grp / 1e9)
-            print(f"M={m} {label:10s} {base_name} {t_base * 1e3:8.3f} ms  grouped {t_grp * 1e3:8.3f} ms  "
-                  f"grouped/{base_name} {t_grp / t_base:5.2f}x"
-                  f"{_of_ceiling(result, f'{label}_m{m}_grouped', m * nbytes / t_grp / 1e9, ceiling)}")
+            print(
+                f"M={m} {label:10s} {base_name} {t_base * 1e3:8.3f} ms  grouped {t_grp * 1e3:8.3f} ms  "
+                f"grouped/{base_name} {t_grp / t_base:5.2f}x"
+                f"{_of_ceiling(result, f'{label}_m{m}_grouped', m * nbytes / t_grp / 1e9, ceiling)}"
+            )
     m = 256
     a = torch.randint(-127, 128, (m, FFN), dtype=torch.int8, generator=gen)
     a_s = torch.rand(m, generator=gen) + 1e-3
@@ -357,20 +416,23 @@ def _grouped_pairs(layers, layers_g, lm_w, lm_s, lm_sg, step_bytes, repeats, gen
         s_base = s_grp if base_grouped else layers[0][index][1]
 
         def prefill(gemm, scale, w=w, geglu=geglu):
-            return lambda: gemm(a[:, :w.shape[1]], a_s, w, scale, geglu=geglu)
+            return lambda: gemm(a[:, : w.shape[1]], a_s, w, scale, geglu=geglu)
 
         t_base, t_grp = _best_pair_s(prefill(base_gemm, s_base), prefill(w8a8_gemm_cpu, s_grp), repeats)
         macs = m * w.numel()
         _record_pair(result, f"prefill_m{m}_{label}", base_name, t_base, t_grp, "gmacs", macs / t_grp / 1e9)
         share = _pct_of_ceiling(result, f"prefill_m{m}_{label}_grouped", macs / t_grp / 1e9, ceiling)
         pct = "" if share is None else f", {share:.0f}% of the product ceiling"
-        print(f"prefill M={m} {label:8s} {w.shape[0]}x{w.shape[1]}: {base_name} {t_base * 1e3:8.3f} ms  grouped "
-              f"{t_grp * 1e3:8.3f} ms ({macs / t_grp / 1e9:5.1f} GMAC/s{pct})  grouped/{base_name} "
-              f"{t_grp / t_base:5.2f}x")
+        print(
+            f"prefill M={m} {label:8s} {w.shape[0]}x{w.shape[1]}: {base_name} {t_base * 1e3:8.3f} ms  grouped "
+            f"{t_grp * 1e3:8.3f} ms ({macs / t_grp / 1e9:5.1f} GMAC/s{pct})  grouped/{base_name} "
+            f"{t_grp / t_base:5.2f}x"
+        )
 
 
-def _record_pair(result: dict, key: str, base_name: str, t_base: float, t_grp: float, rate_unit: str,
-                 rate: float) -> None:
+def _record_pair(
+    result: dict, key: str, base_name: str, t_base: float, t_grp: float, rate_unit: str, rate: float
+) -> None:
     """The RESULT keys of one baseline / grouped pair: both times, the grouped rate, the ratio (the grouped
     figures named by the baseline they were timed against: each pair is its own alternating run)."""
     result[f"{key}_{base_name}_ms"] = round(t_base * 1e3, 3)

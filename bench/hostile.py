@@ -38,8 +38,8 @@ from pathlib import Path
 
 import grpc
 
-from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from bench.gateway import process_cpu_s
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from salon.common.process import ServiceProcess, start_service
 
@@ -67,8 +67,11 @@ def hostile_request(kind: str) -> chat_pb2.GenerateRequest:
 
 
 def small_request(i: int) -> chat_pb2.GenerateRequest:
-    return chat_pb2.GenerateRequest(conversation_id=f"small-{i}", tokens=chat_pb2.TokenizedPrompt(
-        token_ids=[2, 818, 5279, 529]), sampling=chat_pb2.SamplingParams(max_new_tokens=1))
+    return chat_pb2.GenerateRequest(
+        conversation_id=f"small-{i}",
+        tokens=chat_pb2.TokenizedPrompt(token_ids=[2, 818, 5279, 529]),
+        sampling=chat_pb2.SamplingParams(max_new_tokens=1),
+    )
 
 
 def _metadata() -> tuple[tuple[str, str], ...]:
@@ -88,8 +91,9 @@ def attack(address: str, kind: str, seconds: float | None) -> None:
     times (ms) as one JSON list; without, send one per line read from stdin and print each time."""
     payload = hostile_request(kind).SerializeToString()
     with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 8 << 20)]) as channel:
-        call = channel.unary_stream(_GENERATE, request_serializer=lambda b: b,
-                                    response_deserializer=chat_pb2.GenerateResponse.FromString)
+        call = channel.unary_stream(
+            _GENERATE, request_serializer=lambda b: b, response_deserializer=chat_pb2.GenerateResponse.FromString
+        )
 
         def once() -> float:
             started = time.perf_counter()
@@ -116,8 +120,11 @@ def attack(address: str, kind: str, seconds: float | None) -> None:
 
 def flood(stub, address: str, kind: str, alone: list[float], seconds: float = 4.0) -> dict:
     """Back-to-back hostile requests for `seconds` while small requests run one after another."""
-    attacker = subprocess.Popen([sys.executable, "-m", "bench.hostile", "--attack", address, "--kind", kind,
-                                 "--attack-s", str(seconds)], stdout=subprocess.PIPE, text=True)
+    attacker = subprocess.Popen(
+        [sys.executable, "-m", "bench.hostile", "--attack", address, "--kind", kind, "--attack-s", str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert attacker.stdout.readline().strip() == "ready"
     during = []
     deadline = time.monotonic() + seconds - 0.5
@@ -127,22 +134,35 @@ def flood(stub, address: str, kind: str, alone: list[float], seconds: float = 4.
     if attacker.wait(60) != 0:
         raise RuntimeError(f"the {kind} flood failed")
     added = round(statistics.median(during) - statistics.median(alone), 2)
-    print(f"flood {kind:<12} {len(refusals) / seconds:.0f} refusals/s, p50 {_p(refusals, 0.5)} ms; "
-          f"small request p50 {_p(during, 0.5)} ms ({added:+} ms)", flush=True)
-    return {f"flood_refusals_per_s_{kind}": round(len(refusals) / seconds, 1),
-            f"flood_refusal_ms_p50_{kind}": _p(refusals, 0.5),
-            f"flood_small_request_added_ms_p50_{kind}": added}
+    print(
+        f"flood {kind:<12} {len(refusals) / seconds:.0f} refusals/s, p50 {_p(refusals, 0.5)} ms; "
+        f"small request p50 {_p(during, 0.5)} ms ({added:+} ms)",
+        flush=True,
+    )
+    return {
+        f"flood_refusals_per_s_{kind}": round(len(refusals) / seconds, 1),
+        f"flood_refusal_ms_p50_{kind}": _p(refusals, 0.5),
+        f"flood_small_request_added_ms_p50_{kind}": added,
+    }
 
 
 def start_stack(model: str, workdir: Path) -> tuple[ServiceProcess, ServiceProcess]:
-    engine = start_service("engine", ["--port", "0", "--model", model, "--engine-id", "e0", *INSECURE_LOOPBACK_FLAGS],
-                           log_path=workdir / "engine.log", timeout_s=1800)
+    engine = start_service(
+        "engine",
+        ["--port", "0", "--model", model, "--engine-id", "e0", *INSECURE_LOOPBACK_FLAGS],
+        log_path=workdir / "engine.log",
+        timeout_s=1800,
+    )
     tenants = workdir / "tenants.json"
-    tenants.write_text(json.dumps({"tenants": [{"tenant_id": "bench", "api_key": API_KEY,
-                                                "namespace_salt": "bench-hostile"}]}))
-    gateway = start_service("gateway", ["--port", "0", "--engines", f"e0={engine.address}", "--tenants-file",
-                                        str(tenants), *INSECURE_LOOPBACK_FLAGS],
-                            log_path=workdir / "gateway.log", timeout_s=60)
+    tenants.write_text(
+        json.dumps({"tenants": [{"tenant_id": "bench", "api_key": API_KEY, "namespace_salt": "bench-hostile"}]})
+    )
+    gateway = start_service(
+        "gateway",
+        ["--port", "0", "--engines", f"e0={engine.address}", "--tenants-file", str(tenants), *INSECURE_LOOPBACK_FLAGS],
+        log_path=workdir / "gateway.log",
+        timeout_s=60,
+    )
     return engine, gateway
 
 
@@ -171,16 +191,25 @@ def run(args: argparse.Namespace) -> dict:
                 cpu = _cpu(gateway, engine)
                 alone = [timed_small(stub, i) for i in range(args.small_requests)]
                 small_cpu = [(b - a) / len(alone) for a, b in zip(cpu, _cpu(gateway, engine))]
-                result = {"model": args.model, "small_request_ms_p50_alone": _p(alone, 0.5),
-                          "small_request_ms_p90_alone": _p(alone, 0.9),
-                          "gateway_cpu_ms_per_small_request": round(small_cpu[0], 2),
-                          "engine_cpu_ms_per_small_request": round(small_cpu[1], 2)}
-                print(f"small request alone: p50 {result['small_request_ms_p50_alone']} ms, "
-                      f"p90 {result['small_request_ms_p90_alone']} ms", flush=True)
+                result = {
+                    "model": args.model,
+                    "small_request_ms_p50_alone": _p(alone, 0.5),
+                    "small_request_ms_p90_alone": _p(alone, 0.9),
+                    "gateway_cpu_ms_per_small_request": round(small_cpu[0], 2),
+                    "engine_cpu_ms_per_small_request": round(small_cpu[1], 2),
+                }
+                print(
+                    f"small request alone: p50 {result['small_request_ms_p50_alone']} ms, "
+                    f"p90 {result['small_request_ms_p90_alone']} ms",
+                    flush=True,
+                )
                 for kind in args.kinds:
                     attacker = subprocess.Popen(
                         [sys.executable, "-m", "bench.hostile", "--attack", gateway.address, "--kind", kind],
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
                     assert attacker.stdout.readline().strip() == "ready"
                     refusals, during = [], []
                     cpu = _cpu(gateway, engine)
@@ -202,15 +231,19 @@ def run(args: argparse.Namespace) -> dict:
                     result[f"small_request_ms_p50_{kind}"] = _p(during, 0.5)
                     result[f"small_request_ms_p90_{kind}"] = _p(during, 0.9)
                     result[f"small_request_added_ms_p50_{kind}"] = round(
-                        statistics.median(during) - statistics.median(alone), 2)
-                    print(f"{kind:<12} refused in p50 {result[f'refusal_ms_p50_{kind}']} ms "
-                          f"(max {result[f'refusal_ms_max_{kind}']} ms); the small request alongside: "
-                          f"p50 {result[f'small_request_ms_p50_{kind}']} ms "
-                          f"({result[f'small_request_added_ms_p50_{kind}']:+} ms); CPU per pair: gateway "
-                          f"{result[f'gateway_cpu_ms_per_pair_{kind}']} ms (small alone "
-                          f"{result['gateway_cpu_ms_per_small_request']}), engine "
-                          f"{result[f'engine_cpu_ms_per_pair_{kind}']} ms (small alone "
-                          f"{result['engine_cpu_ms_per_small_request']})", flush=True)
+                        statistics.median(during) - statistics.median(alone), 2
+                    )
+                    print(
+                        f"{kind:<12} refused in p50 {result[f'refusal_ms_p50_{kind}']} ms "
+                        f"(max {result[f'refusal_ms_max_{kind}']} ms); the small request alongside: "
+                        f"p50 {result[f'small_request_ms_p50_{kind}']} ms "
+                        f"({result[f'small_request_added_ms_p50_{kind}']:+} ms); CPU per pair: gateway "
+                        f"{result[f'gateway_cpu_ms_per_pair_{kind}']} ms (small alone "
+                        f"{result['gateway_cpu_ms_per_small_request']}), engine "
+                        f"{result[f'engine_cpu_ms_per_pair_{kind}']} ms (small alone "
+                        f"{result['engine_cpu_ms_per_small_request']})",
+                        flush=True,
+                    )
                 if args.flood:
                     for kind in args.kinds:
                         result.update(flood(stub, gateway.address, kind, alone))

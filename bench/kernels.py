@@ -17,6 +17,7 @@ On a GPU machine, the GPU tests first:  python -m pytest tests/kernels -m gpu -q
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import time
@@ -97,9 +98,11 @@ def bench_gemm(quick: bool, int8_peak_tops: float | None, hbm_peak: float | None
             t_ref = time_ms(lambda: w8a8_gemm_ref(a, a_s, w, w_s, geglu=geglu), rep_ms=50)
             t_int_mm = None
             if M > 16 and M % 8 == 0 and K % 8 == 0 and N % 8 == 0:
+
                 def int_mm():
                     y = torch._int_mm(a, w.T).float() * a_s[:, None] * w_s[None, :]
-                    return F.gelu(y[:, : N // 2], approximate="tanh") * y[:, N // 2:] if geglu else y
+                    return F.gelu(y[:, : N // 2], approximate="tanh") * y[:, N // 2 :] if geglu else y
+
                 try:
                     t_int_mm = time_ms(int_mm)
                 except RuntimeError as e:  # cuBLAS rejects some int8 layouts; the row then has no int_mm figure
@@ -108,14 +111,26 @@ def bench_gemm(quick: bool, int8_peak_tops: float | None, hbm_peak: float | None
             t_bf16 = time_ms(lambda: a_bf @ w_bf.T)
             tops = 2 * M * N * K / (t_triton * 1e-3) / 1e12
             gbps = (M * K + N * K + M * (N // 2 if geglu else N) * 4) / (t_triton * 1e-3) / 1e9
-            row = dict(m=M, k=K, n=N, geglu=geglu, triton_ms=t_triton, torch_ref_ms=t_ref, torch_int_mm_ms=t_int_mm,
-                       bf16_matmul_ms=t_bf16, tops=tops, gbps=gbps,
-                       int8_peak_frac=tops / int8_peak_tops if int8_peak_tops else None,
-                       hbm_peak_frac=gbps / hbm_peak if hbm_peak else None)
+            row = dict(
+                m=M,
+                k=K,
+                n=N,
+                geglu=geglu,
+                triton_ms=t_triton,
+                torch_ref_ms=t_ref,
+                torch_int_mm_ms=t_int_mm,
+                bf16_matmul_ms=t_bf16,
+                tops=tops,
+                gbps=gbps,
+                int8_peak_frac=tops / int8_peak_tops if int8_peak_tops else None,
+                hbm_peak_frac=gbps / hbm_peak if hbm_peak else None,
+            )
             rows.append(row)
-            print(f"gemm M={M:5d} K={K:5d} N={N:6d} geglu={geglu!s:5} triton {t_triton:8.3f} ms "
-                  f"({tops:7.1f} TOPS, {gbps:7.0f} GB/s) ref {t_ref:8.3f} ms int_mm "
-                  f"{'-' if t_int_mm is None else f'{t_int_mm:.3f}'} ms bf16 {t_bf16:.3f} ms")
+            print(
+                f"gemm M={M:5d} K={K:5d} N={N:6d} geglu={geglu!s:5} triton {t_triton:8.3f} ms "
+                f"({tops:7.1f} TOPS, {gbps:7.0f} GB/s) ref {t_ref:8.3f} ms int_mm "
+                f"{'-' if t_int_mm is None else f'{t_int_mm:.3f}'} ms bf16 {t_bf16:.3f} ms"
+            )
     return {"rows": rows}
 
 
@@ -132,27 +147,49 @@ def bench_decode(quick: bool, hbm_peak: float | None) -> dict:
                 t = time_ms(lambda: paged_attention_triton(args))
                 gbps = kv_bytes_read(batch, context, window) / (t * 1e-3) / 1e9
                 t_ref = time_ms(lambda: paged_attention_ref(args), rep_ms=50) if batch <= 64 else None
-                rows.append(dict(batch=batch, context_tokens=context, window=window, triton_ms=t, gbps=gbps,
-                                 hbm_peak_frac=gbps / hbm_peak if hbm_peak else None, torch_ref_ms=t_ref,
-                                 sdpa_bf16_ms=None))
+                rows.append(
+                    dict(
+                        batch=batch,
+                        context_tokens=context,
+                        window=window,
+                        triton_ms=t,
+                        gbps=gbps,
+                        hbm_peak_frac=gbps / hbm_peak if hbm_peak else None,
+                        torch_ref_ms=t_ref,
+                        sdpa_bf16_ms=None,
+                    )
+                )
             # SDPA over a dense bf16 copy of the same (global) context: the unpaged, unquantized baseline
-            k = (k_cache.float() * k_scale[..., None]).to(torch.bfloat16)[tables.long()].view(batch, -1, HEADS_KV, HEAD_DIM)
-            v = (v_cache.float() * v_scale[..., None]).to(torch.bfloat16)[tables.long()].view(batch, -1, HEADS_KV, HEAD_DIM)
+            k = (
+                (k_cache.float() * k_scale[..., None])
+                .to(torch.bfloat16)[tables.long()]
+                .view(batch, -1, HEADS_KV, HEAD_DIM)
+            )
+            v = (
+                (v_cache.float() * v_scale[..., None])
+                .to(torch.bfloat16)[tables.long()]
+                .view(batch, -1, HEADS_KV, HEAD_DIM)
+            )
             qd = q.view(batch, 1, HEADS_Q, HEAD_DIM).transpose(1, 2).to(torch.bfloat16)
             kd, vd = k[:, :context].transpose(1, 2), v[:, :context].transpose(1, 2)
-            rows[-2]["sdpa_bf16_ms"] = time_ms(lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True))
+            rows[-2]["sdpa_bf16_ms"] = time_ms(
+                functools.partial(F.scaled_dot_product_attention, qd, kd, vd, enable_gqa=True)
+            )
             del k, v, kd, vd, inputs, k_cache, v_cache
             torch.cuda.empty_cache()
             for r in rows[-2:]:
-                print(f"decode B={batch:3d} ctx={context:6d} window={str(r['window']):>4} triton {r['triton_ms']:8.3f} ms "
-                      f"{r['gbps']:7.0f} GB/s ref {r['torch_ref_ms'] or float('nan'):8.3f} ms "
-                      f"sdpa(bf16 dense) {r['sdpa_bf16_ms'] or float('nan'):8.3f} ms")
+                print(
+                    f"decode B={batch:3d} ctx={context:6d} window={str(r['window']):>4} triton "
+                    f"{r['triton_ms']:8.3f} ms "
+                    f"{r['gbps']:7.0f} GB/s ref {r['torch_ref_ms'] or float('nan'):8.3f} ms "
+                    f"sdpa(bf16 dense) {r['sdpa_bf16_ms'] or float('nan'):8.3f} ms"
+                )
     return {"rows": rows}
 
 
 def bench_prefill(quick: bool) -> dict:
     rows = []
-    for prompt in ([4096] if quick else [1024, 4096, 16384]):
+    for prompt in [4096] if quick else [1024, 4096, 16384]:
         inputs = paged_inputs(1, prompt, prompt, "cuda")
         q = inputs[0]
         for window in (None, WINDOW):
@@ -165,8 +202,10 @@ def bench_prefill(quick: bool) -> dict:
         t_sdpa = time_ms(lambda: F.scaled_dot_product_attention(qd, k, k, is_causal=True, enable_gqa=True))
         rows[-2]["sdpa_bf16_ms"] = t_sdpa
         for r in rows[-2:]:
-            print(f"prefill T={prompt:6d} window={str(r['window']):>4} triton {r['triton_ms']:8.3f} ms "
-                  f"ref {r['torch_ref_ms']:8.3f} ms sdpa(bf16 causal, global) {t_sdpa:8.3f} ms")
+            print(
+                f"prefill T={prompt:6d} window={str(r['window']):>4} triton {r['triton_ms']:8.3f} ms "
+                f"ref {r['torch_ref_ms']:8.3f} ms sdpa(bf16 causal, global) {t_sdpa:8.3f} ms"
+            )
     return {"rows": rows}
 
 
@@ -189,7 +228,9 @@ def bench_small_ops(hbm_peak: float | None) -> dict:
     out["kv_write"] = dict(triton_ms=t, torch_ref_ms=t_ref, gbps=2 * k.numel() * 5 / (t * 1e-3) / 1e9)
     for name, r in out.items():
         frac = f" ({r['gbps'] / hbm_peak:.0%} of HBM)" if hbm_peak else ""
-        print(f"{name:14s} triton {r['triton_ms']:.3f} ms, {r['gbps']:.0f} GB/s{frac}; torch {r['torch_ref_ms']:.3f} ms")
+        print(
+            f"{name:14s} triton {r['triton_ms']:.3f} ms, {r['gbps']:.0f} GB/s{frac}; torch {r['torch_ref_ms']:.3f} ms"
+        )
     return out
 
 
@@ -204,12 +245,18 @@ def run_cuda(quick: bool) -> dict:
     long_decode = [r for r in decode["rows"] if r["context_tokens"] >= 16384 and r["window"] is None]
     big_gemm = [r for r in gemm["rows"] if r["m"] >= 1024]
     return {
-        "cuda": True, "device": name, "hbm_peak_gbps": hbm_peak, "int8_peak_tops": int8_peak,
+        "cuda": True,
+        "device": name,
+        "hbm_peak_gbps": hbm_peak,
+        "int8_peak_tops": int8_peak,
         "decode_attn_best_gbps": max(r["gbps"] for r in long_decode),
         "decode_attn_best_hbm_frac": max((r["hbm_peak_frac"] or 0) for r in long_decode) if hbm_peak else None,
         "gemm_best_tops": max(r["tops"] for r in big_gemm),
         "gemm_best_int8_peak_frac": max((r["int8_peak_frac"] or 0) for r in big_gemm) if int8_peak else None,
-        "gemm": gemm["rows"], "decode": decode["rows"], "prefill": prefill["rows"], "small_ops": small,
+        "gemm": gemm["rows"],
+        "decode": decode["rows"],
+        "prefill": prefill["rows"],
+        "small_ops": small,
     }
 
 
@@ -217,18 +264,28 @@ def run_cuda(quick: bool) -> dict:
 
 
 def run_cpu(quick: bool) -> dict:
-    print("no CUDA device: GPU figures (GB/s, TOPS, speed vs torch/SDPA) not measured; "
-          "checking kernels in the Triton interpreter and timing the PyTorch references on CPU")
+    print(
+        "no CUDA device: GPU figures (GB/s, TOPS, speed vs torch/SDPA) not measured; "
+        "checking kernels in the Triton interpreter and timing the PyTorch references on CPU"
+    )
     torch.manual_seed(0)
     errors = {}
     a = torch.randint(-127, 128, (5, 70), dtype=torch.int8)
     w = torch.randint(-127, 128, (42, 70), dtype=torch.int8)
     a_s, w_s, res = torch.rand(5), torch.rand(42), torch.randn(5, 21)
-    errors["w8a8_gemm"] = (w8a8_gemm_triton(a, a_s, w, w_s, residual=res, geglu=True)
-                           - w8a8_gemm_ref(a, a_s, w, w_s, residual=res, geglu=True)).abs().max().item()
+    errors["w8a8_gemm"] = (
+        (
+            w8a8_gemm_triton(a, a_s, w, w_s, residual=res, geglu=True)
+            - w8a8_gemm_ref(a, a_s, w, w_s, residual=res, geglu=True)
+        )
+        .abs()
+        .max()
+        .item()
+    )
     x, wn = torch.randn(9, 37), torch.randn(37) + 1
-    errors["rmsnorm_quant_int8_steps"] = (rmsnorm_quant_triton(x, wn, 1e-6)[0].int()
-                                          - rmsnorm_quant_ref(x, wn, 1e-6)[0].int()).abs().max().item()
+    errors["rmsnorm_quant_int8_steps"] = (
+        (rmsnorm_quant_triton(x, wn, 1e-6)[0].int() - rmsnorm_quant_ref(x, wn, 1e-6)[0].int()).abs().max().item()
+    )
     xr, pos = torch.randn(5, 4, 16), torch.tensor([0, 1, 100, 5000, 32000])
     errors["rope_neox"] = (rope_neox_triton(xr, pos, 1e6) - rope_neox_ref(xr, pos, 1e6)).abs().max().item()
     for q_len, label in ((1, "paged_decode"), (40, "paged_prefill")):

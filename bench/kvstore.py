@@ -104,10 +104,25 @@ def bench_match(num_dialogues: int, history_tokens_mean: int, num_queries: int) 
 
 def start_kvstore(shm_dir: str, capacity_bytes: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "salon.kvstore", "--port", "0", "--capacity-bytes", str(capacity_bytes),
-         "--shm-dir", shm_dir, "--log-json", "true", *INSECURE_LOOPBACK_FLAGS],
-        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "salon.kvstore",
+            "--port",
+            "0",
+            "--capacity-bytes",
+            str(capacity_bytes),
+            "--shm-dir",
+            shm_dir,
+            "--log-json",
+            "true",
+            *INSECURE_LOOPBACK_FLAGS,
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     for line in proc.stdout:
         if line.startswith("LISTENING kvstore"):
@@ -149,7 +164,9 @@ async def bench_transfer(context_tokens: int, repeats: int) -> dict:
                 for r in range(repeats):
                     ns = f"{name}-{r}".encode().ljust(32, b"\0")  # a fresh namespace: every block is new
                     t = time.perf_counter()
-                    result = await client.put(ns, ctx, GEMMA, global_kv, local_kv, local_first_block=num_blocks - local_blocks)
+                    result = await client.put(
+                        ns, ctx, GEMMA, global_kv, local_kv, local_first_block=num_blocks - local_blocks
+                    )
                     times.append(time.perf_counter() - t)
                     assert result is not None and result.stored_blocks == num_blocks, result
                 out[f"put_gb_per_s_{name}"] = round(total_bytes / min(times) / 1e9, 3)
@@ -166,7 +183,7 @@ async def bench_transfer(context_tokens: int, repeats: int) -> dict:
                         times.append(time.perf_counter() - t)
                         assert result.num_tokens == context_tokens
                     np.testing.assert_array_equal(result.global_kv, global_kv)
-                    np.testing.assert_array_equal(result.local_kv, local_kv[-len(result.local_kv):])
+                    np.testing.assert_array_equal(result.local_kv, local_kv[-len(result.local_kv) :])
                     out[f"fetch_gb_per_s_{name}{mode}"] = round(total_bytes / min(times) / 1e9, 3)
                     out[f"fetch_ms_{name}{mode}"] = round(min(times) * 1000, 2)
             times = []
@@ -174,8 +191,12 @@ async def bench_transfer(context_tokens: int, repeats: int) -> dict:
                 t = time.perf_counter()
                 await clients["grpc"].match(ns, ctx, GEMMA)
                 times.append((time.perf_counter() - t) * 1000)
-            out["match_grpc_ms_p50_32k" if context_tokens == 32768 else "match_grpc_ms_p50"] = round(statistics.median(times), 3)
-            out["match_grpc_ms_p99_32k" if context_tokens == 32768 else "match_grpc_ms_p99"] = round(percentile(times, 0.99), 3)
+            out["match_grpc_ms_p50_32k" if context_tokens == 32768 else "match_grpc_ms_p50"] = round(
+                statistics.median(times), 3
+            )
+            out["match_grpc_ms_p99_32k" if context_tokens == 32768 else "match_grpc_ms_p99"] = round(
+                percentile(times, 0.99), 3
+            )
             for client in clients.values():
                 await client.close()
         finally:
@@ -191,20 +212,31 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     history_mean = 256 if args.quick else 1024
     match = bench_match(10_000, history_mean, 200 if args.quick else 1000)
-    print(f"match: {match['num_dialogues']} dialogues, {match['num_blocks_stored']} blocks stored (built in {match['build_s']} s)")
+    print(
+        f"match: {match['num_dialogues']} dialogues, {match['num_blocks_stored']} blocks stored (built in "
+        f"{match['build_s']} s)"
+    )
     for label in ("1k", "8k", "32k"):
-        print(f"  {label:>3} tokens: p50 {match[f'match_ms_p50_{label}']:.3f} ms  p99 {match[f'match_ms_p99_{label}']:.3f} ms"
-              f"  (CPU-time p99 {match[f'match_cpu_ms_p99_{label}']:.3f} ms)"
-              f"  (client-side id encoding {match[f'encode_ms_{label}']:.3f} ms)")
+        print(
+            f"  {label:>3} tokens: p50 {match[f'match_ms_p50_{label}']:.3f} ms  p99 "
+            f"{match[f'match_ms_p99_{label}']:.3f} ms"
+            f"  (CPU-time p99 {match[f'match_cpu_ms_p99_{label}']:.3f} ms)"
+            f"  (client-side id encoding {match[f'encode_ms_{label}']:.3f} ms)"
+        )
     transfer = asyncio.run(bench_transfer(32768, 3 if args.quick else 8))
     mb = transfer["transfer_bytes"] / 1e6
     print(f"transfer: one 32k-token context, {mb:.1f} MB (global KV of 2048 blocks + local KV of 40)")
     print(f"  memcpy baseline   {transfer['memcpy_gb_per_s']:.2f} GB/s")
     for name in ("grpc", "shm"):
-        print(f"  {name:>4}: fetch {transfer[f'fetch_gb_per_s_{name}']:.2f} GB/s ({transfer[f'fetch_ms_{name}']} ms)"
-              f"  into fresh arrays {transfer[f'fetch_gb_per_s_{name}_fresh']:.2f} GB/s"
-              f"  put {transfer[f'put_gb_per_s_{name}']:.2f} GB/s")
-    print(f"  Match over gRPC (32k tokens): p50 {transfer['match_grpc_ms_p50_32k']} ms  p99 {transfer['match_grpc_ms_p99_32k']} ms")
+        print(
+            f"  {name:>4}: fetch {transfer[f'fetch_gb_per_s_{name}']:.2f} GB/s ({transfer[f'fetch_ms_{name}']} ms)"
+            f"  into fresh arrays {transfer[f'fetch_gb_per_s_{name}_fresh']:.2f} GB/s"
+            f"  put {transfer[f'put_gb_per_s_{name}']:.2f} GB/s"
+        )
+    print(
+        f"  Match over gRPC (32k tokens): p50 {transfer['match_grpc_ms_p50_32k']} ms  p99 "
+        f"{transfer['match_grpc_ms_p99_32k']} ms"
+    )
     result = {**match, **transfer}
     result["shm_fetch_fraction_of_memcpy"] = round(transfer["fetch_gb_per_s_shm"] / transfer["memcpy_gb_per_s"], 3)
     print("RESULT " + json.dumps(result, sort_keys=True))

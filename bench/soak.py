@@ -102,24 +102,65 @@ class Stack:
 
 def start_stack(workdir: Path) -> Stack:
     tenants = workdir / "tenants.json"
-    tenants.write_text(json.dumps({"tenants": [
-        {"tenant_id": "open", "api_key": KEY_OPEN, "namespace_salt": "soak-open"},
-        {"tenant_id": "limited", "api_key": KEY_LIMITED, "namespace_salt": "soak-limited",
-         "max_concurrent_streams": LIMITED_STREAMS},
-    ]}))
+    tenants.write_text(
+        json.dumps(
+            {
+                "tenants": [
+                    {"tenant_id": "open", "api_key": KEY_OPEN, "namespace_salt": "soak-open"},
+                    {
+                        "tenant_id": "limited",
+                        "api_key": KEY_LIMITED,
+                        "namespace_salt": "soak-limited",
+                        "max_concurrent_streams": LIMITED_STREAMS,
+                    },
+                ]
+            }
+        )
+    )
     engines: dict[str, ServiceProcess] = {}
     try:
         for engine_id in ENGINE_IDS:
-            engines[engine_id] = start_service("engine", [
-                "--port", "0", "--model", "synthetic-tiny", "--engine-id", engine_id, "--kv-cache-bytes",
-                str(32 << 20), "--max-num-running", str(MAX_NUM_RUNNING), "--max-waiting-requests",
-                str(MAX_WAITING_REQUESTS), *INSECURE_LOOPBACK_FLAGS],
-                log_path=workdir / f"soak-{engine_id}.log", timeout_s=180)
+            engines[engine_id] = start_service(
+                "engine",
+                [
+                    "--port",
+                    "0",
+                    "--model",
+                    "synthetic-tiny",
+                    "--engine-id",
+                    engine_id,
+                    "--kv-cache-bytes",
+                    str(32 << 20),
+                    "--max-num-running",
+                    str(MAX_NUM_RUNNING),
+                    "--max-waiting-requests",
+                    str(MAX_WAITING_REQUESTS),
+                    *INSECURE_LOOPBACK_FLAGS,
+                ],
+                log_path=workdir / f"soak-{engine_id}.log",
+                timeout_s=180,
+            )
         spec = ",".join(f"{e}={p.address}" for e, p in engines.items())
-        gateway = start_service("gateway", [
-            "--port", "0", "--metrics-port", "0", "--engines", spec, "--tenants-file", str(tenants),
-            "--load-interval-ms", "100", "--grace-s", "1", *INSECURE_LOOPBACK_FLAGS],
-            log_path=workdir / "soak-gateway.log", timeout_s=60)
+        gateway = start_service(
+            "gateway",
+            [
+                "--port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--engines",
+                spec,
+                "--tenants-file",
+                str(tenants),
+                "--load-interval-ms",
+                "100",
+                "--grace-s",
+                "1",
+                *INSECURE_LOOPBACK_FLAGS,
+            ],
+            log_path=workdir / "soak-gateway.log",
+            timeout_s=60,
+        )
     except BaseException:
         for p in engines.values():
             p.kill()
@@ -144,17 +185,26 @@ async def _wait_routable(address: str, timeout_s: float = 30.0) -> None:
 
 
 def _request(conversation_id: str, max_new_tokens: int) -> chat_pb2.GenerateRequest:
-    return chat_pb2.GenerateRequest(conversation_id=conversation_id,
-                                    tokens=chat_pb2.TokenizedPrompt(token_ids=PROMPT),
-                                    sampling=chat_pb2.SamplingParams(max_new_tokens=max_new_tokens))
+    return chat_pb2.GenerateRequest(
+        conversation_id=conversation_id,
+        tokens=chat_pb2.TokenizedPrompt(token_ids=PROMPT),
+        sampling=chat_pb2.SamplingParams(max_new_tokens=max_new_tokens),
+    )
 
 
 def _auth(key: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {key}"),)
 
 
-async def run_phase(address: str, name: str, workers: list[tuple[str, int]], num_requests: int,
-                    max_new_tokens: int, time_limit_s: float, call_timeout_s: float) -> PhaseResult:
+async def run_phase(
+    address: str,
+    name: str,
+    workers: list[tuple[str, int]],
+    num_requests: int,
+    max_new_tokens: int,
+    time_limit_s: float,
+    call_timeout_s: float,
+) -> PhaseResult:
     """Closed-loop workers, one (api key, worker index) each, sharing a budget of `num_requests`; the
     phase also ends at `time_limit_s`. A refused worker waits 20 ms before its next request."""
     result = PhaseResult(name)
@@ -169,8 +219,11 @@ async def run_phase(address: str, name: str, workers: list[tuple[str, int]], num
             result.num_requests += 1
             try:
                 num_tokens = 0
-                async for event in stub.Generate(_request(f"{name}-{key[-4:]}-{index}-{n}", max_new_tokens),
-                                                 metadata=_auth(key), timeout=call_timeout_s):
+                async for event in stub.Generate(
+                    _request(f"{name}-{key[-4:]}-{index}-{n}", max_new_tokens),
+                    metadata=_auth(key),
+                    timeout=call_timeout_s,
+                ):
                     num_tokens += len(event.delta.token_ids)
                 result.num_ok += 1
                 result.num_generated_tokens += num_tokens
@@ -213,8 +266,11 @@ async def _engine_clean(address: str, timeout_s: float = 10.0) -> bool:
         stub = engine_pb2_grpc.EngineServiceStub(channel)
         while True:
             load = (await stub.GetLoad(engine_pb2.GetLoadRequest(), timeout=5)).load
-            if (load.running_requests == 0 and load.waiting_requests == 0
-                    and load.free_kv_blocks + load.cached_kv_blocks == load.total_kv_blocks):
+            if (
+                load.running_requests == 0
+                and load.waiting_requests == 0
+                and load.free_kv_blocks + load.cached_kv_blocks == load.total_kv_blocks
+            ):
                 return True
             if time.monotonic() > deadline:
                 return False
@@ -235,17 +291,20 @@ def run_soak(workdir: Path, quick: bool) -> SoakReport:
             warm = await run_phase(address, "warmup", [(KEY_OPEN, i) for i in range(8)], 48, 16, 60, 60)
             phases.append(warm)
             rss["after_warmup"] = stack.rss_kib()
-            below = await run_phase(address, "below", [(KEY_OPEN, i) for i in range(MAX_NUM_RUNNING)],
-                                    160 * scale, 16, 60 * scale, 60)
+            below = await run_phase(
+                address, "below", [(KEY_OPEN, i) for i in range(MAX_NUM_RUNNING)], 160 * scale, 16, 60 * scale, 60
+            )
             phases.append(below)
             rss["after_below"] = stack.rss_kib()
-            workers = ([(KEY_OPEN, i) for i in range(4 * capacity)]
-                       + [(KEY_LIMITED, i) for i in range(4 * LIMITED_STREAMS)])
+            workers = [(KEY_OPEN, i) for i in range(4 * capacity)] + [
+                (KEY_LIMITED, i) for i in range(4 * LIMITED_STREAMS)
+            ]
             above = await run_phase(address, "above", workers, 600 * scale, 48, 60 * scale, 60)
             phases.append(above)
             rss["after_above"] = stack.rss_kib()
-            again = await run_phase(address, "below_again", [(KEY_OPEN, i) for i in range(MAX_NUM_RUNNING)],
-                                    160 * scale, 16, 60 * scale, 60)
+            again = await run_phase(
+                address, "below_again", [(KEY_OPEN, i) for i in range(MAX_NUM_RUNNING)], 160 * scale, 16, 60 * scale, 60
+            )
             phases.append(again)
             rss["after_below_again"] = stack.rss_kib()
             clean = {e: await _engine_clean(p.address) for e, p in stack.engines.items()}

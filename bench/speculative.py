@@ -23,11 +23,11 @@ import time
 
 import torch
 
-from salon.loadgen.workload import WorkloadConfig, generate_trace
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.engine_core import EngineCore
 from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.worker.model_loading import load_model
+from salon.loadgen.workload import WorkloadConfig, generate_trace
 
 
 def dialogue_prompts(tok, n: int, max_tokens: int) -> list[list[int]]:
@@ -39,15 +39,18 @@ def dialogue_prompts(tok, n: int, max_tokens: int) -> list[list[int]]:
         lines += [f"{m.author}: {m.text}" for m in d.history]
         lines.append(f"{d.user_name}: {d.turns[0].user_text or 'Go on.'}")
         ids = tok.encode("\n".join(lines) + f"\n{d.character_name}:", add_bos=False)
-        out.append([tok.bos_token_id] + ids[-(max_tokens - 1):])
+        out.append([tok.bos_token_id] + ids[-(max_tokens - 1) :])
     return out
 
 
 def requests(prompts: list[list[int]], new_tokens: int, tag: str, sampled: bool) -> list[Request]:
     out = []
     for i, ids in enumerate(prompts):
-        params = (SamplingParams(max_new_tokens=new_tokens, temperature=0.7, top_p=0.95, seed=i) if sampled
-                  else SamplingParams(max_new_tokens=new_tokens))
+        params = (
+            SamplingParams(max_new_tokens=new_tokens, temperature=0.7, top_p=0.95, seed=i)
+            if sampled
+            else SamplingParams(max_new_tokens=new_tokens)
+        )
         out.append(Request(RequestId(f"{tag}-{i}"), list(ids), params, frozenset(), 1 << 30))
     return out
 
@@ -69,15 +72,16 @@ def drive(core: EngineCore, pending: list[Request], max_in_flight: int) -> tuple
     return out, time.monotonic() - start
 
 
-def measure(cores: dict[int, EngineCore], prompts, new_tokens: int, tag: str, sampled: bool, in_flight: int,
-            rounds: int) -> dict:
+def measure(
+    cores: dict[int, EngineCore], prompts, new_tokens: int, tag: str, sampled: bool, in_flight: int, rounds: int
+) -> dict:
     """Tokens/s per core (best of rounds, the order alternating), acceptance on the speculative one."""
     best = {k: 0.0 for k in cores}
     tokens: dict[int, dict] = {}
     spec_k = max(cores)
     before = (cores[spec_k].num_draft_tokens, cores[spec_k].num_accepted_draft_tokens)
     for rnd in range(rounds):
-        for k in (sorted(cores) if rnd % 2 == 0 else sorted(cores, reverse=True)):
+        for k in sorted(cores) if rnd % 2 == 0 else sorted(cores, reverse=True):
             out, wall = drive(cores[k], requests(prompts, new_tokens, f"{tag}{rnd}", sampled), in_flight)
             n = sum(len(t) for t in out.values())
             best[k] = max(best[k], n / wall)
@@ -101,9 +105,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_model(args.model, "int8")
     k = args.speculative_tokens
-    cores = {n: EngineCore(model, tok, SchedulerConfig(256, 64, 1024, speculative_tokens=n, ngram_min=args.ngram_min,
-                                                       ngram_max=args.ngram_max), 16, 256 << 20, prefix_caching=False)
-             for n in (0, k)}
+    cores = {
+        n: EngineCore(
+            model,
+            tok,
+            SchedulerConfig(256, 64, 1024, speculative_tokens=n, ngram_min=args.ngram_min, ngram_max=args.ngram_max),
+            16,
+            256 << 20,
+            prefix_caching=False,
+        )
+        for n in (0, k)
+    }
     for core in cores.values():
         drive(core, requests([[2] + list(range(1000, 1020))], 4, "warm", False), 1)
     new_tokens = 24 if args.quick else 64
@@ -116,16 +128,27 @@ def main() -> None:
         "dialogue": (dialogues, True, 1),
         "dialogue4": (dialogues, True, 4),
     }
-    result: dict = {"model": args.model, "speculative_tokens": k, "ngram_min": args.ngram_min,
-                    "ngram_max": args.ngram_max, "new_tokens": new_tokens, "threads": args.threads}
-    print(f"model={args.model} speculative_tokens={k} ngram={args.ngram_min}..{args.ngram_max} "
-          f"new_tokens={new_tokens} threads={args.threads}")
+    result: dict = {
+        "model": args.model,
+        "speculative_tokens": k,
+        "ngram_min": args.ngram_min,
+        "ngram_max": args.ngram_max,
+        "new_tokens": new_tokens,
+        "threads": args.threads,
+    }
+    print(
+        f"model={args.model} speculative_tokens={k} ngram={args.ngram_min}..{args.ngram_max} "
+        f"new_tokens={new_tokens} threads={args.threads}"
+    )
     print(f"{'case':>10} {'off tok/s':>10} {'on tok/s':>10} {'speedup':>8} {'drafted':>8} {'accepted':>9} {'rate':>6}")
     for name, (prompts, sampled, in_flight) in cases.items():
         m = measure(cores, prompts, new_tokens, name, sampled, in_flight, rounds)
         rate = m["accepted"] / m["drafted"] if m["drafted"] else 0.0
-        print(f"{name:>10} {m['off']:>10.1f} {m['on']:>10.1f} {m['on'] / m['off']:>7.2f}x {m['drafted']:>8} "
-              f"{m['accepted']:>9} {rate:>6.2f}", flush=True)
+        print(
+            f"{name:>10} {m['off']:>10.1f} {m['on']:>10.1f} {m['on'] / m['off']:>7.2f}x {m['drafted']:>8} "
+            f"{m['accepted']:>9} {rate:>6.2f}",
+            flush=True,
+        )
         result[f"{name}_tokens_per_s_off"] = round(m["off"], 2)
         result[f"{name}_tokens_per_s_on"] = round(m["on"], 2)
         result[f"{name}_speedup_x"] = round(m["on"] / m["off"], 3)

@@ -46,21 +46,32 @@ from collections import defaultdict
 
 import torch
 
-from bench.gemv import int16_activation_ceiling_gmacs, int8_product_ceiling_gmacs
+from bench.gemv import int8_product_ceiling_gmacs, int16_activation_ceiling_gmacs
 from bench.model import EngineSteps
+from salon.engine.model import load_model
+from salon.engine.model.builder import FUSED
 from salon.kernels.backend import select_ops
 from salon.kernels.cpu.linear_two_terms import linear_two_terms_c
 from salon.kernels.cpu.quantize import quantize_int16_cpu
-from salon.kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
 from salon.kernels.cpu.w8a8_grouped import packed_weights
+from salon.kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
 from salon.kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from salon.kernels.linear_two_terms import compose
-from salon.engine.model import load_model
-from salon.engine.model.builder import FUSED
 
 STREAM_BYTES = 512 * 2**20
-PARTS = ("decoder_block", "linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head", "quantize", "rmsnorm",
-         "attention", "rope", "kv_write", "glu")
+PARTS = (
+    "decoder_block",
+    "linear_layers",
+    "linear_lm_head",
+    "gemm_layers",
+    "gemm_lm_head",
+    "quantize",
+    "rmsnorm",
+    "attention",
+    "rope",
+    "kv_write",
+    "glu",
+)
 # The parts that read the weights (the GEMM bandwidth is computed over them; decoder_block also holds the layers'
 # attention and row-wise ops).
 WEIGHT_PARTS = ("decoder_block", "linear_layers", "linear_lm_head", "gemm_layers", "gemm_lm_head")
@@ -85,6 +96,7 @@ class Timers:
             out = fn(*args, **kwargs)
             self.seconds[part_of(*args)] += time.perf_counter() - start
             return out
+
         return timed
 
 
@@ -103,16 +115,27 @@ def instrumented_ops(timers: Timers, vocab_size: int, variant: str = "fused"):
     """The CPU op family of `variant` with every op timed (the GEMM split by whether its weight is the output
     projection)."""
     base = variant_ops(variant)
-    fixed = {"quantize_per_token": "quantize", "quantize_two_terms": "quantize", "rmsnorm_quant": "quantize",
-             "rmsnorm": "rmsnorm", "paged_attention": "attention", "rope_neox": "rope", "rmsnorm_rope": "rope",
-             "kv_write": "kv_write", "geglu": "glu", "swiglu": "glu", "decoder_block": "decoder_block",
-             "decoder_blocks": "decoder_block"}
+    fixed = {
+        "quantize_per_token": "quantize",
+        "quantize_two_terms": "quantize",
+        "rmsnorm_quant": "quantize",
+        "rmsnorm": "rmsnorm",
+        "paged_attention": "attention",
+        "rope_neox": "rope",
+        "rmsnorm_rope": "rope",
+        "kv_write": "kv_write",
+        "geglu": "glu",
+        "swiglu": "glu",
+        "decoder_block": "decoder_block",
+        "decoder_blocks": "decoder_block",
+    }
     wrapped = {op: timers.wrap(lambda *a, part=part: part, getattr(base, op)) for op, part in fixed.items()}
     wrapped["w8a8_gemm"] = timers.wrap(
-        lambda a_q, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",
-        base.w8a8_gemm)
-    fused = timers.wrap(lambda x, w_q, *rest: "linear_lm_head" if w_q.shape[0] == vocab_size else "linear_layers",
-                        linear_two_terms_c)
+        lambda a_q, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers", base.w8a8_gemm
+    )
+    fused = timers.wrap(
+        lambda x, w_q, *rest: "linear_lm_head" if w_q.shape[0] == vocab_size else "linear_layers", linear_two_terms_c
+    )
     composed = compose(wrapped["rmsnorm"], wrapped["quantize_two_terms"], wrapped["w8a8_gemm"])
 
     def linear_two_terms(*args):  # the one C call where it runs, else the timed parts one by one
@@ -120,12 +143,14 @@ def instrumented_ops(timers: Timers, vocab_size: int, variant: str = "fused"):
         return composed(*args) if out is None else out
 
     wrapped["linear_two_terms"] = linear_two_terms
-    fused16 = timers.wrap(lambda x, w_q, *rest: "linear_lm_head" if w_q.shape[0] == vocab_size else "linear_layers",
-                          lambda *a: linear_two_terms_c(*a, recipe="int16"))
-    gemm16 = timers.wrap(lambda a, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers",
-                         w16a8_gemm_cpu)
-    composed16 = compose(wrapped["rmsnorm"], timers.wrap(lambda *a: "quantize", quantize_int16_cpu), gemm16,
-                         terms=1)
+    fused16 = timers.wrap(
+        lambda x, w_q, *rest: "linear_lm_head" if w_q.shape[0] == vocab_size else "linear_layers",
+        lambda *a: linear_two_terms_c(*a, recipe="int16"),
+    )
+    gemm16 = timers.wrap(
+        lambda a, a_scale, w_q, *rest: "gemm_lm_head" if w_q.shape[0] == vocab_size else "gemm_layers", w16a8_gemm_cpu
+    )
+    composed16 = compose(wrapped["rmsnorm"], timers.wrap(lambda *a: "quantize", quantize_int16_cpu), gemm16, terms=1)
 
     def linear_int16(*args):
         out = fused16(*args)
@@ -160,8 +185,9 @@ def main() -> None:
     for variant in VARIANTS:
         models[(variant, False)], _ = load_model(args.model, "int8", kernel_ops=variant_ops(variant), progress=False)
         if variant in TIMED_VARIANTS:
-            models[(variant, True)], _ = load_model(args.model, "int8", progress=False,
-                                                    kernel_ops=instrumented_ops(timers, vocab_size(models), variant))
+            models[(variant, True)], _ = load_model(
+                args.model, "int8", progress=False, kernel_ops=instrumented_ops(timers, vocab_size(models), variant)
+            )
     plain = models[("fused", False)]
     vocab = plain.config.vocab_size
 
@@ -169,8 +195,10 @@ def main() -> None:
     x.sum()
     stream_gbps = _stream_gbps(x)
     result: dict = {"threads": args.threads, "context_tokens": args.context, "stream_read_gbps": round(stream_gbps, 2)}
-    print(f"threads {args.threads}; streaming read {stream_gbps:.1f} GB/s; {args.context}-token contexts, "
-          f"{steps} steps x {rounds} rounds, best round")
+    print(
+        f"threads {args.threads}; streaming read {stream_gbps:.1f} GB/s; {args.context}-token contexts, "
+        f"{steps} steps x {rounds} rounds, best round"
+    )
     weight_read = _step_read_bytes(plain)
     floor_ms = weight_read / stream_gbps / 1e6
     result["step_read_bytes"] = weight_read
@@ -182,12 +210,17 @@ def main() -> None:
     result["int8_product_ceiling_gmacs"] = None if ceiling8 is None else round(ceiling8, 2)
     result["int16_activation_ceiling_gmacs"] = None if ceiling16 is None else round(ceiling16, 2)
     # ns per sequence of a step's products at their ceilings (None where a needed ceiling is missing)
-    product_ns = (None if (products8 and ceiling8 is None) or (products16 and ceiling16 is None)
-               else products8 / (ceiling8 or 1) + products16 / (ceiling16 or 1))
+    product_ns = (
+        None
+        if (products8 and ceiling8 is None) or (products16 and ceiling16 is None)
+        else products8 / (ceiling8 or 1) + products16 / (ceiling16 or 1)
+    )
     if product_ns is not None:
-        print(f"product ceilings (bench/int8_ceiling.c): int8 {ceiling8 or 0:.1f}, int16 activations "
-              f"{ceiling16 or 0:.1f} GMAC/s (two-term units); a step makes {(products8 + products16) / 1e6:.0f} M "
-              f"such products per sequence ({products16 / 1e6:.0f} M of them as int16 terms)")
+        print(
+            f"product ceilings (bench/int8_ceiling.c): int8 {ceiling8 or 0:.1f}, int16 activations "
+            f"{ceiling16 or 0:.1f} GMAC/s (two-term units); a step makes {(products8 + products16) / 1e6:.0f} M "
+            f"such products per sequence ({products16 / 1e6:.0f} M of them as int16 terms)"
+        )
     for batch in (int(b) for b in args.batches.split(",")):
         prompts = ((torch.arange(batch * args.context) * 7919) % (vocab - 300) + 300).view(batch, args.context).tolist()
         runs = {}
@@ -216,15 +249,19 @@ def main() -> None:
         result[f"{key}_per_layer_over_fused_x"] = round(per_layer / fused, 3)
         result[f"{key}_step_composed_ms"] = round(composed * 1e3, 3)
         result[f"{key}_composed_over_fused_x"] = round(composed / fused, 3)
-        print(f"batch {batch}: step {fused * 1e3:.2f} ms ({batch / fused:.1f} tok/s); one fused call per layer "
-              f"{per_layer * 1e3:.2f} ms ({per_layer / fused:.3f}x); each layer composed of its ops "
-              f"{composed * 1e3:.2f} ms ({composed / fused:.2f}x); the GEMM floor is "
-              f"{100 * floor_ms / 1e3 / fused:.0f}% of the step")
+        print(
+            f"batch {batch}: step {fused * 1e3:.2f} ms ({batch / fused:.1f} tok/s); one fused call per layer "
+            f"{per_layer * 1e3:.2f} ms ({per_layer / fused:.3f}x); each layer composed of its ops "
+            f"{composed * 1e3:.2f} ms ({composed / fused:.2f}x); the GEMM floor is "
+            f"{100 * floor_ms / 1e3 / fused:.0f}% of the step"
+        )
         if product_ns is not None:
             products_ms = batch * product_ns / 1e6
             result[f"{key}_product_floor_ms"] = round(products_ms, 3)
-            print(f"  its products at the product ceilings: {products_ms:.2f} ms (the step is bound by "
-                  f"{'its products' if products_ms > floor_ms else 'memory'} at best)")
+            print(
+                f"  its products at the product ceilings: {products_ms:.2f} ms (the step is bound by "
+                f"{'its products' if products_ms > floor_ms else 'memory'} at best)"
+            )
         for variant in TIMED_VARIANTS:
             timed = best[(variant, True)]
             parts = {p: v for p, v in best_parts[variant].items() if v > 0}
@@ -238,12 +275,16 @@ def main() -> None:
             gemm = sum(parts.get(p, 0.0) for p in WEIGHT_PARTS)
             result[f"{prefix}_gemm_gbps"] = round(weight_read / gemm / 1e9, 2)
             result[f"{prefix}_gemm_pct_of_stream"] = round(100 * weight_read / gemm / 1e9 / stream_gbps, 1)
-            print(f"    the weight-reading parts read {weight_read / gemm / 1e9:.1f} GB/s "
-                  f"({100 * weight_read / gemm / 1e9 / stream_gbps:.0f}% of the streaming read)")
+            print(
+                f"    the weight-reading parts read {weight_read / gemm / 1e9:.1f} GB/s "
+                f"({100 * weight_read / gemm / 1e9 / stream_gbps:.0f}% of the streaming read)"
+            )
     again = _stream_gbps(x)
     result["stream_read_after_gbps"] = round(again, 2)
-    print(f"streaming read again after the steps: {again:.1f} GB/s (the percentages use the first; a gap between "
-          f"the two says the machine's load changed)")
+    print(
+        f"streaming read again after the steps: {again:.1f} GB/s (the percentages use the first; a gap between "
+        f"the two says the machine's load changed)"
+    )
     if args.prefill:
         _prefill_profile(plain, models[("composed", True)], timers, args.prefill, rounds, result)
     print("RESULT " + json.dumps(result))
@@ -279,8 +320,10 @@ def _prefill_profile(plain, timed_model, timers: Timers, num_tokens: int, rounds
     key = f"prefill{num_tokens}"
     result[f"{key}_ms"] = round(best_plain * 1e3, 3)
     result[f"{key}_timed_ms"] = round(best_timed * 1e3, 3)
-    print(f"prefill of {num_tokens} tokens: {best_plain * 1e3:.1f} ms ({num_tokens / best_plain:.0f} tok/s); with "
-          f"the timers {best_timed * 1e3:.1f} ms")
+    print(
+        f"prefill of {num_tokens} tokens: {best_plain * 1e3:.1f} ms ({num_tokens / best_plain:.0f} tok/s); with "
+        f"the timers {best_timed * 1e3:.1f} ms"
+    )
     for part, seconds in (*best_parts.items(), ("other", best_timed - sum(best_parts.values()))):
         result[f"{key}_{part}_ms"] = round(seconds * 1e3, 3)
         print(f"  {part:13s} {seconds * 1e3:8.2f} ms  {100 * seconds / best_timed:5.1f}%")

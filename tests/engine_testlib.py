@@ -1,7 +1,7 @@
 """Engine cores and requests for in-process tests (no gRPC): one place for every test area.
 
-    core = make_core(model_and_tokenizer, budget=64, kv_bytes=4 << 20)
-    out = run(core, [make_request("a", tokens(150, seed=1), max_new=24)])
+core = make_core(model_and_tokenizer, budget=64, kv_bytes=4 << 20)
+out = run(core, [make_request("a", tokens(150, seed=1), max_new=24)])
 """
 
 from __future__ import annotations
@@ -23,18 +23,44 @@ from salon.engine.request import (
 BLOCK_SIZE_TOKENS = 16
 
 
-def make_core(model_and_tokenizer, budget: int = 256, kv_bytes: int = 4 << 20, max_running: int = 64,
-              max_waiting: int = 256, prefix_caching: bool = True,
-              block_size_tokens: int = BLOCK_SIZE_TOKENS, kv_dtype: str = "int8", speculative_tokens: int = 0,
-              ngram: tuple[int, int] = (2, 4), kernels: str = "auto",
-              long_prefill_solo_tokens: int = SchedulerConfig.long_prefill_solo_tokens,
-              device: str = "cpu", speculative_max_rows: int = SchedulerConfig.speculative_max_rows) -> EngineCore:
+def make_core(
+    model_and_tokenizer,
+    budget: int = 256,
+    kv_bytes: int = 4 << 20,
+    max_running: int = 64,
+    max_waiting: int = 256,
+    prefix_caching: bool = True,
+    block_size_tokens: int = BLOCK_SIZE_TOKENS,
+    kv_dtype: str = "int8",
+    speculative_tokens: int = 0,
+    ngram: tuple[int, int] = (2, 4),
+    kernels: str = "auto",
+    long_prefill_solo_tokens: int = SchedulerConfig.long_prefill_solo_tokens,
+    device: str = "cpu",
+    speculative_max_rows: int = SchedulerConfig.speculative_max_rows,
+) -> EngineCore:
     model, tok = model_and_tokenizer
-    config = SchedulerConfig(budget, max_running, max_waiting, speculative_tokens=speculative_tokens,
-                             ngram_min=ngram[0], ngram_max=ngram[1], long_prefill_solo_tokens=long_prefill_solo_tokens,
-                             speculative_max_rows=speculative_max_rows)
-    return EngineCore(model, tok, config, block_size_tokens, kv_bytes, device, prefix_caching=prefix_caching,
-                      kv_dtype=kv_dtype, kernels=kernels)
+    config = SchedulerConfig(
+        budget,
+        max_running,
+        max_waiting,
+        speculative_tokens=speculative_tokens,
+        ngram_min=ngram[0],
+        ngram_max=ngram[1],
+        long_prefill_solo_tokens=long_prefill_solo_tokens,
+        speculative_max_rows=speculative_max_rows,
+    )
+    return EngineCore(
+        model,
+        tok,
+        config,
+        block_size_tokens,
+        kv_bytes,
+        device,
+        prefix_caching=prefix_caching,
+        kv_dtype=kv_dtype,
+        kernels=kernels,
+    )
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -42,19 +68,33 @@ def tokens(n: int, seed: int) -> list[int]:
     return [2] + [1000 + (i * 7919 + seed * 104729) % 200000 for i in range(n - 1)]
 
 
-def make_request(rid: str, prompt: Sequence[int], max_new: int = 12, *, namespace: bytes | None = None,
-                 retain_from: int | None = None, stop_token_ids: frozenset[int] = frozenset(),
-                 max_context_tokens: int = 4096, **sampling) -> Request:
+def make_request(
+    rid: str,
+    prompt: Sequence[int],
+    max_new: int = 12,
+    *,
+    namespace: bytes | None = None,
+    retain_from: int | None = None,
+    stop_token_ids: frozenset[int] = frozenset(),
+    max_context_tokens: int = 4096,
+    **sampling,
+) -> Request:
     """A request with SamplingParams(max_new_tokens=max_new, **sampling) and, optionally, a cache namespace."""
-    r = Request(RequestId(rid), list(prompt), SamplingParams(max_new_tokens=max_new, **sampling), stop_token_ids,
-                max_context_tokens)
+    r = Request(
+        RequestId(rid),
+        list(prompt),
+        SamplingParams(max_new_tokens=max_new, **sampling),
+        stop_token_ids,
+        max_context_tokens,
+    )
     r.namespace = namespace
     r.retain_local_from = retain_from
     return r
 
 
-def run(core: EngineCore, requests: Sequence[Request], host_hits: dict[str, PrefixHit] | None = None
-        ) -> tuple[dict[str, list[int]], dict[str, FinishReason]]:
+def run(
+    core: EngineCore, requests: Sequence[Request], host_hits: dict[str, PrefixHit] | None = None
+) -> tuple[dict[str, list[int]], dict[str, FinishReason]]:
     """Add the requests (with their host hits) and step until the engine is idle: tokens and finish
     reason per request id."""
     for r in requests:

@@ -66,22 +66,46 @@ def make_ca(common_name: str = "salon internal CA", days: int = 825):
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
     return key, cert
 
 
-def issue(ca_key, ca_cert, uri: str | None, dns_names: list[str], ip_addresses: list[str] = ("127.0.0.1",),
-          days: int = 825, common_name: str | None = None):
+def issue(
+    ca_key,
+    ca_cert,
+    uri: str | None,
+    dns_names: list[str],
+    ip_addresses: list[str] = ("127.0.0.1",),
+    days: int = 825,
+    common_name: str | None = None,
+):
     """(private key, certificate) for a service: `uri` is its SPIFFE ID (None: a certificate without a
     salon identity, for tests), usable as a TLS server and client certificate."""
     from cryptography import x509
@@ -89,20 +113,26 @@ def issue(ca_key, ca_cert, uri: str | None, dns_names: list[str], ip_addresses: 
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
     if uri is not None:
         sans.append(x509.UniformResourceIdentifier(uri))
     cn = common_name or (uri.rsplit("/", 1)[-1] if uri else "salon peer")
-    builder = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-               .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days))
-               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                              critical=False))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+    )
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     return key, builder.sign(ca_key, hashes.SHA256())
@@ -111,8 +141,9 @@ def issue(ca_key, ca_cert, uri: str | None, dns_names: list[str], ip_addresses: 
 def pem_key(key) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def pem_cert(cert) -> bytes:
@@ -121,7 +152,9 @@ def pem_cert(cert) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def write_stack_secrets(directory: Path, days: int = 825, extra_dns: dict[str, list[str]] | None = None) -> StackSecrets:
+def write_stack_secrets(
+    directory: Path, days: int = 825, extra_dns: dict[str, list[str]] | None = None
+) -> StackSecrets:
     """Create (or keep) the CA, the role certificates and the secrets in `directory`."""
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
@@ -159,8 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="directory for the CA, certificates and secrets")
     p.add_argument("--days", type=int, default=825, help="validity of new certificates")
     for role in ROLES:
-        p.add_argument(f"--{role}-dns", action="append", default=[], metavar="NAME",
-                       help=f"extra DNS name of the {role} certificate (repeatable)")
+        p.add_argument(
+            f"--{role}-dns",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help=f"extra DNS name of the {role} certificate (repeatable)",
+        )
     args = p.parse_args(argv)
     made = write_stack_secrets(args.out, args.days, {r: getattr(args, f"{r}_dns") for r in ROLES})
     print(f"certificates and secrets in {made.directory}")

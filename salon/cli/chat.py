@@ -23,8 +23,12 @@ DEFAULT_CHARACTER = (
 )
 
 
-_ENDED = {chat_pb2.FINISH_REASON_STOP_TOKEN: "end of turn", chat_pb2.FINISH_REASON_LENGTH: "token limit",
-          chat_pb2.FINISH_REASON_CONTEXT_FULL: "context full", chat_pb2.FINISH_REASON_STOP_STRING: "stop string"}
+_ENDED = {
+    chat_pb2.FINISH_REASON_STOP_TOKEN: "end of turn",
+    chat_pb2.FINISH_REASON_LENGTH: "token limit",
+    chat_pb2.FINISH_REASON_CONTEXT_FULL: "context full",
+    chat_pb2.FINISH_REASON_STOP_STRING: "stop string",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,8 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user-name", default="", help="your name, sent as the author of your messages (default: none)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.2,
-                   help="vLLM's repetition_penalty (1 = off): keeps a small model from looping on a phrase")
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.2,
+        help="vLLM's repetition_penalty (1 = off): keeps a small model from looping on a phrase",
+    )
     return p
 
 
@@ -50,8 +58,9 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
     async with grpc.aio.insecure_channel(args.target) as channel:
         stub = chat_pb2_grpc.ChatServiceStub(channel)
         try:
-            info = await stub.GetModelInfo(chat_pb2.GetModelInfoRequest(model=args.model), metadata=metadata,
-                                           timeout=30)
+            info = await stub.GetModelInfo(
+                chat_pb2.GetModelInfoRequest(model=args.model), metadata=metadata, timeout=30
+            )
             eos_ids = set(info.model.eos_token_ids)
         except grpc.aio.AioRpcError as exc:
             out.write(f"cannot reach the gateway at {args.target}: {exc.code().name}: {exc.details()}\n")
@@ -67,8 +76,11 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
                 conversation_id=conversation_id,
                 character=chat_pb2.Character(name=args.character_name, definition=args.character),
                 dialogue=chat_pb2.Dialogue(messages=history),
-                sampling=chat_pb2.SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                                 repetition_penalty=args.repetition_penalty),
+                sampling=chat_pb2.SamplingParams(
+                    max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature,
+                    repetition_penalty=args.repetition_penalty,
+                ),
                 model=model,
             )
             reply_ids: list[int] = []

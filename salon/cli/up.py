@@ -41,10 +41,14 @@ _POLL_S = 0.2
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="salon up", description=__doc__.splitlines()[0])
-    p.add_argument("--model", action="append", default=None,
-                   help=f"model to serve: a known name ({', '.join(KNOWN_NAMES)}), synthetic-tiny or a .gguf path; "
-                        f"repeat it to serve several, one engine pool each (the first is the default; "
-                        f"default: {DEFAULT_MODEL})")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help=f"model to serve: a known name ({', '.join(KNOWN_NAMES)}), synthetic-tiny or a .gguf path; "
+        f"repeat it to serve several, one engine pool each (the first is the default; "
+        f"default: {DEFAULT_MODEL})",
+    )
     p.add_argument("--engines", type=int, default=1, help="engine processes per model")
     p.add_argument("--gateway-port", type=int, default=50051)
     p.add_argument("--kvstore-port", type=int, default=50061)
@@ -52,13 +56,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-base-port", type=int, default=9100, help="gateway, kvstore, engines: base, +1, +2...")
     p.add_argument("--kvstore-capacity-bytes", type=int, default=2 << 30)
     p.add_argument("--redis-url", default=None, help="share the session table through Redis")
-    p.add_argument("--api-key", default=os.environ.get("SALON_API_KEY", "salon-dev-key"), help="key of the local tenant")
+    p.add_argument(
+        "--api-key", default=os.environ.get("SALON_API_KEY", "salon-dev-key"), help="key of the local tenant"
+    )
     p.add_argument("--state-dir", type=Path, default=Path.home() / ".cache" / "salon" / "stack")
-    p.add_argument("--shm-dir", type=Path, default=None,
-                   help="tmpfs directory for the kvstore's arena (default: a private 0700 one in /dev/shm "
-                        "for this state dir)")
-    p.add_argument("--internal-auth", choices=MODES, default=MTLS,
-                   help="mtls: certificates for every internal link (made in STATE_DIR/tls); insecure-loopback: none")
+    p.add_argument(
+        "--shm-dir",
+        type=Path,
+        default=None,
+        help="tmpfs directory for the kvstore's arena (default: a private 0700 one in /dev/shm for this state dir)",
+    )
+    p.add_argument(
+        "--internal-auth",
+        choices=MODES,
+        default=MTLS,
+        help="mtls: certificates for every internal link (made in STATE_DIR/tls); insecure-loopback: none",
+    )
     p.add_argument("--exit-when-serving", action="store_true", help="stop everything once all are SERVING")
     return p
 
@@ -110,16 +123,30 @@ def _internal_flags(secrets: StackSecrets | None, role: str, mode: str) -> list[
     if mode == INSECURE_LOOPBACK or secrets is None:
         return ["--internal-auth", INSECURE_LOOPBACK]
     files = secrets.roles[role]
-    return ["--tls-cert-file", str(files.cert), "--tls-key-file", str(files.key),
-            "--tls-client-ca-file", str(secrets.ca_cert), "--health-port", "0"]
+    return [
+        "--tls-cert-file",
+        str(files.cert),
+        "--tls-key-file",
+        str(files.key),
+        "--tls-client-ca-file",
+        str(secrets.ca_cert),
+        "--health-port",
+        "0",
+    ]
 
 
 def _client_flags(secrets: StackSecrets | None, prefix: str, role: str, mode: str) -> list[str]:
     if mode == INSECURE_LOOPBACK or secrets is None:
         return []
     files = secrets.roles[role]
-    return [f"--{prefix}-tls-ca-file", str(secrets.ca_cert), f"--{prefix}-tls-cert-file", str(files.cert),
-            f"--{prefix}-tls-key-file", str(files.key)]
+    return [
+        f"--{prefix}-tls-ca-file",
+        str(secrets.ca_cert),
+        f"--{prefix}-tls-cert-file",
+        str(files.cert),
+        f"--{prefix}-tls-key-file",
+        str(files.key),
+    ]
 
 
 def private_shm_dir(state_dir: Path) -> Path:
@@ -146,11 +173,28 @@ def plan_stack(args: argparse.Namespace) -> list[Child]:
     mode = args.internal_auth
     parent = ["--parent-pid", str(os.getpid())]
     kvstore_target = f"127.0.0.1:{args.kvstore_port}"
-    children = [Child("kvstore", "kvstore", (
-        "--port", str(args.kvstore_port), "--metrics-port", str(args.metrics_base_port + 1),
-        "--capacity-bytes", str(args.kvstore_capacity_bytes), "--namespace-grant-key-file", str(secrets.grant_key),
-        "--shm-dir", str(shm_dir),
-        *_internal_flags(secrets, "kvstore", mode), *parent), state / "kvstore.log", state / "kvstore.pid")]
+    children = [
+        Child(
+            "kvstore",
+            "kvstore",
+            (
+                "--port",
+                str(args.kvstore_port),
+                "--metrics-port",
+                str(args.metrics_base_port + 1),
+                "--capacity-bytes",
+                str(args.kvstore_capacity_bytes),
+                "--namespace-grant-key-file",
+                str(secrets.grant_key),
+                "--shm-dir",
+                str(shm_dir),
+                *_internal_flags(secrets, "kvstore", mode),
+                *parent,
+            ),
+            state / "kvstore.log",
+            state / "kvstore.pid",
+        )
+    ]
     engine_targets = []
     models = models_of(args)
     num_engines = args.engines * len(models)
@@ -158,17 +202,52 @@ def plan_stack(args: argparse.Namespace) -> list[Child]:
         model = models[i // args.engines]
         name = f"engine-{i}"
         port = args.engine_base_port + i
-        children.append(Child(name, "engine", (
-            "--port", str(port), "--metrics-port", str(args.metrics_base_port + 2 + i), "--engine-id", name,
-            "--model", model, "--kvstore-target", kvstore_target, "--kvstore-shm-dir", str(shm_dir),
-            "--torch-threads", str(threads_per_process(num_engines)),
-            *_internal_flags(secrets, "engine", mode), *_client_flags(secrets, "kvstore", "engine", mode), *parent),
-            state / f"{name}.log", state / f"{name}.pid"))
+        children.append(
+            Child(
+                name,
+                "engine",
+                (
+                    "--port",
+                    str(port),
+                    "--metrics-port",
+                    str(args.metrics_base_port + 2 + i),
+                    "--engine-id",
+                    name,
+                    "--model",
+                    model,
+                    "--kvstore-target",
+                    kvstore_target,
+                    "--kvstore-shm-dir",
+                    str(shm_dir),
+                    "--torch-threads",
+                    str(threads_per_process(num_engines)),
+                    *_internal_flags(secrets, "engine", mode),
+                    *_client_flags(secrets, "kvstore", "engine", mode),
+                    *parent,
+                ),
+                state / f"{name}.log",
+                state / f"{name}.pid",
+            )
+        )
         engine_targets.append(f"{name}=127.0.0.1:{port}")
-    gateway = ["--port", str(args.gateway_port), "--metrics-port", str(args.metrics_base_port),
-               "--engines", ",".join(engine_targets), "--tenants-file", str(write_tenants_file(state, args.api_key)),
-               "--salt-secret-file", str(secrets.salt_secret), "--namespace-grant-key-file", str(secrets.grant_key),
-               "--default-model", models[0], *_client_flags(secrets, "engine", "gateway", mode), *parent]
+    gateway = [
+        "--port",
+        str(args.gateway_port),
+        "--metrics-port",
+        str(args.metrics_base_port),
+        "--engines",
+        ",".join(engine_targets),
+        "--tenants-file",
+        str(write_tenants_file(state, args.api_key)),
+        "--salt-secret-file",
+        str(secrets.salt_secret),
+        "--namespace-grant-key-file",
+        str(secrets.grant_key),
+        "--default-model",
+        models[0],
+        *_client_flags(secrets, "engine", "gateway", mode),
+        *parent,
+    ]
     if mode == INSECURE_LOOPBACK:
         gateway += ["--internal-auth", INSECURE_LOOPBACK]
     if args.redis_url:
@@ -185,8 +264,10 @@ def start_stack(children: list[Child], models: list[str]) -> None:
         kvstore.proc.wait_serving(timeout_s=120)
         for engine in engines:
             engine.start()
-        print(f"loading {', '.join(models)} in {len(engines)} engine(s) (the first run converts each GGUF once)...",
-              flush=True)
+        print(
+            f"loading {', '.join(models)} in {len(engines)} engine(s) (the first run converts each GGUF once)...",
+            flush=True,
+        )
         for engine in engines:
             engine.proc.wait_serving(timeout_s=1800)
         gateway.start()
@@ -203,15 +284,26 @@ def stop_stack(children: list[Child]) -> None:
 
 
 def describe(children: list[Child], args: argparse.Namespace) -> str:
-    rows = [f"  {c.name:<9} {c.proc.address:<18} pid {c.proc.process.pid:<7} metrics http://127.0.0.1:"
-            f"{c.proc.metrics_port}/metrics" for c in children]
-    auth = ("mutual TLS between services (certificates in " + str(args.state_dir / "tls") + ")"
-            if args.internal_auth == MTLS else "insecure-loopback: internal links without TLS (development)")
+    rows = [
+        f"  {c.name:<9} {c.proc.address:<18} pid {c.proc.process.pid:<7} metrics http://127.0.0.1:"
+        f"{c.proc.metrics_port}/metrics"
+        for c in children
+    ]
+    auth = (
+        "mutual TLS between services (certificates in " + str(args.state_dir / "tls") + ")"
+        if args.internal_auth == MTLS
+        else "insecure-loopback: internal links without TLS (development)"
+    )
     return "\n".join(
-        ["salon is up:", *rows, f"  logs      {args.state_dir}", f"  internal  {auth}",
-         f"models    {', '.join(models_of(args))} (default {models_of(args)[0]})",
-         f"chat with it:  salon chat --target 127.0.0.1:{args.gateway_port} --api-key {args.api_key}",
-         "Ctrl-C stops everything."]
+        [
+            "salon is up:",
+            *rows,
+            f"  logs      {args.state_dir}",
+            f"  internal  {auth}",
+            f"models    {', '.join(models_of(args))} (default {models_of(args)[0]})",
+            f"chat with it:  salon chat --target 127.0.0.1:{args.gateway_port} --api-key {args.api_key}",
+            "Ctrl-C stops everything.",
+        ]
     )
 
 
@@ -235,8 +327,12 @@ def supervise_once(children: list[Child], now_s: float) -> None:
             if now_s - child.started_s >= BACKOFF_RESET_S:
                 child.backoff_s = BACKOFF_INITIAL_S
             child.restart_at_s = now_s + child.backoff_s
-            print(f"{child.name} {_exit_description(code)}; restarting it in {child.backoff_s:g} s "
-                  f"(log: {child.log_path})", file=sys.stderr, flush=True)
+            print(
+                f"{child.name} {_exit_description(code)}; restarting it in {child.backoff_s:g} s "
+                f"(log: {child.log_path})",
+                file=sys.stderr,
+                flush=True,
+            )
             child.backoff_s = min(BACKOFF_MAX_S, child.backoff_s * 2)
         elif child.restart_at_s is not None and now_s >= child.restart_at_s:
             try:
@@ -248,8 +344,11 @@ def supervise_once(children: list[Child], now_s: float) -> None:
                 print(f"{child.name} did not start again: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
                 continue
             child.restarts += 1
-            print(f"{child.name} started again (pid {child.proc.process.pid}, restart {child.restarts})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{child.name} started again (pid {child.proc.process.pid}, restart {child.restarts})",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,11 +88,17 @@ def parse_config(
         name = path[-1]
         conv, _ = _converter(tp)
         help_text = field.metadata.get("help", "")
-        parser.add_argument(f"--{name.replace('_', '-')}", dest="__".join(path), metavar=name.upper(), type=conv,
-                            default=None, help=help_text)
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest="__".join(path),
+            metavar=name.upper(),
+            type=conv,
+            default=None,
+            help=help_text,
+        )
     ns = parser.parse_args(list(argv) if argv is not None else None)
     values: dict[tuple[str, ...], Any] = {}
-    for path, field, tp in leaves:
+    for path, _field, tp in leaves:
         conv, optional = _converter(tp)
         flag_value = getattr(ns, "__".join(path))
         env_key = env_prefix + path[-1].upper()

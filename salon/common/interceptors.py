@@ -135,8 +135,13 @@ def _end(started: float, outcome: _Outcome, method_metrics: _MethodMetrics, acce
         log.info("rpc_finished", code=outcome.code.name, duration_ms=round(elapsed_s * 1000.0, 3))
 
 
-def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str, method_metrics: _MethodMetrics,
-                access_logged: bool, roles: frozenset[str] | None):
+def _wrap_unary(
+    behavior: Callable[..., Awaitable[Any]],
+    method: str,
+    method_metrics: _MethodMetrics,
+    access_logged: bool,
+    roles: frozenset[str] | None,
+):
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = _begin(method, context)
         outcome = _Outcome()
@@ -154,8 +159,13 @@ def _wrap_unary(behavior: Callable[..., Awaitable[Any]], method: str, method_met
     return wrapped
 
 
-def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]], method: str, method_metrics: _MethodMetrics,
-                 access_logged: bool, roles: frozenset[str] | None):
+def _wrap_stream(
+    behavior: Callable[..., AsyncIterator[Any]],
+    method: str,
+    method_metrics: _MethodMetrics,
+    access_logged: bool,
+    roles: frozenset[str] | None,
+):
     async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         started = _begin(method, context)
         outcome = _Outcome()
@@ -199,8 +209,9 @@ def _check_decoded(request: Any) -> None:
         raise InvalidArgument(f"request: does not parse ({request.error}); string fields must be valid UTF-8")
 
 
-async def _handle(exc: BaseException, context: grpc.aio.ServicerContext, outcome: _Outcome,
-                  end: Callable[[], None]) -> None:
+async def _handle(
+    exc: BaseException, context: grpc.aio.ServicerContext, outcome: _Outcome, end: Callable[[], None]
+) -> None:
     """Record the outcome; turn a SalonError or an unexpected exception into a status (raises AbortError),
     calling `end` (the RPC's metrics and access log) before the abort sends it."""
     if isinstance(exc, asyncio.CancelledError):

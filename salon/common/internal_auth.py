@@ -79,18 +79,22 @@ def check_server(config: ListenerSecurity, internal: bool) -> None:
         if not (cert and key and ca):
             raise SecurityConfigError(
                 "--internal-auth mtls needs --tls-cert-file, --tls-key-file and --tls-client-ca-file "
-                "(or --internal-auth insecure-loopback for a development stack on this host)")
+                "(or --internal-auth insecure-loopback for a development stack on this host)"
+            )
         return
     if cert or ca:
-        raise SecurityConfigError("--internal-auth insecure-loopback serves plaintext: drop the --tls-* files, "
-                                  "or use --internal-auth mtls")
+        raise SecurityConfigError(
+            "--internal-auth insecure-loopback serves plaintext: drop the --tls-* files, or use --internal-auth mtls"
+        )
     if not is_loopback_host(config.host):
         raise SecurityConfigError(
-            f"--internal-auth insecure-loopback listens on loopback only, not on --host {config.host}")
+            f"--internal-auth insecure-loopback listens on loopback only, not on --host {config.host}"
+        )
 
 
-def check_client(mode: str, tls: ClientTLS | None, flag_prefix: str, targets: Iterable[str] = (),
-                 any_target: bool = False) -> None:
+def check_client(
+    mode: str, tls: ClientTLS | None, flag_prefix: str, targets: Iterable[str] = (), any_target: bool = False
+) -> None:
     """An internal client's settings: whole TLS files in mtls mode, loopback targets in insecure-loopback.
 
     flag_prefix names the flags in messages (e.g. "--kvstore-tls"); any_target: the targets are
@@ -102,7 +106,8 @@ def check_client(mode: str, tls: ClientTLS | None, flag_prefix: str, targets: It
         if tls is None or not (tls.ca_file and tls.cert_file and tls.key_file):
             raise SecurityConfigError(
                 f"--internal-auth mtls needs {flag_prefix}-ca-file, {flag_prefix}-cert-file and "
-                f"{flag_prefix}-key-file (or --internal-auth insecure-loopback on one host)")
+                f"{flag_prefix}-key-file (or --internal-auth insecure-loopback on one host)"
+            )
         return
     if tls is not None:
         raise SecurityConfigError(f"--internal-auth insecure-loopback talks plaintext: drop the {flag_prefix}-* files")
@@ -113,12 +118,14 @@ def check_client(mode: str, tls: ClientTLS | None, flag_prefix: str, targets: It
             raise SecurityConfigError(f"--internal-auth insecure-loopback: target {target} is not a loopback address")
 
 
-def client_tls_or_none(flag_prefix: str, ca_file: str | None, cert_file: str | None, key_file: str | None,
-                       server_name: str | None = None) -> ClientTLS | None:
+def client_tls_or_none(
+    flag_prefix: str, ca_file: str | None, cert_file: str | None, key_file: str | None, server_name: str | None = None
+) -> ClientTLS | None:
     """ClientTLS from a service's flags, None when none of them is set."""
     if not (ca_file or cert_file or key_file):
         return None
     if not ca_file:
         raise SecurityConfigError(
-            f"{flag_prefix}-cert-file needs {flag_prefix}-ca-file (the CA of the server's certificate)")
+            f"{flag_prefix}-cert-file needs {flag_prefix}-ca-file (the CA of the server's certificate)"
+        )
     return ClientTLS(ca_file, cert_file, key_file, server_name)

@@ -57,7 +57,7 @@ def parse_spiffe_id(uri: str) -> PeerIdentity | None:
     """The identity in a salon SPIFFE ID, None for anything else (another trust domain, no role)."""
     if not uri.startswith(_PREFIX):
         return None
-    role, sep, name = uri[len(_PREFIX):].partition("/")
+    role, sep, name = uri[len(_PREFIX) :].partition("/")
     if role not in ROLES or not sep or not name or "/" in name:
         return None
     return PeerIdentity(role, name)

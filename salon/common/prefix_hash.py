@@ -85,8 +85,9 @@ def chain_hash(namespace: bytes, parent: BlockHash, block_token_bytes: bytes) ->
     return BlockHash(h.digest())
 
 
-def block_hashes(namespace: bytes, token_ids: Sequence[int], block_size: int,
-                 parent: BlockHash = ROOT_PARENT) -> list[BlockHash]:
+def block_hashes(
+    namespace: bytes, token_ids: Sequence[int], block_size: int, parent: BlockHash = ROOT_PARENT
+) -> list[BlockHash]:
     """Chained hashes of the whole blocks of token_ids (len(token_ids) // block_size of them); with `parent`,
     token_ids continue a context whose last whole block hashed to it."""
     if block_size <= 0:

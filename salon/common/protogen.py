@@ -32,8 +32,8 @@ def proto_files(proto_root: Path = PROTO_ROOT) -> list[Path]:
 
 def generate(out_dir: Path = DEFAULT_OUT, proto_root: Path = PROTO_ROOT) -> list[Path]:
     """Run protoc over every .proto under proto_root into out_dir/salon/api; return the files written."""
-    from grpc_tools import protoc  # imported here: only the generator needs grpcio-tools
     import grpc_tools
+    from grpc_tools import protoc  # imported here: only the generator needs grpcio-tools
 
     files = proto_files(proto_root)
     api_dir = out_dir / Path(*API_PACKAGE.split("."))

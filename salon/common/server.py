@@ -1,20 +1,20 @@
 """The one gRPC server bootstrap every salon service runs on.
 
-    serve(service, config)
-      ├─ security config checked (internal_auth.py): a half TLS config or a plaintext internal
-      │  listener off loopback refuses to start
-      ├─ structlog + OpenTelemetry + Prometheus /metrics (own port)
-      ├─ grpc.aio server: OpenTelemetry interceptor -> ServiceInterceptor (caller's role, errors,
-      │  request ids, RPC metrics)
-      ├─ service.start(server, health)      register servicers; long work (model loading) goes in a task
-      ├─ grpc.health.v1 (NOT_SERVING until the service calls health.set_serving()) + server reflection;
-      │  optionally also alone on a plaintext --health-port (probes that cannot present a certificate)
-      ├─ listen (TLS / mutual TLS when configured), print
-      │  `LISTENING <service> port=<p> metrics_port=<m> health_port=<h>`
-      ├─ SIGTERM/SIGINT/SIGHUP, or the parent process gone (--parent-pid): health NOT_SERVING ->
-      │  server.stop(grace_s) -> service.stop(); exit 0
-      └─ health.fatal(reason) (the service cannot go on, e.g. a dead step thread): NOT_SERVING, the same
-         stop, exit EXIT_FATAL for the supervisor to restart it
+serve(service, config)
+  ├─ security config checked (internal_auth.py): a half TLS config or a plaintext internal
+  │  listener off loopback refuses to start
+  ├─ structlog + OpenTelemetry + Prometheus /metrics (own port)
+  ├─ grpc.aio server: OpenTelemetry interceptor -> ServiceInterceptor (caller's role, errors,
+  │  request ids, RPC metrics)
+  ├─ service.start(server, health)      register servicers; long work (model loading) goes in a task
+  ├─ grpc.health.v1 (NOT_SERVING until the service calls health.set_serving()) + server reflection;
+  │  optionally also alone on a plaintext --health-port (probes that cannot present a certificate)
+  ├─ listen (TLS / mutual TLS when configured), print
+  │  `LISTENING <service> port=<p> metrics_port=<m> health_port=<h>`
+  ├─ SIGTERM/SIGINT/SIGHUP, or the parent process gone (--parent-pid): health NOT_SERVING ->
+  │  server.stop(grace_s) -> service.stop(); exit 0
+  └─ health.fatal(reason) (the service cannot go on, e.g. a dead step thread): NOT_SERVING, the same
+     stop, exit EXIT_FATAL for the supervisor to restart it
 """
 
 from __future__ import annotations
@@ -65,8 +65,10 @@ class ServerConfig:
     trace_file: str | None = field(default=None, metadata={"help": "also write finished spans to this JSON-lines file"})
     trace_sample_ratio: float | None = field(
         default=None,
-        metadata={"help": "share of new traces recorded, 0..1 (parent-based: callers' decisions are kept); "
-                          "default: OTEL_TRACES_SAMPLER, else every trace"},
+        metadata={
+            "help": "share of new traces recorded, 0..1 (parent-based: callers' decisions are kept); "
+            "default: OTEL_TRACES_SAMPLER, else every trace"
+        },
     )
     tls_cert_file: str | None = field(default=None, metadata={"help": "PEM certificate chain: serve TLS"})
     tls_key_file: str | None = field(default=None, metadata={"help": "PEM private key for tls_cert_file"})
@@ -75,15 +77,20 @@ class ServerConfig:
     )
     internal_auth: str = field(
         default=internal_auth.MTLS,
-        metadata={"help": "mtls (internal links need certificates with a salon role) | insecure-loopback "
-                          "(development: plaintext internal links, loopback addresses only)"},
+        metadata={
+            "help": "mtls (internal links need certificates with a salon role) | insecure-loopback "
+            "(development: plaintext internal links, loopback addresses only)"
+        },
     )
     health_port: int | None = field(
-        default=None, metadata={"help": "also serve grpc.health.v1 alone, plaintext, on this port (0 = free port)"})
+        default=None, metadata={"help": "also serve grpc.health.v1 alone, plaintext, on this port (0 = free port)"}
+    )
     max_receive_message_bytes: int = field(
-        default=MAX_MESSAGE_BYTES, metadata={"help": "largest request message accepted (bigger: RESOURCE_EXHAUSTED)"})
+        default=MAX_MESSAGE_BYTES, metadata={"help": "largest request message accepted (bigger: RESOURCE_EXHAUSTED)"}
+    )
     parent_pid: int | None = field(
-        default=None, metadata={"help": "stop when this process (a supervisor such as salon up) is gone"})
+        default=None, metadata={"help": "stop when this process (a supervisor such as salon up) is gone"}
+    )
 
 
 class HealthState:
@@ -179,8 +186,9 @@ async def serve(service: Service, config: ServerConfig) -> int:
     policy = getattr(service, "access_policy", None)
     internal_auth.check_server(config, internal=policy is not None)
     configure_logging(service.name, config.log_json)
-    configure_tracing(service.name, config.trace_file, sample_ratio=config.trace_sample_ratio,
-                      extract_inbound=policy is not None)
+    configure_tracing(
+        service.name, config.trace_file, sample_ratio=config.trace_sample_ratio, extract_inbound=policy is not None
+    )
     metrics_port = start_metrics_server(config.metrics_port, config.host) if config.metrics_port is not None else None
     stop = asyncio.Event()
     parent_watch = _watch_parent(config.parent_pid, stop) if config.parent_pid is not None else None
@@ -205,9 +213,7 @@ async def serve(service: Service, config: ServerConfig) -> int:
         await health.set_not_serving()
     else:
         await health.set_serving()
-    reflection.enable_server_reflection(
-        [*names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server
-    )
+    reflection.enable_server_reflection([*names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server)
     address = f"{config.host}:{config.port}"
     credentials = server_credentials(config)
     port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
@@ -223,10 +229,17 @@ async def serve(service: Service, config: ServerConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     # A service with more listeners (the gateway's HTTP API) names them after the standard three.
     extra = "".join(f" {name}={value}" for name, value in getattr(service, "listening_ports", {}).items())
-    print(f"LISTENING {service.name} port={port} metrics_port={metrics_port} health_port={health_port}{extra}",
-          flush=True)
-    log.info("listening", port=port, metrics_port=metrics_port, health_port=health_port,
-             tls=credentials is not None, internal_auth=config.internal_auth if policy is not None else None)
+    print(
+        f"LISTENING {service.name} port={port} metrics_port={metrics_port} health_port={health_port}{extra}", flush=True
+    )
+    log.info(
+        "listening",
+        port=port,
+        metrics_port=metrics_port,
+        health_port=health_port,
+        tls=credentials is not None,
+        internal_auth=config.internal_auth if policy is not None else None,
+    )
     if policy is not None and config.internal_auth == internal_auth.INSECURE_LOOPBACK:
         log.warning("insecure_loopback_mode", detail="internal calls are not authenticated (development only)")
 

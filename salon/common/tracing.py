@@ -5,7 +5,8 @@ interceptor continues the caller's trace and the client interceptors (see channe
 The exporter follows the standard OTEL_* variables: OTLP when OTEL_EXPORTER_OTLP_ENDPOINT (or
 ..._TRACES_ENDPOINT) is set and OTEL_TRACES_EXPORTER is not "none", over gRPC or, with
 OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL=http/protobuf, over HTTP; otherwise spans are still made (log
-lines carry their ids) but not exported. OTEL_SERVICE_NAME names the service (default `salon-<svc>`). `trace_file` adds a JSON-lines file exporter, one span
+lines carry their ids) but not exported. OTEL_SERVICE_NAME names the service (default `salon-<svc>`). `trace_file` adds
+a JSON-lines file exporter, one span
 per line, used by the tests and for local debugging.
 
 Trust: only the W3C trace context propagates, never baggage. The internal services continue the
@@ -56,12 +57,14 @@ class InjectOnlyPropagator(TextMapPropagator):
     def __init__(self) -> None:
         self._inner = TraceContextTextMapPropagator()
 
-    def extract(self, carrier: CarrierT, context: otel_context.Context | None = None,
-                getter: Getter = default_getter) -> otel_context.Context:
+    def extract(
+        self, carrier: CarrierT, context: otel_context.Context | None = None, getter: Getter = default_getter
+    ) -> otel_context.Context:
         return context if context is not None else otel_context.Context()
 
-    def inject(self, carrier: CarrierT, context: otel_context.Context | None = None,
-               setter: Setter = default_setter) -> None:
+    def inject(
+        self, carrier: CarrierT, context: otel_context.Context | None = None, setter: Setter = default_setter
+    ) -> None:
         self._inner.inject(carrier, context, setter)
 
     @property
@@ -123,8 +126,11 @@ def otlp_exporter(environ: Mapping[str, str]):
     """The OTLP span exporter the standard variables ask for: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else
     OTEL_EXPORTER_OTLP_PROTOCOL: `grpc` (the default) or `http/protobuf`. The exporter itself reads the
     endpoint, headers and timeout variables."""
-    protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-                or "grpc").strip().lower()
+    protocol = (
+        (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+        .strip()
+        .lower()
+    )
     if protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
@@ -150,8 +156,9 @@ def configure_tracing(
     if environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return
     sampler = None if sample_ratio is None else ratio_sampler(sample_ratio)
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name(service, environ)}),
-                              sampler=sampler)
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name(service, environ)}), sampler=sampler
+    )
     exporter_choice = environ.get("OTEL_TRACES_EXPORTER", "otlp").lower()
     endpoint_set = bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     if endpoint_set and exporter_choice != "none":

@@ -130,8 +130,14 @@ class Request:
         known, wanted = self._block_hashes, num_tokens // block_size
         if len(known) < wanted:
             start = len(known) * block_size
-            known.extend(block_hashes(self.namespace, self.token_slice(start, wanted * block_size), block_size,
-                                      known[-1] if known else ROOT_PARENT))
+            known.extend(
+                block_hashes(
+                    self.namespace,
+                    self.token_slice(start, wanted * block_size),
+                    block_size,
+                    known[-1] if known else ROOT_PARENT,
+                )
+            )
         return known[:wanted]
 
     def token_at(self, position: int) -> int:
@@ -143,5 +149,5 @@ class Request:
         if end <= n:
             return self.prompt_token_ids[start:end]
         if start >= n:
-            return self.output_token_ids[start - n:end - n]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+            return self.output_token_ids[start - n : end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n]

@@ -83,7 +83,12 @@ class ResidentMeter:
         arena = mapped_rss_bytes(self.arena_dir) if self.arena_dir else 0
         other = max(0, total - self.weights_bytes - self.kv_cache_bytes)
         self._last, self._at_s = Resident(total, self.weights_bytes, self.kv_cache_bytes, other, arena), now
-        for part, value in (("total", total), ("weights", self.weights_bytes), ("kv_cache", self.kv_cache_bytes),
-                            ("other", other), ("arena", arena)):
+        for part, value in (
+            ("total", total),
+            ("weights", self.weights_bytes),
+            ("kv_cache", self.kv_cache_bytes),
+            ("other", other),
+            ("arena", arena),
+        ):
             metrics.RESIDENT_BYTES.labels(part).set(value)
         return self._last

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from salon.common.config import parse_config
 from salon.common.server import run
-from salon.gateway.config import GatewayConfig
 from salon.gateway.bootstrap import GatewayService
+from salon.gateway.config import GatewayConfig
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from salon.common import internal_auth, namespace_grant
 from salon.common.logging import get_logger
 from salon.common.server import HealthState
 from salon.gateway.config import GatewayConfig
-from salon.gateway.dispatch import DispatchSettings, Dispatcher
+from salon.gateway.dispatch import Dispatcher, DispatchSettings
 from salon.gateway.grants import Grants
 from salon.gateway.membership import EnginePool, PoolSettings, parse_engine_list
 from salon.gateway.model_pools import ModelPools
@@ -68,8 +68,13 @@ def pool_settings(config: GatewayConfig) -> PoolSettings:
         if not sep or not host or not port.isdigit():
             raise ValueError(f"engines_dns: expected name:port, got {config.engines_dns!r}")
         dns_name, dns_port = host, int(port)
-    tls = internal_auth.client_tls_or_none("--engine-tls", config.engine_tls_ca_file, config.engine_tls_cert_file,
-                                           config.engine_tls_key_file, config.engine_tls_server_name)
+    tls = internal_auth.client_tls_or_none(
+        "--engine-tls",
+        config.engine_tls_ca_file,
+        config.engine_tls_cert_file,
+        config.engine_tls_key_file,
+        config.engine_tls_server_name,
+    )
     return PoolSettings(
         health_service=config.health_service,
         load_interval_ms=config.load_interval_ms,
@@ -80,15 +85,20 @@ def pool_settings(config: GatewayConfig) -> PoolSettings:
     )
 
 
-def build_http_server(config: GatewayConfig, tenants: TenantTable, admission: AdmissionControl,
-                      dispatcher: Dispatcher, pools: ModelPools, grants: Grants):
+def build_http_server(
+    config: GatewayConfig,
+    tenants: TenantTable,
+    admission: AdmissionControl,
+    dispatcher: Dispatcher,
+    pools: ModelPools,
+    grants: Grants,
+):
     """The OpenAI-compatible front on config.http_port, over the same core as the gRPC servicer."""
     from salon.gateway.http.app import HttpServer, build_app
     from salon.gateway.http.catalog import ModelCatalog
     from salon.gateway.http.routes import Front
 
-    front = Front(tenants, admission, dispatcher, ModelCatalog(pools), grants,
-                  config.opening_max_bytes)
+    front = Front(tenants, admission, dispatcher, ModelCatalog(pools), grants, config.opening_max_bytes)
     return HttpServer(build_app(front), config.server.host, config.http_port, config.server.grace_s)
 
 
@@ -105,8 +115,9 @@ class GatewayService:
         if not self.endpoints and self.settings.dns_name is None:
             raise ValueError("no engines: give --engines and/or --engines-dns")
         self.policy = make_policy(config.routing_policy, config.load_factor, config.min_capacity_streams)
-        self.grants = Grants(namespace_grant.load_key(config.namespace_grant_key_file)
-                             if config.namespace_grant_key_file else None)
+        self.grants = Grants(
+            namespace_grant.load_key(config.namespace_grant_key_file) if config.namespace_grant_key_file else None
+        )
         self.pool: EnginePool | None = None
         self.pools: ModelPools | None = None
         self.sessions: SessionTable | None = None
@@ -117,18 +128,27 @@ class GatewayService:
         self.listening_ports: dict[str, int] = {}
 
     async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
-        internal_auth.check_client(self.config.server.internal_auth, self.settings.tls, "--engine-tls",
-                                   [e.address for e in self.endpoints], any_target=self.settings.dns_name is not None)
+        internal_auth.check_client(
+            self.config.server.internal_auth,
+            self.settings.tls,
+            "--engine-tls",
+            [e.address for e in self.endpoints],
+            any_target=self.settings.dns_name is not None,
+        )
         if not self.tenants.tenants and self.tenants.anonymous is None:
             log.warning("no_tenants", detail="every call will be refused UNAUTHENTICATED")
         self.sessions = build_sessions(self.config)
         self.pool = EnginePool(self.endpoints, self.settings)
         config = self.config
-        self.pools = ModelPools(self.pool, lambda: make_policy(config.routing_policy, config.load_factor,
-                                                               config.min_capacity_streams),
-                                config.default_model, config.model_info_ttl_s)
-        self.dispatcher = Dispatcher(self.pool, self.policy, self.sessions,
-                                     DispatchSettings(max_failovers=self.config.max_failovers), self.pools)
+        self.pools = ModelPools(
+            self.pool,
+            lambda: make_policy(config.routing_policy, config.load_factor, config.min_capacity_streams),
+            config.default_model,
+            config.model_info_ttl_s,
+        )
+        self.dispatcher = Dispatcher(
+            self.pool, self.policy, self.sessions, DispatchSettings(max_failovers=self.config.max_failovers), self.pools
+        )
         servicer = ChatServicer(
             self.tenants,
             AdmissionControl(concurrency_retry_after_ms=self.config.concurrency_retry_after_ms),
@@ -139,22 +159,29 @@ class GatewayService:
         chat_pb2_grpc.add_ChatServiceServicer_to_server(servicer, server)
         self.pool.start()
         if self.config.http_port is not None:
-            self.http = build_http_server(self.config, self.tenants, servicer.admission, self.dispatcher, self.pools,
-                                          self.grants)
+            self.http = build_http_server(
+                self.config, self.tenants, servicer.admission, self.dispatcher, self.pools, self.grants
+            )
             self.http.start()
             self.listening_ports["http_port"] = self.http.port
         self._ready_task = asyncio.create_task(self._serve_when_routable(health))
-        log.info("gateway_config", engines=[e.engine_id for e in self.endpoints], dns=self.config.engines_dns,
-                 policy=self.policy.name, sessions="redis" if self.config.redis_url else "memory",
-                 tenants=[t.tenant_id for t in self.tenants.tenants])
+        log.info(
+            "gateway_config",
+            engines=[e.engine_id for e in self.endpoints],
+            dns=self.config.engines_dns,
+            policy=self.policy.name,
+            sessions="redis" if self.config.redis_url else "memory",
+            tenants=[t.tenant_id for t in self.tenants.tenants],
+        )
         return [chat_pb2.DESCRIPTOR.services_by_name["ChatService"].full_name]
 
     async def _serve_when_routable(self, health: HealthState) -> None:
         """Report SERVING once some engine can take work; from then on failures are per request."""
         assert self.pool is not None
         assert self.pools is not None
-        await self.pool.wait_for(lambda loads: any(load.accepting for load in loads.values())
-                                 and bool(self.pools.models()), timeout_s=1e9)
+        await self.pool.wait_for(
+            lambda loads: any(load.accepting for load in loads.values()) and bool(self.pools.models()), timeout_s=1e9
+        )
         await health.set_serving()
         log.info("gateway_serving")
 

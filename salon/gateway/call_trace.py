@@ -30,10 +30,16 @@ class CallTrace:
         self._span: trace.Span | None = None
         if request_span.is_recording():
             service, _, name = method.lstrip("/").partition("/")
-            self._span = _tracer.start_span(method, kind=SpanKind.CLIENT, attributes={
-                "rpc.system": "grpc", "rpc.service": service, "rpc.method": name,
-                "rpc.grpc.status_code": grpc.StatusCode.OK.value[0],
-            })
+            self._span = _tracer.start_span(
+                method,
+                kind=SpanKind.CLIENT,
+                attributes={
+                    "rpc.system": "grpc",
+                    "rpc.service": service,
+                    "rpc.method": name,
+                    "rpc.grpc.status_code": grpc.StatusCode.OK.value[0],
+                },
+            )
             propagate.inject(carrier, context=trace.set_span_in_context(self._span))
         elif request_span.get_span_context().is_valid:
             propagate.inject(carrier)

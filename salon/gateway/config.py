@@ -17,7 +17,8 @@ class GatewayConfig:
     """salon gateway: the public salon.chat.v1.ChatService in front of one pool of engines per model."""
 
     server: ServerConfig = field(
-        default_factory=lambda: ServerConfig(max_receive_message_bytes=PUBLIC_MAX_RECEIVE_MESSAGE_BYTES))
+        default_factory=lambda: ServerConfig(max_receive_message_bytes=PUBLIC_MAX_RECEIVE_MESSAGE_BYTES)
+    )
     # Membership.
     engines: str = field(default="", metadata={"help": "static engines: id=host:port,id=host:port"})
     engines_dns: str | None = field(
@@ -30,14 +31,21 @@ class GatewayConfig:
     tenants_file: str | None = field(default=None, metadata={"help": "tenant table, JSON or TOML (see tenants.py)"})
     tenants_json: str | None = field(default=None, metadata={"help": "tenant table as an inline JSON string"})
     salt_secret_file: str | None = field(
-        default=None, metadata={"help": "secret for tenant salts: HMAC(secret, tenant id) unless a tenant sets one "
-                                        "(the same file on every gateway replica)"})
+        default=None,
+        metadata={
+            "help": "secret for tenant salts: HMAC(secret, tenant id) unless a tenant sets one "
+            "(the same file on every gateway replica)"
+        },
+    )
     namespace_grant_key_file: str | None = field(
-        default=None, metadata={"help": "key shared with the kvstores: sign namespace grants for the engines"})
+        default=None, metadata={"help": "key shared with the kvstores: sign namespace grants for the engines"}
+    )
     allow_anonymous: bool = field(
         default=False, metadata={"help": "serve calls without an API key as tenant 'anonymous' (development only)"}
     )
-    concurrency_retry_after_ms: int = field(default=250, metadata={"help": "retry hint when a tenant's streams are full"})
+    concurrency_retry_after_ms: int = field(
+        default=250, metadata={"help": "retry hint when a tenant's streams are full"}
+    )
     # Routing.
     routing_policy: str = field(default="bounded_load", metadata={"help": "bounded_load | least_loaded"})
     load_factor: float = field(default=LOAD_FACTOR, metadata={"help": "c of bounded loads: cap = c x mean load"})
@@ -47,23 +55,38 @@ class GatewayConfig:
     max_failovers: int = field(default=2, metadata={"help": "engine moves per reply after mid-stream failures"})
     # Session table.
     session_ttl_s: float = field(default=3600.0, metadata={"help": "how long a dialogue remembers its engine"})
-    redis_url: str | None = field(default=None, metadata={"help": "redis://host:port/db: share sessions across replicas"})
+    redis_url: str | None = field(
+        default=None, metadata={"help": "redis://host:port/db: share sessions across replicas"}
+    )
     redis_max_connections: int = field(default=32, metadata={"help": "Redis pool size (callers wait beyond it)"})
     redis_pool_timeout_s: float = field(default=0.2, metadata={"help": "longest wait for a pooled Redis connection"})
     redis_op_timeout_s: float = field(default=0.2, metadata={"help": "timeout of one Redis operation"})
-    redis_retry_interval_s: float = field(default=1.0, metadata={"help": "after a Redis failure, ring-only for this long"})
+    redis_retry_interval_s: float = field(
+        default=1.0, metadata={"help": "after a Redis failure, ring-only for this long"}
+    )
     # Engine channels (mutual TLS between services).
     engine_tls_ca_file: str | None = field(default=None, metadata={"help": "CA of the engines' certificates"})
     engine_tls_cert_file: str | None = field(default=None, metadata={"help": "our client certificate (mutual TLS)"})
     engine_tls_key_file: str | None = field(default=None, metadata={"help": "key of engine_tls_cert_file"})
     engine_tls_server_name: str | None = field(
-        default=None, metadata={"help": "name the engines' certificate must carry (default: the dialed host; set it "
-                                        "when engines are dialed by IP, e.g. engine.salon.svc)"})
-    default_model: str = field(default="", metadata={
-        "help": "model of requests that name none (default: the model of the first configured engine that reports)"})
+        default=None,
+        metadata={
+            "help": "name the engines' certificate must carry (default: the dialed host; set it "
+            "when engines are dialed by IP, e.g. engine.salon.svc)"
+        },
+    )
+    default_model: str = field(
+        default="",
+        metadata={
+            "help": "model of requests that name none (default: the model of the first configured engine that reports)"
+        },
+    )
     model_info_ttl_s: float = field(default=30.0, metadata={"help": "how long GetModelInfo answers are cached"})
     # The OpenAI-compatible HTTP API (salon/gateway/http/).
-    http_port: int | None = field(default=None, metadata={"help": "OpenAI-compatible HTTP API port (0 = free port; "
-                                                                  "default: off)"})
-    opening_max_bytes: int = field(default=OPENING_MAX_BYTES, metadata={
-        "help": "bytes of a stateless dialogue's opening hashed into its routing key (0: no prefix routing)"})
+    http_port: int | None = field(
+        default=None, metadata={"help": "OpenAI-compatible HTTP API port (0 = free port; default: off)"}
+    )
+    opening_max_bytes: int = field(
+        default=OPENING_MAX_BYTES,
+        metadata={"help": "bytes of a stateless dialogue's opening hashed into its routing key (0: no prefix routing)"},
+    )

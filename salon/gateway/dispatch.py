@@ -119,7 +119,8 @@ class _EngineMetrics:
         child = self._ok_by_tenant.get(tenant_id)
         if child is None:
             child = self._ok_by_tenant[tenant_id] = metrics.REQUESTS.labels(
-                engine=self._engine_id, tenant=tenant_id, code="OK")
+                engine=self._engine_id, tenant=tenant_id, code="OK"
+            )
         return child
 
 
@@ -127,8 +128,14 @@ class Dispatcher:
     """Routes each reply within its model's pool (`pools`, one policy each); without pools, over every engine
     with `policy`."""
 
-    def __init__(self, pool: EnginePool, policy: RoutingPolicy, sessions: SessionTable, settings: DispatchSettings,
-                 pools: ModelPools | None = None):
+    def __init__(
+        self,
+        pool: EnginePool,
+        policy: RoutingPolicy,
+        sessions: SessionTable,
+        settings: DispatchSettings,
+        pools: ModelPools | None = None,
+    ):
         self.pool = pool
         self.policy = policy
         self.sessions = sessions
@@ -156,8 +163,9 @@ class Dispatcher:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _choose(self, model: str, key: DialogueKey, sticky: EngineId | None,
-                exclude: set[EngineId]) -> RouteDecision | None:
+    def _choose(
+        self, model: str, key: DialogueKey, sticky: EngineId | None, exclude: set[EngineId]
+    ) -> RouteDecision | None:
         if self.pools is None:
             return self.policy.choose(key, self.pool.snapshot(), sticky, frozenset(exclude))
         return self.pools.policy(model).choose(key, self.pools.snapshot(model), sticky, frozenset(exclude))
@@ -166,8 +174,11 @@ class Dispatcher:
         decision = self._choose(model, key, sticky, exclude)
         if decision is None:
             metrics.REFUSALS.labels(reason="no_engine").inc()
-            raise Unavailable(f"no engine of {model} is serving; retry shortly" if self.pools is not None
-                              else "no engine is serving; retry shortly")
+            raise Unavailable(
+                f"no engine of {model} is serving; retry shortly"
+                if self.pools is not None
+                else "no engine is serving; retry shortly"
+            )
         return decision
 
     async def _place(self, model: str, key: DialogueKey) -> RouteDecision:
@@ -214,8 +225,16 @@ class Dispatcher:
         moves the reply on with resume tokens) until an attempt finishes or the policy gives up."""
         key = dialogue_key(tenant_id, request.conversation_id)
         decision = await self._place(model, key)
-        reply = _Reply(request, tenant_id, model, key, deadline_s, arrived_s,
-                       reply_request_id or request.request_id, decision.engine_id)
+        reply = _Reply(
+            request,
+            tenant_id,
+            model,
+            key,
+            deadline_s,
+            arrived_s,
+            reply_request_id or request.request_id,
+            decision.engine_id,
+        )
         while True:
             handle = self.pool.by_id(reply.engine_id)
             if handle is None:  # removed between routing and now
@@ -238,8 +257,9 @@ class Dispatcher:
                 yield last
                 return
 
-    async def _attempt(self, handle: EngineHandle, reply: _Reply,
-                       end: _AttemptEnd) -> AsyncIterator[chat_pb2.GenerateResponse]:
+    async def _attempt(
+        self, handle: EngineHandle, reply: _Reply, end: _AttemptEnd
+    ) -> AsyncIterator[chat_pb2.GenerateResponse]:
         """Stream the reply from one engine, resuming after the tokens already forwarded, and record in
         `end` how the call ended. The call is released (cancelled, its trace ended, its in-flight count
         dropped) before this generator stops, whatever stops it."""
@@ -293,8 +313,11 @@ class Dispatcher:
         engine, up to max_refusal_retries times: True with reply.engine_id moved on; False when the
         refusal goes to the client. The refused engine is excluded, so its released call does not
         weigh on the choice."""
-        if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or reply.forwarded_token_ids \
-                or reply.num_refusals >= self.settings.max_refusal_retries:
+        if (
+            error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED
+            or reply.forwarded_token_ids
+            or reply.num_refusals >= self.settings.max_refusal_retries
+        ):
             return False
         reply.num_refusals += 1
         reply.exclude.add(reply.engine_id)
@@ -313,8 +336,7 @@ class Dispatcher:
         retry_after = dict(error.trailing_metadata() or ()).get(RETRY_AFTER_METADATA_KEY)
         return UpstreamError(code, error.details() or code.name, retry_after)
 
-    async def _fail_over(self, handle: EngineHandle, reply: _Reply,
-                         reason: str) -> chat_pb2.GenerateResponse | None:
+    async def _fail_over(self, handle: EngineHandle, reply: _Reply, reason: str) -> chat_pb2.GenerateResponse | None:
         """The engine failed mid-stream (or before streaming): take it out of routing and move the reply
         to the next engine, which resumes after the tokens forwarded so far. Past max_failovers the
         client gets UNAVAILABLE. Returns the reply's last event when the failed engine had sent every
@@ -336,8 +358,13 @@ class Dispatcher:
         reply.exclude.add(failed_engine)
         reply.engine_id = self._route(reply.model, reply.key, None, reply.exclude).engine_id
         await self._record(reply.key, reply.engine_id)
-        log.warning("failover", from_engine=failed_engine, to_engine=reply.engine_id, reason=reason,
-                    num_resume_tokens=len(reply.forwarded_token_ids))
+        log.warning(
+            "failover",
+            from_engine=failed_engine,
+            to_engine=reply.engine_id,
+            reason=reason,
+            num_resume_tokens=len(reply.forwarded_token_ids),
+        )
         return None
 
     @staticmethod

@@ -1,10 +1,10 @@
 """OpenTelemetry GenAI semantic-convention attributes on a turn's span, for both fronts.
 
-    request   gen_ai.operation.name, gen_ai.provider.name (and the older gen_ai.system), gen_ai.request.model,
-              gen_ai.request.{max_tokens, temperature, top_p, top_k, presence_penalty,
-              frequency_penalty, seed, stop_sequences, choice.count}
-    response  gen_ai.response.{id, model, finish_reasons}, gen_ai.usage.{input_tokens, output_tokens},
-              gen_ai.server.time_to_first_token (seconds), salon.usage.cached_tokens.{device, host}
+request   gen_ai.operation.name, gen_ai.provider.name (and the older gen_ai.system), gen_ai.request.model,
+          gen_ai.request.{max_tokens, temperature, top_p, top_k, presence_penalty,
+          frequency_penalty, seed, stop_sequences, choice.count}
+response  gen_ai.response.{id, model, finish_reasons}, gen_ai.usage.{input_tokens, output_tokens},
+          gen_ai.server.time_to_first_token (seconds), salon.usage.cached_tokens.{device, host}
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from salon.api.chat.v1 import chat_pb2
 PROVIDER = "salon"
 
 
-def set_request_attributes(span: Span, operation: str, model: str, sampling: chat_pb2.SamplingParams,
-                           num_choices: int = 1) -> None:
+def set_request_attributes(
+    span: Span, operation: str, model: str, sampling: chat_pb2.SamplingParams, num_choices: int = 1
+) -> None:
     if not span.is_recording():
         return
     attributes = {
@@ -47,8 +48,14 @@ def set_request_attributes(span: Span, operation: str, model: str, sampling: cha
     span.set_attributes(attributes)
 
 
-def set_response_attributes(span: Span, response_id: str, model: str, finish_reasons: Sequence[str],
-                            finals: Sequence[chat_pb2.GenerateFinal], ttft_s: float | None) -> None:
+def set_response_attributes(
+    span: Span,
+    response_id: str,
+    model: str,
+    finish_reasons: Sequence[str],
+    finals: Sequence[chat_pb2.GenerateFinal],
+    ttft_s: float | None,
+) -> None:
     if not span.is_recording() or not finals:
         return
     usage = finals[0].usage

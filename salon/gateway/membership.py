@@ -186,8 +186,12 @@ class EngineHandle:
                 self._set_serving(False, f"health {exc.code().name}")
                 if exc.code() in _WATCH_UNSUPPORTED and not self._poll_health:
                     # The engine answers Check but cannot stream Watch: poll Check instead.
-                    log.warning("health_watch_unsupported", address=self.address, code=exc.code().name,
-                                poll_interval_s=self.settings.health_poll_interval_s)
+                    log.warning(
+                        "health_watch_unsupported",
+                        address=self.address,
+                        code=exc.code().name,
+                        poll_interval_s=self.settings.health_poll_interval_s,
+                    )
                     self._poll_health = True
                     continue
             await asyncio.sleep(backoff_s)
@@ -217,8 +221,9 @@ class EngineHandle:
         if report.engine_id and self.configured_id is None:
             self.engine_id = EngineId(report.engine_id)
         elif report.engine_id and report.engine_id != self.configured_id:
-            log.warning("engine_id_mismatch", configured=self.configured_id, reported=report.engine_id,
-                        address=self.address)
+            log.warning(
+                "engine_id_mismatch", configured=self.configured_id, reported=report.engine_id, address=self.address
+            )
         if report.draining != self.draining:
             log.info("engine_draining", engine=self.engine_id, draining=report.draining)
         self.report = report
@@ -290,6 +295,7 @@ class EnginePool:
 
     async def wait_for(self, predicate: Callable[[dict[EngineId, EngineLoad]], bool], timeout_s: float) -> None:
         """Wait until `predicate(snapshot())` holds (asyncio.TimeoutError after timeout_s)."""
+
         async def _wait() -> None:
             while not predicate(self.snapshot()):
                 self.changed.clear()

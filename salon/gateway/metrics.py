@@ -6,8 +6,31 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 # The engines' 5 ms .. 120 s buckets, with finer ones below for the gateway's own sub-millisecond work.
-_LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
-                      0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 120.0)
+_LATENCY_BUCKETS_S = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    120.0,
+)
 
 REQUESTS = Counter(
     "salon_gateway_requests_total",
@@ -35,8 +58,7 @@ FAILOVERS = Counter(
 )
 ADDED_LATENCY = Histogram(
     "salon_gateway_added_latency_seconds",
-    "Time the gateway spends before the engine call is issued (auth, admission, routing, session "
-    "lookup), seconds.",
+    "Time the gateway spends before the engine call is issued (auth, admission, routing, session lookup), seconds.",
     ["model"],
     buckets=_LATENCY_BUCKETS_S,
 )

@@ -35,8 +35,13 @@ _INFO_TIMEOUT_S = 5.0
 
 
 class ModelPools:
-    def __init__(self, pool: EnginePool, make_policy: Callable[[], RoutingPolicy], default_model: str = "",
-                 info_ttl_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        pool: EnginePool,
+        make_policy: Callable[[], RoutingPolicy],
+        default_model: str = "",
+        info_ttl_s: float = 30.0,
+    ) -> None:
         self.pool = pool
         self._make_policy = make_policy
         self._policies: dict[str, RoutingPolicy] = {}
@@ -74,8 +79,10 @@ class ModelPools:
         if model not in served:
             if any(h.report is None or not h.report.model_id for h in self.pool.handles()) or not served:
                 # Some engine has not said what it serves (loading, or unreachable): it may be this model.
-                raise Unavailable(f"model: {model!r} is not served by any engine that has reported "
-                                  f"(served: {', '.join(served) or 'none yet'}); others are not serving")
+                raise Unavailable(
+                    f"model: {model!r} is not served by any engine that has reported "
+                    f"(served: {', '.join(served) or 'none yet'}); others are not serving"
+                )
             raise NotFound(f"model: {model!r} is not served here (served: {', '.join(served) or 'none yet'})")
         return model
 
@@ -145,8 +152,9 @@ class ModelPools:
                 pass
 
         # A fresh context: this runs for the gateway, not inside the request's trace or log fields.
-        self._refresh[model] = asyncio.get_running_loop().create_task(refresh(), name=f"model-info:{model}",
-                                                                      context=contextvars.Context())
+        self._refresh[model] = asyncio.get_running_loop().create_task(
+            refresh(), name=f"model-info:{model}", context=contextvars.Context()
+        )
 
     async def list_models(self) -> chat_pb2.ListModelsResponse:
         """Every served model with its engines and their resident memory."""
@@ -158,6 +166,7 @@ class ModelPools:
                 info = chat_pb2.ModelInfo(model_id=model)  # its engines are not serving: listed, undescribed
             served = out.models.add(model=info)
             for handle in sorted(self.handles(model), key=lambda h: h.engine_id or ""):
-                served.engines.add(engine_id=handle.engine_id or "", serving=handle.accepting,
-                                   resident=handle.report.resident)
+                served.engines.add(
+                    engine_id=handle.engine_id or "", serving=handle.accepting, resident=handle.report.resident
+                )
         return out

@@ -94,7 +94,7 @@ def opening_conversation_id(namespace_salt: str, opening: bytes, max_bytes: int 
     namespace = namespace_salt.encode("utf-8")
     parent = ROOT_PARENT
     for start in range(0, len(opening), OPENING_BLOCK_BYTES):
-        parent = chain_hash(namespace, parent, opening[start:start + OPENING_BLOCK_BYTES])
+        parent = chain_hash(namespace, parent, opening[start : start + OPENING_BLOCK_BYTES])
     return OPENING_CONVERSATION_PREFIX + parent.hex()
 
 
@@ -156,8 +156,12 @@ class BoundedLoadPolicy:
 
     name = "bounded_load"
 
-    def __init__(self, load_factor: float = LOAD_FACTOR, min_capacity: int = MIN_CAPACITY,
-                 vnodes_per_engine: int = VNODES_PER_ENGINE):
+    def __init__(
+        self,
+        load_factor: float = LOAD_FACTOR,
+        min_capacity: int = MIN_CAPACITY,
+        vnodes_per_engine: int = VNODES_PER_ENGINE,
+    ):
         if load_factor < 1.0:
             raise ValueError("load_factor must be >= 1.0 (below 1 no placement can satisfy the bound)")
         if min_capacity < 1:

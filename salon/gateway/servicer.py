@@ -29,13 +29,13 @@ from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.api.engine.v1 import engine_pb2
 from salon.common.errors import OutOfRange, ResourceExhausted, Unauthenticated, Unavailable
 from salon.common.logging import bind_request_context, get_logger
+from salon.common.prompt_bounds import prompt_count_problem
 from salon.gateway import metrics
 from salon.gateway.dispatch import Dispatcher
-from salon.gateway.grants import Grants
 from salon.gateway.genai_span import set_request_attributes, set_response_attributes
+from salon.gateway.grants import Grants
 from salon.gateway.model_pools import ModelPools
 from salon.gateway.ratelimit import AdmissionControl
-from salon.common.prompt_bounds import prompt_count_problem
 from salon.gateway.tenants import Tenant, TenantTable
 from salon.gateway.types import dialogue_key
 from salon.gateway.validate import validate_conversation_id, validate_generate
@@ -46,8 +46,9 @@ AUTHORIZATION_METADATA_KEY = "authorization"
 _DELETE_TIMEOUT_S = 10.0
 
 
-def to_engine_request(request: chat_pb2.GenerateRequest, request_id: str, namespace_salt: str,
-                      grant: bytes = b"") -> engine_pb2.GenerateRequest:
+def to_engine_request(
+    request: chat_pb2.GenerateRequest, request_id: str, namespace_salt: str, grant: bytes = b""
+) -> engine_pb2.GenerateRequest:
     engine_request = engine_pb2.GenerateRequest(
         request_id=request_id,
         conversation_id=request.conversation_id,
@@ -69,8 +70,14 @@ def to_engine_request(request: chat_pb2.GenerateRequest, request_id: str, namesp
 
 
 class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
-    def __init__(self, tenants: TenantTable, admission: AdmissionControl, dispatcher: Dispatcher,
-                 pools: ModelPools, grants: Grants):
+    def __init__(
+        self,
+        tenants: TenantTable,
+        admission: AdmissionControl,
+        dispatcher: Dispatcher,
+        pools: ModelPools,
+        grants: Grants,
+    ):
         self.tenants = tenants
         self.admission = admission
         self.dispatcher = dispatcher
@@ -122,8 +129,12 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             # The caller's id (field, else x-request-id) is for its own correlation only.
             client_request_id = request.request_id or structlog.contextvars.get_contextvars().get("request_id") or ""
             request_id = uuid.uuid4().hex
-            bind_request_context(request_id=request_id, client_request_id=client_request_id or None,
-                                 conversation_id=request.conversation_id, tenant=tenant.tenant_id)
+            bind_request_context(
+                request_id=request_id,
+                client_request_id=client_request_id or None,
+                conversation_id=request.conversation_id,
+                tenant=tenant.tenant_id,
+            )
             remaining_s = context.time_remaining()
             deadline_s = None if remaining_s is None else time.monotonic() + remaining_s
             engine_request = to_engine_request(request, request_id, tenant.namespace_salt, self._grant(tenant))
@@ -131,8 +142,14 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             operation = "text_completion" if request.WhichOneof("context") != "dialogue" else "chat"
             set_request_attributes(span, operation, model, request.sampling)
             first_token_s = None
-            async for event in self.dispatcher.stream(engine_request, tenant.tenant_id, deadline_s, arrived_s, model,
-                                                      reply_request_id=client_request_id or request_id):
+            async for event in self.dispatcher.stream(
+                engine_request,
+                tenant.tenant_id,
+                deadline_s,
+                arrived_s,
+                model,
+                reply_request_id=client_request_id or request_id,
+            ):
                 if first_token_s is None and event.delta.token_ids:
                     first_token_s = time.perf_counter() - arrived_s
                 if event.HasField("final"):
@@ -157,25 +174,36 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             if not handles:
                 raise Unavailable("DeleteConversation: no engine is known; retry shortly")
             engine_request = engine_pb2.DeleteConversationRequest(
-                conversation_id=request.conversation_id, namespace_salt=tenant.namespace_salt,
-                namespace_grant=self._grant(tenant))
-            results = await asyncio.gather(*(h.stub.DeleteConversation(engine_request, timeout=_DELETE_TIMEOUT_S)
-                                             for h in handles), return_exceptions=True)
+                conversation_id=request.conversation_id,
+                namespace_salt=tenant.namespace_salt,
+                namespace_grant=self._grant(tenant),
+            )
+            results = await asyncio.gather(
+                *(h.stub.DeleteConversation(engine_request, timeout=_DELETE_TIMEOUT_S) for h in handles),
+                return_exceptions=True,
+            )
             session_ok = await self.dispatcher.sessions.delete(dialogue_key(tenant.tenant_id, request.conversation_id))
         finally:
             self.admission.release(tenant)
-        failed = [f"{h.engine_id or h.address}: {_error_name(r)}" for h, r in zip(handles, results)
-                  if isinstance(r, BaseException)]
+        failed = [
+            f"{h.engine_id or h.address}: {_error_name(r)}"
+            for h, r in zip(handles, results)
+            if isinstance(r, BaseException)
+        ]
         if not session_ok:
             failed.append("session table: unreachable")
         if failed:
             log.warning("delete_incomplete", failed=failed)
-            raise Unavailable(f"DeleteConversation: not confirmed by {', '.join(failed)}; retry (deleting is idempotent)")
+            raise Unavailable(
+                f"DeleteConversation: not confirmed by {', '.join(failed)}; retry (deleting is idempotent)"
+            )
         done = [r for r in results if not isinstance(r, BaseException)]
         log.info("conversation_deleted", engines=len(done))
         return chat_pb2.DeleteConversationResponse(
-            engines=len(done), device_blocks_dropped=sum(r.device_blocks_dropped for r in done),
-            host_blocks_dropped=sum(r.host_blocks_dropped for r in done))
+            engines=len(done),
+            device_blocks_dropped=sum(r.device_blocks_dropped for r in done),
+            host_blocks_dropped=sum(r.host_blocks_dropped for r in done),
+        )
 
     async def GetModelInfo(
         self, request: chat_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext

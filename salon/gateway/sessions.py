@@ -1,6 +1,7 @@
 """Session table: where each dialogue was last served, so its next turn goes back there.
 
-An entry maps a dialogue (types.DialogueKey: tenant + conversation id) to an engine id and expires `ttl_s` after it was last written.
+An entry maps a dialogue (types.DialogueKey: tenant + conversation id) to an engine id and expires `ttl_s` after it was
+last written.
 The router treats an entry as a hint: if the engine is gone (unhealthy, draining, removed) or
 full, the dialogue moves and the entry is overwritten.
 

@@ -76,14 +76,15 @@ class RedisSessionTable:
             return False, None
         try:
             result = await asyncio.wait_for(fn(), timeout=self.op_timeout_s)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisError, OSError) as exc:
             metrics.SESSION_STORE_ERRORS.labels(op=op).inc()
             self._skip_until_s = self._clock() + self.retry_interval_s
             if self.available:
                 self.available = False
                 metrics.SESSION_STORE_UP.set(0)
-                log.warning("session_store_down", op=op, error=type(exc).__name__,
-                            detail=str(exc)[:200], fallback="ring")
+                log.warning(
+                    "session_store_down", op=op, error=type(exc).__name__, detail=str(exc)[:200], fallback="ring"
+                )
             return False, None
         if not self.available:
             self.available = True

@@ -74,8 +74,9 @@ def _salt(raw: Mapping[str, Any], tenant_id: str, where: str, salt_secret: bytes
             raise TenantConfigError(f"{where}.namespace_salt: must be a non-empty string")
         return salt
     if salt_secret is None:
-        raise TenantConfigError(f"{where}.namespace_salt: not set, and no salt secret (--salt-secret-file) "
-                                "to derive it from")
+        raise TenantConfigError(
+            f"{where}.namespace_salt: not set, and no salt secret (--salt-secret-file) to derive it from"
+        )
     return derive_salt(salt_secret, tenant_id)
 
 
@@ -130,8 +131,10 @@ class TenantTable:
         for tenant in (*self.tenants, *((anonymous,) if anonymous is not None else ())):
             other = by_salt.setdefault(tenant.namespace_salt, tenant.tenant_id)
             if other != tenant.tenant_id:
-                raise TenantConfigError(f"tenants {other} and {tenant.tenant_id} have the same namespace_salt: "
-                                        "tenants never share cache entries")
+                raise TenantConfigError(
+                    f"tenants {other} and {tenant.tenant_id} have the same namespace_salt: "
+                    "tenants never share cache entries"
+                )
         # Used for calls without an authorization entry, when configured (development only).
         self.anonymous = anonymous
 
@@ -139,14 +142,15 @@ class TenantTable:
         return f"TenantTable(tenant_ids={[t.tenant_id for t in self.tenants]})"
 
     @classmethod
-    def from_obj(cls, obj: Any, anonymous: Tenant | None = None, salt_secret: bytes | None = None) -> "TenantTable":
+    def from_obj(cls, obj: Any, anonymous: Tenant | None = None, salt_secret: bytes | None = None) -> TenantTable:
         if not isinstance(obj, Mapping) or not isinstance(obj.get("tenants"), list):
             raise TenantConfigError("tenant config: expected an object with a 'tenants' list")
         return cls((_tenant_from_mapping(raw, i, salt_secret) for i, raw in enumerate(obj["tenants"])), anonymous)
 
     @classmethod
-    def from_file(cls, path: str | Path, anonymous: Tenant | None = None,
-                  salt_secret: bytes | None = None) -> "TenantTable":
+    def from_file(
+        cls, path: str | Path, anonymous: Tenant | None = None, salt_secret: bytes | None = None
+    ) -> TenantTable:
         path = Path(path)
         data = path.read_bytes()
         try:

@@ -1,32 +1,49 @@
 """The one interface the engine uses for numeric ops: `select_ops(device) -> Ops`.
 
 CUDA -> the Triton kernels. Anything else -> the CPU fast path in salon/kernels/cpu/ where one exists
-(CPU_FAST_PATH_MODULES), else the plain PyTorch reference. All implementations share the signatures of the `_ref` functions.
+(CPU_FAST_PATH_MODULES), else the plain PyTorch reference. All implementations share the signatures of the `_ref`
+functions.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from salon.kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from salon.kernels.glu import geglu_ref, swiglu_ref
 from salon.kernels.kv_write import kv_write_ref
-from salon.kernels.linear_two_terms import compose as compose_linear_two_terms, linear_int16_ref, linear_two_terms_ref
+from salon.kernels.linear_two_terms import compose as compose_linear_two_terms
+from salon.kernels.linear_two_terms import linear_int16_ref, linear_two_terms_ref
 from salon.kernels.paged_attention import paged_attention_ref
 from salon.kernels.quantize import quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
 from salon.kernels.rmsnorm import rmsnorm_ref
-from salon.kernels.rmsnorm_rope import compose as compose_rmsnorm_rope, rmsnorm_rope_ref
+from salon.kernels.rmsnorm_rope import compose as compose_rmsnorm_rope
+from salon.kernels.rmsnorm_rope import rmsnorm_rope_ref
 from salon.kernels.rope import rope_neox_ref
 from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 
-OP_NAMES = ("quantize_per_token", "quantize_two_terms", "rmsnorm", "rmsnorm_quant", "w8a8_gemm", "rope_neox",
-            "kv_write", "paged_attention", "linear_two_terms", "rmsnorm_rope", "geglu", "swiglu",
-            "decoder_block", "linear_int16", "decoder_blocks")
+OP_NAMES = (
+    "quantize_per_token",
+    "quantize_two_terms",
+    "rmsnorm",
+    "rmsnorm_quant",
+    "w8a8_gemm",
+    "rope_neox",
+    "kv_write",
+    "paged_attention",
+    "linear_two_terms",
+    "rmsnorm_rope",
+    "geglu",
+    "swiglu",
+    "decoder_block",
+    "linear_int16",
+    "decoder_blocks",
+)
 # The activation recipes of an int8 Linear (salon/engine/model/linear.py): two int8 terms (salon.kernels.quantize),
 # or one int16 term (salon.kernels.w16a8_grouped).
 ACTIVATION_RECIPES = ("two_terms", "int16")
@@ -94,8 +111,8 @@ def triton_ops() -> Ops:
     from salon.kernels.quantize import quantize_per_token_triton, quantize_two_terms_triton, rmsnorm_quant_triton
     from salon.kernels.rmsnorm import rmsnorm_triton
     from salon.kernels.rope import rope_neox_triton
-    from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
     from salon.kernels.w8a8_gemm import w8a8_gemm_triton
+    from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
 
     return Ops(
         quantize_per_token=quantize_per_token_triton,
@@ -106,16 +123,18 @@ def triton_ops() -> Ops:
         rope_neox=rope_neox_triton,
         kv_write=kv_write_triton,
         paged_attention=paged_attention_triton,
-        linear_two_terms=compose_linear_two_terms(rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton,
-                                                  "linear_two_terms_triton"),
+        linear_two_terms=compose_linear_two_terms(
+            rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton, "linear_two_terms_triton"
+        ),
         rmsnorm_rope=compose_rmsnorm_rope(rmsnorm_triton, rope_neox_triton, "rmsnorm_rope_triton"),
         geglu=geglu_triton,
         swiglu=swiglu_triton,
         decoder_block=decoder_block_triton,
         decoder_blocks=decoder_blocks_triton,
         # the int16 recipe is the CPU's (no Triton kernel of its own yet): its GEMM is the PyTorch reference
-        linear_int16=compose_linear_two_terms(rmsnorm_triton, quantize_int16_ref, w16a8_grouped_ref,
-                                              "linear_int16_triton", terms=1),
+        linear_int16=compose_linear_two_terms(
+            rmsnorm_triton, quantize_int16_ref, w16a8_grouped_ref, "linear_int16_triton", terms=1
+        ),
         name="triton",
     )
 
@@ -159,8 +178,8 @@ def cpu_activations() -> str:
     vpmaddwd makes int16 products faster than the two int8 terms' vpmaddubsw, measured by
     `python -m bench.gemv --int16`) and the int16 kernel
     builds; two int8 terms elsewhere (VNNI's vpdpbusd, or the references)."""
-    from salon.kernels.cpu.w16a8_grouped import library as int16_library
     from salon.kernels.cpu.w8a8_grouped import chosen_isa
+    from salon.kernels.cpu.w16a8_grouped import library as int16_library
 
     return "int16" if chosen_isa() == "avx2" and int16_library() is not None else "two_terms"
 

@@ -101,13 +101,15 @@ def decoder_block_triton(x: torch.Tensor, weights: BlockWeights, cache: BlockCac
     return None
 
 
-def no_decoder_blocks(x: torch.Tensor, layers: Sequence[tuple[BlockWeights, BlockCache, BlockBatch]]
-                      ) -> tuple[torch.Tensor, int]:
+def no_decoder_blocks(
+    x: torch.Tensor, layers: Sequence[tuple[BlockWeights, BlockCache, BlockBatch]]
+) -> tuple[torch.Tensor, int]:
     """The op of a family without a fused layer: does none of the layers (the model composes them)."""
     return x, 0
 
 
-def decoder_blocks_triton(x: torch.Tensor, layers: Sequence[tuple[BlockWeights, BlockCache, BlockBatch]]
-                          ) -> tuple[torch.Tensor, int]:
+def decoder_blocks_triton(
+    x: torch.Tensor, layers: Sequence[tuple[BlockWeights, BlockCache, BlockBatch]]
+) -> tuple[torch.Tensor, int]:
     """The Triton family has no fused layer (decoder_block_triton): it does none of the layers."""
     return x, 0

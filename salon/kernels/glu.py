@@ -41,8 +41,7 @@ from salon.kernels.triton_launch import on_device
 _EXP_LO, _EXP_HI = -87.0, 88.0
 _LOG2E = 1.44269504088896341
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-             5.0000001201e-1)
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
 _KAPPA = 0.044715
 _MINUS_2_SQRT_2_OVER_PI = -1.5957691216057308
 
@@ -143,7 +142,8 @@ def _glu_triton(y: torch.Tensor, name: str, gelu: bool) -> torch.Tensor:
     out = torch.empty((m, f), dtype=torch.float32, device=y.device)
     if m and f:
         on_device(_glu_kernel, y.device)[(m, triton.cdiv(f, _GLU_BLOCK))](
-            y, out, f, y.stride(0), out.stride(0), GELU=gelu, BLOCK=_GLU_BLOCK, num_warps=4)
+            y, out, f, y.stride(0), out.stride(0), GELU=gelu, BLOCK=_GLU_BLOCK, num_warps=4
+        )
     return out
 
 

@@ -19,8 +19,9 @@ from salon.kernels.quantize import SCALE_FLOOR, quantize_per_token_ref
 from salon.kernels.triton_launch import check, check_tensor, next_pow2, on_device
 
 
-def _write_one_ref(x: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None,
-                   slot_mapping: torch.Tensor) -> None:
+def _write_one_ref(
+    x: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None, slot_mapping: torch.Tensor
+) -> None:
     T, H, D = x.shape
     block_size = cache.shape[1]
     blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
@@ -48,9 +49,22 @@ def kv_write_ref(
 
 @triton.jit
 def _kv_write_kernel(
-    k_ptr, v_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-    H, D, stride_kt, stride_kh, stride_vt, stride_vh, scale_floor,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    slot_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    H,
+    D,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    scale_floor,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     # One program per token: quantize each head's row of K and V, write rows to the token's slot.
     # Caches are contiguous, so slot s's head h starts at element (s * H + h) * D; its scale at s * H + h.
@@ -104,7 +118,10 @@ def kv_write_triton(
     check(v_cache.shape == k_cache.shape, f"v_cache: expected shape {tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
         check_tensor(name, scale, torch.float32, 3, dev)
-        check(scale.shape == k_cache.shape[:3], f"{name}: expected shape {tuple(k_cache.shape[:3])}, got {tuple(scale.shape)}")
+        check(
+            scale.shape == k_cache.shape[:3],
+            f"{name}: expected shape {tuple(k_cache.shape[:3])}, got {tuple(scale.shape)}",
+        )
         check(scale.is_contiguous(), f"{name}: must be contiguous")
     check_tensor("slot_mapping", slot_mapping, torch.int64, 1, dev)
     check(slot_mapping.shape[0] == T, f"slot_mapping: expected {T} elements, got {slot_mapping.shape[0]}")
@@ -113,7 +130,20 @@ def kv_write_triton(
     k = k if k.stride(2) == 1 else k.contiguous()
     v = v if v.stride(2) == 1 else v.contiguous()
     on_device(_kv_write_kernel, dev)[(T,)](
-        k, v, slot_mapping.contiguous(), k_cache, v_cache, k_scale, v_scale,
-        H, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), SCALE_FLOOR,
-        BLOCK_H=next_pow2(H), BLOCK_D=next_pow2(D),
+        k,
+        v,
+        slot_mapping.contiguous(),
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        H,
+        D,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        SCALE_FLOOR,
+        BLOCK_H=next_pow2(H),
+        BLOCK_D=next_pow2(D),
     )

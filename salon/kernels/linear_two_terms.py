@@ -19,29 +19,36 @@ salon/kernels/cpu/linear_two_terms.py does all of it in one C call with the same
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from salon.kernels.quantize import quantize_two_terms_ref
 from salon.kernels.rmsnorm import rmsnorm_ref
-from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
 from salon.kernels.w8a8_gemm import w8a8_gemm_ref
+from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
 
 LinearTwoTerms = Callable[..., torch.Tensor]
 
 
-def compose(rmsnorm: Callable, quantize: Callable, gemm: Callable, name: str = "linear_two_terms",
-            terms: int = 2) -> LinearTwoTerms:
+def compose(
+    rmsnorm: Callable, quantize: Callable, gemm: Callable, name: str = "linear_two_terms", terms: int = 2
+) -> LinearTwoTerms:
     """The op from a family's three ops, each its own call (`name`: the op's name, the family's suffix): `terms`
     2 (quantize gives both int8 terms of each row, the GEMM's rows [0, M) and [M, 2M) are summed) or 1 (one
     int16 term a row)."""
     if terms not in (1, 2):
         raise ValueError(f"terms must be 1 or 2, got {terms}")
 
-    def linear_two_terms(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                         norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                         post_norm: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def linear_two_terms(
+        x: torch.Tensor,
+        w_q: torch.Tensor,
+        w_scale: torch.Tensor,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+        post_norm: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x f32[M, K] -> f32[M, N] (see the module docstring)."""
         h = x if norm_weight is None else rmsnorm(x, norm_weight, eps)
         m = h.shape[0]

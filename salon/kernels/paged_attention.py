@@ -54,20 +54,24 @@ def visible_key_range(position: int, seq_len: int, sliding_window: int | None) -
 
 
 def gather_keys_ref(
-    cache: torch.Tensor, scale: torch.Tensor | None, block_ids: torch.Tensor, lo: int, hi: int,
+    cache: torch.Tensor,
+    scale: torch.Tensor | None,
+    block_ids: torch.Tensor,
+    lo: int,
+    hi: int,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Dequantized [hi - lo, Hkv, D] (float32, or `dtype`) for key positions [lo, hi), reading only the blocks
     covering them."""
     block_size = cache.shape[1]
     first, last = lo // block_size, (hi - 1) // block_size
-    ids = block_ids[first:last + 1].long()
+    ids = block_ids[first : last + 1].long()
     values = cache[ids].to(dtype)  # [nb, BS, Hkv, D]
     if scale is not None:
         values = values * scale[ids][..., None].to(dtype)
     values = values.reshape(-1, *cache.shape[2:])
     start = lo - first * block_size
-    return values[start:start + hi - lo]
+    return values[start : start + hi - lo]
 
 
 def paged_attention_ref(a: PagedAttentionArgs) -> torch.Tensor:
@@ -118,12 +122,37 @@ _NEG_INIT = tl.constexpr(-1.0e30)
 
 @triton.jit
 def _paged_decode_split_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, qsl_ptr, seq_lens_ptr,
-    part_m_ptr, part_l_ptr, part_acc_ptr,
-    sm_scale, window, block_size, num_splits, D,
-    stride_qt, stride_qh, stride_cb, stride_co, stride_ch, stride_sb, stride_so, stride_bt,
-    GROUP: tl.constexpr, SPLIT_TOKENS: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_tables_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    sm_scale,
+    window,
+    block_size,
+    num_splits,
+    D,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_sb,
+    stride_so,
+    stride_bt,
+    GROUP: tl.constexpr,
+    SPLIT_TOKENS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     HAS_SCALE: tl.constexpr,
 ):
     # Grid (sequence, kv head, split). Split i covers key positions [i * SPLIT_TOKENS, (i + 1) * SPLIT_TOKENS):
@@ -151,8 +180,11 @@ def _paged_decode_split_kernel(
     mask_d = offs_d < D
     heads = kvh * GROUP + offs_h
     q_cols = tl.where(has_query, D, 0)  # without a query row, load nothing
-    q = tl.load(q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None] & (offs_d[None, :] < q_cols), other=0.0)
+    q = tl.load(
+        q_ptr + q_row.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_h[:, None] & (offs_d[None, :] < q_cols),
+        other=0.0,
+    )
     m = tl.full((BLOCK_H,), _NEG_INIT, dtype=tl.float32)
     l = tl.zeros((BLOCK_H,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
@@ -191,9 +223,18 @@ def _paged_decode_split_kernel(
 
 @triton.jit
 def _paged_decode_reduce_kernel(
-    part_m_ptr, part_l_ptr, part_acc_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
-    num_splits, D, stride_ot, stride_oh,
-    SPLIT_TOKENS: tl.constexpr, BLOCK_D: tl.constexpr,
+    part_m_ptr,
+    part_l_ptr,
+    part_acc_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    num_splits,
+    D,
+    stride_ot,
+    stride_oh,
+    SPLIT_TOKENS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     # Grid (sequence, query head): merge the sequence's split partials one by one in ascending split order,
     # with exactly the merge the prefill kernel applies in registers (see MERGE below), then normalize.
@@ -220,17 +261,42 @@ def _paged_decode_reduce_kernel(
         acc_run = acc_run * a_run + acc_i * a_i
         m_run = m_new
     out_cols = tl.where(has_query, D, 0)  # without a query row, store nothing
-    tl.store(out_ptr + q_row.to(tl.int64) * stride_ot + h * stride_oh + offs_d, acc_run / l_run,
-             mask=offs_d < out_cols)
+    tl.store(out_ptr + q_row.to(tl.int64) * stride_ot + h * stride_oh + offs_d, acc_run / l_run, mask=offs_d < out_cols)
 
 
 @triton.jit
 def _paged_prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, qsl_ptr, seq_lens_ptr, out_ptr,
-    sm_scale, window, block_size, D,
-    stride_qt, stride_qh, stride_cb, stride_co, stride_ch, stride_sb, stride_so, stride_bt, stride_ot, stride_oh,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_Q: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    SPLIT_TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    block_tables_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    sm_scale,
+    window,
+    block_size,
+    D,
+    stride_qt,
+    stride_qh,
+    stride_cb,
+    stride_co,
+    stride_ch,
+    stride_sb,
+    stride_so,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    SPLIT_TOKENS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     HAS_SCALE: tl.constexpr,
 ):
     # Grid (sequence, query tile, kv head). Rows of the program = BLOCK_Q query tokens x BLOCK_G heads of the
@@ -318,12 +384,19 @@ def _paged_prefill_kernel(
 
 def _check_paged_args(a: PagedAttentionArgs) -> None:
     q, k_cache, v_cache, k_scale, v_scale = a.q, a.k_cache, a.v_cache, a.k_scale, a.v_scale
-    block_tables, query_start_loc, seq_lens, sliding_window = a.block_tables, a.query_start_loc, a.seq_lens, a.sliding_window
+    block_tables, query_start_loc, seq_lens, sliding_window = (
+        a.block_tables,
+        a.query_start_loc,
+        a.seq_lens,
+        a.sliding_window,
+    )
     dev = q.device
     check_tensor("q", q, torch.float32, 3, dev)
     T, Hq, D = q.shape
-    check(k_cache.dtype in (torch.int8, torch.bfloat16, torch.float32),
-          f"k_cache: expected dtype int8, bfloat16 or float32, got {k_cache.dtype}")
+    check(
+        k_cache.dtype in (torch.int8, torch.bfloat16, torch.float32),
+        f"k_cache: expected dtype int8, bfloat16 or float32, got {k_cache.dtype}",
+    )
     check_tensor("k_cache", k_cache, k_cache.dtype, 4, dev)
     NB, BS, Hkv, Dc = k_cache.shape
     check(Dc == D, f"k_cache: head_dim {Dc} does not match q's {D}")
@@ -349,7 +422,9 @@ def _check_tables(block_tables, query_start_loc, seq_lens, sliding_window, dev) 
     S = block_tables.shape[0]
     check(block_tables.stride(1) == 1, "block_tables: rows must be contiguous")
     check_tensor("query_start_loc", query_start_loc, torch.int32, 1, dev)
-    check(query_start_loc.shape[0] == S + 1, f"query_start_loc: expected {S + 1} elements, got {query_start_loc.shape[0]}")
+    check(
+        query_start_loc.shape[0] == S + 1, f"query_start_loc: expected {S + 1} elements, got {query_start_loc.shape[0]}"
+    )
     check_tensor("seq_lens", seq_lens, torch.int32, 1, dev)
     check(seq_lens.shape[0] == S, f"seq_lens: expected {S} elements, got {seq_lens.shape[0]}")
     check(sliding_window is None or sliding_window >= 1, f"sliding_window: must be None or >= 1, got {sliding_window}")
@@ -384,8 +459,16 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
     has_scale = k_scale is not None
     if not has_scale:  # float caches: the kernels never read the scale pointers (HAS_SCALE=False)
         k_scale = v_scale = torch.empty((1, 1, 1), dtype=torch.float32, device=dev)
-    strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-               k_scale.stride(0), k_scale.stride(1), block_tables.stride(0))
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        k_scale.stride(0),
+        k_scale.stride(1),
+        block_tables.stride(0),
+    )
     block_n = 16 if interp else 32  # key tile: the same in both kernels (part of the per-row arithmetic)
     split = split_tokens or (16 if interp else 256)
     check(split % block_n == 0, f"split_tokens: must be a multiple of {block_n}, got {split}")
@@ -396,16 +479,44 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty((S, Hq, num_splits, D), dtype=torch.float32, device=dev)
         on_device(_paged_decode_split_kernel, dev)[(S, Hkv, num_splits)](
-            q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens,
-            part_m, part_l, part_acc, *common, num_splits, D, *strides,
-            GROUP=group, SPLIT_TOKENS=split, HAS_WINDOW=sliding_window is not None,
-            BLOCK_H=max(16, next_pow2(group)), BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=precision,
+            q,
+            k_cache,
+            v_cache,
+            k_scale,
+            v_scale,
+            block_tables,
+            query_start_loc,
+            seq_lens,
+            part_m,
+            part_l,
+            part_acc,
+            *common,
+            num_splits,
+            D,
+            *strides,
+            GROUP=group,
+            SPLIT_TOKENS=split,
+            HAS_WINDOW=sliding_window is not None,
+            BLOCK_H=max(16, next_pow2(group)),
+            BLOCK_N=block_n,
+            BLOCK_D=block_d,
+            DOT_PRECISION=precision,
             HAS_SCALE=has_scale,
             **({} if interp else dict(num_warps=4, num_stages=2)),
         )
         on_device(_paged_decode_reduce_kernel, dev)[(S, Hq)](
-            part_m, part_l, part_acc, query_start_loc, seq_lens, out,
-            num_splits, D, out.stride(0), out.stride(1), SPLIT_TOKENS=split, BLOCK_D=block_d,
+            part_m,
+            part_l,
+            part_acc,
+            query_start_loc,
+            seq_lens,
+            out,
+            num_splits,
+            D,
+            out.stride(0),
+            out.stride(1),
+            SPLIT_TOKENS=split,
+            BLOCK_D=block_d,
         )
         return out
     block_g = next_pow2(group)
@@ -415,10 +526,29 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
     # H200: tests/kernels/test_kernels_gpu.py).
     block_q = max(1, 16 // block_g)
     on_device(_paged_prefill_kernel, dev)[(S, triton.cdiv(max_q_len, block_q), Hkv)](
-        q, k_cache, v_cache, k_scale, v_scale, block_tables, query_start_loc, seq_lens, out,
-        *common, D, *strides, out.stride(0), out.stride(1),
-        GROUP=group, BLOCK_G=block_g, BLOCK_Q=block_q, HAS_WINDOW=sliding_window is not None,
-        SPLIT_TOKENS=split, BLOCK_N=block_n, BLOCK_D=block_d, DOT_PRECISION=precision, HAS_SCALE=has_scale,
+        q,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        out,
+        *common,
+        D,
+        *strides,
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        BLOCK_G=block_g,
+        BLOCK_Q=block_q,
+        HAS_WINDOW=sliding_window is not None,
+        SPLIT_TOKENS=split,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        DOT_PRECISION=precision,
+        HAS_SCALE=has_scale,
         **({} if interp else dict(num_warps=4, num_stages=2)),
     )
     return out

@@ -59,9 +59,19 @@ def _quantize_row(x, scale_floor):
 
 @triton.jit
 def _quantize_rows_kernel(
-    x_ptr, w_ptr, q_ptr, scale_ptr,
-    M, K, stride_x, stride_q, eps, scale_floor,
-    BLOCK_K: tl.constexpr, RMSNORM: tl.constexpr, TWO_TERMS: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    q_ptr,
+    scale_ptr,
+    M,
+    K,
+    stride_x,
+    stride_q,
+    eps,
+    scale_floor,
+    BLOCK_K: tl.constexpr,
+    RMSNORM: tl.constexpr,
+    TWO_TERMS: tl.constexpr,
 ):
     # One program per row; the whole row sits in registers (BLOCK_K >= K). TWO_TERMS: the residual's term too,
     # into row M + row (quantize_two_terms_ref's layout).
@@ -83,8 +93,9 @@ def _quantize_rows_kernel(
         tl.store(scale_ptr + M + row, scale2)
 
 
-def _launch_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                     terms: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch_quantize(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, terms: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     check_tensor("x", x, torch.float32, 2, x.device)
     M, K = x.shape
     check(0 < K <= _MAX_ROW, f"x: row length must be in [1, {_MAX_ROW}], got {K}")
@@ -100,9 +111,19 @@ def _launch_quantize(x: torch.Tensor, weight: torch.Tensor | None, eps: float,
     kernel = on_device(_quantize_rows_kernel, x.device)
     block_k = next_pow2(K)
     kernel[(M,)](
-        x, weight if weight is not None else x, q, scale,
-        M, K, x.stride(0), q.stride(0), float(eps), SCALE_FLOOR,
-        BLOCK_K=block_k, RMSNORM=weight is not None, TWO_TERMS=terms == 2,
+        x,
+        weight if weight is not None else x,
+        q,
+        scale,
+        M,
+        K,
+        x.stride(0),
+        q.stride(0),
+        float(eps),
+        SCALE_FLOOR,
+        BLOCK_K=block_k,
+        RMSNORM=weight is not None,
+        TWO_TERMS=terms == 2,
         num_warps=min(16, max(1, block_k // 256)),
     )
     return q, scale

@@ -73,8 +73,10 @@ def _rmsnorm_rows_kernel(x_ptr, w_ptr, y_ptr, K, eps, BLOCK_K: tl.constexpr):
 
 def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x f32[..., K], weight f32[K] -> f32[..., K] (contiguous)."""
-    check(x.dim() >= 1 and x.dtype == torch.float32, f"x: expected float32 with a last dimension, got {x.dtype} "
-          f"of {x.dim()} dimensions")
+    check(
+        x.dim() >= 1 and x.dtype == torch.float32,
+        f"x: expected float32 with a last dimension, got {x.dtype} of {x.dim()} dimensions",
+    )
     k = x.shape[-1]
     check(0 < k <= _MAX_ROW, f"x: row length must be in [1, {_MAX_ROW}], got {k}")
     check_tensor("weight", weight, torch.float32, 1, x.device)
@@ -84,5 +86,6 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     if rows.shape[0]:
         block_k = next_pow2(k)
         on_device(_rmsnorm_rows_kernel, x.device)[(rows.shape[0],)](
-            rows, weight.contiguous(), y, k, float(eps), BLOCK_K=block_k, num_warps=min(16, max(1, block_k // 256)))
+            rows, weight.contiguous(), y, k, float(eps), BLOCK_K=block_k, num_warps=min(16, max(1, block_k // 256))
+        )
     return y.view(x.shape)

@@ -9,7 +9,7 @@ family's fallback); salon/kernels/cpu/rmsnorm_rope.py runs both in one C call wi
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -18,8 +18,9 @@ from salon.kernels.rope import rope_neox_ref
 
 
 def compose(rmsnorm: Callable, rope_neox: Callable, name: str = "rmsnorm_rope") -> Callable:
-    def rmsnorm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, positions: torch.Tensor,
-                     base: float) -> torch.Tensor:
+    def rmsnorm_rope(
+        x: torch.Tensor, weight: torch.Tensor, eps: float, positions: torch.Tensor, base: float
+    ) -> torch.Tensor:
         """x f32[T, H, D] -> f32[T, H, D] (see the module docstring)."""
         return rope_neox(rmsnorm(x, weight, eps), positions, base)
 

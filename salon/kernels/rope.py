@@ -1,8 +1,8 @@
 """Rotary position embedding, NeoX layout (rotate the two halves of each head).
 
-    inv_freq[i] = 1 / base ** (2i / D)         i in [0, D/2), float32
-    angle[t, i] = float32(positions[t]) * inv_freq[i]
-    out[..., :D/2] = x1 * cos - x2 * sin,   out[..., D/2:] = x2 * cos + x1 * sin
+inv_freq[i] = 1 / base ** (2i / D)         i in [0, D/2), float32
+angle[t, i] = float32(positions[t]) * inv_freq[i]
+out[..., :D/2] = x1 * cos - x2 * sin,   out[..., D/2:] = x2 * cos + x1 * sin
 """
 
 from __future__ import annotations
@@ -38,9 +38,18 @@ def rope_neox_ref(x: torch.Tensor, positions: torch.Tensor, base: float) -> torc
 
 @triton.jit
 def _rope_neox_kernel(
-    x_ptr, pos_ptr, inv_freq_ptr, out_ptr,
-    H, stride_xt, stride_xh, stride_ot, stride_oh,
-    HALF_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    x_ptr,
+    pos_ptr,
+    inv_freq_ptr,
+    out_ptr,
+    H,
+    stride_xt,
+    stride_xh,
+    stride_ot,
+    stride_oh,
+    HALF_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     # One program per token: all heads of the token share its angles.
     t = tl.program_id(0).to(tl.int64)
@@ -72,8 +81,17 @@ def rope_neox_triton(x: torch.Tensor, positions: torch.Tensor, base: float) -> t
         return out
     inv_freq = _inv_freq_on(D, float(base), x.device)
     on_device(_rope_neox_kernel, x.device)[(T,)](
-        x, positions.contiguous(), inv_freq, out,
-        H, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-        HALF_D=D // 2, BLOCK_H=next_pow2(H), BLOCK_HALF=next_pow2(D // 2),
+        x,
+        positions.contiguous(),
+        inv_freq,
+        out,
+        H,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HALF_D=D // 2,
+        BLOCK_H=next_pow2(H),
+        BLOCK_HALF=next_pow2(D // 2),
     )
     return out

@@ -39,20 +39,46 @@ class GemmOperands:
         layout and epilogue flags; its output."""
         if self.M == 0 or self.n_out == 0:
             return self.out
-        strides = [self.a_q.stride(0), self.w_q.stride(0), self.w_scale.stride(0),
-                   self.residual.stride(0) if self.residual is not None else 0, self.out.stride(0)]
+        strides = [
+            self.a_q.stride(0),
+            self.w_q.stride(0),
+            self.w_scale.stride(0),
+            self.residual.stride(0) if self.residual is not None else 0,
+            self.out.stride(0),
+        ]
         on_device(kernel, self.a_q.device)[self.grid(cfg)](
-            self.a_q, self.a_scale, self.w_q, self.w_scale, self.bias if self.bias is not None else self.a_scale,
-            self.residual if self.residual is not None else self.out, self.out,
-            self.M, self.n_out, self.K, self.n_out, *strides,
-            GROUP_SCALES=group_scales, HAS_BIAS=self.bias is not None, HAS_RESIDUAL=self.residual is not None,
-            GEGLU=geglu, **options, **cfg)
+            self.a_q,
+            self.a_scale,
+            self.w_q,
+            self.w_scale,
+            self.bias if self.bias is not None else self.a_scale,
+            self.residual if self.residual is not None else self.out,
+            self.out,
+            self.M,
+            self.n_out,
+            self.K,
+            self.n_out,
+            *strides,
+            GROUP_SCALES=group_scales,
+            HAS_BIAS=self.bias is not None,
+            HAS_RESIDUAL=self.residual is not None,
+            GEGLU=geglu,
+            **options,
+            **cfg,
+        )
         return self.out
 
 
-def gemm_operands(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                  bias: torch.Tensor | None, residual: torch.Tensor | None, geglu: bool,
-                  check_w_scale) -> GemmOperands:
+def gemm_operands(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    geglu: bool,
+    check_w_scale,
+) -> GemmOperands:
     """Check a W8A8 GEMM's arguments (ValueError naming what is wrong); check_w_scale(w_scale, M, K, N) checks
     the scales of the kernel's contract and returns them as the kernel reads them."""
     dev = a_q.device
@@ -72,11 +98,22 @@ def gemm_operands(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w
         bias = bias.contiguous()
     if residual is not None:
         check_tensor("residual", residual, torch.float32, 2, dev)
-        check(tuple(residual.shape) == (M, n_out), f"residual: expected shape {(M, n_out)}, got {tuple(residual.shape)}")
+        check(
+            tuple(residual.shape) == (M, n_out), f"residual: expected shape {(M, n_out)}, got {tuple(residual.shape)}"
+        )
         residual = residual if residual.stride(1) == 1 else residual.contiguous()
-    return GemmOperands(a_q if a_q.stride(1) == 1 else a_q.contiguous(), a_scale.contiguous(),
-                        w_q if w_q.stride(1) == 1 else w_q.contiguous(), w_scale, bias, residual,
-                        torch.empty((M, n_out), dtype=torch.float32, device=dev), M, K, n_out)
+    return GemmOperands(
+        a_q if a_q.stride(1) == 1 else a_q.contiguous(),
+        a_scale.contiguous(),
+        w_q if w_q.stride(1) == 1 else w_q.contiguous(),
+        w_scale,
+        bias,
+        residual,
+        torch.empty((M, n_out), dtype=torch.float32, device=dev),
+        M,
+        K,
+        n_out,
+    )
 
 
 @triton.jit
@@ -94,8 +131,23 @@ def grouped_tile(M, N_OUT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M
 
 
 @triton.jit
-def finish_tile(y, up, offs_m, offs_n, mask_m, mask_n, bias_ptr, res_ptr, out_ptr, UP_OFFSET, stride_rm, stride_om,
-                HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GEGLU: tl.constexpr):
+def finish_tile(
+    y,
+    up,
+    offs_m,
+    offs_n,
+    mask_m,
+    mask_n,
+    bias_ptr,
+    res_ptr,
+    out_ptr,
+    UP_OFFSET,
+    stride_rm,
+    stride_om,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    GEGLU: tl.constexpr,
+):
     """y (and, with GEGLU, up): the dequantized tile. + bias; geglu: gelu_tanh(y) * up; + residual; store."""
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0)[None, :]

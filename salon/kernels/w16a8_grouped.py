@@ -40,8 +40,7 @@ def quantize_int16_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def w16a8_grouped_ref(a: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
-                      ) -> torch.Tensor:
+def w16a8_grouped_ref(a: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
     """a int16[M, K], a_scale f32[M], w_q int8[N, K], w_scale f32[N, K/32] -> f32[M, N] (the module's
     contract): each group's exact sum (float64 holds it exactly) rounded to float32, times the group's weight
     scales, added in group order (each product and sum rounded), then times a_scale."""

@@ -28,8 +28,8 @@ def int8_matmul_exact(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
     M, K = a_q.shape
     acc = torch.zeros((M, w_q.shape[0]), dtype=torch.int32, device=a_q.device)
     for k0 in range(0, K, EXACT_F32_CHUNK_K):
-        a = a_q[:, k0:k0 + EXACT_F32_CHUNK_K].float()
-        w = w_q[:, k0:k0 + EXACT_F32_CHUNK_K].float()
+        a = a_q[:, k0 : k0 + EXACT_F32_CHUNK_K].float()
+        w = w_q[:, k0 : k0 + EXACT_F32_CHUNK_K].float()
         acc += (a @ w.T).to(torch.int32)
     return acc
 
@@ -51,16 +51,23 @@ def w8a8_gemm_ref(
     return w8a8_epilogue(int8_matmul_exact(a_q, w_q).float(), a_scale, w_scale, bias, residual, geglu)
 
 
-def w8a8_epilogue(y: torch.Tensor, a_scale: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-                  residual: torch.Tensor | None, geglu: bool) -> torch.Tensor:
+def w8a8_epilogue(
+    y: torch.Tensor,
+    a_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    geglu: bool,
+) -> torch.Tensor:
     """The dequantization and epilogue every PyTorch path shares, in this order (y: float32(acc), overwritten):
     y * a_scale[m] * w_scale[n]; + bias; geglu (gate rows first); + residual."""
     y.mul_(a_scale[:, None]).mul_(w_scale[None, :])
     return w8a8_epilogue_after_scales(y, bias, residual, geglu)
 
 
-def w8a8_epilogue_after_scales(y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                               geglu: bool) -> torch.Tensor:
+def w8a8_epilogue_after_scales(
+    y: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None, geglu: bool
+) -> torch.Tensor:
     """The rest of w8a8_epilogue, for a y that already holds float(acc) * a_scale[m] * w_scale[n]."""
     if bias is not None:
         y.add_(bias)

@@ -9,7 +9,8 @@ and group of GROUP = 32 input channels (the grid of GGUF's Q8_0).
     then the epilogue of salon.kernels.w8a8_gemm (bias, geglu, residual) as for per-row scales.
 
 A weight of G = K / 32 scales per row is passed as w_scale f32[N, G]; f32[N] keeps the per-row contract of
-salon.kernels.w8a8_gemm. Every path (this reference, salon/kernels/cpu, Triton) evaluates the same operations in the same
+salon.kernels.w8a8_gemm. Every path (this reference, salon/kernels/cpu, Triton) evaluates the same operations in the
+same
 order, so a row's result is bit-identical whatever the batch, tiling or thread split (batch invariance).
 Per-32 weight scales cut the layers' weight rounding error about 3x against one scale per row
 (bench/quant_ceilings.py).
@@ -36,8 +37,10 @@ def check_grouped(a_q: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -
     if k % GROUP:
         raise ValueError(f"w_q: grouped scales need K a multiple of {GROUP}, got {k}")
     if w_scale.dtype != torch.float32 or tuple(w_scale.shape) != (n, k // GROUP):
-        raise ValueError(f"w_scale: expected float32 {(n, k // GROUP)} (one scale per row and {GROUP} "
-                         f"channels), got {w_scale.dtype} {tuple(w_scale.shape)}")
+        raise ValueError(
+            f"w_scale: expected float32 {(n, k // GROUP)} (one scale per row and {GROUP} "
+            f"channels), got {w_scale.dtype} {tuple(w_scale.shape)}"
+        )
     return k // GROUP
 
 
@@ -47,8 +50,9 @@ def group_acc_f32(a_q: torch.Tensor, w_q: torch.Tensor, g: int) -> torch.Tensor:
     return a_q[:, cols].to(torch.float32) @ w_q[:, cols].to(torch.float32).T
 
 
-def w8a8_grouped_scaled_ref(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
-                            w_scale: torch.Tensor) -> torch.Tensor:
+def w8a8_grouped_scaled_ref(
+    a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
+) -> torch.Tensor:
     """f32[M, N]: the grouped dequantization before the epilogue (sum over groups in order, then a_scale)."""
     groups = check_grouped(a_q, w_q, w_scale)
     scale_t = w_scale.T.contiguous()  # [G, N]: one contiguous row of scales per group
@@ -84,8 +88,9 @@ def w8a8_grouped_triton(
     salon.kernels.w8a8_gemm.w8a8_gemm_ref without geglu (geglu: the Triton tanh of the per-row kernel)."""
     g = gemm_operands(a_q, a_scale, w_q, w_scale, bias, residual, geglu, _group_scales)
     # no FMA: the product and the sum of each group step are rounded separately
-    return g.launch(w8a8_kernel, _grouped_config(g.M, g.n_out, a_q.device), geglu, group_scales=True,
-                    enable_fp_fusion=False)
+    return g.launch(
+        w8a8_kernel, _grouped_config(g.M, g.n_out, a_q.device), geglu, group_scales=True, enable_fp_fusion=False
+    )
 
 
 def _group_scales(a_q: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:

@@ -33,11 +33,30 @@ from salon.kernels.triton_gemm_tile import finish_tile, grouped_tile
 
 @triton.jit
 def w8a8_kernel(
-    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, res_ptr, out_ptr,
-    M, N_OUT, K, UP_OFFSET,
-    stride_am, stride_wn, stride_sn, stride_rm, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    GROUP_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GEGLU: tl.constexpr,
+    a_ptr,
+    a_scale_ptr,
+    w_ptr,
+    w_scale_ptr,
+    bias_ptr,
+    res_ptr,
+    out_ptr,
+    M,
+    N_OUT,
+    K,
+    UP_OFFSET,
+    stride_am,
+    stride_wn,
+    stride_sn,
+    stride_rm,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    GROUP_SCALES: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    GEGLU: tl.constexpr,
 ):
     pid_m, pid_n = grouped_tile(M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
 
@@ -52,7 +71,7 @@ def w8a8_kernel(
         s_ptrs = w_scale_ptr + offs_n.to(tl.int64) * stride_sn  # w_scale[n, 0]; + g for group g
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for _ in range(0, K, BLOCK_K):
             a = tl.load(a_ptrs, mask=mask_m[:, None], other=0)
             w = tl.load(w_ptrs, mask=mask_n[None, :], other=0)
             s = tl.load(s_ptrs, mask=mask_n, other=0.0)
@@ -91,5 +110,20 @@ def w8a8_kernel(
         if GEGLU:
             w_s_up = tl.load(w_scale_ptr + UP_OFFSET + offs_n, mask=mask_n, other=0.0)
             up = acc_up.to(tl.float32) * a_s[:, None] * w_s_up[None, :]
-    finish_tile(y, up, offs_m, offs_n, mask_m, mask_n, bias_ptr, res_ptr, out_ptr, UP_OFFSET, stride_rm, stride_om,
-                HAS_BIAS, HAS_RESIDUAL, GEGLU)
+    finish_tile(
+        y,
+        up,
+        offs_m,
+        offs_n,
+        mask_m,
+        mask_n,
+        bias_ptr,
+        res_ptr,
+        out_ptr,
+        UP_OFFSET,
+        stride_rm,
+        stride_om,
+        HAS_BIAS,
+        HAS_RESIDUAL,
+        GEGLU,
+    )

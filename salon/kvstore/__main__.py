@@ -6,8 +6,8 @@ import sys
 
 from salon.common.config import parse_config
 from salon.common.server import run
-from salon.kvstore.config import KVStoreConfig
 from salon.kvstore.bootstrap import KVStoreService
+from salon.kvstore.config import KVStoreConfig
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,8 +43,9 @@ class KVStoreService:
 
     async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
         config = self.config
-        grant_key = namespace_grant.load_key(config.namespace_grant_key_file) if config.namespace_grant_key_file \
-            else None
+        grant_key = (
+            namespace_grant.load_key(config.namespace_grant_key_file) if config.namespace_grant_key_file else None
+        )
         if grant_key is None:
             log.warning("namespace_grants_off", detail="Put and Drop accept any namespace an engine names")
         for path in remove_stale_arenas(config.shm_dir):
@@ -63,8 +64,12 @@ class KVStoreService:
         metrics.QUARANTINED_BYTES.set_function(lambda: store.quarantined_bytes)
         self._sweeper = asyncio.create_task(self._sweep_leases())
         await health.set_serving()
-        log.info("kvstore_ready", capacity_bytes=tree.capacity_bytes, arena=arena.name,
-                 started_at_unix_ms=self.started_at_unix_ms)
+        log.info(
+            "kvstore_ready",
+            capacity_bytes=tree.capacity_bytes,
+            arena=arena.name,
+            started_at_unix_ms=self.started_at_unix_ms,
+        )
         return [kvstore_pb2.DESCRIPTOR.services_by_name["KVStoreService"].full_name]
 
     async def stop(self) -> None:

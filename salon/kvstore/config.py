@@ -17,7 +17,12 @@ class KVStoreConfig:
     lease_ttl_s: float = field(default=30.0, metadata={"help": "shared-memory leases end by themselves after this"})
     fetch_chunk_bytes: int = field(default=4 << 20, metadata={"help": "KV bytes per gRPC Fetch message (about)"})
     max_leases_per_peer: int = field(
-        default=256, metadata={"help": "shared-memory leases one caller may hold (more: RESOURCE_EXHAUSTED)"})
+        default=256, metadata={"help": "shared-memory leases one caller may hold (more: RESOURCE_EXHAUSTED)"}
+    )
     namespace_grant_key_file: str | None = field(
-        default=None, metadata={"help": "key shared with the gateways: Put, PrepareSharedPut and Drop need a "
-                                        "gateway's namespace grant (unset: not checked)"})
+        default=None,
+        metadata={
+            "help": "key shared with the gateways: Put, PrepareSharedPut and Drop need a "
+            "gateway's namespace grant (unset: not checked)"
+        },
+    )

@@ -18,6 +18,8 @@ EVICTED_LOCAL_BLOCKS = Counter("salon_kvstore_evicted_local_blocks_total", "Loca
 FETCH_BYTES = Counter("salon_kvstore_fetch_bytes_total", "KV bytes served by Fetch, by transport.", ["transport"])
 PUT_BYTES = Counter("salon_kvstore_put_bytes_total", "KV bytes received by puts, by transport.", ["transport"])
 EXPIRED_LEASES = Counter("salon_kvstore_expired_leases_total", "Shared-memory leases that ended by timeout.")
-REFUSED_COMMITS = Counter("salon_kvstore_refused_commits_total",
-                          "Shared-memory puts refused at commit: a slot did not hold what the engine said it wrote.")
+REFUSED_COMMITS = Counter(
+    "salon_kvstore_refused_commits_total",
+    "Shared-memory puts refused at commit: a slot did not hold what the engine said it wrote.",
+)
 QUARANTINED_BYTES = Gauge("salon_kvstore_quarantined_bytes", "Bytes of expired put leases held back from reuse.")

@@ -69,8 +69,9 @@ def counts_to_proto(counts: PutCounts) -> pb.PutCounts:
     )
 
 
-def check_claim(namespace: bytes, claim: pb.NamespaceClaim, grant_key: bytes | None, field: str,
-                now_unix_s: float) -> None:
+def check_claim(
+    namespace: bytes, claim: pb.NamespaceClaim, grant_key: bytes | None, field: str, now_unix_s: float
+) -> None:
     """PermissionDenied unless a gateway's grant backs `claim` and the claim names `namespace`
     (nothing is checked without a grant key)."""
     if grant_key is None:
@@ -85,8 +86,9 @@ def check_claim(namespace: bytes, claim: pb.NamespaceClaim, grant_key: bytes | N
 
 
 class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
-    def __init__(self, store: KVStore, started_at_unix_ms: int, fetch_chunk_bytes: int,
-                 grant_key: bytes | None = None) -> None:
+    def __init__(
+        self, store: KVStore, started_at_unix_ms: int, fetch_chunk_bytes: int, grant_key: bytes | None = None
+    ) -> None:
         self._store = store
         self._started_at_unix_ms = started_at_unix_ms
         self._fetch_chunk_bytes = fetch_chunk_bytes
@@ -110,7 +112,9 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
         metrics.MISS_TOKENS.inc(num_tokens - result.usable_tokens)
         return pb.MatchResponse(matched_tokens=result.matched_tokens, usable_tokens=result.usable_tokens)
 
-    async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.FetchResponse]:
+    async def Fetch(
+        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.FetchResponse]:
         namespace = check_namespace(request.namespace)
         layout = layout_from_proto(request.layout)
         token_bytes = check_tokens(request.token_ids_le32)
@@ -165,7 +169,9 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
 
     # ---- Put -----------------------------------------------------------------------------------
 
-    async def Put(self, request_iterator: AsyncIterator[pb.PutRequest], context: grpc.aio.ServicerContext) -> pb.PutResponse:
+    async def Put(
+        self, request_iterator: AsyncIterator[pb.PutRequest], context: grpc.aio.ServicerContext
+    ) -> pb.PutResponse:
         session = None
         try:
             async for message in request_iterator:
@@ -209,9 +215,13 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
         g0, ng = chunk.first_global_block_index, len(chunk.global_kv) // gb
         l0, nl = chunk.first_local_block_index, (len(chunk.local_kv) // lb if lb else 0)
         if g0 + ng > session.num_blocks:
-            raise InvalidArgument(f"chunk: blocks up to {g0 + ng} exceed the header's {session.num_blocks} whole blocks")
+            raise InvalidArgument(
+                f"chunk: blocks up to {g0 + ng} exceed the header's {session.num_blocks} whole blocks"
+            )
         if g0 < session.next_block_index and ng:
-            raise InvalidArgument(f"chunk.first_global_block_index: {g0} is below {session.next_block_index} (ascending)")
+            raise InvalidArgument(
+                f"chunk.first_global_block_index: {g0} is below {session.next_block_index} (ascending)"
+            )
         if nl and not (g0 <= l0 and l0 + nl <= g0 + ng):
             raise InvalidArgument("chunk: local_kv blocks must lie within the chunk's global_kv blocks")
         gview, lview = memoryview(chunk.global_kv), memoryview(chunk.local_kv)
@@ -231,14 +241,22 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
         check_claim(namespace, header.claim, self._grant_key, "header.claim", time.time())
         whole_blocks = len(token_bytes) // layout.block_key_bytes
         if request.num_blocks > whole_blocks:
-            raise InvalidArgument(f"num_blocks: {request.num_blocks} exceeds the {whole_blocks} whole blocks of the tokens")
+            raise InvalidArgument(
+                f"num_blocks: {request.num_blocks} exceeds the {whole_blocks} whole blocks of the tokens"
+            )
         local_blocks = frozenset(request.local_block_indices)
         if local_blocks and (layout.local_bytes_per_block == 0 or max(local_blocks) >= request.num_blocks):
             raise InvalidArgument("local_block_indices: must be < num_blocks, and the layout must have local KV")
         try:
             lease, slots, existing = self._store.prepare_shared_put(
-                namespace, layout, token_bytes, header.conversation_id, request.num_blocks, local_blocks,
-                request.first_block_index, peer=peer_key(context),
+                namespace,
+                layout,
+                token_bytes,
+                header.conversation_id,
+                request.num_blocks,
+                local_blocks,
+                request.first_block_index,
+                peer=peer_key(context),
             )
         except LayoutMismatch as exc:
             raise InvalidArgument(str(exc)) from None
@@ -261,7 +279,9 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
             )
         return response
 
-    async def CommitSharedPut(self, request: pb.CommitSharedPutRequest, context: grpc.aio.ServicerContext) -> pb.CommitSharedPutResponse:
+    async def CommitSharedPut(
+        self, request: pb.CommitSharedPutRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CommitSharedPutResponse:
         store = self._store
         slots = store.put_slots(request.lease_id)
         if slots is None:
@@ -284,7 +304,9 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
 
     # ---- leases, stats, drop -------------------------------------------------------------------
 
-    async def ReleaseLease(self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseLeaseResponse:
+    async def ReleaseLease(
+        self, request: pb.ReleaseLeaseRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ReleaseLeaseResponse:
         return pb.ReleaseLeaseResponse(released=self._store.release_lease(request.lease_id))
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.GetStatsResponse:

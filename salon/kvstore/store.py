@@ -103,8 +103,14 @@ class StoreCounters:
 
 
 class KVStore:
-    def __init__(self, tree: RadixTree, arena: Arena, lease_ttl_s: float, clock: Callable[[], float] = time.monotonic,
-                 max_leases_per_peer: int = 256):
+    def __init__(
+        self,
+        tree: RadixTree,
+        arena: Arena,
+        lease_ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_leases_per_peer: int = 256,
+    ):
         self.tree = tree
         self.arena = arena
         self.lease_ttl_s = lease_ttl_s
@@ -329,8 +335,9 @@ class KVStore:
                 for slot in lease.put.slots:
                     _free_slot(self.tree, slot)
             else:
-                extents = [e for slot in lease.put.slots for e in (slot.global_extent, slot.local_extent)
-                           if e is not None]
+                extents = [
+                    e for slot in lease.put.slots for e in (slot.global_extent, slot.local_extent) if e is not None
+                ]
                 self.quarantined_bytes += sum(e.length for e in extents)
                 self._quarantine.append((quarantine_until_s, extents))
             self.tree.unpin(lease.put.existing)
@@ -352,8 +359,10 @@ def unwritten_slot(arena: Arena, slots: list[PutSlot], global_crc32: list[int], 
     g_slots = [s for s in slots if s.global_extent is not None]
     l_slots = [s for s in slots if s.local_extent is not None]
     if len(global_crc32) != len(g_slots) or len(local_crc32) != len(l_slots):
-        return (f"global_crc32 / local_crc32: {len(global_crc32)} / {len(local_crc32)} checksums for "
-                f"{len(g_slots)} / {len(l_slots)} written slots")
+        return (
+            f"global_crc32 / local_crc32: {len(global_crc32)} / {len(local_crc32)} checksums for "
+            f"{len(g_slots)} / {len(l_slots)} written slots"
+        )
     for kind, chosen, sums in (("global", g_slots, global_crc32), ("local", l_slots, local_crc32)):
         for slot, expected in zip(chosen, sums):
             extent = slot.global_extent if kind == "global" else slot.local_extent

@@ -56,8 +56,9 @@ def token_gaps_ms(arrivals: Sequence[tuple[float, int]]) -> list[float]:
     return gaps
 
 
-def turn_request(spec: DialogueSpec, messages: list[ChatMessage], action: TurnAction, turn_index: int,
-                 config: WorkloadConfig) -> TurnRequest:
+def turn_request(
+    spec: DialogueSpec, messages: list[ChatMessage], action: TurnAction, turn_index: int, config: WorkloadConfig
+) -> TurnRequest:
     return TurnRequest(
         conversation_id=spec.conversation_id,
         request_id=f"{spec.conversation_id}-t{turn_index}",
@@ -73,14 +74,27 @@ def turn_request(spec: DialogueSpec, messages: list[ChatMessage], action: TurnAc
 
 def prime_request(spec: DialogueSpec, history: list[ChatMessage]) -> TurnRequest:
     """The previous session's last turn: the history up to its last user message, one greedy token."""
-    return TurnRequest(spec.conversation_id, f"{spec.conversation_id}-prime", spec.character_name,
-                       spec.character_definition, tuple(history[:-1]), max_new_tokens=1, temperature=0.0,
-                       top_p=0.0, seed=None)
+    return TurnRequest(
+        spec.conversation_id,
+        f"{spec.conversation_id}-prime",
+        spec.character_name,
+        spec.character_definition,
+        tuple(history[:-1]),
+        max_new_tokens=1,
+        temperature=0.0,
+        top_p=0.0,
+        seed=None,
+    )
 
 
 class Driver:
-    def __init__(self, trace: Trace, transport: Transport, config: DriverConfig,
-                 on_turn: Callable[[TurnRecord], None] | None = None):
+    def __init__(
+        self,
+        trace: Trace,
+        transport: Transport,
+        config: DriverConfig,
+        on_turn: Callable[[TurnRecord], None] | None = None,
+    ):
         self.trace = trace
         self.transport = transport
         self.config = config
@@ -104,8 +118,10 @@ class Driver:
             if primed:
                 started = time.perf_counter()
                 errors = await asyncio.gather(*(self._prime(state, limit) for state in states))
-                extra = {"prime_wall_s": time.perf_counter() - started,
-                         "prime_errors": [e for e in errors if e is not None]}
+                extra = {
+                    "prime_wall_s": time.perf_counter() - started,
+                    "prime_errors": [e for e in errors if e is not None],
+                }
             self._t0 = time.perf_counter()
             await asyncio.gather(*(self._play(state, limit, info.eos_token_ids) for state in states))
             wall_s = self._now_s()
@@ -118,8 +134,9 @@ class Driver:
             return None
         async with limit:
             try:
-                async for _ in self.transport.generate(self.transport.prepare(prime_request(state.spec,
-                                                                                            state.messages))):
+                async for _ in self.transport.generate(
+                    self.transport.prepare(prime_request(state.spec, state.messages))
+                ):
                     pass
             except TransportError as exc:
                 return f"{state.spec.conversation_id}: {exc}"
@@ -142,8 +159,7 @@ class Driver:
             if self.on_turn is not None:
                 self.on_turn(record)
 
-    async def _generate(self, prepared: object, dialogue_index: int, turn_index: int,
-                        action: TurnAction) -> TurnRecord:
+    async def _generate(self, prepared: object, dialogue_index: int, turn_index: int, action: TurnAction) -> TurnRecord:
         sent_s = self._now_s()
         arrivals: list[tuple[float, int]] = []
         token_ids: list[int] = []
@@ -184,6 +200,11 @@ class Driver:
         )
 
 
-async def replay(trace: Trace, transport: Transport, config: DriverConfig, label: str,
-                 on_turn: Callable[[TurnRecord], None] | None = None) -> RunResult:
+async def replay(
+    trace: Trace,
+    transport: Transport,
+    config: DriverConfig,
+    label: str,
+    on_turn: Callable[[TurnRecord], None] | None = None,
+) -> RunResult:
     return await Driver(trace, transport, config, on_turn).run(label)

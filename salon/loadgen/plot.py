@@ -47,8 +47,13 @@ def write_plot(path: Path, runs: Sequence[RunResult], titles: dict[str, str] | N
         _, colour = _STYLE.get(run.label, ("s", "tab:gray"))
         bins = [b for b in hit_rate_over_time(run.records, num_bins=20) if b["hit_rate"] is not None]
         if bins:
-            ax_hit.plot([(b["start_s"] + b["end_s"]) / 2 for b in bins], [b["hit_rate"] for b in bins],
-                        marker="o", color=colour, label=titles.get(run.label, run.label))
+            ax_hit.plot(
+                [(b["start_s"] + b["end_s"]) / 2 for b in bins],
+                [b["hit_rate"] for b in bins],
+                marker="o",
+                color=colour,
+                label=titles.get(run.label, run.label),
+            )
     ax_hit.set_ylim(-0.02, 1.02)
     ax_hit.set_xlabel("time since the start of the run (s)")
     ax_hit.set_ylabel("token cache hit rate")
@@ -69,17 +74,26 @@ def write_working_set_plot(path: Path, points: Sequence[dict], working_set_bytes
     rows = sorted(points, key=capacity)
     mib = [capacity(p) / (1 << 20) for p in rows]
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for key, label, style in (("token_hit_rate", "all turns", "o-"),
-                              ("token_hit_rate_warm_turns", "returning turns", "s-"),
-                              ("host_hit_rate", "all turns, from the kvstore (host)", "^--"),
-                              ("device_hit_rate", "all turns, from the engines (device)", "v:")):
+    for key, label, style in (
+        ("token_hit_rate", "all turns", "o-"),
+        ("token_hit_rate_warm_turns", "returning turns", "s-"),
+        ("host_hit_rate", "all turns, from the kvstore (host)", "^--"),
+        ("device_hit_rate", "all turns, from the engines (device)", "v:"),
+    ):
         ys = [p[key] for p in rows]
         if any(y is not None for y in ys):
             ax.plot(mib, [float("nan") if y is None else y for y in ys], style, label=label)
     if working_set_bytes:
         ax.axvline(working_set_bytes / (1 << 20), color="0.6", linestyle="--", linewidth=1)
-        ax.annotate("working set W (room for all)", (working_set_bytes / (1 << 20), 0.02), rotation=90, color="0.4", fontsize=8,
-                    ha="right", va="bottom")
+        ax.annotate(
+            "working set W (room for all)",
+            (working_set_bytes / (1 << 20), 0.02),
+            rotation=90,
+            color="0.4",
+            fontsize=8,
+            ha="right",
+            va="bottom",
+        )
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("kvstore capacity (MiB, log scale)")

@@ -12,8 +12,7 @@ from salon.loadgen.report import hit_rate
 T = TypeVar("T")
 
 
-def with_progress(label: str, total_turns: int, disabled: bool,
-                  fn: Callable[[Callable[[TurnRecord], None]], T]) -> T:
+def with_progress(label: str, total_turns: int, disabled: bool, fn: Callable[[Callable[[TurnRecord], None]], T]) -> T:
     """Calls fn(on_turn) with a callback that advances a bar labelled `label`; closes the bar after."""
     from tqdm import tqdm
 
@@ -23,8 +22,9 @@ def with_progress(label: str, total_turns: int, disabled: bool,
     def on_turn(record: TurnRecord) -> None:
         seen.append(record)
         rate = hit_rate(seen)
-        bar.set_postfix(hit_rate="-" if rate is None else f"{rate:.3f}",
-                        errors=sum(not r.ok for r in seen), refresh=False)
+        bar.set_postfix(
+            hit_rate="-" if rate is None else f"{rate:.3f}", errors=sum(not r.ok for r in seen), refresh=False
+        )
         bar.update(1)
 
     try:

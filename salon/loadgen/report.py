@@ -42,8 +42,11 @@ TARGET_STEADY_TURNS_PER_S_RATIO = 3.0  # salon's steady turns/s >= 3x the peer's
 TARGET_TTFT_P90_WARM_RATIO = 0.25  # salon's TTFT p90 of returning turns <= 0.25x the peer's
 
 
-RUN_KINDS = {"cache": "salon with its caches", "no-cache": "salon without cache",
-             "llama-server": "llama-server with its prompt cache"}
+RUN_KINDS = {
+    "cache": "salon with its caches",
+    "no-cache": "salon without cache",
+    "llama-server": "llama-server with its prompt cache",
+}
 
 
 def mode_title(label: str, primed: bool, detail: str | None = None) -> str:
@@ -89,8 +92,16 @@ def hit_rate_over_time(records: Sequence[TurnRecord], num_bins: int = 10) -> lis
     if not ok:
         return []
     span_s = max(r.end_s for r in ok) or 1.0
-    bins = [{"start_s": span_s * i / num_bins, "end_s": span_s * (i + 1) / num_bins, "num_turns": 0,
-             "prompt_tokens": 0, "cached_tokens": 0} for i in range(num_bins)]
+    bins = [
+        {
+            "start_s": span_s * i / num_bins,
+            "end_s": span_s * (i + 1) / num_bins,
+            "num_turns": 0,
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+        }
+        for i in range(num_bins)
+    ]
     for r in ok:
         b = bins[min(int(r.end_s / span_s * num_bins), num_bins - 1)]
         b["num_turns"] += 1
@@ -116,12 +127,17 @@ TTFT_PARTS = ("outside", "queue", "steps")
 
 def ttft_split(records: Iterable[TurnRecord]) -> dict | None:
     """The TTFT split of successful turns that carry the engine's timings (module docstring); None if none do."""
-    rows = sorted(((r.ttft_ms, r.ttft_ms - r.server_ttft_ms, r.server_queue_ms, r.server_ttft_ms - r.server_queue_ms)
-                   for r in records if r.ok and r.ttft_ms is not None and r.server_ttft_ms is not None
-                   and r.server_queue_ms is not None), key=lambda row: row[0])
+    rows = sorted(
+        (
+            (r.ttft_ms, r.ttft_ms - r.server_ttft_ms, r.server_queue_ms, r.server_ttft_ms - r.server_queue_ms)
+            for r in records
+            if r.ok and r.ttft_ms is not None and r.server_ttft_ms is not None and r.server_queue_ms is not None
+        ),
+        key=lambda row: row[0],
+    )
     if not rows:
         return None
-    slowest = rows[len(rows) - max(1, len(rows) // 10):]
+    slowest = rows[len(rows) - max(1, len(rows) // 10) :]
     split: dict = {"num_turns": len(rows), "num_slowest_turns": len(slowest)}
     for i, part in enumerate(TTFT_PARTS, start=1):
         values = [row[i] for row in rows]
@@ -174,16 +190,27 @@ def summarize(run: RunResult, long_history_tokens: int = DEFAULT_LONG_HISTORY_TO
         "dropped_history_messages": run.dropped_history_messages,
         "hit_rate_over_time": hit_rate_over_time(run.records),
         "long_history_turns": [
-            {"dialogue_index": r.dialogue_index, "turn_index": r.turn_index, "kind": r.kind,
-             "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens, "ttft_ms": r.ttft_ms,
-             "warm": r.key in warm}
-            for r in ok if r.prompt_tokens >= long_history_tokens
+            {
+                "dialogue_index": r.dialogue_index,
+                "turn_index": r.turn_index,
+                "kind": r.kind,
+                "prompt_tokens": r.prompt_tokens,
+                "cached_tokens": r.cached_tokens,
+                "ttft_ms": r.ttft_ms,
+                "warm": r.key in warm,
+            }
+            for r in ok
+            if r.prompt_tokens >= long_history_tokens
         ],
     }
 
 
-def compare(cached: RunResult, uncached: RunResult, long_history_tokens: int = DEFAULT_LONG_HISTORY_TOKENS,
-            min_long_history_turns: int = MIN_LONG_HISTORY_TURNS) -> dict:
+def compare(
+    cached: RunResult,
+    uncached: RunResult,
+    long_history_tokens: int = DEFAULT_LONG_HISTORY_TOKENS,
+    min_long_history_turns: int = MIN_LONG_HISTORY_TURNS,
+) -> dict:
     with_cache = {r.key: r for r in cached.records if r.ok and r.ttft_ms is not None}
     without = {r.key: r for r in uncached.records if r.ok and r.ttft_ms is not None}
     both = sorted(set(with_cache) & set(without) & warm_keys(cached.records, cached.primed))
@@ -222,6 +249,7 @@ def compare(cached: RunResult, uncached: RunResult, long_history_tokens: int = D
 
 def compare_peer(salon: dict, peer: dict) -> dict:
     """salon / peer ratios of two summaries of the same trace, with the targets they are read against."""
+
     def ratio(a, b):
         return None if a is None or b is None or b <= 0 else a / b
 
@@ -245,30 +273,43 @@ def fmt(value, digits: int = 1) -> str:
 
 def describe(summary: dict) -> str:
     """The printed form of a summary; its first line names the mode that produced the figures."""
-    return "\n".join([
-        f"[{summary['mode']}] {summary['num_turns']} turns ({summary['num_errors']} errors) in "
-        f"{summary['wall_s']:.1f} s, model {summary['model_id']}, kinds {summary['turn_kinds']}"
-        + (f"; histories primed in {summary['prime_wall_s']:.1f} s ({len(summary['prime_errors'])} errors)"
-           if summary["primed"] else "")
-        + (f"; {summary['dropped_history_messages']} history messages dropped to fit the context"
-           if summary["dropped_history_messages"] else ""),
-        f"  token hit rate {fmt(summary['token_hit_rate'], 4)} (device {summary['cached_device_tokens']}, "
-        f"host {summary['cached_host_tokens']} of {summary['prompt_tokens']} prompt tokens); "
-        f"returning turns {fmt(summary['token_hit_rate_warm_turns'], 4)}",
-        f"  TTFT ms p50 {fmt(summary['ttft_ms_p50'])} p90 {fmt(summary['ttft_ms_p90'])} "
-        f"p99 {fmt(summary['ttft_ms_p99'])}; returning turns ({summary['num_warm_turns']}) p50 "
-        f"{fmt(summary['ttft_ms_p50_warm_turns'])} p90 {fmt(summary['ttft_ms_p90_warm_turns'])}; "
-        f"ITL ms p50 {fmt(summary['itl_ms_p50'])} p90 {fmt(summary['itl_ms_p90'])}",
-        *([_split_line(summary["ttft_split_warm_turns"])] if summary.get("ttft_split_warm_turns") else []),
-        f"  {summary['turns_per_s']:.3f} turns/s (steady {fmt(summary['steady_turns_per_s'], 3)}), "
-        f"{summary['tokens_per_s']:.2f} generated tokens/s, "
-        f"{summary['prompt_tokens_per_s']:.0f} prompt tokens/s; per engine {summary['engine_turns']}",
-        *[f"  error: {err} x{n}" for err, n in summary["errors"]],
-    ])
+    return "\n".join(
+        [
+            f"[{summary['mode']}] {summary['num_turns']} turns ({summary['num_errors']} errors) in "
+            f"{summary['wall_s']:.1f} s, model {summary['model_id']}, kinds {summary['turn_kinds']}"
+            + (
+                f"; histories primed in {summary['prime_wall_s']:.1f} s ({len(summary['prime_errors'])} errors)"
+                if summary["primed"]
+                else ""
+            )
+            + (
+                f"; {summary['dropped_history_messages']} history messages dropped to fit the context"
+                if summary["dropped_history_messages"]
+                else ""
+            ),
+            f"  token hit rate {fmt(summary['token_hit_rate'], 4)} (device {summary['cached_device_tokens']}, "
+            f"host {summary['cached_host_tokens']} of {summary['prompt_tokens']} prompt tokens); "
+            f"returning turns {fmt(summary['token_hit_rate_warm_turns'], 4)}",
+            f"  TTFT ms p50 {fmt(summary['ttft_ms_p50'])} p90 {fmt(summary['ttft_ms_p90'])} "
+            f"p99 {fmt(summary['ttft_ms_p99'])}; returning turns ({summary['num_warm_turns']}) p50 "
+            f"{fmt(summary['ttft_ms_p50_warm_turns'])} p90 {fmt(summary['ttft_ms_p90_warm_turns'])}; "
+            f"ITL ms p50 {fmt(summary['itl_ms_p50'])} p90 {fmt(summary['itl_ms_p90'])}",
+            *([_split_line(summary["ttft_split_warm_turns"])] if summary.get("ttft_split_warm_turns") else []),
+            f"  {summary['turns_per_s']:.3f} turns/s (steady {fmt(summary['steady_turns_per_s'], 3)}), "
+            f"{summary['tokens_per_s']:.2f} generated tokens/s, "
+            f"{summary['prompt_tokens_per_s']:.0f} prompt tokens/s; per engine {summary['engine_turns']}",
+            *[f"  error: {err} x{n}" for err, n in summary["errors"]],
+        ]
+    )
 
 
 def _split_line(split: dict) -> str:
-    parts = ", ".join(f"{part} {fmt(split[f'{part}_ms_p50'])} / {fmt(split[f'{part}_ms_p90'])} / "
-                      f"{fmt(split[f'{part}_ms_mean_slowest'])}" for part in TTFT_PARTS)
-    return (f"  returning turns' TTFT split, ms p50 / p90 / mean of the slowest {split['num_slowest_turns']} of "
-            f"{split['num_turns']}: {parts}")
+    parts = ", ".join(
+        f"{part} {fmt(split[f'{part}_ms_p50'])} / {fmt(split[f'{part}_ms_p90'])} / "
+        f"{fmt(split[f'{part}_ms_mean_slowest'])}"
+        for part in TTFT_PARTS
+    )
+    return (
+        f"  returning turns' TTFT split, ms p50 / p90 / mean of the slowest {split['num_slowest_turns']} of "
+        f"{split['num_turns']}: {parts}"
+    )

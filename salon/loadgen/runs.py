@@ -42,10 +42,18 @@ class SalonSide:
     log_dir: Path
 
 
-def run_salon(trace: Trace, side: SalonSide, cache: bool, driver: DriverConfig,
-              on_turn: Callable[[TurnRecord], None] | None = None, log_prefix: str = "",
-              mode_detail: str | None = None, api: str = "grpc", label: str | None = None,
-              after_run: Callable[[object], dict] | None = None) -> tuple[RunResult, dict | None]:
+def run_salon(
+    trace: Trace,
+    side: SalonSide,
+    cache: bool,
+    driver: DriverConfig,
+    on_turn: Callable[[TurnRecord], None] | None = None,
+    log_prefix: str = "",
+    mode_detail: str | None = None,
+    api: str = "grpc",
+    label: str | None = None,
+    after_run: Callable[[object], dict] | None = None,
+) -> tuple[RunResult, dict | None]:
     """Replays the trace through salon (with or without its caches); (RunResult, kvstore GetStats or None).
 
     api "grpc": salon.chat.v1 with conversation ids; "openai": the HTTP API as a stateless client (no
@@ -57,11 +65,17 @@ def run_salon(trace: Trace, side: SalonSide, cache: bool, driver: DriverConfig,
     if side.launch:
         from salon.loadgen.stack import StackConfig, launch_stack
 
-        config = StackConfig(model=side.model, num_engines=side.num_engines, cache=cache,
-                             kvstore=cache and side.kvstore, engine_args=side.engine_args,
-                             kvstore_capacity_bytes=side.kvstore_capacity_bytes,
-                             engine_kv_cache_bytes=side.engine_kv_cache_bytes, engine_timeout_s=side.startup_timeout_s,
-                             http=api == "openai")
+        config = StackConfig(
+            model=side.model,
+            num_engines=side.num_engines,
+            cache=cache,
+            kvstore=cache and side.kvstore,
+            engine_args=side.engine_args,
+            kvstore_capacity_bytes=side.kvstore_capacity_bytes,
+            engine_kv_cache_bytes=side.engine_kv_cache_bytes,
+            engine_timeout_s=side.startup_timeout_s,
+            http=api == "openai",
+        )
         log_dir = side.log_dir / log_prefix if log_prefix else side.log_dir
         print(f"starting {label} stack: {side.num_engines} engine(s) of {side.model}, logs in {log_dir}", flush=True)
         stack = launch_stack(config, log_dir)
@@ -90,9 +104,9 @@ def run_salon(trace: Trace, side: SalonSide, cache: bool, driver: DriverConfig,
 
 def load_rendering(model: str):
     """salon's renderer over the model's tokenizer and chat format (synthetic models: Gemma's)."""
-    from salon.loadgen.transport_llama_server import SalonRendering
     from salon.engine.model.loader import open_model_file
     from salon.engine.model.tokenizer import Tokenizer
+    from salon.loadgen.transport_llama_server import SalonRendering
 
     model_file = open_model_file(model)
     return SalonRendering(Tokenizer(model_file.vocab), model_file.chat_template, model_file.config.eos_token_ids)
@@ -113,23 +127,39 @@ class PeerRun:
     num_held_back_turns: int
 
 
-def run_llama_server(trace: Trace, build, driver: DriverConfig, threads: int | None = None,
-                     on_turn: Callable[[TurnRecord], None] | None = None, startup_timeout_s: float = 300.0,
-                     rendering=None) -> PeerRun:
+def run_llama_server(
+    trace: Trace,
+    build,
+    driver: DriverConfig,
+    threads: int | None = None,
+    on_turn: Callable[[TurnRecord], None] | None = None,
+    startup_timeout_s: float = 300.0,
+    rendering=None,
+) -> PeerRun:
     """Replays the trace through llama-server (raises salon.loadgen.peer.PeerError when it cannot start)."""
-    from salon.loadgen.transport_llama_server import LlamaServerTransport
-    from salon.loadgen.peer import LlamaServer
     from salon.engine.model.loader import config_for
     from salon.engine.model.sources import resolve_source
+    from salon.loadgen.peer import LlamaServer
+    from salon.loadgen.transport_llama_server import LlamaServerTransport
 
     threads = threads or os.cpu_count() or 1
     ctx = peer_context_tokens(trace)
     config = config_for(PEER_MODEL)
-    server = LlamaServer(build, resolve_source(PEER_MODEL).path, threads=threads, num_slots=driver.concurrency,
-                         ctx_tokens_per_slot=ctx, startup_timeout_s=startup_timeout_s)
-    transport = LlamaServerTransport(server, rendering or load_rendering(PEER_MODEL), config.model_id,
-                                     frozenset(config.eos_token_ids))
-    print(f"starting llama-server: {driver.concurrency} slots x {ctx} tokens of context, {threads} threads, "
-          f"{build.describe()}", flush=True)
+    server = LlamaServer(
+        build,
+        resolve_source(PEER_MODEL).path,
+        threads=threads,
+        num_slots=driver.concurrency,
+        ctx_tokens_per_slot=ctx,
+        startup_timeout_s=startup_timeout_s,
+    )
+    transport = LlamaServerTransport(
+        server, rendering or load_rendering(PEER_MODEL), config.model_id, frozenset(config.eos_token_ids)
+    )
+    print(
+        f"starting llama-server: {driver.concurrency} slots x {ctx} tokens of context, {threads} threads, "
+        f"{build.describe()}",
+        flush=True,
+    )
     run = asyncio.run(replay(trace, transport, driver, "llama-server", on_turn))
     return PeerRun(run, threads, driver.concurrency, ctx, transport.num_held_back_turns)

@@ -78,8 +78,13 @@ class Stack:
 
 
 def _state(stats) -> tuple[int, ...]:
-    return (stats.used_bytes, stats.num_blocks, stats.num_local_blocks, stats.evicted_blocks,
-            stats.evicted_local_blocks)
+    return (
+        stats.used_bytes,
+        stats.num_blocks,
+        stats.num_local_blocks,
+        stats.evicted_blocks,
+        stats.evicted_local_blocks,
+    )
 
 
 def stop_processes(processes: Sequence[ServiceProcess]) -> None:
@@ -89,16 +94,24 @@ def stop_processes(processes: Sequence[ServiceProcess]) -> None:
 
 def write_tenants_file(directory: Path, api_key: str) -> Path:
     path = directory / "tenants.json"
-    path.write_text(json.dumps({"tenants": [{"tenant_id": "bench", "api_key": api_key,
-                                             "namespace_salt": "bench"}]}))
+    path.write_text(json.dumps({"tenants": [{"tenant_id": "bench", "api_key": api_key, "namespace_salt": "bench"}]}))
     path.chmod(0o600)
     return path
 
 
 def engine_args(config: StackConfig, index: int, kvstore_address: str | None) -> list[str]:
-    args = ["--port", "0", "--engine-id", f"engine-{index}", "--model", config.model,
-            # Engines on one host split its cores: oversubscribed threads spin and slow every step.
-            "--torch-threads", str(threads_per_process(config.num_engines)), *INSECURE_LOOPBACK_FLAGS]
+    args = [
+        "--port",
+        "0",
+        "--engine-id",
+        f"engine-{index}",
+        "--model",
+        config.model,
+        # Engines on one host split its cores: oversubscribed threads spin and slow every step.
+        "--torch-threads",
+        str(threads_per_process(config.num_engines)),
+        *INSECURE_LOOPBACK_FLAGS,
+    ]
     if config.engine_kv_cache_bytes is not None:
         args += ["--kv-cache-bytes", str(config.engine_kv_cache_bytes)]
     args += config.engine_args
@@ -116,25 +129,38 @@ def launch_stack(config: StackConfig, log_dir: Path) -> Stack:
     try:
         kv_address = None
         if config.cache and config.kvstore:
-            kv = start_service("kvstore", ["--port", "0", "--capacity-bytes", str(config.kvstore_capacity_bytes),
-                                           *INSECURE_LOOPBACK_FLAGS],
-                               log_path=log_dir / f"{label}-kvstore.log")
+            kv = start_service(
+                "kvstore",
+                ["--port", "0", "--capacity-bytes", str(config.kvstore_capacity_bytes), *INSECURE_LOOPBACK_FLAGS],
+                log_path=log_dir / f"{label}-kvstore.log",
+            )
             procs.append(kv)
             kv_address = kv.address
         engines = []
         for i in range(config.num_engines):
             # Start every engine before waiting for any: they load the model in parallel.
-            engine = ServiceProcess("engine", tuple(engine_args(config, i, kv_address)),
-                                    log_dir / f"{label}-engine-{i}.log").start(timeout_s=config.engine_timeout_s)
+            engine = ServiceProcess(
+                "engine", tuple(engine_args(config, i, kv_address)), log_dir / f"{label}-engine-{i}.log"
+            ).start(timeout_s=config.engine_timeout_s)
             procs.append(engine)
             engines.append(engine)
         for engine in engines:
             engine.wait_serving(timeout_s=config.engine_timeout_s)
         targets = ",".join(f"engine-{i}={e.address}" for i, e in enumerate(engines))
-        gateway = start_service("gateway", ["--port", "0", "--engines", targets, *INSECURE_LOOPBACK_FLAGS,
-                                            "--tenants-file", str(write_tenants_file(log_dir, config.api_key)),
-                                            *(["--http-port", "0"] if config.http else [])],
-                                log_path=log_dir / f"{label}-gateway.log")
+        gateway = start_service(
+            "gateway",
+            [
+                "--port",
+                "0",
+                "--engines",
+                targets,
+                *INSECURE_LOOPBACK_FLAGS,
+                "--tenants-file",
+                str(write_tenants_file(log_dir, config.api_key)),
+                *(["--http-port", "0"] if config.http else []),
+            ],
+            log_path=log_dir / f"{label}-gateway.log",
+        )
         procs.append(gateway)
     except BaseException:
         stop_processes(procs)

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.loadgen.dialogue import ChatMessage
 from salon.loadgen.transport import ModelInfo, TokenDelta, TransportError, TurnRequest, TurnUsage
 from salon.loadgen.workload import Role
-from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 
 _ROLES = {Role.USER: chat_pb2.ROLE_USER, Role.CHARACTER: chat_pb2.ROLE_CHARACTER}
 
@@ -25,8 +25,9 @@ def to_proto_message(message: ChatMessage) -> chat_pb2.Message:
 
 
 def to_proto_request(turn: TurnRequest) -> chat_pb2.GenerateRequest:
-    sampling = chat_pb2.SamplingParams(max_new_tokens=turn.max_new_tokens, temperature=turn.temperature,
-                                       top_p=turn.top_p)
+    sampling = chat_pb2.SamplingParams(
+        max_new_tokens=turn.max_new_tokens, temperature=turn.temperature, top_p=turn.top_p
+    )
     if turn.seed is not None:
         sampling.seed = turn.seed
     return chat_pb2.GenerateRequest(
@@ -58,8 +59,9 @@ class ChatGrpcTransport:
 
     async def model_info(self) -> ModelInfo:
         """Raises grpc.aio.AioRpcError (a wrong key or target is the caller's to report)."""
-        info = (await self._stub.GetModelInfo(chat_pb2.GetModelInfoRequest(), metadata=self._metadata,
-                                              timeout=60)).model
+        info = (
+            await self._stub.GetModelInfo(chat_pb2.GetModelInfoRequest(), metadata=self._metadata, timeout=60)
+        ).model
         return ModelInfo(info.model_id, info.max_context_tokens, frozenset(info.eos_token_ids))
 
     def prepare(self, turn: TurnRequest) -> chat_pb2.GenerateRequest:
@@ -68,8 +70,7 @@ class ChatGrpcTransport:
     async def generate(self, request: chat_pb2.GenerateRequest) -> AsyncIterator[TokenDelta | TurnUsage]:
         final = None
         try:
-            call = self._stub.Generate(request, metadata=self._metadata,
-                                       timeout=self.request_timeout_s)
+            call = self._stub.Generate(request, metadata=self._metadata, timeout=self.request_timeout_s)
             async for event in call:
                 if event.HasField("delta"):
                     yield TokenDelta(tuple(event.delta.token_ids))

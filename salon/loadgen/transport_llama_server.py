@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from salon.engine.api import prompt as salon_prompt
 from salon.loadgen.dialogue import ChatMessage
+from salon.loadgen.peer import Completion, LlamaServer, PeerError
 from salon.loadgen.transport import ModelInfo, TokenDelta, TransportError, TurnRequest, TurnUsage
 from salon.loadgen.workload import Role
-from salon.loadgen.peer import Completion, LlamaServer, PeerError
-from salon.engine.api import prompt as salon_prompt
 
 _ROLES = {Role.USER: salon_prompt.Role.USER, Role.CHARACTER: salon_prompt.Role.CHARACTER}
 
@@ -32,8 +32,9 @@ class SalonRendering:
     def __init__(self, tokenizer, chat_template: str | None, eos_token_ids) -> None:
         from salon.engine.model.chat_renderer import ChatRenderer
 
-        self._make = lambda: salon_prompt.PromptRenderer(ChatRenderer(tokenizer, chat_template, eos_token_ids,
-                                                                      cache_capacity=1 << 16))
+        self._make = lambda: salon_prompt.PromptRenderer(
+            ChatRenderer(tokenizer, chat_template, eos_token_ids, cache_capacity=1 << 16)
+        )
         self.renderer = self._make()
 
     def prompt_ids(self, turn: TurnRequest) -> list[int]:
@@ -48,15 +49,17 @@ def _character(turn: TurnRequest) -> salon_prompt.Character:
 
 
 def to_prompt_message(message: ChatMessage) -> salon_prompt.ChatMessage:
-    return salon_prompt.ChatMessage(role=_ROLES[message.role], text=message.text or "", author=message.author,
-                                    token_ids=message.token_ids)
+    return salon_prompt.ChatMessage(
+        role=_ROLES[message.role], text=message.text or "", author=message.author, token_ids=message.token_ids
+    )
 
 
 class LlamaServerTransport:
     name = "llama-server"
 
-    def __init__(self, server: LlamaServer, rendering: SalonRendering, model_id: str,
-                 eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, server: LlamaServer, rendering: SalonRendering, model_id: str, eos_token_ids: frozenset[int]
+    ) -> None:
         self.server, self.rendering = server, rendering
         self._info = ModelInfo(f"{model_id} (llama.cpp)", server.ctx_tokens_per_slot, eos_token_ids)
         # Turns whose stream carried fewer ids than llama-server generated (a token held back inside a
@@ -88,8 +91,9 @@ class LlamaServerTransport:
         except PeerError as exc:
             raise TransportError(f"PEER: {exc}") from exc
         if completion.num_prompt_tokens != len(ids):
-            raise TransportError(f"PEER: llama-server evaluated {completion.num_prompt_tokens} prompt tokens, "
-                                 f"{len(ids)} were sent")
+            raise TransportError(
+                f"PEER: llama-server evaluated {completion.num_prompt_tokens} prompt tokens, {len(ids)} were sent"
+            )
         if len(completion.token_ids) != completion.num_generated_tokens:
             self.num_held_back_turns += 1
         yield TurnUsage(

@@ -24,8 +24,14 @@ from salon.loadgen.workload import Role
 class OpenAIHttpTransport:
     name = "salon-openai"
 
-    def __init__(self, base_url: str, api_key: str, model: str | None = None, request_timeout_s: float = 600.0,
-                 max_connections: int = 64) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        model: str | None = None,
+        request_timeout_s: float = 600.0,
+        max_connections: int = 64,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.request_timeout_s = request_timeout_s
@@ -36,8 +42,9 @@ class OpenAIHttpTransport:
         self._reply_text: dict[tuple[int, ...], str] = {}
 
     async def __aenter__(self) -> OpenAIHttpTransport:
-        self._client = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, limits=self._limits,
-                                         timeout=self.request_timeout_s)
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, limits=self._limits, timeout=self.request_timeout_s
+        )
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -63,16 +70,26 @@ class OpenAIHttpTransport:
         return text
 
     def prepare(self, turn: TurnRequest) -> dict:
-        definition = f"You are {turn.character_name}.\n{turn.character_definition}" if turn.character_name \
+        definition = (
+            f"You are {turn.character_name}.\n{turn.character_definition}"
+            if turn.character_name
             else turn.character_definition
+        )
         messages = [{"role": "system", "content": definition}]
         for m in turn.messages:
             entry = {"role": "user" if m.role is Role.USER else "assistant", "content": self._text_of(m)}
             if m.role is Role.USER and m.author:
                 entry["name"] = m.author
             messages.append(entry)
-        body = {"model": self.model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
-                "max_tokens": turn.max_new_tokens, "temperature": turn.temperature, "return_token_ids": True}
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": turn.max_new_tokens,
+            "temperature": turn.temperature,
+            "return_token_ids": True,
+        }
         if turn.top_p:
             body["top_p"] = turn.top_p
         if turn.seed is not None:
@@ -112,6 +129,11 @@ class OpenAIHttpTransport:
         self._reply_text[tuple(ids[:-1])] = reply  # the driver may strip the trailing stop token
         details = usage.get("prompt_tokens_details") or {}
         by_source = details.get("cached_tokens_by_source") or {}
-        yield TurnUsage(prompt_tokens=usage["prompt_tokens"], cached_device_tokens=by_source.get("device", 0),
-                        cached_host_tokens=by_source.get("host", 0), generated_tokens=usage["completion_tokens"],
-                        engine_id=engine_id or "", finish_reason=finish or "")
+        yield TurnUsage(
+            prompt_tokens=usage["prompt_tokens"],
+            cached_device_tokens=by_source.get("device", 0),
+            cached_host_tokens=by_source.get("host", 0),
+            generated_tokens=usage["completion_tokens"],
+            engine_id=engine_id or "",
+            finish_reason=finish or "",
+        )

@@ -68,8 +68,14 @@ def dialogue_tokens(trace: Trace, rendering, max_context_tokens: int) -> list[in
     return out
 
 
-def plan(tokens: Sequence[int], model: str, num_engines: int, concurrency: int, block_size_tokens: int = 16,
-         max_num_batched_tokens: int = 256) -> WorkingSetPlan:
+def plan(
+    tokens: Sequence[int],
+    model: str,
+    num_engines: int,
+    concurrency: int,
+    block_size_tokens: int = 16,
+    max_num_batched_tokens: int = 256,
+) -> WorkingSetPlan:
     from salon.engine.kv.kv_cache_manager import KVCacheManager
     from salon.engine.kv.kv_layout import plan_layout
     from salon.engine.kv.kv_transfer import host_layout
@@ -84,8 +90,16 @@ def plan(tokens: Sequence[int], model: str, num_engines: int, concurrency: int, 
     per_block = host.global_bytes_per_block + host.local_bytes_per_block
     stored_blocks = sum(-(-t // block_size_tokens) for t in tokens)
     bound = int(KVSTORE_BOUND_FACTOR * stored_blocks * per_block) + (16 << 20)
-    return WorkingSetPlan(max(tokens), sum(tokens), layout.page_bytes, engine, num_engines,
-                          sum(blocks) * layout.page_bytes, per_block, bound)
+    return WorkingSetPlan(
+        max(tokens),
+        sum(tokens),
+        layout.page_bytes,
+        engine,
+        num_engines,
+        sum(blocks) * layout.page_bytes,
+        per_block,
+        bound,
+    )
 
 
 def point(summary: dict, stats: dict | None, capacity_bytes: int, working_set_bytes: int | None) -> dict:
@@ -118,8 +132,10 @@ def _pct(x: float | None) -> str:
 
 
 def table(points: Sequence[dict]) -> str:
-    header = (f"{'kvstore MiB':>11} {'of W':>6} {'hit rate':>9} {'returning':>9} {'device':>7} {'host':>7} "
-              f"{'evicted':>8} {'turns/s':>8} {'TTFT p90 ret. ms':>16}")
+    header = (
+        f"{'kvstore MiB':>11} {'of W':>6} {'hit rate':>9} {'returning':>9} {'device':>7} {'host':>7} "
+        f"{'evicted':>8} {'turns/s':>8} {'TTFT p90 ret. ms':>16}"
+    )
     lines = [header]
     for p in points:
         frac = p["fraction_of_working_set"]
@@ -129,7 +145,8 @@ def table(points: Sequence[dict]) -> str:
             f"{_pct(p['device_hit_rate']):>7} {_pct(p['host_hit_rate']):>7} "
             f"{'-' if p['kvstore_evicted_blocks'] is None else p['kvstore_evicted_blocks']:>8} "
             f"{p['turns_per_s']:>8.3f} "
-            f"{'-' if p['ttft_ms_p90_warm_turns'] is None else format(p['ttft_ms_p90_warm_turns'], '.1f'):>16}")
+            f"{'-' if p['ttft_ms_p90_warm_turns'] is None else format(p['ttft_ms_p90_warm_turns'], '.1f'):>16}"
+        )
     return "\n".join(lines)
 
 
@@ -141,31 +158,44 @@ class SweepResult:
     runs: tuple  # (RunResult, summary dict, point dict) per run, the room-for-all run first
 
 
-def sweep(trace: Trace, side, driver, fractions: Sequence[float], progress, long_history_tokens: int,
-          rendering=None) -> SweepResult:
+def sweep(
+    trace: Trace, side, driver, fractions: Sequence[float], progress, long_history_tokens: int, rendering=None
+) -> SweepResult:
     """One fresh stack per kvstore capacity: room for all first (it measures W), then each fraction of W.
     `progress(label, fn)` runs fn(on_turn) with a progress bar; `side` is a runs.SalonSide."""
+    from salon.engine.model.loader import config_for
     from salon.loadgen.report import summarize
     from salon.loadgen.runs import load_rendering, run_salon
-    from salon.engine.model.loader import config_for
 
     rendering = rendering or load_rendering(side.model)
     tokens = dialogue_tokens(trace, rendering, config_for(side.model).max_context_tokens)
     p = plan(tokens, side.model, side.num_engines, driver.concurrency)
-    print(f"working set: {len(tokens)} dialogues reach {p.total_dialogue_tokens} tokens (longest {p.max_dialogue_tokens}); "
-          f"their paged KV {_mib(p.device_working_set_bytes)} MiB against {p.num_engines} engine(s) x "
-          f"{_mib(p.engine_kv_cache_bytes)} MiB (--kv-cache-bytes {p.engine_kv_cache_bytes}: "
-          f"{ENGINE_HEADROOM:g} x {driver.concurrency} streams of the longest dialogue)"
-          + ("" if p.exceeds_engines else "; WARNING: it fits the engines, so this is not a working-set run"),
-          flush=True)
+    print(
+        f"working set: {len(tokens)} dialogues reach {p.total_dialogue_tokens} tokens (longest "
+        f"{p.max_dialogue_tokens}); "
+        f"their paged KV {_mib(p.device_working_set_bytes)} MiB against {p.num_engines} engine(s) x "
+        f"{_mib(p.engine_kv_cache_bytes)} MiB (--kv-cache-bytes {p.engine_kv_cache_bytes}: "
+        f"{ENGINE_HEADROOM:g} x {driver.concurrency} streams of the longest dialogue)"
+        + ("" if p.exceeds_engines else "; WARNING: it fits the engines, so this is not a working-set run"),
+        flush=True,
+    )
     engines = f"engines {_mib(p.engine_kv_cache_bytes)} MiB each"
     side = dataclasses.replace(side, engine_kv_cache_bytes=p.engine_kv_cache_bytes)
     runs = []
 
     def one(capacity: int, detail: str, prefix: str, working_set: int | None):
-        run, stats = progress(prefix, lambda on_turn: run_salon(
-            trace, dataclasses.replace(side, kvstore_capacity_bytes=capacity), True, driver, on_turn,
-            log_prefix=prefix, mode_detail=f"working set: {engines}, {detail}"))
+        run, stats = progress(
+            prefix,
+            lambda on_turn: run_salon(
+                trace,
+                dataclasses.replace(side, kvstore_capacity_bytes=capacity),
+                True,
+                driver,
+                on_turn,
+                log_prefix=prefix,
+                mode_detail=f"working set: {engines}, {detail}",
+            ),
+        )
         summary = summarize(run, long_history_tokens)
         runs.append((run, summary, point(summary, stats, capacity, working_set)))
         return stats

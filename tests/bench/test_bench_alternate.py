@@ -16,10 +16,11 @@ def test_rounds_alternate_the_order_and_each_keeps_its_own_best():
         def run():
             calls.append(label)
             return next(values[label])
+
         return run
 
     best = best_alternated({label: measure(label) for label in "abc"}, rounds=4)
-    assert calls == list("abc" "cba" "abc" "cba")
+    assert calls == list("abccbaabccba")
     assert best == {"a": 3.0, "b": 0.5, "c": 2.0}
 
 
@@ -31,6 +32,7 @@ def test_higher_is_better_keeps_the_highest_of_random_values():
         def run():
             drawn[label].append(rng.uniform(-10, 10))
             return drawn[label][-1]
+
         return run
 
     best = best_alternated({"x": draw("x"), "y": draw("y")}, rounds=25, higher_is_better=True)
@@ -49,5 +51,5 @@ def test_no_round_is_refused_and_seconds_times_one_call():
 def test_best_seconds_calls_each_once_untimed_then_alternates():
     calls: list[str] = []
     best = best_seconds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3)
-    assert calls == list("ab" "ab" "ba" "ab")  # the untimed first calls, then the alternated rounds
+    assert calls == list("ababbaab")  # the untimed first calls, then the alternated rounds
     assert set(best) == {"a", "b"} and all(0.0 <= v < 1.0 for v in best.values())

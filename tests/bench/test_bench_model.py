@@ -11,13 +11,27 @@ from tests.model.conftest import reference_path
 
 def test_bench_model_quick_runs_the_engine_step_path_and_reports():
     reference_dir = reference_path("gpl-3.txt").parent  # the perplexity text
-    proc = subprocess.run([sys.executable, "-m", "bench.model", "--quick", "--threads", "1", "--model",
-                           "synthetic-tiny", "--reference-dir", str(reference_dir)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.model",
+            "--quick",
+            "--threads",
+            "1",
+            "--model",
+            "synthetic-tiny",
+            "--reference-dir",
+            str(reference_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("RESULT ")
-    result = json.loads(last[len("RESULT "):])
+    result = json.loads(last[len("RESULT ") :])
     for batch in (1, 4, 8, 32):
         assert result[f"decode_tokens_per_s_b{batch}"] > 0
     assert result["prefill_tokens_per_s_512"] > 0 and result["ppl_int8"] > 0

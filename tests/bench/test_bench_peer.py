@@ -25,6 +25,7 @@ REFERENCES = [base / "shared" / "reference" / "greedy_ref_f64.jsonl" for base in
 
 # ---------------------------------------------------------------- parsing real output
 
+
 def test_llama_bench_json_gives_pp_and_tg_means():
     rows = peer.parse_llama_bench_json((DATA / "llama_bench.json").read_text())
     figures = peer.figures_from_llama_bench(rows, prompt_tokens=512, new_tokens=32)
@@ -69,7 +70,10 @@ def test_ratio_and_table_never_invent_a_figure():
 
 # ---------------------------------------------------------------- discovery
 
-def _tool(path: Path, version_line: str = "version: 0.6.0-dev (build 4321, commit 0abc123)", exit_code: int = 0) -> Path:
+
+def _tool(
+    path: Path, version_line: str = "version: 0.6.0-dev (build 4321, commit 0abc123)", exit_code: int = 0
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"#!/bin/sh\necho '{version_line}' >&2\necho 'built with cc for x86_64' >&2\nexit {exit_code}\n")
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
@@ -124,6 +128,7 @@ def test_a_tool_that_cannot_tell_its_version_is_an_error(tmp_path):
 
 
 # ---------------------------------------------------------------- a real build, when there is one
+
 
 @pytest.fixture(scope="module")
 def build():
@@ -183,10 +188,10 @@ async def test_llama_server_greedy_ids_match_the_reference(server_build, gguf):
 
 async def test_llama_server_stops_when_its_block_fails_or_is_cancelled(server_build, gguf):
     srv = peer.LlamaServer(server_build, gguf, threads=1, num_slots=1, ctx_tokens_per_slot=64)
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(RuntimeError, match="the block failed"):
         async with srv:
             pid = srv._proc.pid
-            1 / 0
+            raise RuntimeError("the block failed")
     assert srv._proc.returncode is not None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

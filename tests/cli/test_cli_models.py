@@ -28,11 +28,18 @@ def stack(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("models")
     procs = []
     try:
-        engines = {"s0": start_engine("s0", log_dir, ["--model", SMOL]),
-                   "t0": start_engine("t0", log_dir), "t1": start_engine("t1", log_dir)}
+        engines = {
+            "s0": start_engine("s0", log_dir, ["--model", SMOL]),
+            "t0": start_engine("t0", log_dir),
+            "t1": start_engine("t1", log_dir),
+        }
         procs += engines.values()
-        gateway = start_gateway(engines, write_tenants(log_dir / "tenants.json"), log_dir,
-                                extra=["--default-model", SMOL, "--http-port", "0"])
+        gateway = start_gateway(
+            engines,
+            write_tenants(log_dir / "tenants.json"),
+            log_dir,
+            extra=["--default-model", SMOL, "--http-port", "0"],
+        )
         procs.append(gateway)
         _wait_until_every_engine_reported(gateway, 3)
         yield gateway
@@ -57,9 +64,12 @@ def _stub(gateway):
 
 def _generate(stub, model: str, conversation_id: str, text: str = "Hello there.", max_new_tokens: int = 4):
     request = chat_pb2.GenerateRequest(
-        conversation_id=conversation_id, model=model, character=chat_pb2.Character(name="Ada", definition="Kind."),
+        conversation_id=conversation_id,
+        model=model,
+        character=chat_pb2.Character(name="Ada", definition="Kind."),
         dialogue=chat_pb2.Dialogue(messages=[chat_pb2.Message(role=chat_pb2.ROLE_USER, text=text)]),
-        sampling=chat_pb2.SamplingParams(max_new_tokens=max_new_tokens, temperature=0))
+        sampling=chat_pb2.SamplingParams(max_new_tokens=max_new_tokens, temperature=0),
+    )
     events = list(stub.Generate(request, metadata=auth(KEY_A), timeout=120))
     return events[-1].final
 
@@ -71,7 +81,11 @@ def test_list_models_names_each_pool_and_its_engines(stack):
     assert sorted(by_id) == [SMOL, TINY]
     smol, tiny = by_id[SMOL], by_id[TINY]
     assert [e.engine_id for e in smol.engines] == ["s0"] and [e.engine_id for e in tiny.engines] == ["t0", "t1"]
-    assert (smol.model.architecture, smol.model.has_chat_template, smol.model.max_context_tokens) == ("llama", True, 8192)
+    assert (smol.model.architecture, smol.model.has_chat_template, smol.model.max_context_tokens) == (
+        "llama",
+        True,
+        8192,
+    )
     assert tiny.model.architecture == "gemma3" and not tiny.model.has_chat_template
     # SmolLM2, int8 KV: 30 layers x 2 (K, V) x 3 KV heads x (64 values + a 4-byte scale).
     assert smol.model.kv_bytes_per_token == 30 * 2 * 3 * (64 + 4)
@@ -80,8 +94,9 @@ def test_list_models_names_each_pool_and_its_engines(stack):
         for engine in served.engines:
             r = engine.resident
             assert engine.serving and r.weights_bytes > 0 and r.kv_cache_bytes > 0
-            assert r.total_bytes > r.weights_bytes and r.other_bytes == r.total_bytes - r.weights_bytes - \
-                r.kv_cache_bytes
+            assert (
+                r.total_bytes > r.weights_bytes and r.other_bytes == r.total_bytes - r.weights_bytes - r.kv_cache_bytes
+            )
     assert smol.engines[0].resident.weights_bytes > 100e6 > tiny.engines[0].resident.weights_bytes
 
 
@@ -114,8 +129,9 @@ def test_the_http_front_lists_and_routes_by_model(stack):
     with urllib.request.urlopen(urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=30) as r:
         assert sorted(m["id"] for m in json.load(r)["data"]) == [SMOL, TINY]
     for model, engines in ((TINY, {"t0", "t1"}), (SMOL, {"s0"})):
-        body = json.dumps({"model": model, "max_tokens": 2, "temperature": 0,
-                           "messages": [{"role": "user", "content": "Hi"}]}).encode()
+        body = json.dumps(
+            {"model": model, "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}
+        ).encode()
         request = urllib.request.Request(f"{base}/v1/chat/completions", data=body, headers=headers)
         with urllib.request.urlopen(request, timeout=60) as r:
             assert r.headers["x-salon-engine-id"] in engines and json.load(r)["model"] == model

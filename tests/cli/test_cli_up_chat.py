@@ -25,9 +25,23 @@ def free_ports(n):
 
 def up_args(tmp_path):
     gw, kv, eng, metrics = free_ports(4)
-    return gw, ["up", "--model", "synthetic-tiny", "--gateway-port", str(gw), "--kvstore-port", str(kv),
-                "--engine-base-port", str(eng), "--metrics-base-port", str(metrics), "--state-dir", str(tmp_path),
-                "--api-key", "cli-test-key"]
+    return gw, [
+        "up",
+        "--model",
+        "synthetic-tiny",
+        "--gateway-port",
+        str(gw),
+        "--kvstore-port",
+        str(kv),
+        "--engine-base-port",
+        str(eng),
+        "--metrics-base-port",
+        str(metrics),
+        "--state-dir",
+        str(tmp_path),
+        "--api-key",
+        "cli-test-key",
+    ]
 
 
 def test_up_reports_where_everything_listens_and_exits_cleanly(tmp_path):
@@ -37,17 +51,21 @@ def test_up_reports_where_everything_listens_and_exits_cleanly(tmp_path):
     for name in ("kvstore", "engine-0", "gateway"):
         assert re.search(rf"{name}\s+127\.0\.0\.1:\d+\s+pid \d+", result.stdout), result.stdout
     assert "mutual TLS between services" in result.stdout
-    assert {"kvstore.log", "engine-0.log", "gateway.log", "tenants.json", "tls"} <= {p.name for p in Path(tmp_path).iterdir()}
+    assert {"kvstore.log", "engine-0.log", "gateway.log", "tenants.json", "tls"} <= {
+        p.name for p in Path(tmp_path).iterdir()
+    }
     tls = Path(tmp_path) / "tls"
     assert {"ca.pem", "gateway.pem", "engine.pem", "kvstore.pem", "namespace-grant.key", "salt-secret.key"} <= {
-        p.name for p in tls.iterdir()}
+        p.name for p in tls.iterdir()
+    }
     assert tls.stat().st_mode & 0o777 == 0o700 and (tls / "engine.key").stat().st_mode & 0o777 == 0o600
 
 
 def test_chat_streams_and_the_second_turn_hits_the_cache(tmp_path):
     gw, args = up_args(tmp_path)
-    up = subprocess.Popen([*SALON, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True)
+    up = subprocess.Popen(
+        [*SALON, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 300
         line = ""
@@ -57,8 +75,12 @@ def test_chat_streams_and_the_second_turn_hits_the_cache(tmp_path):
             assert time.monotonic() < deadline
         chat = subprocess.run(
             [*SALON, "chat", "--target", f"127.0.0.1:{gw}", "--api-key", "cli-test-key", "--max-new-tokens", "8"],
-            input="Tell me about the harbour.\nAnd the lighthouse?\n", capture_output=True, text=True, timeout=120,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            input="Tell me about the harbour.\nAnd the lighthouse?\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         assert chat.returncode == 0, chat.stderr
         usages = re.findall(r"\[(\d+) prompt tokens, (\d+) cached, (\d+) generated", chat.stdout)
         assert len(usages) == 2, chat.stdout
@@ -68,9 +90,15 @@ def test_chat_streams_and_the_second_turn_hits_the_cache(tmp_path):
         assert c2 == p1 + g1 - 1 and p2 > p1
     finally:
         # SIGHUP (the terminal went away) stops the stack as Ctrl-C does: cleanly, every child with it.
-        children = [int((Path(tmp_path) / f"{n}.pid").read_text()) for n in ("kvstore", "engine-0", "gateway")
-                    if (Path(tmp_path) / f"{n}.pid").exists()]
+        children = [
+            int((Path(tmp_path) / f"{n}.pid").read_text())
+            for n in ("kvstore", "engine-0", "gateway")
+            if (Path(tmp_path) / f"{n}.pid").exists()
+        ]
         up.send_signal(signal.SIGHUP)
         assert up.wait(60) == 0
-        assert children and not [p for p in children if Path(f"/proc/{p}").exists()
-                                 and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()]
+        assert children and not [
+            p
+            for p in children
+            if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()
+        ]

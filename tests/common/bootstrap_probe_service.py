@@ -41,8 +41,9 @@ class ProbeService:
     name = "probe"
 
     def __init__(self, internal: bool = False) -> None:
-        self.access_policy = AccessPolicy({"/salon.kvstore.v1.KVStoreService/": frozenset({"engine"})}) \
-            if internal else None
+        self.access_policy = (
+            AccessPolicy({"/salon.kvstore.v1.KVStoreService/": frozenset({"engine"})}) if internal else None
+        )
 
     async def start(self, server, health):
         kvstore_pb2_grpc.add_KVStoreServiceServicer_to_server(ProbeServicer(health), server)
@@ -62,5 +63,7 @@ if __name__ == "__main__":
     from salon.common.config import parse_config
 
     internal = sys.argv[1:2] == ["--internal"]
-    run(ProbeService(internal), parse_config(ServerConfig, sys.argv[2:] if internal else None,
-                                             env_prefix="SALON_PROBE_"))
+    run(
+        ProbeService(internal),
+        parse_config(ServerConfig, sys.argv[2:] if internal else None, env_prefix="SALON_PROBE_"),
+    )

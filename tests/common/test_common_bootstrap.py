@@ -57,8 +57,11 @@ def test_reflection_lists_services(probe):
         stub = reflection_pb2_grpc.ServerReflectionStub(ch)
         responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         names = {s.name for r in responses for s in r.list_services_response.service}
-    assert {"salon.kvstore.v1.KVStoreService", "grpc.health.v1.Health",
-            "grpc.reflection.v1alpha.ServerReflection"} <= names
+    assert {
+        "salon.kvstore.v1.KVStoreService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= names
 
 
 def test_typed_errors_map_to_status_codes(probe):
@@ -97,8 +100,11 @@ def test_metrics_count_rpcs_by_code(probe):
             with pytest.raises(grpc.RpcError):
                 stub.Match(kvstore_pb2.MatchRequest())
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
-    line = [ln for ln in text.splitlines() if ln.startswith("salon_rpc_requests_total{")
-            and "Match" in ln and "INVALID_ARGUMENT" in ln]
+    line = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith("salon_rpc_requests_total{") and "Match" in ln and "INVALID_ARGUMENT" in ln
+    ]
     assert line and float(line[0].split()[-1]) == 3.0
 
 
@@ -122,8 +128,12 @@ def test_logs_are_json_with_trace_ids_and_sigterm_is_graceful(probe):
 
 
 def _start_probe(tmp_path, *flags):
-    proc = subprocess.Popen([sys.executable, str(PROBE), *flags], stdout=subprocess.PIPE,
-                            stderr=open(tmp_path / "tls-probe.log", "w"), text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(PROBE), *flags],
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "tls-probe.log", "w"),
+        text=True,
+    )
     m = re.match(r"LISTENING probe port=(\d+)", proc.stdout.readline())
     assert m
     return proc, int(m.group(1))
@@ -136,8 +146,9 @@ def _health_over(port, credentials):
 
 def test_tls_and_mutual_tls(tmp_path, tls_files):
     ca = tls_files.ca_cert.read_bytes()
-    proc, port = _start_probe(tmp_path, "--tls-cert-file", str(tls_files.server_cert),
-                              "--tls-key-file", str(tls_files.server_key))
+    proc, port = _start_probe(
+        tmp_path, "--tls-cert-file", str(tls_files.server_cert), "--tls-key-file", str(tls_files.server_key)
+    )
     try:
         assert _health_over(port, grpc.ssl_channel_credentials(ca)) is not None
         with pytest.raises(grpc.RpcError):  # a server certificate from an unknown CA is refused
@@ -149,9 +160,15 @@ def test_tls_and_mutual_tls(tmp_path, tls_files):
         proc.kill()
         proc.wait()
 
-    proc, port = _start_probe(tmp_path, "--tls-cert-file", str(tls_files.server_cert),
-                              "--tls-key-file", str(tls_files.server_key),
-                              "--tls-client-ca-file", str(tls_files.ca_cert))
+    proc, port = _start_probe(
+        tmp_path,
+        "--tls-cert-file",
+        str(tls_files.server_cert),
+        "--tls-key-file",
+        str(tls_files.server_key),
+        "--tls-client-ca-file",
+        str(tls_files.ca_cert),
+    )
     try:
         with pytest.raises(grpc.RpcError):  # mutual TLS: a client without a certificate is refused
             _health_over(port, grpc.ssl_channel_credentials(ca))
@@ -204,8 +221,14 @@ def test_sighup_stops_it_like_sigterm(probe):
 def test_it_stops_when_its_parent_dies(tmp_path):
     """--parent-pid: when the supervisor is SIGKILLed, the service still stops (PR_SET_PDEATHSIG)."""
     parent = subprocess.Popen(
-        ["bash", "-c", f'"{sys.executable}" "{PROBE}" --parent-pid $$ > "{tmp_path}/out" 2>/dev/null & echo $!; sleep 60'],
-        stdout=subprocess.PIPE, text=True)
+        [
+            "bash",
+            "-c",
+            f'"{sys.executable}" "{PROBE}" --parent-pid $$ > "{tmp_path}/out" 2>/dev/null & echo $!; sleep 60',
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     probe_pid = int(parent.stdout.readline())
     deadline = time.monotonic() + 30
     while not (tmp_path / "out").exists() or "LISTENING" not in (tmp_path / "out").read_text():
@@ -227,18 +250,34 @@ def _proc_state(pid: int) -> str:
         return "zombie"
 
 
-@pytest.mark.parametrize("internal, flags, message", [
-    (False, ["--tls-cert-file", "{server_cert}"], "--tls-cert-file and --tls-key-file go together"),
-    (False, ["--tls-key-file", "{server_key}"], "--tls-cert-file and --tls-key-file go together"),
-    (False, ["--tls-client-ca-file", "{ca}"], "--tls-client-ca-file needs --tls-cert-file"),
-    (True, ["--tls-cert-file", "{server_cert}", "--tls-key-file", "{server_key}"],
-     "--internal-auth mtls needs --tls-cert-file, --tls-key-file and --tls-client-ca-file"),
-    (True, [], "--internal-auth mtls needs"),
-    (True, ["--internal-auth", "insecure-loopback", "--host", "0.0.0.0"], "listens on loopback only"),
-    (True, ["--internal-auth", "insecure-loopback", "--tls-cert-file", "{server_cert}", "--tls-key-file",
-            "{server_key}"], "serves plaintext"),
-    (True, ["--internal-auth", "plaintext"], "is not one of mtls, insecure-loopback"),
-])
+@pytest.mark.parametrize(
+    "internal, flags, message",
+    [
+        (False, ["--tls-cert-file", "{server_cert}"], "--tls-cert-file and --tls-key-file go together"),
+        (False, ["--tls-key-file", "{server_key}"], "--tls-cert-file and --tls-key-file go together"),
+        (False, ["--tls-client-ca-file", "{ca}"], "--tls-client-ca-file needs --tls-cert-file"),
+        (
+            True,
+            ["--tls-cert-file", "{server_cert}", "--tls-key-file", "{server_key}"],
+            "--internal-auth mtls needs --tls-cert-file, --tls-key-file and --tls-client-ca-file",
+        ),
+        (True, [], "--internal-auth mtls needs"),
+        (True, ["--internal-auth", "insecure-loopback", "--host", "0.0.0.0"], "listens on loopback only"),
+        (
+            True,
+            [
+                "--internal-auth",
+                "insecure-loopback",
+                "--tls-cert-file",
+                "{server_cert}",
+                "--tls-key-file",
+                "{server_key}",
+            ],
+            "serves plaintext",
+        ),
+        (True, ["--internal-auth", "plaintext"], "is not one of mtls, insecure-loopback"),
+    ],
+)
 def test_a_half_or_unsafe_security_config_refuses_to_start(tmp_path, tls_files, internal, flags, message):
     values = {"server_cert": tls_files.server_cert, "server_key": tls_files.server_key, "ca": tls_files.ca_cert}
     argv = [sys.executable, str(PROBE), *(["--internal"] if internal else []), *(f.format(**values) for f in flags)]
@@ -252,9 +291,23 @@ def test_an_internal_service_takes_only_the_roles_it_names(tmp_path, tls_files):
     salon identity gets UNAUTHENTICATED, a caller without a certificate does not get past TLS. Health
     answers any TLS peer, and plaintext on the health port."""
     proc = subprocess.Popen(
-        [sys.executable, str(PROBE), "--internal", "--tls-cert-file", str(tls_files.cert("kvstore")),
-         "--tls-key-file", str(tls_files.key("kvstore")), "--tls-client-ca-file", str(tls_files.ca_cert),
-         "--health-port", "0"], stdout=subprocess.PIPE, stderr=open(tmp_path / "probe.log", "w"), text=True)
+        [
+            sys.executable,
+            str(PROBE),
+            "--internal",
+            "--tls-cert-file",
+            str(tls_files.cert("kvstore")),
+            "--tls-key-file",
+            str(tls_files.key("kvstore")),
+            "--tls-client-ca-file",
+            str(tls_files.ca_cert),
+            "--health-port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "probe.log", "w"),
+        text=True,
+    )
     try:
         m = re.match(r"LISTENING probe port=(\d+) metrics_port=None health_port=(\d+)", proc.stdout.readline())
         assert m
@@ -271,8 +324,10 @@ def test_an_internal_service_takes_only_the_roles_it_names(tmp_path, tls_files):
         with pytest.raises(grpc.RpcError) as info:
             stats(as_(tls_files.cert("engine"), tls_files.key("engine")))
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # past the role check: the probe's answer
-        for cert, key, who in ((tls_files.cert("gateway"), tls_files.key("gateway"), "spiffe://salon/gateway/gateway"),
-                               (tls_files.client_cert, tls_files.client_key, "without a salon identity")):
+        for cert, key, who in (
+            (tls_files.cert("gateway"), tls_files.key("gateway"), "spiffe://salon/gateway/gateway"),
+            (tls_files.client_cert, tls_files.client_key, "without a salon identity"),
+        ):
             with pytest.raises(grpc.RpcError) as info:
                 stats(as_(cert, key))
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED

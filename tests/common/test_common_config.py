@@ -1,5 +1,6 @@
 """parse_config: flags beat environment beat defaults; nested ServerConfig fields are flattened."""
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -28,12 +29,17 @@ def test_defaults():
 
 
 def test_env_then_flags():
-    env = {"SALON_DEMO_PORT": "7001", "SALON_DEMO_CAPACITY_BYTES": "4096", "SALON_DEMO_SHARED_MEMORY": "false",
-           "SALON_DEMO_PEERS": "a:1,b:2"}
+    env = {
+        "SALON_DEMO_PORT": "7001",
+        "SALON_DEMO_CAPACITY_BYTES": "4096",
+        "SALON_DEMO_SHARED_MEMORY": "false",
+        "SALON_DEMO_PEERS": "a:1,b:2",
+    }
     cfg = parse_config(DemoConfig, [], env_prefix="SALON_DEMO_", environ=env)
     assert (cfg.server.port, cfg.capacity_bytes, cfg.shared_memory, cfg.peers) == (7001, 4096, False, ("a:1", "b:2"))
-    cfg = parse_config(DemoConfig, ["--port", "7002", "--ratio", "0.25", "--salt", "x"], env_prefix="SALON_DEMO_",
-                       environ=env)
+    cfg = parse_config(
+        DemoConfig, ["--port", "7002", "--ratio", "0.25", "--salt", "x"], env_prefix="SALON_DEMO_", environ=env
+    )
     assert (cfg.server.port, cfg.ratio, cfg.salt, cfg.capacity_bytes) == (7002, 0.25, "x", 4096)
 
 
@@ -48,5 +54,5 @@ def test_bad_values_exit_with_a_message(capsys):
 
 def test_config_is_frozen():
     cfg = parse_config(DemoConfig, [], env_prefix="SALON_DEMO_", environ={})
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.name = "other"  # type: ignore[misc]

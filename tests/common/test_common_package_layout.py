@@ -77,7 +77,8 @@ def module_files(root: Path = REPO / PACKAGE) -> dict[str, Path]:
 
 def is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports_of(statements: list[ast.stmt], at_import: bool = True) -> Iterator[tuple[ast.stmt, bool]]:
@@ -171,8 +172,9 @@ def edges_of(module: str, imports: list[Import], modules: dict[str, Path], at_im
     return edges
 
 
-def import_graph(at_import_only: bool = True,
-                 root: Path = REPO / PACKAGE) -> tuple[dict[str, set[str]], dict[str, Path]]:
+def import_graph(
+    at_import_only: bool = True, root: Path = REPO / PACKAGE
+) -> tuple[dict[str, set[str]], dict[str, Path]]:
     """The graph (module -> the modules it imports) and each module's file."""
     modules = module_files(root)
     graph = {name: edges_of(name, parse_imports(name, path), modules, at_import_only) for name, path in modules.items()}
@@ -276,7 +278,8 @@ def test_the_cycle_check_sees_a_cycle(tmp_path) -> None:
     (package / "common" / "b.py").write_text("from salon.common import c\nx = 1\n")
     (package / "common" / "c.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from salon.common import b\n"
-        "def later():\n    from salon.common import a\n")
+        "def later():\n    from salon.common import a\n"
+    )
     graph, _ = import_graph(root=package)
     assert strongly_connected_components(graph) == []
     (package / "common" / "c.py").write_text("import salon.common.a\n")

@@ -33,8 +33,16 @@ def _descriptor_set(tmp_path) -> descriptor_pb2.FileDescriptorSet:
     files = [str(f.relative_to(protogen.PROTO_ROOT)) for f in protogen.proto_files()]
     import grpc_tools
 
-    rc = protoc.main(["protoc", f"-I{protogen.PROTO_ROOT}", f"-I{Path(grpc_tools.__file__).parent / '_proto'}",
-                      "--include_source_info", f"--descriptor_set_out={out}", *files])
+    rc = protoc.main(
+        [
+            "protoc",
+            f"-I{protogen.PROTO_ROOT}",
+            f"-I{Path(grpc_tools.__file__).parent / '_proto'}",
+            "--include_source_info",
+            f"--descriptor_set_out={out}",
+            *files,
+        ]
+    )
     assert rc == 0
     fds = descriptor_pb2.FileDescriptorSet()
     fds.ParseFromString(out.read_bytes())

@@ -133,7 +133,7 @@ def test_host_prefix_written_into_blocks_matches_no_cache(model_and_tokenizer):
     # the local blocks of the last window (ceil((W - 1) / BS) = 2 blocks for W = 32).
     local_first = n_blocks - 2
     assert put.local_first_block <= local_first
-    local = put.local_kv[local_first - put.local_first_block:]
+    local = put.local_kv[local_first - put.local_first_block :]
     prefix = host_hit(n_blocks * BS, put.global_kv, local, local_first)
     p2 = p1 + reply + tokens(20, 31)[1:]
     consumer = make_core(model_and_tokenizer)

@@ -46,8 +46,15 @@ def render(gemma, messages):
 
 
 def run(core, prompt, retain_from=None, namespace=NS, host=None, max_new=16):
-    r = make_request(f"r{id(prompt)}-{len(prompt)}", prompt, max_new, namespace=namespace, retain_from=retain_from,
-                     stop_token_ids=frozenset({1, 106, 212}), max_context_tokens=32768)
+    r = make_request(
+        f"r{id(prompt)}-{len(prompt)}",
+        prompt,
+        max_new,
+        namespace=namespace,
+        retain_from=retain_from,
+        stop_token_ids=frozenset({1, 106, 212}),
+        max_context_tokens=32768,
+    )
     return run_one(core, r, host), r
 
 
@@ -57,8 +64,10 @@ def reference(gemma, prompt, max_new=16):
 
 def test_device_and_host_hits_match_no_cache_on_gemma(gemma):
     paras = paragraphs()
-    history = [ChatMessage(Role.USER if i % 2 == 0 else Role.CHARACTER, text=paras[i], author="u" if i % 2 == 0 else "")
-               for i in range(9)]
+    history = [
+        ChatMessage(Role.USER if i % 2 == 0 else Role.CHARACTER, text=paras[i], author="u" if i % 2 == 0 else "")
+        for i in range(9)
+    ]
     prompt1, last1 = render(gemma, history)
     assert len(prompt1) > 560
     producer = core_for(gemma)
@@ -69,10 +78,12 @@ def test_device_and_host_hits_match_no_cache_on_gemma(gemma):
 
     # Next turn on the same engine: a device hit that ends far past the window's start.
     body = tuple(t for t in reply if t != 106)
-    turn2 = history + [ChatMessage(Role.CHARACTER, token_ids=body),
-                       ChatMessage(Role.USER, author="u", text="Can you say that in one sentence?")]
+    turn2 = history + [
+        ChatMessage(Role.CHARACTER, token_ids=body),
+        ChatMessage(Role.USER, author="u", text="Can you say that in one sentence?"),
+    ]
     prompt2, last2 = render(gemma, turn2)
-    assert prompt2[:len(prompt1) + len(body)] == prompt1 + list(body)
+    assert prompt2[: len(prompt1) + len(body)] == prompt1 + list(body)
     out2, r2 = run(producer, prompt2, retain_from=max(0, last2 - 512 - BS))
     assert r2.num_cached_device_tokens == r1.num_computed_tokens > 512  # on into turn 1's last block
     assert out2 == reference(gemma, prompt2)
@@ -83,7 +94,7 @@ def test_device_and_host_hits_match_no_cache_on_gemma(gemma):
     window_blocks = -(-(512 - 1) // BS)
     local_first = n_blocks - window_blocks
     assert put.local_first_block <= local_first
-    host = host_hit(n_blocks * BS, put.global_kv, put.local_kv[local_first - put.local_first_block:], local_first)
+    host = host_hit(n_blocks * BS, put.global_kv, put.local_kv[local_first - put.local_first_block :], local_first)
     out3, r3 = run(core_for(gemma), prompt2, retain_from=max(0, last2 - 512 - BS), host=host)
     assert r3.num_cached_host_tokens == n_blocks * BS
     assert out3 == out2
@@ -91,14 +102,18 @@ def test_device_and_host_hits_match_no_cache_on_gemma(gemma):
 
 def test_edited_last_message_reuses_a_partial_match_on_gemma(gemma):
     paras = paragraphs()
-    history = [ChatMessage(Role.USER if i % 2 == 0 else Role.CHARACTER, text=paras[10 + i],
-                           author="u" if i % 2 == 0 else "") for i in range(10)]
+    history = [
+        ChatMessage(Role.USER if i % 2 == 0 else Role.CHARACTER, text=paras[10 + i], author="u" if i % 2 == 0 else "")
+        for i in range(10)
+    ]
     last = ChatMessage(Role.USER, author="u", text=paras[22][:400])
     prompt, last_start = render(gemma, history + [last])
     core = core_for(gemma)
     retain = max(0, last_start - 512 - BS)
     run(core, prompt, retain_from=retain)
-    edited_msg = ChatMessage(Role.USER, author="u", text=paras[22][:120] + " Actually, never mind that: what is a patent?")
+    edited_msg = ChatMessage(
+        Role.USER, author="u", text=paras[22][:120] + " Actually, never mind that: what is a patent?"
+    )
     edited, edited_start = render(gemma, history + [edited_msg])
     assert edited_start == last_start
     common = next(i for i, (a, b) in enumerate(zip(prompt, edited)) if a != b)

@@ -29,12 +29,16 @@ def test_layout_tag_names_precision_and_groups():
 def test_each_activation_recipe_has_its_own_namespace_tag():
     """The KV an int16-activation model computes differs from the two-term model's: the engine tags its cache
     namespace with the model's numerics (salon/engine/api/bootstrap.py), so neither reads the other's KV."""
-    from salon.kernels.backend import select_ops
     from salon.engine.model import load_model
+    from salon.kernels.backend import select_ops
 
     layout = plan_layout(synthetic_config("synthetic-tiny"), 4, 1 << 20)
-    numerics = {recipe: load_model("synthetic-tiny", "int8", kernel_ops=select_ops("cpu", activations=recipe),
-                                   progress=False)[0].numerics for recipe in ("two_terms", "int16")}
+    numerics = {
+        recipe: load_model("synthetic-tiny", "int8", kernel_ops=select_ops("cpu", activations=recipe), progress=False)[
+            0
+        ].numerics
+        for recipe in ("two_terms", "int16")
+    }
     assert numerics == {"two_terms": "int8", "int16": "int8-a16"}
     assert layout_tag(layout, numerics["int16"]) != layout_tag(layout, numerics["two_terms"])
 

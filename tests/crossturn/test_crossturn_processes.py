@@ -25,16 +25,22 @@ def history(n, topic="knots, tides and the wind over the bay"):
     msgs = []
     for i in range(n):
         role = chat_pb2.ROLE_USER if i % 2 == 0 else chat_pb2.ROLE_CHARACTER
-        msgs.append(chat_pb2.Message(role=role, author="u" if role == chat_pb2.ROLE_USER else "",
-                                     text=f"message {i} about {topic}."))
+        msgs.append(
+            chat_pb2.Message(
+                role=role, author="u" if role == chat_pb2.ROLE_USER else "", text=f"message {i} about {topic}."
+            )
+        )
     return msgs
 
 
 def generate(address, messages, salt="tenant-1", conversation_id="c1", max_new=8, timeout=120):
     request = engine_pb2.GenerateRequest(
-        conversation_id=conversation_id, namespace_salt=salt, character=CHARACTER,
+        conversation_id=conversation_id,
+        namespace_salt=salt,
+        character=CHARACTER,
         dialogue=chat_pb2.Dialogue(messages=messages),
-        sampling=chat_pb2.SamplingParams(max_new_tokens=max_new))
+        sampling=chat_pb2.SamplingParams(max_new_tokens=max_new),
+    )
     with grpc.insecure_channel(address) as ch:
         events = list(engine_pb2_grpc.EngineServiceStub(ch).Generate(request, timeout=timeout))
     ids = [t for e in events if e.HasField("delta") for t in e.delta.token_ids]
@@ -60,17 +66,39 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("crossturn")
     procs = {}
     try:
-        procs["kv"] = start_service("kvstore", [*INSECURE_LOOPBACK_FLAGS, "--port", "0",
-                                                "--capacity-bytes", str(256 << 20)],
-                                    log_path=tmp / "kv.log")
-        engine_args = ["--port", "0", "--model", "synthetic-tiny", "--kvstore-target", procs["kv"].address,
-                       "--kvstore-timeout-s", "0.5"]
+        procs["kv"] = start_service(
+            "kvstore",
+            [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--capacity-bytes", str(256 << 20)],
+            log_path=tmp / "kv.log",
+        )
+        engine_args = [
+            "--port",
+            "0",
+            "--model",
+            "synthetic-tiny",
+            "--kvstore-target",
+            procs["kv"].address,
+            "--kvstore-timeout-s",
+            "0.5",
+        ]
         engine_args += INSECURE_LOOPBACK_FLAGS
         procs["a"] = start_service("engine", [*engine_args, "--engine-id", "a"], log_path=tmp / "a.log")
         procs["b"] = start_service("engine", [*engine_args, "--engine-id", "b"], log_path=tmp / "b.log")
-        procs["plain"] = start_service("engine", [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--model",
-                                                  "synthetic-tiny", "--engine-id", "plain",
-                                                  "--no-prefix-cache", "true"], log_path=tmp / "plain.log")
+        procs["plain"] = start_service(
+            "engine",
+            [
+                *INSECURE_LOOPBACK_FLAGS,
+                "--port",
+                "0",
+                "--model",
+                "synthetic-tiny",
+                "--engine-id",
+                "plain",
+                "--no-prefix-cache",
+                "true",
+            ],
+            log_path=tmp / "plain.log",
+        )
         yield procs, tmp
     finally:
         for p in procs.values():
@@ -84,8 +112,10 @@ def test_turn_two_on_another_engine_fetches_from_the_kvstore(cluster):
     assert final1.usage.cached_tokens.host == 0 and final1.usage.cached_tokens.device == 0
     wait_for_put(procs["kv"].address)
     body = [t for t in reply if t != 106]
-    turn2 = messages + [chat_pb2.Message(role=chat_pb2.ROLE_CHARACTER, token_ids=body),
-                        chat_pb2.Message(role=chat_pb2.ROLE_USER, author="u", text="And what about reefing?")]
+    turn2 = messages + [
+        chat_pb2.Message(role=chat_pb2.ROLE_CHARACTER, token_ids=body),
+        chat_pb2.Message(role=chat_pb2.ROLE_USER, author="u", text="And what about reefing?"),
+    ]
     out, final2 = generate(procs["b"].address, turn2)
     expected, plain = generate(procs["plain"].address, turn2)
     assert plain.usage.cached_tokens.host == plain.usage.cached_tokens.device == 0
@@ -94,8 +124,10 @@ def test_turn_two_on_another_engine_fetches_from_the_kvstore(cluster):
     # Turn 1's prompt + reply, minus the never-computed last token, in whole blocks.
     assert final2.usage.cached_tokens.host == (final1.usage.prompt_tokens + len(reply) - 1) // 16 * 16
     # Turn 3 back on engine A: its own device cache holds turn 1, the kvstore holds turn 2: the longer wins.
-    turn3 = turn2 + [chat_pb2.Message(role=chat_pb2.ROLE_CHARACTER, token_ids=[t for t in out if t != 106]),
-                     chat_pb2.Message(role=chat_pb2.ROLE_USER, author="u", text="Thanks!")]
+    turn3 = turn2 + [
+        chat_pb2.Message(role=chat_pb2.ROLE_CHARACTER, token_ids=[t for t in out if t != 106]),
+        chat_pb2.Message(role=chat_pb2.ROLE_USER, author="u", text="Thanks!"),
+    ]
     time.sleep(1.0)
     out3, final3 = generate(procs["a"].address, turn3)
     assert out3 == generate(procs["plain"].address, turn3)[0]
@@ -124,9 +156,11 @@ def test_dead_then_restarted_kvstore_means_recompute_then_hits_again(cluster):
     assert final.usage.cached_tokens.host == 0
     assert out == generate(procs["plain"].address, messages)[0]
     assert time.monotonic() - started < 30
-    procs["kv"] = start_service("kvstore", [*INSECURE_LOOPBACK_FLAGS, "--port", str(port),
-                                            "--capacity-bytes", str(256 << 20)],
-                                log_path=tmp / "kv2.log")
+    procs["kv"] = start_service(
+        "kvstore",
+        [*INSECURE_LOOPBACK_FLAGS, "--port", str(port), "--capacity-bytes", str(256 << 20)],
+        log_path=tmp / "kv2.log",
+    )
     # The engines reconnect by themselves: a put from one engine, then a hit on the other (a new
     # dialogue each try, so engine b's own cache never has it).
     deadline = time.monotonic() + 30

@@ -28,22 +28,31 @@ def _flag(command, name):
 
 def _salon_services():
     """The services that run a salon service (the image also runs the one-shot certs step)."""
-    return {name: svc for name, svc in _compose()["services"].items()
-            if svc.get("image") == "salon:latest" and svc["command"][2] in ("salon.gateway", "salon.engine", "salon.kvstore")}
+    return {
+        name: svc
+        for name, svc in _compose()["services"].items()
+        if svc.get("image") == "salon:latest"
+        and svc["command"][2] in ("salon.gateway", "salon.engine", "salon.kvstore")
+    }
 
 
 def test_compose_file_matches_the_compose_spec():
     exe = shutil.which("check-jsonschema") or str(Path(sys.executable).with_name("check-jsonschema"))
-    result = subprocess.run([exe, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [exe, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _config_class(module_name):
     module = importlib.import_module(module_name)
-    classes = [obj for obj in vars(module).values()
-               if isinstance(obj, type) and dataclasses.is_dataclass(obj)
-               and "server" in {f.name for f in dataclasses.fields(obj)}]
+    classes = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and dataclasses.is_dataclass(obj)
+        and "server" in {f.name for f in dataclasses.fields(obj)}
+    ]
     assert len(classes) == 1, f"{module_name} must define exactly one service config dataclass, found {classes}"
     return classes[0]
 
@@ -91,8 +100,9 @@ def test_internal_links_are_mutual_tls_with_identities():
         assert _flag(salon[name]["command"], "--kvstore-tls-cert-file") == "/certs/tls/engine.pem"
     gateway = salon["gateway"]["command"]
     assert _flag(gateway, "--engine-tls-cert-file") == "/certs/tls/gateway.pem"
-    assert _flag(gateway, "--namespace-grant-key-file") == _flag(salon["kvstore"]["command"],
-                                                                    "--namespace-grant-key-file")
+    assert _flag(gateway, "--namespace-grant-key-file") == _flag(
+        salon["kvstore"]["command"], "--namespace-grant-key-file"
+    )
     assert "--salt-secret-file" in gateway
     certs = _compose()["services"]["certs"]["command"]
     assert certs[:3] == ["python", "-m", "salon.cli.certs"] and _flag(certs, "--out") == "/certs/tls"
@@ -131,8 +141,9 @@ GPU_OVERRIDE = REPO / "docker-compose.gpu.yaml"
 
 def test_gpu_override_reserves_a_device_per_engine_and_runs_the_engine_on_it():
     exe = shutil.which("check-jsonschema") or str(Path(sys.executable).with_name("check-jsonschema"))
-    result = subprocess.run([exe, "--builtin-schema", "vendor.compose-spec", str(GPU_OVERRIDE)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [exe, "--builtin-schema", "vendor.compose-spec", str(GPU_OVERRIDE)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     override = yaml.safe_load(GPU_OVERRIDE.read_text())["services"]
     engines = {name for name, svc in _salon_services().items() if svc["command"][2] == "salon.engine"}
@@ -146,4 +157,8 @@ def test_gpu_override_reserves_a_device_per_engine_and_runs_the_engine_on_it():
     assert len(set(device_ids)) == len(engines)  # one GPU each
     # The variable is the engine's own --device setting (salon.common.config's SALON_ENGINE_<FIELD>).
     from salon.engine.config import EngineConfig
-    assert parse_config(EngineConfig, [], env_prefix="SALON_ENGINE_", environ={"SALON_ENGINE_DEVICE": "cuda"}).device == "cuda"
+
+    assert (
+        parse_config(EngineConfig, [], env_prefix="SALON_ENGINE_", environ={"SALON_ENGINE_DEVICE": "cuda"}).device
+        == "cuda"
+    )

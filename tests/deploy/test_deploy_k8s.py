@@ -38,8 +38,14 @@ def test_manifests_validate_strictly():
 
 def test_workload_kinds():
     kinds = {(o["kind"], o["metadata"]["name"]) for o in _objects()}
-    assert {("Deployment", "gateway"), ("HorizontalPodAutoscaler", "gateway"), ("DaemonSet", "kvstore"),
-            ("StatefulSet", "engine"), ("Deployment", "redis"), ("Service", "engine")} <= kinds
+    assert {
+        ("Deployment", "gateway"),
+        ("HorizontalPodAutoscaler", "gateway"),
+        ("DaemonSet", "kvstore"),
+        ("StatefulSet", "engine"),
+        ("Deployment", "redis"),
+        ("Service", "engine"),
+    } <= kinds
     engine = next(o for o in _objects() if o["kind"] == "StatefulSet")
     resources = engine["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == 1
@@ -51,15 +57,20 @@ def test_workload_kinds():
 
 def _config_class(service):
     module = importlib.import_module(f"salon.{service}.config")
-    classes = [obj for obj in vars(module).values() if isinstance(obj, type) and dataclasses.is_dataclass(obj)
-               and "server" in {f.name for f in dataclasses.fields(obj)}]
+    classes = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and dataclasses.is_dataclass(obj)
+        and "server" in {f.name for f in dataclasses.fields(obj)}
+    ]
     assert len(classes) == 1
     return classes[0]
 
 
 @pytest.mark.parametrize("service", ["gateway", "engine", "kvstore"])
 def test_env_names_are_config_fields_and_probes_hit_the_grpc_port(service):
-    (obj, container), = [(o, c) for o, c in _containers() if c["command"][-1] == f"salon.{service}"]
+    ((obj, container),) = [(o, c) for o, c in _containers() if c["command"][-1] == f"salon.{service}"]
     prefix = f"SALON_{service.upper()}_"
     env = {e["name"]: e.get("value", "x") for e in container["env"] if e["name"].startswith(prefix)}
     resolved = {k: ("engine-0" if "$(" in v else v) for k, v in env.items()}
@@ -99,8 +110,9 @@ def test_network_policies_let_each_tier_be_reached_only_by_its_callers():
 
     def rules(tier):
         (policy,) = [p for p in policies.values() if p["spec"]["podSelector"].get("matchLabels") == _tier(tier)]
-        return {(p["port"]): [f for f in rule.get("from", [])] for rule in policy["spec"]["ingress"]
-                for p in rule["ports"]}
+        return {
+            (p["port"]): [f for f in rule.get("from", [])] for rule in policy["spec"]["ingress"] for p in rule["ports"]
+        }
 
     for tier, port, callers in (("engine", 50071, "gateway"), ("kvstore", 50061, "engine"), ("redis", 6379, "gateway")):
         assert rules(tier)[port] == [{"podSelector": {"matchLabels": _tier(callers)}}], tier

@@ -29,8 +29,10 @@ def run(core, requests):
 def test_chunked_prefill_and_batching_give_the_same_tokens(model_and_tokenizer):
     alone, _ = run(make_core(model_and_tokenizer, budget=4096), [request("a", 150, 1)])
     chunked, _ = run(make_core(model_and_tokenizer, budget=7), [request("a", 150, 1)])
-    batched, _ = run(make_core(model_and_tokenizer, budget=64),
-                     [request("x", 90, 2), request("a", 150, 1), request("y", 33, 3, temperature=1.0, seed=5)])
+    batched, _ = run(
+        make_core(model_and_tokenizer, budget=64),
+        [request("x", 90, 2), request("a", 150, 1), request("y", 33, 3, temperature=1.0, seed=5)],
+    )
     assert chunked["a"] == alone["a"]
     assert batched["a"] == alone["a"]
     assert len(alone["a"]) == 24

@@ -32,4 +32,6 @@ def test_default_engine_builds_int8_layers_and_an_int8_kv_cache():
 
 def test_float32_precision_defaults_to_a_float32_kv_cache():
     assert dataclasses.replace(EngineConfig(), precision="float32").resolved_kv_dtype() == "float32"
-    assert dataclasses.replace(EngineConfig(), precision="float32", kv_dtype="bfloat16").resolved_kv_dtype() == "bfloat16"
+    assert (
+        dataclasses.replace(EngineConfig(), precision="float32", kv_dtype="bfloat16").resolved_kv_dtype() == "bfloat16"
+    )

@@ -57,7 +57,9 @@ def test_a_step_moves_metadata_in_once_and_ids_out_once(triton_tiny, monkeypatch
     core = make_core(triton_tiny, kernels="triton", budget=64)
     transfers_in = []
     original = model_runner.to_device
-    monkeypatch.setattr(model_runner, "to_device", lambda host, device: transfers_in.append(host) or original(host, device))
+    monkeypatch.setattr(
+        model_runner, "to_device", lambda host, device: transfers_in.append(host) or original(host, device)
+    )
     prompts = [[2] + [(7 * i + 13 * seed) % 4000 + 50 for i in range(n)] for n, seed in ((20, 1), (9, 2))]
     for i, prompt in enumerate(prompts):
         core.add(make_request(f"r{i}", prompt, 2))
@@ -67,8 +69,9 @@ def test_a_step_moves_metadata_in_once_and_ids_out_once(triton_tiny, monkeypatch
             core.step()
         assert len(transfers_in) == 1, kind
         # The ids out: one .tolist() (sampler.greedy_ids, or the C argmax's result on CPU tensors).
-        assert sum(counter.calls.values()) == 1 and [name for name, _ in counter.calls] == ["tolist"], \
+        assert sum(counter.calls.values()) == 1 and [name for name, _ in counter.calls] == ["tolist"], (
             f"{kind} step: {dict(counter.calls)}"
+        )
 
 
 def test_placement_moves_every_tensor_once_and_keeps_shared_ones_shared():

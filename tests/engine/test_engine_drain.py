@@ -12,17 +12,21 @@ from salon.common.process import start_service
 
 
 def test_sigterm_drains_streams_and_reports_draining(tmp_path):
-    engine = start_service("engine", [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--model", "synthetic-tiny",
-                                      "--grace-s", "30"],
-                           log_path=tmp_path / "engine.log")
+    engine = start_service(
+        "engine",
+        [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--model", "synthetic-tiny", "--grace-s", "30"],
+        log_path=tmp_path / "engine.log",
+    )
     try:
         with grpc.insecure_channel(engine.address) as ch:
             stub = engine_pb2_grpc.EngineServiceStub(ch)
             reports = stub.WatchLoad(engine_pb2.WatchLoadRequest(interval_ms=20))
             assert next(reports).load.draining is False
             request = engine_pb2.GenerateRequest(
-                request_id="long", tokens=chat_pb2.TokenizedPrompt(token_ids=[2] + list(range(1000, 1100))),
-                sampling=chat_pb2.SamplingParams(max_new_tokens=400))
+                request_id="long",
+                tokens=chat_pb2.TokenizedPrompt(token_ids=[2] + list(range(1000, 1100))),
+                sampling=chat_pb2.SamplingParams(max_new_tokens=400),
+            )
             stream = stub.Generate(request, timeout=120)
             first = next(stream)
             assert first.HasField("delta")

@@ -12,10 +12,10 @@ import torch
 
 from salon.common.kvstore_contract.client import FetchResult
 from salon.engine.core.engine_loop import MAX_CONSECUTIVE_STEP_FAILURES, EngineDead, EngineLoop
-from salon.engine.request import FinishReason
-from salon.engine.prefix.host_cache import HostCache
 from salon.engine.kv.kv_transfer import host_layout
 from salon.engine.prefix.hit import host_hit
+from salon.engine.prefix.host_cache import HostCache
+from salon.engine.request import FinishReason
 from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import blocks_accounted, make_core, make_request, run, tokens
 
@@ -29,8 +29,11 @@ def test_malformed_kvstore_kv_fails_only_its_request(model_and_tokenizer) -> Non
     reference, _ = run(make_core(model_and_tokenizer), [make_request("good", tokens(60, 1), 8)])
     core = make_core(model_and_tokenizer, budget=512)
     bad_hit = host_hit(32, torch.zeros((2, 3), dtype=torch.uint8), torch.zeros((0, 3), dtype=torch.uint8), 2)
-    out, finish = run(core, [make_request("good", tokens(60, 1), 8), make_request("bad", tokens(60, 2), 8, namespace=b"n" * 32)],
-                      {"bad": bad_hit})
+    out, finish = run(
+        core,
+        [make_request("good", tokens(60, 1), 8), make_request("bad", tokens(60, 2), 8, namespace=b"n" * 32)],
+        {"bad": bad_hit},
+    )
     assert finish == {"good": FinishReason.LENGTH, "bad": FinishReason.ERROR}
     assert out["good"] == reference["good"] and out["bad"] == []
     assert blocks_accounted(core) and not core.has_work()
@@ -43,14 +46,32 @@ def test_the_host_cache_turns_a_reply_of_the_wrong_shape_into_a_miss(model_and_t
     g, lw = layout.global_bytes_per_block, max(layout.local_bytes_per_block, 1)
     local_from = 2 - layout.needed_local_blocks(2)
 
-    def fetched(num_tokens=32, global_rows=2, global_width=g, local_rows=2 - local_from, local_width=lw,
-                local_from_block=local_from, dtype=np.uint8):
-        return FetchResult(num_tokens, 0, np.zeros((global_rows, global_width), dtype), local_from_block,
-                           np.zeros((local_rows, local_width), dtype), "grpc")
+    def fetched(
+        num_tokens=32,
+        global_rows=2,
+        global_width=g,
+        local_rows=2 - local_from,
+        local_width=lw,
+        local_from_block=local_from,
+        dtype=np.uint8,
+    ):
+        return FetchResult(
+            num_tokens,
+            0,
+            np.zeros((global_rows, global_width), dtype),
+            local_from_block,
+            np.zeros((local_rows, local_width), dtype),
+            "grpc",
+        )
 
     assert cache._to_hit(fetched()) is not None
-    for bad in (fetched(global_width=g - 1), fetched(global_rows=1), fetched(num_tokens=31),
-                fetched(dtype=np.int16), fetched(local_rows=3 - local_from)):
+    for bad in (
+        fetched(global_width=g - 1),
+        fetched(global_rows=1),
+        fetched(num_tokens=31),
+        fetched(dtype=np.int16),
+        fetched(local_rows=3 - local_from),
+    ):
         assert cache._to_hit(bad) is None
     if layout.sliding_window_tokens:
         assert cache._to_hit(fetched(local_width=lw + 1)) is None

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from salon.kernels.cpu.paged_attention import paged_attention_c
-from salon.kernels.paged_attention import PagedAttentionArgs
 from salon.engine.batch import ScheduledChunk, SchedulerOutput
 from salon.engine.kv.kv_cache import KVCache
 from salon.engine.kv.kv_layout import plan_layout
 from salon.engine.worker.model_loading import load_model
 from salon.engine.worker.model_runner import ModelRunner
+from salon.kernels.cpu.paged_attention import paged_attention_c
+from salon.kernels.paged_attention import PagedAttentionArgs
 from tests.engine_testlib import make_request
 
 BS = 4
@@ -27,11 +27,18 @@ def runner() -> ModelRunner:
 
 def test_build_batch_fields_are_exact() -> None:
     r = runner()
-    a = ScheduledChunk(make_request("a", list(range(100, 106))), [100, 101, 102, 103, 104], 2,
-                       [[3, 7], [1, 8]], needs_sample=True)  # positions 2..6: blocks 0 and 1
+    a = ScheduledChunk(
+        make_request("a", list(range(100, 106))), [100, 101, 102, 103, 104], 2, [[3, 7], [1, 8]], needs_sample=True
+    )  # positions 2..6: blocks 0 and 1
     b = ScheduledChunk(make_request("b", list(range(50))), [9], 9, [[4, 6, 9], [None, 2, 5]], needs_sample=True)
-    c = ScheduledChunk(make_request("c", list(range(8))), [20, 21, 22], 4, [[10, 11], [12, 13]], needs_sample=True,
-                       draft_token_ids=(21, 22))
+    c = ScheduledChunk(
+        make_request("c", list(range(8))),
+        [20, 21, 22],
+        4,
+        [[10, 11], [12, 13]],
+        needs_sample=True,
+        draft_token_ids=(21, 22),
+    )
     batch = r.build_batch(SchedulerOutput([a, b, c], []))
     assert batch.token_ids.tolist() == [100, 101, 102, 103, 104, 9, 20, 21, 22]
     assert batch.positions.tolist() == [2, 3, 4, 5, 6, 9, 4, 5, 6]
@@ -44,10 +51,28 @@ def test_build_batch_fields_are_exact() -> None:
     assert batch.block_tables[1].tolist() == [[1, 8, 0], [0, 2, 5], [12, 13, 0]]
     assert all(t.dtype == torch.int32 for t in batch.block_tables)
     slot = lambda block, p: block * BS + p % BS
-    assert batch.slot_mappings[0].tolist() == [slot(3, 2), slot(3, 3), slot(7, 4), slot(7, 5), slot(7, 6),
-                                               slot(9, 9), slot(11, 4), slot(11, 5), slot(11, 6)]
-    assert batch.slot_mappings[1].tolist() == [slot(1, 2), slot(1, 3), slot(8, 4), slot(8, 5), slot(8, 6),
-                                               slot(5, 9), slot(13, 4), slot(13, 5), slot(13, 6)]
+    assert batch.slot_mappings[0].tolist() == [
+        slot(3, 2),
+        slot(3, 3),
+        slot(7, 4),
+        slot(7, 5),
+        slot(7, 6),
+        slot(9, 9),
+        slot(11, 4),
+        slot(11, 5),
+        slot(11, 6),
+    ]
+    assert batch.slot_mappings[1].tolist() == [
+        slot(1, 2),
+        slot(1, 3),
+        slot(8, 4),
+        slot(8, 5),
+        slot(8, 6),
+        slot(5, 9),
+        slot(13, 4),
+        slot(13, 5),
+        slot(13, 6),
+    ]
     assert batch.max_query_tokens == 5
 
 
@@ -65,9 +90,20 @@ def test_paged_attention_with_the_batch_row_seq_equals_without() -> None:
     cache.k_scale.copy_(torch.rand(cache.k_scale.shape, generator=g))
     cache.v_scale.copy_(torch.rand(cache.v_scale.shape, generator=g))
     q = torch.randn(10, cfg.num_heads, cfg.head_dim, generator=g)
-    args = lambda row_seq: PagedAttentionArgs(q, cache.k_cache, cache.v_cache, cache.k_scale, cache.v_scale,
-                                              batch.block_tables[0], batch.query_start_loc, batch.seq_lens, 0.25,
-                                              None, batch.max_query_tokens, row_seq)
+    args = lambda row_seq: PagedAttentionArgs(
+        q,
+        cache.k_cache,
+        cache.v_cache,
+        cache.k_scale,
+        cache.v_scale,
+        batch.block_tables[0],
+        batch.query_start_loc,
+        batch.seq_lens,
+        0.25,
+        None,
+        batch.max_query_tokens,
+        row_seq,
+    )
     with_rows, without = paged_attention_c(args(batch.row_seq)), paged_attention_c(args(None))
     if without is None:
         pytest.skip("no C paged-attention kernel for this CPU")

@@ -19,9 +19,23 @@ USER, CHARACTER = chat_pb2.ROLE_USER, chat_pb2.ROLE_CHARACTER
 
 def start_engine(tmp_path_factory, name: str, *flags: str):
     log = tmp_path_factory.mktemp(name) / "engine.log"
-    return start_service("engine", [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--model", "synthetic-tiny",
-                                    "--engine-id", name, "--kv-cache-bytes", str(8 << 20), *flags],
-                         log_path=log, timeout_s=300)
+    return start_service(
+        "engine",
+        [
+            *INSECURE_LOOPBACK_FLAGS,
+            "--port",
+            "0",
+            "--model",
+            "synthetic-tiny",
+            "--engine-id",
+            name,
+            "--kv-cache-bytes",
+            str(8 << 20),
+            *flags,
+        ],
+        log_path=log,
+        timeout_s=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +98,10 @@ def test_generate_streams_tokens_then_final(stub):
 
 
 def test_pretokenized_prompt_and_greedy_determinism(stub):
-    req = engine_pb2.GenerateRequest(tokens=chat_pb2.TokenizedPrompt(token_ids=[2, 9259, 1902] * 20),
-                                     sampling=chat_pb2.SamplingParams(max_new_tokens=10))
+    req = engine_pb2.GenerateRequest(
+        tokens=chat_pb2.TokenizedPrompt(token_ids=[2, 9259, 1902] * 20),
+        sampling=chat_pb2.SamplingParams(max_new_tokens=10),
+    )
     a = collect(stub.Generate(req, timeout=60))[0]
     b = collect(stub.Generate(req, timeout=60))[0]
     assert a == b and len(a) > 0
@@ -138,22 +154,25 @@ def test_deadline_is_honoured(stub):
     wait_all_blocks_free(stub)
 
 
-@pytest.mark.parametrize("mutate, code, field", [
-    (lambda r: r.sampling.__setattr__("temperature", float("nan")), "INVALID_ARGUMENT", "sampling.temperature"),
-    (lambda r: r.sampling.__setattr__("temperature", -1.0), "INVALID_ARGUMENT", "sampling.temperature"),
-    (lambda r: r.sampling.__setattr__("top_p", 1.5), "INVALID_ARGUMENT", "sampling.top_p"),
-    (lambda r: r.sampling.__setattr__("max_new_tokens", 10**9), "INVALID_ARGUMENT", "sampling.max_new_tokens"),
-    (lambda r: r.sampling.__setattr__("max_new_tokens", 4090), "OUT_OF_RANGE", "sampling.max_new_tokens"),
-    (lambda r: r.dialogue.messages[0].__setattr__("role", 0), "INVALID_ARGUMENT", "dialogue.messages[0].role"),
-    (lambda r: r.dialogue.messages[0].__setattr__("role", 9), "INVALID_ARGUMENT", "dialogue.messages[0].role"),
-    (lambda r: r.dialogue.messages[0].token_ids.append(5), "INVALID_ARGUMENT", "dialogue.messages[0]"),
-    (lambda r: r.dialogue.ClearField("messages"), "INVALID_ARGUMENT", "dialogue.messages"),
-    (lambda r: r.ClearField("dialogue"), "INVALID_ARGUMENT", "context"),
-    (lambda r: r.tokens.token_ids.extend([2, 262144]), "INVALID_ARGUMENT", "tokens.token_ids[1]"),
-    (lambda r: r.resume_token_ids.append(10**6), "INVALID_ARGUMENT", "resume_token_ids[0]"),
-    (lambda r: r.sampling.stop_strings.append(""), "INVALID_ARGUMENT", "sampling.stop_strings[0]"),
-    (lambda r: r.dialogue.messages[0].__setattr__("text", "word " * 5000), "OUT_OF_RANGE", "prompt"),
-])
+@pytest.mark.parametrize(
+    "mutate, code, field",
+    [
+        (lambda r: r.sampling.__setattr__("temperature", float("nan")), "INVALID_ARGUMENT", "sampling.temperature"),
+        (lambda r: r.sampling.__setattr__("temperature", -1.0), "INVALID_ARGUMENT", "sampling.temperature"),
+        (lambda r: r.sampling.__setattr__("top_p", 1.5), "INVALID_ARGUMENT", "sampling.top_p"),
+        (lambda r: r.sampling.__setattr__("max_new_tokens", 10**9), "INVALID_ARGUMENT", "sampling.max_new_tokens"),
+        (lambda r: r.sampling.__setattr__("max_new_tokens", 4090), "OUT_OF_RANGE", "sampling.max_new_tokens"),
+        (lambda r: r.dialogue.messages[0].__setattr__("role", 0), "INVALID_ARGUMENT", "dialogue.messages[0].role"),
+        (lambda r: r.dialogue.messages[0].__setattr__("role", 9), "INVALID_ARGUMENT", "dialogue.messages[0].role"),
+        (lambda r: r.dialogue.messages[0].token_ids.append(5), "INVALID_ARGUMENT", "dialogue.messages[0]"),
+        (lambda r: r.dialogue.ClearField("messages"), "INVALID_ARGUMENT", "dialogue.messages"),
+        (lambda r: r.ClearField("dialogue"), "INVALID_ARGUMENT", "context"),
+        (lambda r: r.tokens.token_ids.extend([2, 262144]), "INVALID_ARGUMENT", "tokens.token_ids[1]"),
+        (lambda r: r.resume_token_ids.append(10**6), "INVALID_ARGUMENT", "resume_token_ids[0]"),
+        (lambda r: r.sampling.stop_strings.append(""), "INVALID_ARGUMENT", "sampling.stop_strings[0]"),
+        (lambda r: r.dialogue.messages[0].__setattr__("text", "word " * 5000), "OUT_OF_RANGE", "prompt"),
+    ],
+)
 def test_bad_input_names_the_field(stub, mutate, code, field):
     req = dialogue_request()
     mutate(req)

@@ -26,8 +26,9 @@ def gemma():
 
 @pytest.fixture(scope="module")
 def prompts():
-    records = [json.loads(line) for line in reference_path("greedy_ref_f64.jsonl").read_text().splitlines()
-               if line.strip()]
+    records = [
+        json.loads(line) for line in reference_path("greedy_ref_f64.jsonl").read_text().splitlines() if line.strip()
+    ]
     return [r["prompt_ids"] for r in records]
 
 
@@ -54,8 +55,11 @@ def test_greedy_tokens_alone_batched_and_chunked(gemma, prompts):
     chunked = generate(gemma, [(target_long, greedy)], 37)[0][0]
     assert chunked == alone_long
     # ... and batched with other greedy and sampled requests, prefills and decodes mixed in each step.
-    others = [(prompts[0], greedy), (prompts[7], SamplingParams(NEW_TOKENS, temperature=0.8, seed=1)),
-              (prompts[4], SamplingParams(NEW_TOKENS, temperature=1.0, top_k=20, seed=2))]
+    others = [
+        (prompts[0], greedy),
+        (prompts[7], SamplingParams(NEW_TOKENS, temperature=0.8, seed=1)),
+        (prompts[4], SamplingParams(NEW_TOKENS, temperature=1.0, top_k=20, seed=2)),
+    ]
     outs, _ = generate(gemma, [others[0], (target_long, greedy), others[1], (target_short, greedy), others[2]], 96)
     assert outs[1] == alone_long
     assert outs[3] == alone_short

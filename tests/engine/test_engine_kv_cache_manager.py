@@ -16,8 +16,10 @@ from tests.model_configs import gemma3_270m_config
 def tiny_layout(num_blocks: int, window: int = 32, block_size: int = 16):
     cfg = synthetic_config("synthetic-tiny")
     if window != 32:
-        layers = tuple(LayerSpec(s.attention, window if s.attention == "sliding" else None, s.rope_base,
-                                 s.kv_source_layer) for s in cfg.layers)
+        layers = tuple(
+            LayerSpec(s.attention, window if s.attention == "sliding" else None, s.rope_base, s.kv_source_layer)
+            for s in cfg.layers
+        )
         cfg = ModelConfig(**{**cfg.__dict__, "layers": layers})
     probe = plan_layout(cfg, block_size, 1 << 30)
     return plan_layout(cfg, block_size, num_blocks * probe.page_bytes)
@@ -26,8 +28,7 @@ def tiny_layout(num_blocks: int, window: int = 32, block_size: int = 16):
 def test_gemma_groups_follow_the_hybrid_plan():
     slots, groups = plan_groups(gemma3_270m_config())
     assert slots == 3
-    assert [g.layer_ids for g in groups] == [
-        (5, 11, 17), (0, 1, 2), (3, 4, 6), (7, 8, 9), (10, 12, 13), (14, 15, 16)]
+    assert [g.layer_ids for g in groups] == [(5, 11, 17), (0, 1, 2), (3, 4, 6), (7, 8, 9), (10, 12, 13), (14, 15, 16)]
     assert [g.sliding_window_tokens for g in groups] == [None, 512, 512, 512, 512, 512]
     layout = plan_layout(gemma3_270m_config(), 16, 100 * 24960)
     # page = 3 layers x 16 tokens x (K + V) x (256 int8 + 4-byte scale), one KV head

@@ -56,8 +56,9 @@ def layer(module: str) -> int:
 
 
 def is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def module_level_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
@@ -88,7 +89,7 @@ def imported_modules(node: ast.Import | ast.ImportFrom, module: str, is_package:
         return [alias.name for alias in node.names]
     if node.level:
         base = module.split(".") if is_package else module.split(".")[:-1]
-        base = base[:len(base) - (node.level - 1)]
+        base = base[: len(base) - (node.level - 1)]
         source = ".".join(base + ([node.module] if node.module else []))
     else:
         source = node.module or ""
@@ -102,8 +103,10 @@ def imported_modules(node: ast.Import | ast.ImportFrom, module: str, is_package:
 
 
 def engine_modules() -> list[tuple[str, ast.Module, bool]]:
-    return [(module_name(p), ast.parse(p.read_text(), str(p)), p.name == "__init__.py")
-            for p in sorted(ENGINE.rglob("*.py"))]
+    return [
+        (module_name(p), ast.parse(p.read_text(), str(p)), p.name == "__init__.py")
+        for p in sorted(ENGINE.rglob("*.py"))
+    ]
 
 
 def upward_imports() -> list[str]:
@@ -112,8 +115,10 @@ def upward_imports() -> list[str]:
         for node in module_level_imports(tree.body):
             for target in imported_modules(node, module, is_package):
                 if target.startswith("salon.engine") and target != module and layer(target) > layer(module):
-                    problems.append(f"{module} (layer {layer(module)}) imports {target} (layer {layer(target)}) "
-                                    f"at line {node.lineno}")
+                    problems.append(
+                        f"{module} (layer {layer(module)}) imports {target} (layer {layer(target)}) "
+                        f"at line {node.lineno}"
+                    )
     return problems
 
 
@@ -132,7 +137,7 @@ def import_cycle() -> list[str]:
         path.append(module)
         for target in sorted(graph.get(module, ())):
             if state.get(target) == 1:
-                return path[path.index(target):] + [target]
+                return path[path.index(target) :] + [target]
             if target not in state and (cycle := visit(target)):
                 return cycle
         path.pop()
@@ -164,6 +169,9 @@ def test_engine_imports_no_other_service():
         # Anywhere in the module, functions included: the engine ships without the other services.
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                found += [f"{module} imports {t}" for t in imported_modules(node, module, is_package)
-                          if any(t == s or t.startswith(s + ".") for s in OTHER_SERVICES)]
+                found += [
+                    f"{module} imports {t}"
+                    for t in imported_modules(node, module, is_package)
+                    if any(t == s or t.startswith(s + ".") for s in OTHER_SERVICES)
+                ]
     assert found == []

@@ -35,6 +35,7 @@ def kv_bytes_for(model, num_blocks: int) -> int:
 
 # ---- Gemma: the fixed cases ---------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def gemma():
     return load_model("gemma-3-270m", "int8")
@@ -42,8 +43,11 @@ def gemma():
 
 @pytest.fixture(scope="module")
 def prompts():
-    return [json.loads(line)["prompt_ids"] for line in reference_path("greedy_ref_f64.jsonl").read_text().splitlines()
-            if line.strip()]
+    return [
+        json.loads(line)["prompt_ids"]
+        for line in reference_path("greedy_ref_f64.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
 
 
 NS = namespace_digest("gemma-3-270m", "logits-test", "tenant")
@@ -54,17 +58,26 @@ NEW = 6
 def test_gemma_logits_alone_batched_chunked_and_cached(gemma, prompts):
     target = prompts[6] + prompts[3][1:]  # 617 tokens: crosses the 512-token window
     ns_request = lambda rid, ids, **kw: make_request(rid, ids, NEW, namespace=NS, max_context_tokens=32768, **kw)
-    alone = logits_rows(make_core(gemma, budget=4096, kv_bytes=64 << 20, prefix_caching=False),
-                        [make_request("t", target, NEW, max_context_tokens=32768)])["t"]
+    alone = logits_rows(
+        make_core(gemma, budget=4096, kv_bytes=64 << 20, prefix_caching=False),
+        [make_request("t", target, NEW, max_context_tokens=32768)],
+    )["t"]
 
-    chunked = logits_rows(make_core(gemma, budget=37, kv_bytes=64 << 20, prefix_caching=False),
-                          [make_request("t", target, NEW, max_context_tokens=32768)])["t"]
+    chunked = logits_rows(
+        make_core(gemma, budget=37, kv_bytes=64 << 20, prefix_caching=False),
+        [make_request("t", target, NEW, max_context_tokens=32768)],
+    )["t"]
     assert_rows_equal(chunked, alone)
 
-    others = [make_request("o1", prompts[0], NEW), make_request("o2", prompts[7], NEW, temperature=0.8, seed=1),
-              make_request("o3", prompts[4], NEW, temperature=1.0, top_k=20, seed=2)]
-    batched = logits_rows(make_core(gemma, budget=96, kv_bytes=64 << 20, prefix_caching=False),
-                          [others[0], make_request("t", target, NEW, max_context_tokens=32768), others[1], others[2]])
+    others = [
+        make_request("o1", prompts[0], NEW),
+        make_request("o2", prompts[7], NEW, temperature=0.8, seed=1),
+        make_request("o3", prompts[4], NEW, temperature=1.0, top_k=20, seed=2),
+    ]
+    batched = logits_rows(
+        make_core(gemma, budget=96, kv_bytes=64 << 20, prefix_caching=False),
+        [others[0], make_request("t", target, NEW, max_context_tokens=32768), others[1], others[2]],
+    )
     assert_rows_equal(batched["t"], alone)
 
     # Device hit: an earlier request computed the first 405 tokens and its reply on the same engine; the hit
@@ -94,6 +107,7 @@ def test_gemma_logits_alone_batched_chunked_and_cached(gemma, prompts):
 
 # ---- synthetic-tiny: seeded random mixes --------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny():
     return load_model("synthetic-tiny", "int8")
@@ -113,8 +127,10 @@ def test_random_mixes_of_requests_chunks_and_cache_states_keep_logits_bitwise(ti
         kw = dict(temperature=0.9, top_p=0.95, seed=i) if sampled[i] else {}
         return make_request(f"r{i}", prompts[i], new[i], namespace=namespace, **kw)
 
-    reference = {f"r{i}": logits_rows(make_core(tiny, budget=4096, prefix_caching=False), [request(i)])[f"r{i}"]
-                 for i in range(len(prompts))}
+    reference = {
+        f"r{i}": logits_rows(make_core(tiny, budget=4096, prefix_caching=False), [request(i)])[f"r{i}"]
+        for i in range(len(prompts))
+    }
 
     budget = rng.choice([3, 7, 16, 64, 4096])
     state = ["none", "device", "host"][seed % 3]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from salon.kernels.cpu import native
-from salon.kernels.cpu.sample import sample_rows_cpu
 from salon.engine.request import SamplingParams
 from salon.engine.worker.sampler import advance_generator, kept_tokens, sample, sample_row, uniform
+from salon.kernels.cpu import native
+from salon.kernels.cpu.sample import sample_rows_cpu
 
 VOCAB = 262_144
 
@@ -48,13 +48,16 @@ def logits_of(kind: str, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kind", ["peaked", "spread", "flat"])
-@pytest.mark.parametrize("params", [
-    SamplingParams(1, temperature=0.7, top_p=0.9),
-    SamplingParams(1, temperature=1.3, top_p=0.5),
-    SamplingParams(1, temperature=1.0, top_k=40),
-    SamplingParams(1, temperature=0.9, top_k=300, top_p=0.8),
-    SamplingParams(1, temperature=1.0),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(1, temperature=0.7, top_p=0.9),
+        SamplingParams(1, temperature=1.3, top_p=0.5),
+        SamplingParams(1, temperature=1.0, top_k=40),
+        SamplingParams(1, temperature=0.9, top_k=300, top_p=0.8),
+        SamplingParams(1, temperature=1.0),
+    ],
+)
 def test_kept_distribution_matches_full_sort_reference(kind, params):
     x = logits_of(kind)
     got = as_probs(*kept_tokens(x, params), VOCAB)
@@ -63,8 +66,12 @@ def test_kept_distribution_matches_full_sort_reference(kind, params):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-12)
 
 
-PARAMS = [SamplingParams(1, temperature=1.0), SamplingParams(1, temperature=0.8, top_p=0.9),
-          SamplingParams(1, temperature=0.8, top_k=5), SamplingParams(1, temperature=1.2, top_k=500, top_p=0.7)]
+PARAMS = [
+    SamplingParams(1, temperature=1.0),
+    SamplingParams(1, temperature=0.8, top_p=0.9),
+    SamplingParams(1, temperature=0.8, top_k=5),
+    SamplingParams(1, temperature=1.2, top_k=500, top_p=0.7),
+]
 
 
 def test_each_sampled_token_consumes_exactly_one_draw():
@@ -90,8 +97,15 @@ def test_c_kernel_draws_the_tokens_of_the_pytorch_path(kind, isa):
     us = [0.0, 0.013, 0.25, 0.5, 0.77, 0.999]
     for params in PARAMS:
         rows = torch.stack([x] * len(us))
-        got = sample_rows_cpu(rows, list(range(len(us))), [params.temperature] * len(us), [params.top_k] * len(us),
-                              [params.top_p] * len(us), us, isa)
+        got = sample_rows_cpu(
+            rows,
+            list(range(len(us))),
+            [params.temperature] * len(us),
+            [params.top_k] * len(us),
+            [params.top_p] * len(us),
+            us,
+            isa,
+        )
         assert got is not None, "the C sampler did not run"
         assert got == [sample_row(x, params, u) for u in us], params
 
@@ -106,10 +120,21 @@ def test_c_kernel_draws_the_pytorch_tokens_at_any_vocabulary_size(vocab, isa):
     x[-3:] += 3.0  # likely tokens in the tail
     x[torch.randperm(vocab, generator=g)[:5]] += 4.0
     us = [0.0, 0.2, 0.45, 0.61, 0.8, 0.97, 0.999]
-    for params in [*PARAMS, SamplingParams(1, temperature=0.7, top_k=20), SamplingParams(1, temperature=2.0, top_p=0.6)]:
+    for params in [
+        *PARAMS,
+        SamplingParams(1, temperature=0.7, top_k=20),
+        SamplingParams(1, temperature=2.0, top_p=0.6),
+    ]:
         rows = torch.stack([x] * len(us))
-        got = sample_rows_cpu(rows, list(range(len(us))), [params.temperature] * len(us), [params.top_k] * len(us),
-                              [params.top_p] * len(us), us, isa)
+        got = sample_rows_cpu(
+            rows,
+            list(range(len(us))),
+            [params.temperature] * len(us),
+            [params.top_k] * len(us),
+            [params.top_p] * len(us),
+            us,
+            isa,
+        )
         assert got == [sample_row(x, params, u) for u in us], params
 
 
@@ -132,8 +157,14 @@ def test_every_build_draws_the_same_tokens():
     for kind in ("peaked", "spread", "flat"):
         x = logits_of(kind, seed=6)[: VOCAB - 5]  # with tails
         for params in PARAMS:
-            args = (torch.stack([x] * len(us)), list(range(len(us))), [params.temperature] * len(us),
-                    [params.top_k] * len(us), [params.top_p] * len(us), us)
+            args = (
+                torch.stack([x] * len(us)),
+                list(range(len(us))),
+                [params.temperature] * len(us),
+                [params.top_k] * len(us),
+                [params.top_p] * len(us),
+                us,
+            )
             tokens = [sample_rows_cpu(*args, isa) for isa in ISAS]
             assert all(t == tokens[0] for t in tokens), (kind, params)
 
@@ -168,7 +199,7 @@ def test_rows_are_independent_of_their_batch():
 
     together = sample(logits, params, gens())
     for r in range(4):
-        alone = sample(logits[r:r + 1], [params[r]], [gens()[r]])
+        alone = sample(logits[r : r + 1], [params[r]], [gens()[r]])
         assert alone[0].token_id == together[r].token_id
     assert together[1].token_id == int(torch.argmax(logits[1]))
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from salon.kernels.cpu import native
-from salon.kernels.cpu.sample import sample_rows_cpu
 from salon.common.errors import InvalidArgument
+from salon.engine.api.validation import check_penalties
 from salon.engine.request import SamplingParams
 from salon.engine.worker.sampler import apply_penalties, effective_top_k, kept_tokens, sample, sample_row
-from salon.engine.api.validation import check_penalties
+from salon.kernels.cpu import native
+from salon.kernels.cpu.sample import sample_rows_cpu
 
 VOCAB = 4096
 
@@ -52,17 +52,21 @@ def logits_of(seed: int, vocab: int = VOCAB) -> torch.Tensor:
 
 def history_of(seed: int) -> History:
     g = torch.Generator().manual_seed(seed)
-    return History(torch.randint(0, VOCAB, (300,), generator=g).tolist(),
-                   torch.randint(0, 50, (40,), generator=g).tolist())  # outputs repeat tokens
+    return History(
+        torch.randint(0, VOCAB, (300,), generator=g).tolist(), torch.randint(0, 50, (40,), generator=g).tolist()
+    )  # outputs repeat tokens
 
 
-@pytest.mark.parametrize("p", [
-    SamplingParams(1, repetition_penalty=1.3),
-    SamplingParams(1, repetition_penalty=0.8),
-    SamplingParams(1, frequency_penalty=0.5),
-    SamplingParams(1, presence_penalty=-0.7),
-    SamplingParams(1, repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.4),
-])
+@pytest.mark.parametrize(
+    "p",
+    [
+        SamplingParams(1, repetition_penalty=1.3),
+        SamplingParams(1, repetition_penalty=0.8),
+        SamplingParams(1, frequency_penalty=0.5),
+        SamplingParams(1, presence_penalty=-0.7),
+        SamplingParams(1, repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.4),
+    ],
+)
 def test_penalties_match_the_reference_exactly(p):
     for seed in range(3):
         x, h = logits_of(seed), history_of(seed)
@@ -82,8 +86,11 @@ def test_repetition_penalty_changes_the_greedy_token():
 
 def test_frequency_and_presence_count_only_the_output():
     x = torch.zeros(8)
-    got = apply_penalties(x, SamplingParams(1, frequency_penalty=0.5, presence_penalty=1.0),
-                          History(prompt_token_ids=[1, 2], output_token_ids=[3, 3, 3, 4]))
+    got = apply_penalties(
+        x,
+        SamplingParams(1, frequency_penalty=0.5, presence_penalty=1.0),
+        History(prompt_token_ids=[1, 2], output_token_ids=[3, 3, 3, 4]),
+    )
     assert got.tolist() == [0.0, 0.0, 0.0, -2.5, -1.5, 0.0, 0.0, 0.0]
 
 
@@ -92,12 +99,15 @@ def test_penalties_without_history_are_refused():
         sample(logits_of(0)[None], [SamplingParams(1, presence_penalty=0.5)], [None])
 
 
-@pytest.mark.parametrize("p", [
-    SamplingParams(1, temperature=1.0, min_p=0.05),
-    SamplingParams(1, temperature=0.6, min_p=0.2),
-    SamplingParams(1, temperature=1.5, min_p=0.01, top_k=8),
-    SamplingParams(1, temperature=1.0, min_p=0.02, top_p=0.9),
-])
+@pytest.mark.parametrize(
+    "p",
+    [
+        SamplingParams(1, temperature=1.0, min_p=0.05),
+        SamplingParams(1, temperature=0.6, min_p=0.2),
+        SamplingParams(1, temperature=1.5, min_p=0.01, top_k=8),
+        SamplingParams(1, temperature=1.0, min_p=0.02, top_p=0.9),
+    ],
+)
 def test_min_p_keeps_the_reference_set(p):
     for seed in range(3):
         x = logits_of(seed)
@@ -117,22 +127,33 @@ def test_min_p_keeps_the_reference_set(p):
 @pytest.mark.parametrize("isa", native.simd_isas())
 def test_c_kernel_with_min_p_and_penalties_draws_the_pytorch_tokens(isa):
     us = [0.0, 0.1, 0.5, 0.93, 0.999]
-    params = [SamplingParams(1, temperature=0.9, min_p=0.05, repetition_penalty=1.2, seed=1),
-              SamplingParams(1, temperature=1.3, min_p=0.1, top_p=0.8, frequency_penalty=0.4, seed=2)]
+    params = [
+        SamplingParams(1, temperature=0.9, min_p=0.05, repetition_penalty=1.2, seed=1),
+        SamplingParams(1, temperature=1.3, min_p=0.1, top_p=0.8, frequency_penalty=0.4, seed=2),
+    ]
     for p in params:
         x = apply_penalties(logits_of(7, 262_144), p, History([5, 6, 7], [8, 8, 9]))
         rows = torch.stack([x] * len(us))
-        got = sample_rows_cpu(rows, list(range(len(us))), [p.temperature] * len(us),
-                              [effective_top_k(x, p)] * len(us), [p.top_p] * len(us), us, isa)
+        got = sample_rows_cpu(
+            rows,
+            list(range(len(us))),
+            [p.temperature] * len(us),
+            [effective_top_k(x, p)] * len(us),
+            [p.top_p] * len(us),
+            us,
+            isa,
+        )
         assert got == [sample_row(x, p, u) for u in us]
 
 
 def test_rows_with_penalties_are_independent_of_their_batch():
     logits = torch.stack([logits_of(s) for s in range(4)])
-    params = [SamplingParams(1, temperature=0.8, min_p=0.05, repetition_penalty=1.3, seed=1),
-              SamplingParams(1, repetition_penalty=1.3),  # greedy with a penalty
-              SamplingParams(1, temperature=1.0, top_p=0.9, frequency_penalty=0.6, presence_penalty=0.2, seed=3),
-              SamplingParams(1, temperature=0.7)]
+    params = [
+        SamplingParams(1, temperature=0.8, min_p=0.05, repetition_penalty=1.3, seed=1),
+        SamplingParams(1, repetition_penalty=1.3),  # greedy with a penalty
+        SamplingParams(1, temperature=1.0, top_p=0.9, frequency_penalty=0.6, presence_penalty=0.2, seed=3),
+        SamplingParams(1, temperature=0.7),
+    ]
     hist = [history_of(s) for s in range(4)]
 
     def gens():
@@ -140,7 +161,7 @@ def test_rows_with_penalties_are_independent_of_their_batch():
 
     together = sample(logits, params, gens(), hist)
     for r in range(4):
-        alone = sample(logits[r:r + 1], [params[r]], [gens()[r]], [hist[r]])
+        alone = sample(logits[r : r + 1], [params[r]], [gens()[r]], [hist[r]])
         assert alone[0].token_id == together[r].token_id
     assert together[1].token_id == int(torch.argmax(apply_penalties(logits[1], params[1], hist[1])))
 
@@ -152,11 +173,17 @@ def test_logprobs_are_the_models_not_the_penalized():
     assert out.logprob == pytest.approx(float(x[out.token_id]), abs=1e-6)
 
 
-@pytest.mark.parametrize("args,field", [
-    ((0.0, 0.0, 0.0, 0.0), "repetition_penalty"), ((math.inf, 0.0, 0.0, 0.0), "repetition_penalty"),
-    ((1.0, 2.5, 0.0, 0.0), "frequency_penalty"), ((1.0, 0.0, -3.0, 0.0), "presence_penalty"),
-    ((1.0, 0.0, 0.0, 1.5), "min_p"), ((1.0, 0.0, 0.0, math.nan), "min_p"),
-])
+@pytest.mark.parametrize(
+    "args,field",
+    [
+        ((0.0, 0.0, 0.0, 0.0), "repetition_penalty"),
+        ((math.inf, 0.0, 0.0, 0.0), "repetition_penalty"),
+        ((1.0, 2.5, 0.0, 0.0), "frequency_penalty"),
+        ((1.0, 0.0, -3.0, 0.0), "presence_penalty"),
+        ((1.0, 0.0, 0.0, 1.5), "min_p"),
+        ((1.0, 0.0, 0.0, math.nan), "min_p"),
+    ],
+)
 def test_out_of_range_values_name_the_field(args, field):
     with pytest.raises(InvalidArgument, match=f"sampling.{field}"):
         check_penalties(*args)

@@ -13,31 +13,58 @@ from salon.engine.config import SchedulerConfig
 from salon.engine.core.scheduler import Scheduler
 from salon.engine.kv.kv_cache_manager import KVCacheManager
 from salon.engine.kv.kv_layout import plan_layout
-from salon.engine.request import Request, RequestId, RequestStatus, SamplingParams
 from salon.engine.model.config import LayerSpec, ModelConfig
+from salon.engine.request import Request, RequestId, RequestStatus, SamplingParams
 
 BS = 4
 OUTPUT_TOKEN = 7
 
 
 def one_layer_config() -> ModelConfig:
-    return ModelConfig(model_id="scheduler-test", vocab_size=100, d_model=8, num_layers=1, num_heads=1,
-                       num_kv_heads=1, head_dim=4, ffn_dim=8, rms_norm_eps=1e-6, max_context_tokens=1024,
-                       bos_token_id=1, eos_token_ids=(2,), layers=(LayerSpec("global", None, 10_000.0),))
+    return ModelConfig(
+        model_id="scheduler-test",
+        vocab_size=100,
+        d_model=8,
+        num_layers=1,
+        num_heads=1,
+        num_kv_heads=1,
+        head_dim=4,
+        ffn_dim=8,
+        rms_norm_eps=1e-6,
+        max_context_tokens=1024,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+        layers=(LayerSpec("global", None, 10_000.0),),
+    )
 
 
-def make_scheduler(num_blocks: int, budget: int = 64, max_running: int = 8, long_prefill_tokens: int = 64,
-                   long_prefill_solo_tokens: int = 0) -> Scheduler:
+def make_scheduler(
+    num_blocks: int,
+    budget: int = 64,
+    max_running: int = 8,
+    long_prefill_tokens: int = 64,
+    long_prefill_solo_tokens: int = 0,
+) -> Scheduler:
     cfg = one_layer_config()
     page = plan_layout(cfg, BS, 1 << 20).page_bytes
     kv = KVCacheManager(plan_layout(cfg, BS, num_blocks * page))
-    return Scheduler(SchedulerConfig(budget, max_running, 16, long_prefill_tokens,
-                                     long_prefill_solo_tokens=long_prefill_solo_tokens), kv)
+    return Scheduler(
+        SchedulerConfig(
+            budget, max_running, 16, long_prefill_tokens, long_prefill_solo_tokens=long_prefill_solo_tokens
+        ),
+        kv,
+    )
 
 
 def request(rid: str, num_prompt_tokens: int, arrival_s: float) -> Request:
-    return Request(RequestId(rid), [1] * num_prompt_tokens, SamplingParams(max_new_tokens=100), frozenset(), 1024,
-                   arrival_s=arrival_s)
+    return Request(
+        RequestId(rid),
+        [1] * num_prompt_tokens,
+        SamplingParams(max_new_tokens=100),
+        frozenset(),
+        1024,
+        arrival_s=arrival_s,
+    )
 
 
 def step(scheduler: Scheduler) -> SchedulerOutput:
@@ -141,12 +168,15 @@ def test_long_prefills_go_in_arrival_order_and_interactive_ones_pass_them():
     assert chunks(step(s)) == [("a", 250, 1), ("b", 72, 16)]  # a decodes: b gets the cap
 
 
-@pytest.mark.parametrize("long_tokens,back_tokens", [
-    # long has 36 left after its first chunk (they would fit the budget): its last chunk is no reason to go first
-    pytest.param(100, 20, id="the_last_chunk_of_a_long_prefill_does_not_go_first"),
-    # back's 40 new tokens are more than the cap, but they fit the budget
-    pytest.param(500, 40, id="a_returning_turn_longer_than_the_cap_still_passes"),
-])
+@pytest.mark.parametrize(
+    "long_tokens,back_tokens",
+    [
+        # long has 36 left after its first chunk (they would fit the budget): its last chunk is no reason to go first
+        pytest.param(100, 20, id="the_last_chunk_of_a_long_prefill_does_not_go_first"),
+        # back's 40 new tokens are more than the cap, but they fit the budget
+        pytest.param(500, 40, id="a_returning_turn_longer_than_the_cap_still_passes"),
+    ],
+)
 def test_a_returning_turn_that_fits_the_budget_passes_a_long_prefill(long_tokens, back_tokens):
     s = make_scheduler(num_blocks=256, budget=64, long_prefill_tokens=8)
     long, back = request("long", long_tokens, 0.0), request("back", back_tokens, 1.0)

@@ -22,8 +22,8 @@ import torch
 
 from salon.common.prefix_hash import namespace_digest
 from salon.engine.core.ngram_proposer import NgramProposer, propose_reference
-from salon.engine.request import FinishReason
 from salon.engine.prefix.hit import host_hit
+from salon.engine.request import FinishReason
 from salon.engine.worker.model_loading import load_model
 from tests.engine_testlib import blocks_accounted, make_core, make_request, tokens
 
@@ -55,8 +55,9 @@ def check_blocks_follow_computed_tokens(core) -> None:
                 assert len(table) == core.layout.blocks_for_tokens(r.num_computed_tokens), r.request_id
 
 
-def drive(core, requests, host_hits=None, until: Callable[[object], bool] | None = None,
-          out: dict[str, Stream] | None = None) -> dict[str, Stream]:
+def drive(
+    core, requests, host_hits=None, until: Callable[[object], bool] | None = None, out: dict[str, Stream] | None = None
+) -> dict[str, Stream]:
     """Add the requests, step until idle (or until `until(core)`), collecting every event's parts (into `out`,
     which holds the streams of requests added before, where given)."""
     for r in requests:
@@ -75,8 +76,9 @@ def drive(core, requests, host_hits=None, until: Callable[[object], bool] | None
     return out
 
 
-def replay(prompt: Sequence[int], output: Sequence[int], max_new: int,
-           propose: Callable[[list[int], int], list[int]]) -> tuple[int, int]:
+def replay(
+    prompt: Sequence[int], output: Sequence[int], max_new: int, propose: Callable[[list[int], int], list[int]]
+) -> tuple[int, int]:
     """(drafts proposed, drafts accepted) of a speculative run whose plain output is `output`: the first
     token comes from the prefill; then each step proposes drafts for the context so far (at most what
     max_new_tokens leaves after one more token) and keeps the prefix the plain tokens confirm, plus one."""
@@ -109,8 +111,11 @@ class OracleProposer:
         def propose(context: list[int], room: int) -> list[int]:
             full = self.reference[rid]
             i = len(context)
-            return [(t + 1) % 1000 + 5 if self.corrupt(i + j) else t
-                    for j, t in enumerate(full[i:i + min(self.num_draft_tokens, room)])]
+            return [
+                (t + 1) % 1000 + 5 if self.corrupt(i + j) else t
+                for j, t in enumerate(full[i : i + min(self.num_draft_tokens, room)])
+            ]
+
         return propose
 
     def propose(self, key: str, context: Sequence[int], max_tokens: int | None = None) -> list[int]:
@@ -124,8 +129,9 @@ class OracleProposer:
 SAMPLINGS = {
     "greedy": {},
     "seeded": dict(temperature=0.9, top_p=0.95, seed=7),
-    "penalties": dict(temperature=0.8, top_k=50, seed=3, repetition_penalty=1.3, frequency_penalty=0.4,
-                      presence_penalty=0.3),
+    "penalties": dict(
+        temperature=0.8, top_k=50, seed=3, repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3
+    ),
     "greedy_penalties": dict(repetition_penalty=1.5, frequency_penalty=0.5),
     "logprobs": dict(temperature=1.0, seed=11, return_logprobs=True, num_top_logprobs=3),
 }
@@ -150,8 +156,11 @@ def test_oracle_drafts_give_the_plain_tokens_and_the_expected_acceptance(tiny, s
     """corrupt_every = 0: every draft is right (k + 1 tokens a step); 1: every draft is wrong (one token a
     step); n: the draft for every n-th position is wrong."""
     kw = SAMPLINGS[sampling]
-    specs = [("a", tokens(30, 1), 23, kw), ("b", tokens(50, 2), 17, dict(kw, seed=kw.get("seed", 0) + 1)),
-             ("c", tokens(9, 3), 30, {})]
+    specs = [
+        ("a", tokens(30, 1), 23, kw),
+        ("b", tokens(50, 2), 17, dict(kw, seed=kw.get("seed", 0) + 1)),
+        ("c", tokens(9, 3), 30, {}),
+    ]
     plain = drive(make_core(tiny), requests_of(specs))
     reference = {rid: list(prompt) + plain[rid].token_ids for rid, prompt, _, _ in specs}
     oracle = OracleProposer(K, reference, lambda p: corrupt_every > 0 and p % corrupt_every == 0)
@@ -215,8 +224,14 @@ def test_drafts_only_in_steps_of_decodes_within_the_row_cap(tiny):
             prefills = [c for c in output.chunks if c.num_tokens - c.num_draft_tokens > 1]
             assert not (drafted and prefills), [(c.request.request_id, c.num_tokens) for c in output.chunks]
             assert sum(c.num_tokens for c in output.chunks) <= cap or prefills
-        assert max(sum(c.num_tokens for c in o.chunks) for o in steps if not any(
-            c.num_tokens - c.num_draft_tokens > 1 for c in o.chunks)) == cap  # the cap is reached, not undershot
+        assert (
+            max(
+                sum(c.num_tokens for c in o.chunks)
+                for o in steps
+                if not any(c.num_tokens - c.num_draft_tokens > 1 for c in o.chunks)
+            )
+            == cap
+        )  # the cap is reached, not undershot
         assert any(c.request.request_id != "a" and c.num_tokens > 1 for o in steps for c in o.chunks)
         assert blocks_accounted(core)
 
@@ -233,8 +248,12 @@ def test_drafts_ride_beside_a_long_prefill_share(tiny):
     got = drive(core, requests_of(specs[:1]), until=lambda c: c.num_draft_tokens > 0)
     drive(core, requests_of(specs[1:]), out=got)
     assert_same(got, plain)
-    beside = [o for o in steps if any(c.request.request_id == "d" and c.num_tokens > 1 for c in o.chunks)
-              and any(c.num_draft_tokens for c in o.chunks)]
+    beside = [
+        o
+        for o in steps
+        if any(c.request.request_id == "d" and c.num_tokens > 1 for c in o.chunks)
+        and any(c.num_draft_tokens for c in o.chunks)
+    ]
     assert beside  # "a" verified drafts in steps that also computed a share of "d"'s history
     for output in beside:
         decodes = [c for c in output.chunks if c.num_tokens - c.num_draft_tokens == 1]
@@ -249,7 +268,10 @@ def test_stop_tokens_and_stop_strings_inside_accepted_drafts(tiny):
     # A stop token that the plain run samples at output position 9: drafts past it are never kept.
     stop = plain.token_ids[9]
     first = plain.token_ids.index(stop)
-    for kwargs in [dict(stop_token_ids=frozenset({stop})), dict(stop_strings=(plain.text[len(plain.text) // 2:][:3],))]:
+    for kwargs in [
+        dict(stop_token_ids=frozenset({stop})),
+        dict(stop_strings=(plain.text[len(plain.text) // 2 :][:3],)),
+    ]:
         specs = [("a", prompt, 30, kwargs)]
         want = drive(make_core(tiny), requests_of(specs))["a"]
         core = make_core(tiny, speculative_tokens=K)
@@ -279,7 +301,9 @@ def test_reply_kv_put_and_device_hit_are_those_of_the_plain_run(tiny):
     assert_same(drive(core, requests_of(specs, NS)), plain)
     assert core.num_accepted_draft_tokens > 0 and core.num_accepted_draft_tokens < core.num_draft_tokens
     assert len(puts) == len(plain_puts) == 2
-    for got, want in zip(sorted(puts, key=lambda p: len(p.token_ids)), sorted(plain_puts, key=lambda p: len(p.token_ids))):
+    for got, want in zip(
+        sorted(puts, key=lambda p: len(p.token_ids)), sorted(plain_puts, key=lambda p: len(p.token_ids))
+    ):
         assert got.token_ids == want.token_ids
         assert torch.equal(got.global_kv, want.global_kv)
         assert (got.local_kv is None) == (want.local_kv is None)
@@ -293,7 +317,7 @@ def test_reply_kv_put_and_device_hit_are_those_of_the_plain_run(tiny):
     second = requests_of(spec2, NS)
     assert_same(drive(core, second), want)
     assert second[0].num_cached_device_tokens == len(reference["t1"]) - 1  # all that turn 1 computed
-    put = next(p for p in plain_puts if p.token_ids == turn2[:len(p.token_ids)])
+    put = next(p for p in plain_puts if p.token_ids == turn2[: len(p.token_ids)])
     hit = host_hit(len(put.token_ids), put.global_kv, put.local_kv, put.local_first_block)
     fresh = make_core(tiny, speculative_tokens=K)
     third = requests_of(spec2, NS)
@@ -325,14 +349,17 @@ def test_preemption_and_abort_leave_no_blocks_behind(tiny):
 
 # ---- Gemma: n-gram drafts on the real model ------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def gemma():
     return load_model("gemma-3-270m", "int8")
 
 
-REPETITIVE = ("Ada: The schedule is: Monday the kettle, Tuesday the garden, Wednesday the letters, Thursday "
-              "the market.\nBen: Say it again?\nAda: The schedule is: Monday the kettle, Tuesday the garden, "
-              "Wednesday the letters, Thursday the market.\nBen: Once more, slowly.\nAda:")
+REPETITIVE = (
+    "Ada: The schedule is: Monday the kettle, Tuesday the garden, Wednesday the letters, Thursday "
+    "the market.\nBen: Say it again?\nAda: The schedule is: Monday the kettle, Tuesday the garden, "
+    "Wednesday the letters, Thursday the market.\nBen: Once more, slowly.\nAda:"
+)
 
 
 COLOURS = (" red", " blue", " green", " black", " white", " pink")
@@ -348,11 +375,14 @@ def gemma_prompt(tok, name: str) -> list[int]:
     return [tok.bos_token_id] + [rng.choice(words) for _ in range(80)]
 
 
-@pytest.mark.parametrize("name, kw, mostly_accepted", [
-    ("repetitive", {}, True),
-    ("repetitive", dict(temperature=0.7, top_p=0.9, seed=5), True),
-    ("random", dict(temperature=1.0, seed=5), False),
-])
+@pytest.mark.parametrize(
+    "name, kw, mostly_accepted",
+    [
+        ("repetitive", {}, True),
+        ("repetitive", dict(temperature=0.7, top_p=0.9, seed=5), True),
+        ("random", dict(temperature=1.0, seed=5), False),
+    ],
+)
 def test_gemma_ngram_drafts_repetitive_mostly_accepted_random_mostly_rejected(gemma, name, kw, mostly_accepted):
     prompt = gemma_prompt(gemma[1], name)
     specs = [(name, prompt, 24, kw)]

@@ -25,7 +25,9 @@ from tests.engine_testlib import logits_rows, make_core, make_request
 from tests.triton_interpreter import row_independent_dot
 
 MODEL = "synthetic-tiny-v4k"
-PROMPTS = [[2] + [(i * 7919 + seed * 104729) % 4000 + 50 for i in range(n - 1)] for n, seed in ((37, 1), (21, 2), (40, 3))]
+PROMPTS = [
+    [2] + [(i * 7919 + seed * 104729) % 4000 + 50 for i in range(n - 1)] for n, seed in ((37, 1), (21, 2), (40, 3))
+]
 NEW_TOKENS = 3
 NS = namespace_digest(MODEL, "triton-interpreted", "tenant")
 
@@ -66,13 +68,16 @@ def request(i: int, namespace: bytes | None = None, **kw):
 @pytest.fixture(scope="module")
 def alone(triton_tiny):
     """Each request alone, its prompt in one chunk, no cache."""
-    return {f"r{i}": logits_rows(triton_core(triton_tiny, budget=4096, prefix_caching=False), [request(i)])[f"r{i}"]
-            for i in range(len(PROMPTS))}
+    return {
+        f"r{i}": logits_rows(triton_core(triton_tiny, budget=4096, prefix_caching=False), [request(i)])[f"r{i}"]
+        for i in range(len(PROMPTS))
+    }
 
 
 def test_batched_and_chunked_logits_equal_alone(triton_tiny, alone):
-    rows = logits_rows(triton_core(triton_tiny, budget=24, prefix_caching=False),
-                       [request(i) for i in range(len(PROMPTS))])
+    rows = logits_rows(
+        triton_core(triton_tiny, budget=24, prefix_caching=False), [request(i) for i in range(len(PROMPTS))]
+    )
     for rid, want in alone.items():
         assert_same_tokens(rows[rid], want)
 
@@ -81,7 +86,7 @@ def test_device_and_host_cache_hits_keep_logits(triton_tiny, alone):
     core = triton_core(triton_tiny, budget=4096)
     puts = []
     core.set_host_sink(puts.append)
-    logits_rows(core, [make_request("prefix", PROMPTS[2][:2 * BS + 3], 1, namespace=NS)])
+    logits_rows(core, [make_request("prefix", PROMPTS[2][: 2 * BS + 3], 1, namespace=NS)])
     device = request(2, NS)
     assert_same_tokens(logits_rows(core, [device])["r2"], alone["r2"])
     assert device.num_cached_device_tokens == 2 * BS + 3  # on into the block the prefix ended inside

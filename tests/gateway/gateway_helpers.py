@@ -33,11 +33,23 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> "RedisServer":
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
         self.process = subprocess.Popen(
-            [REDIS_BINARY, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--protected-mode", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                REDIS_BINARY,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -80,8 +92,13 @@ def redis_server():
 TENANTS = {
     "tenants": [
         {"tenant_id": "acme", "api_key": "key-acme-0123456789", "namespace_salt": "acme-salt"},
-        {"tenant_id": "globex", "api_key": "key-globex-0123456789", "max_concurrent_streams": 2,
-         "requests_per_s": 1000.0, "burst_requests": 1000},
+        {
+            "tenant_id": "globex",
+            "api_key": "key-globex-0123456789",
+            "max_concurrent_streams": 2,
+            "requests_per_s": 1000.0,
+            "burst_requests": 1000,
+        },
     ]
 }
 ACME_KEY = "key-acme-0123456789"
@@ -120,14 +137,25 @@ def ring_owner(engine_ids: Sequence[str], conversation_id: str, tenant_id: str =
 ENGINE_KV_CACHE_BYTES = 32 << 20
 
 
-def start_engines(engine_ids: Sequence[str], log_dir: Path, ports: Sequence[int] | None = None) -> dict[str, ServiceProcess]:
+def start_engines(
+    engine_ids: Sequence[str], log_dir: Path, ports: Sequence[int] | None = None
+) -> dict[str, ServiceProcess]:
     """`python -m salon.engine` processes (synthetic model, small KV cache) started together, then
     waited on until each is SERVING."""
     procs: dict[str, ServiceProcess] = {}
     try:
         for i, engine_id in enumerate(engine_ids):
-            args = ("--port", str(ports[i] if ports else 0), "--model", ENGINE_MODEL, "--engine-id", engine_id,
-                    "--kv-cache-bytes", str(ENGINE_KV_CACHE_BYTES), *INSECURE_LOOPBACK_FLAGS)
+            args = (
+                "--port",
+                str(ports[i] if ports else 0),
+                "--model",
+                ENGINE_MODEL,
+                "--engine-id",
+                engine_id,
+                "--kv-cache-bytes",
+                str(ENGINE_KV_CACHE_BYTES),
+                *INSECURE_LOOPBACK_FLAGS,
+            )
             procs[engine_id] = ServiceProcess("engine", args, log_dir / f"engine-{engine_id}.log").start(180)
         for proc in procs.values():
             proc.wait_serving(180)
@@ -150,11 +178,22 @@ def start_gateway(
     redis_url: str | None = None,
     extra: Sequence[str] = (),
 ) -> ServiceProcess:
-    spec = ",".join(
-        f"{e[0]}={e[1]}" if isinstance(e, tuple) else f"{engine_id_of(e)}={e.address}" for e in engines
-    )
-    args = ["--port", "0", "--metrics-port", "0", "--engines", spec, "--tenants-file", str(tenants_file),
-            "--salt-secret-file", str(write_salt_secret(log_dir)), "--grace-s", "1", *extra]
+    spec = ",".join(f"{e[0]}={e[1]}" if isinstance(e, tuple) else f"{engine_id_of(e)}={e.address}" for e in engines)
+    args = [
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--engines",
+        spec,
+        "--tenants-file",
+        str(tenants_file),
+        "--salt-secret-file",
+        str(write_salt_secret(log_dir)),
+        "--grace-s",
+        "1",
+        *extra,
+    ]
     if "--engine-tls-ca-file" not in extra:
         args += INSECURE_LOOPBACK_FLAGS
     if redis_url:
@@ -193,8 +232,9 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def wait_engines_serving(gateway: ServiceProcess, engine_ids: Iterable[str], timeout_s: float = 30.0,
-                         serving: bool = True) -> None:
+def wait_engines_serving(
+    gateway: ServiceProcess, engine_ids: Iterable[str], timeout_s: float = 30.0, serving: bool = True
+) -> None:
     """Wait until the gateway's metrics show each engine in (or out of) the ring."""
     deadline = time.monotonic() + timeout_s
     want = 1.0 if serving else 0.0
@@ -224,8 +264,9 @@ def auth(key: str) -> tuple[tuple[str, str], ...]:
 PROMPT_TOKEN_IDS = [2, 818, 5279, 529, 506, 3004, 563, 496, 8351, 1124, 236764, 11052, 6524, 236761]
 
 
-def chat_request(conversation_id: str, max_new_tokens: int = 8, prompt: Sequence[int] = PROMPT_TOKEN_IDS,
-                 request_id: str = "") -> chat_pb2.GenerateRequest:
+def chat_request(
+    conversation_id: str, max_new_tokens: int = 8, prompt: Sequence[int] = PROMPT_TOKEN_IDS, request_id: str = ""
+) -> chat_pb2.GenerateRequest:
     return chat_pb2.GenerateRequest(
         conversation_id=conversation_id,
         request_id=request_id,

@@ -8,18 +8,17 @@ import time
 
 import grpc
 import pytest
+from test_gateway_membership import start_engine
 
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
 from salon.common.errors import RETRY_AFTER_METADATA_KEY
-from salon.gateway.dispatch import DispatchSettings, Dispatcher, UpstreamError
+from salon.gateway.dispatch import Dispatcher, DispatchSettings, UpstreamError
 from salon.gateway.membership import EngineEndpoint, EnginePool, PoolSettings
 from salon.gateway.ring import HashRing
 from salon.gateway.routing import BoundedLoadPolicy
 from salon.gateway.sessions import InMemorySessionTable
 from salon.gateway.types import EngineId, TenantId, dialogue_key
-
-from test_gateway_membership import start_engine
 
 
 class Behaviour(engine_pb2_grpc.EngineServiceServicer):
@@ -32,8 +31,9 @@ class Behaviour(engine_pb2_grpc.EngineServiceServicer):
     async def Generate(self, request, context):
         self.requests.append(request)
         if self.code is not None:
-            await context.abort(self.code, f"{self.engine_id} says no",
-                                trailing_metadata=((RETRY_AFTER_METADATA_KEY, "700"),))
+            await context.abort(
+                self.code, f"{self.engine_id} says no", trailing_metadata=((RETRY_AFTER_METADATA_KEY, "700"),)
+            )
         resumed = list(request.resume_token_ids)
         tokens = range(len(resumed) + 1, request.sampling.max_new_tokens + 1)
         for i, token in enumerate(tokens):
@@ -42,9 +42,13 @@ class Behaviour(engine_pb2_grpc.EngineServiceServicer):
             yield engine_pb2.GenerateResponse(delta=chat_pb2.TokenDelta(token_ids=[token], text=f"<{token}>"))
         if self.cut_after is not None and self.cut_after >= len(tokens):
             return  # every token sent, the final never
-        yield engine_pb2.GenerateResponse(final=chat_pb2.GenerateFinal(
-            engine_id=self.engine_id, finish_reason=chat_pb2.FINISH_REASON_LENGTH,
-            usage=chat_pb2.Usage(generated_tokens=request.sampling.max_new_tokens)))
+        yield engine_pb2.GenerateResponse(
+            final=chat_pb2.GenerateFinal(
+                engine_id=self.engine_id,
+                finish_reason=chat_pb2.FINISH_REASON_LENGTH,
+                usage=chat_pb2.Usage(generated_tokens=request.sampling.max_new_tokens),
+            )
+        )
 
 
 async def make_stack(behaviours: dict[str, Behaviour]):
@@ -63,9 +67,12 @@ async def make_stack(behaviours: dict[str, Behaviour]):
 
 
 async def run(dispatcher, conv: str, max_new_tokens: int = 6):
-    request = engine_pb2.GenerateRequest(request_id="r1", conversation_id=conv,
-                                         tokens=chat_pb2.TokenizedPrompt(token_ids=[1]),
-                                         sampling=chat_pb2.SamplingParams(max_new_tokens=max_new_tokens))
+    request = engine_pb2.GenerateRequest(
+        request_id="r1",
+        conversation_id=conv,
+        tokens=chat_pb2.TokenizedPrompt(token_ids=[1]),
+        sampling=chat_pb2.SamplingParams(max_new_tokens=max_new_tokens),
+    )
     return [e async for e in dispatcher.stream(request, TenantId("t"), None, time.perf_counter())]
 
 
@@ -143,7 +150,11 @@ async def test_final_lost_after_last_token_is_synthesised() -> None:
         assert [t for e in events[:-1] for t in e.delta.token_ids] == [1, 2, 3, 4]
         final = events[-1].final
         assert (final.finish_reason, final.failovers, final.usage.generated_tokens, final.engine_id) == (
-            chat_pb2.FINISH_REASON_LENGTH, 1, 4, "a")
+            chat_pb2.FINISH_REASON_LENGTH,
+            1,
+            4,
+            "a",
+        )
         assert behaviours["b"].requests == []
     finally:
         await teardown(*stack)

@@ -6,8 +6,6 @@ from __future__ import annotations
 import signal
 
 import pytest
-
-
 from gateway_helpers import (
     ACME_KEY,
     auth,
@@ -18,11 +16,11 @@ from gateway_helpers import (
     engine_stub,
     gateway_metrics,
     metric_value,
+    ring_owner,
     start_engine,
     start_engines,
     start_gateway,
     wait_engines_serving,
-    ring_owner,
     write_tenants,
 )
 
@@ -35,8 +33,9 @@ def stack(tmp_path):
     engines = start_engines(ENGINE_IDS, tmp_path)
     gateway = None
     try:
-        gateway = start_gateway(engines.values(), write_tenants(tmp_path / "tenants.json"), tmp_path,
-                                extra=["--load-interval-ms", "100"])
+        gateway = start_gateway(
+            engines.values(), write_tenants(tmp_path / "tenants.json"), tmp_path, extra=["--load-interval-ms", "100"]
+        )
         wait_engines_serving(gateway, ENGINE_IDS)
         yield engines, gateway, tmp_path
     finally:

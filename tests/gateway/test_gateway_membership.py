@@ -43,7 +43,7 @@ class ScriptedEngine(engine_pb2_grpc.EngineServiceServicer):
             self.changed.clear()
             try:
                 await asyncio.wait_for(self.changed.wait(), request.interval_ms / 1000)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
 
@@ -148,7 +148,9 @@ async def test_dns_discovery_learns_engine_ids() -> None:
 
 def test_parse_engine_list() -> None:
     assert parse_engine_list("e0=127.0.0.1:1, e1=h:2,") == [
-        EngineEndpoint("127.0.0.1:1", EngineId("e0")), EngineEndpoint("h:2", EngineId("e1"))]
+        EngineEndpoint("127.0.0.1:1", EngineId("e0")),
+        EngineEndpoint("h:2", EngineId("e1")),
+    ]
     for bad in ["e0", "=h:1", "e0=h", "e0=h:1,e0=h:2"]:
         with pytest.raises(ValueError, match="engines"):
             parse_engine_list(bad)

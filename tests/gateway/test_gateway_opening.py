@@ -35,7 +35,7 @@ def test_the_key_is_the_chained_block_hash_of_the_rendered_opening():
     opening = render_opening([("system", "You are Ada."), ("user", "\nHi")])
     parent = ROOT_PARENT
     for start in range(0, len(opening), 64):
-        parent = chain_hash(b"s", parent, opening[start:start + 64])
+        parent = chain_hash(b"s", parent, opening[start : start + 64])
     assert key(("system", "You are Ada."), ("user", "Hi")) == "~opening/" + parent.hex()
 
 
@@ -47,7 +47,8 @@ def test_only_the_first_max_bytes_count_and_zero_turns_it_off():
 
 
 def test_system_messages_open_the_dialogue_as_the_character_block():
-    character, dialogue, _ = chat_dialogue(messages(("system", "A"), ("developer", "B"), ("user", "Hi"),
-                                                    ("system", "later")))
+    character, dialogue, _ = chat_dialogue(
+        messages(("system", "A"), ("developer", "B"), ("user", "Hi"), ("system", "later"))
+    )
     assert character.definition == "A\n\nB"
     assert [m.role for m in dialogue.messages] == [chat_pb2.ROLE_USER, chat_pb2.ROLE_SYSTEM]

@@ -52,7 +52,9 @@ def test_empty_ring() -> None:
 
 def test_hash_is_stable_across_processes() -> None:
     # Fixed value: replicas (and restarts) must agree on positions, so the hash may never change.
-    assert ring_hash("conv-1") == int.from_bytes(__import__("hashlib").blake2b(b"conv-1", digest_size=8).digest(), "big")
+    assert ring_hash("conv-1") == int.from_bytes(
+        __import__("hashlib").blake2b(b"conv-1", digest_size=8).digest(), "big"
+    )
     assert HashRing(engines(3)).owner("conv-1") == HashRing(list(reversed(engines(3)))).owner("conv-1")
 
 

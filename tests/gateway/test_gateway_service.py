@@ -6,10 +6,6 @@ import time
 
 import grpc
 import pytest
-
-from salon.api.chat.v1 import chat_pb2
-from salon.api.engine.v1 import engine_pb2
-
 from gateway_helpers import (  # noqa: F401 - redis_server is a fixture
     ACME_KEY,
     GLOBEX_KEY,
@@ -19,15 +15,18 @@ from gateway_helpers import (  # noqa: F401 - redis_server is a fixture
     collect,
     engine_request,
     engine_stub,
-    redis_server,
     gateway_metrics,
     metric_value,
+    redis_server,
+    ring_owner,
     start_engines,
     start_gateway,
     wait_engines_serving,
-    ring_owner,
     write_tenants,
 )
+
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2
 
 ENGINE_IDS = ["e0", "e1", "e2"]
 
@@ -93,8 +92,10 @@ def test_stream_matches_direct_engine_and_is_sticky(gateway, engines) -> None:
             direct_ids, direct_text, _ = collect(direct.Generate(engine_request(request), timeout=60))
         assert (token_ids, text) == (direct_ids, direct_text)
         # Later turns of the dialogue stay on the same engine.
-        for turn in range(3):
-            _, _, again = collect(stub.Generate(chat_request("dialogue-sticky", 2), metadata=auth(ACME_KEY), timeout=60))
+        for _ in range(3):
+            _, _, again = collect(
+                stub.Generate(chat_request("dialogue-sticky", 2), metadata=auth(ACME_KEY), timeout=60)
+            )
             assert again.engine_id == owner
         # Dialogues spread over the engines by the ring.
         seen = set()
@@ -141,8 +142,10 @@ def test_unknown_api_key_is_unauthenticated(gateway, metadata, code) -> None:
     "request_, field",
     [
         (chat_pb2.GenerateRequest(tokens=chat_pb2.TokenizedPrompt(token_ids=[2])), "conversation_id"),
-        (chat_pb2.GenerateRequest(conversation_id="x" * 257, tokens=chat_pb2.TokenizedPrompt(token_ids=[2])),
-         "conversation_id"),
+        (
+            chat_pb2.GenerateRequest(conversation_id="x" * 257, tokens=chat_pb2.TokenizedPrompt(token_ids=[2])),
+            "conversation_id",
+        ),
         (chat_pb2.GenerateRequest(conversation_id="x"), "context"),
         (chat_pb2.GenerateRequest(conversation_id="x", tokens=chat_pb2.TokenizedPrompt()), "tokens.token_ids"),
         (chat_pb2.GenerateRequest(conversation_id="x", dialogue=chat_pb2.Dialogue()), "dialogue.messages"),
@@ -161,8 +164,10 @@ def test_tenant_stream_limit(gateway) -> None:
     """globex may hold 2 streams: the third is refused with a retry hint, then admitted after."""
     channel, stub = chat_stub(gateway)
     with channel:
-        open_calls = [stub.Generate(chat_request(f"limit-{i}", max_new_tokens=400), metadata=auth(GLOBEX_KEY),
-                                    timeout=60) for i in range(2)]
+        open_calls = [
+            stub.Generate(chat_request(f"limit-{i}", max_new_tokens=400), metadata=auth(GLOBEX_KEY), timeout=60)
+            for i in range(2)
+        ]
         for call in open_calls:
             next(call)  # first event: the stream is open at the gateway
         with pytest.raises(grpc.RpcError) as info:
@@ -209,7 +214,9 @@ def route_all(gateway, conversations, max_new_tokens: int = 1) -> dict[str, str]
     channel, stub = chat_stub(gateway)
     with channel:
         return {
-            conv: collect(stub.Generate(chat_request(conv, max_new_tokens), metadata=auth(ACME_KEY), timeout=60))[2].engine_id
+            conv: collect(stub.Generate(chat_request(conv, max_new_tokens), metadata=auth(ACME_KEY), timeout=60))[
+                2
+            ].engine_id
             for conv in conversations
         }
 
@@ -264,8 +271,14 @@ def test_redis_down_gateway_keeps_serving(engines, tenants_file, workdir) -> Non
     from gateway_helpers import RedisServer
 
     redis = RedisServer().start()
-    gw = start_gateway(engines.values(), tenants_file, workdir, name="gw-redis-down", redis_url=redis.url,
-                       extra=["--redis-retry-interval-s", "0.2"])
+    gw = start_gateway(
+        engines.values(),
+        tenants_file,
+        workdir,
+        name="gw-redis-down",
+        redis_url=redis.url,
+        extra=["--redis-retry-interval-s", "0.2"],
+    )
     restarted = None
     try:
         wait_engines_serving(gw, ENGINE_IDS)
@@ -304,8 +317,11 @@ def test_api_keys_never_logged(gateway, workdir) -> None:
 
 
 def test_same_conversation_id_in_two_tenants_is_two_dialogues(gateway) -> None:
-    conv = next(f"shared-{i}" for i in range(1000)
-                if ring_owner(ENGINE_IDS, f"shared-{i}", "acme") != ring_owner(ENGINE_IDS, f"shared-{i}", "globex"))
+    conv = next(
+        f"shared-{i}"
+        for i in range(1000)
+        if ring_owner(ENGINE_IDS, f"shared-{i}", "acme") != ring_owner(ENGINE_IDS, f"shared-{i}", "globex")
+    )
     channel, stub = chat_stub(gateway)
     with channel:
         for _ in range(2):

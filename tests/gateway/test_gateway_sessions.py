@@ -7,13 +7,12 @@ import asyncio
 import random
 import time
 
+from gateway_helpers import RedisServer, redis_server  # noqa: F401 - fixture
 
 from salon.gateway import metrics
 from salon.gateway.sessions import InMemorySessionTable
 from salon.gateway.sessions_redis import RedisSessionTable
 from salon.gateway.types import DialogueKey, EngineId
-
-from gateway_helpers import RedisServer, redis_server  # noqa: F401 - fixture
 
 
 class FakeClock:
@@ -105,8 +104,7 @@ async def test_redis_ttl_expires(redis_server) -> None:  # noqa: F811
 
 async def test_redis_pool_waits_instead_of_failing(redis_server) -> None:  # noqa: F811
     """More concurrent operations than pooled connections: all succeed (callers wait for a slot)."""
-    table = RedisSessionTable(redis_server.url, ttl_s=60.0, max_connections=2, pool_timeout_s=2.0,
-                              op_timeout_s=2.0)
+    table = RedisSessionTable(redis_server.url, ttl_s=60.0, max_connections=2, pool_timeout_s=2.0, op_timeout_s=2.0)
     try:
         convs = [DialogueKey(f"c{i}") for i in range(50)]
         await asyncio.gather(*(table.put(c, EngineId(f"e{i % 3}")) for i, c in enumerate(convs)))

@@ -8,12 +8,11 @@ import json
 import random
 
 import pytest
+from gateway_helpers import ACME_KEY, GLOBEX_KEY, SALT_SECRET, TENANTS, write_tenants
 
 from salon.gateway.ratelimit import AdmissionControl, TokenBucket
 from salon.gateway.tenants import Tenant, TenantConfigError, TenantTable
 from salon.gateway.types import TenantId
-
-from gateway_helpers import ACME_KEY, GLOBEX_KEY, SALT_SECRET, TENANTS, write_tenants
 
 SECRET = bytes.fromhex(SALT_SECRET)
 
@@ -36,14 +35,24 @@ def test_a_tenant_without_a_salt_needs_the_secret() -> None:
         TenantTable.from_obj(TENANTS)
 
 
-@pytest.mark.parametrize("tenants", [
-    [{"tenant_id": "a", "api_key": "12345678", "namespace_salt": "same"},
-     {"tenant_id": "b", "api_key": "87654321", "namespace_salt": "same"}],
-    # A configured salt equal to another tenant's derived one.
-    [{"tenant_id": "a", "api_key": "12345678"},
-     {"tenant_id": "b", "api_key": "87654321",
-      "namespace_salt": hmac.new(SECRET, b"salon tenant salt v1\x00a", hashlib.sha256).hexdigest()}],
-])
+@pytest.mark.parametrize(
+    "tenants",
+    [
+        [
+            {"tenant_id": "a", "api_key": "12345678", "namespace_salt": "same"},
+            {"tenant_id": "b", "api_key": "87654321", "namespace_salt": "same"},
+        ],
+        # A configured salt equal to another tenant's derived one.
+        [
+            {"tenant_id": "a", "api_key": "12345678"},
+            {
+                "tenant_id": "b",
+                "api_key": "87654321",
+                "namespace_salt": hmac.new(SECRET, b"salon tenant salt v1\x00a", hashlib.sha256).hexdigest(),
+            },
+        ],
+    ],
+)
 def test_duplicate_salts_are_refused_at_load(tenants) -> None:
     with pytest.raises(TenantConfigError, match="tenants a and b have the same namespace_salt"):
         TenantTable.from_obj({"tenants": tenants}, salt_secret=SECRET)
@@ -62,8 +71,8 @@ def test_toml_file_and_hashed_key(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    "authorization", [None, "", "Bearer", "Bearer ", f"Basic {ACME_KEY}", f"Bearer {ACME_KEY}x", ACME_KEY,
-                      f"Bearer {ACME_KEY[:-1]}"]
+    "authorization",
+    [None, "", "Bearer", "Bearer ", f"Basic {ACME_KEY}", f"Bearer {ACME_KEY}x", ACME_KEY, f"Bearer {ACME_KEY[:-1]}"],
 )
 def test_unknown_or_malformed_keys(authorization) -> None:
     table = TenantTable.from_obj(TENANTS, salt_secret=SECRET)
@@ -87,10 +96,8 @@ def test_anonymous_only_without_authorization() -> None:
         ({"tenants": [{"tenant_id": "a", "api_key_sha256": "zz"}]}, "api_key_sha256"),
         ({"tenants": [{"tenant_id": "a", "api_key": "12345678", "max_concurrent_streams": 0}]}, "max_concurrent"),
         ({"tenants": [{"tenant_id": "a", "api_key": "12345678", "requests_per_s": -1}]}, "requests_per_s"),
-        ({"tenants": [{"tenant_id": "a", "api_key": "12345678"}, {"tenant_id": "a", "api_key": "87654321"}]},
-         "unique"),
-        ({"tenants": [{"tenant_id": "a", "api_key": "12345678"}, {"tenant_id": "b", "api_key": "12345678"}]},
-         "share"),
+        ({"tenants": [{"tenant_id": "a", "api_key": "12345678"}, {"tenant_id": "a", "api_key": "87654321"}]}, "unique"),
+        ({"tenants": [{"tenant_id": "a", "api_key": "12345678"}, {"tenant_id": "b", "api_key": "12345678"}]}, "share"),
         ({"nope": []}, "tenants"),
     ],
 )

@@ -9,14 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
+from gateway_helpers import ACME_KEY, auth, chat_request, chat_stub, collect, start_gateway, write_tenants
 
 from salon.common.config import parse_config
 from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from salon.common.process import start_service
 from salon.common.tracing import ratio_sampler
 from salon.gateway.config import GatewayConfig
-
-from gateway_helpers import ACME_KEY, auth, chat_request, chat_stub, collect, start_gateway, write_tenants
 
 CHAT_GENERATE = "/salon.chat.v1.ChatService/Generate"
 ENGINE_GENERATE = "/salon.engine.v1.EngineService/Generate"
@@ -41,16 +40,43 @@ def stack(tmp_path_factory):
     tenants = write_tenants(tmp / "tenants.json")
     procs = []
     try:
-        engine = start_service("engine", [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--model", "synthetic-tiny",
-                                          "--engine-id", "e0", "--kv-cache-bytes", str(16 << 20), "--log-json", "true",
-                                          "--trace-file", str(tmp / "engine.spans.jsonl")],
-                               log_path=tmp / "engine.log", timeout_s=180)
+        engine = start_service(
+            "engine",
+            [
+                *INSECURE_LOOPBACK_FLAGS,
+                "--port",
+                "0",
+                "--model",
+                "synthetic-tiny",
+                "--engine-id",
+                "e0",
+                "--kv-cache-bytes",
+                str(16 << 20),
+                "--log-json",
+                "true",
+                "--trace-file",
+                str(tmp / "engine.spans.jsonl"),
+            ],
+            log_path=tmp / "engine.log",
+            timeout_s=180,
+        )
         procs.append(engine)
         gateways = {}
         for name, ratio in (("all", "1"), ("none", "0")):
-            gateways[name] = start_gateway([("e0", engine.address)], tenants, tmp, name=f"gateway-{name}",
-                                           extra=["--log-json", "true", "--trace-sample-ratio", ratio,
-                                                  "--trace-file", str(tmp / f"gateway-{name}.spans.jsonl")])
+            gateways[name] = start_gateway(
+                [("e0", engine.address)],
+                tenants,
+                tmp,
+                name=f"gateway-{name}",
+                extra=[
+                    "--log-json",
+                    "true",
+                    "--trace-sample-ratio",
+                    ratio,
+                    "--trace-file",
+                    str(tmp / f"gateway-{name}.spans.jsonl"),
+                ],
+            )
             procs.append(gateways[name])
         yield {"tmp": tmp, "engine": engine, **gateways}
     finally:
@@ -61,8 +87,9 @@ def stack(tmp_path_factory):
 def _generate(gateway, conversation_id: str) -> None:
     channel, stub = chat_stub(gateway)
     with channel:
-        _tokens, _text, final = collect(stub.Generate(chat_request(conversation_id, max_new_tokens=3),
-                                                      metadata=auth(ACME_KEY), timeout=60))
+        _tokens, _text, final = collect(
+            stub.Generate(chat_request(conversation_id, max_new_tokens=3), metadata=auth(ACME_KEY), timeout=60)
+        )
     assert final is not None
 
 
@@ -82,8 +109,16 @@ def _wait_for(find, timeout_s: float = 20.0):
 
 
 def _access_line(log: Path, method: str, conversation_id: str | None = None) -> dict | None:
-    return next((r for r in _records(log) if r.get("event") == "rpc_finished" and r.get("rpc_method") == method
-                 and (conversation_id is None or r.get("conversation_id") == conversation_id)), None)
+    return next(
+        (
+            r
+            for r in _records(log)
+            if r.get("event") == "rpc_finished"
+            and r.get("rpc_method") == method
+            and (conversation_id is None or r.get("conversation_id") == conversation_id)
+        ),
+        None,
+    )
 
 
 def test_sampled_request_spans_chain_gateway_server_client_engine(stack) -> None:
@@ -95,10 +130,22 @@ def test_sampled_request_spans_chain_gateway_server_client_engine(stack) -> None
         server = next((s for s in gateway_spans if s["kind"] == "SERVER" and s["name"] == CHAT_GENERATE), None)
         if server is None:
             return None
-        client = next((s for s in gateway_spans if s["kind"] == "CLIENT" and s["name"] == ENGINE_GENERATE
-                       and s["trace_id"] == server["trace_id"]), None)
-        engine = next((s for s in _records(tmp / "engine.spans.jsonl") if s["kind"] == "SERVER"
-                       and s["name"] == ENGINE_GENERATE and s["trace_id"] == server["trace_id"]), None)
+        client = next(
+            (
+                s
+                for s in gateway_spans
+                if s["kind"] == "CLIENT" and s["name"] == ENGINE_GENERATE and s["trace_id"] == server["trace_id"]
+            ),
+            None,
+        )
+        engine = next(
+            (
+                s
+                for s in _records(tmp / "engine.spans.jsonl")
+                if s["kind"] == "SERVER" and s["name"] == ENGINE_GENERATE and s["trace_id"] == server["trace_id"]
+            ),
+            None,
+        )
         return (server, client, engine) if client and engine else None
 
     found = _wait_for(chain)
@@ -118,8 +165,16 @@ def test_unsampled_request_records_no_span_anywhere_but_keeps_its_trace_id(stack
     assert gateway_line and gateway_line.get("trace_id"), "the gateway's access line carries no trace id"
     trace_id = gateway_line["trace_id"]
     # The engine logged under the gateway's trace id: the (unsampled) context was passed on.
-    engine_line = _wait_for(lambda: next((r for r in _records(tmp / "engine.log")
-                                          if r.get("event") == "rpc_finished" and r.get("trace_id") == trace_id), None))
+    engine_line = _wait_for(
+        lambda: next(
+            (
+                r
+                for r in _records(tmp / "engine.log")
+                if r.get("event") == "rpc_finished" and r.get("trace_id") == trace_id
+            ),
+            None,
+        )
+    )
     assert engine_line and engine_line["rpc_method"] == ENGINE_GENERATE
     time.sleep(0.5)  # spans are written as they end: give a stray one the time to appear
     assert _records(tmp / "gateway-none.spans.jsonl") == []
@@ -131,18 +186,24 @@ def test_the_public_port_ignores_inbound_trace_context_and_baggage(stack) -> Non
     none, nor continue its own trace: the gateway starts a trace of its own for every request."""
     tmp = stack["tmp"]
     client_trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-    metadata = (*auth(ACME_KEY), ("traceparent", f"00-{client_trace_id}-00f067aa0ba902b7-01"),
-                ("baggage", "tenant=someone-else"))
+    metadata = (
+        *auth(ACME_KEY),
+        ("traceparent", f"00-{client_trace_id}-00f067aa0ba902b7-01"),
+        ("baggage", "tenant=someone-else"),
+    )
     channel, stub = chat_stub(stack["none"])
     with channel:
-        _tokens, _text, final = collect(stub.Generate(chat_request("trace-forced", max_new_tokens=3),
-                                                      metadata=metadata, timeout=60))
+        _tokens, _text, final = collect(
+            stub.Generate(chat_request("trace-forced", max_new_tokens=3), metadata=metadata, timeout=60)
+        )
     assert final is not None
     line = _wait_for(lambda: _access_line(tmp / "gateway-none.log", CHAT_GENERATE, "trace-forced"))
     assert line and line["trace_id"] != client_trace_id
     time.sleep(0.5)
     assert _records(tmp / "gateway-none.spans.jsonl") == []
-    assert [s for s in _records(tmp / "engine.spans.jsonl") if s["trace_id"] in (client_trace_id, line["trace_id"])] == []
+    assert [
+        s for s in _records(tmp / "engine.spans.jsonl") if s["trace_id"] in (client_trace_id, line["trace_id"])
+    ] == []
 
 
 def test_inject_only_propagator_reads_nothing_and_writes_only_trace_context() -> None:
@@ -156,8 +217,9 @@ def test_inject_only_propagator_reads_nothing_and_writes_only_trace_context() ->
     context = propagator.extract(carrier)
     assert not trace.get_current_span(context).get_span_context().is_valid
     assert baggage.get_all(context) == {}
-    span = NonRecordingSpan(SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0xF067AA0BA902B7, False,
-                                        TraceFlags(TraceFlags.SAMPLED)))
+    span = NonRecordingSpan(
+        SpanContext(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0xF067AA0BA902B7, False, TraceFlags(TraceFlags.SAMPLED))
+    )
     out: dict[str, str] = {}
     propagator.inject(out, context=baggage.set_baggage("k", "v", trace.set_span_in_context(span)))
     assert set(out) == {"traceparent"}

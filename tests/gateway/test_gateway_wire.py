@@ -8,8 +8,16 @@ from salon.api.engine.v1 import engine_pb2
 
 
 def fields(descriptor):
-    return sorted((f.number, f.name, f.type, f.message_type.full_name if f.message_type else None,
-                   f.containing_oneof.name if f.containing_oneof else None) for f in descriptor.fields)
+    return sorted(
+        (
+            f.number,
+            f.name,
+            f.type,
+            f.message_type.full_name if f.message_type else None,
+            f.containing_oneof.name if f.containing_oneof else None,
+        )
+        for f in descriptor.fields
+    )
 
 
 def test_engine_and_chat_generate_response_are_wire_identical() -> None:

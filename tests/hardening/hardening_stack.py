@@ -45,19 +45,50 @@ def write_tenants(path: Path, tenants: dict = TENANTS) -> Path:
 
 
 def start_engine(engine_id: str, log_dir: Path, extra: Sequence[str] = (), wait: bool = True) -> ServiceProcess:
-    args = ["--port", "0", "--model", MODEL, "--engine-id", engine_id, "--kv-cache-bytes",
-            str(ENGINE_KV_CACHE_BYTES), "--log-json", "true", *extra]
+    args = [
+        "--port",
+        "0",
+        "--model",
+        MODEL,
+        "--engine-id",
+        engine_id,
+        "--kv-cache-bytes",
+        str(ENGINE_KV_CACHE_BYTES),
+        "--log-json",
+        "true",
+        *extra,
+    ]
     if "--tls-client-ca-file" not in extra:
         args += INSECURE_LOOPBACK_FLAGS
-    return start_service("engine", args, log_path=log_dir / f"engine-{engine_id}.log", wait_serving=wait,
-                         timeout_s=180)
+    return start_service("engine", args, log_path=log_dir / f"engine-{engine_id}.log", wait_serving=wait, timeout_s=180)
 
 
-def start_gateway(engines: dict[str, ServiceProcess], tenants_file: Path, log_dir: Path, name: str = "gateway",
-                  extra: Sequence[str] = (), wait: bool = True) -> ServiceProcess:
+def start_gateway(
+    engines: dict[str, ServiceProcess],
+    tenants_file: Path,
+    log_dir: Path,
+    name: str = "gateway",
+    extra: Sequence[str] = (),
+    wait: bool = True,
+) -> ServiceProcess:
     spec = ",".join(f"{engine_id}={proc.address}" for engine_id, proc in engines.items())
-    args = ["--port", "0", "--metrics-port", "0", "--engines", spec, "--tenants-file", str(tenants_file),
-            "--grace-s", "1", "--load-interval-ms", "100", "--log-json", "true", *extra]
+    args = [
+        "--port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--engines",
+        spec,
+        "--tenants-file",
+        str(tenants_file),
+        "--grace-s",
+        "1",
+        "--load-interval-ms",
+        "100",
+        "--log-json",
+        "true",
+        *extra,
+    ]
     if "--engine-tls-ca-file" not in extra:
         args += INSECURE_LOOPBACK_FLAGS
     return start_service("gateway", args, log_path=log_dir / f"{name}.log", wait_serving=wait, timeout_s=60)
@@ -70,18 +101,22 @@ def stop_all(procs: Iterable[ServiceProcess | None]) -> None:
 
 
 def engine_load(address: str, credentials: grpc.ChannelCredentials | None = None) -> engine_pb2.LoadReport:
-    channel = (grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address))
+    channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
     with channel:
         return engine_pb2_grpc.EngineServiceStub(channel).GetLoad(engine_pb2.GetLoadRequest(), timeout=5).load
 
 
 def is_clean(report: engine_pb2.LoadReport) -> bool:
-    return (report.running_requests == 0 and report.waiting_requests == 0
-            and report.free_kv_blocks + report.cached_kv_blocks == report.total_kv_blocks)
+    return (
+        report.running_requests == 0
+        and report.waiting_requests == 0
+        and report.free_kv_blocks + report.cached_kv_blocks == report.total_kv_blocks
+    )
 
 
-def assert_engine_clean(engine: ServiceProcess, timeout_s: float = 10.0,
-                        credentials: grpc.ChannelCredentials | None = None) -> engine_pb2.LoadReport:
+def assert_engine_clean(
+    engine: ServiceProcess, timeout_s: float = 10.0, credentials: grpc.ChannelCredentials | None = None
+) -> engine_pb2.LoadReport:
     """Wait until the engine's own accounting shows no work and no leaked KV block; the process lives."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -118,7 +153,10 @@ def wait_tls_serving(proc: ServiceProcess, credentials: grpc.ChannelCredentials,
         while True:
             assert proc.process.poll() is None, f"{proc.service} exited with {proc.process.returncode}"
             try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == health_pb2.HealthCheckResponse.SERVING:
+                if (
+                    stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+                    == health_pb2.HealthCheckResponse.SERVING
+                ):
                     return
             except grpc.RpcError:
                 pass
@@ -126,8 +164,11 @@ def wait_tls_serving(proc: ServiceProcess, credentials: grpc.ChannelCredentials,
             time.sleep(0.1)
 
 
-def chat_request(conversation_id: str, max_new_tokens: int = 8, prompt: Sequence[int] = PROMPT_TOKEN_IDS,
-                 ) -> chat_pb2.GenerateRequest:
+def chat_request(
+    conversation_id: str,
+    max_new_tokens: int = 8,
+    prompt: Sequence[int] = PROMPT_TOKEN_IDS,
+) -> chat_pb2.GenerateRequest:
     return chat_pb2.GenerateRequest(
         conversation_id=conversation_id,
         tokens=chat_pb2.TokenizedPrompt(token_ids=list(prompt)),
@@ -158,8 +199,11 @@ def collect(events) -> Reply:
 
 
 def chat_stub(address: str, credentials: grpc.ChannelCredentials | None = None, options=()):
-    channel = (grpc.secure_channel(address, credentials, options=options) if credentials
-               else grpc.insecure_channel(address, options=options))
+    channel = (
+        grpc.secure_channel(address, credentials, options=options)
+        if credentials
+        else grpc.insecure_channel(address, options=options)
+    )
     return channel, chat_pb2_grpc.ChatServiceStub(channel)
 
 

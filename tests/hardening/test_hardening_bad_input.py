@@ -17,10 +17,6 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
-
-from salon.api.chat.v1 import chat_pb2
 from hardening_stack import (
     KEY_A,
     assert_engine_clean,
@@ -34,6 +30,10 @@ from hardening_stack import (
     wait_gateway_sees,
     write_tenants,
 )
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from salon.api.chat.v1 import chat_pb2
 
 VOCAB_SIZE = 262_144  # the Gemma vocabulary synthetic-tiny uses
 CONTEXT_TOKENS = 512  # --max-context-tokens: small, so "beyond the context" is cheap to reach
@@ -50,8 +50,16 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bad-input")
     engine = gateway = None
     try:
-        engine = start_engine("e0", tmp, extra=["--max-context-tokens", str(CONTEXT_TOKENS),
-                                                "--default-max-new-tokens", str(DEFAULT_MAX_NEW_TOKENS)])
+        engine = start_engine(
+            "e0",
+            tmp,
+            extra=[
+                "--max-context-tokens",
+                str(CONTEXT_TOKENS),
+                "--default-max-new-tokens",
+                str(DEFAULT_MAX_NEW_TOKENS),
+            ],
+        )
         gateway = start_gateway({"e0": engine}, write_tenants(tmp / "tenants.json"), tmp)
         wait_gateway_sees(gateway, 1)
         yield engine, gateway
@@ -140,6 +148,7 @@ def expect(request: chat_pb2.GenerateRequest) -> Expected:
 
 # ---- strategies over every field ------------------------------------------------------------------
 
+
 def mostly(valid, *bad, odds: int = 12):
     """`valid` `odds` times out of `odds + len(bad)`, else one of the bad strategies: most requests
     then carry zero or one bad field, so both the refusals and the served replies get exercised."""
@@ -147,24 +156,33 @@ def mostly(valid, *bad, odds: int = 12):
 
 
 valid_ids = st.integers(0, VOCAB_SIZE - 1)
-any_ids = mostly(st.one_of(valid_ids, st.sampled_from(BYTE_TOKEN_IDS)), st.integers(VOCAB_SIZE, 2**32 - 1),
-                 odds=30)
+any_ids = mostly(st.one_of(valid_ids, st.sampled_from(BYTE_TOKEN_IDS)), st.integers(VOCAB_SIZE, 2**32 - 1), odds=30)
 short_text = st.text(max_size=12)
 floats32 = mostly(
     st.one_of(st.floats(0, 1, width=32), st.sampled_from([0.0, 1.0])),
     st.sampled_from([100.5, -0.5, -1e-30, 1e30, math.inf, -math.inf, math.nan]),
     odds=6,
 )
-temperatures = mostly(st.one_of(st.floats(0, 2, width=32), st.just(100.0)),
-                      st.sampled_from([100.5, -0.5, -1e-30, 1e30, math.inf, -math.inf, math.nan]), odds=6)
+temperatures = mostly(
+    st.one_of(st.floats(0, 2, width=32), st.just(100.0)),
+    st.sampled_from([100.5, -0.5, -1e-30, 1e30, math.inf, -math.inf, math.nan]),
+    odds=6,
+)
 
 
 @st.composite
 def messages(draw):
-    role = draw(mostly(st.sampled_from([chat_pb2.ROLE_USER, chat_pb2.ROLE_CHARACTER, chat_pb2.ROLE_SYSTEM]),
-                       st.just(chat_pb2.ROLE_UNSPECIFIED), st.just(7), odds=20))
-    shape = draw(mostly(st.sampled_from(["text", "ids"]), st.just("both"), st.just("neither"), st.just("long"),
-                        odds=20))
+    role = draw(
+        mostly(
+            st.sampled_from([chat_pb2.ROLE_USER, chat_pb2.ROLE_CHARACTER, chat_pb2.ROLE_SYSTEM]),
+            st.just(chat_pb2.ROLE_UNSPECIFIED),
+            st.just(7),
+            odds=20,
+        )
+    )
+    shape = draw(
+        mostly(st.sampled_from(["text", "ids"]), st.just("both"), st.just("neither"), st.just("long"), odds=20)
+    )
     m = chat_pb2.Message(role=role, author=draw(short_text))
     if shape in ("text", "both"):
         m.text = draw(st.text(min_size=1, max_size=40))
@@ -178,16 +196,24 @@ def messages(draw):
 @st.composite
 def generate_requests(draw):
     r = chat_pb2.GenerateRequest(
-        conversation_id=draw(mostly(st.text(min_size=1, max_size=16), st.just(""), st.just("x" * 257),
-                                    st.just("é" * 129))),
-        request_id=draw(mostly(st.one_of(st.just(""), st.text(max_size=16)), st.just("r" * 129),
-                               st.just("bad\nid"))),
+        conversation_id=draw(
+            mostly(st.text(min_size=1, max_size=16), st.just(""), st.just("x" * 257), st.just("é" * 129))
+        ),
+        request_id=draw(mostly(st.one_of(st.just(""), st.text(max_size=16)), st.just("r" * 129), st.just("bad\nid"))),
     )
     if draw(st.booleans()):
         r.character.name = draw(short_text)
         r.character.definition = draw(mostly(short_text, st.just(LONG_TEXT)))
-    context = draw(mostly(st.sampled_from(["tokens", "dialogue"]), st.just("none"), st.just("tokens_long"),
-                          st.just("dialogue_empty"), st.just("tokens_empty"), odds=16))
+    context = draw(
+        mostly(
+            st.sampled_from(["tokens", "dialogue"]),
+            st.just("none"),
+            st.just("tokens_long"),
+            st.just("dialogue_empty"),
+            st.just("tokens_empty"),
+            odds=16,
+        )
+    )
     if context == "tokens":
         r.tokens.token_ids.extend(draw(st.lists(any_ids, min_size=1, max_size=24)))
     elif context == "tokens_empty":
@@ -200,15 +226,26 @@ def generate_requests(draw):
         r.dialogue.SetInParent()
     if draw(st.booleans()):
         s = r.sampling
-        s.max_new_tokens = draw(mostly(st.integers(0, 6), st.integers(400, 600),
-                                       st.sampled_from([MAX_NEW_TOKENS_LIMIT + 1, 2**32 - 1]), odds=8))
+        s.max_new_tokens = draw(
+            mostly(
+                st.integers(0, 6), st.integers(400, 600), st.sampled_from([MAX_NEW_TOKENS_LIMIT + 1, 2**32 - 1]), odds=8
+            )
+        )
         s.temperature = draw(temperatures)
         s.top_k = draw(st.one_of(st.just(0), st.integers(1, 2**32 - 1)))
         s.top_p = draw(floats32)
         if draw(st.booleans()):
             s.seed = draw(st.integers(0, 2**64 - 1))
-        s.stop_strings.extend(draw(mostly(st.lists(st.text(min_size=1, max_size=4), max_size=3),
-                                          st.just(["z"] * 17), st.just(["y" * 257]), st.just([""]))))
+        s.stop_strings.extend(
+            draw(
+                mostly(
+                    st.lists(st.text(min_size=1, max_size=4), max_size=3),
+                    st.just(["z"] * 17),
+                    st.just(["y" * 257]),
+                    st.just([""]),
+                )
+            )
+        )
         s.stop_token_ids.extend(draw(mostly(st.lists(any_ids, max_size=3), st.just([5] * 65))))
         s.return_logprobs = draw(st.booleans())
     return r
@@ -245,9 +282,12 @@ def _check(stub, request: chat_pb2.GenerateRequest) -> None:
         assert reply.final.usage.generated_tokens == len(reply.token_ids) <= want.budget
 
 
-@settings(max_examples=200, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large])
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(request=generate_requests())
 def test_every_field_gets_the_documented_answer(stack, request) -> None:
     _, gateway = stack
@@ -268,12 +308,17 @@ def test_byte_fallback_ids_that_are_not_utf8_still_stream_valid_text(stack) -> N
     _, gateway = stack
     channel, stub = chat_stub(gateway.address)
     with channel:
-        reply = collect(stub.Generate(chat_request("bytes", 6, prompt=[2, 493, 366, 433, 464]),
-                                      metadata=auth(KEY_A), timeout=30))
+        reply = collect(
+            stub.Generate(chat_request("bytes", 6, prompt=[2, 493, 366, 433, 464]), metadata=auth(KEY_A), timeout=30)
+        )
         assert reply.final.usage.prompt_tokens == 5
-        request = chat_pb2.GenerateRequest(conversation_id="bytes-dialogue", dialogue=chat_pb2.Dialogue(messages=[
-            chat_pb2.Message(role=chat_pb2.ROLE_USER, token_ids=[493, 366, 366, 433])]),
-            sampling=chat_pb2.SamplingParams(max_new_tokens=4))
+        request = chat_pb2.GenerateRequest(
+            conversation_id="bytes-dialogue",
+            dialogue=chat_pb2.Dialogue(
+                messages=[chat_pb2.Message(role=chat_pb2.ROLE_USER, token_ids=[493, 366, 366, 433])]
+            ),
+            sampling=chat_pb2.SamplingParams(max_new_tokens=4),
+        )
         reply = collect(stub.Generate(request, metadata=auth(KEY_A), timeout=30))
         assert reply.final is not None
         reply.text.encode("utf-8")
@@ -284,14 +329,19 @@ def test_invalid_utf8_in_a_string_field_is_invalid_argument(stack) -> None:
     (grpc alone would answer UNKNOWN with the parser's exception)."""
     engine, gateway = stack
     marker = b"QQQQ"
-    template = chat_pb2.GenerateRequest(conversation_id="utf8", dialogue=chat_pb2.Dialogue(messages=[
-        chat_pb2.Message(role=chat_pb2.ROLE_USER, text=marker.decode())]))
+    template = chat_pb2.GenerateRequest(
+        conversation_id="utf8",
+        dialogue=chat_pb2.Dialogue(messages=[chat_pb2.Message(role=chat_pb2.ROLE_USER, text=marker.decode())]),
+    )
     for field in ("text", "conversation_id"):
         raw = template.SerializeToString()
         raw = raw.replace(marker, b"\xff\xfe\x80Q") if field == "text" else raw.replace(b"utf8", b"ut\xc3\x28")
         with grpc.insecure_channel(gateway.address) as channel:
-            call = channel.unary_stream("/salon.chat.v1.ChatService/Generate", request_serializer=lambda b: b,
-                                        response_deserializer=chat_pb2.GenerateResponse.FromString)
+            call = channel.unary_stream(
+                "/salon.chat.v1.ChatService/Generate",
+                request_serializer=lambda b: b,
+                response_deserializer=chat_pb2.GenerateResponse.FromString,
+            )
             with pytest.raises(grpc.RpcError) as info:
                 list(call(raw, metadata=auth(KEY_A), timeout=10))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
@@ -319,8 +369,10 @@ def test_oversized_message_is_resource_exhausted_fast(stack) -> None:
 def test_huge_message_below_the_grpc_limit_is_out_of_range(stack) -> None:
     """A 2 MB message (fits gRPC's limit, not the context) is refused as OUT_OF_RANGE naming the prompt."""
     engine, gateway = stack
-    request = chat_pb2.GenerateRequest(conversation_id="big-text", dialogue=chat_pb2.Dialogue(messages=[
-        chat_pb2.Message(role=chat_pb2.ROLE_USER, text="sail " * 400_000)]))
+    request = chat_pb2.GenerateRequest(
+        conversation_id="big-text",
+        dialogue=chat_pb2.Dialogue(messages=[chat_pb2.Message(role=chat_pb2.ROLE_USER, text="sail " * 400_000)]),
+    )
     channel, stub = chat_stub(gateway.address)
     with channel:
         started = time.monotonic()
@@ -333,12 +385,15 @@ def test_huge_message_below_the_grpc_limit_is_out_of_range(stack) -> None:
     assert_engine_clean(engine)
 
 
-@pytest.mark.parametrize("num_prompt_tokens, max_new_tokens, field", [
-    (CONTEXT_TOKENS, 1, "prompt"),
-    (CONTEXT_TOKENS + 300, 0, "prompt"),
-    (CONTEXT_TOKENS - 10, 11, "sampling.max_new_tokens"),
-    (CONTEXT_TOKENS - 10, 10, None),
-])
+@pytest.mark.parametrize(
+    "num_prompt_tokens, max_new_tokens, field",
+    [
+        (CONTEXT_TOKENS, 1, "prompt"),
+        (CONTEXT_TOKENS + 300, 0, "prompt"),
+        (CONTEXT_TOKENS - 10, 11, "sampling.max_new_tokens"),
+        (CONTEXT_TOKENS - 10, 10, None),
+    ],
+)
 def test_context_edges_are_exact(stack, num_prompt_tokens, max_new_tokens, field) -> None:
     engine, gateway = stack
     request = chat_request("edges", max_new_tokens, prompt=[2] + [1124] * (num_prompt_tokens - 1))
@@ -357,8 +412,13 @@ def test_context_edges_are_exact(stack, num_prompt_tokens, max_new_tokens, field
 
 def test_dialogue_history_beyond_the_context_is_out_of_range(stack) -> None:
     _, gateway = stack
-    history = [chat_pb2.Message(role=chat_pb2.ROLE_USER if i % 2 == 0 else chat_pb2.ROLE_CHARACTER,
-                                text=f"message {i} about the tides and the wind") for i in range(120)]
+    history = [
+        chat_pb2.Message(
+            role=chat_pb2.ROLE_USER if i % 2 == 0 else chat_pb2.ROLE_CHARACTER,
+            text=f"message {i} about the tides and the wind",
+        )
+        for i in range(120)
+    ]
     request = chat_pb2.GenerateRequest(conversation_id="long-history", dialogue=chat_pb2.Dialogue(messages=history))
     channel, stub = chat_stub(gateway.address)
     with channel:

@@ -11,10 +11,6 @@ import time
 
 import grpc
 import pytest
-
-from bench.hostile import KINDS, hostile_request
-from salon.api.chat.v1 import chat_pb2
-from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
 from hardening_stack import (
     KEY_A,
     KEY_B,
@@ -29,6 +25,10 @@ from hardening_stack import (
     wait_gateway_sees,
     write_tenants,
 )
+
+from bench.hostile import KINDS, hostile_request
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
 
 GUARD_S = 1.0  # far above the bench's figures, far below what work proportional to the request costs
 
@@ -63,8 +63,11 @@ def test_hostile_requests_are_refused_from_their_counts(stack, kind) -> None:
     assert 2_000_000 < len(payload) < 4 << 20  # under the public cap: grpc itself lets it through
     options = [("grpc.max_send_message_length", 8 << 20)]
     with grpc.insecure_channel(gateway.address, options=options) as channel:
-        method = channel.unary_stream("/salon.chat.v1.ChatService/Generate", request_serializer=lambda b: b,
-                                      response_deserializer=chat_pb2.GenerateResponse.FromString)
+        method = channel.unary_stream(
+            "/salon.chat.v1.ChatService/Generate",
+            request_serializer=lambda b: b,
+            response_deserializer=chat_pb2.GenerateResponse.FromString,
+        )
         error, elapsed_s = _refuse(lambda p: method(p, metadata=auth(KEY_A), timeout=30), payload)
     assert error.code() == grpc.StatusCode.OUT_OF_RANGE and error.details().startswith("prompt"), error
     print(f"{kind}: refused by the gateway in {elapsed_s * 1000:.0f} ms")
@@ -87,8 +90,9 @@ def test_hostile_requests_are_refused_from_their_counts(stack, kind) -> None:
 
 def test_over_the_public_cap_is_resource_exhausted_before_parsing(stack) -> None:
     _, gateway = stack
-    request = chat_pb2.GenerateRequest(conversation_id="too-big", tokens=chat_pb2.TokenizedPrompt(
-        token_ids=[262_000] * 1_500_000))  # 4.5 MB
+    request = chat_pb2.GenerateRequest(
+        conversation_id="too-big", tokens=chat_pb2.TokenizedPrompt(token_ids=[262_000] * 1_500_000)
+    )  # 4.5 MB
     channel, stub = chat_stub(gateway.address, options=[("grpc.max_send_message_length", 8 << 20)])
     with channel:
         with pytest.raises(grpc.RpcError) as info:
@@ -124,8 +128,11 @@ def test_another_tenants_small_request_is_served_alongside(stack) -> None:
 
     def attack() -> None:
         with grpc.insecure_channel(gateway.address, options=[("grpc.max_send_message_length", 8 << 20)]) as ch:
-            method = ch.unary_stream("/salon.chat.v1.ChatService/Generate", request_serializer=lambda b: b,
-                                     response_deserializer=chat_pb2.GenerateResponse.FromString)
+            method = ch.unary_stream(
+                "/salon.chat.v1.ChatService/Generate",
+                request_serializer=lambda b: b,
+                response_deserializer=chat_pb2.GenerateResponse.FromString,
+            )
             while not stop.is_set():
                 try:
                     list(method(payload, metadata=auth(KEY_A), timeout=30))

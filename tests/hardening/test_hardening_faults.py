@@ -14,16 +14,15 @@ import time
 
 import grpc
 import pytest
-
 from hardening_stack import (
     KEY_A,
     assert_engine_clean,
     assert_gateway_clean,
     auth,
-    engine_load,
     chat_request,
     chat_stub,
     collect,
+    engine_load,
     start_engine,
     start_gateway,
     stop_all,
@@ -58,8 +57,10 @@ def test_bulk_client_cancel_leaks_nothing(stack) -> None:
     engines, gateway = stack
     channel, stub = chat_stub(gateway.address)
     with channel:
-        calls = [stub.Generate(chat_request(f"bulk-cancel-{i}", max_new_tokens=3000), metadata=auth(KEY_A),
-                               timeout=60) for i in range(16)]
+        calls = [
+            stub.Generate(chat_request(f"bulk-cancel-{i}", max_new_tokens=3000), metadata=auth(KEY_A), timeout=60)
+            for i in range(16)
+        ]
         _first_events(calls)
         for call in calls:
             call.cancel()
@@ -110,8 +111,9 @@ def test_engine_killed_with_many_streams_in_flight(stack) -> None:
     budget = 120
     channel, stub = chat_stub(gateway.address)
     with channel:  # the reference: the same greedy request, served without a fault
-        reference = collect(stub.Generate(chat_request("kill-reference", max_new_tokens=budget),
-                                          metadata=auth(KEY_A), timeout=120))
+        reference = collect(
+            stub.Generate(chat_request("kill-reference", max_new_tokens=budget), metadata=auth(KEY_A), timeout=120)
+        )
     results: dict[int, object] = {}
     started = threading.Barrier(9)
 
@@ -119,8 +121,9 @@ def test_engine_killed_with_many_streams_in_flight(stack) -> None:
         channel, stub = chat_stub(gateway.address)
         with channel:
             try:
-                call = stub.Generate(chat_request(f"kill-{i}", max_new_tokens=budget), metadata=auth(KEY_A),
-                                     timeout=120)
+                call = stub.Generate(
+                    chat_request(f"kill-{i}", max_new_tokens=budget), metadata=auth(KEY_A), timeout=120
+                )
                 events = [next(call)]
                 started.wait(30)
                 events.extend(call)

@@ -14,8 +14,6 @@ import grpc
 import pytest
 from google.protobuf import descriptor_pool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-
-from salon.api.chat.v1 import chat_pb2
 from hardening_stack import (
     KEY_A,
     auth,
@@ -27,6 +25,8 @@ from hardening_stack import (
     wait_gateway_sees,
     write_tenants,
 )
+
+from salon.api.chat.v1 import chat_pb2
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = shutil.which("node")
@@ -74,9 +74,23 @@ def test_node_client_streams_the_same_greedy_reply_as_python(stack) -> None:
     node = _require_node()
     gateway = stack
     result = subprocess.run(
-        [node, str(REPO / "clients" / "node" / "chat.mjs"), "--target", gateway.address, "--api-key", KEY_A,
-         "--conversation-id", "node-dialogue", "--max-new-tokens", str(MAX_NEW_TOKENS), TEXT],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        [
+            node,
+            str(REPO / "clients" / "node" / "chat.mjs"),
+            "--target",
+            gateway.address,
+            "--api-key",
+            KEY_A,
+            "--conversation-id",
+            "node-dialogue",
+            "--max-new-tokens",
+            str(MAX_NEW_TOKENS),
+            TEXT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     streamed, final_line = result.stdout.rsplit("\nFINAL ", 1)
@@ -94,7 +108,10 @@ def test_node_client_reports_a_bad_key_as_an_error(stack) -> None:
     node = _require_node()
     result = subprocess.run(
         [node, str(REPO / "clients" / "node" / "chat.mjs"), "--target", stack.address, "--api-key", "not-a-key"],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     assert result.returncode == 1
     assert result.stdout.startswith("ERROR UNAUTHENTICATED: authorization")
@@ -104,11 +121,22 @@ def test_generic_reflection_lists_and_describes_the_public_api(stack) -> None:
     with grpc.insecure_channel(stack.address) as channel:
         database = ProtoReflectionDescriptorDatabase(channel)
         services = set(database.get_services())
-        assert {"salon.chat.v1.ChatService", "grpc.health.v1.Health",
-                "grpc.reflection.v1alpha.ServerReflection"} <= services
+        assert {
+            "salon.chat.v1.ChatService",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+        } <= services
         pool = descriptor_pool.DescriptorPool(database)
         generate = pool.FindServiceByName("salon.chat.v1.ChatService").FindMethodByName("Generate")
         assert generate.server_streaming and not generate.client_streaming
         assert generate.input_type.full_name == "salon.chat.v1.GenerateRequest"
         assert set(generate.input_type.fields_by_name) == {
-            "conversation_id", "request_id", "character", "dialogue", "tokens", "text", "sampling", "model"}
+            "conversation_id",
+            "request_id",
+            "character",
+            "dialogue",
+            "tokens",
+            "text",
+            "sampling",
+            "model",
+        }

@@ -7,7 +7,6 @@ import json
 import threading
 
 import pytest
-
 from hardening_stack import (
     KEY_A,
     KEY_B,
@@ -69,7 +68,10 @@ def test_the_same_client_request_id_from_two_tenants_never_collides(stack, where
         assert not isinstance(reply, Exception), (key, reply)
         assert reply.final is not None and reply.final.request_id == "same-id"
     # The engine saw two ids of the gateway's making, neither of them the clients' own.
-    engine_ids = {json.loads(line).get("request_id") for line in (tmp / "engine-e0.log").read_text().splitlines()
-                  if line.startswith("{") and '"rpc_finished"' in line and "Generate" in line}
+    engine_ids = {
+        json.loads(line).get("request_id")
+        for line in (tmp / "engine-e0.log").read_text().splitlines()
+        if line.startswith("{") and '"rpc_finished"' in line and "Generate" in line
+    }
     assert "same-id" not in engine_ids and len(engine_ids) >= 2
     assert_engine_clean(engine)

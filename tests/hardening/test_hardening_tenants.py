@@ -12,11 +12,6 @@ import time
 
 import grpc
 import pytest
-
-from salon.api.chat.v1 import chat_pb2
-from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
-from salon.common.process import start_service
 from hardening_stack import (
     KEY_A,
     KEY_B,
@@ -30,6 +25,11 @@ from hardening_stack import (
     write_tenants,
 )
 
+from salon.api.chat.v1 import chat_pb2
+from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import start_service
+
 WRONG_KEY = "sk-hardening-not-a-tenant-9d81"
 
 
@@ -38,17 +38,36 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tenants")
     procs = {}
     try:
-        procs["kv"] = start_service("kvstore", [*INSECURE_LOOPBACK_FLAGS, "--port", "0", "--capacity-bytes",
-                                                str(64 << 20), "--log-json", "true",
-                                                "--trace-file", str(tmp / "kv.spans.jsonl")],
-                                    log_path=tmp / "kvstore.log")
+        procs["kv"] = start_service(
+            "kvstore",
+            [
+                *INSECURE_LOOPBACK_FLAGS,
+                "--port",
+                "0",
+                "--capacity-bytes",
+                str(64 << 20),
+                "--log-json",
+                "true",
+                "--trace-file",
+                str(tmp / "kv.spans.jsonl"),
+            ],
+            log_path=tmp / "kvstore.log",
+        )
         tenants = write_tenants(tmp / "tenants.json")
         for i in range(2):
-            procs[f"e{i}"] = start_engine(f"e{i}", tmp, extra=["--kvstore-target", procs["kv"].address,
-                                                               "--trace-file", str(tmp / f"e{i}.spans.jsonl")])
+            procs[f"e{i}"] = start_engine(
+                f"e{i}",
+                tmp,
+                extra=["--kvstore-target", procs["kv"].address, "--trace-file", str(tmp / f"e{i}.spans.jsonl")],
+            )
         for i in range(2):
-            procs[f"gw{i}"] = start_gateway({f"e{i}": procs[f"e{i}"]}, tenants, tmp, name=f"gw{i}",
-                                            extra=["--trace-file", str(tmp / f"gw{i}.spans.jsonl")])
+            procs[f"gw{i}"] = start_gateway(
+                {f"e{i}": procs[f"e{i}"]},
+                tenants,
+                tmp,
+                name=f"gw{i}",
+                extra=["--trace-file", str(tmp / f"gw{i}.spans.jsonl")],
+            )
             wait_gateway_sees(procs[f"gw{i}"], 1)
         yield procs, tmp
     finally:
@@ -56,8 +75,13 @@ def stack(tmp_path_factory):
 
 
 def _request() -> chat_pb2.GenerateRequest:
-    history = [chat_pb2.Message(role=chat_pb2.ROLE_USER if i % 2 == 0 else chat_pb2.ROLE_CHARACTER,
-                                text=f"line {i}: the lighthouse keeper counts the ships at dusk") for i in range(8)]
+    history = [
+        chat_pb2.Message(
+            role=chat_pb2.ROLE_USER if i % 2 == 0 else chat_pb2.ROLE_CHARACTER,
+            text=f"line {i}: the lighthouse keeper counts the ships at dusk",
+        )
+        for i in range(8)
+    ]
     return chat_pb2.GenerateRequest(
         conversation_id="same-dialogue-id",
         character=chat_pb2.Character(name="Ada", definition="Ada keeps the lighthouse and speaks briefly."),
@@ -120,6 +144,6 @@ def test_api_keys_in_no_log_or_trace(stack) -> None:
         assert text.strip(), f"{path.name} is empty"
         for secret in (KEY_A, KEY_B, WRONG_KEY):
             assert secret not in text, f"{path.name} holds an API key"
-            assert secret[len("sk-"):] not in text, f"{path.name} holds part of an API key"
+            assert secret[len("sk-") :] not in text, f"{path.name} holds part of an API key"
     spans = "".join(p.read_text() for p in tmp.glob("gw*.spans.jsonl"))
     assert "salon.chat.v1.ChatService/Generate" in spans

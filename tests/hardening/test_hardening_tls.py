@@ -10,13 +10,6 @@ import time
 
 import grpc
 import pytest
-
-from salon.api.chat.v1 import chat_pb2
-from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
-from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-from salon.common import namespace_grant
-from salon.common.prefix_hash import encode_token_ids, namespace_digest
-from salon.common.process import start_service
 from hardening_stack import (
     KEY_A,
     assert_engine_clean,
@@ -32,12 +25,27 @@ from hardening_stack import (
     write_tenants,
 )
 
+from salon.api.chat.v1 import chat_pb2
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
+from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from salon.common import namespace_grant
+from salon.common.prefix_hash import encode_token_ids, namespace_digest
+from salon.common.process import start_service
+
 GRANT_KEY = "6b" * 32
 
 
 def _mtls_server_args(tls, role: str) -> list[str]:
-    return ["--tls-cert-file", str(tls.cert(role)), "--tls-key-file", str(tls.key(role)),
-            "--tls-client-ca-file", str(tls.ca_cert), "--health-port", "0"]
+    return [
+        "--tls-cert-file",
+        str(tls.cert(role)),
+        "--tls-key-file",
+        str(tls.key(role)),
+        "--tls-client-ca-file",
+        str(tls.ca_cert),
+        "--health-port",
+        "0",
+    ]
 
 
 def _as(tls, role: str | None) -> grpc.ChannelCredentials:
@@ -53,19 +61,54 @@ def stack(tmp_path_factory, tls_files):
     grant_key.write_text(GRANT_KEY)
     procs = {}
     try:
-        procs["kv"] = start_service("kvstore", ["--port", "0", "--capacity-bytes", str(64 << 20),
-                                                "--namespace-grant-key-file", str(grant_key),
-                                                *_mtls_server_args(tls_files, "kvstore")],
-                                    log_path=tmp / "kvstore.log")
-        procs["e0"] = start_engine("e0", tmp, extra=[
-            *_mtls_server_args(tls_files, "engine"), "--kvstore-target", procs["kv"].address,
-            "--kvstore-tls-ca-file", str(tls_files.ca_cert), "--kvstore-tls-cert-file", str(tls_files.cert("engine")),
-            "--kvstore-tls-key-file", str(tls_files.key("engine"))])
-        procs["gw"] = start_gateway({"e0": procs["e0"]}, write_tenants(tmp / "tenants.json"), tmp, extra=[
-            "--tls-cert-file", str(tls_files.server_cert), "--tls-key-file", str(tls_files.server_key),
-            "--engine-tls-ca-file", str(tls_files.ca_cert), "--engine-tls-cert-file", str(tls_files.cert("gateway")),
-            "--engine-tls-key-file", str(tls_files.key("gateway")), "--namespace-grant-key-file", str(grant_key)],
-            wait=False)
+        procs["kv"] = start_service(
+            "kvstore",
+            [
+                "--port",
+                "0",
+                "--capacity-bytes",
+                str(64 << 20),
+                "--namespace-grant-key-file",
+                str(grant_key),
+                *_mtls_server_args(tls_files, "kvstore"),
+            ],
+            log_path=tmp / "kvstore.log",
+        )
+        procs["e0"] = start_engine(
+            "e0",
+            tmp,
+            extra=[
+                *_mtls_server_args(tls_files, "engine"),
+                "--kvstore-target",
+                procs["kv"].address,
+                "--kvstore-tls-ca-file",
+                str(tls_files.ca_cert),
+                "--kvstore-tls-cert-file",
+                str(tls_files.cert("engine")),
+                "--kvstore-tls-key-file",
+                str(tls_files.key("engine")),
+            ],
+        )
+        procs["gw"] = start_gateway(
+            {"e0": procs["e0"]},
+            write_tenants(tmp / "tenants.json"),
+            tmp,
+            extra=[
+                "--tls-cert-file",
+                str(tls_files.server_cert),
+                "--tls-key-file",
+                str(tls_files.server_key),
+                "--engine-tls-ca-file",
+                str(tls_files.ca_cert),
+                "--engine-tls-cert-file",
+                str(tls_files.cert("gateway")),
+                "--engine-tls-key-file",
+                str(tls_files.key("gateway")),
+                "--namespace-grant-key-file",
+                str(grant_key),
+            ],
+            wait=False,
+        )
         wait_tls_serving(procs["gw"], grpc.ssl_channel_credentials(tls_files.ca_cert.read_bytes()))
         wait_gateway_sees(procs["gw"], 1)
         yield procs, tls_files, tmp
@@ -83,8 +126,11 @@ def test_tls_client_streams_a_reply_and_kv_reaches_the_kvstore_over_mtls(stack) 
     credentials = grpc.ssl_channel_credentials(tls.ca_cert.read_bytes())  # public port: server auth only
     channel, stub = chat_stub(procs["gw"].address, credentials)
     with channel:
-        reply = collect(stub.Generate(chat_request("tls-1", max_new_tokens=6, prompt=[2] + [1124] * 40),
-                                      metadata=auth(KEY_A), timeout=60))
+        reply = collect(
+            stub.Generate(
+                chat_request("tls-1", max_new_tokens=6, prompt=[2] + [1124] * 40), metadata=auth(KEY_A), timeout=60
+            )
+        )
     assert reply.final is not None and reply.final.engine_id == "e0"
     assert reply.final.usage.generated_tokens == len(reply.token_ids) >= 1
     # The engine's put after the reply went over mutual TLS to the kvstore, into the namespace the
@@ -117,17 +163,32 @@ def test_client_trusting_another_ca_fails(stack) -> None:
 
 def _forged_generate(channel) -> None:
     """What an attacker inside the network would send: another tenant's salt, straight to the engine."""
-    request = engine_pb2.GenerateRequest(request_id="forged", conversation_id="x", namespace_salt="salt-b",
-                                         tokens=chat_pb2.TokenizedPrompt(token_ids=[2, 1124, 1124]),
-                                         sampling=chat_pb2.SamplingParams(max_new_tokens=2))
+    request = engine_pb2.GenerateRequest(
+        request_id="forged",
+        conversation_id="x",
+        namespace_salt="salt-b",
+        tokens=chat_pb2.TokenizedPrompt(token_ids=[2, 1124, 1124]),
+        sampling=chat_pb2.SamplingParams(max_new_tokens=2),
+    )
     list(engine_pb2_grpc.EngineServiceStub(channel).Generate(request, timeout=10))
 
 
-@pytest.mark.parametrize("service, allowed, call", [
-    ("e0", "gateway", _forged_generate),
-    ("e0", "gateway", lambda ch: engine_pb2_grpc.EngineServiceStub(ch).GetLoad(engine_pb2.GetLoadRequest(), timeout=5)),
-    ("kv", "engine", lambda ch: kvstore_pb2_grpc.KVStoreServiceStub(ch).GetStats(kvstore_pb2.GetStatsRequest(), timeout=5)),
-])
+@pytest.mark.parametrize(
+    "service, allowed, call",
+    [
+        ("e0", "gateway", _forged_generate),
+        (
+            "e0",
+            "gateway",
+            lambda ch: engine_pb2_grpc.EngineServiceStub(ch).GetLoad(engine_pb2.GetLoadRequest(), timeout=5),
+        ),
+        (
+            "kv",
+            "engine",
+            lambda ch: kvstore_pb2_grpc.KVStoreServiceStub(ch).GetStats(kvstore_pb2.GetStatsRequest(), timeout=5),
+        ),
+    ],
+)
 def test_internal_services_take_only_their_callers_identity(stack, service, allowed, call) -> None:
     procs, tls, _ = stack
     address = procs[service].address
@@ -138,8 +199,10 @@ def test_internal_services_take_only_their_callers_identity(stack, service, allo
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, (role, info.value)
         assert f"only {allowed} identities may call" in info.value.details()
     # Without a certificate (or without TLS) the connection itself is refused.
-    for channel in (grpc.secure_channel(address, grpc.ssl_channel_credentials(tls.ca_cert.read_bytes())),
-                    grpc.insecure_channel(address)):
+    for channel in (
+        grpc.secure_channel(address, grpc.ssl_channel_credentials(tls.ca_cert.read_bytes())),
+        grpc.insecure_channel(address),
+    ):
         with channel:
             with pytest.raises(grpc.RpcError) as info:
                 call(channel)
@@ -154,10 +217,15 @@ def test_the_kvstore_stores_only_what_a_gateway_granted(stack) -> None:
     layout = kvstore_pb2.KVLayout(block_size_tokens=4, global_bytes_per_block=64)
 
     def put(claim):
-        header = kvstore_pb2.PutHeader(namespace=ns, token_ids_le32=encode_token_ids([1, 2, 3, 4]), layout=layout,
-                                       claim=claim)
-        requests = iter([kvstore_pb2.PutRequest(header=header),
-                         kvstore_pb2.PutRequest(chunk=kvstore_pb2.KVChunk(global_kv=b"\x01" * 64))])
+        header = kvstore_pb2.PutHeader(
+            namespace=ns, token_ids_le32=encode_token_ids([1, 2, 3, 4]), layout=layout, claim=claim
+        )
+        requests = iter(
+            [
+                kvstore_pb2.PutRequest(header=header),
+                kvstore_pb2.PutRequest(chunk=kvstore_pb2.KVChunk(global_kv=b"\x01" * 64)),
+            ]
+        )
         with grpc.secure_channel(procs["kv"].address, _as(tls, "engine")) as channel:
             return kvstore_pb2_grpc.KVStoreServiceStub(channel).Put(requests, timeout=5)
 
@@ -167,23 +235,34 @@ def test_the_kvstore_stores_only_what_a_gateway_granted(stack) -> None:
     cases = {
         "required": None,
         "grant: not signed for this tenant salt": kvstore_pb2.NamespaceClaim(
-            tenant_salt="salt-b", model_id="synthetic-tiny", layout_tag="some-layout",
-            grant=namespace_grant.issue(key, "salt-a", now)),
+            tenant_salt="salt-b",
+            model_id="synthetic-tiny",
+            layout_tag="some-layout",
+            grant=namespace_grant.issue(key, "salt-a", now),
+        ),
         "grant: expired": kvstore_pb2.NamespaceClaim(
-            tenant_salt="salt-b", model_id="synthetic-tiny", layout_tag="some-layout",
-            grant=namespace_grant.issue(key, "salt-b", now - 2 * namespace_grant.GRANT_TTL_S)),
+            tenant_salt="salt-b",
+            model_id="synthetic-tiny",
+            layout_tag="some-layout",
+            grant=namespace_grant.issue(key, "salt-b", now - 2 * namespace_grant.GRANT_TTL_S),
+        ),
         "grant: not signed": kvstore_pb2.NamespaceClaim(
-            tenant_salt="salt-b", model_id="synthetic-tiny", layout_tag="some-layout",
-            grant=namespace_grant.issue(b"not the gateways' key", "salt-b", now)),
+            tenant_salt="salt-b",
+            model_id="synthetic-tiny",
+            layout_tag="some-layout",
+            grant=namespace_grant.issue(b"not the gateways' key", "salt-b", now),
+        ),
         "do not make this namespace": kvstore_pb2.NamespaceClaim(
-            tenant_salt="salt-b", model_id="synthetic-tiny", layout_tag="another-layout", grant=good),
+            tenant_salt="salt-b", model_id="synthetic-tiny", layout_tag="another-layout", grant=good
+        ),
     }
     for why, claim in cases.items():
         with pytest.raises(grpc.RpcError) as info:
             put(claim)
         assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and why in info.value.details(), info.value
-    ok = kvstore_pb2.NamespaceClaim(tenant_salt="salt-b", model_id="synthetic-tiny", layout_tag="some-layout",
-                                    grant=good)
+    ok = kvstore_pb2.NamespaceClaim(
+        tenant_salt="salt-b", model_id="synthetic-tiny", layout_tag="some-layout", grant=good
+    )
     assert put(ok).counts.stored_blocks == 1
     with grpc.secure_channel(procs["kv"].address, _as(tls, "engine")) as channel:
         stub = kvstore_pb2_grpc.KVStoreServiceStub(channel)

@@ -29,12 +29,26 @@ def stack(tmp_path_factory):
     try:
         kv = start_service("kvstore", [*common, *INSECURE_LOOPBACK_FLAGS], log_path=tmp / "kvstore.log")
         procs.append(kv)
-        engine = start_service("engine", [*INSECURE_LOOPBACK_FLAGS, *common, "--model", "synthetic-tiny",
-                                          "--engine-id", "e0",
-                                          "--kvstore-target", kv.address], log_path=tmp / "engine.log")
+        engine = start_service(
+            "engine",
+            [
+                *INSECURE_LOOPBACK_FLAGS,
+                *common,
+                "--model",
+                "synthetic-tiny",
+                "--engine-id",
+                "e0",
+                "--kvstore-target",
+                kv.address,
+            ],
+            log_path=tmp / "engine.log",
+        )
         procs.append(engine)
-        gateway = start_service("gateway", [*common, *INSECURE_LOOPBACK_FLAGS, "--engines", f"e0={engine.address}",
-                                            "--tenants-file", str(tenants)], log_path=tmp / "gateway.log")
+        gateway = start_service(
+            "gateway",
+            [*common, *INSECURE_LOOPBACK_FLAGS, "--engines", f"e0={engine.address}", "--tenants-file", str(tenants)],
+            log_path=tmp / "gateway.log",
+        )
         procs.append(gateway)
         yield {"kvstore": kv, "engine": engine, "gateway": gateway, "spans": spans, "tmp": tmp}
     finally:
@@ -61,13 +75,17 @@ def _generate(address, conversation_id):
     request = chat_pb2.GenerateRequest(
         conversation_id=conversation_id,
         character=chat_pb2.Character(name="Ada", definition="Ada answers briefly."),
-        dialogue=chat_pb2.Dialogue(messages=[chat_pb2.Message(role=chat_pb2.ROLE_USER, author="u",
-                                                              text="Tell me about the sea. " * 8)]),
+        dialogue=chat_pb2.Dialogue(
+            messages=[chat_pb2.Message(role=chat_pb2.ROLE_USER, author="u", text="Tell me about the sea. " * 8)]
+        ),
         sampling=chat_pb2.SamplingParams(max_new_tokens=6),
     )
     with grpc.insecure_channel(address) as ch:
-        events = list(chat_pb2_grpc.ChatServiceStub(ch).Generate(
-            request, metadata=(("authorization", f"Bearer {API_KEY}"),), timeout=120))
+        events = list(
+            chat_pb2_grpc.ChatServiceStub(ch).Generate(
+                request, metadata=(("authorization", f"Bearer {API_KEY}"),), timeout=120
+            )
+        )
     return events
 
 
@@ -83,8 +101,11 @@ def test_one_call_crosses_all_three_processes_in_one_trace(stack):
     deadline = time.monotonic() + 20
     while True:
         spans = _spans(stack["spans"])
-        root = [s for s in spans if s["service"] == "salon-gateway" and s["kind"] == "SERVER"
-                and s["name"].endswith("ChatService/Generate")]
+        root = [
+            s
+            for s in spans
+            if s["service"] == "salon-gateway" and s["kind"] == "SERVER" and s["name"].endswith("ChatService/Generate")
+        ]
         trace_id = root[-1]["trace_id"] if root else None
         in_trace = [s for s in spans if s["trace_id"] == trace_id]
         services = {s["service"] for s in in_trace}
@@ -107,6 +128,7 @@ def test_one_call_crosses_all_three_processes_in_one_trace(stack):
     assert kv_server and {"salon-engine", "salon-gateway"} <= set(ancestors(kv_server[0]))
 
     for name in ("gateway", "engine", "kvstore"):
-        lines = [json.loads(line) for line in (stack["tmp"] / f"{name}.log").read_text().splitlines()
-                 if line.startswith("{")]
+        lines = [
+            json.loads(line) for line in (stack["tmp"] / f"{name}.log").read_text().splitlines() if line.startswith("{")
+        ]
         assert any(rec.get("trace_id") == trace_id for rec in lines), f"no {name} log line carries {trace_id}"

@@ -41,19 +41,37 @@ class PagedCase:
     dense_v: list[torch.Tensor]
 
     def args(self) -> PagedAttentionArgs:
-        return PagedAttentionArgs(self.q, self.k_cache, self.v_cache, self.k_scale, self.v_scale, self.block_tables,
-                                  self.query_start_loc, self.seq_lens, self.sm_scale, self.sliding_window)
+        return PagedAttentionArgs(
+            self.q,
+            self.k_cache,
+            self.v_cache,
+            self.k_scale,
+            self.v_scale,
+            self.block_tables,
+            self.query_start_loc,
+            self.seq_lens,
+            self.sm_scale,
+            self.sliding_window,
+        )
 
-    def as_float(self, dtype: torch.dtype) -> "PagedCase":
+    def as_float(self, dtype: torch.dtype) -> PagedCase:
         """The same case over a float cache (no scales) holding the int8 cache's dequantized values, rounded
         to dtype; dense_k / dense_v are rounded the same way, so dense_attention stays the exact answer."""
         k = (self.k_cache.float() * self.k_scale[..., None]).to(dtype)
         v = (self.v_cache.float() * self.v_scale[..., None]).to(dtype)
-        return PagedCase(**{**vars(self), "k_cache": k, "v_cache": v, "k_scale": None, "v_scale": None,
-                            "dense_k": [x.to(dtype).float() for x in self.dense_k],
-                            "dense_v": [x.to(dtype).float() for x in self.dense_v]})
+        return PagedCase(
+            **{
+                **vars(self),
+                "k_cache": k,
+                "v_cache": v,
+                "k_scale": None,
+                "v_scale": None,
+                "dense_k": [x.to(dtype).float() for x in self.dense_k],
+                "dense_v": [x.to(dtype).float() for x in self.dense_v],
+            }
+        )
 
-    def to(self, device: str) -> "PagedCase":
+    def to(self, device: str) -> PagedCase:
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
         return PagedCase(**moved)
 
@@ -100,20 +118,30 @@ def make_paged_case(
         positions = torch.arange(seq_len)
         slots = ids[positions // block_size] * block_size + positions % block_size
         kv_write_ref(k, v, k_cache, v_cache, k_scale, v_scale, slots)
-        dense_k.append(k_cache.view(-1, num_kv_heads, head_dim)[slots].float()
-                       * k_scale.view(-1, num_kv_heads)[slots][..., None])
-        dense_v.append(v_cache.view(-1, num_kv_heads, head_dim)[slots].float()
-                       * v_scale.view(-1, num_kv_heads)[slots][..., None])
+        dense_k.append(
+            k_cache.view(-1, num_kv_heads, head_dim)[slots].float() * k_scale.view(-1, num_kv_heads)[slots][..., None]
+        )
+        dense_v.append(
+            v_cache.view(-1, num_kv_heads, head_dim)[slots].float() * v_scale.view(-1, num_kv_heads)[slots][..., None]
+        )
         queries.append(torch.randn(q_len, num_q_heads, head_dim, generator=g))
     if poison < num_blocks:
         k_scale[poison] = float("nan")
         v_scale[poison] = float("nan")
     query_start_loc = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
     return PagedCase(
-        q=torch.cat(queries), k_cache=k_cache, v_cache=v_cache, k_scale=k_scale, v_scale=v_scale,
-        block_tables=tables, query_start_loc=query_start_loc,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), sm_scale=head_dim**-0.5,
-        sliding_window=sliding_window, dense_k=dense_k, dense_v=dense_v,
+        q=torch.cat(queries),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        block_tables=tables,
+        query_start_loc=query_start_loc,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        sm_scale=head_dim**-0.5,
+        sliding_window=sliding_window,
+        dense_k=dense_k,
+        dense_v=dense_v,
     )
 
 
@@ -122,7 +150,7 @@ def dense_attention(case: PagedCase) -> torch.Tensor:
     out = torch.zeros_like(case.q)
     starts = case.query_start_loc.tolist()
     for s, seq_len in enumerate(case.seq_lens.tolist()):
-        q = case.q[starts[s]:starts[s + 1]]
+        q = case.q[starts[s] : starts[s + 1]]
         if q.shape[0] == 0:
             continue
         q_pos = torch.arange(seq_len - q.shape[0], seq_len)[:, None]
@@ -131,7 +159,12 @@ def dense_attention(case: PagedCase) -> torch.Tensor:
         if case.sliding_window is not None:
             mask &= q_pos - k_pos < case.sliding_window
         o = F.scaled_dot_product_attention(
-            q.transpose(0, 1).double(), case.dense_k[s].transpose(0, 1).double(),
-            case.dense_v[s].transpose(0, 1).double(), attn_mask=mask, scale=case.sm_scale, enable_gqa=True)
-        out[starts[s]:starts[s + 1]] = o.transpose(0, 1).float()
+            q.transpose(0, 1).double(),
+            case.dense_k[s].transpose(0, 1).double(),
+            case.dense_v[s].transpose(0, 1).double(),
+            attn_mask=mask,
+            scale=case.sm_scale,
+            enable_gqa=True,
+        )
+        out[starts[s] : starts[s + 1]] = o.transpose(0, 1).float()
     return out

@@ -47,21 +47,26 @@ def test_selected_cpu_ops_agree_with_references():
     w = torch.randint(-127, 128, (24, 300), generator=g, dtype=torch.int8)
     a_s, w_s = torch.rand(5, generator=g) / 50, torch.rand(24, generator=g) / 50
     res = torch.randn(5, 12, generator=g)
-    torch.testing.assert_close(ops.w8a8_gemm(a, a_s, w, w_s, residual=res, geglu=True),
-                               w8a8_gemm_ref(a, a_s, w, w_s, residual=res, geglu=True), rtol=1e-5, atol=1e-5)
-    case = make_paged_case([23, 9, 6], [1, 3, 6], num_q_heads=4, num_kv_heads=1, head_dim=16, block_size=4,
-                           sliding_window=6, seed=2)
-    torch.testing.assert_close(ops.paged_attention(case.args()), paged_attention_ref(case.args()),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        ops.w8a8_gemm(a, a_s, w, w_s, residual=res, geglu=True),
+        w8a8_gemm_ref(a, a_s, w, w_s, residual=res, geglu=True),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    case = make_paged_case(
+        [23, 9, 6], [1, 3, 6], num_q_heads=4, num_kv_heads=1, head_dim=16, block_size=4, sliding_window=6, seed=2
+    )
+    torch.testing.assert_close(ops.paged_attention(case.args()), paged_attention_ref(case.args()), rtol=1e-5, atol=1e-5)
     for dtype in (torch.float32, torch.bfloat16):  # float caches: the PyTorch path (the C kernel reads int8)
         fcase = case.as_float(dtype)
-        torch.testing.assert_close(ops.paged_attention(fcase.args()), paged_attention_ref(fcase.args()),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            ops.paged_attention(fcase.args()), paged_attention_ref(fcase.args()), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_the_activation_recipe_is_the_cpu_kernels_choice_unless_set():
-    from salon.kernels.cpu.w16a8_grouped import library as int16_library
     from salon.kernels.cpu.w8a8_grouped import chosen_isa
+    from salon.kernels.cpu.w16a8_grouped import library as int16_library
 
     ops = select_ops("cpu")
     assert ops.activations == ("int16" if chosen_isa() == "avx2" and int16_library() is not None else "two_terms")

@@ -16,8 +16,9 @@ def _check(x: torch.Tensor) -> None:
     assert argmax_rows_cpu(x) == torch.argmax(x, dim=-1).tolist()
 
 
-@pytest.mark.parametrize("m,n", [(1, 1), (1, 7), (2, 8), (3, 9), (1, 15), (5, 16), (4, 17), (8, 1000), (1, 262_144),
-                                 (7, 262_147)])
+@pytest.mark.parametrize(
+    "m,n", [(1, 1), (1, 7), (2, 8), (3, 9), (1, 15), (5, 16), (4, 17), (8, 1000), (1, 262_144), (7, 262_147)]
+)
 def test_random_rows(m, n):
     _check(torch.randn(m, n, generator=torch.Generator().manual_seed(m * 31 + n)))
 

@@ -41,9 +41,26 @@ def _random_shapes(count: int, seed: int) -> list[tuple[int, int, int]]:
     return shapes
 
 
-EDGE_SHAPES = [(1, 1, 1), (1, 1, 31), (2, 3, 32), (3, 2, 33), (4, 5, 63), (5, 4, 64), (6, 7, 65), (7, 1, 127),
-               (8, 9, 128), (8, 3, 4099), (1, 1536, 640), (4, 640, 2048), (8, 2048, 640), (9, 33, 64),
-               (16, 17, 200), (17, 70, 576), (GEMV_MAX_ROWS, 35, 700), (GEMV_MAX_ROWS - 1, 3072, 576)]
+EDGE_SHAPES = [
+    (1, 1, 1),
+    (1, 1, 31),
+    (2, 3, 32),
+    (3, 2, 33),
+    (4, 5, 63),
+    (5, 4, 64),
+    (6, 7, 65),
+    (7, 1, 127),
+    (8, 9, 128),
+    (8, 3, 4099),
+    (1, 1536, 640),
+    (4, 640, 2048),
+    (8, 2048, 640),
+    (9, 33, 64),
+    (16, 17, 200),
+    (17, 70, 576),
+    (GEMV_MAX_ROWS, 35, 700),
+    (GEMV_MAX_ROWS - 1, 3072, 576),
+]
 
 
 @pytest.mark.parametrize("m,n,k", EDGE_SHAPES + _random_shapes(48, seed=16))
@@ -112,8 +129,8 @@ def test_row_results_do_not_depend_on_the_path_the_batch_takes():
     a, sa, w, sw = _operands(3 * GEMV_MAX_ROWS, 300, 1500, seed=11)
     full = w8a8_gemm_cpu(a, sa, w, sw, geglu=True)
     for start, rows in ((0, 1), (3, 4), (10, GEMV_MAX_ROWS)):
-        part = w8a8_gemm_cpu(a[start:start + rows], sa[start:start + rows], w, sw, geglu=True)
-        assert torch.equal(part, full[start:start + rows])
+        part = w8a8_gemm_cpu(a[start : start + rows], sa[start : start + rows], w, sw, geglu=True)
+        assert torch.equal(part, full[start : start + rows])
     for rows in (SMALL_M_ROWS - 1, 2 * SMALL_M_ROWS):
         declined = torch.cat([a[:rows], torch.full((1, a.shape[1]), -128, dtype=torch.int8)])
         assert w8a8_gemv_scaled(declined, torch.cat([sa[:rows], sa[:1]]), w, sw) is None

@@ -22,11 +22,11 @@ GLUS = [pytest.param(geglu_cpu, geglu_ref, id="geglu"), pytest.param(swiglu_cpu,
 def _gelu_tanh_f64(g: torch.Tensor) -> torch.Tensor:
     """gelu_tanh in float64, in the sigmoid form (the tanh form cancels to nothing for negative g)."""
     x = g.double()
-    return x / (1 + torch.exp(-2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return x / (1 + torch.exp(-2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def _ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
-    return (got.double() - want).abs() / (want.abs() * 2.0 ** -23)
+    return (got.double() - want).abs() / (want.abs() * 2.0**-23)
 
 
 @needs_kernel
@@ -43,8 +43,14 @@ def test_kernel_matches_contract_bitwise(m, f, kernel, ref):
 @pytest.mark.parametrize("kernel,ref", GLUS)
 def test_every_range_of_the_gate_gives_the_contract_bits(kernel, ref):
     """Gates from -1e6 to 1e6: z past both clamps, the zero below -87, exp near its limits, g^3 overflowing."""
-    gates = torch.cat([torch.linspace(-60, 60, 40_001), -torch.logspace(-30, 6, 999), torch.logspace(-30, 6, 999),
-                       torch.tensor([0.0, -0.0, 5.61, 5.62, -5.55, -5.56])])
+    gates = torch.cat(
+        [
+            torch.linspace(-60, 60, 40_001),
+            -torch.logspace(-30, 6, 999),
+            torch.logspace(-30, 6, 999),
+            torch.tensor([0.0, -0.0, 5.61, 5.62, -5.55, -5.56]),
+        ]
+    )
     ups = torch.randn(gates.numel(), generator=torch.Generator().manual_seed(1)) * 3
     y = torch.cat([gates, ups])[None, :]  # one row: gate columns first, then up
     assert torch.equal(kernel(y), ref(y))

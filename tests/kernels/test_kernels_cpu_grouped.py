@@ -17,14 +17,15 @@ import pytest
 import torch
 
 from salon.kernels.cpu import native
-from salon.kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
 from salon.kernels.cpu import w8a8_grouped as grouped_cpu
+from salon.kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
 from salon.kernels.cpu.w8a8_grouped import library, packed_weights, w8a8_grouped_scaled_cpu
 from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 from salon.kernels.w8a8_grouped import GROUP, w8a8_grouped_scaled_ref
 
-needs_kernel = pytest.mark.skipif("avx2" not in native.cpu_isas() or library() is None,
-                                  reason="needs x86-64 with AVX2 and cc")
+needs_kernel = pytest.mark.skipif(
+    "avx2" not in native.cpu_isas() or library() is None, reason="needs x86-64 with AVX2 and cc"
+)
 ISAS = native.cpu_isas()
 # "vnni-packed": the VNNI kernel on its packed copy of the weights (the default); "vnni": on the weights as they lie
 each_isa = pytest.mark.parametrize("isa", (["vnni-packed"] if "vnni" in ISAS else []) + list(ISAS))
@@ -128,9 +129,11 @@ def test_batch_invariance(isa):
     a, sa, w, sw = _operands(130, 77, 640, seed=21)
     full = _run(a, sa, w, sw, isa)
     for i in (0, 1, 63, 64, 100, 129):
-        assert torch.equal(_run(a[i:i + 1], sa[i:i + 1], w, sw, isa), full[i:i + 1])
+        assert torch.equal(_run(a[i : i + 1], sa[i : i + 1], w, sw, isa), full[i : i + 1])
     for start, rows in ((0, 4), (10, 5), (60, 8), (120, 10)):
-        assert torch.equal(_run(a[start:start + rows], sa[start:start + rows], w, sw, isa), full[start:start + rows])
+        assert torch.equal(
+            _run(a[start : start + rows], sa[start : start + rows], w, sw, isa), full[start : start + rows]
+        )
 
 
 @needs_kernel
@@ -248,7 +251,7 @@ def _layout(w: torch.Tensor, sw: torch.Tensor, scale_bytes: int) -> torch.Tensor
         for u in range(0, groups, unit):
             members = range(u, min(u + unit, groups))
             for g in members:
-                tile = w[rows, GROUP * g:GROUP * (g + 1)].view(torch.uint8) ^ 0x80  # [16 rows, 32 channels]
+                tile = w[rows, GROUP * g : GROUP * (g + 1)].view(torch.uint8) ^ 0x80  # [16 rows, 32 channels]
                 out.append(tile.reshape(16, 8, 4).permute(1, 0, 2).reshape(-1))  # vector i: channels 4i .. 4i+3
             out += [sw[rows, g].to(dtype).contiguous().view(torch.uint8) for g in members]
             if len(members) < unit:

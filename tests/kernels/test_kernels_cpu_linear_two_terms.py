@@ -16,8 +16,15 @@ import pytest
 import torch
 
 from salon.kernels.cpu import native
-from salon.kernels.cpu.linear_two_terms import (MAX_ROWS, composed, composed_int16, library, linear_int16_cpu,
-                                          linear_two_terms_c, linear_two_terms_cpu)
+from salon.kernels.cpu.linear_two_terms import (
+    MAX_ROWS,
+    composed,
+    composed_int16,
+    library,
+    linear_int16_cpu,
+    linear_two_terms_c,
+    linear_two_terms_cpu,
+)
 from salon.kernels.linear_two_terms import linear_int16_ref, linear_two_terms_ref
 from salon.kernels.w8a8_grouped import GROUP
 
@@ -42,18 +49,35 @@ def _case(m: int, n: int, k: int, seed: int):
 
 def _options(norm, post, residual):
     for use_norm, use_post, use_res in itertools.product((False, True), repeat=3):
-        yield dict(norm_weight=norm if use_norm else None, eps=EPS, post_norm=post if use_post else None,
-                   residual=residual if use_res else None)
+        yield dict(
+            norm_weight=norm if use_norm else None,
+            eps=EPS,
+            post_norm=post if use_post else None,
+            residual=residual if use_res else None,
+        )
 
 
 @needs_kernel
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("m,n,k", [(1, 1152, 640), (2, 640, 2048), (3, 17, 64), (1, 1, 32), (8, 4096, 640),
-                                   (9, 33, 96), (16, 640, 640), (17, 200, 640), (MAX_ROWS, 48, 128),
-                                   # outputs summed on all the threads (SUM_TERMS_PARALLEL_FLOATS), a short last
-                                   # chunk of columns (SUM_TERMS_CHUNK), one chunk a row
-                                   (17, 4100, 64), (MAX_ROWS, 1100, 32)])
+@pytest.mark.parametrize(
+    "m,n,k",
+    [
+        (1, 1152, 640),
+        (2, 640, 2048),
+        (3, 17, 64),
+        (1, 1, 32),
+        (8, 4096, 640),
+        (9, 33, 96),
+        (16, 640, 640),
+        (17, 200, 640),
+        (MAX_ROWS, 48, 128),
+        # outputs summed on all the threads (SUM_TERMS_PARALLEL_FLOATS), a short last
+        # chunk of columns (SUM_TERMS_CHUNK), one chunk a row
+        (17, 4100, 64),
+        (MAX_ROWS, 1100, 32),
+    ],
+)
 def test_one_call_equals_the_reference_bit_for_bit(m, n, k, isa, recipe):
     ref, cpu = RECIPES[recipe]
     x, w_q, w_scale, norm, post, residual = _case(m, n, k, seed=m * 1000 + n + k)
@@ -101,9 +125,10 @@ def test_rows_are_read_where_they_lie_and_do_not_depend_on_the_batch(isa, recipe
     whole = linear_two_terms_c(strided_x, w_q, w_scale, residual=strided_res, **opts, isa=isa, recipe=recipe)
     assert torch.equal(whole, ref(x, w_q, w_scale, residual=residual, **opts))
     for i in range(5):  # each row alone gives the bits it had in the batch
-        row = linear_two_terms_c(x[i:i + 1], w_q, w_scale, residual=residual[i:i + 1], **opts, isa=isa,
-                                 recipe=recipe)
-        assert torch.equal(row, whole[i:i + 1])
+        row = linear_two_terms_c(
+            x[i : i + 1], w_q, w_scale, residual=residual[i : i + 1], **opts, isa=isa, recipe=recipe
+        )
+        assert torch.equal(row, whole[i : i + 1])
 
 
 @needs_kernel
@@ -119,13 +144,23 @@ def test_terms_summed_over_threads_read_strided_residuals_and_keep_the_bits(isa,
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        got = linear_two_terms_c(x, w_q, w_scale, norm_weight=norm, eps=EPS, residual=wide_res[:, 50:8250], isa=isa,
-                                 recipe=recipe)
+        got = linear_two_terms_c(
+            x, w_q, w_scale, norm_weight=norm, eps=EPS, residual=wide_res[:, 50:8250], isa=isa, recipe=recipe
+        )
         plain = linear_two_terms_c(x, w_q, w_scale, isa=isa, recipe=recipe)
         # 19 rows (>= ROWS_PARALLEL): the norm, the terms and the post-norm's rows split over the threads, each
         # with its own scratch row
-        normed = linear_two_terms_c(x, w_q, w_scale, norm_weight=norm, eps=EPS, post_norm=post,
-                                    residual=wide_res[:, 50:8250], isa=isa, recipe=recipe)
+        normed = linear_two_terms_c(
+            x,
+            w_q,
+            w_scale,
+            norm_weight=norm,
+            eps=EPS,
+            post_norm=post,
+            residual=wide_res[:, 50:8250],
+            isa=isa,
+            recipe=recipe,
+        )
     finally:
         torch.set_num_threads(before)
     assert torch.equal(got, want)
@@ -164,8 +199,10 @@ def test_declined_calls_compose_the_cpu_kernels_with_the_same_bits():
     assert linear_two_terms_c(x[:2], w_q, w_scale, norm_weight=norm[:32]) is None  # a norm of the wrong length
     assert linear_two_terms_c(x[:2], w_q, w_scale, residual=residual[:3]) is None  # a residual of other rows
     assert linear_two_terms_c(x[:0], w_q, w_scale) is None
-    assert torch.equal(composed(x[:3], w_q, w_scale, **{**opts, "residual": residual[:3]}),
-                       linear_two_terms_ref(x[:3], w_q, w_scale, **{**opts, "residual": residual[:3]}))
+    assert torch.equal(
+        composed(x[:3], w_q, w_scale, **{**opts, "residual": residual[:3]}),
+        linear_two_terms_ref(x[:3], w_q, w_scale, **{**opts, "residual": residual[:3]}),
+    )
 
 
 @needs_kernel

@@ -13,8 +13,10 @@ import pytest
 
 from salon.kernels.cpu import native
 
-pytestmark = pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("cc") is None
-                                or "avx2" not in native.cpu_flags(), reason="needs x86-64 with AVX2 and cc")
+pytestmark = pytest.mark.skipif(
+    platform.machine() != "x86_64" or shutil.which("cc") is None or "avx2" not in native.cpu_flags(),
+    reason="needs x86-64 with AVX2 and cc",
+)
 
 
 def test_every_kernel_builds():
@@ -34,8 +36,13 @@ def test_signatures_given_after_a_plain_load_are_applied():
 
 
 def test_prebuild_command():
-    out = subprocess.run([sys.executable, "-m", "salon.kernels.cpu.native"], capture_output=True, text=True, check=True,
-                         cwd=Path(native.__file__).parents[3])
+    out = subprocess.run(
+        [sys.executable, "-m", "salon.kernels.cpu.native"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(native.__file__).parents[3],
+    )
     assert out.stdout.strip() == "built every CPU kernel"
 
 
@@ -60,15 +67,23 @@ def _plant(tmp_path: Path, directory: Path, mode: int = 0o644) -> Path:
 
 def _load_quantize(cache_dir: Path) -> subprocess.CompletedProcess:
     """native.load of the quantize kernel in a fresh process whose kernel cache is `cache_dir`."""
-    code = ("import sys, warnings; from pathlib import Path; from salon.kernels.cpu import native\n"
-            "warnings.simplefilter('always')\n"
-            "lib = native.load(Path(native.__file__).with_name('quantize.c'), {})\n"
-            "print('LOADED' if lib is not None else 'REFUSED')\n")
+    code = (
+        "import sys, warnings; from pathlib import Path; from salon.kernels.cpu import native\n"
+        "warnings.simplefilter('always')\n"
+        "lib = native.load(Path(native.__file__).with_name('quantize.c'), {})\n"
+        "print('LOADED' if lib is not None else 'REFUSED')\n"
+    )
     import os
 
     env = {**os.environ, "SALON_KERNEL_CACHE_DIR": str(cache_dir)}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=Path(native.__file__).parents[3])
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=Path(native.__file__).parents[3],
+    )
 
 
 def test_a_library_planted_in_a_world_writable_directory_is_not_loaded(tmp_path):

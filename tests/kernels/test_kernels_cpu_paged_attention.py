@@ -40,12 +40,13 @@ def build_case(seq_lens, q_lens, hq, hkv, d, bs, window, seed=0, poison=True):
     used = 0
     for s, n in enumerate(seq_lens):
         nb = -(-n // bs)
-        tables[s, :nb] = perm[used:used + nb].to(torch.int32)
+        tables[s, :nb] = perm[used : used + nb].to(torch.int32)
         used += nb
         pos = torch.arange(n)
         slots = tables[s, pos // bs].long() * bs + pos % bs
-        kv_write_ref(torch.randn(n, hkv, d, generator=gen) * 3, torch.randn(n, hkv, d, generator=gen),
-                     kc, vc, ks, vs, slots)
+        kv_write_ref(
+            torch.randn(n, hkv, d, generator=gen) * 3, torch.randn(n, hkv, d, generator=gen), kc, vc, ks, vs, slots
+        )
         if window is not None and poison:
             first_visible = max(0, n - q_lens[s] - window + 1)
             tables[s, : first_visible // bs] = -7  # released blocks: any id, never read
@@ -132,22 +133,27 @@ def test_the_dispatcher_runs_this_cpus_first_c_kernel():
     if not cpu_attention.c_isas():
         pytest.skip("no C kernel runs on this CPU")
     q, kc, vc, ks, vs, tables, qsl, lens = build_case([70, 9], [70, 1], 4, 1, 64, 16, 32)
-    first = cpu_attention.paged_attention_c(PagedAttentionArgs(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, 32),
-                                            isa=cpu_attention.c_isas()[0])
+    first = cpu_attention.paged_attention_c(
+        PagedAttentionArgs(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, 32), isa=cpu_attention.c_isas()[0]
+    )
     assert torch.equal(paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, 32), first)
 
 
 def test_c_kernel_declines_unsupported_shapes_and_the_dispatcher_falls_back():
     q, kc, vc, ks, vs, tables, qsl, lens = build_case([20], [20], 4, 1, 24, 16, None)
     assert paged_attention_c(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, None) is None
-    torch.testing.assert_close(paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, None),
-                               paged_attention_ref(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, None),
-                               rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(
+        paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, None),
+        paged_attention_ref(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, None),
+        rtol=1e-5,
+        atol=2e-5,
+    )
 
 
 # C: the G = 4 and G = 3 paths (constant-folded in paged_attention_avx2.c's build) and the generic one
-@pytest.mark.parametrize("impl,heads", [*((c, heads) for c in C_KERNELS for heads in [(4, 1), (9, 3), (6, 2)]),
-                                        ("torch", (4, 1))])
+@pytest.mark.parametrize(
+    "impl,heads", [*((c, heads) for c in C_KERNELS for heads in [(4, 1), (9, 3), (6, 2)]), ("torch", (4, 1))]
+)
 @pytest.mark.parametrize("window", [None, 40])
 def test_each_query_is_invariant_to_its_batch_and_chunk(impl, heads, window):
     paged_attention_cpu = implementation(impl)
@@ -156,22 +162,48 @@ def test_each_query_is_invariant_to_its_batch_and_chunk(impl, heads, window):
     full = paged_attention_cpu(q, kc, vc, ks, vs, tables, qsl, lens, 0.0625, window)
     for s in range(len(seq_lens)):
         a, b = int(qsl[s]), int(qsl[s + 1])
-        alone = paged_attention_cpu(q[a:b], kc, vc, ks, vs, tables[s:s + 1],
-                                    torch.tensor([0, b - a], dtype=torch.int32), lens[s:s + 1], 0.0625, window)
+        alone = paged_attention_cpu(
+            q[a:b],
+            kc,
+            vc,
+            ks,
+            vs,
+            tables[s : s + 1],
+            torch.tensor([0, b - a], dtype=torch.int32),
+            lens[s : s + 1],
+            0.0625,
+            window,
+        )
         assert torch.equal(alone, full[a:b])
         # Every query as a one-token step (decode), and the chunk split in two uneven parts.
         for j in range(b - a):
-            one = paged_attention_cpu(q[a + j:a + j + 1], kc, vc, ks, vs, tables[s:s + 1],
-                                      torch.tensor([0, 1], dtype=torch.int32),
-                                      torch.tensor([seq_lens[s] - (b - a) + j + 1], dtype=torch.int32), 0.0625,
-                                      window)
+            one = paged_attention_cpu(
+                q[a + j : a + j + 1],
+                kc,
+                vc,
+                ks,
+                vs,
+                tables[s : s + 1],
+                torch.tensor([0, 1], dtype=torch.int32),
+                torch.tensor([seq_lens[s] - (b - a) + j + 1], dtype=torch.int32),
+                0.0625,
+                window,
+            )
             assert torch.equal(one[0], alone[j])
         if b - a > 3:
             cut = (b - a) // 3
-            first = paged_attention_cpu(q[a:a + cut], kc, vc, ks, vs, tables[s:s + 1],
-                                        torch.tensor([0, cut], dtype=torch.int32),
-                                        torch.tensor([seq_lens[s] - (b - a) + cut], dtype=torch.int32), 0.0625,
-                                        window)
+            first = paged_attention_cpu(
+                q[a : a + cut],
+                kc,
+                vc,
+                ks,
+                vs,
+                tables[s : s + 1],
+                torch.tensor([0, cut], dtype=torch.int32),
+                torch.tensor([seq_lens[s] - (b - a) + cut], dtype=torch.int32),
+                0.0625,
+                window,
+            )
             assert torch.equal(first, alone[:cut])
 
 
@@ -198,6 +230,16 @@ def test_c_kernel_on_random_batches_matches_reference_and_is_invariant(impl, see
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
     for s in range(len(seq_lens)):
         a, b = int(qsl[s]), int(qsl[s + 1])
-        alone = attend(q[a:b], kc, vc, ks, vs, tables[s:s + 1], torch.tensor([0, b - a], dtype=torch.int32),
-                       lens[s:s + 1], 0.1, window)
+        alone = attend(
+            q[a:b],
+            kc,
+            vc,
+            ks,
+            vs,
+            tables[s : s + 1],
+            torch.tensor([0, b - a], dtype=torch.int32),
+            lens[s : s + 1],
+            0.1,
+            window,
+        )
         assert torch.equal(alone, out[a:b])

@@ -8,8 +8,13 @@ import torch
 
 from salon.kernels.cpu import native
 from salon.kernels.cpu.kv_write import kv_write_cpu
-from salon.kernels.cpu.quantize import (kernel, quantize_int16_cpu, quantize_per_token_cpu, quantize_two_terms_cpu,
-                                  rmsnorm_quant_cpu)
+from salon.kernels.cpu.quantize import (
+    kernel,
+    quantize_int16_cpu,
+    quantize_per_token_cpu,
+    quantize_two_terms_cpu,
+    rmsnorm_quant_cpu,
+)
 from salon.kernels.kv_write import kv_write_ref
 from salon.kernels.quantize import SCALE_FLOOR, quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
 from salon.kernels.w16a8_grouped import quantize_int16_ref
@@ -37,8 +42,25 @@ def same(got, ref) -> bool:
 
 
 @each_isa
-@pytest.mark.parametrize("m,k", [(1, 1), (3, 7), (3, 15), (4, 16), (5, 17), (2, 31), (3, 33), (33, 640), (7, 2049),
-                                 (2, 262), (1, 8), (2, 9), (4, 32), (3, 95)])
+@pytest.mark.parametrize(
+    "m,k",
+    [
+        (1, 1),
+        (3, 7),
+        (3, 15),
+        (4, 16),
+        (5, 17),
+        (2, 31),
+        (3, 33),
+        (33, 640),
+        (7, 2049),
+        (2, 262),
+        (1, 8),
+        (2, 9),
+        (4, 32),
+        (3, 95),
+    ],
+)
 def test_quantize_per_token_is_bit_identical(isa, m, k):
     x = rows(m, k, seed=m * 100 + k)
     assert same(quantize_per_token_cpu(x, isa), quantize_per_token_ref(x))
@@ -94,8 +116,12 @@ def test_kv_write_is_bit_identical(isa, t, h, d):
     k[0, 0] = 0.0  # a zero row: the scale floor
     num_blocks, bs = 9, 8
     slots = torch.randperm(num_blocks * bs, generator=g)[:t]
-    caches = [torch.zeros(num_blocks, bs, h, d, dtype=torch.int8), torch.zeros(num_blocks, bs, h, d, dtype=torch.int8),
-              torch.zeros(num_blocks, bs, h), torch.zeros(num_blocks, bs, h)]
+    caches = [
+        torch.zeros(num_blocks, bs, h, d, dtype=torch.int8),
+        torch.zeros(num_blocks, bs, h, d, dtype=torch.int8),
+        torch.zeros(num_blocks, bs, h),
+        torch.zeros(num_blocks, bs, h),
+    ]
     expected = [c.clone() for c in caches]
     kv_write_cpu(k, v, *caches, slots, isa=isa)
     kv_write_ref(k, v, *expected, slots)
@@ -107,8 +133,12 @@ def test_kv_write_takes_strided_k_and_v(isa):
     qkv = torch.randn(5, 4 + 2 + 2, 24, generator=torch.Generator().manual_seed(6))  # [T, Hq + 2 Hkv, D]
     k, v = qkv[:, 4:6], qkv[:, 6:8]
     slots = torch.tensor([7, 0, 3, 12, 5])
-    caches = [torch.zeros(2, 8, 2, 24, dtype=torch.int8), torch.zeros(2, 8, 2, 24, dtype=torch.int8),
-              torch.zeros(2, 8, 2), torch.zeros(2, 8, 2)]
+    caches = [
+        torch.zeros(2, 8, 2, 24, dtype=torch.int8),
+        torch.zeros(2, 8, 2, 24, dtype=torch.int8),
+        torch.zeros(2, 8, 2),
+        torch.zeros(2, 8, 2),
+    ]
     expected = [c.clone() for c in caches]
     kv_write_cpu(k, v, *caches, slots, isa=isa)
     kv_write_ref(k, v, *expected, slots)
@@ -151,8 +181,7 @@ def test_quantize_two_terms_is_bit_identical(m, k, threads):
     assert ((d[:m] + d[m:] - x.double()).abs() <= 0.5 * s[m:, None].double() + 2 * ulp).all()
 
 
-@pytest.mark.parametrize("m,k", [(1, 1), (3, 7), (4, 15), (4, 16), (5, 17), (3, 33), (33, 640), (7, 2049),
-                                 (130, 640)])
+@pytest.mark.parametrize("m,k", [(1, 1), (3, 7), (4, 15), (4, 16), (5, 17), (3, 33), (33, 640), (7, 2049), (130, 640)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_quantize_int16_is_bit_identical(m, k, threads):
     """salon.kernels.w16a8_grouped's recipe: every tail length of the 16-wide loop, zero rows (the floor), rows of

@@ -1,4 +1,5 @@
-"""The RMSNorm contract (salon/kernels/rmsnorm.py) and its C kernel (salon/kernels/cpu/rmsnorm.c), bit for bit: row lengths
+"""The RMSNorm contract (salon/kernels/rmsnorm.py) and its C kernel (salon/kernels/cpu/rmsnorm.c), bit for bit: row
+lengths
 around the 16 lanes, per-head [T, H, D] views of a wider tensor, the thread split, rows of zeros and of huge
 or tiny values, batch invariance; and the contract against float64 (its order is fixed, its value is the
 norm's). A reordered sum, a fused multiply-add or the textbook torch expression changes the bits (checked
@@ -54,7 +55,7 @@ def test_thread_count_and_batch_do_not_change_results(threads):
         full = rmsnorm_cpu(x, w, 1e-6)
         assert torch.equal(full, rmsnorm_ref(x, w, 1e-6))
         for i in (0, 1, 255, 511):
-            assert torch.equal(rmsnorm_cpu(x[i:i + 1], w, 1e-6), full[i:i + 1])
+            assert torch.equal(rmsnorm_cpu(x[i : i + 1], w, 1e-6), full[i : i + 1])
     finally:
         torch.set_num_threads(before)
 

@@ -14,8 +14,9 @@ def test_matches_reference_across_chunks_and_bases():
     x = torch.randn(7, 3, 32, generator=g)
     positions = torch.tensor([0, 1, 17, CHUNK_POSITIONS - 1, CHUNK_POSITIONS, 3 * CHUNK_POSITIONS + 5, 40000])
     for base in (10000.0, 1e6):
-        torch.testing.assert_close(rope_neox_cpu(x, positions, base), rope_neox_ref(x, positions, base),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            rope_neox_cpu(x, positions, base), rope_neox_ref(x, positions, base), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_a_position_gets_the_same_bits_alone_in_a_batch_and_after_growth():
@@ -28,7 +29,7 @@ def test_a_position_gets_the_same_bits_alone_in_a_batch_and_after_growth():
     rope_tables(16, 1e4, 5 * CHUNK_POSITIONS)  # grow
     assert torch.equal(rope_tables(16, 1e4, 1)[0][: small_cos.shape[0]], small_cos)
     for i in range(5):
-        assert torch.equal(rope_neox_cpu(x[i:i + 1], positions[i:i + 1], 1e4), batched[i:i + 1])
+        assert torch.equal(rope_neox_cpu(x[i : i + 1], positions[i : i + 1], 1e4), batched[i : i + 1])
     cpu_rope._tables.clear()
     assert torch.equal(rope_neox_cpu(x, positions, 1e4), batched)  # a fresh process computes the same
 

@@ -1,4 +1,5 @@
-"""The int16-activation group-scaled GEMM (salon/kernels/cpu/w16a8_grouped.c) against salon.kernels.w16a8_grouped's reference,
+"""The int16-activation group-scaled GEMM (salon/kernels/cpu/w16a8_grouped.c) against salon.kernels.w16a8_grouped's
+reference,
 bit for bit: both layouts (M <= 8 pairs, M > 8 transposed) and the 64-row chunks of prefill, short last weight
 blocks, K of one group to 64 groups (the group-major copy of rows 2 and 4 KB long among them), 1 to 3 threads,
 strided rows, group sums above 2^24 that float32 must round, the extremes of both ranges, batch invariance; and
@@ -65,7 +66,7 @@ def test_extremes_and_rounded_group_sums(m):
     w[8:16, 32:128] = 127
     w[16:, 32:128] = -127
     a[0, :32] = 32767 - torch.arange(32, dtype=torch.int16)  # against w[0, :32] = 126, 127, ..., 127:
-    w[0, :32] = 127                                           # 133,069,329, odd and above 2^24
+    w[0, :32] = 127  # 133,069,329, odd and above 2^24
     w[0, 0] = 126
     acc = int(a[0, :32].long() @ w[0, :32].long())
     assert acc == 133_069_329 and float(torch.tensor(acc, dtype=torch.float32)) != acc
@@ -89,7 +90,7 @@ def test_strided_rows(m):
 def test_batch_invariance():
     """Row r of an M-row call has the bits of the 1-row call of row r, through every layout and chunk."""
     a, sa, w, sw = _operands(130, 21, 640, seed=11)
-    alone = torch.cat([_run(a[r:r + 1], sa[r:r + 1], w, sw) for r in range(130)])
+    alone = torch.cat([_run(a[r : r + 1], sa[r : r + 1], w, sw) for r in range(130)])
     for m in (2, 3, 4, 5, 8, 9, 64, 65, 130):
         assert torch.equal(_run(a[:m], sa[:m], w, sw), alone[:m]), m
 
@@ -119,9 +120,12 @@ def test_the_c_entry_point_refuses_what_it_cannot_compute():
     a = torch.ones(2, 64, dtype=torch.int16)
     w = torch.ones(8, 64, dtype=torch.int8)
     ws, sa, out = torch.ones(8, 2), torch.ones(2), torch.full((2, 8), 7.0)
+
     def call(m, n, k):
-        return lib.w16a8_grouped_avx2(a.data_ptr(), 64, w.data_ptr(), ws.data_ptr(), out.data_ptr(), 8,
-                                      sa.data_ptr(), m, n, k, 1)
+        return lib.w16a8_grouped_avx2(
+            a.data_ptr(), 64, w.data_ptr(), ws.data_ptr(), out.data_ptr(), 8, sa.data_ptr(), m, n, k, 1
+        )
+
     for m, n, k in ((0, 8, 64), (2, 0, 64), (2, 8, 0), (2, 8, 48), (2, 8, 16), (6, 8, -32)):
         assert call(m, n, k) == 1, (m, n, k)
     assert torch.all(out == 7.0)

@@ -3,11 +3,29 @@
 import pytest
 import torch
 
-from salon.kernels.cpu.w8a8_gemm import SMALL_M_ROWS, VNNI_ROW_BLOCK, cpu_isas, int8_acc_c, int8_acc_c_blocked, w8a8_gemm_cpu
+from salon.kernels.cpu.w8a8_gemm import (
+    SMALL_M_ROWS,
+    VNNI_ROW_BLOCK,
+    cpu_isas,
+    int8_acc_c,
+    int8_acc_c_blocked,
+    w8a8_gemm_cpu,
+)
 from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 
-SHAPES = [(1, 1, 1), (1, 7, 33), (3, 5, 17), (4, 9, 16), (5, 640, 2048), (1, 1536, 640), (15, 33, 1040),
-          (16, 31, 1025), (40, 100, 2100), (1, 3, 4099), (7, 2048, 1024)]
+SHAPES = [
+    (1, 1, 1),
+    (1, 7, 33),
+    (3, 5, 17),
+    (4, 9, 16),
+    (5, 640, 2048),
+    (1, 1536, 640),
+    (15, 33, 1040),
+    (16, 31, 1025),
+    (40, 100, 2100),
+    (1, 3, 4099),
+    (7, 2048, 1024),
+]
 
 
 def _operands(m, n, k, seed):

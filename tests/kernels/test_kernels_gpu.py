@@ -44,7 +44,6 @@ def test_gpu_w8a8_gemm_model_shapes(M, K, N, geglu):
         assert torch.equal(out, ref)  # exact int32 accumulation, same dequant order
 
 
-
 @pytest.mark.parametrize("M", [1, 7, 64, 256])
 @pytest.mark.parametrize("K,N,geglu", [(640, 1024, False), (640, 4096, True), (2048, 640, False)])
 def test_gpu_w8a8_grouped_gemm_model_shapes(M, K, N, geglu):
@@ -64,6 +63,7 @@ def test_gpu_w8a8_grouped_gemm_model_shapes(M, K, N, geglu):
         assert torch.equal(out, ref)  # exact int32 per group, same rounded products and sums in group order
     alone = w8a8_gemm_triton(a[-1:], a_s[-1:], w, w_s, bias=bias, residual=res[-1:], geglu=geglu)
     assert torch.equal(alone, out[-1:])  # batch invariance across the M buckets of the tile configs
+
 
 def test_gpu_quantize_and_rmsnorm_quant():
     g = torch.Generator(device=DEV).manual_seed(0)
@@ -120,49 +120,86 @@ def test_gpu_rope_and_kv_write():
 
 @pytest.mark.parametrize("window", [None, 512])
 def test_gpu_paged_decode_long_contexts(window):
-    case = make_paged_case([32768, 4097, 513, 1, 20000], [1] * 5, num_q_heads=4, num_kv_heads=1, head_dim=256,
-                           block_size=16, sliding_window=window, seed=3).to(DEV)
+    case = make_paged_case(
+        [32768, 4097, 513, 1, 20000],
+        [1] * 5,
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=256,
+        block_size=16,
+        sliding_window=window,
+        seed=3,
+    ).to(DEV)
     out = paged_attention_triton(case.args())
     torch.testing.assert_close(out, paged_attention_ref(case.args()), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("window", [None, 512])
 def test_gpu_paged_prefill_mixed_batch(window):
-    case = make_paged_case([2000, 1300, 77, 5000], [2000, 257, 77, 1], num_q_heads=4, num_kv_heads=1,
-                           head_dim=256, block_size=16, sliding_window=window, seed=4).to(DEV)
+    case = make_paged_case(
+        [2000, 1300, 77, 5000],
+        [2000, 257, 77, 1],
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=256,
+        block_size=16,
+        sliding_window=window,
+        seed=4,
+    ).to(DEV)
     out = paged_attention_triton(case.args())
     torch.testing.assert_close(out, paged_attention_ref(case.args()), rtol=1e-4, atol=1e-4)
 
 
 def test_gpu_paged_prefill_chunked_is_bit_identical_to_whole():
-    case = make_paged_case([1500], [1500], num_q_heads=4, num_kv_heads=1, head_dim=256, block_size=16,
-                           sliding_window=512, seed=5).to(DEV)
+    case = make_paged_case(
+        [1500], [1500], num_q_heads=4, num_kv_heads=1, head_dim=256, block_size=16, sliding_window=512, seed=5
+    ).to(DEV)
     whole = paged_attention_triton(case.args())
     parts = []
     for lo, hi in [(0, 700), (700, 1033), (1033, 1034), (1034, 1500)]:  # [1033, 1034) runs as decode
-        args = dataclasses.replace(case.args(), q=case.q[lo:hi],
-                                   query_start_loc=torch.tensor([0, hi - lo], dtype=torch.int32, device=DEV),
-                                   seq_lens=torch.tensor([hi], dtype=torch.int32, device=DEV))
+        args = dataclasses.replace(
+            case.args(),
+            q=case.q[lo:hi],
+            query_start_loc=torch.tensor([0, hi - lo], dtype=torch.int32, device=DEV),
+            seq_lens=torch.tensor([hi], dtype=torch.int32, device=DEV),
+        )
         parts.append(paged_attention_triton(args))
     assert torch.equal(torch.cat(parts), whole)
 
 
 def test_gpu_paged_decode_batch_invariant():
-    case = make_paged_case([9000, 300, 4500], [1, 1, 1], num_q_heads=4, num_kv_heads=1, head_dim=256,
-                           block_size=16, sliding_window=None, seed=6).to(DEV)
+    case = make_paged_case(
+        [9000, 300, 4500],
+        [1, 1, 1],
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=256,
+        block_size=16,
+        sliding_window=None,
+        seed=6,
+    ).to(DEV)
     batch = paged_attention_triton(case.args())
-    args = dataclasses.replace(case.args(), q=case.q[2:3], block_tables=case.block_tables[2:3],
-                               query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=DEV),
-                               seq_lens=case.seq_lens[2:3])
+    args = dataclasses.replace(
+        case.args(),
+        q=case.q[2:3],
+        block_tables=case.block_tables[2:3],
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=DEV),
+        seq_lens=case.seq_lens[2:3],
+    )
     assert torch.equal(paged_attention_triton(args), batch[2:3])
 
 
 def test_gpu_paged_decode_row_same_in_mixed_batch():
     # a decoding sequence batched with another's prefill runs the prefill kernel: same bits as decode alone
-    case = make_paged_case([9000, 700], [1, 700], num_q_heads=4, num_kv_heads=1, head_dim=256, block_size=16,
-                           sliding_window=None, seed=7).to(DEV)
+    case = make_paged_case(
+        [9000, 700], [1, 700], num_q_heads=4, num_kv_heads=1, head_dim=256, block_size=16, sliding_window=None, seed=7
+    ).to(DEV)
     mixed = paged_attention_triton(case.args())
-    args = dataclasses.replace(case.args(), q=case.q[:1], block_tables=case.block_tables[:1],
-                               query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=DEV),
-                               seq_lens=case.seq_lens[:1])
+    args = dataclasses.replace(
+        case.args(),
+        q=case.q[:1],
+        block_tables=case.block_tables[:1],
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32, device=DEV),
+        seq_lens=case.seq_lens[:1],
+    )
     assert torch.equal(paged_attention_triton(args), mixed[:1])

@@ -66,7 +66,7 @@ def test_w8a8_gemm_epilogue_order():
     a_s, w_s = torch.rand(M, generator=g) / 100, torch.rand(N, generator=g) / 100
     bias, res = torch.randn(N, generator=g), torch.randn(M, N // 2, generator=g)
     y = (a.double() @ w.double().T) * a_s.double()[:, None] * w_s.double()[None, :] + bias.double()
-    gate, up = y[:, : N // 2], y[:, N // 2:]
+    gate, up = y[:, : N // 2], y[:, N // 2 :]
     gelu = 0.5 * gate * (1 + torch.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)))
     expected = gelu * up + res.double()
     out = w8a8_gemm_ref(a, a_s, w, w_s, bias=bias, residual=res, geglu=True)
@@ -85,8 +85,10 @@ def test_rope_matches_complex_rotation():
     torch.testing.assert_close(out[0], x[0])  # position 0 is the identity
     inv_freq = 1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
     angle = positions.double()[:, None] * inv_freq
-    z = torch.complex(x[..., : D // 2].double(), x[..., D // 2:].double()) * torch.polar(
-        torch.ones_like(angle), angle)[:, None, :]
+    z = (
+        torch.complex(x[..., : D // 2].double(), x[..., D // 2 :].double())
+        * torch.polar(torch.ones_like(angle), angle)[:, None, :]
+    )
     expected = torch.cat((z.real, z.imag), dim=-1)
     # float32 angles at position 32000 carry ~2e-3 rad of rounding, as in every float32 RoPE
     torch.testing.assert_close(out[:4].double(), expected[:4], rtol=0, atol=2e-4)
@@ -114,8 +116,16 @@ def test_kv_write_scatters_quantized_rows_to_slots():
 @pytest.mark.parametrize("name", sorted(PAGED_CASES))
 def test_paged_attention_ref_matches_dense_sdpa(name):
     seq_lens, q_lens, hq, hkv, d, bs, window = PAGED_CASES[name]
-    case = make_paged_case(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
-                           sliding_window=window, seed=len(name))
+    case = make_paged_case(
+        seq_lens,
+        q_lens,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        block_size=bs,
+        sliding_window=window,
+        seed=len(name),
+    )
     out = paged_attention_ref(case.args())
     torch.testing.assert_close(out, dense_attention(case), rtol=1e-5, atol=1e-5)
 
@@ -124,8 +134,16 @@ def test_paged_attention_ref_matches_dense_sdpa(name):
 @pytest.mark.parametrize("name", sorted(PAGED_CASES))
 def test_paged_attention_ref_on_float_caches_matches_dense_sdpa(name, dtype):
     seq_lens, q_lens, hq, hkv, d, bs, window = PAGED_CASES[name]
-    case = make_paged_case(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
-                           sliding_window=window, seed=len(name)).as_float(dtype)
+    case = make_paged_case(
+        seq_lens,
+        q_lens,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        block_size=bs,
+        sliding_window=window,
+        seed=len(name),
+    ).as_float(dtype)
     torch.testing.assert_close(paged_attention_ref(case.args()), dense_attention(case), rtol=1e-5, atol=1e-5)
 
 
@@ -142,16 +160,24 @@ def test_kv_write_ref_stores_float_caches_as_they_are():
 @pytest.mark.parametrize("name", sorted(PAGED_CASES))
 def test_paged_attention_ref_never_touches_unused_table_entries(name):
     seq_lens, q_lens, hq, hkv, d, bs, window = PAGED_CASES[name]
-    case = make_paged_case(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
-                           sliding_window=window, seed=len(name), poison="nan_block")
+    case = make_paged_case(
+        seq_lens,
+        q_lens,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        block_size=bs,
+        sliding_window=window,
+        seed=len(name),
+        poison="nan_block",
+    )
     out = paged_attention_ref(case.args())
     assert not out.isnan().any()
     torch.testing.assert_close(out, dense_attention(case), rtol=1e-5, atol=1e-5)
 
 
 def test_paged_attention_window_of_one_returns_own_value():
-    case = make_paged_case([9], [3], num_q_heads=2, num_kv_heads=1, head_dim=8, block_size=4,
-                           sliding_window=1, seed=0)
+    case = make_paged_case([9], [3], num_q_heads=2, num_kv_heads=1, head_dim=8, block_size=4, sliding_window=1, seed=0)
     out = paged_attention_ref(case.args())
     own_v = case.dense_v[0][6:9]  # positions 6, 7, 8 see only themselves
     torch.testing.assert_close(out, own_v.expand(3, 2, 8), rtol=1e-6, atol=1e-6)

@@ -9,7 +9,6 @@ import dataclasses
 import pytest
 import torch
 from kernels_cases import PAGED_CASES, make_paged_case
-from tests.triton_interpreter import row_independent_dot as use_row_independent_dot
 
 from salon.kernels.glu import geglu_ref, geglu_triton, swiglu_ref, swiglu_triton
 from salon.kernels.kv_write import kv_write_ref, kv_write_triton
@@ -25,6 +24,7 @@ from salon.kernels.quantize import (
 from salon.kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton
 from salon.kernels.rope import rope_neox_ref, rope_neox_triton
 from salon.kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
+from tests.triton_interpreter import row_independent_dot as use_row_independent_dot
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -66,15 +66,21 @@ GLUS = [pytest.param(geglu_triton, geglu_ref, id="geglu"), pytest.param(swiglu_t
 def test_glu_bit_exact(m, f, kernel, ref):
     y = torch.randn(m, 2 * f, generator=_gen(m * 10_000 + f)) * torch.logspace(-4, 2, m)[:, None]
     assert torch.equal(kernel(y.to(DEVICE)).cpu(), ref(y))
-    strided = torch.randn(m, 2 * f + 3, generator=_gen(f))[:, 1:2 * f + 1]  # a row stride that is not 2F
+    strided = torch.randn(m, 2 * f + 3, generator=_gen(f))[:, 1 : 2 * f + 1]  # a row stride that is not 2F
     assert torch.equal(kernel(strided.to(DEVICE)).cpu(), ref(strided))
 
 
 @pytest.mark.parametrize("kernel,ref", GLUS)
 def test_glu_every_range_of_the_gate(kernel, ref):
     """Gates from -1e6 to 1e6: the exp past both clamps, its zero below -87, g^3 overflowing."""
-    gates = torch.cat([torch.linspace(-60, 60, 4001), -torch.logspace(-30, 6, 999), torch.logspace(-30, 6, 999),
-                       torch.tensor([0.0, -0.0, 5.61, 5.62, -5.55, -5.56, -87.0, 88.0])])
+    gates = torch.cat(
+        [
+            torch.linspace(-60, 60, 4001),
+            -torch.logspace(-30, 6, 999),
+            torch.logspace(-30, 6, 999),
+            torch.tensor([0.0, -0.0, 5.61, 5.62, -5.55, -5.56, -87.0, 88.0]),
+        ]
+    )
     ups = torch.randn(gates.numel(), generator=_gen(1)) * 3
     y = torch.cat([gates, ups])[None, :]
     assert torch.equal(kernel(y.to(DEVICE)).cpu(), ref(y))
@@ -115,7 +121,11 @@ def test_rmsnorm_refuses_bad_operands():
 
 
 GEMM_SHAPES = [  # M, K, N
-    (1, 16, 16), (5, 37, 19), (33, 70, 42), (3, 1100, 10), (17, 256, 96),
+    (1, 16, 16),
+    (5, 37, 19),
+    (33, 70, 42),
+    (3, 1100, 10),
+    (17, 256, 96),
 ]
 
 
@@ -142,8 +152,15 @@ def test_w8a8_gemm_geglu(M, K, N, with_bias):
     a_s, w_s = torch.rand(M, generator=g) / 100, torch.rand(N, generator=g) / 100
     bias = torch.randn(N, generator=g) if with_bias else None
     res = torch.randn(M, N // 2, generator=g)
-    out = w8a8_gemm_triton(a.to(DEVICE), a_s.to(DEVICE), w.to(DEVICE), w_s.to(DEVICE),
-                           bias=None if bias is None else bias.to(DEVICE), residual=res.to(DEVICE), geglu=True)
+    out = w8a8_gemm_triton(
+        a.to(DEVICE),
+        a_s.to(DEVICE),
+        w.to(DEVICE),
+        w_s.to(DEVICE),
+        bias=None if bias is None else bias.to(DEVICE),
+        residual=res.to(DEVICE),
+        geglu=True,
+    )
     ref = w8a8_gemm_ref(a, a_s, w, w_s, bias=bias, residual=res, geglu=True)
     assert out.shape == (M, N // 2)
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
@@ -190,8 +207,17 @@ def test_kv_write_bit_exact(T, H, D, BS):
 
 def _case(name, seed=None, **overrides):
     seq_lens, q_lens, hq, hkv, d, bs, window = PAGED_CASES[name]
-    return make_paged_case(seq_lens, q_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
-                           sliding_window=window, seed=len(name) if seed is None else seed, **overrides)
+    return make_paged_case(
+        seq_lens,
+        q_lens,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d,
+        block_size=bs,
+        sliding_window=window,
+        seed=len(name) if seed is None else seed,
+        **overrides,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(PAGED_CASES))
@@ -222,8 +248,16 @@ def test_paged_attention_never_touches_unused_table_entries(name):
 @pytest.mark.parametrize("window", [None, 37, 16])
 def test_paged_decode_split_kv_long_context(window):
     # 100-key contexts over 16-key splits: up to 7 partials per sequence, some splits before the window
-    case = make_paged_case([100, 37, 64, 1], [1, 1, 1, 1], num_q_heads=4, num_kv_heads=1, head_dim=16,
-                           block_size=8, sliding_window=window, seed=7)
+    case = make_paged_case(
+        [100, 37, 64, 1],
+        [1, 1, 1, 1],
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=16,
+        block_size=8,
+        sliding_window=window,
+        seed=7,
+    )
     out = paged_attention_triton(case.to(DEVICE).args(), split_tokens=16 if DEVICE == "cpu" else 64)
     torch.testing.assert_close(out.cpu(), paged_attention_ref(case.args()), rtol=1e-4, atol=1e-5)
 
@@ -238,13 +272,18 @@ def row_independent_dot(monkeypatch):
 def _sub_batch(case, rows: slice, seqs: slice, q_lens: list[int]) -> PagedAttentionArgs:
     """Arguments for querying some of `case`'s sequences, over the same cache."""
     return dataclasses.replace(
-        case.args(), q=case.q[rows], block_tables=case.block_tables[seqs], seq_lens=case.seq_lens[seqs],
-        query_start_loc=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE))
+        case.args(),
+        q=case.q[rows],
+        block_tables=case.block_tables[seqs],
+        seq_lens=case.seq_lens[seqs],
+        query_start_loc=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE),
+    )
 
 
 def test_paged_decode_is_batch_invariant(row_independent_dot):
-    batch = make_paged_case([45, 20, 9], [1, 1, 1], num_q_heads=4, num_kv_heads=1, head_dim=16, block_size=4,
-                            sliding_window=None, seed=3).to(DEVICE)
+    batch = make_paged_case(
+        [45, 20, 9], [1, 1, 1], num_q_heads=4, num_kv_heads=1, head_dim=16, block_size=4, sliding_window=None, seed=3
+    ).to(DEVICE)
     out_batch = paged_attention_triton(batch.args())
     out_alone = paged_attention_triton(_sub_batch(batch, slice(1, 2), slice(1, 2), [1]))
     assert torch.equal(out_batch[1:2], out_alone)
@@ -252,22 +291,27 @@ def test_paged_decode_is_batch_invariant(row_independent_dot):
 
 @pytest.mark.parametrize("window", [None, 19])
 def test_paged_prefill_chunked_equals_whole(row_independent_dot, window):
-    whole = make_paged_case([45], [45], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4,
-                            sliding_window=window, seed=5).to(DEVICE)
+    whole = make_paged_case(
+        [45], [45], num_q_heads=2, num_kv_heads=1, head_dim=16, block_size=4, sliding_window=window, seed=5
+    ).to(DEVICE)
     out_whole = paged_attention_triton(whole.args())
     chunks = []  # the same cache queried as chunks [0, 20), [20, 21) and [21, 45); [20, 21) runs as decode
     for lo, hi in [(0, 20), (20, 21), (21, 45)]:
-        args = dataclasses.replace(whole.args(), q=whole.q[lo:hi],
-                                   query_start_loc=torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE),
-                                   seq_lens=torch.tensor([hi], dtype=torch.int32, device=DEVICE))
+        args = dataclasses.replace(
+            whole.args(),
+            q=whole.q[lo:hi],
+            query_start_loc=torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE),
+            seq_lens=torch.tensor([hi], dtype=torch.int32, device=DEVICE),
+        )
         chunks.append(paged_attention_triton(args))
     assert torch.equal(torch.cat(chunks), out_whole)
 
 
 def test_paged_decode_row_same_in_mixed_batch(row_independent_dot):
     # a decoding sequence batched with another's prefill runs the prefill kernel: same bits as decode alone
-    mixed = make_paged_case([53, 23], [1, 23], num_q_heads=4, num_kv_heads=1, head_dim=16, block_size=4,
-                            sliding_window=30, seed=8).to(DEVICE)
+    mixed = make_paged_case(
+        [53, 23], [1, 23], num_q_heads=4, num_kv_heads=1, head_dim=16, block_size=4, sliding_window=30, seed=8
+    ).to(DEVICE)
     out_mixed = paged_attention_triton(mixed.args())
     out_alone = paged_attention_triton(_sub_batch(mixed, slice(0, 1), slice(0, 1), [1]))
     assert torch.equal(out_mixed[:1], out_alone)

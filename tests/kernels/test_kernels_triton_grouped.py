@@ -72,11 +72,19 @@ def test_grouped_batch_invariant(geglu):
     args = [_to(t) for t in (a, a_s, w, w_s, b, res)]
     batch = w8a8_gemm_triton(*args[:4], bias=args[4], residual=args[5], geglu=geglu)
     for i in [0, 7, 15, 16]:
-        alone = w8a8_gemm_triton(args[0][i:i + 1], args[1][i:i + 1], args[2], args[3], bias=args[4],
-                                 residual=args[5][i:i + 1], geglu=geglu)
-        assert torch.equal(alone, batch[i:i + 1]), i
-    first = w8a8_gemm_triton(args[0][:3], args[1][:3], args[2], args[3], bias=args[4], residual=args[5][:3],
-                             geglu=geglu)
+        alone = w8a8_gemm_triton(
+            args[0][i : i + 1],
+            args[1][i : i + 1],
+            args[2],
+            args[3],
+            bias=args[4],
+            residual=args[5][i : i + 1],
+            geglu=geglu,
+        )
+        assert torch.equal(alone, batch[i : i + 1]), i
+    first = w8a8_gemm_triton(
+        args[0][:3], args[1][:3], args[2], args[3], bias=args[4], residual=args[5][:3], geglu=geglu
+    )
     assert torch.equal(first, batch[:3])
 
 
@@ -96,5 +104,6 @@ def test_grouped_rejects_bad_arguments():
     with pytest.raises(ValueError, match="a_q: expected dtype torch.int8"):
         w8a8_gemm_triton(a.float(), s2, w, torch.ones(4, 1, device=DEVICE))
     with pytest.raises(ValueError, match="residual: expected shape"):
-        w8a8_gemm_triton(a, s2, w, torch.ones(4, 1, device=DEVICE), residual=torch.zeros(2, 4, device=DEVICE),
-                         geglu=True)
+        w8a8_gemm_triton(
+            a, s2, w, torch.ones(4, 1, device=DEVICE), residual=torch.zeros(2, 4, device=DEVICE), geglu=True
+        )

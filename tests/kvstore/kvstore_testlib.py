@@ -91,15 +91,35 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class KVStoreProcess:
     """`python -m salon.kvstore` as a subprocess; `port` parsed from its LISTENING line."""
 
-    def __init__(self, shm_dir, capacity_bytes: int, port: int = 0, lease_ttl_s: float = 30.0,
-                 extra: tuple[str, ...] = INSECURE_LOOPBACK_FLAGS) -> None:
+    def __init__(
+        self,
+        shm_dir,
+        capacity_bytes: int,
+        port: int = 0,
+        lease_ttl_s: float = 30.0,
+        extra: tuple[str, ...] = INSECURE_LOOPBACK_FLAGS,
+    ) -> None:
         self.shm_dir = str(shm_dir)
         args = [
-            sys.executable, "-m", "salon.kvstore", "--port", str(port), "--capacity-bytes", str(capacity_bytes),
-            "--shm-dir", str(shm_dir), "--lease-ttl-s", str(lease_ttl_s), "--grace-s", "1", *extra,
+            sys.executable,
+            "-m",
+            "salon.kvstore",
+            "--port",
+            str(port),
+            "--capacity-bytes",
+            str(capacity_bytes),
+            "--shm-dir",
+            str(shm_dir),
+            "--lease-ttl-s",
+            str(lease_ttl_s),
+            "--grace-s",
+            "1",
+            *extra,
         ]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        self.proc = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            args, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
         deadline = time.monotonic() + 60
         self.port = None
         while time.monotonic() < deadline:

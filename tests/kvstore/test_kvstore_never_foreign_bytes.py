@@ -59,7 +59,7 @@ def test_a_prepared_slot_never_written_is_refused_and_fetches_nothing(tmp_path) 
     for extent in node_extents:  # a dropped block's bytes are zeroed at once (erasure)
         assert not any(store.arena.read(extent))
     for start, length in store.tree.allocator.free_runs():  # a writer that broke its lease's contract
-        store.arena.array[start:start + length] = 0xAB
+        store.arena.array[start : start + length] = 0xAB
     lease, slots, existing = store.prepare_shared_put(NS_A, LAYOUT, encode_token_ids(ctx), "c", 4, frozenset({3}))
     assert existing == 0 and len(slots) == 4
     for slot in slots:  # reserved space is zero, never another namespace's leftovers
@@ -147,8 +147,14 @@ def test_random_interleavings_fetch_only_each_namespaces_own_bytes(tmp_path, see
             peer = rng.choice(["e0", "e1"])
             try:
                 lease, slots, _ = store.prepare_shared_put(
-                    ns, LAYOUT, encode_token_ids(ctx), rng.choice(["", "c1", "c2"]), n,
-                    frozenset(range(max(0, n - 2), n)), peer=peer)
+                    ns,
+                    LAYOUT,
+                    encode_token_ids(ctx),
+                    rng.choice(["", "c1", "c2"]),
+                    n,
+                    frozenset(range(max(0, n - 2), n)),
+                    peer=peer,
+                )
             except LeaseLimit:
                 continue
             live.append((ns, ctx, lease, slots, peer))
@@ -161,8 +167,13 @@ def test_random_interleavings_fetch_only_each_namespaces_own_bytes(tmp_path, see
             committed += counts is not None
         elif op < 0.55:  # a whole put over gRPC (evicts when full)
             ctx = context(ns)
-            put(store, ns, ctx, local_blocks=set(range(max(0, len(ctx) // 4 - 2), len(ctx) // 4)),
-                owner=rng.choice(["", "c1", "c2"]))
+            put(
+                store,
+                ns,
+                ctx,
+                local_blocks=set(range(max(0, len(ctx) // 4 - 2), len(ctx) // 4)),
+                owner=rng.choice(["", "c1", "c2"]),
+            )
             contexts[ns].append(ctx)
         elif op < 0.65:  # time passes: leases expire, their writers may still be writing
             now[0] += rng.uniform(0.5, 4.0)
@@ -211,8 +222,11 @@ def test_leases_are_capped_per_peer(tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory):
-    proc = KVStoreProcess(tmp_path_factory.mktemp("foreign"), capacity_bytes=1 << 20,
-                          extra=("--internal-auth", "insecure-loopback", "--max-leases-per-peer", "3"))
+    proc = KVStoreProcess(
+        tmp_path_factory.mktemp("foreign"),
+        capacity_bytes=1 << 20,
+        extra=("--internal-auth", "insecure-loopback", "--max-leases-per-peer", "3"),
+    )
     yield proc
     assert proc.stop() == 0
 
@@ -239,8 +253,9 @@ def test_over_grpc_a_commit_without_the_writes_is_refused(small_store) -> None:
         prepared = _prepare(stub, NS_C, ctx, 4)
         arena = np.memmap(prepared.shm_name, np.uint8, "r+")
         for s in prepared.slots:
-            arena[s.global_offset:s.global_offset + 64] = np.frombuffer(payload(NS_C, ctx, s.block_index, "g", 64, 4),
-                                                                       np.uint8)
+            arena[s.global_offset : s.global_offset + 64] = np.frombuffer(
+                payload(NS_C, ctx, s.block_index, "g", 64, 4), np.uint8
+            )
         arena.flush()
         counts = stub.CommitSharedPut(pb.CommitSharedPutRequest(lease_id=prepared.lease_id, global_crc32=crc)).counts
         assert counts.stored_blocks == 4
@@ -250,8 +265,10 @@ def test_over_grpc_a_commit_without_the_writes_is_refused(small_store) -> None:
 def test_over_grpc_a_peer_holds_at_most_its_lease_cap(small_store) -> None:
     ctx = list(range(200, 208))
     own_connection = [("grpc.use_local_subchannel_pool", 1)]
-    with grpc.insecure_channel(small_store.target, options=own_connection) as channel, \
-            grpc.insecure_channel(small_store.target, options=own_connection) as other:
+    with (
+        grpc.insecure_channel(small_store.target, options=own_connection) as channel,
+        grpc.insecure_channel(small_store.target, options=own_connection) as other,
+    ):
         stub = pb_grpc.KVStoreServiceStub(channel)
         leases = [_prepare(stub, NS_D, ctx, 2).lease_id for _ in range(3)]
         with pytest.raises(grpc.RpcError) as info:

@@ -95,4 +95,3 @@ def test_a_context_continued_from_its_last_hash_hashes_like_the_whole() -> None:
     whole = block_hashes(NS, ids, 16)
     head = block_hashes(NS, ids[:32], 16)
     assert head + block_hashes(NS, ids[32:], 16, parent=head[-1]) == whole
-

@@ -37,9 +37,13 @@ def check_fetch(result, ns, ctx, layout, expect_tokens, from_block=0):
     num_blocks = expect_tokens // layout.block_size_tokens
     assert result.num_tokens == expect_tokens
     assert result.first_global_block == min(from_block, num_blocks)
-    np.testing.assert_array_equal(result.global_kv, rows(ns, ctx, layout, range(result.first_global_block, num_blocks), "g"))
+    np.testing.assert_array_equal(
+        result.global_kv, rows(ns, ctx, layout, range(result.first_global_block, num_blocks), "g")
+    )
     assert result.local_from_block == num_blocks - layout.needed_local_blocks(num_blocks)
-    np.testing.assert_array_equal(result.local_kv, rows(ns, ctx, layout, range(result.local_from_block, num_blocks), "l"))
+    np.testing.assert_array_equal(
+        result.local_kv, rows(ns, ctx, layout, range(result.local_from_block, num_blocks), "l")
+    )
 
 
 @pytest.mark.parametrize("put_shm,fetch_shm", [(False, False), (True, True), (False, True), (True, False)])
@@ -51,9 +55,15 @@ async def test_round_trip_gemma_sizes(kvstore, put_shm, fetch_shm) -> None:
     reader = await kvstore.client(use_shared_memory=fetch_shm)
     try:
         locals_from = 64 - 40  # local KV for the last 40 blocks (window before the last message + reply)
-        put = await writer.put(ns, ctx, GEMMA, rows(ns, ctx, GEMMA, range(64), "g"),
-                               rows(ns, ctx, GEMMA, range(locals_from, 64), "l"), local_first_block=locals_from,
-                               conversation_id="conv-1")
+        put = await writer.put(
+            ns,
+            ctx,
+            GEMMA,
+            rows(ns, ctx, GEMMA, range(64), "g"),
+            rows(ns, ctx, GEMMA, range(locals_from, 64), "l"),
+            local_first_block=locals_from,
+            conversation_id="conv-1",
+        )
         assert (put.stored_blocks, put.existing_blocks, put.skipped_blocks) == (64, 0, 0)
         assert await reader.match(ns, ctx, GEMMA) == MatchResult(1024, 1024)
         edited = ctx[:1000] + [7] * 30  # edit inside block 62: the prefix up to block 62 is usable
@@ -94,7 +104,9 @@ async def test_bad_requests_name_the_field(kvstore) -> None:
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "header" in info.value.details()
 
         async def ragged():
-            yield pb.PutRequest(header=pb.PutHeader(namespace=NS_A, token_ids_le32=encode_token_ids(range(8)), layout=layout))
+            yield pb.PutRequest(
+                header=pb.PutHeader(namespace=NS_A, token_ids_le32=encode_token_ids(range(8)), layout=layout)
+            )
             yield pb.PutRequest(chunk=pb.KVChunk(global_kv=b"x" * 100))
 
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -103,7 +115,9 @@ async def test_bad_requests_name_the_field(kvstore) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.CommitSharedPut(pb.CommitSharedPutRequest(lease_id="nope"))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND and "lease_id" in info.value.details()
-        other = pb.KVLayout(block_size_tokens=4, global_bytes_per_block=128, local_bytes_per_block=512, sliding_window_tokens=9)
+        other = pb.KVLayout(
+            block_size_tokens=4, global_bytes_per_block=128, local_bytes_per_block=512, sliding_window_tokens=9
+        )
         client = KVStoreClient(kvstore.target)
         await client.put(NS_B, list(range(8)), SMALL, np.zeros((2, 256), np.uint8))
         await client.close()
@@ -117,8 +131,15 @@ async def test_namespace_isolation_and_drop(kvstore) -> None:
     ns1, ns2 = b"\x01" * 32, b"\x02" * 32
     ctx = list(range(1000, 1016))
     try:
-        await client.put(ns1, ctx, SMALL, rows(ns1, ctx, SMALL, range(4), "g"), rows(ns1, ctx, SMALL, range(2, 4), "l"),
-                         local_first_block=2, conversation_id="c1")
+        await client.put(
+            ns1,
+            ctx,
+            SMALL,
+            rows(ns1, ctx, SMALL, range(4), "g"),
+            rows(ns1, ctx, SMALL, range(2, 4), "l"),
+            local_first_block=2,
+            conversation_id="c1",
+        )
         assert await client.match(ns1, ctx, SMALL) == MatchResult(16, 16)
         assert await client.match(ns2, ctx, SMALL) == MatchResult(0, 0)
         assert (await client.fetch(ns2, ctx, SMALL)).num_tokens == 0
@@ -156,9 +177,15 @@ async def test_many_puts_and_fetches_in_flight(tmp_path) -> None:
     async def put(d: int, t: int) -> None:
         ctx = dialogues[d]
         n = len(ctx) // 4
-        await clients[(d + t + 1) % 4].put(NS_A, ctx, SMALL, rows(NS_A, ctx, SMALL, range(n), "g"),
-                                           rows(NS_A, ctx, SMALL, range(n - 3, n), "l"), local_first_block=n - 3,
-                                           conversation_id=f"d{d}")
+        await clients[(d + t + 1) % 4].put(
+            NS_A,
+            ctx,
+            SMALL,
+            rows(NS_A, ctx, SMALL, range(n), "g"),
+            rows(NS_A, ctx, SMALL, range(n - 3, n), "l"),
+            local_first_block=n - 3,
+            conversation_id=f"d{d}",
+        )
         dialogues[d] = ctx + [replies[d].randrange(5000) for _ in range(12)]
 
     async def turn(d: int, t: int) -> None:
@@ -224,12 +251,22 @@ async def test_restart_gives_misses_then_recovers(tmp_path) -> None:
 async def test_unreleased_lease_expires(kvstore) -> None:
     ctx = list(range(5000, 5016))
     client = KVStoreClient(kvstore.target)
-    await client.put(NS_A, ctx, SMALL, rows(NS_A, ctx, SMALL, range(4), "g"), rows(NS_A, ctx, SMALL, range(2, 4), "l"),
-                     local_first_block=2)
+    await client.put(
+        NS_A,
+        ctx,
+        SMALL,
+        rows(NS_A, ctx, SMALL, range(4), "g"),
+        rows(NS_A, ctx, SMALL, range(2, 4), "l"),
+        local_first_block=2,
+    )
     async with grpc.aio.insecure_channel(kvstore.target) as channel:
         stub = pb_grpc.KVStoreServiceStub(channel)
-        request = pb.FetchRequest(namespace=NS_A, token_ids_le32=encode_token_ids(ctx), layout=layout_to_proto(SMALL),
-                                  transport=pb.TRANSPORT_SHARED_MEMORY)
+        request = pb.FetchRequest(
+            namespace=NS_A,
+            token_ids_le32=encode_token_ids(ctx),
+            layout=layout_to_proto(SMALL),
+            transport=pb.TRANSPORT_SHARED_MEMORY,
+        )
         [response] = [m async for m in stub.Fetch(request)]
         assert response.header.num_tokens == 16 and len(response.header.global_offsets) == 4
         assert response.header.lease_ttl_ms == 2000
@@ -249,8 +286,15 @@ async def test_put_from_a_later_block(kvstore, shm) -> None:
     try:
         first = await client.put(ns, ctx[:16], SMALL, rows(ns, ctx, SMALL, range(4), "g"))
         assert first.stored_blocks == 4
-        more = await client.put(ns, ctx, SMALL, rows(ns, ctx, SMALL, range(4, 8), "g"),
-                                rows(ns, ctx, SMALL, range(6, 8), "l"), first_block=4, local_first_block=6)
+        more = await client.put(
+            ns,
+            ctx,
+            SMALL,
+            rows(ns, ctx, SMALL, range(4, 8), "g"),
+            rows(ns, ctx, SMALL, range(6, 8), "l"),
+            first_block=4,
+            local_first_block=6,
+        )
         assert (more.stored_blocks, more.skipped_blocks) == (4, 0)
         check_fetch(await client.fetch(ns, ctx, SMALL), ns, ctx, SMALL, 32)
         orphan = [1] * 16 + ctx[16:]
@@ -258,7 +302,14 @@ async def test_put_from_a_later_block(kvstore, shm) -> None:
         assert lost.stored_blocks == 0
         assert await client.match(ns, orphan, SMALL) == MatchResult(0, 0)
         with pytest.raises(ValueError, match="local_kv"):
-            await client.put(ns, ctx, SMALL, rows(ns, ctx, SMALL, range(4, 8), "g"),
-                             rows(ns, ctx, SMALL, range(2, 4), "l"), first_block=4, local_first_block=2)
+            await client.put(
+                ns,
+                ctx,
+                SMALL,
+                rows(ns, ctx, SMALL, range(4, 8), "g"),
+                rows(ns, ctx, SMALL, range(2, 4), "l"),
+                first_block=4,
+                local_first_block=2,
+            )
     finally:
         await client.close()

@@ -221,7 +221,9 @@ def test_blocks_are_keyed_by_their_exact_tokens_not_a_hash(tmp_path) -> None:
         b[changed_at] += 1000
         assert match(store, b, layout=G).matched_tokens == 4 * expect_blocks, changed_at
         n, rows = fetch_bytes(store, NS_A, b, layout=G)
-        assert n == 4 * expect_blocks and [g for g, _ in rows] == [payload(NS_A, a, i, "g", 64, 4) for i in range(expect_blocks)]
+        assert n == 4 * expect_blocks and [g for g, _ in rows] == [
+            payload(NS_A, a, i, "g", 64, 4) for i in range(expect_blocks)
+        ]
     assert match(store, a, layout=G).matched_tokens == 12
 
 

@@ -22,8 +22,11 @@ class ScriptedChat(chat_pb2_grpc.ChatServiceServicer):
     async def GetModelInfo(self, request, context):
         if not self._check_auth(context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad key")
-        return chat_pb2.GetModelInfoResponse(model=chat_pb2.ModelInfo(
-            model_id="scripted", max_context_tokens=100_000, vocab_size=1000, eos_token_ids=EOS))
+        return chat_pb2.GetModelInfoResponse(
+            model=chat_pb2.ModelInfo(
+                model_id="scripted", max_context_tokens=100_000, vocab_size=1000, eos_token_ids=EOS
+            )
+        )
 
     async def Generate(self, request, context):
         if not self._check_auth(context):
@@ -39,11 +42,18 @@ class ScriptedChat(chat_pb2_grpc.ChatServiceServicer):
         await asyncio.sleep(0.02)
         yield chat_pb2.GenerateResponse(delta=chat_pb2.TokenDelta(text="", token_ids=[106]))
         prompt = 10 * len(request.dialogue.messages)
-        yield chat_pb2.GenerateResponse(final=chat_pb2.GenerateFinal(
-            finish_reason=chat_pb2.FINISH_REASON_STOP_TOKEN,
-            usage=chat_pb2.Usage(prompt_tokens=prompt, cached_tokens=chat_pb2.CachedTokens(device=prompt - 10, host=0),
-                                 generated_tokens=3),
-            engine_id=f"e{len(request.conversation_id) % 2}", request_id=request.request_id))
+        yield chat_pb2.GenerateResponse(
+            final=chat_pb2.GenerateFinal(
+                finish_reason=chat_pb2.FINISH_REASON_STOP_TOKEN,
+                usage=chat_pb2.Usage(
+                    prompt_tokens=prompt,
+                    cached_tokens=chat_pb2.CachedTokens(device=prompt - 10, host=0),
+                    generated_tokens=3,
+                ),
+                engine_id=f"e{len(request.conversation_id) % 2}",
+                request_id=request.request_id,
+            )
+        )
 
 
 @pytest.fixture
@@ -61,5 +71,3 @@ async def scripted():
     yield start
     for server in servers:
         await server.stop(None)
-
-

@@ -11,8 +11,14 @@ from salon.cli.bench import main as bench_main
 
 async def _run_cli(*args):
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "salon.cli.main", "bench", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "salon.cli.main",
+        "bench",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
     return proc.returncode, out.decode(), err.decode()
 
@@ -22,13 +28,30 @@ async def test_bench_cli_against_a_running_gateway(scripted, tmp_path):
     servicer = ScriptedChat()
     target = await scripted(servicer)
     report, plot = tmp_path / "r.json", tmp_path / "r.png"
-    rc, out, err = await _run_cli("--target", target, "--api-key", KEY, "--dialogues", "3", "--turns", "2",
-                                  "--history-messages", "8", "--time-scale", "0", "--json", str(report),
-                                  "--plot", str(plot), "--seed", "5")
+    rc, out, err = await _run_cli(
+        "--target",
+        target,
+        "--api-key",
+        KEY,
+        "--dialogues",
+        "3",
+        "--turns",
+        "2",
+        "--history-messages",
+        "8",
+        "--time-scale",
+        "0",
+        "--json",
+        str(report),
+        "--plot",
+        str(plot),
+        "--seed",
+        "5",
+    )
     assert rc == 0, err
     last = out.strip().splitlines()[-1]
     assert last.startswith("RESULT ")
-    result = json.loads(last[len("RESULT "):])
+    result = json.loads(last[len("RESULT ") :])
     assert result["num_turns"] == 6 and result["num_errors"] == 0 and result["mode"] == "cache"
     assert result["primed"] is False and result["mode_title"] == "salon with its caches, not primed"
     assert result["working_set"] is False and result["preset"] == "default"
@@ -53,10 +76,25 @@ async def test_bench_cli_against_a_running_gateway(scripted, tmp_path):
 async def test_bench_cli_prime_is_an_option_and_labelled(scripted):
     servicer = ScriptedChat()
     target = await scripted(servicer)
-    rc, out, err = await _run_cli("--target", target, "--api-key", KEY, "--dialogues", "3", "--turns", "2",
-                                  "--history-messages", "8", "--time-scale", "0", "--seed", "5", "--prime")
+    rc, out, err = await _run_cli(
+        "--target",
+        target,
+        "--api-key",
+        KEY,
+        "--dialogues",
+        "3",
+        "--turns",
+        "2",
+        "--history-messages",
+        "8",
+        "--time-scale",
+        "0",
+        "--seed",
+        "5",
+        "--prime",
+    )
     assert rc == 0, err
-    result = json.loads(out.strip().splitlines()[-1][len("RESULT "):])
+    result = json.loads(out.strip().splitlines()[-1][len("RESULT ") :])
     assert result["primed"] is True and result["mode_title"] == "salon with its caches, primed"
     assert "[salon with its caches, primed] 6 turns" in out and "histories primed in" in out
     measured = [r for r in servicer.requests if not r.request_id.endswith("-prime")]
@@ -82,7 +120,8 @@ def test_bench_cli_rejects_compare_without_launch(capsys):
 
 async def test_bench_cli_reports_a_wrong_key(scripted):
     target = await scripted(ScriptedChat())
-    rc, out, err = await _run_cli("--target", target, "--api-key", "not-the-key", "--dialogues", "1", "--turns", "1",
-                                  "--history-messages", "2")
+    rc, out, err = await _run_cli(
+        "--target", target, "--api-key", "not-the-key", "--dialogues", "1", "--turns", "1", "--history-messages", "2"
+    )
     assert rc == 1
     assert "salon bench: the gateway refused or is unreachable: UNAUTHENTICATED: bad key" in err

@@ -2,6 +2,7 @@
 
 import pytest
 
+from salon.api.chat.v1 import chat_pb2
 from salon.loadgen.dialogue import EMPTY_REPLY_TEXT, DialogueState, strip_trailing_eos
 from salon.loadgen.driver import turn_request
 from salon.loadgen.transport_grpc import to_proto_request
@@ -14,7 +15,6 @@ from salon.loadgen.workload import (
     WorkloadConfig,
     generate_trace,
 )
-from salon.api.chat.v1 import chat_pb2
 
 U, C = Role.USER, Role.CHARACTER
 
@@ -29,10 +29,12 @@ def _shape(messages):
 
 
 def test_message_regenerate_edit_sequence():
-    turns = [TurnAction(TurnKind.MESSAGE, 0.0, "first question?", 1),
-             TurnAction(TurnKind.REGENERATE, 0.5, None, 2),
-             TurnAction(TurnKind.EDIT, 0.5, "edited question?", 3),
-             TurnAction(TurnKind.MESSAGE, 0.5, "next one.", 4)]
+    turns = [
+        TurnAction(TurnKind.MESSAGE, 0.0, "first question?", 1),
+        TurnAction(TurnKind.REGENERATE, 0.5, None, 2),
+        TurnAction(TurnKind.EDIT, 0.5, "edited question?", 3),
+        TurnAction(TurnKind.MESSAGE, 0.5, "next one.", 4),
+    ]
     state = DialogueState(_spec(turns))
     sent = state.begin_turn(turns[0])
     assert _shape(sent) == [(U, "hello there.", None), (C, "Hi Bo.", None), (U, "first question?", None)]
@@ -44,8 +46,13 @@ def test_message_regenerate_edit_sequence():
     assert _shape(sent) == [(U, "hello there.", None), (C, "Hi Bo.", None), (U, "edited question?", None)]
     state.finish_turn([13, 14, 15])
     sent = state.begin_turn(turns[3])
-    assert _shape(sent) == [(U, "hello there.", None), (C, "Hi Bo.", None), (U, "edited question?", None),
-                            (C, None, (13, 14, 15)), (U, "next one.", None)]
+    assert _shape(sent) == [
+        (U, "hello there.", None),
+        (C, "Hi Bo.", None),
+        (U, "edited question?", None),
+        (C, None, (13, 14, 15)),
+        (U, "next one.", None),
+    ]
     assert all(m.author == ("Bo" if m.role is U else "Ada") for m in sent)
 
 
@@ -92,8 +99,9 @@ def test_request_carries_text_history_and_token_id_replies():
     state = DialogueState(spec)
     state.begin_turn(turns[0])
     state.finish_turn([7, 8])
-    request = to_proto_request(turn_request(spec, state.begin_turn(turns[1]), turns[1], 1,
-                                            WorkloadConfig(max_new_tokens=5)))
+    request = to_proto_request(
+        turn_request(spec, state.begin_turn(turns[1]), turns[1], 1, WorkloadConfig(max_new_tokens=5))
+    )
     assert request.conversation_id == "conv-0" and request.request_id == "conv-0-t1"
     assert request.character.name == "Ada" and request.character.definition == "Ada is kind."
     assert request.sampling.max_new_tokens == 5 and request.sampling.seed == 99

@@ -10,19 +10,31 @@ import grpc
 import pytest
 from loadgen_scripted import KEY, ScriptedChat, scripted  # noqa: F401 (fixture)
 
+from salon.api.chat.v1 import chat_pb2
 from salon.loadgen.driver import DriverConfig, replay
 from salon.loadgen.transport_grpc import ChatGrpcTransport
 from salon.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
-from salon.api.chat.v1 import chat_pb2
 
 
 def _trace(prime=None):
     """The test trace; prime=None leaves WorkloadConfig's default (no priming) in force."""
     primed = {} if prime is None else {"prime_history": prime}
-    return generate_trace(WorkloadConfig(seed=3, num_dialogues=4, num_initial_dialogues=2, arrival_rate_per_s=50.0,
-                                         turns_per_dialogue=5, history_messages_mean=6, regenerate_fraction=0.3,
-                                         edit_fraction=0.3, think_s_mean=0.01, away_fraction=0.0, max_new_tokens=7,
-                                         **primed))
+    return generate_trace(
+        WorkloadConfig(
+            seed=3,
+            num_dialogues=4,
+            num_initial_dialogues=2,
+            arrival_rate_per_s=50.0,
+            turns_per_dialogue=5,
+            history_messages_mean=6,
+            regenerate_fraction=0.3,
+            edit_fraction=0.3,
+            think_s_mean=0.01,
+            away_fraction=0.0,
+            max_new_tokens=7,
+            **primed,
+        )
+    )
 
 
 def _body(message):
@@ -40,14 +52,14 @@ async def test_driver_sends_whole_dialogue_and_replies_as_token_ids(scripted):
     assert len(result.records) == trace.num_turns and all(r.ok for r in result.records)
     assert result.model_id == "scripted" and result.primed and result.extra["prime_errors"] == []
     # Priming first: one request per dialogue, its history without the last reply, one new token.
-    primes = servicer.requests[:len(trace.dialogues)]
+    primes = servicer.requests[: len(trace.dialogues)]
     assert sorted(r.request_id for r in primes) == sorted(f"{d.conversation_id}-prime" for d in trace.dialogues)
     for prime in primes:
         spec = next(d for d in trace.dialogues if d.conversation_id == prime.conversation_id)
         assert [m.text for m in prime.dialogue.messages] == [m.text for m in spec.history[:-1]]
         assert prime.sampling.max_new_tokens == 1 and prime.sampling.temperature == 0.0
     by_conv = {}
-    for request in servicer.requests[len(trace.dialogues):]:
+    for request in servicer.requests[len(trace.dialogues) :]:
         by_conv.setdefault(request.conversation_id, []).append(request)
     for spec in trace.dialogues:
         requests = sorted(by_conv[spec.conversation_id], key=lambda r: r.request_id)
@@ -58,8 +70,15 @@ async def test_driver_sends_whole_dialogue_and_replies_as_token_ids(scripted):
             assert request.character.name == spec.character_name
             assert request.sampling.max_new_tokens == 7 and request.sampling.seed == turn.sampling_seed
             if previous is None:
-                assert msgs[:-1] == [(chat_pb2.ROLE_USER if m.role.value == "user" else chat_pb2.ROLE_CHARACTER,
-                                      m.author, "text", m.text) for m in spec.history]
+                assert msgs[:-1] == [
+                    (
+                        chat_pb2.ROLE_USER if m.role.value == "user" else chat_pb2.ROLE_CHARACTER,
+                        m.author,
+                        "text",
+                        m.text,
+                    )
+                    for m in spec.history
+                ]
             else:
                 prev_msgs, prev_reply = previous
                 reply = (chat_pb2.ROLE_CHARACTER, spec.character_name, "ids", prev_reply)
@@ -91,8 +110,11 @@ async def test_failed_turn_is_recorded_and_the_dialogue_continues_unchanged(scri
     failed = [r for r in result.records if not r.ok]
     assert [(r.dialogue_index, r.turn_index) for r in failed] == [(0, 1)]
     assert failed[0].error == "RESOURCE_EXHAUSTED: busy" and failed[0].ttft_ms is None
-    sent = [r for r in servicer.requests if r.conversation_id == spec.conversation_id
-            and not r.request_id.endswith("-prime")]
+    sent = [
+        r
+        for r in servicer.requests
+        if r.conversation_id == spec.conversation_id and not r.request_id.endswith("-prime")
+    ]
     t0, t1, t2 = sent[0], sent[1], sent[2]
     # Turn 2 is built on turn 0's dialogue: turn 1 failed and left nothing behind.
     base = list(t0.dialogue.messages)
@@ -110,8 +132,10 @@ async def test_failed_turn_is_recorded_and_the_dialogue_continues_unchanged(scri
 
 async def test_unprimed_run_starts_cold(scripted):
     """Nothing is primed by default, and a driver told not to prime does not, even for a priming trace."""
-    for trace, driver in ((_trace(), DriverConfig(time_scale=0.0)),
-                          (_trace(prime=True), DriverConfig(time_scale=0.0, prime=False))):
+    for trace, driver in (
+        (_trace(), DriverConfig(time_scale=0.0)),
+        (_trace(prime=True), DriverConfig(time_scale=0.0, prime=False)),
+    ):
         servicer = ScriptedChat()
         target = await scripted(servicer)
         result = await replay(trace, ChatGrpcTransport(target, KEY), driver, "no-cache")

@@ -9,8 +9,8 @@ import json
 import subprocess
 import sys
 
-from salon.loadgen.stack import StackConfig, engine_args
 from salon.common.process import threads_per_process
+from salon.loadgen.stack import StackConfig, engine_args
 
 
 def test_engine_flags_for_each_mode():
@@ -18,34 +18,111 @@ def test_engine_flags_for_each_mode():
     threads = str(threads_per_process(2))
     dev = ["--internal-auth", "insecure-loopback"]  # the benchmark's stack is local: no certificates
     assert engine_args(StackConfig(model="m", cache=True), 1, "127.0.0.1:5") == [
-        "--port", "0", "--engine-id", "engine-1", "--model", "m", "--torch-threads", threads, *dev,
-        "--kvstore-target", "127.0.0.1:5"]
+        "--port",
+        "0",
+        "--engine-id",
+        "engine-1",
+        "--model",
+        "m",
+        "--torch-threads",
+        threads,
+        *dev,
+        "--kvstore-target",
+        "127.0.0.1:5",
+    ]
     assert engine_args(StackConfig(model="m", cache=True, kvstore=False), 0, None) == [
-        "--port", "0", "--engine-id", "engine-0", "--model", "m", "--torch-threads", threads, *dev]
+        "--port",
+        "0",
+        "--engine-id",
+        "engine-0",
+        "--model",
+        "m",
+        "--torch-threads",
+        threads,
+        *dev,
+    ]
     assert engine_args(StackConfig(model="m", cache=False, engine_args=("--x", "1")), 0, None) == [
-        "--port", "0", "--engine-id", "engine-0", "--model", "m", "--torch-threads", threads, *dev, "--x", "1",
-        "--no-prefix-cache", "true"]
-    assert engine_args(StackConfig(model="m", cache=True, engine_kv_cache_bytes=4096, engine_args=("--x", "1")), 0,
-                       "127.0.0.1:5")[10:] == ["--kv-cache-bytes", "4096", "--x", "1", "--kvstore-target", "127.0.0.1:5"]
+        "--port",
+        "0",
+        "--engine-id",
+        "engine-0",
+        "--model",
+        "m",
+        "--torch-threads",
+        threads,
+        *dev,
+        "--x",
+        "1",
+        "--no-prefix-cache",
+        "true",
+    ]
+    assert engine_args(
+        StackConfig(model="m", cache=True, engine_kv_cache_bytes=4096, engine_args=("--x", "1")), 0, "127.0.0.1:5"
+    )[10:] == ["--kv-cache-bytes", "4096", "--x", "1", "--kvstore-target", "127.0.0.1:5"]
     assert engine_args(StackConfig(model="m", cache=True, kvstore=False, num_engines=1), 0, None)[6:8] == [
-        "--torch-threads", str(threads_per_process(1))]
+        "--torch-threads",
+        str(threads_per_process(1)),
+    ]
 
 
 def test_bench_launch_compare_no_cache_synthetic_tiny(tmp_path):
     report, plot = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "salon.cli.main", "bench", "--launch", "--model", "synthetic-tiny",
-         "--engines", "2", "--compare-no-cache", "--seed", "3", "--dialogues", "4", "--initial-dialogues", "4",
-         "--turns", "4", "--history-messages", "10", "--long-dialogues", "4", "--long-history-messages", "60",
-         "--regenerate-fraction", "0.3", "--edit-fraction", "0.3", "--max-new-tokens", "6", "--temperature", "0",
-         "--time-scale", "0", "--long-history-tokens", "1000", "--startup-timeout-s", "240", "--no-progress",
-         "--log-dir", str(tmp_path / "logs"), "--json", str(report), "--plot", str(plot)],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "salon.cli.main",
+            "bench",
+            "--launch",
+            "--model",
+            "synthetic-tiny",
+            "--engines",
+            "2",
+            "--compare-no-cache",
+            "--seed",
+            "3",
+            "--dialogues",
+            "4",
+            "--initial-dialogues",
+            "4",
+            "--turns",
+            "4",
+            "--history-messages",
+            "10",
+            "--long-dialogues",
+            "4",
+            "--long-history-messages",
+            "60",
+            "--regenerate-fraction",
+            "0.3",
+            "--edit-fraction",
+            "0.3",
+            "--max-new-tokens",
+            "6",
+            "--temperature",
+            "0",
+            "--time-scale",
+            "0",
+            "--long-history-tokens",
+            "1000",
+            "--startup-timeout-s",
+            "240",
+            "--no-progress",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--json",
+            str(report),
+            "--plot",
+            str(plot),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("RESULT ")
-    result = json.loads(last[len("RESULT "):])
+    result = json.loads(last[len("RESULT ") :])
     data = json.loads(report.read_text())
     cache, nocache = data["runs"]["cache"], data["runs"]["no-cache"]
     assert cache["num_errors"] == 0 and nocache["num_errors"] == 0, (cache["errors"], nocache["errors"])
@@ -76,12 +153,48 @@ def test_bench_launch_engine_prefix_caches_only(tmp_path):
     """One engine, no kvstore: the driver against the real engine and gateway, turn kinds checked by prompt size."""
     report = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "salon.cli.main", "bench", "--launch", "--model", "synthetic-tiny", "--engines", "1",
-         "--no-kvstore", "--seed", "0", "--dialogues", "2", "--initial-dialogues", "2", "--turns", "4",
-         "--history-messages", "8", "--regenerate-fraction", "0.4", "--edit-fraction", "0.3",
-         "--max-new-tokens", "5", "--temperature", "0", "--time-scale", "0", "--startup-timeout-s", "240",
-         "--no-progress", "--log-dir", str(tmp_path / "logs"), "--json", str(report)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "salon.cli.main",
+            "bench",
+            "--launch",
+            "--model",
+            "synthetic-tiny",
+            "--engines",
+            "1",
+            "--no-kvstore",
+            "--seed",
+            "0",
+            "--dialogues",
+            "2",
+            "--initial-dialogues",
+            "2",
+            "--turns",
+            "4",
+            "--history-messages",
+            "8",
+            "--regenerate-fraction",
+            "0.4",
+            "--edit-fraction",
+            "0.3",
+            "--max-new-tokens",
+            "5",
+            "--temperature",
+            "0",
+            "--time-scale",
+            "0",
+            "--startup-timeout-s",
+            "240",
+            "--no-progress",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--json",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(report.read_text())

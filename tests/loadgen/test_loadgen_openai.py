@@ -10,17 +10,58 @@ import sys
 def test_bench_api_openai_matches_the_grpc_hit_rate(tmp_path):
     report = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "salon.cli.main", "bench", "--launch", "--model", "synthetic-tiny", "--api", "openai",
-         "--quick", "--engines", "2", "--seed", "5", "--dialogues", "4", "--initial-dialogues", "4", "--turns", "4",
-         "--history-messages", "10", "--long-dialogues", "4", "--long-history-messages", "40",
-         "--regenerate-fraction", "0.2", "--edit-fraction", "0.2", "--max-new-tokens", "6", "--temperature", "0",
-         "--time-scale", "0", "--startup-timeout-s", "240", "--no-progress", "--log-dir", str(tmp_path / "logs"),
-         "--json", str(report)],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "salon.cli.main",
+            "bench",
+            "--launch",
+            "--model",
+            "synthetic-tiny",
+            "--api",
+            "openai",
+            "--quick",
+            "--engines",
+            "2",
+            "--seed",
+            "5",
+            "--dialogues",
+            "4",
+            "--initial-dialogues",
+            "4",
+            "--turns",
+            "4",
+            "--history-messages",
+            "10",
+            "--long-dialogues",
+            "4",
+            "--long-history-messages",
+            "40",
+            "--regenerate-fraction",
+            "0.2",
+            "--edit-fraction",
+            "0.2",
+            "--max-new-tokens",
+            "6",
+            "--temperature",
+            "0",
+            "--time-scale",
+            "0",
+            "--startup-timeout-s",
+            "240",
+            "--no-progress",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--json",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
-    result = json.loads(last[len("RESULT "):])
+    result = json.loads(last[len("RESULT ") :])
     assert result["api"] == "openai" and result["num_errors"] == 0 and result["grpc_num_errors"] == 0
     assert result["num_turns"] == 16
     # Stateless routing keeps every dialogue on its engine: the same reuse as with conversation ids.

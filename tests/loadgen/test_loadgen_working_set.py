@@ -30,27 +30,82 @@ def test_plan_sizes_the_engines_below_the_dialogues():
 
 
 def test_table_rows():
-    summary = {"prompt_tokens": 200, "cached_device_tokens": 50, "cached_host_tokens": 100, "token_hit_rate": 0.75,
-               "token_hit_rate_warm_turns": 0.9, "turns_per_s": 2.0, "ttft_ms_p50_warm_turns": 10.0,
-               "ttft_ms_p90_warm_turns": 20.0, "num_errors": 0}
+    summary = {
+        "prompt_tokens": 200,
+        "cached_device_tokens": 50,
+        "cached_host_tokens": 100,
+        "token_hit_rate": 0.75,
+        "token_hit_rate_warm_turns": 0.9,
+        "turns_per_s": 2.0,
+        "ttft_ms_p50_warm_turns": 10.0,
+        "ttft_ms_p90_warm_turns": 20.0,
+        "num_errors": 0,
+    }
     row = point(summary, {"used_bytes": 1 << 20, "evicted_blocks": 7, "evicted_local_blocks": 1}, 1 << 21, 1 << 22)
     assert (row["fraction_of_working_set"], row["device_hit_rate"], row["host_hit_rate"]) == (0.5, 0.25, 0.5)
-    assert table([row]).splitlines()[1].split() == ["2.0", "0.500", "75.0%", "90.0%", "25.0%", "50.0%", "7",
-                                                    "2.000", "20.0"]
+    assert table([row]).splitlines()[1].split() == [
+        "2.0",
+        "0.500",
+        "75.0%",
+        "90.0%",
+        "25.0%",
+        "50.0%",
+        "7",
+        "2.000",
+        "20.0",
+    ]
 
 
 def test_working_set_run_evicts_and_hits_less(tmp_path):
     report, plot = tmp_path / "ws.json", tmp_path / "ws.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "salon.cli.main", "bench", "--launch", "--working-set", "--model", "synthetic-tiny",
-         "--engines", "1", "--dialogues", "6", "--initial-dialogues", "6", "--turns", "3", "--history-messages", "20",
-         "--min-history-messages", "20", "--max-new-tokens", "4", "--temperature", "0", "--time-scale", "0",
-         "--concurrency", "1", "--kvstore-fractions", "0.25", "--startup-timeout-s", "240", "--no-progress",
-         "--log-dir", str(tmp_path / "logs"), "--json", str(report), "--plot", str(plot)],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "salon.cli.main",
+            "bench",
+            "--launch",
+            "--working-set",
+            "--model",
+            "synthetic-tiny",
+            "--engines",
+            "1",
+            "--dialogues",
+            "6",
+            "--initial-dialogues",
+            "6",
+            "--turns",
+            "3",
+            "--history-messages",
+            "20",
+            "--min-history-messages",
+            "20",
+            "--max-new-tokens",
+            "4",
+            "--temperature",
+            "0",
+            "--time-scale",
+            "0",
+            "--concurrency",
+            "1",
+            "--kvstore-fractions",
+            "0.25",
+            "--startup-timeout-s",
+            "240",
+            "--no-progress",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--json",
+            str(report),
+            "--plot",
+            str(plot),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1][len("RESULT "):])
+    result = json.loads(proc.stdout.strip().splitlines()[-1][len("RESULT ") :])
     assert result["working_set"] is True and result["primed"] is False and result["preset"] == "working-set"
     assert "working set" in result["mode_title"] and "not primed" in result["mode_title"]
     assert result["working_set_plan"]["exceeds_engines"] is True

@@ -30,8 +30,16 @@ def test_dialogue_does_not_change_when_more_dialogues_are_added():
 
 @pytest.mark.parametrize("mean", [12.0, 60.0, 180.0])
 def test_mean_history_length_matches_config(mean):
-    trace = generate_trace(WorkloadConfig(seed=11, num_dialogues=400, history_messages_mean=mean,
-                                          history_messages_min=2, turns_per_dialogue=1, definition_words=5))
+    trace = generate_trace(
+        WorkloadConfig(
+            seed=11,
+            num_dialogues=400,
+            history_messages_mean=mean,
+            history_messages_min=2,
+            turns_per_dialogue=1,
+            definition_words=5,
+        )
+    )
     lengths = [len(d.history) for d in trace.dialogues]
     # Gamma(shape 2) over 400 dialogues: the standard error of the mean is mean/sqrt(800) ~ 3.5% of it.
     assert abs(statistics.fmean(lengths) - mean) / mean < 0.12
@@ -49,8 +57,9 @@ def test_histories_alternate_and_end_with_the_character():
 
 
 def test_message_lengths_match_config():
-    trace = generate_trace(WorkloadConfig(seed=9, num_dialogues=40, history_messages_mean=100,
-                                          user_words_mean=8, character_words_mean=30))
+    trace = generate_trace(
+        WorkloadConfig(seed=9, num_dialogues=40, history_messages_mean=100, user_words_mean=8, character_words_mean=30)
+    )
     user = [len(m.text.split()) for d in trace.dialogues for m in d.history if m.role is Role.USER]
     char = [len(m.text.split()) for d in trace.dialogues for m in d.history if m.role is Role.CHARACTER]
     assert abs(statistics.fmean(user) - 8) < 0.8
@@ -58,15 +67,25 @@ def test_message_lengths_match_config():
 
 
 def test_long_dialogues_get_the_long_history():
-    trace = generate_trace(WorkloadConfig(seed=2, num_dialogues=5, num_long_dialogues=2, long_history_messages=301,
-                                          history_messages_mean=10))
+    trace = generate_trace(
+        WorkloadConfig(
+            seed=2, num_dialogues=5, num_long_dialogues=2, long_history_messages=301, history_messages_mean=10
+        )
+    )
     assert [len(d.history) for d in trace.dialogues[:2]] == [302, 302]  # rounded to whole pairs
     assert all(len(d.history) < 100 for d in trace.dialogues[2:])
 
 
 def test_turn_kind_fractions_match_config():
-    config = WorkloadConfig(seed=4, num_dialogues=300, turns_per_dialogue=11, history_messages_mean=4,
-                            regenerate_fraction=0.2, edit_fraction=0.1, definition_words=5)
+    config = WorkloadConfig(
+        seed=4,
+        num_dialogues=300,
+        turns_per_dialogue=11,
+        history_messages_mean=4,
+        regenerate_fraction=0.2,
+        edit_fraction=0.1,
+        definition_words=5,
+    )
     trace = generate_trace(config)
     later = [t for d in trace.dialogues for t in d.turns[1:]]
     assert len(later) == 3000
@@ -80,8 +99,15 @@ def test_turn_kind_fractions_match_config():
 
 
 def test_think_times_and_away_pauses():
-    config = WorkloadConfig(seed=6, num_dialogues=200, turns_per_dialogue=6, history_messages_mean=2,
-                            think_s_mean=2.0, away_fraction=0.0, definition_words=5)
+    config = WorkloadConfig(
+        seed=6,
+        num_dialogues=200,
+        turns_per_dialogue=6,
+        history_messages_mean=2,
+        think_s_mean=2.0,
+        away_fraction=0.0,
+        definition_words=5,
+    )
     thinks = [t.think_s for d in generate_trace(config).dialogues for t in d.turns[1:]]
     assert abs(statistics.fmean(thinks) - 2.0) < 0.25
     away = dataclasses.replace(config, away_fraction=1.0, away_s_mean=30.0)

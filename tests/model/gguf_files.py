@@ -15,8 +15,10 @@ import numpy as np
 
 from salon.engine.model.tokenizer_bpe import _bytes_to_unicode
 
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
 def _bpe_vocab() -> tuple[list[str], list[int], list[str]]:
@@ -32,8 +34,30 @@ def _bpe_vocab() -> tuple[list[str], list[int], list[str]]:
 def _spm_vocab() -> tuple[list[str], list[float], list[int]]:
     specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
     bytes_ = [f"<0x{b:02X}>" for b in range(256)]
-    words = ["\u2581", "\n", "e", "t", "a", "o", "h", "l", "r", "d", "w", "\u2581t", "he", "\u2581the", "ll",
-             "\u2581w", "or", "\u2581wor", "ld", "\u2581world", "i", "\u2581hi"]
+    words = [
+        "\u2581",
+        "\n",
+        "e",
+        "t",
+        "a",
+        "o",
+        "h",
+        "l",
+        "r",
+        "d",
+        "w",
+        "\u2581t",
+        "he",
+        "\u2581the",
+        "ll",
+        "\u2581w",
+        "or",
+        "\u2581wor",
+        "ld",
+        "\u2581world",
+        "i",
+        "\u2581hi",
+    ]
     tokens = specials + bytes_ + words
     scores = [0.0] * (len(specials) + 256) + [-float(i) for i in range(len(words))]
     types = [3] * len(specials) + [6] * 256 + [1] * len(words)
@@ -60,9 +84,20 @@ def _add(writer: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: str) -> Non
         writer.add_tensor(name, gguf.quants.quantize(arr, kind), raw_dtype=kind)
 
 
-def write_llama_gguf(path: Path, *, seed: int = 0, num_layers: int = 2, d_model: int = 64, num_heads: int = 4,
-                     num_kv_heads: int = 2, ffn: int = 96, tied: bool = False, omit_keys: tuple[str, ...] = (),
-                     tensor_types: dict[str, str] | None = None, extra_tensors: tuple[str, ...] = ()) -> dict:
+def write_llama_gguf(
+    path: Path,
+    *,
+    seed: int = 0,
+    num_layers: int = 2,
+    d_model: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    ffn: int = 96,
+    tied: bool = False,
+    omit_keys: tuple[str, ...] = (),
+    tensor_types: dict[str, str] | None = None,
+    extra_tensors: tuple[str, ...] = (),
+) -> dict:
     """A llama GGUF; tensor_types maps a tensor-name suffix (e.g. "attn_q") to a GGML type (default F32)."""
     rng = np.random.default_rng(seed)
     tokens, types, merges = _bpe_vocab()
@@ -108,7 +143,10 @@ def write_llama_gguf(path: Path, *, seed: int = 0, num_layers: int = 2, d_model:
     for i in range(num_layers):
         p = f"blk.{i}."
         weights[p + "attn_norm"], weights[p + "ffn_norm"] = norm(d_model), norm(d_model)
-        weights[p + "hf_q"], weights[p + "hf_k"] = mat(num_heads * head_dim, d_model), mat(num_kv_heads * head_dim, d_model)
+        weights[p + "hf_q"], weights[p + "hf_k"] = (
+            mat(num_heads * head_dim, d_model),
+            mat(num_kv_heads * head_dim, d_model),
+        )
         weights[p + "attn_q"] = permute_for_gguf(weights[p + "hf_q"], num_heads)
         weights[p + "attn_k"] = permute_for_gguf(weights[p + "hf_k"], num_kv_heads)
         weights[p + "attn_v"] = mat(num_kv_heads * head_dim, d_model)
@@ -129,9 +167,19 @@ def write_llama_gguf(path: Path, *, seed: int = 0, num_layers: int = 2, d_model:
     return weights
 
 
-def write_gemma3_gguf(path: Path, *, seed: int = 0, num_layers: int = 6, d_model: int = 64, num_heads: int = 4,
-                      num_kv_heads: int = 1, head_dim: int = 32, ffn: int = 96, window: int = 8,
-                      tensor_types: dict[str, str] | None = None) -> dict:
+def write_gemma3_gguf(
+    path: Path,
+    *,
+    seed: int = 0,
+    num_layers: int = 6,
+    d_model: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int = 1,
+    head_dim: int = 32,
+    ffn: int = 96,
+    window: int = 8,
+    tensor_types: dict[str, str] | None = None,
+) -> dict:
     rng = np.random.default_rng(seed)
     tokens, scores, types = _spm_vocab()
     types_of = tensor_types or {}

@@ -47,8 +47,13 @@ CONVERT = textwrap.dedent("""
 
 
 def start(gguf: Path, cache: Path, go: Path, mode: str = "normal") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", CONVERT, str(gguf), str(cache), str(go), mode], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", CONVERT, str(gguf), str(cache), str(go), mode],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_ready(go: Path, n: int, procs) -> None:

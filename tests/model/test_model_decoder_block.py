@@ -17,16 +17,17 @@ import dataclasses
 import pytest
 import torch
 
+from salon.engine.model import load_model
 from salon.kernels.backend import ACTIVATION_RECIPES, select_ops
 from salon.kernels.cpu import decoder_block as cpu_block
 from salon.kernels.cpu.linear_two_terms import MAX_ROWS
 from salon.kernels.cpu.w8a8_grouped import packed_bytes, packed_weights
 from salon.kernels.decoder_block import no_decoder_block, no_decoder_blocks
-from salon.engine.model import load_model
 from tests.engine_testlib import assert_rows_equal, logits_rows, make_core, make_request, tokens
 
-pytestmark = pytest.mark.skipif(cpu_block.library() is None,
-                                reason="the fused layer needs the AVX2 or AVX-512 VNNI build of the CPU kernels")
+pytestmark = pytest.mark.skipif(
+    cpu_block.library() is None, reason="the fused layer needs the AVX2 or AVX-512 VNNI build of the CPU kernels"
+)
 
 
 class Counted:
@@ -56,11 +57,18 @@ class Counted:
 def _fused_and_composed(name: str, activations: str):
     counted = Counted()
     ops = select_ops("cpu", activations=activations)
-    fused = load_model(name, "int8", progress=False,
-                       kernel_ops=dataclasses.replace(ops, decoder_block=counted, decoder_blocks=counted.layers))
-    composed = load_model(name, "int8", progress=False,
-                          kernel_ops=dataclasses.replace(ops, decoder_block=no_decoder_block,
-                                                         decoder_blocks=no_decoder_blocks))
+    fused = load_model(
+        name,
+        "int8",
+        progress=False,
+        kernel_ops=dataclasses.replace(ops, decoder_block=counted, decoder_blocks=counted.layers),
+    )
+    composed = load_model(
+        name,
+        "int8",
+        progress=False,
+        kernel_ops=dataclasses.replace(ops, decoder_block=no_decoder_block, decoder_blocks=no_decoder_blocks),
+    )
     assert all(layer.block is not None for layer in fused[0].layers)
     assert all(layer.block.int16_activations == (activations == "int16") for layer in fused[0].layers)
     return fused, composed, counted
@@ -72,8 +80,11 @@ def models(request):
 
 
 def _caches_equal(a, b) -> bool:
-    return all(torch.equal(x, y) for sa, sb in zip(a.kv_cache.slots, b.kv_cache.slots)
-               for x, y in zip(sa.tensors(), sb.tensors()))
+    return all(
+        torch.equal(x, y)
+        for sa, sb in zip(a.kv_cache.slots, b.kv_cache.slots)
+        for x, y in zip(sa.tensors(), sb.tensors())
+    )
 
 
 def _compare(models, requests_of, budget: int, **core_args):
@@ -92,9 +103,11 @@ def test_chunked_prefills_and_batched_decodes_past_the_window_give_the_composed_
     """Three sequences, one past the 512-token window: prefill chunks of 48 rows (fused) and the 600-token
     prompt's first chunk of more than MAX_ROWS (composed), then decodes of all three in one step."""
     assert MAX_ROWS < 100
-    requests = lambda: [make_request("long", tokens(600, seed=1), max_new=6),  # noqa: E731
-                        make_request("mid", tokens(70, seed=2), max_new=8),
-                        make_request("short", [2, 818, 5279, 529, 7001], max_new=8)]
+    requests = lambda: [
+        make_request("long", tokens(600, seed=1), max_new=6),  # noqa: E731
+        make_request("mid", tokens(70, seed=2), max_new=8),
+        make_request("short", [2, 818, 5279, 529, 7001], max_new=8),
+    ]
     _compare(models, requests, budget=48)
     _compare(models, requests, budget=160, long_prefill_solo_tokens=0)  # the long prompt alone fills the budget
 
@@ -102,8 +115,12 @@ def test_chunked_prefills_and_batched_decodes_past_the_window_give_the_composed_
 def test_device_prefix_hits_and_greedy_sampling_with_penalties_give_the_composed_bits(models):
     """A second turn that extends the first one's prompt starts from its cached blocks (a device hit)."""
     first = tokens(90, seed=3)
-    requests = lambda: [make_request("t1", first, max_new=5),  # noqa: E731
-                        make_request("t2", first + tokens(30, seed=4)[1:], max_new=5, repetition_penalty=1.2)]
+    requests = (
+        lambda: [
+            make_request("t1", first, max_new=5),  # noqa: E731
+            make_request("t2", first + tokens(30, seed=4)[1:], max_new=5, repetition_penalty=1.2),
+        ]
+    )
     _compare(models, requests, budget=64)
 
 
@@ -119,8 +136,10 @@ def test_grouped_query_attention_and_kv_sharing_layers_give_the_composed_bits(ac
     """synthetic-tiny: 4 query heads over 2 KV heads, 32-token windows, layers 2 and 3 reading layers 0 and 1's KV."""
     models = _fused_and_composed("synthetic-tiny", activations)
     assert [layer.block.writes_kv for layer in models[0][0].layers] == [True, True, False, False]
-    requests = lambda: [make_request("a", tokens(90, seed=7), max_new=10),  # noqa: E731
-                        make_request("b", tokens(20, seed=8), max_new=10)]
+    requests = lambda: [
+        make_request("a", tokens(90, seed=7), max_new=10),  # noqa: E731
+        make_request("b", tokens(20, seed=8), max_new=10),
+    ]
     _compare(models, requests, budget=40)
     assert models[2].took_sharing > 0
 
@@ -135,8 +154,14 @@ def test_llama_layers_with_per_row_scales_give_the_composed_bits(activations):
     block = models[0][0].layers[0].block
     assert block.qkv_s.dim() == (2 if activations == "int16" else 1) and block.activation == "silu"
     vocab = models[0][0].config.vocab_size
-    requests = lambda: [make_request(f"r{i}", [t % (vocab - 100) + 100 for t in tokens(30 + 9 * i, seed=20 + i)],  # noqa: E731
-                                     max_new=8) for i in range(4)]
+    requests = lambda: [
+        make_request(
+            f"r{i}",
+            [t % (vocab - 100) + 100 for t in tokens(30 + 9 * i, seed=20 + i)],  # noqa: E731
+            max_new=8,
+        )
+        for i in range(4)
+    ]
     _compare(models, requests, budget=MAX_ROWS)
     assert models[2].declined == 0
 
@@ -210,8 +235,9 @@ def test_the_steps_layers_in_one_call_give_one_call_per_layer_and_stop_at_the_fi
     ops = model.kernel_ops
     model.kernel_ops = dataclasses.replace(ops, decoder_blocks=spy)
     try:
-        logits_rows(core, [make_request("a", tokens(20, seed=9), max_new=3),
-                           make_request("b", tokens(12, seed=10), max_new=3)])
+        logits_rows(
+            core, [make_request("a", tokens(20, seed=9), max_new=3), make_request("b", tokens(12, seed=10), max_new=3)]
+        )
     finally:
         model.kernel_ops = ops
     assert checked and max(checked) > 1

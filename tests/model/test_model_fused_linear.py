@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 import torch
 
-from salon.kernels.backend import select_ops
-from salon.kernels.cpu.linear_two_terms import composed, library
 from salon.engine.model import load_model
 from salon.engine.model.attention import DenseAttention
+from salon.kernels.backend import select_ops
+from salon.kernels.cpu.linear_two_terms import composed, library
 
 pytestmark = pytest.mark.skipif(library() is None, reason="the one C call needs x86-64 with AVX2 and cc")
 
@@ -41,8 +41,9 @@ def test_fused_two_term_linears_give_the_composed_bits(int8_model):
     fused, _ = int8_model
     ops = select_ops("cpu")
     assert fused.kernel_ops.linear_two_terms is ops.linear_two_terms
-    separate, _ = load_model("gemma-3-270m", "int8", kernel_ops=dataclasses.replace(ops, linear_two_terms=composed),
-                             progress=False)
+    separate, _ = load_model(
+        "gemma-3-270m", "int8", kernel_ops=dataclasses.replace(ops, linear_two_terms=composed), progress=False
+    )
     prompts = [list(range(1000, 1070)), [2, 818, 5279, 529, 7001], list(range(5000, 5013))]  # 70 rows: composed
     got, want = _run(fused, prompts, steps=3), _run(separate, prompts, steps=3)
     assert len(got) == len(want) == 6

@@ -18,15 +18,27 @@ from salon.engine.model.gguf_file import GGUFMetadataError, UnsupportedTensorTyp
 from salon.engine.model.models.common import UnsupportedModelFile
 from tests.model.gguf_files import write_gemma3_gguf, write_llama_gguf
 
-WEIGHT_TYPES = {"attn_q": "Q8_0", "attn_k": "Q4_0", "attn_v": "Q4_1", "attn_output": "Q5_0", "ffn_gate": "Q5_1",
-                "ffn_up": "F16", "ffn_down": "BF16", "token_embd": "Q8_0"}
+WEIGHT_TYPES = {
+    "attn_q": "Q8_0",
+    "attn_k": "Q4_0",
+    "attn_v": "Q4_1",
+    "attn_output": "Q5_0",
+    "ffn_gate": "Q5_1",
+    "ffn_up": "F16",
+    "ffn_down": "BF16",
+    "token_embd": "Q8_0",
+}
 
 
 def gguf_py_tensors(path) -> dict[str, np.ndarray]:
     """The file's tensors through gguf-py's GGUFReader, dequantized (float64)."""
     reader = gguf.GGUFReader(str(path))
-    return {t.name.removesuffix(".weight"): dequantize(t.data, t.tensor_type).astype(np.float64).reshape(
-        tuple(reversed([int(d) for d in t.shape]))) for t in reader.tensors}
+    return {
+        t.name.removesuffix(".weight"): dequantize(t.data, t.tensor_type)
+        .astype(np.float64)
+        .reshape(tuple(reversed([int(d) for d in t.shape])))
+        for t in reader.tensors
+    }
 
 
 def llama_cpp_reference(path, ids: list[int]) -> torch.Tensor:
@@ -34,7 +46,11 @@ def llama_cpp_reference(path, ids: list[int]) -> torch.Tensor:
     r = gguf.GGUFReader(str(path))
     meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.")}
     w = {k: torch.from_numpy(v) for k, v in gguf_py_tensors(path).items()}
-    n_layer, hq, hkv = meta["llama.block_count"], meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
+    n_layer, hq, hkv = (
+        meta["llama.block_count"],
+        meta["llama.attention.head_count"],
+        meta["llama.attention.head_count_kv"],
+    )
     eps, base = meta["llama.attention.layer_norm_rms_epsilon"], meta["llama.rope.freq_base"]
     d = w["token_embd"].shape[1]
     hd, t = d // hq, len(ids)

@@ -18,9 +18,12 @@ from salon.engine.model.huge_pages import ALIGN_BYTES, HUGE_PAGE_BYTES, in_huge_
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 needs_thp = pytest.mark.skipif(
-    not hasattr(mmap, "MADV_HUGEPAGE") or not THP.exists() or "[never]" in THP.read_text()
+    not hasattr(mmap, "MADV_HUGEPAGE")
+    or not THP.exists()
+    or "[never]" in THP.read_text()
     or not Path("/proc/self/smaps").exists(),
-    reason="needs Linux with transparent huge pages not off")
+    reason="needs Linux with transparent huge pages not off",
+)
 
 
 def _mapping_of(address: int) -> dict[str, str]:

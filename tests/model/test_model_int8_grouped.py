@@ -9,8 +9,6 @@ import pytest
 import torch
 
 from bench.quant_ceilings import fake_quantize
-from salon.kernels.backend import select_ops
-from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 from salon.engine.model import synthetic_config
 from salon.engine.model.builder import FUSED, build_int8_model
 from salon.engine.model.checkpoint import calibrate_float, calibration_sequences
@@ -18,6 +16,8 @@ from salon.engine.model.layers import Embedding
 from salon.engine.model.linear import Int8Linear, dequantize_weight, quantize_weight
 from salon.engine.model.quantize import build_int8_checkpoint, gptq_quantize
 from salon.engine.model.synthetic import synthetic_weights
+from salon.kernels.backend import select_ops
+from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 
 
 def _weight(n=24, k=96, seed=0):
@@ -71,7 +71,7 @@ def test_weight_group_checkpoint_holds_grouped_scales_everywhere(int8_model):
     ckpt = build_int8_checkpoint(config, w, calib, alpha=0.5, lm_head_alpha=0.5, weight_group=32)
     for name, t in ckpt.items():
         if name.endswith(".w_scale"):
-            n, k = ckpt[name[:-len("w_scale")] + "w_q"].shape
+            n, k = ckpt[name[: -len("w_scale")] + "w_q"].shape
             assert tuple(t.shape) == (n, k // 32), name
     model = build_int8_model(config, ckpt, select_ops("cpu"))
     assert all(getattr(layer, n).w_scale.dim() == 2 for layer in model.layers for n in FUSED)
@@ -81,7 +81,7 @@ def test_weight_group_checkpoint_holds_grouped_scales_everywhere(int8_model):
 def test_grouped_gptq_keeps_the_group_scales_and_lowers_the_output_error():
     gen = torch.Generator().manual_seed(0)
     k, n, r = 96, 40, 400
-    mix = torch.randn(k, k, generator=gen) / k ** 0.5 + torch.eye(k)  # correlated input channels
+    mix = torch.randn(k, k, generator=gen) / k**0.5 + torch.eye(k)  # correlated input channels
     x = torch.randn(r, k, generator=gen) @ mix * torch.linspace(0.2, 3.0, k)
     weight = torch.randn(n, k, generator=gen) * torch.logspace(-1, 0.5, k)
     q_near, s_near = quantize_weight(weight, 32)

@@ -52,7 +52,7 @@ def test_lm_head_smoothing_keeps_the_input_embeddings(int8_model):
 def test_gptq_keeps_the_format_and_lowers_the_output_error():
     gen = torch.Generator().manual_seed(0)
     k, n, r = 96, 40, 400
-    mix = torch.randn(k, k, generator=gen) / k ** 0.5 + torch.eye(k)  # correlated input channels
+    mix = torch.randn(k, k, generator=gen) / k**0.5 + torch.eye(k)  # correlated input channels
     x = torch.randn(r, k, generator=gen) @ mix * torch.linspace(0.2, 3.0, k)
     weight = torch.randn(n, k, generator=gen)
     q_near, s_near = quantize_weight(weight)
@@ -117,8 +117,9 @@ def test_the_ceilings_rerun_the_shipped_recipe_on_its_smoothed_weights(int8_mode
         assert torch.equal(model.lm_head.weight, dequantized("embed"))
         assert torch.equal(model.final_norm, ckpt["final_norm"])
     # the ceilings model the two-term recipe (bench/quant_ceilings.py)
-    shipped = build_int8_model(config, calibrate_and_quantize(config, w, tok),
-                               select_ops("cpu", activations="two_terms"))
+    shipped = build_int8_model(
+        config, calibrate_and_quantize(config, w, tok), select_ops("cpu", activations="two_terms")
+    )
     for i, layer in enumerate(model.layers):
         for name in FUSED:
             assert getattr(layer, name).activation_terms == getattr(shipped.layers[i], name).activation_terms

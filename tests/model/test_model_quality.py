@@ -27,7 +27,7 @@ def _teacher_forced_logprobs(model, rec, kv_int8=False):
     hidden = model.forward(torch.tensor(ids), attn.begin_step([len(ids)]), attn)
     p = len(rec["prompt_ids"])
     steps = len(rec["generated_ids"])
-    return torch.log_softmax(model.logits(hidden[p - 1:p - 1 + steps]).double(), dim=-1)
+    return torch.log_softmax(model.logits(hidden[p - 1 : p - 1 + steps]).double(), dim=-1)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,10 @@ def test_int8_teacher_forced_agreement(int8_model, fp32_logprobs, greedy_refs):
         chosen = ref.argmax(-1)
         errs.append((lp.gather(1, chosen[:, None]) - ref.gather(1, chosen[:, None])).abs().squeeze(1))
     err = torch.cat(errs)
-    print(f"int8 top-1 agreement {agree}/{total} = {agree / total:.3f}; "
-          f"logprob error of the fp32 top-1 mean {err.mean():.3f} max {err.max():.3f}")
+    print(
+        f"int8 top-1 agreement {agree}/{total} = {agree / total:.3f}; "
+        f"logprob error of the fp32 top-1 mean {err.mean():.3f} max {err.max():.3f}"
+    )
     assert agree / total >= 0.93
 
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from salon.kernels.backend import ACTIVATION_RECIPES, select_ops
-
 from bench.quant_eval import teacher_forced_serving
+from salon.kernels.backend import ACTIVATION_RECIPES, select_ops
 from tests.engine_testlib import make_core, make_request
 
 TOP = 20  # the engine reports this many (the API's most); the reference's top 5 must be among them
@@ -37,8 +36,12 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 def serve(model_and_tokenizer, refs, kv_dtype, device="cpu"):
     core = make_core(model_and_tokenizer, budget=256, kv_bytes=256 << 20, kv_dtype=kv_dtype, device=device)
-    requests = [make_request(f"ref{i}", rec["prompt_ids"], len(rec["generated_ids"]), max_context_tokens=32768,
-                             num_top_logprobs=TOP) for i, rec in enumerate(refs)]
+    requests = [
+        make_request(
+            f"ref{i}", rec["prompt_ids"], len(rec["generated_ids"]), max_context_tokens=32768, num_top_logprobs=TOP
+        )
+        for i, rec in enumerate(refs)
+    ]
     tops = {r.request_id: [] for r in requests}
     for r in requests:
         core.add(r)
@@ -72,8 +75,10 @@ def compare(refs, served):
 def assert_float32_exact(fp32_model, greedy_refs, device="cpu"):
     results = compare(greedy_refs, serve(fp32_model, greedy_refs, "float32", device))
     worst = max(w for _, w, _ in results)
-    print(f"float32 serving path ({device}): exact greedy ids {sum(e for e, _, _ in results)}/8, "
-          f"worst top-5 error {worst:.4f}")
+    print(
+        f"float32 serving path ({device}): exact greedy ids {sum(e for e, _, _ in results)}/8, "
+        f"worst top-5 error {worst:.4f}"
+    )
     for rec, (exact, w, _) in zip(greedy_refs, results):
         assert exact, rec["prompt"][:40]
         assert w < 0.02, (rec["prompt"][:40], w)
@@ -100,8 +105,10 @@ def assert_int8_against_reference(int8_model, greedy_refs, device="cpu"):
     exact = sum(e for e, _, _ in results)
     errors = [x for _, _, errs in results for x in errs]
     mean = sum(errors) / len(errors)
-    print(f"int8 serving path ({int8_model[0].kernel_ops.activations}, {device}): exact greedy ids (to the first "
-          f"margin < 0.1) {exact}/8, top-5 log-prob error mean {mean:.3f} max {max(errors):.3f}")
+    print(
+        f"int8 serving path ({int8_model[0].kernel_ops.activations}, {device}): exact greedy ids (to the first "
+        f"margin < 0.1) {exact}/8, top-5 log-prob error mean {mean:.3f} max {max(errors):.3f}"
+    )
     # Measured: 8/8, mean 0.058, max 0.583 (checkpoint v7); 6/8, mean 0.209 before the issue-15 recipe work.
     assert exact >= 7
     assert mean < 0.1
@@ -111,8 +118,10 @@ def assert_int8_against_reference(int8_model, greedy_refs, device="cpu"):
 def assert_teacher_forced_top1(int8_model, greedy_refs, device="cpu"):
     result = teacher_forced_serving(*int8_model, greedy_refs, "int8", device)
     count, total = result["top1_count"], result["positions"]
-    print(f"int8 serving path ({int8_model[0].kernel_ops.activations}, {device}), teacher-forced top-1 agreement "
-          f"with exact: {count}/{total} = {count / total:.3f}, log-prob error mean {result['lp_err_mean']:.3f}")
+    print(
+        f"int8 serving path ({int8_model[0].kernel_ops.activations}, {device}), teacher-forced top-1 agreement "
+        f"with exact: {count}/{total} = {count / total:.3f}, log-prob error mean {result['lp_err_mean']:.3f}"
+    )
     assert result["short_reuse"] == 0
     assert total == 229
     assert count >= TOP1_GATE
@@ -156,10 +165,17 @@ def test_gpu_int8_serving_path_against_the_exact_reference(gpu_int8_model, int8_
     cpu_ops = int8_model[0].kernel_ops.activations
     on_cpu = serve(int8_model, greedy_refs, "int8")
     same_ids = sum(a[0] == b[0] for a, b in zip(served, on_cpu))
-    diffs = [abs(dict(gs)[i] - lp) for (_, g), (_, c) in zip(served, on_cpu) for gs, cs in zip(g, c)
-             for i, lp in cs if i in dict(gs)]
-    print(f"GPU ({gpu_int8_model[0].kernel_ops.activations}) against CPU ({cpu_ops}) int8: identical greedy ids in "
-          f"{same_ids}/8 cases, top log-prob difference max {max(diffs):.3g} mean {sum(diffs) / len(diffs):.3g}")
+    diffs = [
+        abs(dict(gs)[i] - lp)
+        for (_, g), (_, c) in zip(served, on_cpu)
+        for gs, cs in zip(g, c)
+        for i, lp in cs
+        if i in dict(gs)
+    ]
+    print(
+        f"GPU ({gpu_int8_model[0].kernel_ops.activations}) against CPU ({cpu_ops}) int8: identical greedy ids in "
+        f"{same_ids}/8 cases, top log-prob difference max {max(diffs):.3g} mean {sum(diffs) / len(diffs):.3g}"
+    )
 
 
 @pytest.mark.gpu

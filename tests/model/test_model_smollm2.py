@@ -51,7 +51,7 @@ def _teacher_forced_logprobs(model, rec, kv_int8=False):
     attn = DenseAttention(model.config, kv_int8=kv_int8)
     hidden = model.forward(torch.tensor(ids), attn.begin_step([len(ids)]), attn)
     p, steps = len(rec["prompt_ids"]), len(rec["generated_ids"])
-    return torch.log_softmax(model.logits(hidden[p - 1:p - 1 + steps]).double(), dim=-1)
+    return torch.log_softmax(model.logits(hidden[p - 1 : p - 1 + steps]).double(), dim=-1)
 
 
 @pytest.fixture(scope="module")
@@ -92,15 +92,19 @@ def test_int8_teacher_forced_agreement(smollm_int8, fp32_logprobs, greedy_refs):
         chosen = ref.argmax(-1)
         errs.append((lp.gather(1, chosen[:, None]) - ref.gather(1, chosen[:, None])).abs().squeeze(1))
     err = torch.cat(errs)
-    print(f"int8 top-1 agreement {agree}/{total} = {agree / total:.4f}; "
-          f"logprob error of the fp32 top-1 mean {err.mean():.3f} max {err.max():.3f}")
+    print(
+        f"int8 top-1 agreement {agree}/{total} = {agree / total:.4f}; "
+        f"logprob error of the fp32 top-1 mean {err.mean():.3f} max {err.max():.3f}"
+    )
     assert agree / total >= 0.95
 
 
 @pytest.fixture(scope="module")
 def gpl_ids(smollm_fp32):
     ids = smollm_fp32.tokenizer.encode(reference_path("gpl-3.txt").read_text(), parse_special=False)
-    assert ids[0] != smollm_fp32.tokenizer.bos_token_id  # SmolLM adds no BOS; llama-perplexity then keeps chunks as they are
+    assert (
+        ids[0] != smollm_fp32.tokenizer.bos_token_id
+    )  # SmolLM adds no BOS; llama-perplexity then keeps chunks as they are
     return ids
 
 
@@ -117,7 +121,9 @@ def test_fp32_perplexity_scores_the_whole_file(fp32_perplexity):
 @pytest.mark.timeout(1800)
 def test_int8_perplexity_within_2_percent_of_fp32(smollm_int8, fp32_perplexity, gpl_ids):
     int8 = perplexity(smollm_int8.model, gpl_ids, bos_token_id=None, kv_int8=True)
-    print(f"gpl-3 perplexity: fp32 {fp32_perplexity.ppl:.4f}, int8 (W8A8 + int8 KV) {int8.ppl:.4f} "
-          f"({100 * (int8.ppl / fp32_perplexity.ppl - 1):+.2f}%)")
+    print(
+        f"gpl-3 perplexity: fp32 {fp32_perplexity.ppl:.4f}, int8 (W8A8 + int8 KV) {int8.ppl:.4f} "
+        f"({100 * (int8.ppl / fp32_perplexity.ppl - 1):+.2f}%)"
+    )
     assert int8.num_scored_tokens == fp32_perplexity.num_scored_tokens
     assert abs(int8.ppl / fp32_perplexity.ppl - 1) < 0.02

@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from salon.kernels.backend import select_ops
 from salon.engine.model import DenseAttention, load_model, synthetic_config
 from salon.engine.model.builder import build_float_model
 from salon.engine.model.synthetic import synthetic_weights
+from salon.kernels.backend import select_ops
 
 
 def _reference_forward(cfg, w, ids):
@@ -44,8 +44,9 @@ def _reference_forward(cfg, w, ids):
         for t in range(T):
             for head in range(hq):
                 g = head // (hq // hkv)
-                keys = [j for j in range(t + 1)
-                        if spec.sliding_window_tokens is None or t - j < spec.sliding_window_tokens]
+                keys = [
+                    j for j in range(t + 1) if spec.sliding_window_tokens is None or t - j < spec.sliding_window_tokens
+                ]
                 scores = torch.stack([q[t, head] @ k[j, g] * cfg.attn_scale for j in keys])
                 probs = torch.softmax(scores, 0)
                 o[t, head] = sum(pr * v[j, g] for pr, j in zip(probs, keys))
@@ -88,7 +89,7 @@ def test_incremental_decode_equals_full_forward(tiny):
     attn = DenseAttention(cfg)
     parts = [model.forward(ids[:20], attn.begin_step([20]), attn)]
     for t in range(20, 50):
-        parts.append(model.forward(ids[t:t + 1], attn.begin_step([1]), attn))
+        parts.append(model.forward(ids[t : t + 1], attn.begin_step([1]), attn))
     torch.testing.assert_close(torch.cat(parts), full, atol=1e-5, rtol=1e-5)
 
 

@@ -13,11 +13,18 @@ from tests.hardening.hardening_stack import MODEL, engine_load, start_engine, st
 
 KEY = "sk-openai-tests-plain-5d1c"
 KEY_LIMITED = "sk-openai-tests-limited-8e2f"
-TENANTS = {"tenants": [
-    {"tenant_id": "plain", "api_key": KEY, "namespace_salt": "salt-plain"},
-    {"tenant_id": "limited", "api_key": KEY_LIMITED, "namespace_salt": "salt-limited",
-     "requests_per_s": 0.05, "burst_requests": 1},
-]}
+TENANTS = {
+    "tenants": [
+        {"tenant_id": "plain", "api_key": KEY, "namespace_salt": "salt-plain"},
+        {
+            "tenant_id": "limited",
+            "api_key": KEY_LIMITED,
+            "namespace_salt": "salt-limited",
+            "requests_per_s": 0.05,
+            "burst_requests": 1,
+        },
+    ]
+}
 
 
 @dataclass

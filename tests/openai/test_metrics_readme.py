@@ -65,38 +65,80 @@ def traffic_and_scrapes(tmp: Path):
     (tmp / "tenants.json").write_text(json.dumps(TENANTS))
     procs = []
     try:
-        kv = start_service("kvstore", ["--port", "0", "--metrics-port", "0", "--capacity-bytes", str(64 << 20),
-                                      *INSECURE_LOOPBACK_FLAGS],
-                           log_path=tmp / "kv.log")
+        kv = start_service(
+            "kvstore",
+            ["--port", "0", "--metrics-port", "0", "--capacity-bytes", str(64 << 20), *INSECURE_LOOPBACK_FLAGS],
+            log_path=tmp / "kv.log",
+        )
         procs.append(kv)
-        engine = start_service("engine", ["--port", "0", "--metrics-port", "0", "--model", MODEL, "--engine-id", "e0",
-                                          "--kv-cache-bytes", str(16 << 20), "--kvstore-target", kv.address,
-                                          *INSECURE_LOOPBACK_FLAGS],
-                               log_path=tmp / "engine.log", timeout_s=180)
+        engine = start_service(
+            "engine",
+            [
+                "--port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--model",
+                MODEL,
+                "--engine-id",
+                "e0",
+                "--kv-cache-bytes",
+                str(16 << 20),
+                "--kvstore-target",
+                kv.address,
+                *INSECURE_LOOPBACK_FLAGS,
+            ],
+            log_path=tmp / "engine.log",
+            timeout_s=180,
+        )
         procs.append(engine)
-        gateway = start_service("gateway", ["--port", "0", "--metrics-port", "0", "--engines", f"e0={engine.address}",
-                                            "--tenants-file", str(tmp / "tenants.json"), "--http-port", "0",
-                                            "--grace-s", "1", *INSECURE_LOOPBACK_FLAGS], log_path=tmp / "gateway.log",
-                                timeout_s=60)
+        gateway = start_service(
+            "gateway",
+            [
+                "--port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--engines",
+                f"e0={engine.address}",
+                "--tenants-file",
+                str(tmp / "tenants.json"),
+                "--http-port",
+                "0",
+                "--grace-s",
+                "1",
+                *INSECURE_LOOPBACK_FLAGS,
+            ],
+            log_path=tmp / "gateway.log",
+            timeout_s=60,
+        )
         procs.append(gateway)
         wait_gateway_sees(gateway, 1)
         import openai
 
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway.extra_ports['http_port']}/v1", api_key=KEY,
-                               max_retries=0)
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{gateway.extra_ports['http_port']}/v1", api_key=KEY, max_retries=0
+        )
         messages = [{"role": "system", "content": "You are Ada."}, {"role": "user", "content": "Hello " * 40}]
         for _ in range(2):
             client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=client.base_url, api_key="sk-wrong-key-0000", max_retries=0).models.list()
         with grpc.insecure_channel(gateway.address) as channel:
-            request = chat_pb2.GenerateRequest(conversation_id="metrics", dialogue=chat_pb2.Dialogue(messages=[
-                chat_pb2.Message(role=chat_pb2.ROLE_USER, text="Hi " * 40)]),
-                sampling=chat_pb2.SamplingParams(max_new_tokens=3))
-            list(chat_pb2_grpc.ChatServiceStub(channel).Generate(request, metadata=(("authorization", f"Bearer {KEY}"),)))
+            request = chat_pb2.GenerateRequest(
+                conversation_id="metrics",
+                dialogue=chat_pb2.Dialogue(messages=[chat_pb2.Message(role=chat_pb2.ROLE_USER, text="Hi " * 40)]),
+                sampling=chat_pb2.SamplingParams(max_new_tokens=3),
+            )
+            list(
+                chat_pb2_grpc.ChatServiceStub(channel).Generate(request, metadata=(("authorization", f"Bearer {KEY}"),))
+            )
         time.sleep(1.0)  # the engine's puts reach the kvstore, load gauges refresh
-        yield {"gateway": scrape(gateway.metrics_port), "engine": scrape(engine.metrics_port),
-               "kvstore": scrape(kv.metrics_port)}
+        yield {
+            "gateway": scrape(gateway.metrics_port),
+            "engine": scrape(engine.metrics_port),
+            "kvstore": scrape(kv.metrics_port),
+        }
     finally:
         stop_all(reversed(procs))
 
@@ -114,15 +156,17 @@ def test_exported_series_match_the_readme(scrapes, service):
 
 
 def test_latency_histograms_are_in_seconds_and_turns_carry_the_model(scrapes):
-    for service, exported in scrapes.items():
+    for exported in scrapes.values():
         for name, (type_, _labels) in exported.items():
             if type_ == "histogram" and re.search(r"(latency|time|duration|ttft)", name):
                 assert name.endswith("_seconds"), name
             assert not name.endswith("_ms"), name
-    for service, name in [("engine", "salon_engine_time_to_first_token_seconds"),
-                          ("engine", "salon_engine_inter_token_latency_seconds"),
-                          ("engine", "salon_engine_e2e_request_latency_seconds"),
-                          ("engine", "salon_engine_request_queue_time_seconds"),
-                          ("engine", "salon_engine_prefix_cache_hits_total"),
-                          ("gateway", "salon_gateway_time_to_first_token_seconds")]:
+    for service, name in [
+        ("engine", "salon_engine_time_to_first_token_seconds"),
+        ("engine", "salon_engine_inter_token_latency_seconds"),
+        ("engine", "salon_engine_e2e_request_latency_seconds"),
+        ("engine", "salon_engine_request_queue_time_seconds"),
+        ("engine", "salon_engine_prefix_cache_hits_total"),
+        ("gateway", "salon_gateway_time_to_first_token_seconds"),
+    ]:
         assert "model" in scrapes[service][name][1], (service, name)

@@ -83,11 +83,15 @@ def test_n_choices_share_one_prefill_and_match_single_runs(stack):
     client = stack.client()
     messages = opening("n choices") + [{"role": "user", "content": "Tell me a long story about the storm " * 6}]
     kw = dict(model=MODEL, messages=messages, max_tokens=10, temperature=1.0, seed=1234)
-    before = {e: metric(stack.engine_metrics(e), "salon_engine_prefix_cache_hits_total", source="device")
-              for e in stack.engines}
+    before = {
+        e: metric(stack.engine_metrics(e), "salon_engine_prefix_cache_hits_total", source="device")
+        for e in stack.engines
+    }
     both = client.chat.completions.create(n=2, **kw)
-    after = {e: metric(stack.engine_metrics(e), "salon_engine_prefix_cache_hits_total", source="device")
-             for e in stack.engines}
+    after = {
+        e: metric(stack.engine_metrics(e), "salon_engine_prefix_cache_hits_total", source="device")
+        for e in stack.engines
+    }
     assert [c.index for c in both.choices] == [0, 1]
     assert both.usage.completion_tokens == 20
     # Choice 1 copied choice 0's prompt KV: the device hits grew by its whole prompt blocks.
@@ -128,9 +132,16 @@ def test_stop_string_ends_the_reply_before_it(stack):
 
 def test_penalties_and_vllm_extensions_are_accepted_and_checked(stack):
     client = stack.client()
-    r = client.chat.completions.create(model=MODEL, messages=opening("penalties"), max_tokens=4, temperature=0.7,
-                                       seed=3, presence_penalty=0.5, frequency_penalty=0.3,
-                                       extra_body={"repetition_penalty": 1.1, "min_p": 0.05, "top_k": 20})
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=opening("penalties"),
+        max_tokens=4,
+        temperature=0.7,
+        seed=3,
+        presence_penalty=0.5,
+        frequency_penalty=0.3,
+        extra_body={"repetition_penalty": 1.1, "min_p": 0.05, "top_k": 20},
+    )
     assert r.usage.completion_tokens == 4
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=opening("p"), presence_penalty=3.0)
@@ -146,16 +157,20 @@ def test_text_and_token_id_completions_and_tokenize_roundtrip(stack):
     by_text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
     assert by_text.object == "text_completion" and by_text.choices[0].finish_reason == "length"
     headers = {"authorization": f"Bearer {KEY}"}
-    tokenized = httpx.post(f"{stack.http_url}/tokenize", json={"model": MODEL, "prompt": prompt}, headers=headers).json()
+    tokenized = httpx.post(
+        f"{stack.http_url}/tokenize", json={"model": MODEL, "prompt": prompt}, headers=headers
+    ).json()
     assert set(tokenized) == {"count", "max_model_len", "tokens", "token_strs"}
     assert tokenized["count"] == len(tokenized["tokens"]) == by_text.usage.prompt_tokens
     by_ids = client.completions.create(model=MODEL, prompt=tokenized["tokens"], max_tokens=8, temperature=0)
     assert by_ids.choices[0].text == by_text.choices[0].text
-    back = httpx.post(f"{stack.http_url}/detokenize", json={"model": MODEL, "tokens": tokenized["tokens"][1:]},
-                      headers=headers).json()
+    back = httpx.post(
+        f"{stack.http_url}/detokenize", json={"model": MODEL, "tokens": tokenized["tokens"][1:]}, headers=headers
+    ).json()
     assert back == {"prompt": prompt}
-    chat_tokens = httpx.post(f"{stack.http_url}/tokenize", json={"model": MODEL, "messages": opening("tok")},
-                             headers=headers).json()
+    chat_tokens = httpx.post(
+        f"{stack.http_url}/tokenize", json={"model": MODEL, "messages": opening("tok")}, headers=headers
+    ).json()
     assert chat_tokens["count"] == greedy(client, opening("tok"), max_tokens=1).usage.prompt_tokens
     logprobs = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, logprobs=2)
     lp = logprobs.choices[0].logprobs
@@ -191,8 +206,10 @@ def test_error_statuses(stack, tmp_path):
         (dict(extra_body={"guided_json": {}}), "guided_json"),
         (dict(n=0), "n"),
         (dict(top_logprobs=2), "top_logprobs"),
-        (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
-         "messages[0].content[0].type"),
+        (
+            dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+            "messages[0].content[0].type",
+        ),
         (dict(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), "messages[0].tool_call_id"),
         (dict(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
     ]
@@ -211,11 +228,13 @@ def test_error_statuses(stack, tmp_path):
     assert err.value.status_code == 429 and int(headers["retry-after"]) >= 1 and int(headers["retry-after-ms"]) > 0
     assert _error(err)["code"] == "rate_limit_exceeded"
     # A gateway whose only engine is gone: 503.
-    dead = start_gateway({"e9": _Dead()}, stack.tenants_path, tmp_path, name="gw-dead",
-                         extra=["--http-port", "0"], wait=False)
+    dead = start_gateway(
+        {"e9": _Dead()}, stack.tenants_path, tmp_path, name="gw-dead", extra=["--http-port", "0"], wait=False
+    )
     try:
-        dead_client = openai.OpenAI(base_url=f"http://127.0.0.1:{dead.extra_ports['http_port']}/v1", api_key=KEY,
-                                max_retries=0)
+        dead_client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{dead.extra_ports['http_port']}/v1", api_key=KEY, max_retries=0
+        )
         with pytest.raises(openai.InternalServerError) as err:
             dead_client.chat.completions.create(model=MODEL, messages=opening("503"))
         assert err.value.status_code == 503 and _error(err)["code"] == "no_engine"
@@ -232,8 +251,9 @@ class _Dead:
 
 def test_closing_the_stream_aborts_the_engine_work(stack):
     client = stack.client()
-    with client.chat.completions.create(model=MODEL, messages=opening("cancel"), max_tokens=2000, temperature=0,
-                                        stream=True) as stream:
+    with client.chat.completions.create(
+        model=MODEL, messages=opening("cancel"), max_tokens=2000, temperature=0, stream=True
+    ) as stream:
         received = 0
         for _chunk in stream:
             received += 1
@@ -279,8 +299,9 @@ def _turns(client, messages: list[dict], num_turns: int, headers: dict | None = 
     """Play num_turns turns of a stateless dialogue; the engine that served each."""
     engines = []
     for turn in range(num_turns):
-        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=4,
-                                                               temperature=0, extra_headers=headers or {})
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, max_tokens=4, temperature=0, extra_headers=headers or {}
+        )
         engines.append(raw.headers["x-salon-engine-id"])
         reply = raw.parse().choices[0].message.content
         messages = messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": f"Go on ({turn})."}]

@@ -78,19 +78,53 @@ def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("otlp")
     receiver = Receiver()
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
-           "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    env = {
+        **os.environ,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
     env.pop("OTEL_SERVICE_NAME", None)
     (tmp / "tenants.json").write_text(json.dumps(TENANTS))
     procs = []
     try:
-        engine = start_service("engine", ["--port", "0", *INSECURE_LOOPBACK_FLAGS, "--model", MODEL, "--engine-id", "e0", "--kv-cache-bytes",
-                                          str(16 << 20)], log_path=tmp / "engine.log", env=env, timeout_s=180)
+        engine = start_service(
+            "engine",
+            [
+                "--port",
+                "0",
+                *INSECURE_LOOPBACK_FLAGS,
+                "--model",
+                MODEL,
+                "--engine-id",
+                "e0",
+                "--kv-cache-bytes",
+                str(16 << 20),
+            ],
+            log_path=tmp / "engine.log",
+            env=env,
+            timeout_s=180,
+        )
         procs.append(engine)
-        gateway = start_service("gateway", ["--port", "0", *INSECURE_LOOPBACK_FLAGS, "--engines", f"e0={engine.address}", "--tenants-file",
-                                            str(tmp / "tenants.json"), "--http-port", "0", "--grace-s", "1"],
-                                log_path=tmp / "gateway.log", env={**env, "OTEL_SERVICE_NAME": "chat-front-under-test"},
-                                timeout_s=60)
+        gateway = start_service(
+            "gateway",
+            [
+                "--port",
+                "0",
+                *INSECURE_LOOPBACK_FLAGS,
+                "--engines",
+                f"e0={engine.address}",
+                "--tenants-file",
+                str(tmp / "tenants.json"),
+                "--http-port",
+                "0",
+                "--grace-s",
+                "1",
+            ],
+            log_path=tmp / "gateway.log",
+            env={**env, "OTEL_SERVICE_NAME": "chat-front-under-test"},
+            timeout_s=60,
+        )
         procs.append(gateway)
         yield receiver, gateway
     finally:
@@ -102,13 +136,22 @@ def test_http_completion_span_has_genai_attributes_and_ignores_inbound_tracepare
     receiver, gateway = stack
     port = gateway.extra_ports["http_port"]
     inbound = f"00-{INBOUND_TRACE_ID}-00f067aa0ba902b7-01"
-    response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
-                          headers={"authorization": f"Bearer {KEY}", "traceparent": inbound, "baggage": "k=v"},
-                          json={"model": MODEL, "max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "seed": 3,
-                                "messages": [{"role": "user", "content": "Hello!"}]})
+    response = httpx.post(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        timeout=60,
+        headers={"authorization": f"Bearer {KEY}", "traceparent": inbound, "baggage": "k=v"},
+        json={
+            "model": MODEL,
+            "max_tokens": 5,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "seed": 3,
+            "messages": [{"role": "user", "content": "Hello!"}],
+        },
+    )
     assert response.status_code == 200, response.text
     usage = response.json()["usage"]
-    (service, span), = receiver.wait(lambda n, s: s.name == f"chat {MODEL}")
+    ((service, span),) = receiver.wait(lambda n, s: s.name == f"chat {MODEL}")
     assert service == "chat-front-under-test"
     a = attrs(span)
     assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == MODEL
@@ -129,13 +172,19 @@ def test_grpc_generate_span_has_genai_attributes(stack):
     receiver, gateway = stack
     with grpc.insecure_channel(gateway.address) as channel:
         stub = chat_pb2_grpc.ChatServiceStub(channel)
-        request = chat_pb2.GenerateRequest(conversation_id="otlp-grpc", dialogue=chat_pb2.Dialogue(messages=[
-            chat_pb2.Message(role=chat_pb2.ROLE_USER, text="Hi there")]),
-            sampling=chat_pb2.SamplingParams(max_new_tokens=3, temperature=0))
-        finals = [e.final for e in stub.Generate(request, metadata=(("authorization", f"Bearer {KEY}"),), timeout=60)
-                  if e.HasField("final")]
-    spans = receiver.wait(lambda n, s: s.name.endswith("ChatService/Generate") and "gen_ai.usage.output_tokens"
-                          in attrs(s))
+        request = chat_pb2.GenerateRequest(
+            conversation_id="otlp-grpc",
+            dialogue=chat_pb2.Dialogue(messages=[chat_pb2.Message(role=chat_pb2.ROLE_USER, text="Hi there")]),
+            sampling=chat_pb2.SamplingParams(max_new_tokens=3, temperature=0),
+        )
+        finals = [
+            e.final
+            for e in stub.Generate(request, metadata=(("authorization", f"Bearer {KEY}"),), timeout=60)
+            if e.HasField("final")
+        ]
+    spans = receiver.wait(
+        lambda n, s: s.name.endswith("ChatService/Generate") and "gen_ai.usage.output_tokens" in attrs(s)
+    )
     a = attrs(spans[-1][1])
     assert a["gen_ai.operation.name"] == "chat"
     assert a["gen_ai.usage.output_tokens"] == finals[0].usage.generated_tokens == 3

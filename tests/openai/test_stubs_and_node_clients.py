@@ -58,18 +58,34 @@ class _Dead:
     address = "127.0.0.1:9"
 
 
-MESSAGES = [{"role": "system", "content": "You are Ada, a lighthouse keeper."},
-            {"role": "user", "content": "Hello from Node! How is the sea tonight?"}]  # as openai_chat.mjs sends
+MESSAGES = [
+    {"role": "system", "content": "You are Ada, a lighthouse keeper."},
+    {"role": "user", "content": "Hello from Node! How is the sea tonight?"},
+]  # as openai_chat.mjs sends
 
 
 def test_npm_openai_client_against_the_http_api(stack, tmp_path):
     require("node", NODE_DIR / "node_modules" / "openai")
-    dead = start_gateway({"e9": _Dead()}, stack.tenants_path, tmp_path, name="gw-dead", extra=["--http-port", "0"],
-                         wait=False)
+    dead = start_gateway(
+        {"e9": _Dead()}, stack.tenants_path, tmp_path, name="gw-dead", extra=["--http-port", "0"], wait=False
+    )
     try:
-        out = run(["node", str(NODE_DIR / "openai_chat.mjs"), "--base-url", stack.base_url, "--api-key", KEY,
-                   "--model", MODEL, "--limited-api-key", KEY_LIMITED,
-                   "--dead-base-url", f"http://127.0.0.1:{dead.extra_ports['http_port']}/v1"]).stdout
+        out = run(
+            [
+                "node",
+                str(NODE_DIR / "openai_chat.mjs"),
+                "--base-url",
+                stack.base_url,
+                "--api-key",
+                KEY,
+                "--model",
+                MODEL,
+                "--limited-api-key",
+                KEY_LIMITED,
+                "--dead-base-url",
+                f"http://127.0.0.1:{dead.extra_ports['http_port']}/v1",
+            ]
+        ).stdout
     finally:
         stop_all([dead])
     result = json.loads(out.strip().splitlines()[-1].removeprefix("RESULT "))
@@ -84,15 +100,17 @@ def test_npm_openai_client_against_the_http_api(stack, tmp_path):
     assert result["stream"]["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"]
     assert result["second_turn_cached_tokens"] > 0
     # n = 2, greedy: both choices are the reply a single request gets, with the same log-probs.
-    single = stack.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0,
-                                                    logprobs=True, top_logprobs=2)
+    single = stack.client().chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2
+    )
     expected = single.choices[0].logprobs.content
     assert [c["index"] for c in result["n2"]] == [0, 1]
     for choice in result["n2"]:
         assert choice["text"] == single.choices[0].message.content
         assert [e["token"] for e in choice["logprobs"]] == [e.token for e in expected]
-        assert [[t for t, _ in e["top"]] for e in choice["logprobs"]] == [[t.token for t in e.top_logprobs]
-                                                                         for e in expected]
+        assert [[t for t, _ in e["top"]] for e in choice["logprobs"]] == [
+            [t.token for t in e.top_logprobs] for e in expected
+        ]
         for got, want in zip(choice["logprobs"], expected):
             assert got["logprob"] == pytest.approx(want.logprob, abs=1e-4)
             assert got["logprob"] == pytest.approx(got["top"][0][1], abs=1e-6)  # greedy takes the argmax
@@ -106,8 +124,12 @@ def test_npm_openai_client_against_the_http_api(stack, tmp_path):
     assert errors["unauthenticated"]["status"] == 401 and errors["unauthenticated"]["code"] == "invalid_api_key"
     assert errors["unknown_model"]["status"] == 404 and errors["unknown_model"]["param"] == "model"
     assert MODEL in errors["unknown_model"]["message"]
-    for name, param in [("bad_field", "temperature"), ("bad_penalty", "presence_penalty"),
-                        ("bad_extension", "min_p"), ("unsupported", "tools")]:
+    for name, param in [
+        ("bad_field", "temperature"),
+        ("bad_penalty", "presence_penalty"),
+        ("bad_extension", "min_p"),
+        ("unsupported", "tools"),
+    ]:
         assert errors[name]["status"] == 400 and errors[name]["param"] == param, (name, errors[name])
         assert errors[name]["message"].startswith(param), errors[name]
     limited = errors["rate_limited"]
@@ -120,27 +142,58 @@ def _python_greedy_ids(stack, conversation_id: str, text: str, max_new_tokens: i
         conversation_id=conversation_id,
         character=chat_pb2.Character(name="Ada", definition="Ada is a friendly engineer who answers briefly."),
         dialogue=chat_pb2.Dialogue(messages=[chat_pb2.Message(role=chat_pb2.ROLE_USER, author="node", text=text)]),
-        sampling=chat_pb2.SamplingParams(max_new_tokens=max_new_tokens, temperature=0))
+        sampling=chat_pb2.SamplingParams(max_new_tokens=max_new_tokens, temperature=0),
+    )
     with grpc.insecure_channel(stack.gateway.address) as channel:
-        events = chat_pb2_grpc.ChatServiceStub(channel).Generate(request, metadata=(("authorization", f"Bearer {KEY}"),))
+        events = chat_pb2_grpc.ChatServiceStub(channel).Generate(
+            request, metadata=(("authorization", f"Bearer {KEY}"),)
+        )
         return [t for e in events if e.HasField("delta") for t in e.delta.token_ids]
 
 
 def test_typescript_stubs_generate_typecheck_and_stream(stack):
-    require("node", BUF, NODE_DIR / "node_modules" / ".bin" / "protoc-gen-ts_proto", NODE_DIR / "node_modules" / ".bin" / "tsc")
+    require(
+        "node",
+        BUF,
+        NODE_DIR / "node_modules" / ".bin" / "protoc-gen-ts_proto",
+        NODE_DIR / "node_modules" / ".bin" / "tsc",
+    )
     build = NODE_DIR / "build" / "chat_stubs.js"
     build.unlink(missing_ok=True)
     run(["bash", "-euo", "pipefail", "-c", _doc_block("stub-commands-ts")])  # buf generate, tsc
     generated = NODE_DIR / "gen" / "salon" / "chat" / "v1" / "chat.ts"
     assert "export const ChatServiceClient" in generated.read_text()
     text = "Tell me about the harbour at night."
-    out = run(["node", str(NODE_DIR / "build" / "chat_stubs.js"), "--target", stack.gateway.address, "--api-key", KEY,
-               "--conversation-id", "ts-stubs", "--max-new-tokens", "8", text]).stdout
+    out = run(
+        [
+            "node",
+            str(NODE_DIR / "build" / "chat_stubs.js"),
+            "--target",
+            stack.gateway.address,
+            "--api-key",
+            KEY,
+            "--conversation-id",
+            "ts-stubs",
+            "--max-new-tokens",
+            "8",
+            text,
+        ]
+    ).stdout
     final = json.loads(out.strip().splitlines()[-1].removeprefix("FINAL "))
     assert final["finish_reason"] == "FINISH_REASON_LENGTH"
     assert final["token_ids"] == _python_greedy_ids(stack, "py-stubs", text, 8)
-    bad = run(["node", str(NODE_DIR / "build" / "chat_stubs.js"), "--target", stack.gateway.address,
-               "--api-key", "sk-wrong-key-000", "x"], check=False)
+    bad = run(
+        [
+            "node",
+            str(NODE_DIR / "build" / "chat_stubs.js"),
+            "--target",
+            stack.gateway.address,
+            "--api-key",
+            "sk-wrong-key-000",
+            "x",
+        ],
+        check=False,
+    )
     assert bad.returncode == 1 and bad.stdout.startswith("ERROR UNAUTHENTICATED")
 
 
@@ -153,8 +206,10 @@ def _doc_block(marker: str) -> str:
 # Debian's Go and Java runtimes of protobuf and gRPC (scripts/setup.sh installs them), which the
 # commands of docs/grpc-api.md build the stubs against.
 GOCODE = Path("/usr/share/gocode")
-JAVA_JARS = [Path("/usr/share/java") / f"{name}.jar" for name in
-             ("protobuf", "grpc-api", "grpc-stub", "grpc-protobuf", "guava", "geronimo-annotation-1.3-spec")]
+JAVA_JARS = [
+    Path("/usr/share/java") / f"{name}.jar"
+    for name in ("protobuf", "grpc-api", "grpc-stub", "grpc-protobuf", "guava", "geronimo-annotation-1.3-spec")
+]
 
 
 def _run_doc_block(marker: str, tmp_path: Path) -> None:
@@ -163,8 +218,14 @@ def _run_doc_block(marker: str, tmp_path: Path) -> None:
 
 
 def test_readme_go_command_works_as_written_and_the_stubs_build(tmp_path):
-    require("protoc", "protoc-gen-go", "protoc-gen-go-grpc", "go", GOCODE / "src" / "google.golang.org" / "grpc",
-            GOCODE / "src" / "google.golang.org" / "protobuf")
+    require(
+        "protoc",
+        "protoc-gen-go",
+        "protoc-gen-go-grpc",
+        "go",
+        GOCODE / "src" / "google.golang.org" / "grpc",
+        GOCODE / "src" / "google.golang.org" / "protobuf",
+    )
     _run_doc_block("stub-commands-go", tmp_path)
     package = tmp_path / "gen" / "go" / "salon" / "chat" / "v1"
     assert "package chatv1" in (package / "chat.pb.go").read_text()
@@ -183,7 +244,7 @@ def test_readme_java_command_works_as_written_and_the_stubs_compile(tmp_path):
 
 def _last_released_api() -> Path:
     """The newest buf image in protos/released/ (api-v1.binpb, api-v2.binpb, ...)."""
-    images = sorted((REPO / "protos" / "released").glob("api-v*.binpb"), key=lambda p: int(p.stem[len("api-v"):]))
+    images = sorted((REPO / "protos" / "released").glob("api-v*.binpb"), key=lambda p: int(p.stem[len("api-v") :]))
     assert images, "no released API image in protos/released/ (buf build -o released/api-vN.binpb)"
     return images[-1]
 
@@ -196,8 +257,10 @@ def test_buf_breaking_against_the_last_released_api(tmp_path):
     assert f"--against released/{image.name}" in block, f"grpc-api.md: buf breaking should compare with {image.name}"
     run(["bash", "-euo", "pipefail", "-c", block])
     # The check can fail: renumbering a field of the released API, or dropping a file's go_package, is caught.
-    for old, new, named in [("uint32 max_new_tokens = 1;", "uint32 max_new_tokens = 99;", "max_new_tokens"),
-                            ('option go_package = "', '// option go_package = "', "go_package")]:
+    for old, new, named in [
+        ("uint32 max_new_tokens = 1;", "uint32 max_new_tokens = 99;", "max_new_tokens"),
+        ('option go_package = "', '// option go_package = "', "go_package"),
+    ]:
         broken = tmp_path / named
         shutil.copytree(REPO / "protos", broken)
         chat = broken / "salon" / "chat" / "v1" / "chat.proto"

@@ -1,6 +1,6 @@
 """The kvstore's contract, shared by the kvstore and its clients (the engines).
 
-    layout.py         KVLayout (payload sizes, sliding window, usable-prefix rule), MatchResult
-    client.py         KVStoreClient: match / fetch / put that never fail the caller
-    arena_mapping.py  a client's mapping of the kvstore's shared-memory arena
+layout.py         KVLayout (payload sizes, sliding window, usable-prefix rule), MatchResult
+client.py         KVStoreClient: match / fetch / put that never fail the caller
+arena_mapping.py  a client's mapping of the kvstore's shared-memory arena
 """

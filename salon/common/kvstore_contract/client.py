@@ -73,8 +73,9 @@ class NamespaceClaim:
     grant: bytes
 
     def to_proto(self) -> pb.NamespaceClaim:
-        return pb.NamespaceClaim(tenant_salt=self.tenant_salt, model_id=self.model_id, layout_tag=self.layout_tag,
-                                 grant=self.grant)
+        return pb.NamespaceClaim(
+            tenant_salt=self.tenant_salt, model_id=self.model_id, layout_tag=self.layout_tag, grant=self.grant
+        )
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,12 @@ def _put_result(counts: pb.PutCounts) -> PutResult:
 
 def _empty_fetch(layout: KVLayout) -> FetchResult:
     return FetchResult(
-        0, 0, np.empty((0, layout.global_bytes_per_block), np.uint8), 0,
-        np.empty((0, layout.local_bytes_per_block), np.uint8), "none",
+        0,
+        0,
+        np.empty((0, layout.global_bytes_per_block), np.uint8),
+        0,
+        np.empty((0, layout.local_bytes_per_block), np.uint8),
+        "none",
     )
 
 
@@ -135,8 +140,15 @@ def _token_bytes(token_ids: Sequence[int] | bytes) -> bytes:
 
 
 class KVStoreClient:
-    def __init__(self, target: str, use_shared_memory: bool = False, timeout_s: float = 2.0,
-                 tls: ClientTLS | None = None, arena_dir: str = "/dev/shm", arena_owner_uid: int | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        use_shared_memory: bool = False,
+        timeout_s: float = 2.0,
+        tls: ClientTLS | None = None,
+        arena_dir: str = "/dev/shm",
+        arena_owner_uid: int | None = None,
+    ) -> None:
         self.target = target
         self.tls = tls
         self.use_shared_memory = use_shared_memory
@@ -184,10 +196,12 @@ class KVStoreClient:
     async def match(
         self, namespace: bytes, token_ids: Sequence[int] | bytes, layout: KVLayout, timeout_s: float | None = None
     ) -> MatchResult:
-        request = pb.MatchRequest(namespace=namespace, token_ids_le32=_token_bytes(token_ids), layout=layout_to_proto(layout))
+        request = pb.MatchRequest(
+            namespace=namespace, token_ids_le32=_token_bytes(token_ids), layout=layout_to_proto(layout)
+        )
         try:
             response = await self._get_stub().Match(request, timeout=timeout_s or self.timeout_s)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, grpc.aio.AioRpcError, OSError) as exc:
             self._failed("match", exc)
             return MISS
         self._ok()
@@ -225,13 +239,16 @@ class KVStoreClient:
         try:
             try:
                 call = self._get_stub().Fetch(request, timeout=timeout_s or self.timeout_s)
-                result = await (self._read_shm(call, layout, from_block, started, out) if shm
-                                else self._read_grpc(call, layout, from_block, out))
+                result = await (
+                    self._read_shm(call, layout, from_block, started, out)
+                    if shm
+                    else self._read_grpc(call, layout, from_block, out)
+                )
             except _ArenaChanged:  # mapped in the background; this once, the bytes come over gRPC
                 request.transport = pb.TRANSPORT_GRPC
                 call = self._get_stub().Fetch(request, timeout=max(0.001, deadline - time.monotonic()))
                 result = await self._read_grpc(call, layout, from_block, out)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError, ValueError) as exc:
+        except (TimeoutError, grpc.aio.AioRpcError, OSError, ValueError) as exc:
             self._failed("fetch", exc)
             return _empty_fetch(layout)
         self._ok()
@@ -267,18 +284,24 @@ class KVStoreClient:
             raise ValueError(f"global_kv holds blocks up to {num_blocks}, more than the token ids cover")
         if len(local_kv) and not first_block <= local_first_block <= num_blocks - len(local_kv):
             raise ValueError("local_kv rows must be blocks within first_block .. first_block + len(global_kv) - 1")
-        header = pb.PutHeader(namespace=namespace, token_ids_le32=token_bytes, layout=layout_to_proto(layout),
-                              conversation_id=conversation_id, claim=claim.to_proto() if claim else None)
+        header = pb.PutHeader(
+            namespace=namespace,
+            token_ids_le32=token_bytes,
+            layout=layout_to_proto(layout),
+            conversation_id=conversation_id,
+            claim=claim.to_proto() if claim else None,
+        )
         try:
             if self.use_shared_memory and self._arena is not None:
-                result = await self._put_shm(header, layout, global_kv, local_kv, first_block, local_first_block,
-                                             timeout_s or self.timeout_s)
+                result = await self._put_shm(
+                    header, layout, global_kv, local_kv, first_block, local_first_block, timeout_s or self.timeout_s
+                )
                 if result is not None:
                     self._ok()
                     return result
             requests = _put_requests(header, layout, global_kv, local_kv, first_block, local_first_block)
             response = await self._get_stub().Put(requests, timeout=timeout_s or self.timeout_s)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, grpc.aio.AioRpcError, OSError) as exc:
             self._failed("put", exc)
             return None
         self._ok()
@@ -287,19 +310,26 @@ class KVStoreClient:
     async def stats(self, timeout_s: float | None = None) -> pb.GetStatsResponse | None:
         try:
             return await self._get_stub().GetStats(pb.GetStatsRequest(), timeout=timeout_s or self.timeout_s)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, grpc.aio.AioRpcError, OSError) as exc:
             self._failed("stats", exc)
             return None
 
-    async def drop(self, namespace: bytes, conversation_id: str = "", claim: NamespaceClaim | None = None,
-                   timeout_s: float | None = None) -> int | None:
+    async def drop(
+        self,
+        namespace: bytes,
+        conversation_id: str = "",
+        claim: NamespaceClaim | None = None,
+        timeout_s: float | None = None,
+    ) -> int | None:
         """Remove a conversation's blocks (or the whole namespace); blocks removed, None on failure."""
         try:
             response = await self._get_stub().Drop(
-                pb.DropRequest(namespace=namespace, conversation_id=conversation_id,
-                               claim=claim.to_proto() if claim else None),
-                timeout=timeout_s or self.timeout_s)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as exc:
+                pb.DropRequest(
+                    namespace=namespace, conversation_id=conversation_id, claim=claim.to_proto() if claim else None
+                ),
+                timeout=timeout_s or self.timeout_s,
+            )
+        except (TimeoutError, grpc.aio.AioRpcError, OSError) as exc:
             self._failed("drop", exc)
             return None
         return response.dropped_blocks
@@ -372,7 +402,9 @@ class KVStoreClient:
         self._release_later(header.lease_id)
         if time.monotonic() - started > header.lease_ttl_ms / 1000 - LEASE_MARGIN_S:
             raise ValueError("shared-memory read outlived its lease")  # the bytes may have been reused
-        return FetchResult(header.num_tokens, first_global, global_kv, header.local_from_block_index, local_kv, "shared_memory")
+        return FetchResult(
+            header.num_tokens, first_global, global_kv, header.local_from_block_index, local_kv, "shared_memory"
+        )
 
     async def _put_shm(self, header, layout, global_kv, local_kv, first_block, local_first_block, timeout_s):
         """Prepare, write into the arena, commit. None means: use gRPC instead (arena not mapped)."""
@@ -395,23 +427,32 @@ class KVStoreClient:
         # Never start a write that might end after the lease: the space would be another put's by then.
         if time.monotonic() > lease_end - LEASE_MARGIN_S:
             await stub.ReleaseLease(release, timeout=timeout_s)
-            raise asyncio.TimeoutError("shared-memory put lease too close to its end to write")
+            raise TimeoutError("shared-memory put lease too close to its end to write")
         slots = prepared.slots
         g_slots = [s for s in slots if s.write_global]
         l_slots = [s for s in slots if s.write_local]
         g_rows = [s.block_index - first_block for s in g_slots]
         l_rows = [s.block_index - local_first_block for s in l_slots]
-        write = (_write_and_checksum, arena.array, global_kv, g_rows, [s.global_offset for s in g_slots],
-                 local_kv, l_rows, [s.local_offset for s in l_slots])
+        write = (
+            _write_and_checksum,
+            arena.array,
+            global_kv,
+            g_rows,
+            [s.global_offset for s in g_slots],
+            local_kv,
+            l_rows,
+            [s.local_offset for s in l_slots],
+        )
         num_bytes = len(g_rows) * global_kv.shape[1] + len(l_rows) * local_kv.shape[1]
         # Small puts are written inline (a thread hop costs more); large ones off the event loop.
         g_crc, l_crc = await asyncio.to_thread(*write) if num_bytes > INLINE_WRITE_BYTES else write[0](*write[1:])
         if time.monotonic() > lease_end - LEASE_MARGIN_S:
             await stub.ReleaseLease(release, timeout=timeout_s)
-            raise asyncio.TimeoutError("shared-memory put outlived its lease")
+            raise TimeoutError("shared-memory put outlived its lease")
         response = await stub.CommitSharedPut(
             pb.CommitSharedPutRequest(lease_id=prepared.lease_id, global_crc32=g_crc, local_crc32=l_crc),
-            timeout=timeout_s)
+            timeout=timeout_s,
+        )
         return _put_result(response.counts)
 
     # ---- plumbing ------------------------------------------------------------------------------
@@ -431,8 +472,9 @@ class KVStoreClient:
             if self.tls is None:
                 self._channel = grpc.aio.insecure_channel(self.target, options=options, interceptors=interceptors)
             else:
-                self._channel = grpc.aio.secure_channel(self.target, client_credentials(self.tls), options=options,
-                                                        interceptors=interceptors)
+                self._channel = grpc.aio.secure_channel(
+                    self.target, client_credentials(self.tls), options=options, interceptors=interceptors
+                )
             self._stub = pb_grpc.KVStoreServiceStub(self._channel)
         return self._stub
 
@@ -474,7 +516,7 @@ class KVStoreClient:
         async def release() -> None:
             try:
                 await self._get_stub().ReleaseLease(pb.ReleaseLeaseRequest(lease_id=lease_id), timeout=self.timeout_s)
-            except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError):
+            except (TimeoutError, grpc.aio.AioRpcError, OSError):
                 pass  # the lease ends by itself
 
         task = asyncio.get_running_loop().create_task(release())
@@ -495,8 +537,12 @@ class KVStoreClient:
 def _rows(buffer: np.ndarray | None, num_rows: int, row_bytes: int) -> np.ndarray:
     """The first num_rows rows of `buffer` if it fits, else a new uint8 [num_rows, row_bytes] array."""
     if (
-        buffer is not None and buffer.dtype == np.uint8 and buffer.ndim == 2
-        and buffer.shape[0] >= num_rows and buffer.shape[1] == row_bytes and buffer.flags.c_contiguous
+        buffer is not None
+        and buffer.dtype == np.uint8
+        and buffer.ndim == 2
+        and buffer.shape[0] >= num_rows
+        and buffer.shape[1] == row_bytes
+        and buffer.flags.c_contiguous
     ):
         return buffer[:num_rows]
     return np.empty((num_rows, row_bytes), np.uint8)
@@ -526,8 +572,15 @@ def _gather(arena: np.ndarray, offsets: Sequence[int], out: np.ndarray) -> None:
         out[a:b] = arena[offset : offset + (b - a) * row_bytes].reshape(b - a, row_bytes)
 
 
-def _write_and_checksum(arena: np.ndarray, global_kv: np.ndarray, g_rows: list[int], g_offsets: list[int],
-                        local_kv: np.ndarray, l_rows: list[int], l_offsets: list[int]) -> tuple[list[int], list[int]]:
+def _write_and_checksum(
+    arena: np.ndarray,
+    global_kv: np.ndarray,
+    g_rows: list[int],
+    g_offsets: list[int],
+    local_kv: np.ndarray,
+    l_rows: list[int],
+    l_offsets: list[int],
+) -> tuple[list[int], list[int]]:
     """Write the put's rows into their slots and return each slot's CRC-32 (worker thread: both release
     the GIL). The checksums are of the rows meant for each slot, which the kvstore compares with what
     the slots hold."""

@@ -12,24 +12,24 @@ import asyncio
 import grpc
 import torch
 
-from salon.kernels.cpu.w8a8_grouped import packed_bytes
 from salon.common import internal_auth
 from salon.common.logging import get_logger
 from salon.common.peer_identity import AccessPolicy
 from salon.common.prefix_hash import namespace_digest
 from salon.common.server import HealthState
+from salon.engine import metrics
 from salon.engine.api.prompt import PromptRenderer
 from salon.engine.api.servicer import EngineRuntime, EngineServicer, add_to_server
 from salon.engine.api.validation import Limits
 from salon.engine.config import EngineConfig
 from salon.engine.core.engine_core import EngineCore, warmup
 from salon.engine.core.engine_loop import EngineLoop
-from salon.engine.prefix.host_cache import HostCache
 from salon.engine.kv.kv_transfer import host_layout, layout_tag
-from salon.engine import metrics
-from salon.engine.resident import ResidentMeter
 from salon.engine.model.chat_renderer import ChatRenderer
+from salon.engine.prefix.host_cache import HostCache
+from salon.engine.resident import ResidentMeter
 from salon.engine.worker.model_loading import load_serving_model
+from salon.kernels.cpu.w8a8_grouped import packed_bytes
 
 log = get_logger(__name__)
 
@@ -38,11 +38,18 @@ def build_engine(config: EngineConfig) -> tuple[EngineCore, ChatRenderer]:
     """The engine core (warmed up unless told not to) and the model's chat renderer."""
     if config.torch_threads > 0:
         torch.set_num_threads(config.torch_threads)
-    loaded = load_serving_model(config.model, config.precision, config.device, config.kernels,
-                                config.activations)
-    core = EngineCore(loaded.model, loaded.tokenizer, config.scheduler, config.block_size_tokens,
-                      config.kv_cache_bytes, config.device, prefix_caching=not config.no_prefix_cache,
-                      kv_dtype=config.resolved_kv_dtype(), kernels=config.kernels)
+    loaded = load_serving_model(config.model, config.precision, config.device, config.kernels, config.activations)
+    core = EngineCore(
+        loaded.model,
+        loaded.tokenizer,
+        config.scheduler,
+        config.block_size_tokens,
+        config.kv_cache_bytes,
+        config.device,
+        prefix_caching=not config.no_prefix_cache,
+        kv_dtype=config.resolved_kv_dtype(),
+        kernels=config.kernels,
+    )
     if config.warmup:
         warmup(core)
     return core, loaded.chat
@@ -65,13 +72,15 @@ class EngineService:
 
     def _kvstore_tls(self):
         config = self.config
-        return internal_auth.client_tls_or_none("--kvstore-tls", config.kvstore_tls_ca_file,
-                                                config.kvstore_tls_cert_file, config.kvstore_tls_key_file)
+        return internal_auth.client_tls_or_none(
+            "--kvstore-tls", config.kvstore_tls_ca_file, config.kvstore_tls_cert_file, config.kvstore_tls_key_file
+        )
 
     async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
         if self.config.kvstore_target and not self.config.no_prefix_cache:
-            internal_auth.check_client(self.config.server.internal_auth, self._kvstore_tls(), "--kvstore-tls",
-                                       [self.config.kvstore_target])
+            internal_auth.check_client(
+                self.config.server.internal_auth, self._kvstore_tls(), "--kvstore-tls", [self.config.kvstore_target]
+            )
         names = [add_to_server(self.servicer, server)]
         self.servicer.health = health
         self._task = asyncio.create_task(self._load(health))
@@ -86,8 +95,9 @@ class EngineService:
         model_cfg = core.config
         metrics.set_model(model_cfg.model_id)
         context = min(model_cfg.max_context_tokens, self.config.max_context_tokens or model_cfg.max_context_tokens)
-        self._loop = EngineLoop(core, asyncio.get_running_loop(), on_fatal=health.fatal,
-                                step_nice=self.config.step_nice)
+        self._loop = EngineLoop(
+            core, asyncio.get_running_loop(), on_fatal=health.fatal, step_nice=self.config.step_nice
+        )
         host_cache = self._host_cache(core)
         if host_cache is not None:
             loop = asyncio.get_running_loop()
@@ -100,14 +110,16 @@ class EngineService:
         self.servicer.runtime = EngineRuntime(
             loop=self._loop,
             tokenizer=core.tokenizer,
-            limits=Limits(vocab_size=model_cfg.vocab_size, max_context_tokens=context,
-                          default_max_new_tokens=self.config.default_max_new_tokens,
-                          max_new_tokens_limit=self.config.max_new_tokens_limit,
-                          max_token_bytes=max(len(core.tokenizer.decode([i]).encode())
-                                              for i in range(model_cfg.vocab_size)),
-                          message_overhead_tokens=renderer.message_overhead_tokens,
-                          prompt_overhead_tokens=renderer.prompt_overhead_tokens,
-                          character_overhead_tokens=renderer.character_overhead_tokens),
+            limits=Limits(
+                vocab_size=model_cfg.vocab_size,
+                max_context_tokens=context,
+                default_max_new_tokens=self.config.default_max_new_tokens,
+                max_new_tokens_limit=self.config.max_new_tokens_limit,
+                max_token_bytes=max(len(core.tokenizer.decode([i]).encode()) for i in range(model_cfg.vocab_size)),
+                message_overhead_tokens=renderer.message_overhead_tokens,
+                prompt_overhead_tokens=renderer.prompt_overhead_tokens,
+                character_overhead_tokens=renderer.character_overhead_tokens,
+            ),
             model_config=model_cfg,
             chat=chat,
             block_size_tokens=self.config.block_size_tokens,
@@ -115,12 +127,20 @@ class EngineService:
             host_cache=host_cache,
             sliding_window_tokens=max((layer.sliding_window_tokens or 0 for layer in model_cfg.layers), default=0),
             kv_bytes_per_token=core.layout.page_bytes // core.layout.block_size_tokens,
-            resident=ResidentMeter(core.model.weight_bytes() + packed_bytes(), core.kv_cache.allocated_bytes(),
-                                   self.config.kvstore_shm_dir if host_cache is not None else None),
+            resident=ResidentMeter(
+                core.model.weight_bytes() + packed_bytes(),
+                core.kv_cache.allocated_bytes(),
+                self.config.kvstore_shm_dir if host_cache is not None else None,
+            ),
         )
-        log.info("engine_ready", model=model_cfg.model_id, kv_blocks=core.layout.num_blocks,
-                 kv_bytes=core.layout.capacity_bytes, kv_groups=len(core.layout.groups),
-                 threads=torch.get_num_threads())
+        log.info(
+            "engine_ready",
+            model=model_cfg.model_id,
+            kv_blocks=core.layout.num_blocks,
+            kv_bytes=core.layout.capacity_bytes,
+            kv_groups=len(core.layout.groups),
+            threads=torch.get_num_threads(),
+        )
         await health.set_serving()
 
     def _host_cache(self, core: EngineCore) -> HostCache | None:
@@ -129,11 +149,21 @@ class EngineService:
         from salon.common.kvstore_contract.client import KVStoreClient
 
         config = self.config
-        client = KVStoreClient(config.kvstore_target, use_shared_memory=config.kvstore_shared_memory,
-                               timeout_s=config.kvstore_timeout_s, tls=self._kvstore_tls(),
-                               arena_dir=config.kvstore_shm_dir, arena_owner_uid=config.kvstore_arena_uid)
-        return HostCache(client, host_layout(core.layout), timeout_s=config.kvstore_timeout_s,
-                         model_id=core.config.model_id, layout_tag=layout_tag(core.layout, core.model.numerics))
+        client = KVStoreClient(
+            config.kvstore_target,
+            use_shared_memory=config.kvstore_shared_memory,
+            timeout_s=config.kvstore_timeout_s,
+            tls=self._kvstore_tls(),
+            arena_dir=config.kvstore_shm_dir,
+            arena_owner_uid=config.kvstore_arena_uid,
+        )
+        return HostCache(
+            client,
+            host_layout(core.layout),
+            timeout_s=config.kvstore_timeout_s,
+            model_id=core.config.model_id,
+            layout_tag=layout_tag(core.layout, core.model.numerics),
+        )
 
     def _namespace_of(self, core: EngineCore):
         tag = layout_tag(core.layout, core.model.numerics)

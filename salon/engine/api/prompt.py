@@ -66,8 +66,7 @@ class PromptRenderer:
     """The engine's dialogue through one model's ChatRenderer; cheap to make per request (the ChatRenderer,
     shared, caches renders per conversation prefix)."""
 
-    def __init__(self, chat: ChatRenderer,
-                 known_reply_ids: Callable[[str], list[int] | None] | None = None) -> None:
+    def __init__(self, chat: ChatRenderer, known_reply_ids: Callable[[str], list[int] | None] | None = None) -> None:
         self.chat = chat
         self._tok = chat.tokenizer
         self._known_reply_ids = known_reply_ids
@@ -118,15 +117,19 @@ class PromptRenderer:
         if m.role is Role.SYSTEM:
             native = self.chat.has_own_template and self.chat.supports_system_role
             prefix = "" if native else "[system] "
-            content, content_ids = (self._ids_content(m.token_ids) if m.token_ids is not None
-                                    else self._text_content(m.text))
+            content, content_ids = (
+                self._ids_content(m.token_ids) if m.token_ids is not None else self._text_content(m.text)
+            )
             if prefix:
                 content = prefix + content
                 if content_ids is not None:
                     content_ids = tuple(self._tok.encode(prefix, add_bos=False, parse_special=False)) + content_ids
             return TemplateMessage("system" if self.chat.supports_system_role else "user", content, content_ids)
-        content, content_ids = (self._ids_content(m.token_ids, m.author) if m.token_ids is not None
-                                else self._text_content(m.text, m.author))
+        content, content_ids = (
+            self._ids_content(m.token_ids, m.author)
+            if m.token_ids is not None
+            else self._text_content(m.text, m.author)
+        )
         return TemplateMessage("user", content, content_ids)
 
     @staticmethod
@@ -135,8 +138,7 @@ class PromptRenderer:
             return ""
         return (f"You are {character.name}.\n" if character.name else "") + character.definition
 
-    def template_messages(self, character: Character | None,
-                          messages: Sequence[ChatMessage]) -> list[TemplateMessage]:
+    def template_messages(self, character: Character | None, messages: Sequence[ChatMessage]) -> list[TemplateMessage]:
         """The dialogue as the template's messages (see the module docstring)."""
         out = [self._message(m) for m in messages]
         block = self.character_text(character)
@@ -146,8 +148,11 @@ class PromptRenderer:
             return [TemplateMessage("system", block)] + out
         if out and out[0].role == "user":
             first = out[0]
-            ids = None if first.content_ids is None else (
-                tuple(self._tok.encode(block + "\n\n", add_bos=False, parse_special=False)) + first.content_ids)
+            ids = (
+                None
+                if first.content_ids is None
+                else (tuple(self._tok.encode(block + "\n\n", add_bos=False, parse_special=False)) + first.content_ids)
+            )
             return [TemplateMessage("user", block + "\n\n" + first.content, ids)] + out[1:]
         return [TemplateMessage("user", block)] + out
 
@@ -155,8 +160,13 @@ class PromptRenderer:
         """The full prompt, ending with the template's generation prompt."""
         return self.render_prompt(character, messages).token_ids
 
-    def render_prompt(self, character: Character | None, messages: Sequence[ChatMessage],
-                      stop: threading.Event | None = None, max_tokens: int | None = None) -> RenderedPrompt:
+    def render_prompt(
+        self,
+        character: Character | None,
+        messages: Sequence[ChatMessage],
+        stop: threading.Event | None = None,
+        max_tokens: int | None = None,
+    ) -> RenderedPrompt:
         """The full prompt and where its last message starts. RenderStopped when `stop` is set (checked
         between messages) or as soon as the prompt holds more than max_tokens tokens; ChatTemplateError
         (INVALID_ARGUMENT) with the template's message when it refuses the dialogue."""

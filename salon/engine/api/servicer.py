@@ -43,12 +43,12 @@ from salon.engine.api.validation import (
 from salon.engine.config import EngineConfig
 from salon.engine.core.engine_loop import EngineDead, EngineLoop
 from salon.engine.core.output import RequestEvent
-from salon.engine.request import FinishReason, Request, RequestId
-from salon.engine.prefix.host_cache import HostCache
-from salon.engine.prefix.hit import PrefixHit, cacheable_prefix_tokens
 from salon.engine.model.chat_renderer import ChatRenderer
 from salon.engine.model.config import ModelConfig
 from salon.engine.model.tokenizer import Tokenizer
+from salon.engine.prefix.hit import PrefixHit, cacheable_prefix_tokens
+from salon.engine.prefix.host_cache import HostCache
+from salon.engine.request import FinishReason, Request, RequestId
 from salon.engine.resident import ResidentMeter
 
 log = get_logger(__name__)
@@ -108,8 +108,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         limit = self.config.scheduler.max_waiting_requests
         if rt.loop.num_waiting + self._admitting >= limit:
             metrics.REJECTED.inc()
-            raise ResourceExhausted(f"engine queue is full ({limit} requests waiting); retry later",
-                                    retry_after_ms=1000)
+            raise ResourceExhausted(
+                f"engine queue is full ({limit} requests waiting); retry later", retry_after_ms=1000
+            )
         self._admitting += 1
 
     def _parse(self, request, rt: EngineRuntime):
@@ -138,7 +139,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
         if not rt.loop.fits(len(prompt) + max_new):
             raise ResourceExhausted(
-                f"prompt: {len(prompt)} tokens + max_new_tokens {max_new} need more KV memory than this engine has")
+                f"prompt: {len(prompt)} tokens + max_new_tokens {max_new} need more KV memory than this engine has"
+            )
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
         # A reply ends at the file's EOS ids and the template's end-of-turn marker, and at the request's own.
@@ -172,14 +174,17 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         stop = threading.Event()
         context_tokens = rt.limits.max_context_tokens
         try:
-            rendered = await asyncio.to_thread(renderer.render_prompt, parsed.character, parsed.messages, stop,
-                                               context_tokens)
+            rendered = await asyncio.to_thread(
+                renderer.render_prompt, parsed.character, parsed.messages, stop, context_tokens
+            )
         except asyncio.CancelledError:
             stop.set()  # the client went away: the worker thread stops at the next message
             raise
         except RenderStopped as exc:
-            raise OutOfRange(f"prompt: more than {exc.num_tokens} tokens leave no room to generate in the "
-                             f"context of {context_tokens} tokens") from None
+            raise OutOfRange(
+                f"prompt: more than {exc.num_tokens} tokens leave no room to generate in the "
+                f"context of {context_tokens} tokens"
+            ) from None
         return rendered.token_ids, rendered.last_message_start
 
     async def _lookup_host(self, req: Request, rt: EngineRuntime) -> PrefixHit | None:
@@ -188,8 +193,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             return None
         max_tokens = cacheable_prefix_tokens(req.num_tokens, rt.block_size_tokens)
         device_tokens = rt.loop.probe_prefix(req)
-        return await rt.host_cache.lookup(req.namespace, req.token_slice(0, req.num_tokens), max_tokens,
-                                          min_tokens=device_tokens)
+        return await rt.host_cache.lookup(
+            req.namespace, req.token_slice(0, req.num_tokens), max_tokens, min_tokens=device_tokens
+        )
 
     async def Generate(self, request, context):
         rt = self._ready()
@@ -205,8 +211,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 raise ResourceExhausted(f"request_id: {req.request_id!r} is already running on this engine")
             host_hit = await self._lookup_host(req, rt)
             try:
-                events = rt.loop.submit(req, host_hit,
-                                         prefill_from=RequestId(request.prefill_from_request_id) or None)
+                events = rt.loop.submit(req, host_hit, prefill_from=RequestId(request.prefill_from_request_id) or None)
             except EngineDead:
                 raise Unavailable("the engine is restarting; retry on another engine") from None
         finally:
@@ -244,9 +249,12 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         if with_bytes:
             delta.token_bytes.extend(_piece_bytes(tokenizer, t) for t in event.token_ids)
         for position in event.top_logprobs:
-            delta.top_logprobs.add(candidates=[
-                chat_pb2.TokenLogprob(token_id=t, logprob=lp, token_bytes=_piece_bytes(tokenizer, t))
-                for t, lp in position])
+            delta.top_logprobs.add(
+                candidates=[
+                    chat_pb2.TokenLogprob(token_id=t, logprob=lp, token_bytes=_piece_bytes(tokenizer, t))
+                    for t, lp in position
+                ]
+            )
         return delta
 
     def _remember_reply(self, req: Request, event: RequestEvent, generated: list[int], text: str) -> None:
@@ -266,8 +274,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 cached_tokens=chat_pb2.CachedTokens(device=st.cached_tokens_device, host=st.cached_tokens_host),
                 generated_tokens=st.generated_tokens,
             ),
-            timings=chat_pb2.Timings(queue_ms=st.queue_ms, ttft_ms=st.ttft_ms, total_ms=st.total_ms,
-                                     itl_ms_mean=st.itl_ms_mean),
+            timings=chat_pb2.Timings(
+                queue_ms=st.queue_ms, ttft_ms=st.ttft_ms, total_ms=st.total_ms, itl_ms_mean=st.itl_ms_mean
+            ),
             engine_id=self.config.engine_id,
             request_id=req.request_id,
         )
@@ -290,10 +299,16 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             if dropped is None:
                 raise Unavailable("conversation_id: the kvstore did not confirm the erasure; retry")
             host_blocks = dropped
-        log.info("conversation_deleted", conversation_id=request.conversation_id, aborted_requests=aborted,
-                 device_blocks=device_blocks, host_blocks=host_blocks)
-        return engine_pb2.DeleteConversationResponse(aborted_requests=aborted, device_blocks_dropped=device_blocks,
-                                                     host_blocks_dropped=host_blocks)
+        log.info(
+            "conversation_deleted",
+            conversation_id=request.conversation_id,
+            aborted_requests=aborted,
+            device_blocks=device_blocks,
+            host_blocks=host_blocks,
+        )
+        return engine_pb2.DeleteConversationResponse(
+            aborted_requests=aborted, device_blocks_dropped=device_blocks, host_blocks_dropped=host_blocks
+        )
 
     # ---- other RPCs ------------------------------------------------------------------------------
     async def Abort(self, request, context):
@@ -303,15 +318,20 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     def _load_report(self) -> engine_pb2.LoadReport:
         rt = self.runtime
         if rt is None:
-            return engine_pb2.LoadReport(engine_id=self.config.engine_id,
-                                         max_waiting_requests=self.config.scheduler.max_waiting_requests)
+            return engine_pb2.LoadReport(
+                engine_id=self.config.engine_id, max_waiting_requests=self.config.scheduler.max_waiting_requests
+            )
         snap = rt.loop.load
         resident = None
         if rt.resident is not None:
             r = rt.resident.measure()
-            resident = chat_pb2.ResidentBytes(total_bytes=r.total_bytes, weights_bytes=r.weights_bytes,
-                                              kv_cache_bytes=r.kv_cache_bytes, other_bytes=r.other_bytes,
-                                              arena_bytes=r.arena_bytes)
+            resident = chat_pb2.ResidentBytes(
+                total_bytes=r.total_bytes,
+                weights_bytes=r.weights_bytes,
+                kv_cache_bytes=r.kv_cache_bytes,
+                other_bytes=r.other_bytes,
+                arena_bytes=r.arena_bytes,
+            )
         return engine_pb2.LoadReport(
             model_id=rt.model_config.model_id,
             resident=resident,
@@ -344,8 +364,11 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             ids = await asyncio.to_thread(rt.tokenizer.encode, request.text, special, special)
         elif which == "dialogue":
             messages = parse_dialogue(request.dialogue, rt.limits, request.character)
-            character = Character(request.character.name, request.character.definition) \
-                if request.HasField("character") else None
+            character = (
+                Character(request.character.name, request.character.definition)
+                if request.HasField("character")
+                else None
+            )
             # Tokenize names no conversation, so no remembered reply ids apply: replies are tokenized as text.
             renderer = PromptRenderer(rt.chat)
             ids = await asyncio.to_thread(renderer.render, character, messages)
@@ -361,17 +384,19 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def GetModelInfo(self, request, context):
         rt = self._ready()
         cfg = rt.model_config
-        return engine_pb2.GetModelInfoResponse(model=chat_pb2.ModelInfo(
-            model_id=cfg.model_id,
-            max_context_tokens=rt.limits.max_context_tokens,
-            vocab_size=cfg.vocab_size,
-            eos_token_ids=list(rt.chat.stop_token_ids),
-            bos_token_id=cfg.bos_token_id,
-            kv_block_size_tokens=rt.block_size_tokens,
-            architecture=cfg.architecture,
-            kv_bytes_per_token=rt.kv_bytes_per_token,
-            has_chat_template=rt.chat.has_own_template,
-        ))
+        return engine_pb2.GetModelInfoResponse(
+            model=chat_pb2.ModelInfo(
+                model_id=cfg.model_id,
+                max_context_tokens=rt.limits.max_context_tokens,
+                vocab_size=cfg.vocab_size,
+                eos_token_ids=list(rt.chat.stop_token_ids),
+                bos_token_id=cfg.bos_token_id,
+                kv_block_size_tokens=rt.block_size_tokens,
+                architecture=cfg.architecture,
+                kv_bytes_per_token=rt.kv_bytes_per_token,
+                has_chat_template=rt.chat.has_own_template,
+            )
+        )
 
 
 def _piece_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:

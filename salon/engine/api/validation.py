@@ -112,7 +112,9 @@ def parse_context(request, limits: Limits) -> ParsedContext:
         check_text_size("text", request.text, limits)
         return ParsedContext(None, None, None, text=request.text)
     parsed = parse_dialogue(request.dialogue, limits, request.character)
-    character = Character(request.character.name, request.character.definition) if request.HasField("character") else None
+    character = (
+        Character(request.character.name, request.character.definition) if request.HasField("character") else None
+    )
     return ParsedContext(character, parsed, None)
 
 
@@ -122,7 +124,9 @@ def check_text_size(field: str, text: str, limits: Limits) -> None:
         raise InvalidArgument(f"{field}: at least one character is required")
     num_bytes = len(text.encode())
     if num_bytes > limits.max_context_tokens * limits.max_token_bytes:
-        raise OutOfRange(f"{field}: {num_bytes} bytes of text cannot fit in the {limits.max_context_tokens}-token context")
+        raise OutOfRange(
+            f"{field}: {num_bytes} bytes of text cannot fit in the {limits.max_context_tokens}-token context"
+        )
 
 
 def parse_dialogue(dialogue, limits: Limits, character) -> list[ChatMessage]:
@@ -150,8 +154,10 @@ def parse_dialogue(dialogue, limits: Limits, character) -> list[ChatMessage]:
         min_tokens += limits.message_overhead_tokens + max(1, body_tokens)
         parsed.append(ChatMessage(role=role, text=text, author=author, token_ids=ids))
     if min_tokens >= context:
-        raise OutOfRange(f"prompt: the dialogue renders to at least {min_tokens} tokens, which leave no room to "
-                         f"generate in the context of {context} tokens")
+        raise OutOfRange(
+            f"prompt: the dialogue renders to at least {min_tokens} tokens, which leave no room to "
+            f"generate in the context of {context} tokens"
+        )
     return parsed
 
 
@@ -164,7 +170,8 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
         raise InvalidArgument(f"sampling.top_p: {p} is not in [0, 1]")
     if sampling.max_new_tokens > limits.max_new_tokens_limit:
         raise InvalidArgument(
-            f"sampling.max_new_tokens: {sampling.max_new_tokens} exceeds the limit {limits.max_new_tokens_limit}")
+            f"sampling.max_new_tokens: {sampling.max_new_tokens} exceeds the limit {limits.max_new_tokens_limit}"
+        )
     if len(sampling.stop_strings) > MAX_STOP_STRINGS:
         raise InvalidArgument(f"sampling.stop_strings: more than {MAX_STOP_STRINGS} stop strings")
     for i, s in enumerate(sampling.stop_strings):
@@ -197,17 +204,19 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
     )
 
 
-def check_penalties(repetition_penalty: float, frequency_penalty: float, presence_penalty: float,
-                    min_p: float) -> None:
+def check_penalties(repetition_penalty: float, frequency_penalty: float, presence_penalty: float, min_p: float) -> None:
     """Raises InvalidArgument naming the first penalty outside its range (vLLM's ranges)."""
     r = repetition_penalty
     if not math.isfinite(r) or r <= 0 or r > MAX_REPETITION_PENALTY:
-        raise InvalidArgument(f"sampling.repetition_penalty: {r} is not in (0, {MAX_REPETITION_PENALTY:g}] "
-                              "(1 = no penalty)")
+        raise InvalidArgument(
+            f"sampling.repetition_penalty: {r} is not in (0, {MAX_REPETITION_PENALTY:g}] (1 = no penalty)"
+        )
     for name, v in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
         if not math.isfinite(v) or abs(v) > MAX_FREQUENCY_PRESENCE_PENALTY:
-            raise InvalidArgument(f"sampling.{name}: {v} is not in [-{MAX_FREQUENCY_PRESENCE_PENALTY:g}, "
-                                  f"{MAX_FREQUENCY_PRESENCE_PENALTY:g}]")
+            raise InvalidArgument(
+                f"sampling.{name}: {v} is not in [-{MAX_FREQUENCY_PRESENCE_PENALTY:g}, "
+                f"{MAX_FREQUENCY_PRESENCE_PENALTY:g}]"
+            )
     if not math.isfinite(min_p) or min_p < 0 or min_p > 1:
         raise InvalidArgument(f"sampling.min_p: {min_p} is not in [0, 1]")
 
@@ -218,13 +227,15 @@ def resolve_max_new_tokens(requested: int, num_prompt_tokens: int, num_resumed: 
     if room < 1:
         raise OutOfRange(
             f"prompt: {num_prompt_tokens} tokens leave no room to generate in the context of "
-            f"{limits.max_context_tokens} tokens")
+            f"{limits.max_context_tokens} tokens"
+        )
     if requested == 0:
         budget = min(limits.default_max_new_tokens, room)
     elif requested > room:
         raise OutOfRange(
             f"sampling.max_new_tokens: {requested} does not fit: the prompt has {num_prompt_tokens} of "
-            f"{limits.max_context_tokens} context tokens")
+            f"{limits.max_context_tokens} context tokens"
+        )
     else:
         budget = requested
     if num_resumed >= budget:

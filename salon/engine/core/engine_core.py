@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from salon.kernels.backend import select_ops
 from salon.engine.batch import SchedulerOutput
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.output import OutputState, RequestEvent, final_stats
@@ -37,6 +36,7 @@ from salon.engine.prefix.policy import PrefixCaching
 from salon.engine.request import FinishReason, Request, RequestId, SamplingParams
 from salon.engine.worker.model_runner import ModelRunner
 from salon.engine.worker.sampler import advance_generator
+from salon.kernels.backend import select_ops
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,18 @@ class LoadSnapshot:
 
 
 class EngineCore:
-    def __init__(self, model, tokenizer, scheduler_config: SchedulerConfig, block_size_tokens: int,
-                 kv_cache_bytes: int, device: str = "cpu", prefix_caching: bool = True,
-                 kv_dtype: str = "int8", kernels: str = "auto") -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        scheduler_config: SchedulerConfig,
+        block_size_tokens: int,
+        kv_cache_bytes: int,
+        device: str = "cpu",
+        prefix_caching: bool = True,
+        kv_dtype: str = "int8",
+        kernels: str = "auto",
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
@@ -139,8 +148,9 @@ class EngineCore:
         self._outputs[request.request_id] = OutputState(request, self.tokenizer)
         self.scheduler.add(request, host_hit if self.prefix is not None else None)
 
-    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORTED,
-              error: str | None = None) -> RequestEvent | None:
+    def abort(
+        self, request_id: str, reason: FinishReason = FinishReason.ABORTED, error: str | None = None
+    ) -> RequestEvent | None:
         """End a request from outside the step (abort, deadline, error); frees its blocks at once."""
         state = self._outputs.pop(request_id, None)
         if state is None:
@@ -164,8 +174,11 @@ class EngineCore:
             if request.conversation_id == conversation_id and request.namespace == namespace:
                 self._outputs.pop(request_id)
                 self._retire(request, keep=False)
-                events.append(RequestEvent(request_id, [], [], "", FinishReason.ABORTED, final_stats(request),
-                                           "conversation deleted"))
+                events.append(
+                    RequestEvent(
+                        request_id, [], [], "", FinishReason.ABORTED, final_stats(request), "conversation deleted"
+                    )
+                )
         freed = 0
         if self.prefix is not None and namespace is not None:
             freed = self.prefix.device.drop_conversation(namespace, conversation_id)
@@ -208,12 +221,11 @@ class EngineCore:
                 texts.append(text)
                 if finish is not None:
                     break
-            kept = produced[:len(token_ids)]
+            kept = produced[: len(token_ids)]
             num_sampled += len(kept)
             if chunk.num_draft_tokens:
                 self.num_draft_tokens += chunk.num_draft_tokens
-                self.num_accepted_draft_tokens += sum(
-                    1 for t, d in zip(kept, chunk.draft_token_ids) if t.token_id == d)
+                self.num_accepted_draft_tokens += sum(1 for t, d in zip(kept, chunk.draft_token_ids) if t.token_id == d)
                 self.scheduler.on_verified(chunk, len(kept))
             final = None
             if finish is not None:
@@ -222,12 +234,27 @@ class EngineCore:
                 final = final_stats(request, now)
             logprobs = [t.logprob for t in kept if t.logprob is not None]
             top = [t.top_logprobs for t in kept if t.top_logprobs]
-            events.append(RequestEvent(request.request_id, token_ids, logprobs, "".join(texts), finish, final,
-                                       top_logprobs=top, inter_token_s=inter_token_s))
-        self.last_step = StepStats(output.num_batched_tokens, len(output.chunks), num_sampled,
-                                   time.monotonic() - t0, len(output.preempted),
-                                   self.num_draft_tokens - drafts_before[0],
-                                   self.num_accepted_draft_tokens - drafts_before[1])
+            events.append(
+                RequestEvent(
+                    request.request_id,
+                    token_ids,
+                    logprobs,
+                    "".join(texts),
+                    finish,
+                    final,
+                    top_logprobs=top,
+                    inter_token_s=inter_token_s,
+                )
+            )
+        self.last_step = StepStats(
+            output.num_batched_tokens,
+            len(output.chunks),
+            num_sampled,
+            time.monotonic() - t0,
+            len(output.preempted),
+            self.num_draft_tokens - drafts_before[0],
+            self.num_accepted_draft_tokens - drafts_before[1],
+        )
         self.in_step = []
         return events
 
@@ -249,8 +276,13 @@ class EngineCore:
             try:
                 unpack_blocks(self.kv_cache, chunk.block_tables, range(num_blocks), GLOBAL, host.global_kv)
                 if host.local_kv.shape[0]:
-                    unpack_blocks(self.kv_cache, chunk.block_tables, range(host.local_first_block, num_blocks),
-                                  LOCAL, host.local_kv)
+                    unpack_blocks(
+                        self.kv_cache,
+                        chunk.block_tables,
+                        range(host.local_first_block, num_blocks),
+                        LOCAL,
+                        host.local_kv,
+                    )
             except Exception as exc:  # noqa: BLE001 - the kvstore's bytes are not trusted to be well formed
                 failed[chunk.request.request_id] = f"the kvstore's KV for this request is malformed ({exc})"
         if not failed:

@@ -46,6 +46,7 @@ class CommandKind(enum.Enum):
     PURGE = "purge"  # erase conversation `request_id` of `namespace`; answer on `done`
     WAKE = "wake"  # nothing: lets a blocked wait see that the loop is stopping
 
+
 # Steps that raise one after another before the loop gives up (a step error that fails only its own
 # requests is a fault; the same error every step is a broken engine).
 MAX_CONSECUTIVE_STEP_FAILURES = 3
@@ -84,8 +85,13 @@ class _TokenRate:
 
 
 class EngineLoop:
-    def __init__(self, core: EngineCore, loop: asyncio.AbstractEventLoop,
-                 on_fatal: Callable[[str], None] | None = None, step_nice: int = 0) -> None:
+    def __init__(
+        self,
+        core: EngineCore,
+        loop: asyncio.AbstractEventLoop,
+        on_fatal: Callable[[str], None] | None = None,
+        step_nice: int = 0,
+    ) -> None:
         if not 0 <= step_nice <= MAX_NICE_INCREMENT:
             raise ValueError(f"step_nice must be 0..{MAX_NICE_INCREMENT} (a nice increment), got {step_nice}")
         self.core = core
@@ -119,8 +125,9 @@ class EngineLoop:
     def num_waiting(self) -> int:
         return max(0, self.load.waiting_requests + self._pending_admissions)
 
-    def submit(self, request: Request, host_hit: PrefixHit | None = None,
-               prefill_from: RequestId | None = None) -> asyncio.Queue:
+    def submit(
+        self, request: Request, host_hit: PrefixHit | None = None, prefill_from: RequestId | None = None
+    ) -> asyncio.Queue:
         """Hand a request to the step thread; its events arrive on the returned queue. prefill_from: a
         request whose computed prompt this one repeats (EngineCore.add)."""
         if self.dead is not None:
@@ -190,8 +197,12 @@ class EngineLoop:
                     for event in failed:
                         self._send(event)
                     self._consecutive_failures += 1
-                    if isinstance(exc, MemoryError) or "CUDA" in str(exc) or not failed \
-                            or self._consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                    if (
+                        isinstance(exc, MemoryError)
+                        or "CUDA" in str(exc)
+                        or not failed
+                        or self._consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES
+                    ):
                         reason = f"the engine step cannot go on: {type(exc).__name__}: {exc}"
                         return
         except BaseException as exc:  # noqa: BLE001 - reported below; the process exits
@@ -233,8 +244,16 @@ class EngineLoop:
             if command.done is not None:
                 self._loop.call_soon_threadsafe(_settle, command.done, None, exc)
             elif command.kind is CommandKind.ADD and command.request is not None:
-                self._send(RequestEvent(command.request.request_id, [], [], "", FinishReason.ERROR,
-                                        error=f"could not queue the request ({type(exc).__name__})"))
+                self._send(
+                    RequestEvent(
+                        command.request.request_id,
+                        [],
+                        [],
+                        "",
+                        FinishReason.ERROR,
+                        error=f"could not queue the request ({type(exc).__name__})",
+                    )
+                )
 
     def _apply_one(self, command: Command) -> None:
         if command.kind is CommandKind.ADD:

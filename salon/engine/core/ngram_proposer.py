@@ -56,12 +56,12 @@ class NgramProposer:
         # Index the n-grams ending before the context's end: the suffix itself is not an earlier occurrence.
         for e in range(max(index.num_indexed + 1, self.min_ngram), end):
             for n in range(self.min_ngram, min(self.max_ngram, e) + 1):
-                index.latest_end[n - self.min_ngram][tuple(context[e - n:e])] = e
+                index.latest_end[n - self.min_ngram][tuple(context[e - n : e])] = e
         index.num_indexed = max(index.num_indexed, end - 1)
         for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
-            found = index.latest_end[n - self.min_ngram].get(tuple(context[end - n:]))
+            found = index.latest_end[n - self.min_ngram].get(tuple(context[end - n :]))
             if found is not None:
-                return list(context[found:found + k])
+                return list(context[found : found + k])
         return []
 
     def forget(self, key: str) -> None:
@@ -72,8 +72,8 @@ def propose_reference(context: Sequence[int], k: int, min_ngram: int, max_ngram:
     """The same rule by a plain scan over the context (the index's reference in tests)."""
     end = len(context)
     for n in range(min(max_ngram, end - 1), min_ngram - 1, -1):
-        suffix = list(context[end - n:])
+        suffix = list(context[end - n :])
         for e in range(end - 1, n - 1, -1):
-            if list(context[e - n:e]) == suffix:
-                return list(context[e:e + k])
+            if list(context[e - n : e]) == suffix:
+                return list(context[e : e + k])
     return []

@@ -84,7 +84,7 @@ class OutputState:
         return self._take(len(self._text))
 
     def _take(self, upto: int) -> str:
-        delta = self._text[self._emitted:upto]
+        delta = self._text[self._emitted : upto]
         self._emitted = max(self._emitted, upto)
         return delta
 

@@ -55,7 +55,6 @@ from salon.engine.batch import HostKV, ScheduledChunk, SchedulerOutput
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.ngram_proposer import NgramProposer
 from salon.engine.kv.kv_cache_manager import KVCacheManager
-from salon.engine.kv.kv_layout import BlockTable
 from salon.engine.prefix.hit import CacheSource, PrefixHit
 from salon.engine.prefix.policy import PrefixCaching
 from salon.engine.request import Request, RequestId, RequestStatus
@@ -74,8 +73,11 @@ class Scheduler:
         self._offered_host_hits: dict[RequestId, PrefixHit] = {}
         # KV of the host hits that admission took, until the request's first chunk carries it.
         self._host_kv_to_load: dict[RequestId, HostKV] = {}
-        self.proposer = NgramProposer(config.speculative_tokens, config.ngram_min, config.ngram_max) \
-            if config.speculative_tokens > 0 else None
+        self.proposer = (
+            NgramProposer(config.speculative_tokens, config.ngram_min, config.ngram_max)
+            if config.speculative_tokens > 0
+            else None
+        )
         # Requests whose prompt is being computed as a long prefill (pass 3 of schedule), until it is computed.
         self._long_prefills: set[RequestId] = set()
 
@@ -175,8 +177,9 @@ class Scheduler:
                 break
             num_new = min(request.num_tokens - request.num_computed_tokens, share)
             if request.status is RequestStatus.WAITING:
-                if (len(self.running) >= self.config.max_num_running
-                        or not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new)):
+                if len(self.running) >= self.config.max_num_running or not self.kv.allocate_slots(
+                    request.request_id, request.num_computed_tokens, num_new
+                ):
                     break  # long prefills go in arrival order: none passes this one
                 self._admit(request, num_new, planned, order)
             elif self._allocate_preempting_newer(request, num_new, planned, preempted):
@@ -190,8 +193,9 @@ class Scheduler:
             share -= num_new
             budget -= num_new
         drafts = self._propose_drafts(order, planned, budget) if not (preempted or interactive_prefill) else {}
-        return SchedulerOutput([self._chunk(r, planned[r.request_id], drafts.get(r.request_id, ()))
-                                for r in order], preempted)
+        return SchedulerOutput(
+            [self._chunk(r, planned[r.request_id], drafts.get(r.request_id, ())) for r in order], preempted
+        )
 
     @staticmethod
     def _plan(request: Request, num_new: int, planned: dict[RequestId, int], order: list[Request]) -> None:
@@ -205,8 +209,9 @@ class Scheduler:
         bisect.insort(self.running, request, key=lambda r: r.arrival_s)
         self._plan(request, num_new, planned, order)
 
-    def _allocate_preempting_newer(self, request: Request, num_new: int, planned: dict[RequestId, int],
-                                   preempted: list[RequestId]) -> bool:
+    def _allocate_preempting_newer(
+        self, request: Request, num_new: int, planned: dict[RequestId, int], preempted: list[RequestId]
+    ) -> bool:
         """Allocate a running request's slots, preempting (newest first) running requests that arrived after it
         and are not in this step; False when even that leaves too few blocks."""
         while not self.kv.allocate_slots(request.request_id, request.num_computed_tokens, num_new):
@@ -218,8 +223,9 @@ class Scheduler:
             preempted.append(victim.request_id)
         return True
 
-    def _propose_drafts(self, order: list[Request], planned: dict[RequestId, int], budget: int
-                        ) -> dict[RequestId, tuple[int, ...]]:
+    def _propose_drafts(
+        self, order: list[Request], planned: dict[RequestId, int], budget: int
+    ) -> dict[RequestId, tuple[int, ...]]:
         """Speculative decoding, with the budget left after everything else: a decoding request gets draft
         tokens (ngram_proposer.py) to verify in its step, never more than its remaining max_new_tokens and
         context allow, and only while free blocks hold their KV (drafts reclaim no cached prefix and
@@ -239,8 +245,11 @@ class Scheduler:
             computed = request.num_computed_tokens
             if planned[rid] != 1 or request.num_tokens - computed != 1 or not request.output_token_ids:
                 continue  # a prefill chunk, or a request that has not sampled yet
-            room = min(budget, request.sampling.max_new_tokens - request.num_output_tokens - 1,
-                       request.max_context_tokens - request.num_tokens - 1)
+            room = min(
+                budget,
+                request.sampling.max_new_tokens - request.num_output_tokens - 1,
+                request.max_context_tokens - request.num_tokens - 1,
+            )
             if room <= 0:
                 continue
             proposal = self.proposer.propose(rid, request.token_slice(0, request.num_tokens), room)

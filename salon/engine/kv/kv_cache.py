@@ -12,7 +12,6 @@ import torch
 
 from salon.engine.kv.kv_layout import KVCacheLayout
 
-
 TORCH_KV_DTYPES = {"int8": torch.int8, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 

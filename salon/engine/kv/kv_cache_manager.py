@@ -77,8 +77,9 @@ class KVCacheManager:
         tables = self._tables.get(request_id, [])
         return sum(b is not None for t in tables for b in t)
 
-    def _plan(self, request_id: str, num_computed_tokens: int, num_new_tokens: int
-              ) -> tuple[list[int], list[list[int]], int]:
+    def _plan(
+        self, request_id: str, num_computed_tokens: int, num_new_tokens: int
+    ) -> tuple[list[int], list[list[int]], int]:
         """Per group: the first needed block index and the table indices to release; and the number of
         new blocks needed."""
         tables = self._tables.get(request_id) or [[] for _ in self.layout.groups]

@@ -106,12 +106,13 @@ def plan_groups(config: ModelConfig) -> tuple[int, tuple[KVCacheGroup, ...]]:
     for window in sorted(by_kind, key=lambda w: -1 if w is None else w):
         ids = by_kind[window]
         for start in range(0, len(ids), slots):
-            groups.append(KVCacheGroup(GroupId(len(groups)), tuple(ids[start:start + slots]), window))
+            groups.append(KVCacheGroup(GroupId(len(groups)), tuple(ids[start : start + slots]), window))
     return slots, tuple(groups)
 
 
-def plan_layout(config: ModelConfig, block_size_tokens: int, capacity_bytes: int,
-                kv_dtype: str = "int8") -> KVCacheLayout:
+def plan_layout(
+    config: ModelConfig, block_size_tokens: int, capacity_bytes: int, kv_dtype: str = "int8"
+) -> KVCacheLayout:
     """The layout with as many blocks as fit in capacity_bytes."""
     slots, groups = plan_groups(config)
     own: dict[int, LayerLocation] = {}
@@ -119,10 +120,12 @@ def plan_layout(config: ModelConfig, block_size_tokens: int, capacity_bytes: int
         for slot, layer in enumerate(g.layer_ids):
             own[layer] = LayerLocation(g.group_id, slot, g.sliding_window_tokens)
     locations = tuple(own[config.kv_source(i)] for i in range(config.num_layers))
-    probe = KVCacheLayout(block_size_tokens, 0, slots, config.num_kv_heads, config.head_dim, groups, locations,
-                          kv_dtype)
+    probe = KVCacheLayout(
+        block_size_tokens, 0, slots, config.num_kv_heads, config.head_dim, groups, locations, kv_dtype
+    )
     num_blocks = capacity_bytes // probe.page_bytes
     if num_blocks < 1:
         raise ValueError(f"kv_cache_bytes={capacity_bytes} holds no block of {probe.page_bytes} bytes")
-    return KVCacheLayout(block_size_tokens, num_blocks, slots, config.num_kv_heads, config.head_dim, groups, locations,
-                         kv_dtype)
+    return KVCacheLayout(
+        block_size_tokens, num_blocks, slots, config.num_kv_heads, config.head_dim, groups, locations, kv_dtype
+    )

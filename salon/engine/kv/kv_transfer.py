@@ -54,12 +54,15 @@ def layout_tag(layout: KVCacheLayout, precision: str) -> str:
         + ",".join(map(str, g.layer_ids))
         for g in layout.groups
     )
-    return (f"kv-{layout.kv_dtype}-v1/bs{layout.block_size_tokens}/hkv{layout.num_kv_heads}/d{layout.head_dim}/"
-            f"{precision}/{groups}")
+    return (
+        f"kv-{layout.kv_dtype}-v1/bs{layout.block_size_tokens}/hkv{layout.num_kv_heads}/d{layout.head_dim}/"
+        f"{precision}/{groups}"
+    )
 
 
-def _block_ids(tables: Sequence[Sequence[BlockId | None]], group: KVCacheGroup, block_indices: Sequence[int]
-               ) -> torch.Tensor:
+def _block_ids(
+    tables: Sequence[Sequence[BlockId | None]], group: KVCacheGroup, block_indices: Sequence[int]
+) -> torch.Tensor:
     table = tables[group.group_id]
     ids = []
     for i in block_indices:
@@ -70,8 +73,13 @@ def _block_ids(tables: Sequence[Sequence[BlockId | None]], group: KVCacheGroup, 
     return torch.tensor(ids, dtype=torch.long)
 
 
-def pack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], block_indices: Sequence[int],
-                part: str, to_host: bool = True) -> torch.Tensor:
+def pack_blocks(
+    cache: KVCache,
+    tables: Sequence[Sequence[BlockId | None]],
+    block_indices: Sequence[int],
+    part: str,
+    to_host: bool = True,
+) -> torch.Tensor:
     """uint8[len(block_indices), bytes_per_block]: row i is the `part` payload of block block_indices[i];
     on the host, or where the cache is with to_host=False (a device-to-device copy, or for copy_to_host)."""
     columns: list[torch.Tensor] = []
@@ -126,8 +134,13 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.to(device)
 
 
-def unpack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], block_indices: Sequence[int],
-                  part: str, payloads: torch.Tensor) -> None:
+def unpack_blocks(
+    cache: KVCache,
+    tables: Sequence[Sequence[BlockId | None]],
+    block_indices: Sequence[int],
+    part: str,
+    payloads: torch.Tensor,
+) -> None:
     """Write payload rows (as made by pack_blocks) into the blocks the tables hold at block_indices."""
     n = len(block_indices)
     if payloads.dtype != torch.uint8 or payloads.dim() != 2 or payloads.shape[0] != n:
@@ -140,7 +153,7 @@ def unpack_blocks(cache: KVCache, tables: Sequence[Sequence[BlockId | None]], bl
             tensors = cache.slots[slot]
             for t in tensors.tensors():
                 row_bytes = t[0].numel() * t.element_size()
-                chunk = payloads[:, offset:offset + row_bytes].contiguous().view(t.dtype).reshape(n, *t.shape[1:])
+                chunk = payloads[:, offset : offset + row_bytes].contiguous().view(t.dtype).reshape(n, *t.shape[1:])
                 t.index_copy_(0, ids, chunk)
                 offset += row_bytes
     if offset != payloads.shape[1]:

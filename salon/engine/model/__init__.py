@@ -7,14 +7,27 @@ and chat templates.
 """
 
 from salon.engine.model.attention import AttentionBackend, DenseAttention
-from salon.engine.model.convert import convert, main_convert
 from salon.engine.model.config import LayerSpec, ModelConfig, synthetic_config
+from salon.engine.model.convert import convert, main_convert
 from salon.engine.model.loader import LoadedModel, ModelFile, config_for, load, load_model, open_model_file
 from salon.engine.model.model import CausalLM
 from salon.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = [
-    "AttentionBackend", "CausalLM", "DenseAttention", "IncrementalDetokenizer", "LayerSpec", "LoadedModel",
-    "ModelConfig", "ModelFile", "Tokenizer", "config_for", "convert", "load", "load_model", "main_convert",
-    "open_model_file", "synthetic_config",
+    "AttentionBackend",
+    "CausalLM",
+    "DenseAttention",
+    "IncrementalDetokenizer",
+    "LayerSpec",
+    "LoadedModel",
+    "ModelConfig",
+    "ModelFile",
+    "Tokenizer",
+    "config_for",
+    "convert",
+    "load",
+    "load_model",
+    "main_convert",
+    "open_model_file",
+    "synthetic_config",
 ]

@@ -18,22 +18,30 @@ from typing import Protocol
 
 import torch
 
-from salon.kernels.decoder_block import BlockBatch, BlockCache
-from salon.engine.model.ops import quantize_symmetric
 from salon.engine.model.config import ModelConfig
+from salon.engine.model.ops import quantize_symmetric
+from salon.kernels.decoder_block import BlockBatch, BlockCache
 
 
 class AttentionBackend(Protocol):
-    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None,
-                 v: torch.Tensor | None) -> torch.Tensor: ...
+    def __call__(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
+    ) -> torch.Tensor: ...
 
     def block_kv(self, layer_idx: int) -> tuple[BlockCache, BlockBatch] | None:
         """The layer's KV cache slot and this step's rows for it, for a fused decoder layer; None: the layer
         composes its ops and calls the backend."""
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
-           k_positions: torch.Tensor, sm_scale: float, sliding_window: int | None) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    sm_scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     """Plain masked attention for one sequence: q[T, Hq, D], k/v[L, Hkv, D] -> [T, Hq, D].
 
     Key at position j is visible to the query at position p iff j <= p and (no window or p - j < W).
@@ -69,8 +77,8 @@ class _SeqCache:
                 new = torch.empty(cap, *old.shape[1:])
                 new[: self.num_tokens] = old[: self.num_tokens]
                 setattr(self, name, new)
-        self.k[self.num_tokens:need] = k
-        self.v[self.num_tokens:need] = v
+        self.k[self.num_tokens : need] = k
+        self.v[self.num_tokens : need] = v
         self.num_tokens = need
 
 
@@ -111,8 +119,7 @@ class DenseAttention:
     def block_kv(self, layer_idx: int) -> None:
         return None  # contiguous float KV: no fused layer reads it
 
-    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None,
-                 v: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
         spec = self.config.layers[layer_idx]
         src = self.config.kv_source(layer_idx)
         out = torch.empty_like(q)
@@ -120,7 +127,7 @@ class DenseAttention:
         for s, n in enumerate(self._query_lens):
             cache = self._caches[s][src]
             if k is not None:
-                ks, vs = k[row:row + n], v[row:row + n]
+                ks, vs = k[row : row + n], v[row : row + n]
                 if self.kv_int8:
                     ks, vs = fake_quantize_kv(ks), fake_quantize_kv(vs)
                 cache.append(ks, vs)
@@ -129,8 +136,15 @@ class DenseAttention:
             length = cache.num_tokens
             first = 0 if spec.sliding_window_tokens is None else max(0, start - spec.sliding_window_tokens + 1)
             k_pos = torch.arange(first, length)
-            out[row:row + n] = attend(q[row:row + n], cache.k[first:length], cache.v[first:length], q_pos, k_pos,
-                                      self.sm_scale, spec.sliding_window_tokens)
+            out[row : row + n] = attend(
+                q[row : row + n],
+                cache.k[first:length],
+                cache.v[first:length],
+                q_pos,
+                k_pos,
+                self.sm_scale,
+                spec.sliding_window_tokens,
+            )
             row += n
         return out
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from salon.kernels.backend import Ops
 from salon.engine.model.config import ModelConfig
 from salon.engine.model.layers import Embedding
 from salon.engine.model.linear import FloatLinear, Int8Linear
 from salon.engine.model.model import CausalLM
+from salon.kernels.backend import Ops
 
 FUSED = ("qkv", "o", "gate_up", "down")
 
@@ -52,8 +52,9 @@ class FloatWeights:
     def linear(self, name: str, gate_activation: str | None = None) -> FloatLinear:
         layer, _, part = name.rpartition(".")
         if layer.startswith("layers."):
-            return FloatLinear(fused_float_weights(self.config, self.w, int(layer.split(".")[1]))[part],
-                               gate_activation)
+            return FloatLinear(
+                fused_float_weights(self.config, self.w, int(layer.split(".")[1]))[part], gate_activation
+            )
         return FloatLinear(self.w[name], gate_activation)
 
     def embedding(self) -> Embedding:
@@ -65,8 +66,14 @@ class Int8Weights:
 
     precision = "int8"
 
-    def __init__(self, ckpt: dict[str, torch.Tensor], kernel_ops: Ops, quantize_activations: bool = True,
-                 activation_terms: int | dict[str, int] = 1, int16_activations: bool = False) -> None:
+    def __init__(
+        self,
+        ckpt: dict[str, torch.Tensor],
+        kernel_ops: Ops,
+        quantize_activations: bool = True,
+        activation_terms: int | dict[str, int] = 1,
+        int16_activations: bool = False,
+    ) -> None:
         self.ckpt = ckpt
         self.kernel_ops = kernel_ops
         self.quantize_activations = quantize_activations
@@ -82,13 +89,21 @@ class Int8Weights:
     def linear(self, name: str, gate_activation: str | None = None) -> Int8Linear:
         terms = self.terms_of(name)
         int16 = self.int16_activations and terms == 2
-        return Int8Linear(self.ckpt[name + ".w_q"], self.ckpt[name + ".w_scale"], self.kernel_ops.w8a8_gemm,
-                          gate_activation=gate_activation, quantize_activations=self.quantize_activations,
-                          quantize=self.kernel_ops.quantize_per_token, activation_terms=1 if int16 else terms,
-                          quantize_two_terms=self.kernel_ops.quantize_two_terms,
-                          linear_two_terms=self.kernel_ops.linear_two_terms, geglu=self.kernel_ops.geglu,
-                          swiglu=self.kernel_ops.swiglu, int16_activations=int16,
-                          linear_int16=self.kernel_ops.linear_int16)
+        return Int8Linear(
+            self.ckpt[name + ".w_q"],
+            self.ckpt[name + ".w_scale"],
+            self.kernel_ops.w8a8_gemm,
+            gate_activation=gate_activation,
+            quantize_activations=self.quantize_activations,
+            quantize=self.kernel_ops.quantize_per_token,
+            activation_terms=1 if int16 else terms,
+            quantize_two_terms=self.kernel_ops.quantize_two_terms,
+            linear_two_terms=self.kernel_ops.linear_two_terms,
+            geglu=self.kernel_ops.geglu,
+            swiglu=self.kernel_ops.swiglu,
+            int16_activations=int16,
+            linear_int16=self.kernel_ops.linear_int16,
+        )
 
     def terms_of(self, name: str) -> int:
         """int8 terms per activation of Linear `name` (a number for all, or per projection: "down", "lm_head")."""
@@ -107,16 +122,25 @@ def build_model(config: ModelConfig, weights: FloatWeights | Int8Weights, kernel
     arch = architecture(config.architecture)
     layers = [arch.build_layer(config, i, weights, kernel_ops) for i in range(config.num_layers)]
     lm_head = weights.linear("embed" if config.tied_embeddings else "lm_head")
-    return CausalLM(config, weights.embedding(), layers, weights.tensor("final_norm"), lm_head, weights.precision,
-                    kernel_ops, numerics=weights.numerics)
+    return CausalLM(
+        config,
+        weights.embedding(),
+        layers,
+        weights.tensor("final_norm"),
+        lm_head,
+        weights.precision,
+        kernel_ops,
+        numerics=weights.numerics,
+    )
 
 
 def build_float_model(config: ModelConfig, w: dict[str, torch.Tensor], kernel_ops: Ops) -> CausalLM:
     return build_model(config, FloatWeights(config, w), kernel_ops)
 
 
-def build_int8_model(config: ModelConfig, ckpt: dict[str, torch.Tensor], kernel_ops: Ops,
-                     quantize_activations: bool = True) -> CausalLM:
+def build_int8_model(
+    config: ModelConfig, ckpt: dict[str, torch.Tensor], kernel_ops: Ops, quantize_activations: bool = True
+) -> CausalLM:
     from salon.engine.model.models import architecture
 
     terms = architecture(config.architecture).INT8_ACTIVATION_TERMS

@@ -9,7 +9,8 @@ correct, only without the cross-turn guarantee.
 
 Inside a segment, special tokens are parsed in the template's markup only, never in a message's content, so a
 user cannot forge turn markers; plain text runs across markup and content are encoded as one text, so a
-segment's tokens are exactly those of tokenizing its text whole (Tokenizer.encode_pieces). To find the content in the rendered text, the template is
+segment's tokens are exactly those of tokenizing its text whole (Tokenizer.encode_pieces). To find the content in the
+rendered text, the template is
 also rendered with a placeholder for each content: the placeholder render's literal pieces must match the
 real render exactly, and what lies between them is the content as the template wrote it (trimmed or not).
 A message may carry its content already tokenized (`content_ids`, e.g. the ids the model generated for a
@@ -118,16 +119,23 @@ def _window(k: int) -> list[int]:
 
 
 class ChatRenderer:
-    def __init__(self, tokenizer: Tokenizer, chat_template: str | None, eos_token_ids: Sequence[int] = (),
-                 cache_capacity: int = 1024) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template: str | None,
+        eos_token_ids: Sequence[int] = (),
+        cache_capacity: int = 1024,
+    ) -> None:
         self.tokenizer = tokenizer
         self.has_own_template = chat_template is not None
         self.template = chat_template if chat_template is not None else GEMMA_TURN_TEMPLATE
         vocab = tokenizer.vocab
-        self._special_tokens = {"bos_token": vocab.tokens[vocab.bos_token_id],
-                                "eos_token": vocab.tokens[vocab.eos_token_id],
-                                "unk_token": vocab.tokens[vocab.unk_token_id],
-                                "pad_token": vocab.tokens[vocab.pad_token_id]}
+        self._special_tokens = {
+            "bos_token": vocab.tokens[vocab.bos_token_id],
+            "eos_token": vocab.tokens[vocab.eos_token_id],
+            "unk_token": vocab.tokens[vocab.unk_token_id],
+            "pad_token": vocab.tokens[vocab.pad_token_id],
+        }
         # Control tokens' texts: what a content could forge (user-defined pieces are split in any text anyway).
         self._special_texts = [p for p, t in zip(vocab.tokens, vocab.types) if t == TOKEN_CONTROL and p]
         self._control_ids = frozenset(i for i, t in enumerate(vocab.types) if t == TOKEN_CONTROL)
@@ -184,9 +192,14 @@ class ChatRenderer:
         is a special token (`<|im_end|>`, `<end_of_turn>`, `<|eot_id|>`, EOS, ...); () when there is none."""
         if self._end_of_turn is None:
             self._end_of_turn = ()
-            for probe in ([TemplateMessage("user", "a"), TemplateMessage("assistant", "\x01reply\x01"),
-                           TemplateMessage("user", "b")],
-                          [TemplateMessage("user", "a"), TemplateMessage("assistant", "\x01reply\x01")]):
+            for probe in (
+                [
+                    TemplateMessage("user", "a"),
+                    TemplateMessage("assistant", "\x01reply\x01"),
+                    TemplateMessage("user", "b"),
+                ],
+                [TemplateMessage("user", "a"), TemplateMessage("assistant", "\x01reply\x01")],
+            ):
                 try:
                     text = self._render(probe, False)
                 except ChatTemplateError:
@@ -205,8 +218,13 @@ class ChatRenderer:
 
     # -- rendering to tokens
 
-    def render(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool = True,
-               stop: threading.Event | None = None, max_tokens: int | None = None) -> RenderedChat:
+    def render(
+        self,
+        messages: Sequence[TemplateMessage],
+        add_generation_prompt: bool = True,
+        stop: threading.Event | None = None,
+        max_tokens: int | None = None,
+    ) -> RenderedChat:
         """The conversation's tokens. RenderStopped when `stop` is set (checked between messages) or once the
         tokens pass max_tokens."""
         for i, m in enumerate(messages):
@@ -229,11 +247,12 @@ class ChatRenderer:
         text = state.text
         if not full.startswith(text) or (not add_generation_prompt and full != text):
             return self._render_whole(messages, add_generation_prompt)
-        gen = self._encode_markup(full[len(text):]) if add_generation_prompt else []
+        gen = self._encode_markup(full[len(text) :]) if add_generation_prompt else []
         return RenderedChat(ids + gen, list(state.prefix_ids), [list(s) for s in state.segments], gen, starts, True)
 
-    def _state_for(self, messages: list[TemplateMessage], stop: threading.Event | None = None,
-                   max_tokens: int | None = None) -> _State | None:
+    def _state_for(
+        self, messages: list[TemplateMessage], stop: threading.Event | None = None, max_tokens: int | None = None
+    ) -> _State | None:
         """The segments of all messages, extended from the longest cached prefix; None if not prefix-stable."""
         digests = [b""]
         for m in messages:
@@ -290,16 +309,15 @@ class ChatRenderer:
         placeholder = self._render(marks, False)
         if not (real.startswith(real_before) and placeholder.startswith(placeholder_before)):
             return None
-        delta = real[len(real_before):]
-        seg = self._encode_delta(placeholder[len(placeholder_before):], delta, window)
+        delta = real[len(real_before) :]
+        seg = self._encode_delta(placeholder[len(placeholder_before) :], delta, window)
         prefix = state.prefix_ids
         if k == 0:
             bos = self.tokenizer.bos_token_id
             first = (list(prefix) + seg)[:1]
             if self.tokenizer.add_bos and first != [bos]:
                 prefix = (bos,) + prefix  # the model wants BOS and the template did not write it
-        return _State(k + 1, state.prefix_text, state.segment_texts + (delta,), prefix,
-                      state.segments + (tuple(seg),))
+        return _State(k + 1, state.prefix_text, state.segment_texts + (delta,), prefix, state.segments + (tuple(seg),))
 
     def _render_whole(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool) -> RenderedChat:
         real = self._render(messages, add_generation_prompt)
@@ -312,8 +330,12 @@ class ChatRenderer:
     # -- text -> tokens
 
     def _render(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool) -> str:
-        return render_template(self.template, [{"role": m.role, "content": m.content} for m in messages],
-                               add_generation_prompt, self._special_tokens)
+        return render_template(
+            self.template,
+            [{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt,
+            self._special_tokens,
+        )
 
     @staticmethod
     def _placeholders(messages: Sequence[TemplateMessage]) -> list[TemplateMessage]:
@@ -331,7 +353,8 @@ class ChatRenderer:
         match = re.fullmatch(pattern, real_delta, flags=re.DOTALL)
         contents = list(match.groups()) if match else None
         if contents is not None and any(
-                c not in _rendered_forms(messages[i].content) for c, i in zip(contents, indices)):
+            c not in _rendered_forms(messages[i].content) for c, i in zip(contents, indices)
+        ):
             contents = None
         if contents is None:
             # The template transforms contents in a way the placeholders cannot follow: tokenize the whole text,
@@ -340,7 +363,8 @@ class ChatRenderer:
                 if any(s in m.content for s in self._special_texts):
                     raise ChatTemplateError(
                         f"messages[{i}].content: holds a special token's text, and the chat template rewrites the "
-                        "content in a way that does not let it be tokenized apart from the template's markup")
+                        "content in a way that does not let it be tokenized apart from the template's markup"
+                    )
             return self._encode_markup(real_delta)
         pieces: list = []
         for j, lit in enumerate(literals):

@@ -56,8 +56,9 @@ def _strftime_now(format: str) -> str:
 
 @functools.lru_cache(maxsize=32)
 def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -67,13 +68,15 @@ def compile_template(source: str) -> jinja2.Template:
         raise ChatTemplateError(f"chat template does not compile: {e.message} (line {e.lineno})") from None
 
 
-def render_template(source: str, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                    special_tokens: dict[str, str]) -> str:
+def render_template(
+    source: str, messages: list[dict[str, Any]], add_generation_prompt: bool, special_tokens: dict[str, str]
+) -> str:
     """The template's text for `messages`; ChatTemplateError with the template's message if it raises."""
     template = compile_template(source)
     try:
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=None,
-                               documents=None, **special_tokens)
+        return template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt, tools=None, documents=None, **special_tokens
+        )
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"chat template: {e.message}") from None
     except Exception as e:  # the template's own code failed (a type error, an index out of range, ...)

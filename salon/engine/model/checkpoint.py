@@ -15,7 +15,6 @@ The float32 path always dequantizes the GGUF (seconds) so it stays the exact ref
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
@@ -23,7 +22,6 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from salon.kernels.backend import select_ops
 from salon.engine.model.attention import DenseAttention
 from salon.engine.model.builder import build_float_model
 from salon.engine.model.cache_files import atomic_write, file_lock
@@ -32,6 +30,7 @@ from salon.engine.model.config import ModelConfig
 from salon.engine.model.model import CausalLM
 from salon.engine.model.quantize import Calibration, build_int8_checkpoint, calibrate
 from salon.engine.model.tokenizer import Tokenizer
+from salon.kernels.backend import select_ops
 
 CHECKPOINT_FILE = "model-int8.safetensors"
 # Bump when the checkpoint recipe changes: old caches are then rebuilt, never misread.
@@ -53,8 +52,14 @@ SAMPLED_SEQS, SAMPLED_TOKENS = 16, 512
 
 
 @torch.inference_mode()
-def sampled_sequences(config: ModelConfig, w: dict[str, torch.Tensor], bos_token_id: int,
-                      num_seqs: int = SAMPLED_SEQS, num_tokens: int = SAMPLED_TOKENS, seed: int = 0) -> list[list[int]]:
+def sampled_sequences(
+    config: ModelConfig,
+    w: dict[str, torch.Tensor],
+    bos_token_id: int,
+    num_seqs: int = SAMPLED_SEQS,
+    num_tokens: int = SAMPLED_TOKENS,
+    seed: int = 0,
+) -> list[list[int]]:
     """Text sampled from the float model itself (temperature 1, from BOS): num_seqs x num_tokens, seeded."""
     model = build_float_model(config, w, select_ops("cpu"))
     gen = torch.Generator().manual_seed(seed)
@@ -70,12 +75,18 @@ def sampled_sequences(config: ModelConfig, w: dict[str, torch.Tensor], bos_token
     return seqs
 
 
-def calibration_sequences(config: ModelConfig, w: dict[str, torch.Tensor], tokenizer: Tokenizer,
-                          sampled: bool = False) -> list[list[int]]:
+def calibration_sequences(
+    config: ModelConfig, w: dict[str, torch.Tensor], tokenizer: Tokenizer, sampled: bool = False
+) -> list[list[int]]:
     """The calibration text (calibration_text.py), plus text sampled from the float model when asked."""
     # (A synthetic config may use only the head of its tokenizer's vocabulary: ids past it are dropped.)
-    seqs = [[t for t in tokenizer.encode(CALIBRATION_TEXT, add_bos=config.add_bos, parse_special=False)
-             if t < config.vocab_size]]
+    seqs = [
+        [
+            t
+            for t in tokenizer.encode(CALIBRATION_TEXT, add_bos=config.add_bos, parse_special=False)
+            if t < config.vocab_size
+        ]
+    ]
     if sampled:
         seqs += sampled_sequences(config, w, tokenizer.bos_token_id)
     return seqs
@@ -95,8 +106,9 @@ def calibrate_float(config: ModelConfig, w: dict[str, torch.Tensor], sequences: 
     return calibrate(float_model, run)
 
 
-def calibrate_and_quantize(config: ModelConfig, weights: dict[str, torch.Tensor],
-                           tokenizer: Tokenizer, **overrides) -> dict[str, torch.Tensor]:
+def calibrate_and_quantize(
+    config: ModelConfig, weights: dict[str, torch.Tensor], tokenizer: Tokenizer, **overrides
+) -> dict[str, torch.Tensor]:
     """The architecture's shipped int8 recipe: calibrate on its calibration set, then build the checkpoint.
     `overrides` replace build_int8_checkpoint options of the recipe (measurements: bench/quant_ceilings.py)."""
     from salon.engine.model.models import architecture
@@ -118,8 +130,9 @@ def is_complete(path: Path, sha256: str) -> bool:
     return meta.get("format") == CHECKPOINT_FORMAT and meta.get("sha256") == sha256
 
 
-def ensure_checkpoint(model_file, cache_dir: Path | None = None, overwrite: bool = False,
-                      progress: bool = True) -> tuple[Path, bool]:
+def ensure_checkpoint(
+    model_file, cache_dir: Path | None = None, overwrite: bool = False, progress: bool = True
+) -> tuple[Path, bool]:
     """(path of the int8 checkpoint of `model_file`, whether this call converted it)."""
     from salon.engine.model.models import architecture
 

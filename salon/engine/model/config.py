@@ -90,7 +90,9 @@ class ModelConfig:
             if self.layers[src].kv_source_layer is not None:
                 raise ValueError(f"layer {i}: kv_source_layer {src} itself reuses KV")
             if (self.layers[src].attention, self.layers[src].sliding_window_tokens) != (
-                spec.attention, spec.sliding_window_tokens):
+                spec.attention,
+                spec.sliding_window_tokens,
+            ):
                 raise ValueError(f"layer {i}: shares KV with layer {src} of a different attention kind")
 
     def kv_layers(self) -> list[int]:
@@ -142,8 +144,20 @@ def synthetic_config(name: str) -> ModelConfig:
         for k, src in zip(kinds, sharing)
     )
     return ModelConfig(
-        model_id=name, vocab_size=vocab_size, d_model=64, num_layers=4, num_heads=4, num_kv_heads=2,
-        head_dim=16, ffn_dim=128, rms_norm_eps=1e-6, max_context_tokens=4096, bos_token_id=2,
-        eos_token_ids=GEMMA3_EOS_TOKEN_IDS, layers=layers, attn_scale=1.0 / 4.0, random_weights_seed=1234,
+        model_id=name,
+        vocab_size=vocab_size,
+        d_model=64,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        ffn_dim=128,
+        rms_norm_eps=1e-6,
+        max_context_tokens=4096,
+        bos_token_id=2,
+        eos_token_ids=GEMMA3_EOS_TOKEN_IDS,
+        layers=layers,
+        attn_scale=1.0 / 4.0,
+        random_weights_seed=1234,
         embedding_multiplier=math.sqrt(64),
     )

@@ -14,8 +14,9 @@ from salon.engine.model.checkpoint import ensure_checkpoint
 from salon.engine.model.loader import open_model_file
 
 
-def convert(model: str = "gemma-3-270m", cache_dir: Path | None = None, overwrite: bool = False,
-            progress: bool = True) -> Path:
+def convert(
+    model: str = "gemma-3-270m", cache_dir: Path | None = None, overwrite: bool = False, progress: bool = True
+) -> Path:
     """GGUF (a known name or a path) -> calibrated int8 checkpoint in the cache; returns its path."""
     return ensure_checkpoint(open_model_file(model, cache_dir), cache_dir, overwrite, progress)[0]
 

@@ -28,15 +28,30 @@ from salon.engine.model.vocab import Vocab
 _MISSING = object()
 _MAGIC = b"GGUF"
 _SCALARS = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
+    GGUFValueType.FLOAT64: "<d",
 }
 _NUMPY = {
-    GGUFValueType.UINT8: np.uint8, GGUFValueType.INT8: np.int8, GGUFValueType.UINT16: np.uint16,
-    GGUFValueType.INT16: np.int16, GGUFValueType.UINT32: np.uint32, GGUFValueType.INT32: np.int32,
-    GGUFValueType.FLOAT32: np.float32, GGUFValueType.BOOL: np.bool_, GGUFValueType.UINT64: np.uint64,
-    GGUFValueType.INT64: np.int64, GGUFValueType.FLOAT64: np.float64,
+    GGUFValueType.UINT8: np.uint8,
+    GGUFValueType.INT8: np.int8,
+    GGUFValueType.UINT16: np.uint16,
+    GGUFValueType.INT16: np.int16,
+    GGUFValueType.UINT32: np.uint32,
+    GGUFValueType.INT32: np.int32,
+    GGUFValueType.FLOAT32: np.float32,
+    GGUFValueType.BOOL: np.bool_,
+    GGUFValueType.UINT64: np.uint64,
+    GGUFValueType.INT64: np.int64,
+    GGUFValueType.FLOAT64: np.float64,
 }
 
 
@@ -71,7 +86,7 @@ class _Cursor:
 
     def string(self) -> str:
         n = self.scalar("<Q")
-        raw = bytes(self.buf[self.pos:self.pos + n])
+        raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return raw.decode("utf-8", errors="surrogateescape")
 
@@ -128,8 +143,15 @@ class GGUFFile:
                 type_name, block, block_bytes = f"type id {type_id}", 1, 0
             count = int(np.prod(dims)) if dims else 1
             short = name.removesuffix(".weight")
-            self._tensors[short] = TensorInfo(short, name, tuple(reversed(dims)), type_name, type_id,
-                                              data_start + offset, count // block * block_bytes)
+            self._tensors[short] = TensorInfo(
+                short,
+                name,
+                tuple(reversed(dims)),
+                type_name,
+                type_id,
+                data_start + offset,
+                count // block * block_bytes,
+            )
 
     @property
     def architecture(self) -> str:
@@ -151,8 +173,9 @@ class GGUFFile:
         value = self.get(key, default)
         if isinstance(value, list):
             if len(set(value)) != 1:
-                raise GGUFMetadataError(f"{self.path.name}: metadata key {key!r} varies per layer "
-                                        f"({value[:8]}), which is not supported")
+                raise GGUFMetadataError(
+                    f"{self.path.name}: metadata key {key!r} varies per layer ({value[:8]}), which is not supported"
+                )
             value = value[0]
         return value if value is None else int(value)
 
@@ -186,7 +209,8 @@ class GGUFFile:
         except (ValueError, KeyError, NotImplementedError):
             raise UnsupportedTensorType(
                 f"{self.path.name}: tensor {t.full_name!r} has type {t.type_name}, which cannot be "
-                "dequantized (weights may be F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, K- or IQ-quants)") from None
+                "dequantized (weights may be F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, K- or IQ-quants)"
+            ) from None
         return torch.from_numpy(np.array(arr, dtype=np.float32, order="C", copy=True).reshape(t.shape))
 
 
@@ -222,12 +246,17 @@ def read_vocab(f: GGUFFile) -> Vocab:
     pre = str(f.get("tokenizer.ggml.pre", "default"))
     default_add_bos = model == "llama" or pre in ("llama3", "llama-v3", "llama-bpe", "tekken")
     return Vocab(
-        tokens=tokens, scores=scores, types=types,
+        tokens=tokens,
+        scores=scores,
+        types=types,
         bos_token_id=bos if bos is not None else eos,
         eos_token_id=eos,
         unk_token_id=special("unknown") if special("unknown") is not None else 0,
         pad_token_id=special("padding") if special("padding") is not None else eos,
-        model=model, pre=pre, merges=merges,
+        model=model,
+        pre=pre,
+        merges=merges,
         add_bos=bool(f.get("tokenizer.ggml.add_bos_token", default_add_bos)),
-        eot_token_id=special("eot"), eom_token_id=special("eom"),
+        eot_token_id=special("eot"),
+        eom_token_id=special("eom"),
     )

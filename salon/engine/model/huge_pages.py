@@ -47,7 +47,7 @@ def in_huge_pages(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in tensors.items():
         nbytes = t.numel() * t.element_size()
-        copy = arena[offsets[name]:offsets[name] + nbytes].view(t.dtype).view(t.shape)
+        copy = arena[offsets[name] : offsets[name] + nbytes].view(t.dtype).view(t.shape)
         copy.copy_(t)
         out[name] = copy
     return out

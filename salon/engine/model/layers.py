@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from salon.engine.model.config import ModelConfig
+from salon.engine.model.linear import Int8Linear, dequantize_weight
 from salon.kernels.backend import Ops
 from salon.kernels.decoder_block import BlockWeights
 from salon.kernels.rope import rope_inv_freq
-from salon.engine.model.config import ModelConfig
-from salon.engine.model.linear import Int8Linear, dequantize_weight
 
 
 class Embedding:
@@ -24,8 +24,9 @@ class Embedding:
     for the output projection's smoothing (quantize.py) gives back E at lookup.
     """
 
-    def __init__(self, table: torch.Tensor, row_scale: torch.Tensor | None = None,
-                 channel_scale: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, table: torch.Tensor, row_scale: torch.Tensor | None = None, channel_scale: torch.Tensor | None = None
+    ) -> None:
         self.table = table
         self.row_scale = row_scale
         self.channel_scale = channel_scale
@@ -53,8 +54,15 @@ class Rotary:
     the same formula runs here in float32.
     """
 
-    def __init__(self, kernel_rope, head_dim: int, base: float, position_scale: float = 1.0,
-                 freq_factors: torch.Tensor | None = None, kernel_ops: Ops | None = None) -> None:
+    def __init__(
+        self,
+        kernel_rope,
+        head_dim: int,
+        base: float,
+        position_scale: float = 1.0,
+        freq_factors: torch.Tensor | None = None,
+        kernel_ops: Ops | None = None,
+    ) -> None:
         self.kernel_rope = kernel_rope
         self.kernel_ops = kernel_ops  # for norm_rope: the family's rmsnorm and rmsnorm_rope
         self.base = base
@@ -76,7 +84,9 @@ class Rotary:
         x1, x2 = x[..., :half], x[..., half:]
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
-    def norm_rope(self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor) -> torch.Tensor:
+    def norm_rope(
+        self, x: torch.Tensor, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor
+    ) -> torch.Tensor:
         """self(rmsnorm(x, norm_weight)) per head (Gemma's q/k norms): plain RoPE runs both as the kernel
         family's one rmsnorm_rope op."""
         if self.plain:
@@ -94,8 +104,9 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, linear, eps: float, 
     return linear(kernel_ops.rmsnorm(x, norm_weight, eps))
 
 
-def linear_residual(x: torch.Tensor, linear, residual: torch.Tensor, eps: float, kernel_ops: Ops,
-                    post_norm: torch.Tensor | None = None) -> torch.Tensor:
+def linear_residual(
+    x: torch.Tensor, linear, residual: torch.Tensor, eps: float, kernel_ops: Ops, post_norm: torch.Tensor | None = None
+) -> torch.Tensor:
     """residual + linear(x), with rmsnorm(., post_norm) on the Linear's output where given; two-term int8
     layers (two int8 terms, one int16 term) run all of it as their one op."""
     if isinstance(linear, Int8Linear) and linear.fuses() and not linear.gate_activation:
@@ -106,28 +117,60 @@ def linear_residual(x: torch.Tensor, linear, residual: torch.Tensor, eps: float,
     return residual + out
 
 
-def block_weights(config: ModelConfig, layer_idx: int, rotary: Rotary, attn_norm: torch.Tensor, qkv, o,
-                  ffn_norm: torch.Tensor, gate_up, down, q_norm: torch.Tensor | None = None,
-                  k_norm: torch.Tensor | None = None, post_attention_norm: torch.Tensor | None = None,
-                  post_ffw_norm: torch.Tensor | None = None) -> BlockWeights | None:
+def block_weights(
+    config: ModelConfig,
+    layer_idx: int,
+    rotary: Rotary,
+    attn_norm: torch.Tensor,
+    qkv,
+    o,
+    ffn_norm: torch.Tensor,
+    gate_up,
+    down,
+    q_norm: torch.Tensor | None = None,
+    k_norm: torch.Tensor | None = None,
+    post_attention_norm: torch.Tensor | None = None,
+    post_ffw_norm: torch.Tensor | None = None,
+) -> BlockWeights | None:
     """A pre-norm decoder layer as salon.kernels.decoder_block takes it -- four fused int8 Linears of one activation
     recipe with the same kind of weight scales, a GeGLU or SwiGLU gate and plain RoPE -- or None (the layer
     always composes its ops)."""
     linears = (qkv, o, gate_up, down)
-    if (not all(isinstance(lin, Int8Linear) and lin.fuses() for lin in linears)
-            or len({(lin.w_scale.dim(), lin.int16_activations) for lin in linears}) != 1
-            or gate_up.gate_activation not in ("gelu_tanh", "silu")
-            or not rotary.plain):
+    if (
+        not all(isinstance(lin, Int8Linear) and lin.fuses() for lin in linears)
+        or len({(lin.w_scale.dim(), lin.int16_activations) for lin in linears}) != 1
+        or gate_up.gate_activation not in ("gelu_tanh", "silu")
+        or not rotary.plain
+    ):
         return None
     spec = config.layers[layer_idx]
     return BlockWeights(
-        num_heads=config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-        ffn_dim=config.ffn_dim, eps=config.rms_norm_eps, sm_scale=config.attn_scale,
-        sliding_window=spec.sliding_window_tokens, rope_base=rotary.base, writes_kv=spec.kv_source_layer is None,
-        activation=gate_up.gate_activation, attn_norm=attn_norm, q_norm=q_norm, k_norm=k_norm,
-        post_attention_norm=post_attention_norm, ffn_norm=ffn_norm, post_ffw_norm=post_ffw_norm,
-        qkv_w=qkv.w_q, qkv_s=qkv.w_scale, o_w=o.w_q, o_s=o.w_scale, gate_up_w=gate_up.w_q,
-        gate_up_s=gate_up.w_scale, down_w=down.w_q, down_s=down.w_scale, int16_activations=qkv.int16_activations)
+        num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        ffn_dim=config.ffn_dim,
+        eps=config.rms_norm_eps,
+        sm_scale=config.attn_scale,
+        sliding_window=spec.sliding_window_tokens,
+        rope_base=rotary.base,
+        writes_kv=spec.kv_source_layer is None,
+        activation=gate_up.gate_activation,
+        attn_norm=attn_norm,
+        q_norm=q_norm,
+        k_norm=k_norm,
+        post_attention_norm=post_attention_norm,
+        ffn_norm=ffn_norm,
+        post_ffw_norm=post_ffw_norm,
+        qkv_w=qkv.w_q,
+        qkv_s=qkv.w_scale,
+        o_w=o.w_q,
+        o_s=o.w_scale,
+        gate_up_w=gate_up.w_q,
+        gate_up_s=gate_up.w_scale,
+        down_w=down.w_q,
+        down_s=down.w_scale,
+        int16_activations=qkv.int16_activations,
+    )
 
 
 def fused_layers(layers, kernel_ops: Ops, x: torch.Tensor, attn) -> tuple[torch.Tensor, int]:
@@ -143,8 +186,9 @@ def fused_layers(layers, kernel_ops: Ops, x: torch.Tensor, attn) -> tuple[torch.
     return kernel_ops.decoder_blocks(x, taken) if taken else (x, 0)
 
 
-def fused_layer(block: BlockWeights | None, kernel_ops: Ops, layer_idx: int, x: torch.Tensor,
-                attn) -> torch.Tensor | None:
+def fused_layer(
+    block: BlockWeights | None, kernel_ops: Ops, layer_idx: int, x: torch.Tensor, attn
+) -> torch.Tensor | None:
     """The layer's output from the family's fused op where the layer, the family and the attention backend take
     it (the composition's bits); None: the layer composes its ops."""
     if block is None:

@@ -2,7 +2,8 @@
 
 Int8Linear holds int8 weights symmetric per output channel (w_scale f32[N]) or per output channel and
 group of 32 input channels (w_scale f32[N, K/32], the grouped contract of salon/kernels/w8a8_grouped.py); each
-call quantizes the activations per token and runs the W8A8 GEMM (exact integer semantics, so every row's result is independent
+call quantizes the activations per token and runs the W8A8 GEMM (exact integer semantics, so every row's result is
+independent
 of the batch it sits in). Optional gated epilogue (rows [0, N/2) gate, [N/2, N) up):
 out = act(gate) * up with act = gelu_tanh (GeGLU) or silu (SwiGLU). A two-term gated Linear runs the kernel
 family's `geglu` or `swiglu` op (salon.kernels.glu: the activations with a fixed-order contract, the same bits in a C
@@ -24,16 +25,16 @@ over the row's groups (the same weights, the grouped contract).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
+from salon.engine.model.ops import gelu_tanh, quantize_per_token, quantize_symmetric
 from salon.kernels.glu import geglu_ref, swiglu_ref
 from salon.kernels.linear_two_terms import LinearTwoTerms, compose, linear_int16_ref
 from salon.kernels.quantize import quantize_two_terms_ref
 from salon.kernels.rmsnorm import rmsnorm_ref
 from salon.kernels.w8a8_grouped import GROUP
-from salon.engine.model.ops import gelu_tanh, quantize_per_token, quantize_symmetric
 
 W8A8Gemm = Callable[..., torch.Tensor]
 Quantize = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -63,22 +64,35 @@ class FloatLinear:
 
 
 class Int8Linear:
-    def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, gemm: W8A8Gemm, gate_activation: str | None = None,
-                 quantize_activations: bool = True, quantize: Quantize = quantize_per_token,
-                 activation_terms: int = 1, quantize_two_terms: Quantize = quantize_two_terms_ref,
-                 linear_two_terms: LinearTwoTerms | None = None,
-                 geglu: Callable[[torch.Tensor], torch.Tensor] = geglu_ref,
-                 swiglu: Callable[[torch.Tensor], torch.Tensor] = swiglu_ref, int16_activations: bool = False,
-                 linear_int16: LinearTwoTerms = linear_int16_ref) -> None:
+    def __init__(
+        self,
+        w_q: torch.Tensor,
+        w_scale: torch.Tensor,
+        gemm: W8A8Gemm,
+        gate_activation: str | None = None,
+        quantize_activations: bool = True,
+        quantize: Quantize = quantize_per_token,
+        activation_terms: int = 1,
+        quantize_two_terms: Quantize = quantize_two_terms_ref,
+        linear_two_terms: LinearTwoTerms | None = None,
+        geglu: Callable[[torch.Tensor], torch.Tensor] = geglu_ref,
+        swiglu: Callable[[torch.Tensor], torch.Tensor] = swiglu_ref,
+        int16_activations: bool = False,
+        linear_int16: LinearTwoTerms = linear_int16_ref,
+    ) -> None:
         grouped = (w_q.shape[0], w_q.shape[1] // GROUP) if w_q.dim() == 2 and w_q.shape[1] % GROUP == 0 else None
         if w_q.dtype != torch.int8 or w_q.dim() != 2 or tuple(w_scale.shape) not in ((w_q.shape[0],), grouped):
-            raise ValueError(f"Int8Linear needs int8 w_q[N, K] and f32 w_scale[N] or [N, K/{GROUP}], got "
-                             f"{w_q.dtype} {tuple(w_q.shape)} and {tuple(w_scale.shape)}")
+            raise ValueError(
+                f"Int8Linear needs int8 w_q[N, K] and f32 w_scale[N] or [N, K/{GROUP}], got "
+                f"{w_q.dtype} {tuple(w_q.shape)} and {tuple(w_scale.shape)}"
+            )
         if gate_activation not in GATE_ACTIVATIONS:
             raise ValueError(f"gate_activation must be one of {GATE_ACTIVATIONS}, got {gate_activation!r}")
         if int16_activations and (activation_terms != 1 or w_q.shape[1] % GROUP):
-            raise ValueError(f"int16 activations: one term and K a multiple of {GROUP}, got {activation_terms} "
-                             f"terms and K={w_q.shape[1]}")
+            raise ValueError(
+                f"int16 activations: one term and K a multiple of {GROUP}, got {activation_terms} "
+                f"terms and K={w_q.shape[1]}"
+            )
         self.w_q = w_q.contiguous()
         self.w_scale = w_scale.to(torch.float32).contiguous()
         if int16_activations and self.w_scale.dim() == 1:
@@ -110,8 +124,14 @@ class Int8Linear:
             return self.fused(x)
         return self.from_quantized(*self.quantize(x))
 
-    def fused(self, x: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-              post_norm: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def fused(
+        self,
+        x: torch.Tensor,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+        post_norm: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The fused Linear (two int8 terms, or one int16 term) of rmsnorm(x, norm_weight) (x itself without
         one), then residual + rmsnorm(out, post_norm) where given; a gated Linear takes no post-norm or
         residual."""

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-from salon.kernels.backend import Ops, select_ops
 from salon.engine.model.builder import build_float_model, build_int8_model
 from salon.engine.model.checkpoint import calibrate_and_quantize, ensure_checkpoint
 from salon.engine.model.config import ModelConfig, synthetic_config
@@ -30,6 +29,7 @@ from salon.engine.model.sources import ModelSource, resolve_source
 from salon.engine.model.synthetic import synthetic_weights
 from salon.engine.model.tokenizer import Tokenizer
 from salon.engine.model.vocab import Vocab
+from salon.kernels.backend import Ops, select_ops
 
 PRECISIONS = ("int8", "float32")
 
@@ -74,8 +74,14 @@ class LoadedModel:
     source: ModelSource
 
 
-def load(name: str = "gemma-3-270m", precision: str = "int8", cache_dir: Path | None = None,
-         kernel_ops: Ops | None = None, progress: bool = True, huge_pages: bool = True) -> LoadedModel:
+def load(
+    name: str = "gemma-3-270m",
+    precision: str = "int8",
+    cache_dir: Path | None = None,
+    kernel_ops: Ops | None = None,
+    progress: bool = True,
+    huge_pages: bool = True,
+) -> LoadedModel:
     """The model behind `name`. An int8 checkpoint's tensors go into huge pages (huge_pages.py; False leaves
     them where the file maps them or the allocator put them: a bench's baseline)."""
     from salon.engine.model.chat_renderer import ChatRenderer
@@ -89,8 +95,11 @@ def load(name: str = "gemma-3-270m", precision: str = "int8", cache_dir: Path | 
     placed = in_huge_pages if huge_pages else (lambda tensors: tensors)
     if config.random_weights_seed is not None:
         weights = synthetic_weights(config)
-        model = (build_float_model(config, weights, kernel_ops) if precision == "float32" else
-                 build_int8_model(config, placed(calibrate_and_quantize(config, weights, tokenizer)), kernel_ops))
+        model = (
+            build_float_model(config, weights, kernel_ops)
+            if precision == "float32"
+            else build_int8_model(config, placed(calibrate_and_quantize(config, weights, tokenizer)), kernel_ops)
+        )
     elif precision == "float32":
         model = build_float_model(config, architecture(config.architecture).read_weights(mf.gguf, config), kernel_ops)
     else:
@@ -100,9 +109,14 @@ def load(name: str = "gemma-3-270m", precision: str = "int8", cache_dir: Path | 
     return LoadedModel(model, tokenizer, chat, mf.source)
 
 
-def load_model(name: str = "gemma-3-270m", precision: str = "int8", cache_dir: Path | None = None,
-               kernel_ops: Ops | None = None, progress: bool = True,
-               huge_pages: bool = True) -> tuple[CausalLM, Tokenizer]:
+def load_model(
+    name: str = "gemma-3-270m",
+    precision: str = "int8",
+    cache_dir: Path | None = None,
+    kernel_ops: Ops | None = None,
+    progress: bool = True,
+    huge_pages: bool = True,
+) -> tuple[CausalLM, Tokenizer]:
     """(CausalLM, Tokenizer). A real model's int8 checkpoint is converted on first use."""
     loaded = load(name, precision, cache_dir, kernel_ops, progress, huge_pages)
     return loaded.model, loaded.tokenizer

@@ -13,15 +13,24 @@ from __future__ import annotations
 
 import torch
 
-from salon.kernels.backend import Ops
 from salon.engine.model.attention import AttentionBackend
 from salon.engine.model.config import ModelConfig
 from salon.engine.model.layers import Embedding, fused_layers
+from salon.kernels.backend import Ops
 
 
 class CausalLM:
-    def __init__(self, config: ModelConfig, embed: Embedding, layers: list, final_norm: torch.Tensor,
-                 lm_head: object, precision: str, kernel_ops: Ops, numerics: str | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        embed: Embedding,
+        layers: list,
+        final_norm: torch.Tensor,
+        lm_head: object,
+        precision: str,
+        kernel_ops: Ops,
+        numerics: str | None = None,
+    ) -> None:
         self.config = config
         self.embed = embed
         # Decoder layers: layer(x, positions, attn) -> x; each holds Linears named qkv, o, gate_up, down.
@@ -32,8 +41,11 @@ class CausalLM:
         # the precision with what else decides the numbers ("int8-a16": int16 activations), for cache namespaces
         self.numerics = numerics or precision
         self.kernel_ops = kernel_ops
-        self._embed_scale = (None if config.embedding_multiplier == 1.0
-                             else torch.tensor(config.embedding_multiplier, dtype=torch.float32))
+        self._embed_scale = (
+            None
+            if config.embedding_multiplier == 1.0
+            else torch.tensor(config.embedding_multiplier, dtype=torch.float32)
+        )
 
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:

@@ -32,21 +32,27 @@ def chunk_nll(model: CausalLM, chunk: list[int], kv_int8: bool) -> tuple[float, 
     positions = attn.begin_step([n])
     hidden = model.forward(torch.tensor(chunk), positions, attn)
     first = n // 2
-    logits = model.logits(hidden[first:n - 1])
+    logits = model.logits(hidden[first : n - 1])
     logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
-    targets = torch.tensor(chunk[first + 1:n])
+    targets = torch.tensor(chunk[first + 1 : n])
     nll = -logprobs.gather(1, targets[:, None]).sum().item()
     return nll, n - 1 - first
 
 
-def perplexity(model: CausalLM, token_ids: list[int], bos_token_id: int | None, chunk_tokens: int = 512,
-               kv_int8: bool = False, max_chunks: int | None = None) -> PerplexityResult:
+def perplexity(
+    model: CausalLM,
+    token_ids: list[int],
+    bos_token_id: int | None,
+    chunk_tokens: int = 512,
+    kv_int8: bool = False,
+    max_chunks: int | None = None,
+) -> PerplexityResult:
     num_chunks = len(token_ids) // chunk_tokens
     if max_chunks is not None:
         num_chunks = min(num_chunks, max_chunks)
     total, count, per_chunk = 0.0, 0, []
     for c in range(num_chunks):
-        chunk = list(token_ids[c * chunk_tokens:(c + 1) * chunk_tokens])
+        chunk = list(token_ids[c * chunk_tokens : (c + 1) * chunk_tokens])
         if bos_token_id is not None:
             chunk[0] = bos_token_id
         nll, scored = chunk_nll(model, chunk, kv_int8)

@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 import torch
 
-from salon.kernels.rmsnorm import rmsnorm_ref
 from salon.engine.model.builder import fused_float_weights
 from salon.engine.model.config import ModelConfig
-from salon.engine.model.models import architecture
 from salon.engine.model.linear import FloatLinear, quantize_weight
-from salon.engine.model.ops import quantize_symmetric
 from salon.engine.model.model import CausalLM
+from salon.engine.model.models import architecture
+from salon.engine.model.ops import quantize_symmetric
+from salon.kernels.rmsnorm import rmsnorm_ref
 
 DEFAULT_ALPHA = 0.5
 # Key smoothing strength: s_pair = magnitude^-KV_BETA (0: none, 1: every pair flattened to one absmax).
@@ -116,8 +116,9 @@ def _fake_quant_rows(x: torch.Tensor) -> torch.Tensor:
     return q.to(torch.float32) * scale[:, None]
 
 
-def _best_alpha(x: torch.Tensor, weight: torch.Tensor, act_absmax: torch.Tensor, alphas: tuple[float, ...],
-                expand) -> float:
+def _best_alpha(
+    x: torch.Tensor, weight: torch.Tensor, act_absmax: torch.Tensor, alphas: tuple[float, ...], expand
+) -> float:
     """The alpha whose smoothing minimises the W8A8 output error on the calibration rows x."""
     exact = x @ weight.T
     best, best_err = 0.0, float("inf")
@@ -147,8 +148,9 @@ SMOOTH_STATISTICS = ("rms", "absmax")
 DEFAULT_STATISTIC = "rms"
 
 
-def key_smoothing_scale(config: ModelConfig, w: dict[str, torch.Tensor], qkv_inputs: torch.Tensor, layer: int,
-                        beta: float) -> torch.Tensor:
+def key_smoothing_scale(
+    config: ModelConfig, w: dict[str, torch.Tensor], qkv_inputs: torch.Tensor, layer: int, beta: float
+) -> torch.Tensor:
     """f32[head_dim]: the per-channel key scale of a KV-producing layer (equal on each RoPE pair).
 
     qkv_inputs are the calibration rows fed to the layer's qkv projection (before any smoothing);
@@ -165,8 +167,9 @@ def key_smoothing_scale(config: ModelConfig, w: dict[str, torch.Tensor], qkv_inp
     return torch.cat([s, s])
 
 
-def key_row_scale(config: ModelConfig, w: dict[str, torch.Tensor], qkv_inputs: torch.Tensor, layer: int,
-                  beta: float) -> torch.Tensor:
+def key_row_scale(
+    config: ModelConfig, w: dict[str, torch.Tensor], qkv_inputs: torch.Tensor, layer: int, beta: float
+) -> torch.Tensor:
     """f32[Hkv, head_dim]: per KV head and channel, the key scale of a layer without q/k norms (equal on each
     RoPE pair), from the keys the calibration rows produce (k rows in half-split order)."""
     hkv, d = config.num_kv_heads, config.head_dim
@@ -182,8 +185,14 @@ ROUNDINGS = ("nearest", "gptq")
 DEFAULT_GPTQ_DAMP = 0.1  # GPTQ's Hessian dampening, a fraction of the mean of its diagonal
 
 
-def gptq_quantize(weight: torch.Tensor, rows: torch.Tensor, damp: float = DEFAULT_GPTQ_DAMP, block: int = 128,
-                  chunk_n: int = 16384, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def gptq_quantize(
+    weight: torch.Tensor,
+    rows: torch.Tensor,
+    damp: float = DEFAULT_GPTQ_DAMP,
+    block: int = 128,
+    chunk_n: int = 16384,
+    group: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ rounding with quantize_weight's per-row scales: f32[N, K], input rows f32[R, K] -> int8[N, K], f32[N]
     (group = 32: quantize_weight's per-row-and-group scales f32[N, K/32], fixed before the rounding starts).
 
@@ -207,8 +216,8 @@ def gptq_quantize(weight: torch.Tensor, rows: torch.Tensor, damp: float = DEFAUL
     column_scale = safe[:, order // group] if group else safe[:, None].expand(n, k)  # [N, K] in `order`
     q_out = torch.empty((n, k), dtype=torch.int8)
     for n0 in range(0, n, chunk_n):
-        w = weight[n0:n0 + chunk_n].to(torch.float64)[:, order].clone()
-        s = column_scale[n0:n0 + chunk_n]
+        w = weight[n0 : n0 + chunk_n].to(torch.float64)[:, order].clone()
+        s = column_scale[n0 : n0 + chunk_n]
         q = torch.empty_like(w)
         for b0 in range(0, k, block):
             b1 = min(b0 + block, k)
@@ -219,7 +228,7 @@ def gptq_quantize(weight: torch.Tensor, rows: torch.Tensor, damp: float = DEFAUL
                 w[:, i:b1] -= e[:, None] * hinv[i, i:b1][None, :]
                 err[:, i - b0] = e
             w[:, b1:] -= err @ hinv[b0:b1, b1:]
-        q_out[n0:n0 + chunk_n] = q[:, inverse].to(torch.int8)
+        q_out[n0 : n0 + chunk_n] = q[:, inverse].to(torch.int8)
     return q_out, scale
 
 
@@ -247,10 +256,17 @@ def rounder(rounding: str, gptq_damp: float, weight_group: int) -> Rounder:
     return quantize
 
 
-def output_projection_tensors(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration | None,
-                              quantize: Rounder, statistic: str, lm_head_alpha: float | None, gptq_rows: bool,
-                              weight_group: int,
-                              smoothed_weights: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+def output_projection_tensors(
+    config: ModelConfig,
+    w: dict[str, torch.Tensor],
+    calib: Calibration | None,
+    quantize: Rounder,
+    statistic: str,
+    lm_head_alpha: float | None,
+    gptq_rows: bool,
+    weight_group: int,
+    smoothed_weights: dict[str, torch.Tensor] | None,
+) -> dict[str, torch.Tensor]:
     """The final norm, the token table and the output projection (smoothed by lm_head_alpha, when given), and
     the RoPE frequencies when the file has them."""
     out: dict[str, torch.Tensor] = {}
@@ -277,10 +293,17 @@ def output_projection_tensors(config: ModelConfig, w: dict[str, torch.Tensor], c
     return out
 
 
-def layer_smoothing_scales(config: ModelConfig, calib: Calibration, layer: int, fused: dict[str, torch.Tensor],
-                           smooth: tuple[str, ...], statistic: str, alpha: float | None,
-                           alpha_by_projection: dict[str, float] | None,
-                           alphas_chosen: dict[str, float] | None) -> dict[str, torch.Tensor]:
+def layer_smoothing_scales(
+    config: ModelConfig,
+    calib: Calibration,
+    layer: int,
+    fused: dict[str, torch.Tensor],
+    smooth: tuple[str, ...],
+    statistic: str,
+    alpha: float | None,
+    alpha_by_projection: dict[str, float] | None,
+    alphas_chosen: dict[str, float] | None,
+) -> dict[str, torch.Tensor]:
     """Per smoothed projection of one layer, the scale of its input channels, from the calibration (the o
     projection's expanded from one per KV head and channel to every query head; not where KV is shared)."""
     p = f"layers.{layer}."
@@ -309,8 +332,9 @@ def layer_smoothing_scales(config: ModelConfig, calib: Calibration, layer: int, 
     return scales
 
 
-def apply_smoothing(config: ModelConfig, fused: dict[str, torch.Tensor], norms: dict[str, torch.Tensor],
-                    scales: dict[str, torch.Tensor]) -> None:
+def apply_smoothing(
+    config: ModelConfig, fused: dict[str, torch.Tensor], norms: dict[str, torch.Tensor], scales: dict[str, torch.Tensor]
+) -> None:
     """Fold each projection's scales into its weights (* s) and into what produces its input (/ s), in place."""
     hq, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
     group = hq // hkv
@@ -321,25 +345,37 @@ def apply_smoothing(config: ModelConfig, fused: dict[str, torch.Tensor], norms: 
         norms["ffn_norm"] /= scales["gate_up"]
         fused["gate_up"] *= scales["gate_up"]
     if "down" in scales:
-        fused["gate_up"][config.ffn_dim:] /= scales["down"][:, None]
+        fused["gate_up"][config.ffn_dim :] /= scales["down"][:, None]
         fused["down"] *= scales["down"]
     if "o" in scales:
         s_v = scales["o"].reshape(hkv, group, d)[:, 0, :]  # the per-(KV head, channel) scale
-        fused["qkv"][(hq + hkv) * d:].view(hkv, d, -1).div_(s_v[:, :, None])
+        fused["qkv"][(hq + hkv) * d :].view(hkv, d, -1).div_(s_v[:, :, None])
         fused["o"] *= scales["o"]
 
 
-def apply_key_row_scale(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration, layer: int,
-                        fused: dict[str, torch.Tensor], kv_beta: float) -> None:
+def apply_key_row_scale(
+    config: ModelConfig,
+    w: dict[str, torch.Tensor],
+    calib: Calibration,
+    layer: int,
+    fused: dict[str, torch.Tensor],
+    kv_beta: float,
+) -> None:
     """Key smoothing without q/k norms: the k rows of the qkv projection * s, its q rows / s, in place."""
     hq, hkv, d = config.num_heads, config.num_kv_heads, config.head_dim
     s_k = key_row_scale(config, w, calib.inputs[f"layers.{layer}.qkv"], layer, kv_beta)  # [Hkv, D]
-    fused["qkv"][hq * d:(hq + hkv) * d].view(hkv, d, -1).mul_(s_k[:, :, None])
-    fused["qkv"][:hq * d].view(hkv, hq // hkv, d, -1).div_(s_k[:, None, :, None])
+    fused["qkv"][hq * d : (hq + hkv) * d].view(hkv, d, -1).mul_(s_k[:, :, None])
+    fused["qkv"][: hq * d].view(hkv, hq // hkv, d, -1).div_(s_k[:, None, :, None])
 
 
-def key_norm_tensors(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration | None, layer: int,
-                     kv_beta: float, key_scales: dict[int, torch.Tensor]) -> dict[str, torch.Tensor]:
+def key_norm_tensors(
+    config: ModelConfig,
+    w: dict[str, torch.Tensor],
+    calib: Calibration | None,
+    layer: int,
+    kv_beta: float,
+    key_scales: dict[int, torch.Tensor],
+) -> dict[str, torch.Tensor]:
     """Key smoothing through q/k norms: the layer's q-norm / s and, when it produces KV, its k-norm * s, with s
     the scale of the layer whose KV it reads (computed once per KV-producing layer into key_scales)."""
     p = f"layers.{layer}."
@@ -353,16 +389,24 @@ def key_norm_tensors(config: ModelConfig, w: dict[str, torch.Tensor], calib: Cal
     return out
 
 
-def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib: Calibration | None,
-                          alpha: float | None = None, smooth: tuple[str, ...] = ("qkv", "gate_up", "down", "o"),
-                          alphas_chosen: dict[str, float] | None = None,
-                          kv_beta: float = DEFAULT_KV_BETA,
-                          statistic: str = DEFAULT_STATISTIC,
-                          alpha_by_projection: dict[str, float] | None = None,
-                          lm_head_alpha: float | None = None,
-                          rounding: str = "nearest", gptq_damp: float = DEFAULT_GPTQ_DAMP,
-                          gptq_lm_head: bool = True, gptq_layers: bool = True, weight_group: int = 0,
-                          smoothed_weights: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def build_int8_checkpoint(
+    config: ModelConfig,
+    w: dict[str, torch.Tensor],
+    calib: Calibration | None,
+    alpha: float | None = None,
+    smooth: tuple[str, ...] = ("qkv", "gate_up", "down", "o"),
+    alphas_chosen: dict[str, float] | None = None,
+    kv_beta: float = DEFAULT_KV_BETA,
+    statistic: str = DEFAULT_STATISTIC,
+    alpha_by_projection: dict[str, float] | None = None,
+    lm_head_alpha: float | None = None,
+    rounding: str = "nearest",
+    gptq_damp: float = DEFAULT_GPTQ_DAMP,
+    gptq_lm_head: bool = True,
+    gptq_layers: bool = True,
+    weight_group: int = 0,
+    smoothed_weights: dict[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
     """Float weights (+ calibration, or None for no smoothing) -> int8 checkpoint tensors.
 
     alpha None: per projection, the alpha of ALPHA_GRID with the least W8A8 output error on the
@@ -380,15 +424,29 @@ def build_int8_checkpoint(config: ModelConfig, w: dict[str, torch.Tensor], calib
     check_recipe(calib, statistic, rounding, lm_head_alpha)
     arch = architecture(config.architecture)
     quantize = rounder(rounding, gptq_damp, weight_group)
-    out = output_projection_tensors(config, w, calib, quantize, statistic, lm_head_alpha,
-                                    rounding == "gptq" and gptq_lm_head, weight_group, smoothed_weights)
+    out = output_projection_tensors(
+        config,
+        w,
+        calib,
+        quantize,
+        statistic,
+        lm_head_alpha,
+        rounding == "gptq" and gptq_lm_head,
+        weight_group,
+        smoothed_weights,
+    )
     key_scales: dict[int, torch.Tensor] = {}  # KV-producing layer -> its key scale
     for i in range(config.num_layers):
         p = f"layers.{i}."
         fused = {k: v.clone() for k, v in fused_float_weights(config, w, i).items()}
         norms = {n: w[p + n].clone() for n in arch.LAYER_NORMS}
-        scales = {} if calib is None else layer_smoothing_scales(config, calib, i, fused, smooth, statistic, alpha,
-                                                                 alpha_by_projection, alphas_chosen)
+        scales = (
+            {}
+            if calib is None
+            else layer_smoothing_scales(
+                config, calib, i, fused, smooth, statistic, alpha, alpha_by_projection, alphas_chosen
+            )
+        )
         apply_smoothing(config, fused, norms, scales)
         if arch.KEY_SMOOTHING == "qk_rows" and calib is not None and kv_beta > 0:
             apply_key_row_scale(config, w, calib, i, fused, kv_beta)

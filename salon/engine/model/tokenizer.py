@@ -61,8 +61,11 @@ class Tokenizer:
 
     def _specials(self, kinds: set[int]) -> list[tuple[str, int, bool]]:
         """(piece, id, is_control), longest piece first."""
-        found = [(p, i, t == TOKEN_CONTROL) for i, (p, t) in enumerate(zip(self.vocab.tokens, self.vocab.types))
-                 if t in kinds and p]
+        found = [
+            (p, i, t == TOKEN_CONTROL)
+            for i, (p, t) in enumerate(zip(self.vocab.tokens, self.vocab.types))
+            if t in kinds and p
+        ]
         return sorted(found, key=lambda pi: (-len(pi[0]), pi[1]))
 
     @staticmethod
@@ -76,10 +79,14 @@ class Tokenizer:
         """The specials that occur in text, longest first (the order of _specials)."""
         specials = self._all_specials if with_control else self._user_defined
         by_head = self._by_head[with_control]
-        heads = {text[i:i + n] for n in range(1, _HEAD_CHARS + 1) for i in range(len(text) - n + 1)} \
-            if len(text) <= _SET_SCAN_MAX_CHARS else None
-        ranks = [r for head, rs in by_head.items() if (head in heads if heads is not None else head in text)
-                 for r in rs]
+        heads = (
+            {text[i : i + n] for n in range(1, _HEAD_CHARS + 1) for i in range(len(text) - n + 1)}
+            if len(text) <= _SET_SCAN_MAX_CHARS
+            else None
+        )
+        ranks = [
+            r for head, rs in by_head.items() if (head in heads if heads is not None else head in text) for r in rs
+        ]
         return [specials[r] for r in sorted(ranks) if specials[r][0] in text]
 
     def _partition(self, text: str, control_spans: list[tuple[int, int]]) -> list[str | int]:
@@ -107,7 +114,7 @@ class Tokenizer:
                 if hi > lo:
                     out.append((lo, hi))
             fragments = out
-        return [f if isinstance(f, int) else text[f[0]:f[1]] for f in fragments]
+        return [f if isinstance(f, int) else text[f[0] : f[1]] for f in fragments]
 
     def _encode_text(self, text: str, control_spans: list[tuple[int, int]]) -> list[int]:
         ids: list[int] = []
@@ -163,8 +170,7 @@ class Tokenizer:
         return token_id in self._special_ids
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
-        data = b"".join(
-            self._piece_bytes[i] for i in ids if not (skip_special and i in self._special_ids))
+        data = b"".join(self._piece_bytes[i] for i in ids if not (skip_special and i in self._special_ids))
         return data.decode("utf-8", errors="replace")
 
     def max_token_bytes(self) -> int:

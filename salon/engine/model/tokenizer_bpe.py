@@ -9,23 +9,30 @@ piece whole. Decoding maps each character of a piece back to its byte.
 
 from __future__ import annotations
 
-from tokenizers import Regex
+from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models, pre_tokenizers
 
 from salon.engine.model.vocab import TOKEN_CONTROL, TOKEN_USER_DEFINED, Vocab
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-           r"|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-          r"|\s+(?!\S)|\s+")
-_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
-           r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
-           r"|\s+(?!\S)|\s+")
-_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
+    r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # (regexes applied in order, ignore merges) per llama.cpp pre-tokenizer family.
 _FAMILIES: dict[str, tuple[tuple[str, ...], bool]] = {
@@ -42,13 +49,34 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], bool]] = {
 # tokenizer.ggml.pre -> family (llama.cpp's names).
 PRE_TOKENIZERS = {
     "default": "default",
-    **{name: "gpt2" for name in ("gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "exaone4", "trillion",
-                                 "jina-es", "jina-de", "jina-v1-en", "jina-v2-code", "roberta-bpe", "gigachat",
-                                 "granite-docling")},
-    **{name: "digits+gpt2" for name in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
-                                        "minerva-7b")},
-    **{name: "llama3" for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                                   "midm-2.0", "lfm2")},
+    **{
+        name: "gpt2"
+        for name in (
+            "gpt-2",
+            "gpt2",
+            "phi-2",
+            "mpt",
+            "olmo",
+            "jais",
+            "exaone4",
+            "trillion",
+            "jina-es",
+            "jina-de",
+            "jina-v1-en",
+            "jina-v2-code",
+            "roberta-bpe",
+            "gigachat",
+            "granite-docling",
+        )
+    },
+    **{
+        name: "digits+gpt2"
+        for name in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b")
+    },
+    **{
+        name: "llama3"
+        for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")
+    },
     **{name: "llama3-merges" for name in ("dbrx", "smaug-bpe", "chatglm-bpe", "glm4")},
     **{name: "qwen2" for name in ("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "hunyuan")},
     "tekken": "tekken",
@@ -59,8 +87,9 @@ PRE_TOKENIZERS = {
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (printable Latin-1 bytes map to themselves)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -77,8 +106,10 @@ _BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
 def pre_tokenizer_family(pre: str) -> str:
     family = PRE_TOKENIZERS.get(pre)
     if family is None:
-        raise ValueError(f"tokenizer.ggml.pre = {pre!r} is not a supported BPE pre-tokenizer "
-                         f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+        raise ValueError(
+            f"tokenizer.ggml.pre = {pre!r} is not a supported BPE pre-tokenizer "
+            f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+        )
     return family
 
 
@@ -94,7 +125,8 @@ class ByteLevelBPEModel:
         self._hf = HFTokenizer(bpe)
         self._hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
 
     def encode(self, fragment: str) -> list[int]:
         return self._hf.encode(fragment, add_special_tokens=False).ids

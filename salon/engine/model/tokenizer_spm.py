@@ -9,8 +9,15 @@ from __future__ import annotations
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as spm_pb2
 
-from salon.engine.model.vocab import (TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_UNUSED,
-                                         TOKEN_USER_DEFINED, Vocab)
+from salon.engine.model.vocab import (
+    TOKEN_BYTE,
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_UNKNOWN,
+    TOKEN_UNUSED,
+    TOKEN_USER_DEFINED,
+    Vocab,
+)
 
 _SPACE = "\u2581"
 

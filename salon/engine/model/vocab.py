@@ -12,8 +12,17 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TO
 
 # Token texts llama.cpp treats as end of generation wherever they occur in a vocabulary (its EOG list),
 # besides the file's EOS / EOT / EOM ids.
-END_OF_GENERATION_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
-                           "<EOT>", "<|end_of_text|>", "</s>")
+END_OF_GENERATION_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "<|end_of_text|>",
+    "</s>",
+)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from salon.common.prefix_hash import BlockHash
@@ -83,7 +82,7 @@ class DevicePrefixCache:
                 continue
             entry = holders[-1]
             # Verify against the stored tokens: a hash collision must never hand out wrong KV.
-            if list(token_ids[:k * bs]) != entry.token_ids[:k * bs]:
+            if list(token_ids[: k * bs]) != entry.token_ids[: k * bs]:
                 continue
             n, end = k * bs, min(len(token_ids), len(entry.token_ids), (k + 1) * bs)
             while n < end and token_ids[n] == entry.token_ids[n]:
@@ -118,8 +117,14 @@ class DevicePrefixCache:
         self.kv.free_tables([t[num_blocks:] for t in entry.tables])
         return [t[:num_blocks] for t in entry.tables]
 
-    def insert(self, namespace: bytes, token_ids: list[int], tables: list[BlockTable],
-               hashes: Sequence[BlockHash], conversation_id: str = "") -> None:
+    def insert(
+        self,
+        namespace: bytes,
+        token_ids: list[int],
+        tables: list[BlockTable],
+        hashes: Sequence[BlockHash],
+        conversation_id: str = "",
+    ) -> None:
         """Keep a finished request's tables (this cache now owns the blocks)."""
         entry = CachedPrefix(namespace, token_ids, tables, list(hashes), conversation_id)
         with self._lock:
@@ -144,8 +149,9 @@ class DevicePrefixCache:
     def drop_conversation(self, namespace: bytes, conversation_id: str) -> int:
         """Free every entry a dialogue's requests left; returns the blocks freed."""
         with self._lock:
-            doomed = [e for e in self._entries.values()
-                      if e.namespace == namespace and e.conversation_id == conversation_id]
+            doomed = [
+                e for e in self._entries.values() if e.namespace == namespace and e.conversation_id == conversation_id
+            ]
             for entry in doomed:
                 self._remove(entry)
         return sum(self.kv.free_tables(entry.tables) for entry in doomed)

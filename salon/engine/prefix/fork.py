@@ -54,6 +54,9 @@ def fork_hit(cache: KVCache, parent_tables: Sequence[BlockTable], parent: Reques
         return None
     local_first = local_start_block(cache.layout, parent_tables, num_blocks)
     global_kv = pack_blocks(cache, parent_tables, range(num_blocks), GLOBAL, to_host=False)
-    local_kv = pack_blocks(cache, parent_tables, range(local_first, num_blocks), LOCAL, to_host=False) \
-        if local_first < num_blocks else torch.empty((0, 0), dtype=torch.uint8)
+    local_kv = (
+        pack_blocks(cache, parent_tables, range(local_first, num_blocks), LOCAL, to_host=False)
+        if local_first < num_blocks
+        else torch.empty((0, 0), dtype=torch.uint8)
+    )
     return PrefixHit(num_tokens, CacheSource.DEVICE, host_kv=HostKV(global_kv, local_kv, local_first))

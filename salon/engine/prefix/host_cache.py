@@ -50,8 +50,15 @@ class HostPut:
 
 
 class HostCache:
-    def __init__(self, client: KVStoreClient, layout: KVLayout, timeout_s: float = 1.0,
-                 max_puts_in_flight: int = 8, model_id: str = "", layout_tag: str = "") -> None:
+    def __init__(
+        self,
+        client: KVStoreClient,
+        layout: KVLayout,
+        timeout_s: float = 1.0,
+        max_puts_in_flight: int = 8,
+        model_id: str = "",
+        layout_tag: str = "",
+    ) -> None:
         self.client = client
         self.layout = layout
         self.timeout_s = timeout_s
@@ -70,8 +77,9 @@ class HostCache:
             if claim is None or claim.grant != grant:
                 self._claims[namespace] = NamespaceClaim(salt, self.model_id, self.layout_tag, grant)
 
-    async def lookup(self, namespace: bytes, token_ids: Sequence[int], max_tokens: int,
-                     min_tokens: int) -> PrefixHit | None:
+    async def lookup(
+        self, namespace: bytes, token_ids: Sequence[int], max_tokens: int, min_tokens: int
+    ) -> PrefixHit | None:
         """The longest usable stored prefix of token_ids[:max_tokens], if longer than min_tokens."""
         if max_tokens <= min_tokens:
             metrics.HOST_CACHE_CALLS.labels("lookup", "skipped").inc()
@@ -86,8 +94,9 @@ class HostCache:
         if remaining <= 0:
             metrics.HOST_CACHE_CALLS.labels("lookup", "error").inc()
             return None
-        fetched = await self.client.fetch(namespace, token_ids[:max_tokens], self.layout,
-                                          max_tokens=match.usable_tokens, timeout_s=remaining)
+        fetched = await self.client.fetch(
+            namespace, token_ids[:max_tokens], self.layout, max_tokens=match.usable_tokens, timeout_s=remaining
+        )
         metrics.HOST_CACHE_LOOKUP.observe(time.monotonic() - started)
         hit = self._to_hit(fetched)
         outcome = "ok" if hit is not None and hit.num_tokens > min_tokens else "miss"
@@ -112,8 +121,9 @@ class HostCache:
             expect = (num_blocks - fetched.local_from_block, layout.local_bytes_per_block)
             if fetched.local_kv.dtype != np.uint8 or fetched.local_kv.shape != expect:
                 return None
-        return host_hit(n, torch.from_numpy(fetched.global_kv), torch.from_numpy(fetched.local_kv),
-                        fetched.local_from_block)
+        return host_hit(
+            n, torch.from_numpy(fetched.global_kv), torch.from_numpy(fetched.local_kv), fetched.local_from_block
+        )
 
     def store(self, put: HostPut) -> None:
         """Queue a put (event loop thread); dropped when too many are already in flight."""
@@ -129,9 +139,16 @@ class HostCache:
             await asyncio.to_thread(put.ready)
         local = put.local_kv.numpy() if put.local_kv is not None and put.local_kv.shape[1] else None
         result = await self.client.put(
-            put.namespace, put.token_ids, self.layout, put.global_kv.numpy(), local,
-            local_first_block=put.local_first_block, conversation_id=put.conversation_id,
-            claim=self._claims.get(put.namespace), timeout_s=max(self.timeout_s, 5.0))
+            put.namespace,
+            put.token_ids,
+            self.layout,
+            put.global_kv.numpy(),
+            local,
+            local_first_block=put.local_first_block,
+            conversation_id=put.conversation_id,
+            claim=self._claims.get(put.namespace),
+            timeout_s=max(self.timeout_s, 5.0),
+        )
         metrics.HOST_CACHE_CALLS.labels("put", "error" if result is None else "ok").inc()
 
     async def drop_conversation(self, namespace: bytes, conversation_id: str) -> int | None:
@@ -140,8 +157,9 @@ class HostCache:
         pending = [t for t, key in self._puts.items() if key == (namespace, conversation_id)]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-        return await self.client.drop(namespace, conversation_id, claim=self._claims.get(namespace),
-                                      timeout_s=max(self.timeout_s, 5.0))
+        return await self.client.drop(
+            namespace, conversation_id, claim=self._claims.get(namespace), timeout_s=max(self.timeout_s, 5.0)
+        )
 
     async def drain(self) -> None:
         """Wait for queued puts (tests, shutdown)."""

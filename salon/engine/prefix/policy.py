@@ -64,21 +64,32 @@ class PrefixCaching:
             return
         tokens = request.token_slice(0, num_tokens)
         if self.host_sink is not None:
-            self.host_sink(self._host_put(request, tables, tokens[:num_blocks * bs], num_blocks))
-        self.device.insert(request.namespace, tokens, tables, request.block_hashes(num_blocks * bs, bs),
-                           request.conversation_id)
+            self.host_sink(self._host_put(request, tables, tokens[: num_blocks * bs], num_blocks))
+        self.device.insert(
+            request.namespace, tokens, tables, request.block_hashes(num_blocks * bs, bs), request.conversation_id
+        )
 
-    def _host_put(self, request: Request, tables: list[BlockTable], block_tokens: list[int],
-                  num_blocks: int) -> HostPut:
+    def _host_put(
+        self, request: Request, tables: list[BlockTable], block_tokens: list[int], num_blocks: int
+    ) -> HostPut:
         assert request.namespace is not None
         local_first = local_start_block(self.layout, tables, num_blocks)
         # Gathered on the step's stream; the device->host copy runs beside the next steps (copy_to_host).
-        global_kv, global_ready = copy_to_host(pack_blocks(self.kv_cache, tables, range(num_blocks), GLOBAL,
-                                                           to_host=False))
+        global_kv, global_ready = copy_to_host(
+            pack_blocks(self.kv_cache, tables, range(num_blocks), GLOBAL, to_host=False)
+        )
         local, local_ready = None, None
         if local_first < num_blocks:
-            local, local_ready = copy_to_host(pack_blocks(self.kv_cache, tables, range(local_first, num_blocks),
-                                                          LOCAL, to_host=False))
+            local, local_ready = copy_to_host(
+                pack_blocks(self.kv_cache, tables, range(local_first, num_blocks), LOCAL, to_host=False)
+            )
         waits = [w for w in (global_ready, local_ready) if w is not None]
-        return HostPut(request.namespace, block_tokens, global_kv, local, local_first, request.conversation_id,
-                       ready=(lambda: [w() for w in waits]) if waits else None)
+        return HostPut(
+            request.namespace,
+            block_tokens,
+            global_kv,
+            local,
+            local_first,
+            request.conversation_id,
+            ready=(lambda: [w() for w in waits]) if waits else None,
+        )

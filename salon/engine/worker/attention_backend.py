@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from salon.engine.kv.kv_cache import KVCache
 from salon.kernels.decoder_block import BlockBatch, BlockCache
 from salon.kernels.paged_attention import PagedAttentionArgs
-from salon.engine.kv.kv_cache import KVCache
 
 
 @dataclass(frozen=True)
@@ -55,16 +55,23 @@ class PagedAttention:
             return None
         held = self._block_caches.get(where.slot)
         if held is None:
-            held = self._block_caches[where.slot] = BlockCache(cache.k_cache, cache.v_cache, cache.k_scale,
-                                                               cache.v_scale)
+            held = self._block_caches[where.slot] = BlockCache(
+                cache.k_cache, cache.v_cache, cache.k_scale, cache.v_scale
+            )
         if self._block_batches_of is not batch:
             self._block_batches, self._block_batches_of = {}, batch
         rows = self._block_batches.get(where.group_id)
         if rows is None:
             g = where.group_id
             rows = self._block_batches[g] = BlockBatch(
-                batch.positions, batch.max_position, batch.slot_mappings[g], batch.block_tables[g],
-                batch.query_start_loc, batch.seq_lens, batch.row_seq)
+                batch.positions,
+                batch.max_position,
+                batch.slot_mappings[g],
+                batch.block_tables[g],
+                batch.query_start_loc,
+                batch.seq_lens,
+                batch.row_seq,
+            )
         return held, rows
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None) -> torch.Tensor:
@@ -73,10 +80,22 @@ class PagedAttention:
         where = self.kv_cache.layout.layer_locations[layer_idx]
         cache = self.kv_cache.slots[where.slot]
         if k is not None:
-            self.kv_write(k, v, cache.k_cache, cache.v_cache, cache.k_scale, cache.v_scale,
-                          batch.slot_mappings[where.group_id])
-        return self.paged_attention(PagedAttentionArgs(
-            q, cache.k_cache, cache.v_cache, cache.k_scale, cache.v_scale, batch.block_tables[where.group_id],
-            batch.query_start_loc, batch.seq_lens, self.sm_scale, where.sliding_window_tokens,
-            batch.max_query_tokens or None, batch.row_seq,
-        ))
+            self.kv_write(
+                k, v, cache.k_cache, cache.v_cache, cache.k_scale, cache.v_scale, batch.slot_mappings[where.group_id]
+            )
+        return self.paged_attention(
+            PagedAttentionArgs(
+                q,
+                cache.k_cache,
+                cache.v_cache,
+                cache.k_scale,
+                cache.v_scale,
+                batch.block_tables[where.group_id],
+                batch.query_start_loc,
+                batch.seq_lens,
+                self.sm_scale,
+                where.sliding_window_tokens,
+                batch.max_query_tokens or None,
+                batch.row_seq,
+            )
+        )

@@ -10,14 +10,22 @@ from collections.abc import Callable
 
 import torch
 
-from salon.kernels.backend import Ops
 from salon.engine.batch import SchedulerOutput
 from salon.engine.kv.kv_cache import KVCache
 from salon.engine.kv.kv_transfer import to_device
 from salon.engine.request import Request, SamplingParams
 from salon.engine.worker.attention_backend import ForwardBatch, PagedAttention
-from salon.engine.worker.sampler import (DraftHistory, SampledToken, TokenHistory, greedy_ids, num_produced,
-                                            plain_greedy, rewind_generator, sample)
+from salon.engine.worker.sampler import (
+    DraftHistory,
+    SampledToken,
+    TokenHistory,
+    greedy_ids,
+    num_produced,
+    plain_greedy,
+    rewind_generator,
+    sample,
+)
+from salon.kernels.backend import Ops
 
 
 class ModelRunner:
@@ -69,8 +77,17 @@ class ModelRunner:
             host.extend(slots[g])
             host.extend(tables[g])
         packed = to_device(torch.tensor(host, dtype=torch.int64), self.device)
-        fields = packed.split([num_tokens, num_tokens, num_seqs + 1, num_seqs, num_sampled, num_tokens,
-                               *[n for _ in range(num_groups) for n in (num_tokens, num_seqs * max_blocks)]])
+        fields = packed.split(
+            [
+                num_tokens,
+                num_tokens,
+                num_seqs + 1,
+                num_seqs,
+                num_sampled,
+                num_tokens,
+                *[n for _ in range(num_groups) for n in (num_tokens, num_seqs * max_blocks)],
+            ]
+        )
         per_group = fields[6:]
         return ForwardBatch(
             token_ids=fields[0],
@@ -114,8 +131,11 @@ class ModelRunner:
             for j in range(len(drafts) + 1):
                 params.append(request.sampling)
                 generators.append(request.generator)
-                histories.append(request if j == 0 or not request.sampling.has_penalties else
-                                 DraftHistory(request.prompt_token_ids, request.output_token_ids + list(drafts[:j])))
+                histories.append(
+                    request
+                    if j == 0 or not request.sampling.has_penalties
+                    else DraftHistory(request.prompt_token_ids, request.output_token_ids + list(drafts[:j]))
+                )
         tokens = sample(logits, params, generators, histories)
         produced, kept_rows = self._produced(chunks, tokens, states)
         if self.logits_observer is not None:
@@ -124,19 +144,19 @@ class ModelRunner:
         return produced
 
     @staticmethod
-    def _produced(chunks, tokens: list[SampledToken], states: list[torch.Tensor | None]
-                  ) -> tuple[list[list[SampledToken]], list[int]]:
+    def _produced(
+        chunks, tokens: list[SampledToken], states: list[torch.Tensor | None]
+    ) -> tuple[list[list[SampledToken]], list[int]]:
         """Per chunk, the tokens it keeps (accepted drafts and one more), and the rows they came from."""
         produced: list[list[SampledToken]] = []
         kept_rows: list[int] = []
         row = 0
         for chunk, state in zip(chunks, states):
             request, num_rows = chunk.request, chunk.num_draft_tokens + 1
-            rows = tokens[row:row + num_rows]
+            rows = tokens[row : row + num_rows]
             n = num_produced([t.token_id for t in rows], chunk.draft_token_ids, request.stop_token_ids)
             rewind_generator(request.generator, state, n)
             produced.append(rows[:n])
             kept_rows.extend(range(row, row + n))
             row += num_rows
         return produced, kept_rows
-

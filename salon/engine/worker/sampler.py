@@ -42,9 +42,9 @@ from typing import Protocol
 
 import torch
 
+from salon.engine.request import SamplingParams
 from salon.kernels.cpu.argmax import argmax_rows_cpu
 from salon.kernels.cpu.sample import sample_rows_cpu
-from salon.engine.request import SamplingParams
 
 # Top-p looks among this many most likely tokens first, then above a threshold found by a histogram.
 TOP_P_CANDIDATES = 64
@@ -217,7 +217,9 @@ def rewind_generator(generator: torch.Generator | None, state: torch.Tensor | No
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
     histories: Sequence[TokenHistory] | None = None,
 ) -> list[SampledToken]:
     """logits f32[R, V] -> one token per row; histories[r]: row r's request (needed when it has penalties).
@@ -244,9 +246,14 @@ def sample(
     rows = [r for r, p in enumerate(params) if not p.greedy]
     if rows:
         us = [uniform(generators[r]) for r in rows]
-        sampled = sample_rows_cpu(logits.float(), rows, [params[r].temperature for r in rows],
-                                  [effective_top_k(logits[r], params[r]) for r in rows],
-                                  [params[r].top_p for r in rows], us)
+        sampled = sample_rows_cpu(
+            logits.float(),
+            rows,
+            [params[r].temperature for r in rows],
+            [effective_top_k(logits[r], params[r]) for r in rows],
+            [params[r].top_p for r in rows],
+            us,
+        )
         if sampled is None:
             sampled = [sample_row(logits[r], params[r], u) for r, u in zip(rows, us)]
         for r, token in zip(rows, sampled):

@@ -26,8 +26,13 @@ log = get_logger(__name__)
 
 
 def build_app(front: Front) -> FastAPI:
-    app = FastAPI(title="salon", description="OpenAI-compatible API of the salon gateway",
-                  docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="salon",
+        description="OpenAI-compatible API of the salon gateway",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.front = front
     app.include_router(router)
 
@@ -47,9 +52,17 @@ def build_app(front: Front) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         type_ = "invalid_request_error" if exc.status_code < 500 else "internal_error"
-        return JSONResponse({"error": {"message": f"{request.method} {request.url.path}: {exc.detail}",
-                                       "type": type_, "param": None, "code": str(exc.status_code)}},
-                            status_code=exc.status_code)
+        return JSONResponse(
+            {
+                "error": {
+                    "message": f"{request.method} {request.url.path}: {exc.detail}",
+                    "type": type_,
+                    "param": None,
+                    "code": str(exc.status_code),
+                }
+            },
+            status_code=exc.status_code,
+        )
 
     return app
 
@@ -71,8 +84,14 @@ class HttpServer:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.bind((host, port))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=grace_s, timeout_keep_alive=30)
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=grace_s,
+            timeout_keep_alive=30,
+        )
         self.server = _Server(config)
         self._task: asyncio.Task | None = None
 

@@ -52,9 +52,16 @@ def choice_request(base: engine_pb2.GenerateRequest, index: int) -> engine_pb2.G
     return request
 
 
-async def run_choices(dispatcher: Dispatcher, base: engine_pb2.GenerateRequest, n: int, tenant_id: TenantId,
-                      deadline_s: float | None, arrived_s: float, context: contextvars.Context,
-                      model: str = "") -> AsyncIterator[ChoiceEvent]:
+async def run_choices(
+    dispatcher: Dispatcher,
+    base: engine_pb2.GenerateRequest,
+    n: int,
+    tenant_id: TenantId,
+    deadline_s: float | None,
+    arrived_s: float,
+    context: contextvars.Context,
+    model: str = "",
+) -> AsyncIterator[ChoiceEvent]:
     """Every choice's events, tagged with the choice's index; raises the first choice error."""
     queue: asyncio.Queue[ChoiceEvent | _Done] = asyncio.Queue(maxsize=_QUEUE_EVENTS)
     prompt_computed = asyncio.Event()
@@ -65,10 +72,15 @@ async def run_choices(dispatcher: Dispatcher, base: engine_pb2.GenerateRequest, 
             if index > 0:
                 await prompt_computed.wait()
             request = choice_request(base, index)
-            async with contextlib.aclosing(dispatcher.stream(request, tenant_id, deadline_s, arrived_s, model)) as events:
+            async with contextlib.aclosing(
+                dispatcher.stream(request, tenant_id, deadline_s, arrived_s, model)
+            ) as events:
                 async for event in events:
-                    if index == 0 and not prompt_computed.is_set() and (
-                            event.HasField("final") or event.delta.token_ids):
+                    if (
+                        index == 0
+                        and not prompt_computed.is_set()
+                        and (event.HasField("final") or event.delta.token_ids)
+                    ):
                         prompt_computed.set()
                     await queue.put(ChoiceEvent(index, event))
         except asyncio.CancelledError:

@@ -40,9 +40,21 @@ class _Choice:
 
 
 class Completion:
-    def __init__(self, *, kind: str, response_id: str, model: str, num_choices: int,
-                 events: AsyncIterator[ChoiceEvent], span: Span, release: Callable[[], None],
-                 logprobs: bool, include_usage: bool, arrived_s: float, return_token_ids: bool = False):
+    def __init__(
+        self,
+        *,
+        kind: str,
+        response_id: str,
+        model: str,
+        num_choices: int,
+        events: AsyncIterator[ChoiceEvent],
+        span: Span,
+        release: Callable[[], None],
+        logprobs: bool,
+        include_usage: bool,
+        arrived_s: float,
+        return_token_ids: bool = False,
+    ):
         self.kind = kind  # "chat" or "text_completion"
         self.response_id = response_id
         self.model = model
@@ -117,9 +129,12 @@ class Completion:
     def _whole_choice_fields(self, c: _Choice) -> dict:
         text = "".join(c.text)
         if self.kind == "chat":
-            return {"index": c.index, "message": {"role": "assistant", "content": text},
-                    "logprobs": {"content": c.chat_logprobs} if self.logprobs else None,
-                    "finish_reason": c.finish_reason}
+            return {
+                "index": c.index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": {"content": c.chat_logprobs} if self.logprobs else None,
+                "finish_reason": c.finish_reason,
+            }
         logprobs = None
         if self.logprobs:
             logprobs = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
@@ -135,9 +150,13 @@ class Completion:
 
     # ---- stream ----------------------------------------------------------------------------------
     def _chunk(self, choices: list[dict], usage: dict | None = None, with_usage: bool = True) -> str:
-        obj = {"id": self.response_id,
-               "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
-               "created": self.created, "model": self.model, "choices": choices}
+        obj = {
+            "id": self.response_id,
+            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if self.include_usage and with_usage:
             obj["usage"] = usage
         return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
@@ -151,13 +170,21 @@ class Completion:
     def _delta_choice_fields(self, index: int, delta: chat_pb2.TokenDelta | None, finish_reason: str | None) -> dict:
         if self.kind == "chat":
             logprobs = {"content": convert.chat_logprobs(delta)} if (self.logprobs and delta is not None) else None
-            return {"index": index, "delta": {"content": delta.text} if delta is not None else {},
-                    "logprobs": logprobs, "finish_reason": finish_reason}
+            return {
+                "index": index,
+                "delta": {"content": delta.text} if delta is not None else {},
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+            }
         logprobs = None
         if self.logprobs and delta is not None:
             logprobs = convert.completion_logprobs(delta, self.choices[index].num_text_chars - len(delta.text))
-        return {"index": index, "text": delta.text if delta is not None else "", "logprobs": logprobs,
-                "finish_reason": finish_reason}
+        return {
+            "index": index,
+            "text": delta.text if delta is not None else "",
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
 
     async def first(self) -> ChoiceEvent | None:
         """The first event, read before the response starts (so errors get their HTTP status)."""
@@ -171,8 +198,16 @@ class Completion:
         try:
             if self.kind == "chat":
                 for c in self.choices:
-                    yield self._chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}])
+                    yield self._chunk(
+                        [
+                            {
+                                "index": c.index,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ]
+                    )
             item = first
             while item is not None:
                 if item.event.HasField("final"):
@@ -199,8 +234,14 @@ class Completion:
         finally:
             self._release()
             finals = [c.final for c in self.choices if c.final is not None]
-            set_response_attributes(self.span, self.response_id, self.model,
-                                    [c.finish_reason or "abort" for c in self.choices], finals, self.ttft_s)
+            set_response_attributes(
+                self.span,
+                self.response_id,
+                self.model,
+                [c.finish_reason or "abort" for c in self.choices],
+                finals,
+                self.ttft_s,
+            )
             if len(finals) != len(self.choices):
                 self.span.set_status(Status(StatusCode.ERROR, "the completion did not finish"))
             self.span.end()

@@ -51,8 +51,10 @@ def refuse_unsupported(body: BaseModel) -> None:
         raise unsupported("best_of", "best_of is not supported; use n")
     if isinstance(body, ChatCompletionRequest):
         if body.response_format is not None and body.response_format.get("type", "text") != "text":
-            raise unsupported("response_format", f"type {body.response_format.get('type')!r} is not supported "
-                              "(structured output); only 'text'")
+            raise unsupported(
+                "response_format",
+                f"type {body.response_format.get('type')!r} is not supported (structured output); only 'text'",
+            )
         if body.modalities is not None and body.modalities != ["text"]:
             raise unsupported("modalities", "only ['text'] is supported")
         if body.store:
@@ -120,8 +122,9 @@ def _check_fields(message: ChatMessage, where: str) -> None:
             raise unsupported(f"{where}.{field}", f"{field!r} is not supported in messages")
 
 
-def sampling_params(body: SamplingFields, max_tokens: int | None, return_logprobs: bool,
-                    top_logprobs: int) -> chat_pb2.SamplingParams:
+def sampling_params(
+    body: SamplingFields, max_tokens: int | None, return_logprobs: bool, top_logprobs: int
+) -> chat_pb2.SamplingParams:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stop) > MAX_STOP:
         raise invalid("stop", f"at most {MAX_STOP} stop strings")
@@ -194,9 +197,16 @@ def chat_logprobs(delta: chat_pb2.TokenDelta) -> list[dict]:
     for i, lp in enumerate(delta.logprobs):
         data = delta.token_bytes[i] if i < len(delta.token_bytes) else b""
         top = delta.top_logprobs[i].candidates if i < len(delta.top_logprobs) else ()
-        out.append({"token": _token(data), "logprob": lp, "bytes": list(data),
-                    "top_logprobs": [{"token": _token(c.token_bytes), "logprob": c.logprob,
-                                      "bytes": list(c.token_bytes)} for c in top]})
+        out.append(
+            {
+                "token": _token(data),
+                "logprob": lp,
+                "bytes": list(data),
+                "top_logprobs": [
+                    {"token": _token(c.token_bytes), "logprob": c.logprob, "bytes": list(c.token_bytes)} for c in top
+                ],
+            }
+        )
     return out
 
 
@@ -212,7 +222,8 @@ def completion_logprobs(delta: chat_pb2.TokenDelta, text_offset: int) -> dict:
         "tokens": tokens,
         "token_logprobs": list(delta.logprobs),
         "top_logprobs": [{_token(c.token_bytes): c.logprob for c in p.candidates} for p in delta.top_logprobs]
-        if len(delta.top_logprobs) else None,
+        if len(delta.top_logprobs)
+        else None,
         "text_offset": offsets,
     }
 

@@ -39,8 +39,15 @@ _BY_CODE: dict[grpc.StatusCode, tuple[int, str, str]] = {
 class ApiError(Exception):
     """An error to answer with, already in OpenAI's terms."""
 
-    def __init__(self, status: int, message: str, type_: str, code: str, param: str | None = None,
-                 retry_after_ms: int | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        code: str,
+        param: str | None = None,
+        retry_after_ms: int | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -70,8 +77,13 @@ def unsupported(param: str, why: str) -> ApiError:
 
 
 def model_not_found(model: str, served: list[str]) -> ApiError:
-    return ApiError(404, f"model {model!r} is not served (served: {', '.join(served) or 'none yet'})",
-                    "invalid_request_error", "model_not_found", "model")
+    return ApiError(
+        404,
+        f"model {model!r} is not served (served: {', '.join(served) or 'none yet'})",
+        "invalid_request_error",
+        "model_not_found",
+        "model",
+    )
 
 
 def from_salon_error(exc: SalonError) -> ApiError:

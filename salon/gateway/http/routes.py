@@ -67,8 +67,12 @@ class Front:
         tenant = self.tenants.authenticate(request.headers.get("authorization"))
         if tenant is None:
             metrics.REFUSALS.labels(reason="unauthenticated").inc()
-            raise ApiError(401, "authorization: missing or unknown API key (expected 'Bearer <key>')",
-                           "invalid_request_error", "invalid_api_key")
+            raise ApiError(
+                401,
+                "authorization: missing or unknown API key (expected 'Bearer <key>')",
+                "invalid_request_error",
+                "invalid_api_key",
+            )
         return tenant
 
     def conversation_id(self, request: Request, tenant: Tenant, opening: bytes, request_id: str) -> str:
@@ -77,8 +81,9 @@ class Front:
             if not given or len(given.encode()) > MAX_CONVERSATION_ID_BYTES:
                 raise invalid(CONVERSATION_ID_HEADER, f"must be 1..{MAX_CONVERSATION_ID_BYTES} bytes")
             return given
-        return (opening_conversation_id(tenant.namespace_salt, opening, self.opening_max_bytes)
-                or f"~request/{request_id}")
+        return (
+            opening_conversation_id(tenant.namespace_salt, opening, self.opening_max_bytes) or f"~request/{request_id}"
+        )
 
 
 def _front(request: Request) -> Front:
@@ -137,27 +142,42 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         engine_request.namespace_salt = tenant.namespace_salt
         engine_request.namespace_grant = front.grants.for_tenant(tenant)
         # A new trace: the public port does not continue a client's trace context.
-        span = _tracer.start_span(f"{operation} {info.model_id}", kind=SpanKind.SERVER,
-                                  context=otel_context.Context(), attributes={"http.route": request.url.path})
+        span = _tracer.start_span(
+            f"{operation} {info.model_id}",
+            kind=SpanKind.SERVER,
+            context=otel_context.Context(),
+            attributes={"http.route": request.url.path},
+        )
         set_request_attributes(span, operation, info.model_id, engine_request.sampling, body.n)
         context = contextvars.copy_context()
         context.run(_enter, span, request_id, engine_request.conversation_id, tenant)
-        events = run_choices(front.dispatcher, engine_request, body.n, tenant.tenant_id, None, arrived_s, context,
-                             info.model_id)
+        events = run_choices(
+            front.dispatcher, engine_request, body.n, tenant.tenant_id, None, arrived_s, context, info.model_id
+        )
     except BaseException:
         release()
         raise
     prefix = "chatcmpl-" if operation == "chat" else "cmpl-"
     stream_options = body.stream_options
-    completion = Completion(kind=operation, response_id=prefix + request_id, model=info.model_id, num_choices=body.n,
-                            events=events, span=span, release=release, logprobs=logprobs,
-                            include_usage=bool(body.stream and stream_options and stream_options.include_usage),
-                            arrived_s=arrived_s, return_token_ids=body.return_token_ids)
+    completion = Completion(
+        kind=operation,
+        response_id=prefix + request_id,
+        model=info.model_id,
+        num_choices=body.n,
+        events=events,
+        span=span,
+        release=release,
+        logprobs=logprobs,
+        include_usage=bool(body.stream and stream_options and stream_options.include_usage),
+        arrived_s=arrived_s,
+        return_token_ids=body.return_token_ids,
+    )
     headers = {REQUEST_ID_HEADER: request_id}
     if body.stream:
         first = await completion.first()
-        return StreamingResponse(completion.sse(first), media_type="text/event-stream",
-                                 headers={**headers, "cache-control": "no-cache"})
+        return StreamingResponse(
+            completion.sse(first), media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"}
+        )
     result = await completion.body()
     return JSONResponse(result, headers={**headers, ENGINE_ID_HEADER: completion.engine_id})
 
@@ -178,8 +198,13 @@ async def completions(request: Request) -> Response:
 
 
 def _model_entry(info: chat_pb2.ModelInfo, created: int) -> dict:
-    return {"id": info.model_id, "object": "model", "created": created, "owned_by": "salon",
-            "max_model_len": info.max_context_tokens}
+    return {
+        "id": info.model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "salon",
+        "max_model_len": info.max_context_tokens,
+    }
 
 
 @router.get("/v1/models")
@@ -219,8 +244,14 @@ async def tokenize(request: Request) -> Response:
         if character is not None:
             engine_request.character.CopyFrom(character)
     response = await front.catalog.call_any("Tokenize", engine_request, info.model_id)
-    return JSONResponse({"count": len(response.token_ids), "max_model_len": response.max_context_tokens or
-                         info.max_context_tokens, "tokens": list(response.token_ids), "token_strs": None})
+    return JSONResponse(
+        {
+            "count": len(response.token_ids),
+            "max_model_len": response.max_context_tokens or info.max_context_tokens,
+            "tokens": list(response.token_ids),
+            "token_strs": None,
+        }
+    )
 
 
 @router.post("/detokenize")
@@ -231,8 +262,9 @@ async def detokenize(request: Request) -> Response:
     info = await front.catalog.resolve(body.model)
     if any(t < 0 for t in body.tokens):
         raise invalid("tokens", "token ids must not be negative")
-    response = await front.catalog.call_any("Detokenize", engine_pb2.DetokenizeRequest(token_ids=body.tokens),
-                                            info.model_id)
+    response = await front.catalog.call_any(
+        "Detokenize", engine_pb2.DetokenizeRequest(token_ids=body.tokens), info.model_id
+    )
     return JSONResponse({"prompt": response.text})
 
 
@@ -240,8 +272,17 @@ async def detokenize(request: Request) -> Response:
 async def health(request: Request) -> Response:
     if _front(request).catalog.accepting_handles():
         return Response(status_code=200)
-    return JSONResponse({"error": {"message": "no engine is serving", "type": "service_unavailable",
-                                   "param": None, "code": "no_engine"}}, status_code=503)
+    return JSONResponse(
+        {
+            "error": {
+                "message": "no engine is serving",
+                "type": "service_unavailable",
+                "param": None,
+                "code": "no_engine",
+            }
+        },
+        status_code=503,
+    )
 
 
 def salon_error_response(exc: SalonError) -> Response:

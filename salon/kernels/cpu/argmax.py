@@ -18,8 +18,14 @@ _SIGNATURES = {"argmax_rows": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, 
 def argmax_rows_cpu(x: torch.Tensor) -> list[int] | None:
     """torch.argmax(x, dim=-1).tolist() for float32 x[M, N] (rows may be strided, columns contiguous);
     None where the C kernel does not take it (no AVX2 or C compiler, another dtype or layout)."""
-    if (x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1
-            or not 0 < x.shape[1] < 2**31 or "avx2" not in native.cpu_isas()):
+    if (
+        x.dim() != 2
+        or x.dtype != torch.float32
+        or x.device.type != "cpu"
+        or x.stride(1) != 1
+        or not 0 < x.shape[1] < 2**31
+        or "avx2" not in native.cpu_isas()
+    ):
         return None
     lib = native.load(_C_SOURCE, _SIGNATURES)
     if lib is None:

@@ -35,12 +35,43 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
 class _Weights(ctypes.Structure):
-    _fields_ = ([(n, _I) for n in ("d_model", "num_heads", "num_kv_heads", "head_dim", "ffn_dim", "writes_kv",
-                                   "sliding_window", "per_row_scales", "activation", "int16_activations")]
-                + [("eps", ctypes.c_double), ("sm_scale", ctypes.c_float)]
-                + [(n, _P) for n in ("attn_norm", "q_norm", "k_norm", "post_attention_norm", "ffn_norm",
-                                     "post_ffw_norm", "qkv_w", "o_w", "gate_up_w", "down_w", "qkv_s", "o_s",
-                                     "gate_up_s", "down_s")])
+    _fields_ = (
+        [
+            (n, _I)
+            for n in (
+                "d_model",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "ffn_dim",
+                "writes_kv",
+                "sliding_window",
+                "per_row_scales",
+                "activation",
+                "int16_activations",
+            )
+        ]
+        + [("eps", ctypes.c_double), ("sm_scale", ctypes.c_float)]
+        + [
+            (n, _P)
+            for n in (
+                "attn_norm",
+                "q_norm",
+                "k_norm",
+                "post_attention_norm",
+                "ffn_norm",
+                "post_ffw_norm",
+                "qkv_w",
+                "o_w",
+                "gate_up_w",
+                "down_w",
+                "qkv_s",
+                "o_s",
+                "gate_up_s",
+                "down_s",
+            )
+        ]
+    )
 
 
 class _Cache(ctypes.Structure):
@@ -48,9 +79,9 @@ class _Cache(ctypes.Structure):
 
 
 class _Batch(ctypes.Structure):
-    _fields_ = ([(n, _I) for n in ("num_tokens", "num_seqs", "max_blocks")]
-                + [(n, _P) for n in ("positions", "slot_mapping", "block_tables", "query_start_loc", "seq_lens",
-                                     "row_seq")])
+    _fields_ = [(n, _I) for n in ("num_tokens", "num_seqs", "max_blocks")] + [
+        (n, _P) for n in ("positions", "slot_mapping", "block_tables", "query_start_loc", "seq_lens", "row_seq")
+    ]
 
 
 _P3 = ctypes.POINTER(_Weights), ctypes.POINTER(_Cache), ctypes.POINTER(_Batch)
@@ -96,8 +127,13 @@ def _f32(t: torch.Tensor, *shape: int) -> bool:
 
 
 def _linear(w: torch.Tensor, s: torch.Tensor, n: int, k: int, per_row: bool) -> bool:
-    return (w.dtype == torch.int8 and tuple(w.shape) == (n, k) and w.is_contiguous() and w.device.type == "cpu"
-            and (_f32(s, n) if per_row else k % GROUP == 0 and _f32(s, n, k // GROUP)))
+    return (
+        w.dtype == torch.int8
+        and tuple(w.shape) == (n, k)
+        and w.is_contiguous()
+        and w.device.type == "cpu"
+        and (_f32(s, n) if per_row else k % GROUP == 0 and _f32(s, n, k // GROUP))
+    )
 
 
 def _weights_struct(w: BlockWeights) -> _Weights | None:
@@ -107,17 +143,31 @@ def _weights_struct(w: BlockWeights) -> _Weights | None:
     per_row = w.qkv_s.dim() == 1
     if w.int16_activations and per_row:
         return None  # the int16 GEMM takes grouped scales only
-    optional = ((w.q_norm, d_head), (w.k_norm if w.writes_kv else None, d_head), (w.post_attention_norm, d),
-                (w.post_ffw_norm, d))
-    ok = (d > 0 and c_kernel_supports(hq, hkv, d_head) and d_head % 2 == 0 and w.activation in _ACTIVATIONS
-          and (not w.writes_kv or (w.q_norm is None) == (w.k_norm is None))
-          and all(_f32(t, d) for t in (w.attn_norm, w.ffn_norm)) and all(t is None or _f32(t, n) for t, n in optional)
-          and _linear(w.qkv_w, w.qkv_s, n_qkv, d, per_row) and _linear(w.o_w, w.o_s, d, hq * d_head, per_row)
-          and _linear(w.gate_up_w, w.gate_up_s, 2 * f, d, per_row) and _linear(w.down_w, w.down_s, d, f, per_row))
+    optional = (
+        (w.q_norm, d_head),
+        (w.k_norm if w.writes_kv else None, d_head),
+        (w.post_attention_norm, d),
+        (w.post_ffw_norm, d),
+    )
+    ok = (
+        d > 0
+        and c_kernel_supports(hq, hkv, d_head)
+        and d_head % 2 == 0
+        and w.activation in _ACTIVATIONS
+        and (not w.writes_kv or (w.q_norm is None) == (w.k_norm is None))
+        and all(_f32(t, d) for t in (w.attn_norm, w.ffn_norm))
+        and all(t is None or _f32(t, n) for t, n in optional)
+        and _linear(w.qkv_w, w.qkv_s, n_qkv, d, per_row)
+        and _linear(w.o_w, w.o_s, d, hq * d_head, per_row)
+        and _linear(w.gate_up_w, w.gate_up_s, 2 * f, d, per_row)
+        and _linear(w.down_w, w.down_s, d, f, per_row)
+    )
     if not ok:
         return None
-    ptr = {n: getattr(w, n).data_ptr() for n in ("attn_norm", "ffn_norm", "qkv_w", "o_w", "gate_up_w", "down_w",
-                                                 "qkv_s", "o_s", "gate_up_s", "down_s")}
+    ptr = {
+        n: getattr(w, n).data_ptr()
+        for n in ("attn_norm", "ffn_norm", "qkv_w", "o_w", "gate_up_w", "down_w", "qkv_s", "o_s", "gate_up_s", "down_s")
+    }
     # two-term grouped Linears in the VNNI build read their packed copies (scale pointer NULL: the scales inside)
     # (the struct holds them: they outlive a repacking of weights changed in place, which the struct ignores)
     packed = []
@@ -127,13 +177,28 @@ def _weights_struct(w: BlockWeights) -> _Weights | None:
             if p is not None:
                 packed.append(p)
                 ptr[f"{lin}_w"], ptr[f"{lin}_s"] = p.data_ptr(), None
-    ptr.update({n: None if getattr(w, n) is None else getattr(w, n).data_ptr()
-                for n in ("q_norm", "post_attention_norm", "post_ffw_norm")})
-    struct = _Weights(d_model=d, num_heads=hq, num_kv_heads=hkv, head_dim=d_head, ffn_dim=f,
-                      writes_kv=int(w.writes_kv), sliding_window=w.sliding_window or 0, per_row_scales=int(per_row),
-                      activation=_ACTIVATIONS[w.activation], int16_activations=int(w.int16_activations), eps=w.eps,
-                      sm_scale=w.sm_scale,
-                      k_norm=w.k_norm.data_ptr() if w.writes_kv and w.k_norm is not None else None, **ptr)
+    ptr.update(
+        {
+            n: None if getattr(w, n) is None else getattr(w, n).data_ptr()
+            for n in ("q_norm", "post_attention_norm", "post_ffw_norm")
+        }
+    )
+    struct = _Weights(
+        d_model=d,
+        num_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=d_head,
+        ffn_dim=f,
+        writes_kv=int(w.writes_kv),
+        sliding_window=w.sliding_window or 0,
+        per_row_scales=int(per_row),
+        activation=_ACTIVATIONS[w.activation],
+        int16_activations=int(w.int16_activations),
+        eps=w.eps,
+        sm_scale=w.sm_scale,
+        k_norm=w.k_norm.data_ptr() if w.writes_kv and w.k_norm is not None else None,
+        **ptr,
+    )
     struct.packed = packed
     return struct
 
@@ -143,11 +208,24 @@ def _cache_struct(c: BlockCache) -> _Cache | None:
     if k.dim() != 4 or k.device.type != "cpu":
         return None
     nb, bs, hkv, _ = k.shape
-    ok = (all(t.dtype == torch.int8 and t.shape == k.shape and t.is_contiguous() for t in (c.k_cache, c.v_cache))
-          and c.k_scale is not None and c.v_scale is not None
-          and _f32(c.k_scale, nb, bs, hkv) and _f32(c.v_scale, nb, bs, hkv))
-    return _Cache(k_cache=k.data_ptr(), v_cache=c.v_cache.data_ptr(), k_scale=c.k_scale.data_ptr(),
-                  v_scale=c.v_scale.data_ptr(), block_size=bs) if ok else None
+    ok = (
+        all(t.dtype == torch.int8 and t.shape == k.shape and t.is_contiguous() for t in (c.k_cache, c.v_cache))
+        and c.k_scale is not None
+        and c.v_scale is not None
+        and _f32(c.k_scale, nb, bs, hkv)
+        and _f32(c.v_scale, nb, bs, hkv)
+    )
+    return (
+        _Cache(
+            k_cache=k.data_ptr(),
+            v_cache=c.v_cache.data_ptr(),
+            k_scale=c.k_scale.data_ptr(),
+            v_scale=c.v_scale.data_ptr(),
+            block_size=bs,
+        )
+        if ok
+        else None
+    )
 
 
 def _batch_struct(b: BlockBatch) -> _Batch | None:
@@ -157,16 +235,32 @@ def _batch_struct(b: BlockBatch) -> _Batch | None:
     def vec(x: torch.Tensor, dtype: torch.dtype, n: int) -> bool:
         return x.dtype == dtype and tuple(x.shape) == (n,) and x.is_contiguous() and x.device.type == "cpu"
 
-    ok = (t > 0 and s > 0 and vec(b.positions, torch.int64, t) and vec(b.slot_mapping, torch.int64, t)
-          and vec(b.query_start_loc, torch.int32, s + 1) and vec(b.seq_lens, torch.int32, s)
-          and vec(b.row_seq, torch.int32, t) and b.block_tables.dtype == torch.int32 and b.block_tables.dim() == 2
-          and b.block_tables.shape[0] == s and b.block_tables.is_contiguous())
+    ok = (
+        t > 0
+        and s > 0
+        and vec(b.positions, torch.int64, t)
+        and vec(b.slot_mapping, torch.int64, t)
+        and vec(b.query_start_loc, torch.int32, s + 1)
+        and vec(b.seq_lens, torch.int32, s)
+        and vec(b.row_seq, torch.int32, t)
+        and b.block_tables.dtype == torch.int32
+        and b.block_tables.dim() == 2
+        and b.block_tables.shape[0] == s
+        and b.block_tables.is_contiguous()
+    )
     if not ok:
         return None
-    return _Batch(num_tokens=t, num_seqs=s, max_blocks=b.block_tables.shape[1], positions=b.positions.data_ptr(),
-                  slot_mapping=b.slot_mapping.data_ptr(), block_tables=b.block_tables.data_ptr(),
-                  query_start_loc=b.query_start_loc.data_ptr(), seq_lens=b.seq_lens.data_ptr(),
-                  row_seq=b.row_seq.data_ptr())
+    return _Batch(
+        num_tokens=t,
+        num_seqs=s,
+        max_blocks=b.block_tables.shape[1],
+        positions=b.positions.data_ptr(),
+        slot_mapping=b.slot_mapping.data_ptr(),
+        block_tables=b.block_tables.data_ptr(),
+        query_start_loc=b.query_start_loc.data_ptr(),
+        seq_lens=b.seq_lens.data_ptr(),
+        row_seq=b.row_seq.data_ptr(),
+    )
 
 
 def _struct(holder, make):
@@ -177,8 +271,9 @@ def _struct(holder, make):
         return struct
 
 
-def decoder_block_cpu(x: torch.Tensor, weights: BlockWeights, cache: BlockCache,
-                      batch: BlockBatch) -> torch.Tensor | None:
+def decoder_block_cpu(
+    x: torch.Tensor, weights: BlockWeights, cache: BlockCache, batch: BlockBatch
+) -> torch.Tensor | None:
     """The layer's output f32[T, d_model] (a new tensor), or None where the C call does not take these
     arguments (the model composes the layer)."""
     entries = _entry_points() if _takes_rows(x) else None
@@ -187,8 +282,16 @@ def decoder_block_cpu(x: torch.Tensor, weights: BlockWeights, cache: BlockCache,
         return None
     out = x.contiguous().clone()
     w, c, b, cos, sin = args
-    if entries[0](ctypes.byref(w), ctypes.byref(c), ctypes.byref(b), cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
-                  SCALE_FLOOR, torch.get_num_threads()):
+    if entries[0](
+        ctypes.byref(w),
+        ctypes.byref(c),
+        ctypes.byref(b),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        out.data_ptr(),
+        SCALE_FLOOR,
+        torch.get_num_threads(),
+    ):
         return None
     return out
 
@@ -200,15 +303,22 @@ def _takes_rows(x: torch.Tensor) -> bool:
 def _layer_args(x: torch.Tensor, weights: BlockWeights, cache: BlockCache, batch: BlockBatch):
     """The C structs and RoPE tables of one layer for x, or None where the C call does not take them."""
     w, c, b = _struct(weights, _weights_struct), _struct(cache, _cache_struct), _struct(batch, _batch_struct)
-    if (w is None or c is None or b is None or b.num_tokens != x.shape[0] or x.shape[1] != w.d_model
-            or batch.max_position < 0):
+    if (
+        w is None
+        or c is None
+        or b is None
+        or b.num_tokens != x.shape[0]
+        or x.shape[1] != w.d_model
+        or batch.max_position < 0
+    ):
         return None
     cos, sin = rope_tables(weights.head_dim, weights.rope_base, batch.max_position + 1)
     return w, c, b, cos, sin
 
 
-def decoder_blocks_cpu(x: torch.Tensor, layers: Sequence[tuple[BlockWeights, BlockCache, BlockBatch]]
-                       ) -> tuple[torch.Tensor, int]:
+def decoder_blocks_cpu(
+    x: torch.Tensor, layers: Sequence[tuple[BlockWeights, BlockCache, BlockBatch]]
+) -> tuple[torch.Tensor, int]:
     """The step's layers in one C call, as decoder_block_cpu would run them one by one: (the output of the last
     layer done, a new tensor, or x where none was; how many were done). The call takes the layers up to the
     first whose arguments it does not take, and stops early where one computes nothing."""

@@ -26,8 +26,14 @@ def _rows(name: str, ref: Callable[[torch.Tensor], torch.Tensor], y: torch.Tenso
     """y f32[M, 2F] (gate columns first; rows may be strided) -> f32[M, F] contiguous: glu.c's `name`, or the
     reference where it cannot run (the same bits either way)."""
     lib = library()
-    if (lib is None or y.dim() != 2 or y.dtype != torch.float32 or y.shape[1] % 2 or y.stride(1) != 1
-            or y.device.type != "cpu"):
+    if (
+        lib is None
+        or y.dim() != 2
+        or y.dtype != torch.float32
+        or y.shape[1] % 2
+        or y.stride(1) != 1
+        or y.device.type != "cpu"
+    ):
         return ref(y)
     m, f = y.shape[0], y.shape[1] // 2
     out = torch.empty((m, f), dtype=torch.float32)

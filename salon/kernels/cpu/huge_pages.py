@@ -32,4 +32,4 @@ def huge_page_arena(nbytes: int) -> torch.Tensor | None:
     region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     region.madvise(mmap.MADV_HUGEPAGE)
     start = -ctypes.addressof(ctypes.c_char.from_buffer(region)) % HUGE_PAGE_BYTES
-    return torch.frombuffer(region, dtype=torch.uint8)[start:start + nbytes]
+    return torch.frombuffer(region, dtype=torch.uint8)[start : start + nbytes]

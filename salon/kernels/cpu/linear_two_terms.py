@@ -21,17 +21,16 @@ import torch
 from salon.kernels.cpu import native
 from salon.kernels.cpu.quantize import quantize_int16_cpu, quantize_two_terms_cpu
 from salon.kernels.cpu.rmsnorm import rmsnorm_cpu
-from salon.kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
 from salon.kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
 from salon.kernels.cpu.w8a8_grouped import chosen_isa, weight_pointers
+from salon.kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
 from salon.kernels.linear_two_terms import compose
 from salon.kernels.quantize import SCALE_FLOOR
 from salon.kernels.w8a8_grouped import GROUP
 
 MAX_ROWS = 64
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_ARGS = ([_P, _I, _I, _I, _P, ctypes.c_double, _P, _P, _I, _P, _P, _I, _P, ctypes.c_float, ctypes.c_int],
-         ctypes.c_int)
+_ARGS = ([_P, _I, _I, _I, _P, ctypes.c_double, _P, _P, _I, _P, _P, _I, _P, ctypes.c_float, ctypes.c_int], ctypes.c_int)
 # grouped GEMM isa -> (source, its one entry point)
 _KERNELS = {
     "vnni": (Path(__file__).with_name("linear_two_terms.c"), "linear_two_terms_vnni"),
@@ -71,27 +70,52 @@ def entry(isa: str | None = None, recipe: str = "two_terms"):
 
 
 def _f32_vector(t: torch.Tensor | None, n: int) -> bool:
-    return t is None or (t.dtype == torch.float32 and tuple(t.shape) == (n,) and t.is_contiguous()
-                         and t.device.type == "cpu")
+    return t is None or (
+        t.dtype == torch.float32 and tuple(t.shape) == (n,) and t.is_contiguous() and t.device.type == "cpu"
+    )
 
 
-def linear_two_terms_c(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                       norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                       post_norm: torch.Tensor | None = None,
-                       residual: torch.Tensor | None = None, isa: str | None = None,
-                       recipe: str = "two_terms") -> torch.Tensor | None:
+def linear_two_terms_c(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    post_norm: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    isa: str | None = None,
+    recipe: str = "two_terms",
+) -> torch.Tensor | None:
     """The one C call of the activation `recipe` (in `isa`'s build, by default this CPU's), or None where it
     does not take these arguments (the caller composes)."""
     if x.dim() != 2 or w_q.dim() != 2 or w_scale.dim() != 2:
         return None
     m, k = x.shape
     n = w_q.shape[0]
-    if (not 1 <= m <= MAX_ROWS or k % GROUP or w_q.shape[1] != k or tuple(w_scale.shape) != (n, k // GROUP)
-            or x.dtype != torch.float32 or x.stride(1) != 1 or x.device.type != "cpu"
-            or w_q.dtype != torch.int8 or not w_q.is_contiguous() or w_scale.dtype != torch.float32
-            or not w_scale.is_contiguous() or not _f32_vector(norm_weight, k) or not _f32_vector(post_norm, n)
-            or (residual is not None and (residual.dtype != torch.float32 or tuple(residual.shape) != (m, n)
-                                          or residual.stride(1) != 1 or residual.device.type != "cpu"))):
+    if (
+        not 1 <= m <= MAX_ROWS
+        or k % GROUP
+        or w_q.shape[1] != k
+        or tuple(w_scale.shape) != (n, k // GROUP)
+        or x.dtype != torch.float32
+        or x.stride(1) != 1
+        or x.device.type != "cpu"
+        or w_q.dtype != torch.int8
+        or not w_q.is_contiguous()
+        or w_scale.dtype != torch.float32
+        or not w_scale.is_contiguous()
+        or not _f32_vector(norm_weight, k)
+        or not _f32_vector(post_norm, n)
+        or (
+            residual is not None
+            and (
+                residual.dtype != torch.float32
+                or tuple(residual.shape) != (m, n)
+                or residual.stride(1) != 1
+                or residual.device.type != "cpu"
+            )
+        )
+    ):
         return None
     fn = entry(isa, recipe)
     if fn is None:
@@ -100,17 +124,35 @@ def linear_two_terms_c(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
     w_ptr, s_ptr = weight_pointers(w_q, w_scale, None if recipe == "int16" else chosen_isa(isa))
     out = torch.empty((m, n), dtype=torch.float32)
     if fn(
-            x.data_ptr(), m, k, x.stride(0), None if norm_weight is None else norm_weight.data_ptr(), float(eps),
-            w_ptr, s_ptr, n, None if post_norm is None else post_norm.data_ptr(),
-            None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
-            out.data_ptr(), SCALE_FLOOR, torch.get_num_threads()):
+        x.data_ptr(),
+        m,
+        k,
+        x.stride(0),
+        None if norm_weight is None else norm_weight.data_ptr(),
+        float(eps),
+        w_ptr,
+        s_ptr,
+        n,
+        None if post_norm is None else post_norm.data_ptr(),
+        None if residual is None else residual.data_ptr(),
+        0 if residual is None else residual.stride(0),
+        out.data_ptr(),
+        SCALE_FLOOR,
+        torch.get_num_threads(),
+    ):
         return None
     return out
 
 
-def linear_two_terms_cpu(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                         norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                         post_norm: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+def linear_two_terms_cpu(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    post_norm: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
     """salon.kernels.linear_two_terms's op: the C call where it runs, else the CPU family's composition (same bits)."""
     out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
     if out is None:
@@ -118,9 +160,15 @@ def linear_two_terms_cpu(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tens
     return out
 
 
-def linear_int16_cpu(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                     norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                     post_norm: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+def linear_int16_cpu(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    post_norm: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
     """salon.kernels.linear_two_terms's int16 op: the C call where it runs, else the CPU family's composition."""
     out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual, recipe="int16")
     if out is None:

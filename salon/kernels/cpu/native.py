@@ -2,7 +2,8 @@
 
 Each source is compiled with -mavx2 -mfma (kernels that need AVX-512 enable it per function) into a library
 named by the hash of its source, the headers beside it and the compiler flags, so a changed kernel is
-rebuilt; it is renamed into place, so concurrent builders never load a half-written file. Without a C compiler, or on a CPU without
+rebuilt; it is renamed into place, so concurrent builders never load a half-written file. Without a C compiler, or on a
+CPU without
 AVX2, `load` returns None and callers take their PyTorch path. `python -m salon.kernels.cpu.native` builds
 them all ahead of time (the Dockerfile does).
 
@@ -101,14 +102,18 @@ def _check_private_dir(path: Path) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeBuildPath(f"kernel cache {path} is not a directory")
     if not _trusted_owner(st) or st.st_mode & 0o022:
-        raise UnsafeBuildPath(f"kernel cache {path} is owned by uid {st.st_uid} with mode "
-                              f"{stat.S_IMODE(st.st_mode):04o}: it must be this user's and not writable by group or others")
+        raise UnsafeBuildPath(
+            f"kernel cache {path} is owned by uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):04o}: it must be this user's and not writable by group or others"
+        )
     for parent in Path(os.path.realpath(path)).parents:
         pst = os.stat(parent)
         sticky = pst.st_mode & stat.S_ISVTX
         if not _trusted_owner(pst) or (pst.st_mode & 0o022 and not sticky):
-            raise UnsafeBuildPath(f"kernel cache {path}: {parent} above it can be changed by other users "
-                                  f"(uid {pst.st_uid}, mode {stat.S_IMODE(pst.st_mode):04o})")
+            raise UnsafeBuildPath(
+                f"kernel cache {path}: {parent} above it can be changed by other users "
+                f"(uid {pst.st_uid}, mode {stat.S_IMODE(pst.st_mode):04o})"
+            )
 
 
 def private_build_dir(path: Path | None = None) -> Path:
@@ -150,8 +155,9 @@ def _dlopen(fd: int, so_path: Path) -> ctypes.CDLL:
         raise
 
 
-def load(source: Path, signatures: dict[str, list | tuple[list, object]],
-         build_dir: Path | None = None) -> ctypes.CDLL | None:
+def load(
+    source: Path, signatures: dict[str, list | tuple[list, object]], build_dir: Path | None = None
+) -> ctypes.CDLL | None:
     """The library built from `source`, its functions typed by `signatures` (name -> argtypes, returning
     nothing, or name -> (argtypes, restype)); None where it cannot be built or loaded here. Built once per
     source version, loaded once per process."""
@@ -203,8 +209,9 @@ def library_name(source: Path) -> str:
     text = source.read_text()
     headers = "".join(h.read_text() for h in sorted(source.parent.glob("*.h")))  # what it may #include
     parts = "".join(p.read_text() for p in _included_sources(source) if p.suffix != ".h" or p.parent != source.parent)
-    digest = hashlib.sha256(" ".join(_CFLAGS).encode() + b"\n" + text.encode() + headers.encode()
-                            + parts.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        " ".join(_CFLAGS).encode() + b"\n" + text.encode() + headers.encode() + parts.encode()
+    ).hexdigest()[:16]
     return f"{source.stem}_{digest}.so"
 
 
@@ -222,8 +229,12 @@ def _build_and_open(source: Path, build_dir: Path | None) -> ctypes.CDLL | None:
             fd = None
         if fd is None:
             tmp = so_path.with_name(f"{so_path.stem}.{os.getpid()}.{threading.get_ident()}.so")
-            subprocess.run(["cc", *_CFLAGS, "-I", str(source.parent), "-o", str(tmp), str(source), "-lm"], check=True,
-                           capture_output=True, timeout=120)
+            subprocess.run(
+                ["cc", *_CFLAGS, "-I", str(source.parent), "-o", str(tmp), str(source), "-lm"],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
             os.chmod(tmp, 0o644)
             tmp.replace(so_path)
             fd = _open_trusted_library(so_path)
@@ -231,8 +242,9 @@ def _build_and_open(source: Path, build_dir: Path | None) -> ctypes.CDLL | None:
                 raise OSError(f"{so_path} vanished after it was built")
         return _dlopen(fd, so_path)
     except UnsafeBuildPath as exc:
-        warnings.warn(f"kernels: not loading native kernels ({exc}); using the PyTorch paths", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"kernels: not loading native kernels ({exc}); using the PyTorch paths", RuntimeWarning, stacklevel=2
+        )
         return None
     except (OSError, subprocess.SubprocessError):
         return None

@@ -29,10 +29,17 @@ from salon.kernels.cpu import native
 from salon.kernels.cpu.paged_attention_torch import paged_attention_torch
 from salon.kernels.paged_attention import PagedAttentionArgs
 
-_C_SOURCES = {"avx512": Path(__file__).with_name("paged_attention_avx512.c"),
-              "avx2": Path(__file__).with_name("paged_attention_avx2.c")}
-_C_SIGNATURES = {"paged_attention_i8": [ctypes.c_void_p] * 6 + [ctypes.c_int64] + [ctypes.c_void_p] * 3
-                 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]}
+_C_SOURCES = {
+    "avx512": Path(__file__).with_name("paged_attention_avx512.c"),
+    "avx2": Path(__file__).with_name("paged_attention_avx2.c"),
+}
+_C_SIGNATURES = {
+    "paged_attention_i8": [ctypes.c_void_p] * 6
+    + [ctypes.c_int64]
+    + [ctypes.c_void_p] * 3
+    + [ctypes.c_int64] * 5
+    + [ctypes.c_float, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+}
 
 
 @functools.cache
@@ -55,8 +62,10 @@ def c_limits(isa: str | None = None) -> tuple[int, int] | None:
     lib = _library(isa)
     if lib is None:
         return None
-    return (ctypes.c_int64.in_dll(lib, "salon_paged_attention_max_group").value,
-            ctypes.c_int64.in_dll(lib, "salon_paged_attention_max_head_dim").value)
+    return (
+        ctypes.c_int64.in_dll(lib, "salon_paged_attention_max_group").value,
+        ctypes.c_int64.in_dll(lib, "salon_paged_attention_max_head_dim").value,
+    )
 
 
 def c_kernel_supports(num_q_heads: int, num_kv_heads: int, head_dim: int, isa: str | None = None) -> bool:
@@ -73,10 +82,15 @@ def paged_attention_c(a: PagedAttentionArgs, isa: str | None = None) -> torch.Te
     q, k_cache, v_cache, k_scale, v_scale = a.q, a.k_cache, a.v_cache, a.k_scale, a.v_scale
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
-    if (not c_kernel_supports(Hq, Hkv, D, isa) or q.dtype != torch.float32 or k_scale is None or v_scale is None
-            or any(t.dtype != torch.int8 for t in (k_cache, v_cache))
-            or any(t.dtype != torch.float32 for t in (k_scale, v_scale))
-            or not all(t.is_contiguous() for t in (k_cache, v_cache, k_scale, v_scale))):
+    if (
+        not c_kernel_supports(Hq, Hkv, D, isa)
+        or q.dtype != torch.float32
+        or k_scale is None
+        or v_scale is None
+        or any(t.dtype != torch.int8 for t in (k_cache, v_cache))
+        or any(t.dtype != torch.float32 for t in (k_scale, v_scale))
+        or not all(t.is_contiguous() for t in (k_cache, v_cache, k_scale, v_scale))
+    ):
         return None
     lib = _library(isa)
     assert lib is not None
@@ -88,10 +102,27 @@ def paged_attention_c(a: PagedAttentionArgs, isa: str | None = None) -> torch.Te
     if row_seq is None or row_seq.shape != (T,) or row_seq.dtype != torch.int32 or not row_seq.is_contiguous():
         row_seq = torch.repeat_interleave(torch.arange(lens.numel(), dtype=torch.int32), starts[1:] - starts[:-1])
     out = torch.empty_like(q)
-    lib.paged_attention_i8(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_scale.data_ptr(),
-                           v_scale.data_ptr(), tables.data_ptr(), tables.shape[1], starts.data_ptr(),
-                           lens.data_ptr(), row_seq.data_ptr(), T, Hq, Hkv, D, k_cache.shape[1], a.sm_scale,
-                           a.sliding_window or 0, out.data_ptr(), torch.get_num_threads())
+    lib.paged_attention_i8(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        k_scale.data_ptr(),
+        v_scale.data_ptr(),
+        tables.data_ptr(),
+        tables.shape[1],
+        starts.data_ptr(),
+        lens.data_ptr(),
+        row_seq.data_ptr(),
+        T,
+        Hq,
+        Hkv,
+        D,
+        k_cache.shape[1],
+        a.sm_scale,
+        a.sliding_window or 0,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
     return out
 
 

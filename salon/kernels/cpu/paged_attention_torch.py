@@ -57,12 +57,19 @@ def _matmul_rows_match_bmm(g: int, k: int, n: int) -> bool:
         b = torch.randn(k, n, generator=gen)
         per_query = torch.bmm(a.view(257, g, k), b.expand(257, k, n)).reshape(257 * g, n)
         _ROWS_MATCH[key] = all(
-            torch.equal(a[: r * g] @ b, per_query[: r * g]) for r in (MIN_RUN_ROWS, 9, 31, 32, 100, 257))
+            torch.equal(a[: r * g] @ b, per_query[: r * g]) for r in (MIN_RUN_ROWS, 9, 31, 32, 100, 257)
+        )
     return _ROWS_MATCH[key]
 
 
-def _tile_products(x: torch.Tensor, tiles: torch.Tensor, u_k: torch.Tensor, long_runs: list[tuple[int, int, int]],
-                   scattered: torch.Tensor | None, use_matmul: bool) -> torch.Tensor:
+def _tile_products(
+    x: torch.Tensor,
+    tiles: torch.Tensor,
+    u_k: torch.Tensor,
+    long_runs: list[tuple[int, int, int]],
+    scattered: torch.Tensor | None,
+    use_matmul: bool,
+) -> torch.Tensor:
     """Per query row t and KV head h: x[h, t] [G, K] @ tiles[h, u_k[t]] [K, N] -> [Hkv, T_pad, G, N].
 
     Runs of rows on one tile multiply against it directly (one matmul of run x G rows, or a stride-0

@@ -20,8 +20,11 @@ from salon.kernels.w16a8_grouped import quantize_int16_ref
 _C_SOURCE = Path(__file__).with_name("quantize.c")
 _QUANTIZE_ARGS = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_float, ctypes.c_int]
 _KV_WRITE_ARGS = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_float, ctypes.c_int]
-_SIGNATURES = {f"{name}_{isa}": args for isa in ("avx512", "avx2")
-               for name, args in (("quantize_rows", _QUANTIZE_ARGS), ("kv_write_rows", _KV_WRITE_ARGS))}
+_SIGNATURES = {
+    f"{name}_{isa}": args
+    for isa in ("avx512", "avx2")
+    for name, args in (("quantize_rows", _QUANTIZE_ARGS), ("kv_write_rows", _KV_WRITE_ARGS))
+}
 _SIGNATURES["quantize_two_terms_rows_avx2"] = (_QUANTIZE_ARGS, ctypes.c_int)
 _SIGNATURES["quantize_int16_rows_avx2"] = _QUANTIZE_ARGS
 
@@ -47,8 +50,9 @@ def kernel(name: str, isa: str | None = None):
     return fn
 
 
-def _quantized_rows(name: str, isa: str | None, x: torch.Tensor, ref, terms: int = 1,
-                    dtype: torch.dtype = torch.int8) -> tuple[torch.Tensor, torch.Tensor]:
+def _quantized_rows(
+    name: str, isa: str | None, x: torch.Tensor, ref, terms: int = 1, dtype: torch.dtype = torch.int8
+) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize.c's `name` on x f32[M, K] -> (q dtype[terms * M, K], scale f32[terms * M]); `ref(x)` where
     the kernel cannot run or declines (returns nonzero)."""
     fn = kernel(name, isa)
@@ -58,8 +62,11 @@ def _quantized_rows(name: str, isa: str | None, x: torch.Tensor, ref, terms: int
     m, k = x.shape
     q = torch.empty((terms * m, k), dtype=dtype)
     scale = torch.empty((terms * m,), dtype=torch.float32)
-    if m and k and fn(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR,
-                      torch.get_num_threads()):
+    if (
+        m
+        and k
+        and fn(x.data_ptr(), m, k, x.stride(0), q.data_ptr(), scale.data_ptr(), SCALE_FLOOR, torch.get_num_threads())
+    ):
         return ref(x)
     return q, scale
 

@@ -13,8 +13,12 @@ from salon.kernels.cpu import native
 from salon.kernels.rmsnorm import rmsnorm_ref
 
 _C_SOURCE = Path(__file__).with_name("rmsnorm.c")
-_SIGNATURES = {"rmsnorm_rows": ([ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 2
-                                + [ctypes.c_double, ctypes.c_int], None)}
+_SIGNATURES = {
+    "rmsnorm_rows": (
+        [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 2 + [ctypes.c_double, ctypes.c_int],
+        None,
+    )
+}
 
 
 def library() -> ctypes.CDLL | None:
@@ -26,14 +30,33 @@ def rmsnorm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
     reference where the kernel cannot run (the same bits either way)."""
     lib = library()
     k = x.shape[-1] if x.dim() else 0
-    if (lib is None or x.dim() not in (2, 3) or x.dtype != torch.float32 or weight.dtype != torch.float32
-            or x.device.type != "cpu" or weight.device.type != "cpu" or x.stride(-1) != 1 or k == 0
-            or tuple(weight.shape) != (k,) or not weight.is_contiguous()):
+    if (
+        lib is None
+        or x.dim() not in (2, 3)
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or x.device.type != "cpu"
+        or weight.device.type != "cpu"
+        or x.stride(-1) != 1
+        or k == 0
+        or tuple(weight.shape) != (k,)
+        or not weight.is_contiguous()
+    ):
         return rmsnorm_ref(x, weight, eps)
     t, h = x.shape[0], (x.shape[1] if x.dim() == 3 else 1)
     stride_h = x.stride(1) if x.dim() == 3 else k
     y = torch.empty(x.shape, dtype=torch.float32)
     if y.numel():
-        lib.rmsnorm_rows(x.data_ptr(), t, h, k, x.stride(0), stride_h, weight.data_ptr(), y.data_ptr(), float(eps),
-                         torch.get_num_threads())
+        lib.rmsnorm_rows(
+            x.data_ptr(),
+            t,
+            h,
+            k,
+            x.stride(0),
+            stride_h,
+            weight.data_ptr(),
+            y.data_ptr(),
+            float(eps),
+            torch.get_num_threads(),
+        )
     return y

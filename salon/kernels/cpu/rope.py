@@ -66,12 +66,32 @@ def rope_neox_cpu(x: torch.Tensor, positions: torch.Tensor, base: float) -> torc
     lo, hi = (int(v) for v in torch.aminmax(positions))
     cos, sin = rope_tables(x.shape[-1], base, hi + 1)
     lib = library()
-    if (lib is not None and lo >= 0 and x.dim() == 3 and x.dtype == torch.float32 and x.stride(-1) == 1
-            and x.shape[-1] % 2 == 0 and positions.dtype == torch.int64 and positions.is_contiguous()
-            and positions.shape == (x.shape[0],) and x.device.type == "cpu"):
+    if (
+        lib is not None
+        and lo >= 0
+        and x.dim() == 3
+        and x.dtype == torch.float32
+        and x.stride(-1) == 1
+        and x.shape[-1] % 2 == 0
+        and positions.dtype == torch.int64
+        and positions.is_contiguous()
+        and positions.shape == (x.shape[0],)
+        and x.device.type == "cpu"
+    ):
         y = torch.empty(x.shape, dtype=torch.float32)
-        lib.rope_rows(x.data_ptr(), x.shape[0], x.shape[1], x.shape[2], x.stride(0), x.stride(1),
-                      positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        lib.rope_rows(
+            x.data_ptr(),
+            x.shape[0],
+            x.shape[1],
+            x.shape[2],
+            x.stride(0),
+            x.stride(1),
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            y.data_ptr(),
+            torch.get_num_threads(),
+        )
         return y
     return _rope_from_tables(x, positions, cos, sin)
 

@@ -16,8 +16,15 @@ _ARGS = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 5 + [
 _SIGNATURES = {"sample_rows_avx512": _ARGS, "sample_rows_avx2": _ARGS}
 
 
-def sample_rows_cpu(logits: torch.Tensor, rows: list[int], temperature: list[float], top_k: list[int],
-                    top_p: list[float], uniforms: list[float], isa: str | None = None) -> list[int] | None:
+def sample_rows_cpu(
+    logits: torch.Tensor,
+    rows: list[int],
+    temperature: list[float],
+    top_k: list[int],
+    top_p: list[float],
+    uniforms: list[float],
+    isa: str | None = None,
+) -> list[int] | None:
     """One token for each of `rows` of logits f32[R, V] (see sample.c for the rule); None where the kernel
     cannot run (or could not allocate its scratch). `isa` ("avx512" or "avx2") picks a build (tests); by
     default the best this CPU runs."""
@@ -35,8 +42,17 @@ def sample_rows_cpu(logits: torch.Tensor, rows: list[int], temperature: list[flo
     ps = torch.tensor(top_p, dtype=torch.float64)
     us = torch.tensor(uniforms, dtype=torch.float64)
     tokens = torch.empty(len(rows), dtype=torch.int64)
-    getattr(lib, f"sample_rows_{isa}")(logits.data_ptr(), row_ids.data_ptr(), len(rows), vocab, temps.data_ptr(),
-                                       ks.data_ptr(), ps.data_ptr(), us.data_ptr(), tokens.data_ptr(),
-                                       torch.get_num_threads())
+    getattr(lib, f"sample_rows_{isa}")(
+        logits.data_ptr(),
+        row_ids.data_ptr(),
+        len(rows),
+        vocab,
+        temps.data_ptr(),
+        ks.data_ptr(),
+        ps.data_ptr(),
+        us.data_ptr(),
+        tokens.data_ptr(),
+        torch.get_num_threads(),
+    )
     out = tokens.tolist()
     return None if min(out, default=0) < 0 else out

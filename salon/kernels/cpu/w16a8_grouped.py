@@ -19,13 +19,26 @@ from pathlib import Path
 import torch
 
 from salon.kernels.cpu import native
-from salon.kernels.w16a8_grouped import w16a8_grouped_ref
 from salon.kernels.w8a8_grouped import check_grouped
+from salon.kernels.w16a8_grouped import w16a8_grouped_ref
 
 _SOURCE = Path(__file__).with_name("w16a8_grouped.c")
-_SIGNATURES = {"w16a8_grouped_avx2": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                      ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 3
-                                     + [ctypes.c_int], ctypes.c_int)}
+_SIGNATURES = {
+    "w16a8_grouped_avx2": (
+        [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+        ]
+        + [ctypes.c_int64] * 3
+        + [ctypes.c_int],
+        ctypes.c_int,
+    )
+}
 
 
 def library() -> ctypes.CDLL | None:
@@ -35,8 +48,9 @@ def library() -> ctypes.CDLL | None:
     return native.load(_SOURCE, _SIGNATURES)
 
 
-def w16a8_grouped_cpu(a: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                      threads: int | None = None) -> torch.Tensor | None:
+def w16a8_grouped_cpu(
+    a: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, threads: int | None = None
+) -> torch.Tensor | None:
     """f32[M, N], the bits of w16a8_grouped_ref(a, a_scale, w_q, w_scale), for int16 a[M, K] (contiguous
     columns; rows may be strided), int8 w_q[N, K] (contiguous), float32 w_scale[N, K/32] (contiguous) and
     floating a_scale[M], on `threads` threads (by default torch's); ValueError where check_grouped refuses the
@@ -47,17 +61,38 @@ def w16a8_grouped_cpu(a: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
     check_grouped(a, w_q, w_scale)
     m, k = a.shape
     n = w_q.shape[0]
-    if (m == 0 or n == 0 or a.device.type != "cpu" or w_q.device.type != "cpu" or w_scale.device.type != "cpu"
-            or a_scale.device.type != "cpu" or a.stride(1) != 1 or not w_q.is_contiguous()
-            or not w_scale.is_contiguous() or tuple(a_scale.shape) != (m,) or not a_scale.is_floating_point()):
+    if (
+        m == 0
+        or n == 0
+        or a.device.type != "cpu"
+        or w_q.device.type != "cpu"
+        or w_scale.device.type != "cpu"
+        or a_scale.device.type != "cpu"
+        or a.stride(1) != 1
+        or not w_q.is_contiguous()
+        or not w_scale.is_contiguous()
+        or tuple(a_scale.shape) != (m,)
+        or not a_scale.is_floating_point()
+    ):
         return None
     lib = library()
     if lib is None:
         return None
     a_scale = a_scale.to(torch.float32).contiguous()  # the reference's conversion
     out = torch.empty((m, n), dtype=torch.float32)
-    if lib.w16a8_grouped_avx2(a.data_ptr(), a.stride(0), w_q.data_ptr(), w_scale.data_ptr(), out.data_ptr(), n,
-                              a_scale.data_ptr(), m, n, k, threads or torch.get_num_threads()):
+    if lib.w16a8_grouped_avx2(
+        a.data_ptr(),
+        a.stride(0),
+        w_q.data_ptr(),
+        w_scale.data_ptr(),
+        out.data_ptr(),
+        n,
+        a_scale.data_ptr(),
+        m,
+        n,
+        k,
+        threads or torch.get_num_threads(),
+    ):
         return None
     return out
 

@@ -61,8 +61,13 @@ _SIGNATURES = {
 }
 
 
-def int8_acc_c(a_q: torch.Tensor, w_q: torch.Tensor, isa: str | None = None, a_scale: torch.Tensor | None = None,
-               w_scale: torch.Tensor | None = None) -> torch.Tensor | None:
+def int8_acc_c(
+    a_q: torch.Tensor,
+    w_q: torch.Tensor,
+    isa: str | None = None,
+    a_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """Exact int32 a_q @ w_q^T through one call of a C kernel (the best one, or `isa`), or None when
     it is unavailable. With a_scale and w_scale (VNNI only): float32(acc) * a_scale[m] * w_scale[n] instead,
     the first step of the epilogue done as the results are stored."""
@@ -96,8 +101,13 @@ def int8_acc_c(a_q: torch.Tensor, w_q: torch.Tensor, isa: str | None = None, a_s
     return out
 
 
-def int8_acc_c_blocked(a_q: torch.Tensor, w_q: torch.Tensor, isa: str | None = None,
-                       a_scale: torch.Tensor | None = None, w_scale: torch.Tensor | None = None) -> torch.Tensor | None:
+def int8_acc_c_blocked(
+    a_q: torch.Tensor,
+    w_q: torch.Tensor,
+    isa: str | None = None,
+    a_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """int8_acc_c over blocks of rows (exact, so the blocking never changes a result); None when no C
     kernel runs here."""
     isas = cpu_isas()
@@ -105,15 +115,16 @@ def int8_acc_c_blocked(a_q: torch.Tensor, w_q: torch.Tensor, isa: str | None = N
     rows = VNNI_ROW_BLOCK if isa == "vnni" else C_ROW_BLOCK
     parts = []
     for m0 in range(0, a_q.shape[0], rows):
-        part = int8_acc_c(a_q[m0:m0 + rows], w_q, isa, None if a_scale is None else a_scale[m0:m0 + rows], w_scale)
+        part = int8_acc_c(a_q[m0 : m0 + rows], w_q, isa, None if a_scale is None else a_scale[m0 : m0 + rows], w_scale)
         if part is None:
             return None
         parts.append(part)
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _gemv_blocked(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
-                  w_scale: torch.Tensor) -> torch.Tensor | None:
+def _gemv_blocked(
+    a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
+) -> torch.Tensor | None:
     """The AVX2 GEMV's scaled product over blocks of GEMV_MAX_ROWS rows; None when it declines a block."""
     m = a_q.shape[0]
     if m <= GEMV_MAX_ROWS:
@@ -133,14 +144,14 @@ def int8_acc_f32(a_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
     a = a_q.to(torch.float32)
     out = torch.empty((m, n), dtype=torch.float32)
     for n0 in range(0, n, _W_BLOCK_ROWS):
-        wb = w_q[n0:n0 + _W_BLOCK_ROWS].to(torch.float32)
+        wb = w_q[n0 : n0 + _W_BLOCK_ROWS].to(torch.float32)
         if k <= EXACT_F32_CHUNK_K:
-            torch.matmul(a, wb.T, out=out[:, n0:n0 + wb.shape[0]])
+            torch.matmul(a, wb.T, out=out[:, n0 : n0 + wb.shape[0]])
             continue
         acc = torch.zeros((m, wb.shape[0]), dtype=torch.float64)
         for k0 in range(0, k, EXACT_F32_CHUNK_K):
-            acc += (a[:, k0:k0 + EXACT_F32_CHUNK_K] @ wb[:, k0:k0 + EXACT_F32_CHUNK_K].T).to(torch.float64)
-        out[:, n0:n0 + wb.shape[0]] = acc
+            acc += (a[:, k0 : k0 + EXACT_F32_CHUNK_K] @ wb[:, k0 : k0 + EXACT_F32_CHUNK_K].T).to(torch.float64)
+        out[:, n0 : n0 + wb.shape[0]] = acc
     return out
 
 

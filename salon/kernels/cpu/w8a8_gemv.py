@@ -21,8 +21,20 @@ from salon.kernels.cpu import native
 GEMV_MAX_ROWS = 128  # w8a8_gemv.c's
 _C_SOURCE = Path(__file__).with_name("w8a8_gemv.c")
 _SIGNATURES = {
-    "w8a8_gemv_avx2": ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                        ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int], ctypes.c_int),
+    "w8a8_gemv_avx2": (
+        [
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+        + [ctypes.c_int64] * 3
+        + [ctypes.c_int],
+        ctypes.c_int,
+    ),
 }
 
 
@@ -30,17 +42,25 @@ def library() -> ctypes.CDLL | None:
     return native.load(_C_SOURCE, _SIGNATURES) if "avx2" in native.cpu_isas() else None
 
 
-def w8a8_gemv_scaled(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                     out: torch.Tensor | None = None) -> torch.Tensor | None:
+def w8a8_gemv_scaled(
+    a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """f32[M, N] = float32(a_q @ w_q^T) * a_scale[:, None] * w_scale[None, :] for int8 a_q[M, K] with
     1 <= M <= GEMV_MAX_ROWS, int8 w_q[N, K] (contiguous), f32 scales, written into `out` (f32[M, N],
     contiguous) when given; None where the kernel does not take the call (no AVX2 or C compiler, other shapes
     or dtypes, or an activation of -128)."""
     m, k = a_q.shape
     n = w_q.shape[0]
-    if (not 1 <= m <= GEMV_MAX_ROWS or a_q.stride(1) != 1 or not w_q.is_contiguous()
-            or a_scale.dtype != torch.float32 or w_scale.dtype != torch.float32
-            or not a_scale.is_contiguous() or not w_scale.is_contiguous() or a_q.device.type != "cpu"):
+    if (
+        not 1 <= m <= GEMV_MAX_ROWS
+        or a_q.stride(1) != 1
+        or not w_q.is_contiguous()
+        or a_scale.dtype != torch.float32
+        or w_scale.dtype != torch.float32
+        or not a_scale.is_contiguous()
+        or not w_scale.is_contiguous()
+        or a_q.device.type != "cpu"
+    ):
         return None
     lib = library()
     if lib is None:
@@ -49,7 +69,18 @@ def w8a8_gemv_scaled(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor
         out = torch.empty((m, n), dtype=torch.float32)
     elif out.dtype != torch.float32 or tuple(out.shape) != (m, n) or not out.is_contiguous():
         raise ValueError(f"out must be contiguous float32 {(m, n)}, got {out.dtype} {tuple(out.shape)}")
-    if lib.w8a8_gemv_avx2(a_q.data_ptr(), a_q.stride(0), w_q.data_ptr(), out.data_ptr(), n, a_scale.data_ptr(),
-                          w_scale.data_ptr(), m, n, k, torch.get_num_threads()):
+    if lib.w8a8_gemv_avx2(
+        a_q.data_ptr(),
+        a_q.stride(0),
+        w_q.data_ptr(),
+        out.data_ptr(),
+        n,
+        a_scale.data_ptr(),
+        w_scale.data_ptr(),
+        m,
+        n,
+        k,
+        torch.get_num_threads(),
+    ):
         return None
     return out

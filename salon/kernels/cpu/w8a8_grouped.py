@@ -43,16 +43,30 @@ from salon.kernels.cpu.huge_pages import huge_page_arena
 from salon.kernels.w8a8_grouped import GROUP, check_grouped
 
 # The grouped GEMMs' one signature (a, lda, w, w_scale, out, ldo, a_scale, M, N, K, nthreads) -> int.
-GEMM_ARGS = ([ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-              ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int], ctypes.c_int)
+GEMM_ARGS = (
+    [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+    ]
+    + [ctypes.c_int64] * 3
+    + [ctypes.c_int],
+    ctypes.c_int,
+)
 # isa -> (source, its one entry point)
 _KERNELS = {
     "vnni": (Path(__file__).with_name("w8a8_grouped_vnni.c"), "w8a8_grouped_vnni"),
     "avx2": (Path(__file__).with_name("w8a8_grouped.c"), "w8a8_grouped_avx2"),
 }
 _SIGNATURES = {isa: {name: GEMM_ARGS} for isa, (_, name) in _KERNELS.items()}
-_SIGNATURES["vnni"]["w8a8_grouped_vnni_pack"] = ([ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3
-                                                + [ctypes.c_void_p, ctypes.c_int], ctypes.c_int)
+_SIGNATURES["vnni"]["w8a8_grouped_vnni_pack"] = (
+    [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int],
+    ctypes.c_int,
+)
 _SIGNATURES["vnni"]["w8a8_grouped_vnni_packed_bytes"] = ([ctypes.c_int64] * 3, ctypes.c_int64)
 
 
@@ -93,15 +107,30 @@ def packed_weights(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor | N
     lives; None where the VNNI kernel does not run here, the shapes are not grouped ones, or keep_rows holds w_q."""
     key = id(w_q)
     hit = _packed.get(key)
-    if (hit is not None and hit[0]() is w_q and hit[1] is w_scale and hit[2] == w_q._version
-            and hit[3] == w_scale._version):
+    if (
+        hit is not None
+        and hit[0]() is w_q
+        and hit[1] is w_scale
+        and hit[2] == w_q._version
+        and hit[3] == w_scale._version
+    ):
         return hit[4]
     rows = _rows.get(key)
     lib = None if rows is not None and rows() is w_q else library("vnni")
-    if (lib is None or w_q.dtype != torch.int8 or w_scale.dtype != torch.float32 or w_q.dim() != 2
-            or w_q.shape[1] % GROUP or w_q.shape[0] < 1 or w_q.shape[1] < GROUP
-            or tuple(w_scale.shape) != (w_q.shape[0], w_q.shape[1] // GROUP) or not w_q.is_contiguous()
-            or not w_scale.is_contiguous() or w_q.device.type != "cpu" or w_scale.device.type != "cpu"):
+    if (
+        lib is None
+        or w_q.dtype != torch.int8
+        or w_scale.dtype != torch.float32
+        or w_q.dim() != 2
+        or w_q.shape[1] % GROUP
+        or w_q.shape[0] < 1
+        or w_q.shape[1] < GROUP
+        or tuple(w_scale.shape) != (w_q.shape[0], w_q.shape[1] // GROUP)
+        or not w_q.is_contiguous()
+        or not w_scale.is_contiguous()
+        or w_q.device.type != "cpu"
+        or w_scale.device.type != "cpu"
+    ):
         return None
     n, k = w_q.shape
     scale_bytes = 2 if torch.equal(w_scale.to(torch.float16).to(torch.float32), w_scale) else 4
@@ -109,8 +138,9 @@ def packed_weights(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor | N
     packed = huge_page_arena(nbytes)
     if packed is None:
         packed = torch.empty(nbytes, dtype=torch.uint8)
-    if lib.w8a8_grouped_vnni_pack(w_q.data_ptr(), w_scale.data_ptr(), n, k, scale_bytes, packed.data_ptr(),
-                                  torch.get_num_threads()):
+    if lib.w8a8_grouped_vnni_pack(
+        w_q.data_ptr(), w_scale.data_ptr(), n, k, scale_bytes, packed.data_ptr(), torch.get_num_threads()
+    ):
         return None
     with _packed_lock:
         if hit is None or hit[0]() is not w_q:
@@ -124,9 +154,14 @@ def packed_bytes() -> int:
     return sum(entry[4].numel() for entry in list(_packed.values()))
 
 
-def w8a8_grouped_scaled_cpu(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
-                            w_scale: torch.Tensor, isa: str | None = None, packed: bool = True
-                            ) -> torch.Tensor | None:
+def w8a8_grouped_scaled_cpu(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    isa: str | None = None,
+    packed: bool = True,
+) -> torch.Tensor | None:
     """f32[M, N], the bits of w8a8_grouped_scaled_ref(a_q, a_scale, w_q, w_scale), for int8 a_q[M, K]
     (contiguous columns), int8 w_q[N, K] (contiguous), float32 w_scale[N, K/32] (contiguous) and a_scale[M],
     through the kernel for `isa` (by default the best this CPU runs); ValueError where check_grouped refuses
@@ -139,9 +174,18 @@ def w8a8_grouped_scaled_cpu(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch
     check_grouped(a_q, w_q, w_scale)
     m, k = a_q.shape
     n = w_q.shape[0]
-    if (m == 0 or a_q.device.type != "cpu" or w_q.device.type != "cpu" or w_scale.device.type != "cpu"
-            or a_scale.device.type != "cpu" or a_q.stride(1) != 1 or not w_q.is_contiguous()
-            or not w_scale.is_contiguous() or tuple(a_scale.shape) != (m,) or not a_scale.is_floating_point()):
+    if (
+        m == 0
+        or a_q.device.type != "cpu"
+        or w_q.device.type != "cpu"
+        or w_scale.device.type != "cpu"
+        or a_scale.device.type != "cpu"
+        or a_q.stride(1) != 1
+        or not w_q.is_contiguous()
+        or not w_scale.is_contiguous()
+        or tuple(a_scale.shape) != (m,)
+        or not a_scale.is_floating_point()
+    ):
         return None
     isa = chosen_isa(isa)
     lib = library(isa)
@@ -151,8 +195,19 @@ def w8a8_grouped_scaled_cpu(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch
     a_scale = a_scale.to(torch.float32).contiguous()  # the reference's conversion
     w_ptr, s_ptr = weight_pointers(w_q, w_scale, isa if packed else None)
     out = torch.empty((m, n), dtype=torch.float32)
-    if kernel(a_q.data_ptr(), a_q.stride(0), w_ptr, s_ptr, out.data_ptr(), n, a_scale.data_ptr(), m, n, k,
-              torch.get_num_threads()):
+    if kernel(
+        a_q.data_ptr(),
+        a_q.stride(0),
+        w_ptr,
+        s_ptr,
+        out.data_ptr(),
+        n,
+        a_scale.data_ptr(),
+        m,
+        n,
+        k,
+        torch.get_num_threads(),
+    ):
         return None
     return out
 

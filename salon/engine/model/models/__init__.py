@@ -4,7 +4,8 @@ Each module provides:
     config_from_gguf(f, model_id, sha256, vocab) -> ModelConfig   the model description from the metadata
     read_weights(f, config) -> dict[str, Tensor]                  float32 weights under the builder's names
     build_layer(config, i, weights, kernel_ops) -> decoder layer   layer(x, positions, attn) -> x
-    LAYER_NORMS, KEY_SMOOTHING, INT8_SMOOTH, INT8_ACTIVATION_TERMS, INT8_RECIPE  the int8 recipe (quantize.py, linear.py, checkpoint.py)
+    LAYER_NORMS, KEY_SMOOTHING, INT8_SMOOTH, INT8_ACTIVATION_TERMS, INT8_RECIPE  the int8 recipe (quantize.py,
+    linear.py, checkpoint.py)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class UnsupportedArchitecture(ValueError):
 def architecture(name: str) -> ModuleType:
     module = ARCHITECTURES.get(name)
     if module is None:
-        raise UnsupportedArchitecture(f"architecture {name!r} is not supported "
-                                      f"(supported: {', '.join(sorted(ARCHITECTURES))})")
+        raise UnsupportedArchitecture(
+            f"architecture {name!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
+        )
     return module

@@ -28,12 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
-from salon.kernels.decoder_block import BlockWeights
 from salon.engine.model.config import LayerSpec, ModelConfig
 from salon.engine.model.gguf_file import GGUFFile, GGUFMetadataError
 from salon.engine.model.layers import Rotary, block_weights, fused_layer, linear_residual, norm_linear
-from salon.engine.model.models.common import attention_geometry, read_weights as read_named, rope_linear_scale
+from salon.engine.model.models.common import attention_geometry, rope_linear_scale
+from salon.engine.model.models.common import read_weights as read_named
 from salon.engine.model.vocab import Vocab
+from salon.kernels.decoder_block import BlockWeights
 
 ARCH = "gemma3"
 DEFAULT_SLIDING_PATTERN = 6
@@ -57,8 +58,10 @@ def _sliding_layers(f: GGUFFile, num_layers: int) -> list[bool]:
     pattern = f.get(f"{ARCH}.attention.sliding_window_pattern", DEFAULT_SLIDING_PATTERN)
     if isinstance(pattern, list):  # one flag per layer: true = sliding window
         if len(pattern) != num_layers:
-            raise GGUFMetadataError(f"{f.path.name}: {ARCH}.attention.sliding_window_pattern has {len(pattern)} "
-                                    f"entries for {num_layers} layers")
+            raise GGUFMetadataError(
+                f"{f.path.name}: {ARCH}.attention.sliding_window_pattern has {len(pattern)} "
+                f"entries for {num_layers} layers"
+            )
         return [bool(p) for p in pattern]
     period = int(pattern)  # llama.cpp's swa pattern: the last layer of each period is global; 0 = all sliding
     return [period == 0 or (i % period) < period - 1 for i in range(num_layers)]
@@ -72,20 +75,36 @@ def config_from_gguf(f: GGUFFile, model_id: str, sha256: str, vocab: Vocab) -> M
     local_base = f.get_float(f"{ARCH}.rope.freq_base_swa", DEFAULT_SWA_ROPE_BASE)
     global_scale = rope_linear_scale(f, ARCH)
     layers = tuple(
-        LayerSpec("sliding", window, local_base) if sliding else
-        LayerSpec("global", None, global_base, rope_position_scale=global_scale)
-        for sliding in _sliding_layers(f, num_layers))
+        LayerSpec("sliding", window, local_base)
+        if sliding
+        else LayerSpec("global", None, global_base, rope_position_scale=global_scale)
+        for sliding in _sliding_layers(f, num_layers)
+    )
     attn_scale = 1.0 / math.sqrt(d_model / num_heads if num_layers == 62 else head_dim)
     return ModelConfig(
-        model_id=model_id, vocab_size=len(vocab.tokens), d_model=d_model, num_layers=num_layers,
-        num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        model_id=model_id,
+        vocab_size=len(vocab.tokens),
+        d_model=d_model,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
         ffn_dim=f.get_int(f"{ARCH}.feed_forward_length"),
         rms_norm_eps=f.get_float(f"{ARCH}.attention.layer_norm_rms_epsilon"),
-        max_context_tokens=f.get_int(f"{ARCH}.context_length"), bos_token_id=vocab.bos_token_id,
-        eos_token_ids=vocab.end_of_generation_ids(), layers=layers, attn_scale=attn_scale,
-        pad_token_id=vocab.pad_token_id, architecture=ARCH, activation="gelu_tanh", qk_norm=True, post_norms=True,
-        embedding_multiplier=math.sqrt(d_model), tied_embeddings=not f.has_tensor("output"),
-        add_bos=vocab.add_bos, weights_sha256=sha256,
+        max_context_tokens=f.get_int(f"{ARCH}.context_length"),
+        bos_token_id=vocab.bos_token_id,
+        eos_token_ids=vocab.end_of_generation_ids(),
+        layers=layers,
+        attn_scale=attn_scale,
+        pad_token_id=vocab.pad_token_id,
+        architecture=ARCH,
+        activation="gelu_tanh",
+        qk_norm=True,
+        post_norms=True,
+        embedding_multiplier=math.sqrt(d_model),
+        tied_embeddings=not f.has_tensor("output"),
+        add_bos=vocab.add_bos,
+        weights_sha256=sha256,
     )
 
 
@@ -97,9 +116,19 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i in range(config.num_layers):
         p = f"layers.{i}."
         shapes.update({p + n: (d,) for n in LAYER_NORMS})
-        shapes.update({p + "attn_q": (hq * hd, d), p + "attn_k": (hkv * hd, d), p + "attn_v": (hkv * hd, d),
-                       p + "attn_q_norm": (hd,), p + "attn_k_norm": (hd,), p + "attn_output": (d, hq * hd),
-                       p + "ffn_gate": (ffn, d), p + "ffn_up": (ffn, d), p + "ffn_down": (d, ffn)})
+        shapes.update(
+            {
+                p + "attn_q": (hq * hd, d),
+                p + "attn_k": (hkv * hd, d),
+                p + "attn_v": (hkv * hd, d),
+                p + "attn_q_norm": (hd,),
+                p + "attn_k_norm": (hd,),
+                p + "attn_output": (d, hq * hd),
+                p + "ffn_gate": (ffn, d),
+                p + "ffn_up": (ffn, d),
+                p + "ffn_down": (d, ffn),
+            }
+        )
     return shapes
 
 
@@ -136,8 +165,8 @@ class Gemma3DecoderLayer:
         q = self.rotary.norm_rope(qkv[:, : hq * d].reshape(t, hq, d), self.q_norm, eps, positions)
         k = v = None
         if cfg.layers[self.layer_idx].kv_source_layer is None:
-            k = self.rotary.norm_rope(qkv[:, hq * d: (hq + hkv) * d].reshape(t, hkv, d), self.k_norm, eps, positions)
-            v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
+            k = self.rotary.norm_rope(qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d), self.k_norm, eps, positions)
+            v = qkv[:, (hq + hkv) * d :].reshape(t, hkv, d)
         o = attn(self.layer_idx, q, k, v)
         x = linear_residual(o.reshape(t, hq * d), self.o, x, eps, self.kernel_ops, self.post_attention_norm)
         h = norm_linear(x, self.ffn_norm, self.gate_up, eps, self.kernel_ops)
@@ -145,22 +174,46 @@ class Gemma3DecoderLayer:
 
     def nbytes(self) -> int:
         norms = (self.attn_norm, self.q_norm, self.k_norm, self.post_attention_norm, self.ffn_norm, self.post_ffw_norm)
-        return (sum(lin.nbytes() for lin in (self.qkv, self.o, self.gate_up, self.down))
-                + sum(t.numel() * 4 for t in norms if t is not None))
+        return sum(lin.nbytes() for lin in (self.qkv, self.o, self.gate_up, self.down)) + sum(
+            t.numel() * 4 for t in norms if t is not None
+        )
 
 
 def build_layer(config: ModelConfig, i: int, weights, kernel_ops) -> Gemma3DecoderLayer:
     p = f"layers.{i}."
     spec = config.layers[i]
-    rotary = Rotary(kernel_ops.rope_neox, config.head_dim, spec.rope_base, spec.rope_position_scale,
-                    kernel_ops=kernel_ops)
+    rotary = Rotary(
+        kernel_ops.rope_neox, config.head_dim, spec.rope_base, spec.rope_position_scale, kernel_ops=kernel_ops
+    )
     layer = Gemma3DecoderLayer(
-        config=config, layer_idx=i, rotary=rotary, kernel_ops=kernel_ops, attn_norm=weights.tensor(p + "attn_norm"),
-        qkv=weights.linear(p + "qkv"), q_norm=weights.tensor(p + "attn_q_norm"),
-        k_norm=weights.tensor(p + "attn_k_norm"), o=weights.linear(p + "o"),
-        post_attention_norm=weights.tensor(p + "post_attention_norm"), ffn_norm=weights.tensor(p + "ffn_norm"),
-        gate_up=weights.linear(p + "gate_up", "gelu_tanh"), down=weights.linear(p + "down"),
-        post_ffw_norm=weights.tensor(p + "post_ffw_norm"))
-    layer.block = block_weights(config, i, rotary, layer.attn_norm, layer.qkv, layer.o, layer.ffn_norm, layer.gate_up,
-                                layer.down, layer.q_norm, layer.k_norm, layer.post_attention_norm, layer.post_ffw_norm)
+        config=config,
+        layer_idx=i,
+        rotary=rotary,
+        kernel_ops=kernel_ops,
+        attn_norm=weights.tensor(p + "attn_norm"),
+        qkv=weights.linear(p + "qkv"),
+        q_norm=weights.tensor(p + "attn_q_norm"),
+        k_norm=weights.tensor(p + "attn_k_norm"),
+        o=weights.linear(p + "o"),
+        post_attention_norm=weights.tensor(p + "post_attention_norm"),
+        ffn_norm=weights.tensor(p + "ffn_norm"),
+        gate_up=weights.linear(p + "gate_up", "gelu_tanh"),
+        down=weights.linear(p + "down"),
+        post_ffw_norm=weights.tensor(p + "post_ffw_norm"),
+    )
+    layer.block = block_weights(
+        config,
+        i,
+        rotary,
+        layer.attn_norm,
+        layer.qkv,
+        layer.o,
+        layer.ffn_norm,
+        layer.gate_up,
+        layer.down,
+        layer.q_norm,
+        layer.k_norm,
+        layer.post_attention_norm,
+        layer.post_ffw_norm,
+    )
     return layer

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
-from salon.kernels.decoder_block import BlockWeights
 from salon.engine.model.config import LayerSpec, ModelConfig
 from salon.engine.model.gguf_file import GGUFFile, GGUFMetadataError
 from salon.engine.model.layers import Rotary, block_weights, fused_layer, linear_residual, norm_linear
-from salon.engine.model.models.common import (UnsupportedModelFile, attention_geometry, read_weights as read_named,
-                                                 rope_linear_scale)
+from salon.engine.model.models.common import UnsupportedModelFile, attention_geometry, rope_linear_scale
+from salon.engine.model.models.common import read_weights as read_named
 from salon.engine.model.vocab import Vocab
+from salon.kernels.decoder_block import BlockWeights
 
 ARCH = "llama"
 # No q/k norms: int8 key smoothing is folded into the k rows, its inverse into the q rows.
@@ -48,29 +48,48 @@ INT8_RECIPE: dict[str, object] = {"alpha": 0.5}  # build_int8_checkpoint options
 def config_from_gguf(f: GGUFFile, model_id: str, sha256: str, vocab: Vocab) -> ModelConfig:
     d_model, num_heads, num_kv_heads, head_dim = attention_geometry(f, ARCH)
     if f.get_int(f"{ARCH}.expert_count", 0) > 0:
-        raise UnsupportedModelFile(f"{f.path.name}: mixture-of-experts llama files ({ARCH}.expert_count = "
-                                   f"{f.get_int(f'{ARCH}.expert_count')}) are not supported")
+        raise UnsupportedModelFile(
+            f"{f.path.name}: mixture-of-experts llama files ({ARCH}.expert_count = "
+            f"{f.get_int(f'{ARCH}.expert_count')}) are not supported"
+        )
     rope_dims = f.get_int(f"{ARCH}.rope.dimension_count", head_dim)
     if rope_dims != head_dim:
-        raise UnsupportedModelFile(f"{f.path.name}: {ARCH}.rope.dimension_count {rope_dims} != head dim {head_dim} "
-                                   "(partial rotary embeddings are not supported)")
+        raise UnsupportedModelFile(
+            f"{f.path.name}: {ARCH}.rope.dimension_count {rope_dims} != head dim {head_dim} "
+            "(partial rotary embeddings are not supported)"
+        )
     num_layers = f.get_int(f"{ARCH}.block_count")
     base = f.get_float(f"{ARCH}.rope.freq_base", 10_000.0)
     scale = rope_linear_scale(f, ARCH)
     vocab_size = f.get_int(f"{ARCH}.vocab_size", len(vocab.tokens))
     if vocab_size != len(vocab.tokens):
-        raise GGUFMetadataError(f"{f.path.name}: {ARCH}.vocab_size {vocab_size} but the tokenizer has "
-                                f"{len(vocab.tokens)} tokens")
+        raise GGUFMetadataError(
+            f"{f.path.name}: {ARCH}.vocab_size {vocab_size} but the tokenizer has {len(vocab.tokens)} tokens"
+        )
     return ModelConfig(
-        model_id=model_id, vocab_size=vocab_size, d_model=d_model, num_layers=num_layers, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, head_dim=head_dim, ffn_dim=f.get_int(f"{ARCH}.feed_forward_length"),
+        model_id=model_id,
+        vocab_size=vocab_size,
+        d_model=d_model,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        ffn_dim=f.get_int(f"{ARCH}.feed_forward_length"),
         rms_norm_eps=f.get_float(f"{ARCH}.attention.layer_norm_rms_epsilon"),
-        max_context_tokens=f.get_int(f"{ARCH}.context_length"), bos_token_id=vocab.bos_token_id,
+        max_context_tokens=f.get_int(f"{ARCH}.context_length"),
+        bos_token_id=vocab.bos_token_id,
         eos_token_ids=vocab.end_of_generation_ids(),
         layers=tuple(LayerSpec("global", None, base, rope_position_scale=scale) for _ in range(num_layers)),
-        attn_scale=1.0 / math.sqrt(head_dim), pad_token_id=vocab.pad_token_id, architecture=ARCH,
-        activation="silu", qk_norm=False, post_norms=False, embedding_multiplier=1.0,
-        tied_embeddings=not f.has_tensor("output"), add_bos=vocab.add_bos, rope_type_in_file="adjacent",
+        attn_scale=1.0 / math.sqrt(head_dim),
+        pad_token_id=vocab.pad_token_id,
+        architecture=ARCH,
+        activation="silu",
+        qk_norm=False,
+        post_norms=False,
+        embedding_multiplier=1.0,
+        tied_embeddings=not f.has_tensor("output"),
+        add_bos=vocab.add_bos,
+        rope_type_in_file="adjacent",
         weights_sha256=sha256,
     )
 
@@ -85,9 +104,17 @@ def weight_shapes(config: ModelConfig, with_rope_freqs: bool) -> dict[str, tuple
     for i in range(config.num_layers):
         p = f"layers.{i}."
         shapes.update({p + n: (d,) for n in LAYER_NORMS})
-        shapes.update({p + "attn_q": (hq * hd, d), p + "attn_k": (hkv * hd, d), p + "attn_v": (hkv * hd, d),
-                       p + "attn_output": (d, hq * hd), p + "ffn_gate": (ffn, d), p + "ffn_up": (ffn, d),
-                       p + "ffn_down": (d, ffn)})
+        shapes.update(
+            {
+                p + "attn_q": (hq * hd, d),
+                p + "attn_k": (hkv * hd, d),
+                p + "attn_v": (hkv * hd, d),
+                p + "attn_output": (d, hq * hd),
+                p + "ffn_gate": (ffn, d),
+                p + "ffn_up": (ffn, d),
+                p + "ffn_down": (d, ffn),
+            }
+        )
     return shapes
 
 
@@ -131,26 +158,37 @@ class LlamaDecoderLayer:
         t, hq, hkv, d = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = norm_linear(x, self.attn_norm, self.qkv, eps, self.kernel_ops)
         q = self.rotary(qkv[:, : hq * d].reshape(t, hq, d), positions)
-        k = self.rotary(qkv[:, hq * d: (hq + hkv) * d].reshape(t, hkv, d), positions)
-        v = qkv[:, (hq + hkv) * d:].reshape(t, hkv, d)
+        k = self.rotary(qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d), positions)
+        v = qkv[:, (hq + hkv) * d :].reshape(t, hkv, d)
         x = linear_residual(attn(self.layer_idx, q, k, v).reshape(t, hq * d), self.o, x, eps, self.kernel_ops)
         h = norm_linear(x, self.ffn_norm, self.gate_up, eps, self.kernel_ops)
         return linear_residual(h, self.down, x, eps, self.kernel_ops)
 
     def nbytes(self) -> int:
-        return (sum(lin.nbytes() for lin in (self.qkv, self.o, self.gate_up, self.down))
-                + 4 * (self.attn_norm.numel() + self.ffn_norm.numel()))
+        return sum(lin.nbytes() for lin in (self.qkv, self.o, self.gate_up, self.down)) + 4 * (
+            self.attn_norm.numel() + self.ffn_norm.numel()
+        )
 
 
 def build_layer(config: ModelConfig, i: int, weights, kernel_ops) -> LlamaDecoderLayer:
     p = f"layers.{i}."
     spec = config.layers[i]
-    rotary = Rotary(kernel_ops.rope_neox, config.head_dim, spec.rope_base, spec.rope_position_scale,
-                    weights.tensor("rope_freqs"))
+    rotary = Rotary(
+        kernel_ops.rope_neox, config.head_dim, spec.rope_base, spec.rope_position_scale, weights.tensor("rope_freqs")
+    )
     layer = LlamaDecoderLayer(
-        config=config, layer_idx=i, rotary=rotary, kernel_ops=kernel_ops, attn_norm=weights.tensor(p + "attn_norm"),
-        qkv=weights.linear(p + "qkv"), o=weights.linear(p + "o"), ffn_norm=weights.tensor(p + "ffn_norm"),
-        gate_up=weights.linear(p + "gate_up", "silu"), down=weights.linear(p + "down"))
-    layer.block = block_weights(config, i, rotary, layer.attn_norm, layer.qkv, layer.o, layer.ffn_norm, layer.gate_up,
-                                layer.down)
+        config=config,
+        layer_idx=i,
+        rotary=rotary,
+        kernel_ops=kernel_ops,
+        attn_norm=weights.tensor(p + "attn_norm"),
+        qkv=weights.linear(p + "qkv"),
+        o=weights.linear(p + "o"),
+        ffn_norm=weights.tensor(p + "ffn_norm"),
+        gate_up=weights.linear(p + "gate_up", "silu"),
+        down=weights.linear(p + "down"),
+    )
+    layer.block = block_weights(
+        config, i, rotary, layer.attn_norm, layer.qkv, layer.o, layer.ffn_norm, layer.gate_up, layer.down
+    )
     return layer
