@@ -7,7 +7,9 @@
 
 int8 models come from the cached checkpoint (converted on first use, checkpoint.py); float32 models are
 dequantized from the GGUF every time (the exact reference). Synthetic models draw seeded random weights
-and use the Gemma vocabulary, so token ids mean the same as for the real model.
+and use the Gemma vocabulary, so token ids mean the same as for the real model; synthetic-gemma-3-270m and
+-1b (synthetic_gemma.py) are the real models' shapes with int8 weights drawn directly, which
+build_synthetic_gemma makes on any device with no file (load() gives them the Gemma tokenizer where it is).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from salon.engine.model.model import CausalLM
 from salon.engine.model.models import architecture
 from salon.engine.model.sources import ModelSource, resolve_source
 from salon.engine.model.synthetic import synthetic_weights
+from salon.engine.model.synthetic_gemma import SYNTHETIC_GEMMA_MODELS, build_synthetic_gemma, synthetic_gemma_config
 from salon.engine.model.tokenizer import Tokenizer
 from salon.engine.model.vocab import Vocab
 from salon.kernels.backend import Ops, select_ops
@@ -47,7 +50,7 @@ class ModelFile:
 def open_model_file(name: str, cache_dir: Path | None = None) -> ModelFile:
     """The GGUF behind `name` (a known name, a path, or synthetic-* over the Gemma vocabulary), described."""
     if name.startswith("synthetic-"):
-        config = synthetic_config(name)
+        config = synthetic_gemma_config(name) if name in SYNTHETIC_GEMMA_MODELS else synthetic_config(name)
         gemma = open_model_file("gemma-3-270m", cache_dir)
         return ModelFile(gemma.source, gemma.gguf, gemma.vocab, config, None)
     source = resolve_source(name, cache_dir)
@@ -61,6 +64,8 @@ def open_model_file(name: str, cache_dir: Path | None = None) -> ModelFile:
 
 @functools.lru_cache(maxsize=16)
 def config_for(name: str) -> ModelConfig:
+    if name in SYNTHETIC_GEMMA_MODELS:  # no file at all: the benches of a GPU without the Gemma package use these
+        return synthetic_gemma_config(name)
     if name.startswith("synthetic-"):
         return synthetic_config(name)
     return open_model_file(name).config
@@ -93,7 +98,11 @@ def load(
     tokenizer = Tokenizer(mf.vocab)
     config = mf.config
     placed = in_huge_pages if huge_pages else (lambda tensors: tensors)
-    if config.random_weights_seed is not None:
+    if name in SYNTHETIC_GEMMA_MODELS:
+        if precision != "int8":
+            raise ValueError(f"{name} has int8 weights only")
+        model = build_synthetic_gemma(name, kernel_ops)
+    elif config.random_weights_seed is not None:
         weights = synthetic_weights(config)
         model = (
             build_float_model(config, weights, kernel_ops)
