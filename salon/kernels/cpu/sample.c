@@ -14,9 +14,10 @@
  * cut falls; only that bin's tokens are sorted. Masses are float64 sums in a fixed order.
  *
  * The vector passes over the vocabulary (max and min, exp and bins, gathering a bin's tokens, the masses of
- * blocks of 16 tokens) come in two builds, AVX-512 (sample_rows_avx512, exp_ps) and AVX2 + FMA
- * (sample_rows_avx2, exp256_ps); they give the same bits (exp256_ps is exp_ps lane for lane, and a block's
- * mass is summed in the same tree), so both draw the same tokens. The rest is scalar and shared.
+ * blocks of 16 tokens) are written once in sample.h and come in two builds, each a section below that defines
+ * the vector layer and includes it: AVX-512 (sample_rows_avx512, exp_ps) and AVX2 + FMA (sample_rows_avx2,
+ * exp256_ps). They give the same bits (exp256_ps is exp_ps lane for lane, and a block's mass is summed in the
+ * same tree), so both draw the same tokens. The rest is scalar and shared.
  * salon/kernels/cpu/sample.py calls the best build the CPU has.
  */
 #include <immintrin.h>
@@ -44,7 +45,7 @@ static int id_order(const void *a, const void *b) {
     return (p->id > q->id) - (p->id < q->id);
 }
 
-/* The vector passes of one build. */
+/* The vector passes of one build (sample.h writes them once; sample_simd_avx512 and sample_simd_avx2). */
 typedef struct {
     /* x: f32[V] -> e = exp(x - max(x)), bins = the bin of each x among NBINS equal bins over [min, max]. */
     void (*exp_and_bins)(const float *x, int64_t V, float *e, uint16_t *bins);
@@ -66,56 +67,36 @@ static inline uint16_t bin_of(float x, float lo, float scale) {
     return (uint16_t)(b < 0 ? 0 : (b >= NBINS ? NBINS - 1 : b));
 }
 
-/* ---- AVX-512 ---- */
+/* ---- AVX-512: 16 lanes ---- */
 
-AVX512 static void exp_and_bins_avx512(const float *x, int64_t V, float *e, uint16_t *bins) {
-    __m512 mv = _mm512_set1_ps(-INFINITY), nv = _mm512_set1_ps(INFINITY);
-    int64_t i = 0;
-    for (; i + 16 <= V; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        mv = _mm512_max_ps(mv, v);
-        nv = _mm512_min_ps(nv, v);
-    }
-    float m = _mm512_reduce_max_ps(mv), lo = _mm512_reduce_min_ps(nv);
-    min_max_scalar(x, i, V, &m, &lo);
-    const float scale = m > lo ? NBINS / (m - lo) : 0.0f;
-    const __m512 vm = _mm512_set1_ps(m), vlo = _mm512_set1_ps(lo), vscale = _mm512_set1_ps(scale);
-    const __m512i top_bin = _mm512_set1_epi32(NBINS - 1), zero = _mm512_setzero_si512();
-    for (i = 0; i + 16 <= V; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        _mm512_storeu_ps(e + i, exp_ps(_mm512_sub_ps(v, vm)));
-        __m512i b = _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_sub_ps(v, vlo), vscale));
-        b = _mm512_min_epi32(_mm512_max_epi32(b, zero), top_bin);
-        _mm256_storeu_si256((__m256i *)(bins + i), _mm512_cvtepi32_epi16(b));
-    }
-    for (; i < V; i++) {
-        e[i] = _mm512_cvtss_f32(exp_ps(_mm512_set1_ps(x[i] - m)));
-        bins[i] = bin_of(x[i], lo, scale);
-    }
+AVX512 static inline __m512 sv_set1_avx512(float x) { return _mm512_set1_ps(x); }
+AVX512 static inline __m512 sv_loadu_avx512(const float *p) { return _mm512_loadu_ps(p); }
+AVX512 static inline void sv_storeu_avx512(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
+AVX512 static inline __m512 sv_max_avx512(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+AVX512 static inline __m512 sv_min_avx512(__m512 a, __m512 b) { return _mm512_min_ps(a, b); }
+AVX512 static inline __m512 sv_sub_avx512(__m512 a, __m512 b) { return _mm512_sub_ps(a, b); }
+AVX512 static inline __m512 sv_mul_avx512(__m512 a, __m512 b) { return _mm512_mul_ps(a, b); }
+AVX512 static inline __m512 sv_exp_avx512(__m512 v) { return exp_ps(v); }
+AVX512 static inline float sv_first_avx512(__m512 v) { return _mm512_cvtss_f32(v); }
+AVX512 static inline float sv_reduce_max_avx512(__m512 v) { return _mm512_reduce_max_ps(v); }
+AVX512 static inline float sv_reduce_min_avx512(__m512 v) { return _mm512_reduce_min_ps(v); }
+AVX512 static inline __m512i sv_izero_avx512(void) { return _mm512_setzero_si512(); }
+AVX512 static inline __m512i sv_iset1_avx512(int x) { return _mm512_set1_epi32(x); }
+AVX512 static inline __m512i sv_imax_avx512(__m512i a, __m512i b) { return _mm512_max_epi32(a, b); }
+AVX512 static inline __m512i sv_imin_avx512(__m512i a, __m512i b) { return _mm512_min_epi32(a, b); }
+AVX512 static inline __m512i sv_cvtt_avx512(__m512 v) { return _mm512_cvttps_epi32(v); }
+AVX512 static inline void sv_store_bins_avx512(uint16_t *bins, __m512i b) {
+    _mm256_storeu_si256((__m256i *)bins, _mm512_cvtepi32_epi16(b));
 }
 
-AVX512 static int64_t gather_bins_avx512(const float *x, const uint16_t *bins, int64_t V, int lo_bin, int hi_bin,
-                                         Entry *out, int64_t n) {
-    const __m512i lo = _mm512_set1_epi32(lo_bin), hi = _mm512_set1_epi32(hi_bin), step = _mm512_set1_epi32(16);
-    __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    int64_t i = 0;
-    for (; i + 16 <= V; i += 16, ids = _mm512_add_epi32(ids, step)) {
-        __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bins + i)));
-        __mmask16 hit = _mm512_cmpge_epi32_mask(b, lo) & _mm512_cmple_epi32_mask(b, hi);
-        if (!hit) continue;
-        float xs[16]; int32_t is[16];
-        _mm512_mask_compressstoreu_ps(xs, hit, _mm512_loadu_ps(x + i));
-        _mm512_mask_compressstoreu_epi32(is, hit, ids);
-        for (int j = 0; j < __builtin_popcount(hit); j++) { out[n].x = xs[j]; out[n].id = is[j]; n++; }
-    }
-    for (; i < V; i++)
-        if (bins[i] >= lo_bin && bins[i] <= hi_bin) { out[n].x = x[i]; out[n].id = (int32_t)i; n++; }
-    return n;
+AVX512 static inline unsigned sv_hits16_avx512(const uint16_t *bins, int lo_bin, int hi_bin) {
+    __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)bins));
+    return _mm512_cmpge_epi32_mask(b, _mm512_set1_epi32(lo_bin))
+           & _mm512_cmple_epi32_mask(b, _mm512_set1_epi32(hi_bin));
 }
 
-/* Mass of the tokens with bin > cut of the block at i: the 16 values as float64, v[j] + v[j + 8], then
-   _mm512_reduce_add_pd's halving tree. */
-AVX512 static inline double block_mass_avx512(const float *e, const uint16_t *bins, int64_t i, int cut) {
+/* The 16 values as float64, v[j] + v[j + 8], then _mm512_reduce_add_pd's halving tree. */
+AVX512 static inline double sv_block_mass_avx512(const float *e, const uint16_t *bins, int64_t i, int cut) {
     __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bins + i)));
     __m512 v = _mm512_maskz_mov_ps(_mm512_cmpgt_epi32_mask(b, _mm512_set1_epi32(cut)), _mm512_loadu_ps(e + i));
     __m512d s = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
@@ -123,74 +104,56 @@ AVX512 static inline double block_mass_avx512(const float *e, const uint16_t *bi
     return _mm512_reduce_add_pd(s);
 }
 
-AVX512 static double block_masses_avx512(const float *e, const uint16_t *bins, int64_t nb, int cut, double *block) {
-    double total = 0.0;
-    for (int64_t b = 0; b < nb; b++) total += block[b] = block_mass_avx512(e, bins, b * 16, cut);
-    return total;
-}
+#define S_ISA avx512
+#define S_TARGET AVX512
+#define S_LANES 16
+#define S_VEC __m512
+#define S_IVEC __m512i
+#include "sample.h"
 
-static const Simd SIMD_AVX512 = {exp_and_bins_avx512, gather_bins_avx512, block_masses_avx512};
+/* ---- AVX2 + FMA (the file's baseline flags): 8 lanes ---- */
 
-/* ---- AVX2 + FMA (the file's baseline flags) ---- */
-
-static void exp_and_bins_avx2(const float *x, int64_t V, float *e, uint16_t *bins) {
-    __m256 mv = _mm256_set1_ps(-INFINITY), nv = _mm256_set1_ps(INFINITY);
-    int64_t i = 0;
-    for (; i + 8 <= V; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        mv = _mm256_max_ps(mv, v);
-        nv = _mm256_min_ps(nv, v);
-    }
-    /* max and min are exact in any order: the AVX-512 build's m and lo */
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
-    __m128 n4 = _mm_min_ps(_mm256_castps256_ps128(nv), _mm256_extractf128_ps(nv, 1));
+static inline __m256 sv_set1_avx2(float x) { return _mm256_set1_ps(x); }
+static inline __m256 sv_loadu_avx2(const float *p) { return _mm256_loadu_ps(p); }
+static inline void sv_storeu_avx2(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
+static inline __m256 sv_max_avx2(__m256 a, __m256 b) { return _mm256_max_ps(a, b); }
+static inline __m256 sv_min_avx2(__m256 a, __m256 b) { return _mm256_min_ps(a, b); }
+static inline __m256 sv_sub_avx2(__m256 a, __m256 b) { return _mm256_sub_ps(a, b); }
+static inline __m256 sv_mul_avx2(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
+static inline __m256 sv_exp_avx2(__m256 v) { return exp256_ps(v); }
+static inline float sv_first_avx2(__m256 v) { return _mm256_cvtss_f32(v); }
+static inline float sv_reduce_max_avx2(__m256 v) {
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+static inline float sv_reduce_min_avx2(__m256 v) {
+    __m128 n4 = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     n4 = _mm_min_ps(n4, _mm_movehl_ps(n4, n4));
-    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-    float lo = _mm_cvtss_f32(_mm_min_ss(n4, _mm_movehdup_ps(n4)));
-    min_max_scalar(x, i, V, &m, &lo);
-    const float scale = m > lo ? NBINS / (m - lo) : 0.0f;
-    const __m256 vm = _mm256_set1_ps(m), vlo = _mm256_set1_ps(lo), vscale = _mm256_set1_ps(scale);
-    const __m256i top_bin = _mm256_set1_epi32(NBINS - 1), zero = _mm256_setzero_si256();
-    for (i = 0; i + 8 <= V; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        _mm256_storeu_ps(e + i, exp256_ps(_mm256_sub_ps(v, vm)));
-        __m256i b = _mm256_cvttps_epi32(_mm256_mul_ps(_mm256_sub_ps(v, vlo), vscale));
-        b = _mm256_min_epi32(_mm256_max_epi32(b, zero), top_bin);
-        _mm_storeu_si128((__m128i *)(bins + i),
-                         _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
-    }
-    for (; i < V; i++) {
-        e[i] = _mm256_cvtss_f32(exp256_ps(_mm256_set1_ps(x[i] - m)));
-        bins[i] = bin_of(x[i], lo, scale);
-    }
+    return _mm_cvtss_f32(_mm_min_ss(n4, _mm_movehdup_ps(n4)));
+}
+static inline __m256i sv_izero_avx2(void) { return _mm256_setzero_si256(); }
+static inline __m256i sv_iset1_avx2(int x) { return _mm256_set1_epi32(x); }
+static inline __m256i sv_imax_avx2(__m256i a, __m256i b) { return _mm256_max_epi32(a, b); }
+static inline __m256i sv_imin_avx2(__m256i a, __m256i b) { return _mm256_min_epi32(a, b); }
+static inline __m256i sv_cvtt_avx2(__m256 v) { return _mm256_cvttps_epi32(v); }
+static inline void sv_store_bins_avx2(uint16_t *bins, __m256i b) {
+    _mm_storeu_si128((__m128i *)bins, _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
 }
 
-static int64_t gather_bins_avx2(const float *x, const uint16_t *bins, int64_t V, int lo_bin, int hi_bin, Entry *out,
-                                int64_t n) {
-    /* bins hold 0..NBINS, so they compare as signed 16-bit words */
+/* bins hold 0..NBINS, so they compare as signed 16-bit words; the words' masks packed to bytes give one bit per
+   token, in order. */
+static inline unsigned sv_hits16_avx2(const uint16_t *bins, int lo_bin, int hi_bin) {
     const __m256i below = _mm256_set1_epi16((int16_t)(lo_bin - 1)), above = _mm256_set1_epi16((int16_t)(hi_bin + 1));
-    int64_t i = 0;
-    for (; i + 16 <= V; i += 16) {
-        __m256i b = _mm256_loadu_si256((const __m256i *)(bins + i));
-        __m256i in = _mm256_and_si256(_mm256_cmpgt_epi16(b, below), _mm256_cmpgt_epi16(above, b));
-        /* one bit per token, in order: the words' masks packed to bytes */
-        unsigned hit = (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm256_castsi256_si128(in),
-                                                                   _mm256_extracti128_si256(in, 1)));
-        for (; hit; hit &= hit - 1) {
-            int64_t j = i + __builtin_ctz(hit);
-            out[n].x = x[j]; out[n].id = (int32_t)j; n++;
-        }
-    }
-    for (; i < V; i++)
-        if (bins[i] >= lo_bin && bins[i] <= hi_bin) { out[n].x = x[i]; out[n].id = (int32_t)i; n++; }
-    return n;
+    __m256i b = _mm256_loadu_si256((const __m256i *)bins);
+    __m256i in = _mm256_and_si256(_mm256_cmpgt_epi16(b, below), _mm256_cmpgt_epi16(above, b));
+    return (unsigned)_mm_movemask_epi8(_mm_packs_epi16(_mm256_castsi256_si128(in), _mm256_extracti128_si256(in, 1)));
 }
 
-/* block_mass_avx512's sum, step for step: s[j] = v[j] + v[j + 8] (j < 8) as float64, t[j] = s[j] + s[j + 4],
+/* sv_block_mass_avx512's sum, step for step: s[j] = v[j] + v[j + 8] (j < 8) as float64, t[j] = s[j] + s[j + 4],
    then t[0] + t[2] plus t[1] + t[3]. */
-static inline double block_mass_avx2(const float *e, const uint16_t *bins, int64_t i, __m256i cut) {
-    __m256i keep = _mm256_cmpgt_epi16(_mm256_loadu_si256((const __m256i *)(bins + i)), cut);
+static inline double sv_block_mass_avx2(const float *e, const uint16_t *bins, int64_t i, int cut) {
+    __m256i keep = _mm256_cmpgt_epi16(_mm256_loadu_si256((const __m256i *)(bins + i)), _mm256_set1_epi16((int16_t)cut));
     __m256 a = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(keep))),
                              _mm256_loadu_ps(e + i));
     __m256 b = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(keep, 1))),
@@ -204,14 +167,12 @@ static inline double block_mass_avx2(const float *e, const uint16_t *bins, int64
     return _mm_cvtsd_f64(t2) + _mm_cvtsd_f64(_mm_unpackhi_pd(t2, t2));
 }
 
-static double block_masses_avx2(const float *e, const uint16_t *bins, int64_t nb, int cut, double *block) {
-    const __m256i vcut = _mm256_set1_epi16((int16_t)cut);
-    double total = 0.0;
-    for (int64_t b = 0; b < nb; b++) total += block[b] = block_mass_avx2(e, bins, b * 16, vcut);
-    return total;
-}
-
-static const Simd SIMD_AVX2 = {exp_and_bins_avx2, gather_bins_avx2, block_masses_avx2};
+#define S_ISA avx2
+#define S_TARGET
+#define S_LANES 8
+#define S_VEC __m256
+#define S_IVEC __m256i
+#include "sample.h"
 
 /* ---- shared ---- */
 
@@ -346,10 +307,10 @@ static void sample_rows(const Simd *simd, const float *logits, const int64_t *ro
 /* The entry points, one per build: the same arguments as sample_rows. */
 void sample_rows_avx512(const float *logits, const int64_t *rows, int64_t R, int64_t V, const float *temperature,
                         const int64_t *top_k, const double *top_p, const double *u, int64_t *tokens, int nthreads) {
-    sample_rows(&SIMD_AVX512, logits, rows, R, V, temperature, top_k, top_p, u, tokens, nthreads);
+    sample_rows(&sample_simd_avx512, logits, rows, R, V, temperature, top_k, top_p, u, tokens, nthreads);
 }
 
 void sample_rows_avx2(const float *logits, const int64_t *rows, int64_t R, int64_t V, const float *temperature,
                       const int64_t *top_k, const double *top_p, const double *u, int64_t *tokens, int nthreads) {
-    sample_rows(&SIMD_AVX2, logits, rows, R, V, temperature, top_k, top_p, u, tokens, nthreads);
+    sample_rows(&sample_simd_avx2, logits, rows, R, V, temperature, top_k, top_p, u, tokens, nthreads);
 }

@@ -14,6 +14,11 @@
  *
  * Both are exact (|sum| <= K * 255 * 127 < 2^31 for K < 66,000): every output element depends only on its
  * own row and column, never on M, the blocking or the thread split.
+ *
+ * Not one algorithm at two widths (so not one header over two vector layers): the products come from other
+ * instructions on other activation layouts (unsigned bytes with a correction term against int16 widened ahead
+ * of the call), the blocks differ (4 weight rows x 4 activation rows against 1 x 4) and only the VNNI kernel
+ * scales its outputs; what the two would share is the loop over k.
  */
 #include <immintrin.h>
 #include <stdint.h>
