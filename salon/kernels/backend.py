@@ -115,7 +115,7 @@ def triton_ops() -> Ops:
         rmsnorm_quant_triton,
         rmsnorm_quant_two_terms_triton,
     )
-    from salon.kernels.rmsnorm import rmsnorm_triton
+    from salon.kernels.rmsnorm import rmsnorm_residual_triton, rmsnorm_triton
     from salon.kernels.rope import rope_neox_triton
     from salon.kernels.w8a8_gemm import w8a8_gemm_triton
     from salon.kernels.w8a8_two_terms import w8a8_two_terms_triton
@@ -131,12 +131,14 @@ def triton_ops() -> Ops:
         kv_write=kv_write_triton,
         paged_attention=paged_attention_triton,
         # the norm and both terms in one launch, the terms summed in the GEMM's epilogue: the bits of
-        # compose_linear_two_terms(rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton)
+        # compose_linear_two_terms(rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton); the post-norm
+        # and the residual add one launch
         linear_two_terms=compose_linear_two_terms_summed(
             rmsnorm_triton,
             rmsnorm_quant_two_terms_triton,
             quantize_two_terms_triton,
             w8a8_two_terms_triton,
+            rmsnorm_residual_triton,
             "linear_two_terms_triton",
         ),
         rmsnorm_rope=compose_rmsnorm_rope(rmsnorm_triton, rope_neox_triton, "rmsnorm_rope_triton"),

@@ -17,7 +17,7 @@ from salon.kernels.quantize import (
     rmsnorm_quant_two_terms_ref,
     rmsnorm_quant_two_terms_triton,
 )
-from salon.kernels.rmsnorm import rmsnorm_triton
+from salon.kernels.rmsnorm import rmsnorm_residual_ref, rmsnorm_residual_triton, rmsnorm_triton
 from salon.kernels.w8a8_gemm import w8a8_gemm_triton
 from salon.kernels.w8a8_two_terms import w8a8_two_terms_ref, w8a8_two_terms_triton
 from tests.triton_interpreter import row_independent_dot
@@ -89,3 +89,33 @@ def test_triton_two_term_op_is_its_unfused_composition(grouped, norm, post_norm,
     fused = triton_ops().linear_two_terms
     unfused = compose(rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton)
     assert torch.equal(fused(x, w_q, w_scale, **kw), unfused(x, w_q, w_scale, **kw))
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (3, 100), (2, 3, 7)])
+def test_rmsnorm_residual_is_the_unfused_pair(shape):
+    gen = torch.Generator().manual_seed(sum(shape))
+    x, residual = torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen)
+    w = 1.0 + 0.1 * torch.randn(shape[-1], generator=gen)
+    got = rmsnorm_residual_triton(x, w, 1e-6, residual)
+    assert torch.equal(got, residual + rmsnorm_triton(x, w, 1e-6))
+    torch.testing.assert_close(got, rmsnorm_residual_ref(x, w, 1e-6, residual), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m, k, n, grouped", [*SHAPES, (64, 640, 1152, True), (1, 640, 2048, True)])
+def test_fused_two_term_launches_on_cuda_are_the_unfused_ones(m, k, n, grouped):
+    """Compiled (no FMA contraction): the fused launches give the unfused Triton sequence's bits on the GPU, and
+    the GEMM with its terms summed the reference's."""
+    x, a_q, a_scale, w_q, w_scale = (t.cuda() for t in _operands(m, k, n, grouped))
+    residual = torch.randn(m, n, device="cuda")
+    got = w8a8_two_terms_triton(a_q, a_scale, w_q, w_scale, residual)
+    y = w8a8_gemm_triton(a_q, a_scale, w_q, w_scale)
+    assert torch.equal(got, residual + (y[:m] + y[m:]))
+    assert torch.equal(got.cpu(), w8a8_two_terms_ref(*(t.cpu() for t in (a_q, a_scale, w_q, w_scale, residual))))
+    w = torch.rand(k, device="cuda") + 0.5
+    q, s = rmsnorm_quant_two_terms_triton(x, w, 1e-6)
+    q_ref, s_ref = quantize_two_terms_triton(rmsnorm_triton(x, w, 1e-6))
+    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    post = torch.rand(n, device="cuda") + 0.5
+    assert torch.equal(rmsnorm_residual_triton(got, post, 1e-6, residual), residual + rmsnorm_triton(got, post, 1e-6))
