@@ -18,6 +18,7 @@ from salon.kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from salon.kernels.glu import geglu_ref, swiglu_ref
 from salon.kernels.kv_write import kv_write_ref
 from salon.kernels.linear_two_terms import compose as compose_linear_two_terms
+from salon.kernels.linear_two_terms import compose_summed as compose_linear_two_terms_summed
 from salon.kernels.linear_two_terms import linear_int16_ref, linear_two_terms_ref
 from salon.kernels.paged_attention import paged_attention_ref
 from salon.kernels.quantize import quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
@@ -108,10 +109,16 @@ def triton_ops() -> Ops:
     from salon.kernels.glu import geglu_triton, swiglu_triton
     from salon.kernels.kv_write import kv_write_triton
     from salon.kernels.paged_attention import paged_attention_triton
-    from salon.kernels.quantize import quantize_per_token_triton, quantize_two_terms_triton, rmsnorm_quant_triton
-    from salon.kernels.rmsnorm import rmsnorm_triton
+    from salon.kernels.quantize import (
+        quantize_per_token_triton,
+        quantize_two_terms_triton,
+        rmsnorm_quant_triton,
+        rmsnorm_quant_two_terms_triton,
+    )
+    from salon.kernels.rmsnorm import rmsnorm_residual_triton, rmsnorm_triton
     from salon.kernels.rope import rope_neox_triton
     from salon.kernels.w8a8_gemm import w8a8_gemm_triton
+    from salon.kernels.w8a8_two_terms import w8a8_two_terms_triton
     from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
 
     return Ops(
@@ -123,8 +130,16 @@ def triton_ops() -> Ops:
         rope_neox=rope_neox_triton,
         kv_write=kv_write_triton,
         paged_attention=paged_attention_triton,
-        linear_two_terms=compose_linear_two_terms(
-            rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton, "linear_two_terms_triton"
+        # the norm and both terms in one launch, the terms summed in the GEMM's epilogue: the bits of
+        # compose_linear_two_terms(rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton); the post-norm
+        # and the residual add one launch
+        linear_two_terms=compose_linear_two_terms_summed(
+            rmsnorm_triton,
+            rmsnorm_quant_two_terms_triton,
+            quantize_two_terms_triton,
+            w8a8_two_terms_triton,
+            rmsnorm_residual_triton,
+            "linear_two_terms_triton",
         ),
         rmsnorm_rope=compose_rmsnorm_rope(rmsnorm_triton, rope_neox_triton, "rmsnorm_rope_triton"),
         geglu=geglu_triton,

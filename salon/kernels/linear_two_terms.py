@@ -62,5 +62,42 @@ def compose(
     return linear_two_terms
 
 
+def compose_summed(
+    rmsnorm: Callable,
+    norm_quantize: Callable,
+    quantize: Callable,
+    gemm_two_terms: Callable,
+    rmsnorm_residual: Callable,
+    name: str,
+) -> LinearTwoTerms:
+    """The two-term op with fewer launches, the Triton family's: the norm and both terms in one call
+    (`norm_quantize(x, weight, eps)`, rmsnorm then quantize's bits), the terms summed in the GEMM's epilogue
+    (`gemm_two_terms(q, s, w_q, w_scale, residual)`: salon.kernels.w8a8_two_terms, `y[:M] + y[M:]` and then
+    `residual + out` with their bits), the residual added there too when there is no post-norm, else by the
+    post-norm's launch (`rmsnorm_residual(out, post_norm, eps, residual)`: residual + rmsnorm's bits). The same bits
+    as compose(rmsnorm, quantize, gemm) of the family's ops."""
+
+    def linear_two_terms(
+        x: torch.Tensor,
+        w_q: torch.Tensor,
+        w_scale: torch.Tensor,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+        post_norm: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x f32[M, K] -> f32[M, N] (see the module docstring)."""
+        q, s = quantize(x) if norm_weight is None else norm_quantize(x, norm_weight, eps)
+        if post_norm is None:
+            return gemm_two_terms(q, s, w_q, w_scale, residual)
+        out = gemm_two_terms(q, s, w_q, w_scale)
+        if residual is None:
+            return rmsnorm(out, post_norm, eps)
+        return rmsnorm_residual(out, post_norm, eps, residual)
+
+    linear_two_terms.__name__ = linear_two_terms.__qualname__ = name
+    return linear_two_terms
+
+
 linear_two_terms_ref = compose(rmsnorm_ref, quantize_two_terms_ref, w8a8_gemm_ref, "linear_two_terms_ref")
 linear_int16_ref = compose(rmsnorm_ref, quantize_int16_ref, w16a8_grouped_ref, "linear_int16_ref", terms=1)

@@ -143,3 +143,18 @@ def quantize_two_terms_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 def rmsnorm_quant_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """x f32[M, K], weight f32[K] -> (int8[M, K], scale f32[M])."""
     return _launch_quantize(x, weight, eps)
+
+
+def rmsnorm_quant_two_terms_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x f32[M, K], weight f32[K] -> (int8[2M, K], scale f32[2M]): rmsnorm_ref, then quantize_two_terms_ref."""
+    return quantize_two_terms_ref(rmsnorm_ref(x, weight, eps))
+
+
+def rmsnorm_quant_two_terms_triton(
+    x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rmsnorm_triton, then quantize_two_terms_triton, in one launch with their bits: the kernel's norm is
+    rmsnorm_triton's operations in its order (tl.sum over the same block, x * r * w), its terms
+    quantize_two_terms_triton's; the normed row stays in registers instead of a round trip through memory,
+    which holds float32 exactly. To rmsnorm_ref's bits as rmsnorm_triton is (tl.sum's order)."""
+    return _launch_quantize(x, weight, eps, terms=2)

@@ -61,18 +61,40 @@ _MAX_ROW = 32768
 
 
 @triton.jit
-def _rmsnorm_rows_kernel(x_ptr, w_ptr, y_ptr, K, eps, BLOCK_K: tl.constexpr):
+def _rmsnorm_rows_kernel(x_ptr, w_ptr, y_ptr, res_ptr, K, eps, BLOCK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # one program per row; the whole row in registers (BLOCK_K >= K)
     cols = tl.arange(0, BLOCK_K)
     mask = cols < K
     x = tl.load(x_ptr + row * K + cols, mask=mask, other=0.0)
     r = 1.0 / tl.sqrt_rn(tl.sum(x * x, axis=0) / K + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    tl.store(y_ptr + row * K + cols, x * r * w, mask=mask)
+    y = x * r * w
+    if HAS_RESIDUAL:  # residual + the normed row (rmsnorm_residual_triton), rounded once as the separate add is
+        y = tl.load(res_ptr + row * K + cols, mask=mask, other=0.0) + y
+    tl.store(y_ptr + row * K + cols, y, mask=mask)
 
 
 def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x f32[..., K], weight f32[K] -> f32[..., K] (contiguous)."""
+    return _launch_rmsnorm(x, weight, eps, None)
+
+
+def rmsnorm_residual_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor) -> torch.Tensor:
+    """residual + rmsnorm_ref(x, weight, eps): a post-norm and the residual add after it."""
+    return residual + rmsnorm_ref(x, weight, eps)
+
+
+def rmsnorm_residual_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor) -> torch.Tensor:
+    """residual + rmsnorm_triton(x, weight, eps) in one launch, with the bits of the two (the normed row
+    stays in registers, float32 as stored; the add is the same one rounding)."""
+    check(
+        residual.shape == x.shape and residual.dtype == torch.float32 and residual.device == x.device,
+        f"residual: expected float32 {tuple(x.shape)} on {x.device}, got {residual.dtype} {tuple(residual.shape)}",
+    )
+    return _launch_rmsnorm(x, weight, eps, residual)
+
+
+def _launch_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None) -> torch.Tensor:
     check(
         x.dim() >= 1 and x.dtype == torch.float32,
         f"x: expected float32 with a last dimension, got {x.dtype} of {x.dim()} dimensions",
@@ -86,6 +108,14 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     if rows.shape[0]:
         block_k = next_pow2(k)
         on_device(_rmsnorm_rows_kernel, x.device)[(rows.shape[0],)](
-            rows, weight.contiguous(), y, k, float(eps), BLOCK_K=block_k, num_warps=min(16, max(1, block_k // 256))
+            rows,
+            weight.contiguous(),
+            y,
+            rows if residual is None else residual.reshape(-1, k).contiguous(),
+            k,
+            float(eps),
+            BLOCK_K=block_k,
+            HAS_RESIDUAL=residual is not None,
+            num_warps=min(16, max(1, block_k // 256)),
         )
     return y.view(x.shape)

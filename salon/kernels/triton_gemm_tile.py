@@ -33,9 +33,12 @@ class GemmOperands:
     def grid(self, cfg: dict) -> tuple[int]:
         return (triton.cdiv(self.M, cfg["BLOCK_M"]) * triton.cdiv(self.n_out, cfg["BLOCK_N"]),)
 
-    def launch(self, kernel, cfg: dict, geglu: bool, group_scales: bool, **options) -> torch.Tensor:
+    def launch(
+        self, kernel, cfg: dict, geglu: bool, group_scales: bool, two_terms: bool = False, **options
+    ) -> torch.Tensor:
         """Run `kernel` (salon/kernels/w8a8_triton.py's) over the output with the scale layout group_scales
-        selects: its argument order is pointers, sizes, strides (w_scale's row stride after w_q's), then the
+        selects (two_terms: a_q's rows [0, M) and [M, 2M) are the two terms of the M output rows, summed in the
+        epilogue): its argument order is pointers, sizes, strides (w_scale's row stride after w_q's), then the
         layout and epilogue flags; its output."""
         if self.M == 0 or self.n_out == 0:
             return self.out
@@ -63,6 +66,7 @@ class GemmOperands:
             HAS_BIAS=self.bias is not None,
             HAS_RESIDUAL=self.residual is not None,
             GEGLU=geglu,
+            TWO_TERMS=two_terms,
             **options,
             **cfg,
         )
@@ -78,9 +82,11 @@ def gemm_operands(
     residual: torch.Tensor | None,
     geglu: bool,
     check_w_scale,
+    terms: int = 1,
 ) -> GemmOperands:
     """Check a W8A8 GEMM's arguments (ValueError naming what is wrong); check_w_scale(w_scale, M, K, N) checks
-    the scales of the kernel's contract and returns them as the kernel reads them."""
+    the scales of the kernel's contract and returns them as the kernel reads them. terms = 2: a_q's 2M rows are
+    two activation terms of M output rows (M in the result is the output rows')."""
     dev = a_q.device
     check_tensor("a_q", a_q, torch.int8, 2, dev)
     check_tensor("w_q", w_q, torch.int8, 2, dev)
@@ -89,6 +95,8 @@ def gemm_operands(
     check(w_q.shape[1] == K, f"w_q: expected {K} columns to match a_q, got {w_q.shape[1]}")
     check_tensor("a_scale", a_scale, torch.float32, 1, dev)
     check(a_scale.shape[0] == M, f"a_scale: expected {M} elements, got {a_scale.shape[0]}")
+    check(M % terms == 0, f"a_q: {terms} activation terms need a multiple of {terms} rows, got {M}")
+    M //= terms
     w_scale = check_w_scale(a_q, w_q, w_scale)
     check(not geglu or N % 2 == 0, f"w_q: geglu needs an even number of rows, got {N}")
     n_out = N // 2 if geglu else N

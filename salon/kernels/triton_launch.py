@@ -35,48 +35,73 @@ def _call_interpreted(self: JITFunction, *args, **kwargs):
     return _interpreted(self.fn)(*args, **kwargs)
 
 
-class _InterpretedLaunch:
-    """`kernel[grid](...)` through the interpreter, with nested jit helpers interpreted too."""
+class _Launcher:
+    """`kernel[grid](...)` for one kernel on one kind of device, built once per (kernel, device type) by
+    on_device: `[grid]` hands out one launch function per grid, kept, which calls the kernel's `run` directly
+    (Triton's own `kernel[grid]` builds a fresh lambda each time; a decode step launches the same kernels on
+    the same grids every step). Triton keys its compiled variants by the constexpr arguments itself."""
 
-    def __init__(self, fn) -> None:
-        self._kernel = _interpreted(fn)
+    def __init__(self, kernel, name: str) -> None:
+        self._kernel = kernel
+        self.kernel_name = name
+        self._launches: dict = {}
 
     def __getitem__(self, grid):
+        launch = self._launches.get(grid)
+        if launch is None:
+            launch = self._launches[grid] = self._bind(grid)
+        return launch
+
+
+class _InterpretedLaunch(_Launcher):
+    """`kernel[grid](...)` through the interpreter, with nested jit helpers interpreted too."""
+
+    def _bind(self, grid):
+        run = self._kernel.run
+
         def launch(*args, **kwargs):
             with _redirect_lock:
                 saved = JITFunction.__call__
                 JITFunction.__call__ = _call_interpreted
                 try:
-                    return self._kernel[grid](*args, **kwargs)
+                    return run(*args, grid=grid, warmup=False, **kwargs)
                 finally:
                     JITFunction.__call__ = saved
 
         return launch
 
 
-class _CompiledLaunch:
+class _CompiledLaunch(_Launcher):
     """`kernel[grid](...)` compiled without floating-point contraction (enable_fp_fusion=False) unless the call
     says otherwise: Triton fuses a product and a sum into one FMA by default on GPUs, which the references (and
     the interpreter, and the CPU kernels) round twice, so the bits would differ."""
 
-    def __init__(self, kernel) -> None:
-        self._kernel = kernel
+    def _bind(self, grid):
+        run = self._kernel.run
 
-    def __getitem__(self, grid):
-        launch = self._kernel[grid]
-        return lambda *args, **kwargs: launch(*args, **{"enable_fp_fusion": False, **kwargs})
+        def launch(*args, **kwargs):
+            kwargs.setdefault("enable_fp_fusion", False)
+            return run(*args, grid=grid, warmup=False, **kwargs)
+
+        return launch
+
+
+@functools.cache
+def _launcher(kernel, device_type: str) -> _Launcher:
+    name = kernel.fn.__name__
+    if device_type == "cuda":
+        return _CompiledLaunch(kernel, name)
+    return _InterpretedLaunch(_interpreted(kernel.fn), name)
 
 
 def on_device(kernel, device: torch.device):
     """The runnable form of `kernel` for tensors on `device` (compiled on CUDA without FMA contraction,
-    interpreted on CPU)."""
+    interpreted on CPU), one per kernel and device type."""
     if isinstance(kernel, InterpretedFunction):
         return kernel
-    if device.type == "cuda":
-        return _CompiledLaunch(kernel)
-    if device.type == "cpu":
-        return _InterpretedLaunch(kernel.fn)
-    raise ValueError(f"Triton kernels run on cuda (or cpu through the interpreter), not on {device}")
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"Triton kernels run on cuda (or cpu through the interpreter), not on {device}")
+    return _launcher(kernel, device.type)
 
 
 def is_interpreted(device: torch.device) -> bool:

@@ -19,6 +19,11 @@ the loads of consecutive groups hit cache. The grouped launcher passes enable_fp
 evaluates `acc + float(dot) * scale` as a rounded product and a rounded sum (no FMA), like the reference; the
 interpreter (numpy) never fuses.
 
+TWO_TERMS (salon.kernels.w8a8_two_terms): a_q holds 2M rows, the two activation terms of output row m at rows m
+and M + m (salon.kernels.quantize's two-term layout); the program accumulates both against the same weight tile
+(the weights read once) and sums them after each term's scales, as the reference does after its GEMM of 2M rows:
+y = y_first + y_second, each y_t dequantized as above. M is the number of output rows.
+
 After the scales, the epilogue (bias, geglu, residual, store) is salon/kernels/triton_gemm_tile.py's finish_tile
 for both layouts.
 """
@@ -57,6 +62,7 @@ def w8a8_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     GEGLU: tl.constexpr,
+    TWO_TERMS: tl.constexpr = False,
 ):
     pid_m, pid_n = grouped_tile(M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
 
@@ -71,11 +77,15 @@ def w8a8_kernel(
         s_ptrs = w_scale_ptr + offs_n.to(tl.int64) * stride_sn  # w_scale[n, 0]; + g for group g
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for _ in range(0, K, BLOCK_K):
             a = tl.load(a_ptrs, mask=mask_m[:, None], other=0)
             w = tl.load(w_ptrs, mask=mask_n[None, :], other=0)
             s = tl.load(s_ptrs, mask=mask_n, other=0.0)
             acc += tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * s[None, :]
+            if TWO_TERMS:
+                a2 = tl.load(a_ptrs + M * stride_am, mask=mask_m[:, None], other=0)
+                acc2 += tl.dot(a2, w, out_dtype=tl.int32).to(tl.float32) * s[None, :]
             if GEGLU:
                 w_up = tl.load(w_ptrs + UP_OFFSET * stride_wn, mask=mask_n[None, :], other=0)
                 s_up = tl.load(s_ptrs + UP_OFFSET * stride_sn, mask=mask_n, other=0.0)
@@ -86,17 +96,24 @@ def w8a8_kernel(
 
         a_s = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
         y = acc * a_s[:, None]
+        if TWO_TERMS:
+            a_s2 = tl.load(a_scale_ptr + M + offs_m, mask=mask_m, other=0.0)
+            y = y + acc2 * a_s2[:, None]
         up = y
         if GEGLU:
             up = acc_up * a_s[:, None]
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         for k0 in range(0, K, BLOCK_K):
             mask_k = offs_k < K - k0
             a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0)
             w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0)
             acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+            if TWO_TERMS:
+                a2 = tl.load(a_ptrs + M * stride_am, mask=mask_m[:, None] & mask_k[None, :], other=0)
+                acc2 = tl.dot(a2, w, acc2, out_dtype=tl.int32)
             if GEGLU:
                 w_up = tl.load(w_ptrs + UP_OFFSET * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0)
                 acc_up = tl.dot(a, w_up, acc_up, out_dtype=tl.int32)
@@ -106,6 +123,9 @@ def w8a8_kernel(
         a_s = tl.load(a_scale_ptr + offs_m, mask=mask_m, other=0.0)
         w_s = tl.load(w_scale_ptr + offs_n, mask=mask_n, other=0.0)
         y = acc.to(tl.float32) * a_s[:, None] * w_s[None, :]
+        if TWO_TERMS:
+            a_s2 = tl.load(a_scale_ptr + M + offs_m, mask=mask_m, other=0.0)
+            y = y + acc2.to(tl.float32) * a_s2[:, None] * w_s[None, :]
         up = y
         if GEGLU:
             w_s_up = tl.load(w_scale_ptr + UP_OFFSET + offs_n, mask=mask_n, other=0.0)
