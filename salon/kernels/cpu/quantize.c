@@ -8,7 +8,8 @@
  * reference converts NaN quotients to int8); both builds give -127 where x / scale is NaN.
  *
  *   quantize_rows_*  x f32[M, K] (row stride sx) -> q int8[M, K], scale f32[M]
- *   kv_write_rows_*  x f32[T, H, D] -> the int8 rows and scales of cache slots slot[t] (the KV write)
+ *   kv_write_rows_*  x f32[T, H, D] -> the int8 rows and scales of cache slots slot[t] (the KV write); a negative
+ *                    slot (a padded row of a fixed-size batch) writes nothing
  *   quantize_two_terms_rows_avx2  x f32[M, K] -> q int8[2M, K], scale f32[2M] (two int8 terms per row)
  *   quantize_int16_rows_avx2  x f32[M, K] -> q int16[M, K], scale f32[M] (salon.kernels.w16a8_grouped's recipe: the
  *                             same arithmetic with 32767 for 127)
@@ -58,6 +59,7 @@ AVX512 void kv_write_rows_avx512(const float *x, int64_t T, int64_t H, int64_t D
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * D >= 65536)
     for (int64_t i = 0; i < T * H; i++) {
         int64_t t = i / H, h = i % H, row = slot[t] * H + h;
+        if (slot[t] < 0) continue; /* a padded row: writes nothing */
         scale[row] = quantize_row(x + i * D, D, cache + row * D, floor_);
     }
 }
@@ -171,6 +173,7 @@ void kv_write_rows_avx2(const float *x, int64_t T, int64_t H, int64_t D, int8_t 
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * D >= 65536)
     for (int64_t i = 0; i < T * H; i++) {
         int64_t t = i / H, h = i % H, row = slot[t] * H + h;
+        if (slot[t] < 0) continue; /* a padded row: writes nothing */
         scale[row] = quantize_row_avx2(x + i * D, D, cache + row * D, floor_);
     }
 }
