@@ -63,6 +63,15 @@ class StepBuffers:
         else:
             self.host_buffer = self.device_buffer
 
+    def move_in(self, num_bytes: int) -> None:
+        """The step's one host -> device copy of its first num_bytes (pinned, non-blocking; the kernels that read
+        them are queued behind it on the same stream). Nothing on a CPU, where the two buffers are one."""
+        if self.host_buffer is self.device_buffer:
+            return
+        self.device_buffer[:num_bytes].copy_(self.host_buffer[:num_bytes], non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+
     def fill(self, chunks: Sequence[ScheduledChunk], pad_to: int | None = None) -> ForwardBatch:
         """The step of `chunks`, with padded sequences after them up to pad_to sequences when given (one row each,
         tables max_blocks wide), as views of the device buffer."""
@@ -125,10 +134,7 @@ class StepBuffers:
             self.generation += 1
         self.host_buffer[: 8 * n64].view(torch.int64).copy_(torch.tensor(ints64, dtype=torch.int64))
         self.host_buffer[8 * n64 : num_bytes].view(torch.int32).copy_(torch.tensor(ints32, dtype=torch.int32))
-        if self.host_buffer is not self.device_buffer:
-            self.device_buffer[:num_bytes].copy_(self.host_buffer[:num_bytes], non_blocking=True)
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        self.move_in(num_bytes)
         f64 = (
             self.device_buffer[: 8 * n64]
             .view(torch.int64)
