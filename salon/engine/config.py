@@ -82,6 +82,13 @@ class EngineConfig:
             "slow, for checks) | cpu | ref (plain PyTorch)"
         },
     )
+    cuda_graphs: str = field(
+        default="on",
+        metadata={
+            "help": "on | off: decode steps replayed from CUDA graphs, padded to batch sizes 1, 2, 4, 8, 16, 24, "
+            "... (effective only on CUDA with the Triton kernels; steps with prefill or draft tokens run eagerly)"
+        },
+    )
     activations: str = field(
         default="auto",
         metadata={
@@ -139,6 +146,12 @@ class EngineConfig:
     kvstore_arena_uid: int | None = field(
         default=None, metadata={"help": "uid that must own the kvstore's arena (default: this process's)"}
     )
+
+    def cuda_graphs_on(self) -> bool:
+        """cuda_graphs as a bool; ValueError for a value other than on or off."""
+        if self.cuda_graphs not in ("on", "off"):
+            raise ValueError(f"--cuda-graphs: expected on or off, got {self.cuda_graphs!r}")
+        return self.cuda_graphs == "on"
 
     def resolved_kv_dtype(self) -> str:
         """kv_dtype with "auto" resolved from the precision."""

@@ -4,6 +4,8 @@ Cache layout (one layer):
     k_cache, v_cache  int8[num_blocks, block_size, num_kv_heads, head_dim]
     k_scale, v_scale  f32 [num_blocks, block_size, num_kv_heads]
     slot = block_id * block_size + offset_in_block   (slot_mapping[t] is token t's slot)
+A negative slot writes nothing: the padded rows of a step run at a fixed batch size (the engine's decode
+buckets, salon/engine/worker/cuda_graphs.py) carry slot -1, and no cache byte may change for them.
 Each (token, head) row of head_dim values is quantized like an activation row (salon.kernels.quantize).
 Float caches (bfloat16 or float32 k_cache/v_cache, no scales: k_scale = v_scale = None) store the
 values as they are, rounded to the cache's dtype.
@@ -24,13 +26,15 @@ def _write_one_ref(
 ) -> None:
     T, H, D = x.shape
     block_size = cache.shape[1]
-    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
+    kept = slot_mapping >= 0  # a padded row (slot -1) writes nothing
+    slots = slot_mapping[kept]
+    blocks, offsets = slots // block_size, slots % block_size
     if scale is None:
-        cache[blocks, offsets] = x.to(cache.dtype)
+        cache[blocks, offsets] = x[kept].to(cache.dtype)
         return
     q, s = quantize_per_token_ref(x.reshape(T * H, D))
-    cache[blocks, offsets] = q.reshape(T, H, D)
-    scale[blocks, offsets] = s.reshape(T, H)
+    cache[blocks, offsets] = q.reshape(T, H, D)[kept]
+    scale[blocks, offsets] = s.reshape(T, H)[kept]
 
 
 def kv_write_ref(
@@ -42,7 +46,7 @@ def kv_write_ref(
     v_scale: torch.Tensor | None,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """In place: token t's K/V go to slot slot_mapping[t] of the caches."""
+    """In place: token t's K/V go to slot slot_mapping[t] of the caches; a row with a negative slot is skipped."""
     _write_one_ref(k, k_cache, k_scale, slot_mapping)
     _write_one_ref(v, v_cache, v_scale, slot_mapping)
 
@@ -68,11 +72,12 @@ def _kv_write_kernel(
 ):
     # One program per token: quantize each head's row of K and V, write rows to the token's slot.
     # Caches are contiguous, so slot s's head h starts at element (s * H + h) * D; its scale at s * H + h.
+    # A negative slot (a padded row) stores nothing: every store is masked off.
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_h = offs_h < H
+    mask_h = offs_h < tl.where(slot >= 0, H, 0)
     mask = mask_h[:, None] & (offs_d[None, :] < D)
     dst = (slot * H + offs_h[:, None]) * D + offs_d[None, :]
     for which in tl.static_range(2):

@@ -7,6 +7,10 @@ Addressing:
 Visibility: the query at position p sees key k iff k <= p and (no window or p - k < W).
 Table entries of blocks that no query of the sequence can see (wholly before the window, or past the end)
 may hold any id, so no implementation may read them.
+A sequence of length 0 with one query row (a padded row of a fixed-size decode batch) sees no key: every
+implementation gives it zeros and reads no cache entry. A block table wider than its sequences need (the
+engine's fixed-width tables) changes no row's bits: the decode kernel's split count follows the table's width,
+and it merges only the splits a row's keys fall in.
 Query head h reads KV head h // (Hq / Hkv). K/V are dequantized as int8 * per-(token, head) scale;
 float caches (bfloat16 / float32, k_scale = v_scale = None) are read as they are.
 
@@ -261,7 +265,10 @@ def _paged_decode_reduce_kernel(
         acc_run = acc_run * a_run + acc_i * a_i
         m_run = m_new
     out_cols = tl.where(has_query, D, 0)  # without a query row, store nothing
-    tl.store(out_ptr + q_row.to(tl.int64) * stride_ot + h * stride_oh + offs_d, acc_run / l_run, mask=offs_d < out_cols)
+    # A row with no key (sequence length 0: a padded row of a fixed-size batch) has l = 0 and gets 0, not 0 / 0;
+    # every other row has l > 0 and its division is unchanged.
+    out = acc_run / tl.where(l_run > 0.0, l_run, 1.0)
+    tl.store(out_ptr + q_row.to(tl.int64) * stride_ot + h * stride_oh + offs_d, out, mask=offs_d < out_cols)
 
 
 @triton.jit

@@ -4,7 +4,7 @@ A GPU step must not synchronize the device per layer or per request. Here (no GP
 GPU op family (Triton, interpreted) on CPU tensors, and a TorchFunctionMode counts every call that would
 be a host<->device transfer or synchronization on a GPU (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`,
 `bool()` / `int()` / `float()` of a tensor), made by the engine's own code (salon/, not the
-interpreter's internals). The budget per step: the batch metadata in one copy (model_runner.to_device,
+interpreter's internals). The budget per step: the batch metadata in one copy (StepBuffers.move_in,
 called once) and the sampled ids out in one `.tolist()`.
 
 Placement walks the built model and moves every tensor once, keeping shared tensors shared; checked on the
@@ -22,8 +22,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from salon.engine.model.placement import place, tensors
-from salon.engine.worker import model_runner
 from salon.engine.worker.model_loading import load_model
+from salon.engine.worker.step_buffers import StepBuffers
 from tests.engine_testlib import make_core, make_request
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,9 +56,9 @@ def triton_tiny():
 def test_a_step_moves_metadata_in_once_and_ids_out_once(triton_tiny, monkeypatch):
     core = make_core(triton_tiny, kernels="triton", budget=64)
     transfers_in = []
-    original = model_runner.to_device
+    original = StepBuffers.move_in
     monkeypatch.setattr(
-        model_runner, "to_device", lambda host, device: transfers_in.append(host) or original(host, device)
+        StepBuffers, "move_in", lambda self, num_bytes: transfers_in.append(num_bytes) or original(self, num_bytes)
     )
     prompts = [[2] + [(7 * i + 13 * seed) % 4000 + 50 for i in range(n)] for n, seed in ((20, 1), (9, 2))]
     for i, prompt in enumerate(prompts):

@@ -49,6 +49,8 @@ def build_engine(config: EngineConfig) -> tuple[EngineCore, ChatRenderer]:
         prefix_caching=not config.no_prefix_cache,
         kv_dtype=config.resolved_kv_dtype(),
         kernels=config.kernels,
+        cuda_graphs=config.cuda_graphs_on(),
+        max_context_tokens=config.max_context_tokens,
     )
     if config.warmup:
         warmup(core)

@@ -74,7 +74,11 @@ class EngineCore:
         prefix_caching: bool = True,
         kv_dtype: str = "int8",
         kernels: str = "auto",
+        cuda_graphs: bool = True,
+        max_context_tokens: int | None = None,
     ) -> None:
+        """cuda_graphs: decode steps replayed from CUDA graphs (effective on CUDA with the Triton kernels only:
+        worker/cuda_graphs.py); max_context_tokens: the engine's context limit (default: the model's)."""
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
@@ -83,7 +87,16 @@ class EngineCore:
         self.kv_manager = KVCacheManager(self.layout)
         self.prefix = PrefixCaching(self.kv_manager, self.kv_cache) if prefix_caching else None
         self.scheduler = Scheduler(scheduler_config, self.kv_manager, self.prefix)
-        self.runner = ModelRunner(model, self.kv_cache, select_ops(device, kernels), device)
+        self.runner = ModelRunner(
+            model,
+            self.kv_cache,
+            select_ops(device, kernels),
+            device,
+            max_num_tokens=scheduler_config.max_num_batched_tokens,
+            max_num_running=scheduler_config.max_num_running,
+            max_context_tokens=max_context_tokens,
+            cuda_graphs=cuda_graphs,
+        )
         self._outputs: dict[str, OutputState] = {}
         self.last_step: StepStats | None = None
         # The requests of the step under way (set once it is scheduled): what a step error fails.

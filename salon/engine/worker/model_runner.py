@@ -1,4 +1,5 @@
-"""Runs one scheduled step: builds the ForwardBatch, calls the model, samples.
+"""Runs one scheduled step: builds the ForwardBatch (views of the persistent step buffers, step_buffers.py),
+calls the model (decode-only steps through cuda_graphs.py where padding or capture is on), samples.
 
 Token positions, block ids and slots are three address spaces: position p of a request lives in
 block table entry p // BS of each group, at slot block_id * BS + p % BS of that group's blocks.
@@ -12,9 +13,9 @@ import torch
 
 from salon.engine.batch import SchedulerOutput
 from salon.engine.kv.kv_cache import KVCache
-from salon.engine.kv.kv_transfer import to_device
 from salon.engine.request import Request, SamplingParams
 from salon.engine.worker.attention_backend import ForwardBatch, PagedAttention
+from salon.engine.worker.cuda_graphs import DecodeGraphs, padded_batch_sizes
 from salon.engine.worker.sampler import (
     DraftHistory,
     SampledToken,
@@ -25,87 +26,66 @@ from salon.engine.worker.sampler import (
     rewind_generator,
     sample,
 )
+from salon.engine.worker.step_buffers import StepBuffers
 from salon.kernels.backend import Ops
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: KVCache, ops: Ops, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        model,
+        kv_cache: KVCache,
+        ops: Ops,
+        device: torch.device | str = "cpu",
+        *,
+        max_num_tokens: int = 256,
+        max_num_running: int = 64,
+        max_context_tokens: int | None = None,
+        cuda_graphs: bool = False,
+        pad_decode: bool = False,
+    ) -> None:
+        """max_num_tokens, max_num_running: the scheduler's step budget and running requests (what the step
+        buffers and the decode buckets are sized for); max_context_tokens: the longest context (the fixed width
+        of padded steps' block tables; default: the model's). cuda_graphs: capture decode graphs, where the
+        device is CUDA and the ops are the Triton family (cuda_graphs.py); pad_decode: run decode-only steps
+        padded to their bucket without capture (the same path eagerly: how the CPU tests run it)."""
         self.model = model
         self.kv_cache = kv_cache
         self.layout = kv_cache.layout
         self.device = torch.device(device)
         self.attention = PagedAttention(kv_cache, ops.kv_write, ops.paged_attention, model.config.attn_scale)
+        context = min(max_context_tokens or model.config.max_context_tokens, model.config.max_context_tokens)
+        capture = cuda_graphs and self.device.type == "cuda" and ops.name == "triton"
+        sizes = padded_batch_sizes(max_num_running)
+        self.buffers = StepBuffers(
+            len(self.layout.groups),
+            self.layout.block_size_tokens,
+            max(max_num_tokens, sizes[-1]),
+            max(max_num_running, sizes[-1]),
+            -(-context // self.layout.block_size_tokens),
+            self.device,
+        )
+        # Decode-only steps at bucket sizes (None: every step unpadded).
+        self.graphs = (
+            DecodeGraphs(model, self.attention, self.buffers, max_num_running) if capture or pad_decode else None
+        )
+        if capture:
+            self.graphs.capture()
         # Called each step with the logits rows f32[R, V] of the produced tokens and each row's request (a
         # request is named once per token it produced; tests check exactness on logits through it); None:
         # nothing extra is done.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
 
     def build_batch(self, output: SchedulerOutput) -> ForwardBatch:
-        """The step's metadata, built on the host in one int64 buffer and moved to the device in one
-        (pinned, non-blocking) copy; the tensors are views of that one copy."""
-        bs = self.layout.block_size_tokens
-        num_groups = len(self.layout.groups)
-        chunks = output.chunks
-        num_seqs = len(chunks)
-        max_blocks = max(len(c.block_tables[g]) for c in chunks for g in range(num_groups))
-        token_ids: list[int] = []
-        positions: list[int] = []
-        query_start_loc = [0]
-        seq_lens: list[int] = []
-        sample_rows: list[int] = []
-        row_seq: list[int] = []
-        slots: list[list[int]] = [[] for _ in range(num_groups)]
-        tables: list[list[int]] = [[] for _ in range(num_groups)]
-        for seq, chunk in enumerate(chunks):
-            start, end = chunk.start_position, chunk.start_position + chunk.num_tokens
-            token_ids.extend(chunk.token_ids)
-            row_seq.extend([seq] * chunk.num_tokens)
-            positions.extend(range(start, end))
-            query_start_loc.append(query_start_loc[-1] + chunk.num_tokens)
-            seq_lens.append(end)
-            if chunk.needs_sample:  # the last row, and every draft token's row before it
-                sample_rows.extend(range(query_start_loc[-1] - 1 - chunk.num_draft_tokens, query_start_loc[-1]))
-            for g, table in enumerate(chunk.block_tables):
-                # Released (None) entries are never read by the kernel; 0 keeps the tensor valid.
-                ids = [0 if b is None else b for b in table]
-                tables[g].extend(ids)
-                tables[g].extend([0] * (max_blocks - len(ids)))
-                slots[g].extend(ids[p // bs] * bs + p % bs for p in range(start, end))
-        num_tokens, num_sampled = len(token_ids), len(sample_rows)
-        host = [*token_ids, *positions, *query_start_loc, *seq_lens, *sample_rows, *row_seq]
-        for g in range(num_groups):
-            host.extend(slots[g])
-            host.extend(tables[g])
-        packed = to_device(torch.tensor(host, dtype=torch.int64), self.device)
-        fields = packed.split(
-            [
-                num_tokens,
-                num_tokens,
-                num_seqs + 1,
-                num_seqs,
-                num_sampled,
-                num_tokens,
-                *[n for _ in range(num_groups) for n in (num_tokens, num_seqs * max_blocks)],
-            ]
-        )
-        per_group = fields[6:]
-        return ForwardBatch(
-            token_ids=fields[0],
-            positions=fields[1],
-            query_start_loc=fields[2].to(torch.int32),
-            seq_lens=fields[3].to(torch.int32),
-            block_tables=[per_group[2 * g + 1].view(num_seqs, max_blocks).to(torch.int32) for g in range(num_groups)],
-            slot_mappings=[per_group[2 * g] for g in range(num_groups)],
-            sample_rows=fields[4],
-            max_query_tokens=max(c.num_tokens for c in chunks),
-            row_seq=fields[5].to(torch.int32),
-            max_position=max(positions),
-        )
+        """The step's metadata, unpadded, as views of the persistent step buffers (step_buffers.py: one
+        host buffer, one pinned non-blocking copy on CUDA)."""
+        return self.buffers.fill(output.chunks)
 
-    @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> list[list[SampledToken]]:
-        """Compute the step; per chunk with needs_sample, in chunk order, the tokens it produced: one, or
-        with draft tokens the accepted drafts and one more (sampler.num_produced)."""
+    def _sampled_logits(self, output: SchedulerOutput) -> torch.Tensor | None:
+        """The model call: f32[R, vocab], the logits of the step's sample rows in order; None without any."""
+        bucket = None if self.graphs is None else self.graphs.takes(output.chunks)
+        if bucket is not None:
+            return self.graphs.logits(output.chunks, bucket)
         batch = self.build_batch(output)
         self.attention.batch = batch
         try:
@@ -113,8 +93,16 @@ class ModelRunner:
         finally:
             self.attention.batch = None
         if batch.sample_rows.numel() == 0:
+            return None
+        return self.model.logits(hidden[batch.sample_rows]).float()
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> list[list[SampledToken]]:
+        """Compute the step; per chunk with needs_sample, in chunk order, the tokens it produced: one, or
+        with draft tokens the accepted drafts and one more (sampler.num_produced)."""
+        logits = self._sampled_logits(output)
+        if logits is None:
             return []
-        logits = self.model.logits(hidden[batch.sample_rows]).float()
         chunks = [c for c in output.chunks if c.needs_sample]
         if self.logits_observer is None and all(plain_greedy(c.request.sampling) for c in chunks):
             # Every row is a plain argmax: it runs where the logits are and only the ids come back (one copy).

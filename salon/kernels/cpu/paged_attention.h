@@ -218,6 +218,10 @@ PA_TARGET void paged_attention_i8(const float *q, const int8_t *kc, const int8_t
         int64_t in_runs = q_len / PA_RUN * PA_RUN;
         if (offset < in_runs && offset % PA_RUN != 0) continue;
         int64_t position = seq_lens[s] - q_len + offset;
+        if (position < 0) {  /* a query before any key (a padded row: sequence length 0) sees nothing: zeros */
+            for (int64_t i = 0; i < Gp * D; i++) out[(t * Hq + h * G + part * Gp) * D + i] = 0.0f;
+            continue;
+        }
         const float *qp = q + (t * Hq + h * G + part * Gp) * D;
         float *op = out + (t * Hq + h * G + part * Gp) * D;
         const int32_t *table = block_tables + s * bt_stride;

@@ -139,7 +139,9 @@ def paged_attention_torch(a: PagedAttentionArgs) -> torch.Tensor:
     else:
         lo = (positions - sliding_window + 1).clamp(min=0)
     first_tile = lo // tile
-    num_tiles = positions // tile - first_tile + 1
+    # A row before any key (position -1: a padded row, sequence length 0) visits tile 0 with nothing visible and
+    # is zeroed at the end; its table entries are never dereferenced (block_seen below).
+    num_tiles = (positions // tile - first_tile + 1).clamp(min=1)
     max_tiles = int(num_tiles.max())
 
     # Distinct (sequence, tile) pairs, dequantized once: Ku [Hkv, U, D, tile], Vu [Hkv, U, tile, D].
@@ -198,4 +200,5 @@ def paged_attention_torch(a: PagedAttentionArgs) -> torch.Tensor:
         acc = acc * alpha[..., None] + pv
         m = m_new
     out = (acc / l[..., None]).transpose(0, 1).reshape(T_pad, Hq, D)
+    out[positions < 0] = 0.0
     return out[:T].contiguous()

@@ -10,7 +10,8 @@
  * no defined result (the reference converts NaN quotients to int8); both builds give -127 where x / scale is NaN.
  *
  *   quantize_rows_*  x f32[M, K] (row stride sx) -> q int8[M, K], scale f32[M]
- *   kv_write_rows_*  x f32[T, H, D] -> the int8 rows and scales of cache slots slot[t] (the KV write)
+ *   kv_write_rows_*  x f32[T, H, D] -> the int8 rows and scales of cache slots slot[t] (the KV write); a negative
+ *                    slot (a padded row of a fixed-size batch) writes nothing
  *   quantize_two_terms_rows_avx2  x f32[M, K] -> q int8[2M, K], scale f32[2M] (two int8 terms per row)
  *   quantize_int16_rows_avx2  x f32[M, K] -> q int16[M, K], scale f32[M] (salon.kernels.w16a8_grouped's recipe: the
  *                             same arithmetic with 32767 for 127)

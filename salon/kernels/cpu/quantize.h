@@ -73,6 +73,7 @@ Q_TARGET void Q_FN(kv_write_rows)(const float *x, int64_t T, int64_t H, int64_t 
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (T * H * D >= 65536)
     for (int64_t i = 0; i < T * H; i++) {
         int64_t t = i / H, h = i % H, row = slot[t] * H + h;
+        if (slot[t] < 0) continue; /* a padded row: writes nothing */
         scale[row] = Q_FN(quantize_row)(x + i * D, D, cache + row * D, floor_);
     }
 }
