@@ -83,7 +83,10 @@ class EngineCore:
         self.kv_manager = KVCacheManager(self.layout)
         self.prefix = PrefixCaching(self.kv_manager, self.kv_cache) if prefix_caching else None
         self.scheduler = Scheduler(scheduler_config, self.kv_manager, self.prefix)
-        self.runner = ModelRunner(model, self.kv_cache, select_ops(device, kernels), device)
+        ops = select_ops(device, kernels)
+        # The kernel family that computes the KV: part of the cache namespace (kv_transfer.layout_tag).
+        self.kernel_family = ops.name
+        self.runner = ModelRunner(model, self.kv_cache, ops, device)
         self._outputs: dict[str, OutputState] = {}
         self.last_step: StepStats | None = None
         # The requests of the step under way (set once it is scheduled): what a step error fails.
