@@ -20,6 +20,7 @@ from salon.engine.worker.device_sampler import DeviceSampler
 from salon.engine.worker.device_sampling import apply_penalties_rows, draw_rows, kept_weights
 from salon.engine.worker.model_loading import load_model
 from salon.engine.worker.sampler import DraftHistory, apply_penalties, effective_top_k, kept_tokens, sample
+from tests.engine.test_engine_speculative import OracleProposer
 from tests.engine_testlib import make_core, make_request, run
 
 VOCAB = 4096
@@ -199,6 +200,18 @@ def test_a_request_draws_the_same_tokens_in_any_batch(batch):
     assert decode(DeviceSampler("cpu"), requests([spec], "x"), 10)["x0"] == alone
 
 
+def test_a_resumed_request_skips_the_draws_of_the_tokens_it_came_with():
+    """A failover resume's tokens each used one draw: its first sampled token takes the seed's next draw."""
+    sampler = DeviceSampler("cpu")
+    fresh = make_request("a", PROMPT, 8, seed=9, temperature=1.0)
+    resumed = make_request("b", PROMPT, 8, seed=9, temperature=1.0)
+    resumed.output_token_ids = [5, 6]
+    logits = step_logits("a", 0)[None]
+    draws = [sampler.sample(logits, chunks_of([fresh]))[0][0].token_id for _ in range(3)]
+    assert draws[2] != draws[0]
+    assert sampler.sample(logits, chunks_of([resumed]))[0][0].token_id == draws[2]
+
+
 @pytest.fixture(scope="module")
 def tiny():
     return load_model("synthetic-tiny-v4k", "int8")
@@ -228,11 +241,16 @@ def test_engine_with_the_device_sampler_gives_the_host_samplers_tokens(tiny):
     assert device == host
 
 
-def test_speculative_rows_give_the_tokens_of_a_run_without_drafts(tiny):
+@pytest.mark.parametrize("corrupt_every", [0, 3])
+def test_speculative_rows_give_the_tokens_of_a_run_without_drafts(tiny, corrupt_every):
     """Drafts verified as extra rows (penalties counting the drafts before a row, the generator rewound to
-    the produced rows) leave every request's tokens as without drafts."""
+    the produced rows) leave every request's tokens as without drafts: an oracle proposes each request's
+    true continuation, every draft right (0) or every third one wrong (3)."""
     plain, _ = run(device_sampled(make_core(tiny)), engine_requests())
-    core = device_sampled(make_core(tiny, speculative_tokens=4, ngram=(1, 3)))
+    reference = {r.request_id: list(r.prompt_token_ids) + plain[r.request_id] for r in engine_requests()}
+    core = device_sampled(make_core(tiny, speculative_tokens=4, speculative_max_rows=0))
+    core.scheduler.proposer = OracleProposer(4, reference, lambda p: corrupt_every > 0 and p % corrupt_every == 0)
     spec, _ = run(core, engine_requests())
-    assert core.num_draft_tokens > 0
+    assert core.num_accepted_draft_tokens > 0
+    assert (core.num_accepted_draft_tokens < core.num_draft_tokens) == (corrupt_every > 0)
     assert spec == plain
