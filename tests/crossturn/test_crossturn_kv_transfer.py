@@ -21,9 +21,9 @@ def test_gemma_host_layout_sizes():
 
 def test_layout_tag_names_precision_and_groups():
     layout = plan_layout(gemma3_270m_config(), 16, 1 << 24)
-    tag = layout_tag(layout, "int8")
-    assert tag.startswith("kv-int8-v1/bs16/hkv1/d256/int8/g:5,11,17;w512:0,1,2;")
-    assert tag != layout_tag(layout, "float32")
+    tag = layout_tag(layout, "int8", "cpu")
+    assert tag.startswith("kv-int8-v1/bs16/hkv1/d256/int8/cpu/g:5,11,17;w512:0,1,2;")
+    assert tag != layout_tag(layout, "float32", "cpu")
 
 
 def test_each_activation_recipe_has_its_own_namespace_tag():
@@ -40,7 +40,25 @@ def test_each_activation_recipe_has_its_own_namespace_tag():
         for recipe in ("two_terms", "int16")
     }
     assert numerics == {"two_terms": "int8", "int16": "int8-a16"}
-    assert layout_tag(layout, numerics["int16"]) != layout_tag(layout, numerics["two_terms"])
+    assert layout_tag(layout, numerics["int16"], "cpu") != layout_tag(layout, numerics["two_terms"], "cpu")
+
+
+def test_each_kernel_family_has_its_own_namespace():
+    """KV computed by the CPU, Triton and reference kernels differ in bits: two engines of different families
+    get different namespaces for the same tenant and model, two of the same family the same one."""
+    from salon.engine.api.bootstrap import namespace_function
+    from salon.engine.worker.model_loading import load_model
+    from tests.engine_testlib import make_core
+
+    model = load_model("synthetic-tiny", "int8")
+    namespaces = {}
+    for family in ("cpu", "triton", "ref"):
+        cores = [make_core(model, kernels=family, kv_bytes=1 << 20) for _ in range(2)]
+        assert cores[0].kernel_family == family
+        same = {namespace_function(core)("tenant") for core in cores}
+        assert len(same) == 1, family
+        namespaces[family] = same.pop()
+    assert len(set(namespaces.values())) == 3
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -22,6 +22,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from salon.engine.model.placement import place, tensors
+from salon.engine.worker import device_sampler
+from salon.engine.worker.device_sampler import DeviceSampler
 from salon.engine.worker.model_loading import load_model
 from salon.engine.worker.step_buffers import StepBuffers
 from tests.engine_testlib import make_core, make_request
@@ -37,6 +39,8 @@ class SyncCounter(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.calls: Counter[tuple[str, str]] = Counter()
+        # Elements of each tensor copied to the host by .tolist() / .cpu() / .numpy(), in call order.
+        self.copied: list[int] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
@@ -45,6 +49,8 @@ class SyncCounter(TorchFunctionMode):
             if caller.f_code.co_filename.startswith(OWN_CODE):
                 where = f"{Path(caller.f_code.co_filename).relative_to(REPO)}:{caller.f_lineno}"
                 self.calls[(name, where)] += 1
+                if name in ("tolist", "cpu", "numpy") and args and isinstance(args[0], torch.Tensor):
+                    self.copied.append(args[0].numel())
         return func(*args, **(kwargs or {}))
 
 
@@ -72,6 +78,44 @@ def test_a_step_moves_metadata_in_once_and_ids_out_once(triton_tiny, monkeypatch
         assert sum(counter.calls.values()) == 1 and [name for name, _ in counter.calls] == ["tolist"], (
             f"{kind} step: {dict(counter.calls)}"
         )
+
+
+def test_a_step_of_penalties_sampling_and_logprobs_copies_no_logits_row(triton_tiny, monkeypatch):
+    """With the device sampler, rows with penalties, sampling, log-probs and top log-probs stay on the device:
+    one copy in of the batch metadata, one of the sampling parameters and count increments, and one copy out
+    of the ids and the asked-for log-probs (far fewer elements than one logits row)."""
+    core = make_core(triton_tiny, kernels="triton", budget=64)
+    core.runner.device_sampler = DeviceSampler("cpu")
+    transfers_in = []
+    original_move_in = StepBuffers.move_in
+    monkeypatch.setattr(
+        StepBuffers,
+        "move_in",
+        lambda self, num_bytes: transfers_in.append(num_bytes) or original_move_in(self, num_bytes),
+    )
+    original = device_sampler.to_device
+    monkeypatch.setattr(
+        device_sampler, "to_device", lambda host, device: transfers_in.append(host) or original(host, device)
+    )
+    specs = [
+        {"repetition_penalty": 1.2, "frequency_penalty": 0.3},
+        {"temperature": 0.8, "top_p": 0.9, "min_p": 0.02, "seed": 3},
+        {"temperature": 1.0, "top_k": 20, "return_logprobs": True, "num_top_logprobs": 3, "seed": 4},
+        {"return_logprobs": True},
+    ]
+    for i, spec in enumerate(specs):
+        core.add(make_request(f"r{i}", [2] + [(11 * j + 5 * i) % 4000 + 50 for j in range(9 + i)], 3, **spec))
+    vocab = triton_tiny[0].config.vocab_size
+    for kind in ("prefill", "decode", "decode"):
+        transfers_in.clear()
+        with SyncCounter() as counter:
+            core.step()
+        assert len(transfers_in) == 2, kind
+        assert [name for name, _ in counter.calls] == ["tolist"] and sum(counter.calls.values()) == 1, (
+            f"{kind} step: {dict(counter.calls)}"
+        )
+        # ids (4) + the chosen log-probs (2 rows) + top ids and values (2 rows x 3 each).
+        assert counter.copied == [4 + 2 + 2 * 2 * 3] and counter.copied[0] < vocab, kind
 
 
 def test_placement_moves_every_tensor_once_and_keeps_shared_ones_shared():

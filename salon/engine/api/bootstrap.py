@@ -61,6 +61,26 @@ def build_core(config: EngineConfig) -> EngineCore:
     return build_engine(config)[0]
 
 
+def cache_layout_tag(core: EngineCore) -> str:
+    """The layout tag of the engine's KV: its layout, the model's numerics and the kernel family."""
+    return layout_tag(core.layout, core.model.numerics, core.kernel_family)
+
+
+def namespace_function(core: EngineCore):
+    """salt -> the engine's cache namespace digest for that tenant (model, layout tag, salt), memoized."""
+    tag = cache_layout_tag(core)
+    model_id = core.config.model_id
+    cache: dict[str, bytes] = {}
+
+    def namespace_of(salt: str) -> bytes:
+        digest = cache.get(salt)
+        if digest is None:
+            digest = cache[salt] = namespace_digest(model_id, tag, salt)
+        return digest
+
+    return namespace_of
+
+
 class EngineService:
     name = "engine"
     access_policy = AccessPolicy({"/salon.engine.v1.EngineService/": frozenset({"gateway"})})
@@ -164,21 +184,11 @@ class EngineService:
             host_layout(core.layout),
             timeout_s=config.kvstore_timeout_s,
             model_id=core.config.model_id,
-            layout_tag=layout_tag(core.layout, core.model.numerics),
+            layout_tag=cache_layout_tag(core),
         )
 
     def _namespace_of(self, core: EngineCore):
-        tag = layout_tag(core.layout, core.model.numerics)
-        model_id = core.config.model_id
-        cache: dict[str, bytes] = {}
-
-        def namespace_of(salt: str) -> bytes:
-            digest = cache.get(salt)
-            if digest is None:
-                digest = cache[salt] = namespace_digest(model_id, tag, salt)
-            return digest
-
-        return namespace_of
+        return namespace_function(core)
 
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():

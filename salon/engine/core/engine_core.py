@@ -87,10 +87,13 @@ class EngineCore:
         self.kv_manager = KVCacheManager(self.layout)
         self.prefix = PrefixCaching(self.kv_manager, self.kv_cache) if prefix_caching else None
         self.scheduler = Scheduler(scheduler_config, self.kv_manager, self.prefix)
+        ops = select_ops(device, kernels)
+        # The kernel family that computes the KV: part of the cache namespace (kv_transfer.layout_tag).
+        self.kernel_family = ops.name
         self.runner = ModelRunner(
             model,
             self.kv_cache,
-            select_ops(device, kernels),
+            ops,
             device,
             max_num_tokens=scheduler_config.max_num_batched_tokens,
             max_num_running=scheduler_config.max_num_running,

@@ -47,8 +47,10 @@ def host_layout(layout: KVCacheLayout) -> KVLayout:
     )
 
 
-def layout_tag(layout: KVCacheLayout, precision: str) -> str:
-    """Everything that decides the payload bytes; part of the cache namespace."""
+def layout_tag(layout: KVCacheLayout, precision: str, family: str) -> str:
+    """Everything that decides the payload bytes; part of the cache namespace. `family` is the kernel family
+    that computes the KV (salon/kernels/backend.py: cpu, triton, ref): the families' kernels give KV that
+    differ in bits, so engines of different families never share cache entries."""
     groups = ";".join(
         f"{'g' if g.sliding_window_tokens is None else 'w' + str(g.sliding_window_tokens)}:"
         + ",".join(map(str, g.layer_ids))
@@ -56,7 +58,7 @@ def layout_tag(layout: KVCacheLayout, precision: str) -> str:
     )
     return (
         f"kv-{layout.kv_dtype}-v1/bs{layout.block_size_tokens}/hkv{layout.num_kv_heads}/d{layout.head_dim}/"
-        f"{precision}/{groups}"
+        f"{precision}/{family}/{groups}"
     )
 
 

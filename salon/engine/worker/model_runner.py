@@ -16,6 +16,7 @@ from salon.engine.kv.kv_cache import KVCache
 from salon.engine.request import Request, SamplingParams
 from salon.engine.worker.attention_backend import ForwardBatch, PagedAttention
 from salon.engine.worker.cuda_graphs import DecodeGraphs, padded_batch_sizes
+from salon.engine.worker.device_sampler import DeviceSampler
 from salon.engine.worker.sampler import (
     DraftHistory,
     SampledToken,
@@ -43,16 +44,23 @@ class ModelRunner:
         max_context_tokens: int | None = None,
         cuda_graphs: bool = False,
         pad_decode: bool = False,
+        device_sampling: bool | None = None,
     ) -> None:
         """max_num_tokens, max_num_running: the scheduler's step budget and running requests (what the step
         buffers and the decode buckets are sized for); max_context_tokens: the longest context (the fixed width
         of padded steps' block tables; default: the model's). cuda_graphs: capture decode graphs, where the
         device is CUDA and the ops are the Triton family (cuda_graphs.py); pad_decode: run decode-only steps
-        padded to their bucket without capture (the same path eagerly: how the CPU tests run it)."""
+        padded to their bucket without capture (the same path eagerly: how the CPU tests run it).
+        device_sampling: sample every row where the logits are (DeviceSampler) rather than copying the rows
+        that are not a plain argmax to the host sampler; None: on CUDA devices (on a CPU the host sampler's C
+        kernel is the faster one, and tests force the device sampler on CPU tensors)."""
         self.model = model
         self.kv_cache = kv_cache
         self.layout = kv_cache.layout
         self.device = torch.device(device)
+        if device_sampling is None:
+            device_sampling = self.device.type == "cuda"
+        self.device_sampler = DeviceSampler(self.device) if device_sampling else None
         self.attention = PagedAttention(kv_cache, ops.kv_write, ops.paged_attention, model.config.attn_scale)
         context = min(max_context_tokens or model.config.max_context_tokens, model.config.max_context_tokens)
         capture = cuda_graphs and self.device.type == "cuda" and ops.name == "triton"
@@ -108,6 +116,14 @@ class ModelRunner:
             # Every row is a plain argmax: it runs where the logits are and only the ids come back (one copy).
             tokens = [SampledToken(token_id, None) for token_id in greedy_ids(logits)]
             return self._produced(chunks, tokens, [None] * len(chunks))[0]
+        if self.device_sampler is not None:
+            # Every row where the logits are: only the ids and the asked-for log-probs come back (one copy).
+            tokens, generators, states = self.device_sampler.sample(logits, chunks)
+            produced, kept_rows = self._produced(chunks, tokens, states, generators, self.device_sampler.rewind)
+            if self.logits_observer is not None:
+                owners = [c.request for c, p in zip(chunks, produced) for _ in p]
+                self.logits_observer(owners, logits[kept_rows])
+            return produced
         logits = logits.cpu()
         params: list[SamplingParams] = []
         generators: list[torch.Generator | None] = []
@@ -133,17 +149,22 @@ class ModelRunner:
 
     @staticmethod
     def _produced(
-        chunks, tokens: list[SampledToken], states: list[torch.Tensor | None]
+        chunks,
+        tokens: list[SampledToken],
+        states: list[torch.Tensor | None],
+        generators: list[torch.Generator | None] | None = None,
+        rewind: Callable[[torch.Generator | None, torch.Tensor | None, int], None] = rewind_generator,
     ) -> tuple[list[list[SampledToken]], list[int]]:
-        """Per chunk, the tokens it keeps (accepted drafts and one more), and the rows they came from."""
+        """Per chunk, the tokens it keeps (accepted drafts and one more), and the rows they came from; each
+        chunk's generator (the request's own unless given) is rewound to its produced rows' draws."""
         produced: list[list[SampledToken]] = []
         kept_rows: list[int] = []
         row = 0
-        for chunk, state in zip(chunks, states):
+        for i, (chunk, state) in enumerate(zip(chunks, states)):
             request, num_rows = chunk.request, chunk.num_draft_tokens + 1
             rows = tokens[row : row + num_rows]
             n = num_produced([t.token_id for t in rows], chunk.draft_token_ids, request.stop_token_ids)
-            rewind_generator(request.generator, state, n)
+            rewind(request.generator if generators is None else generators[i], state, n)
             produced.append(rows[:n])
             kept_rows.extend(range(row, row + n))
             row += num_rows

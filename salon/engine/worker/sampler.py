@@ -24,7 +24,8 @@ the same logits processing and the same uniform whether it was decoded alone or 
 
 On CPUs with AVX-512, or AVX2 and FMA, all sampled rows of a step go through one call of salon/kernels/cpu/sample.c
 (its AVX-512 or AVX2 build, which draw the same tokens); the PyTorch code below is its reference and the path
-elsewhere (same rule, exp rounded differently). Greedy rows take
+elsewhere (same rule, exp rounded differently). On CUDA the model runner samples every row where the logits are
+with the same rule instead (device_sampler.py), and copies back only the ids. Greedy rows take
 salon/kernels/cpu/argmax.c's top-1 where it runs (torch.argmax's answer, in one pass over each row).
 
 The vocabulary is large (262,144 for Gemma), so nothing sorts it when it can be avoided: top-k is a
