@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything salon needs on a fresh machine: a virtual environment with the package and its
 # test extras; from Debian, redis-server (session-table tests), shellcheck (the scripts' check), protoc with
-# the Go and Java gRPC plugins
-# and the Go and Java runtimes the README's stub commands build against; from npm, pinned by each
+# the Go and Java gRPC plugins and the Go and Java runtimes the stub commands build against; from npm, pinned by each
 # package-lock.json, buf (lint, breaking, generate) and @grpc/proto-loader in tools/, and ts-proto, tsc,
 # @grpc/grpc-js and openai in clients/node/. Safe to run again: each step is skipped when already done.
 set -euo pipefail
