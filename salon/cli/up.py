@@ -4,7 +4,8 @@
        ├─ kvstore   mTLS: engines only                 ┐ each child gets --parent-pid: it stops when salon up
        ├─ engine-i  mTLS: gateways only; → kvstore     │ is gone, however it went (SIGKILL, a closed terminal)
        │            (--engines of them per --model; the gateway keeps one pool per model)
-       └─ gateway   public port on loopback (API key)  ┘
+       └─ gateway   public ports on loopback (API key) ┘
+                    gRPC, and the OpenAI HTTP API (--http-port, 8000; 0 turns it off)
     supervise: a child that exits is logged and started again on the same port, with backoff
     (BACKOFF_INITIAL_S doubling to BACKOFF_MAX_S, reset once it has run for BACKOFF_RESET_S); the others
     keep serving: the gateway fails over from a dead engine, engines recompute while the kvstore is
@@ -21,7 +22,9 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,6 +35,7 @@ from salon.common.internal_auth import INSECURE_LOOPBACK, MODES, MTLS
 from salon.common.process import ServiceProcess, ServiceStartError, threads_per_process
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_HTTP_PORT = 8000
 KNOWN_NAMES = ("smollm2-135m-instruct", "gemma-3-270m")
 BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -51,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--engines", type=int, default=1, help="engine processes per model")
     p.add_argument("--gateway-port", type=int, default=50051)
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=DEFAULT_HTTP_PORT,
+        help=f"the gateway's OpenAI-compatible HTTP API on 127.0.0.1 (default: {DEFAULT_HTTP_PORT}; 0: off)",
+    )
     p.add_argument("--kvstore-port", type=int, default=50061)
     p.add_argument("--engine-base-port", type=int, default=50071, help="engine i listens on base + i")
     p.add_argument("--metrics-base-port", type=int, default=9100, help="gateway, kvstore, engines: base, +1, +2...")
@@ -163,6 +173,25 @@ def models_of(args: argparse.Namespace) -> list[str]:
     return list(dict.fromkeys(args.model or [DEFAULT_MODEL]))
 
 
+def http_port_problem(port: int) -> str | None:
+    """Why the gateway could not listen on 127.0.0.1:`port` for the HTTP API, or None. Checked before any
+    child starts, so a taken port costs no model load and reads as one line instead of the gateway's
+    traceback. The probe binds as the gateway does (SO_REUSEADDR), so a closed stack's TIME_WAIT
+    connections do not count as taken."""
+    if not port:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return (
+                f"port {port} for the OpenAI HTTP API is not free on 127.0.0.1 ({exc.strerror}); "
+                f"choose another with --http-port PORT, or turn the HTTP API off with --http-port 0"
+            )
+    return None
+
+
 def plan_stack(args: argparse.Namespace) -> list[Child]:
     """The children, in start order (kvstore, engines, gateway)."""
     state = args.state_dir
@@ -252,6 +281,8 @@ def plan_stack(args: argparse.Namespace) -> list[Child]:
         gateway += ["--internal-auth", INSECURE_LOOPBACK]
     if args.redis_url:
         gateway += ["--redis-url", args.redis_url]
+    if args.http_port:
+        gateway += ["--http-port", str(args.http_port)]
     children.append(Child("gateway", "gateway", tuple(gateway), state / "gateway.log", state / "gateway.pid"))
     return children
 
@@ -284,6 +315,15 @@ def stop_stack(children: list[Child]) -> None:
 
 
 def describe(children: list[Child], args: argparse.Namespace) -> str:
+    gateway = children[-1].proc
+    http_port = gateway.extra_ports.get("http_port")
+    http = []
+    if http_port is not None:  # where the gateway says it listens, with a request that works as it is
+        base_url = f"http://127.0.0.1:{http_port}/v1"
+        http = [
+            f"  http      {base_url} (OpenAI API)",
+            f"try it:        curl {base_url}/models -H {shlex.quote('Authorization: Bearer ' + args.api_key)}",
+        ]
     rows = [
         f"  {c.name:<9} {c.proc.address:<18} pid {c.proc.process.pid:<7} metrics http://127.0.0.1:"
         f"{c.proc.metrics_port}/metrics"
@@ -298,10 +338,12 @@ def describe(children: list[Child], args: argparse.Namespace) -> str:
         [
             "salon is up:",
             *rows,
+            *http[:1],
             f"  logs      {args.state_dir}",
             f"  internal  {auth}",
             f"models    {', '.join(models_of(args))} (default {models_of(args)[0]})",
             f"chat with it:  salon chat --target 127.0.0.1:{args.gateway_port} --api-key {args.api_key}",
+            *http[1:],
             "Ctrl-C stops everything.",
         ]
     )
@@ -353,6 +395,10 @@ def supervise_once(children: list[Child], now_s: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = http_port_problem(args.http_port)
+    if problem:
+        print(f"salon up: {problem}", file=sys.stderr)
+        return 1
     stop = {"now": False}
 
     def request_stop(*_):

@@ -24,7 +24,8 @@ def free_ports(n):
 
 
 def up_args(tmp_path):
-    gw, kv, eng, metrics = free_ports(4)
+    """Every port free and explicit (the HTTP API's too), so that these stacks run beside each other."""
+    gw, kv, eng, metrics, http = free_ports(5)
     return gw, [
         "up",
         "--model",
@@ -37,6 +38,8 @@ def up_args(tmp_path):
         str(eng),
         "--metrics-base-port",
         str(metrics),
+        "--http-port",
+        str(http),
         "--state-dir",
         str(tmp_path),
         "--api-key",
@@ -51,6 +54,10 @@ def test_up_reports_where_everything_listens_and_exits_cleanly(tmp_path):
     for name in ("kvstore", "engine-0", "gateway"):
         assert re.search(rf"{name}\s+127\.0\.0\.1:\d+\s+pid \d+", result.stdout), result.stdout
     assert "mutual TLS between services" in result.stdout
+    http = args[args.index("--http-port") + 1]
+    assert re.search(rf"^  http\s+http://127\.0\.0\.1:{http}/v1 ", result.stdout, re.M), result.stdout
+    curl = f"curl http://127.0.0.1:{http}/v1/models -H 'Authorization: Bearer cli-test-key'"
+    assert re.search(rf"^try it:\s+{re.escape(curl)}$", result.stdout, re.M), result.stdout
     assert {"kvstore.log", "engine-0.log", "gateway.log", "tenants.json", "tls"} <= {
         p.name for p in Path(tmp_path).iterdir()
     }

@@ -102,7 +102,7 @@ def _kvstore_blocks(state: Path, port: int) -> int:
 
 
 def test_salon_up_restarts_what_dies_and_never_stops(tmp_path):
-    gw, kv, eng, metrics = free_ports(4)
+    gw, kv, eng, metrics, http = free_ports(5)
     state = tmp_path / "state"
     up = subprocess.Popen(
         [
@@ -120,6 +120,8 @@ def test_salon_up_restarts_what_dies_and_never_stops(tmp_path):
             str(eng),
             "--metrics-base-port",
             str(metrics),
+            "--http-port",
+            str(http),
             "--state-dir",
             str(state),
             "--api-key",
