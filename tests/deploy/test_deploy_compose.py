@@ -82,10 +82,19 @@ def _published(svc) -> list[tuple[str, str]]:
 def test_only_public_ports_are_published():
     services = _compose()["services"]
     published = {name: _published(svc) for name, svc in services.items() if svc.get("ports")}
-    assert published.pop("gateway") == [("", "50051")]  # the public gRPC port, on every interface
+    # The public gRPC port on every interface; the OpenAI HTTP API on this host's loopback.
+    assert published.pop("gateway") == [("", "50051"), ("127.0.0.1", "8000")]
     for name, ports in published.items():  # anything else (Jaeger's UI) only on this host's loopback
         assert all(address == "127.0.0.1" for address, _ in ports), (name, ports)
     assert set(published) <= {"jaeger"}
+
+
+def test_the_gateway_serves_the_http_api_on_the_port_it_publishes():
+    command = _salon_services()["gateway"]["command"]
+    config = parse_config(_config_class("salon.gateway.config"), command[3:], environ={})
+    assert config.http_port == 8000 and config.server.host == "0.0.0.0"  # reachable from the published port
+    assert ("127.0.0.1", str(config.http_port)) in _published(_compose()["services"]["gateway"])
+    assert "127.0.0.1:8000:8000" in _compose()["services"]["gateway"]["ports"]
 
 
 def test_internal_links_are_mutual_tls_with_identities():

@@ -91,6 +91,11 @@ def test_env_names_are_config_fields_and_probes_hit_the_grpc_port(service):
     if service == "engine":
         assert config.kvstore_tls_cert_file and config.kvstore_target.startswith("kvstore.salon.svc:")
     if service == "gateway":
+        # The OpenAI HTTP API: a named container port, exposed by the Service as `http`.
+        assert config.http_port == 8000
+        assert {"name": "http", "containerPort": config.http_port} in container["ports"]
+        (service_obj,) = [o for o in _objects() if o["kind"] == "Service" and o["metadata"]["name"] == "gateway"]
+        assert {"name": "http", "port": 8000, "targetPort": config.http_port} in service_obj["spec"]["ports"]
         assert config.engine_tls_cert_file and config.engine_tls_server_name == "engine.salon.svc"
         assert config.salt_secret_file and config.namespace_grant_key_file
 
@@ -117,6 +122,7 @@ def test_network_policies_let_each_tier_be_reached_only_by_its_callers():
     for tier, port, callers in (("engine", 50071, "gateway"), ("kvstore", 50061, "engine"), ("redis", 6379, "gateway")):
         assert rules(tier)[port] == [{"podSelector": {"matchLabels": _tier(callers)}}], tier
     assert rules("gateway")[50051] == []  # the public port: from anywhere
+    assert rules("gateway")[8000] == []  # the OpenAI HTTP API: public too
     for tier, health_port in (("engine", 50072), ("kvstore", 50062)):
         assert rules(tier)[health_port] == []  # health only (plaintext): the kubelet's probes
 
