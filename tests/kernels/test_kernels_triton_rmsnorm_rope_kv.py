@@ -90,3 +90,22 @@ def test_reference_is_rmsnorm_rope_then_kv_write():
     assert torch.equal(got, rmsnorm_rope_ref(q, q_norm, 1e-6, positions, 500.0))
     for c, e in zip(caches, expected_caches):
         assert torch.equal(c, e)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("t", [1, 7, 64])
+def test_gpu_one_launch_is_the_unfused_triton_sequence(t):
+    """Compiled, on Gemma 3 270M's heads (4 query heads over 1 KV head of 256): the same bits as the unfused
+    compiled kernels (the sum of squares' order and the rotation's float32 operations are theirs)."""
+    q, k, v, q_norm, k_norm, positions, caches, slots = _case(t, 4, 1, 256, seed=t, num_blocks=32, block_size=16)
+    q, k, v, q_norm, k_norm, positions, slots = (x.cuda() for x in (q, k, v, q_norm, k_norm, positions, slots))
+    caches = [c.cuda() for c in caches]
+    expected_caches = [c.clone() for c in caches]
+    expected = unfused_triton(q, k, v, q_norm, k_norm, 1e-6, positions, 10000.0, *expected_caches, slots)
+    got = rmsnorm_rope_kv_triton(q, k, v, q_norm, k_norm, 1e-6, positions, 10000.0, *caches, slots)
+    assert torch.equal(got, expected)
+    for c, e in zip(caches, expected_caches):
+        assert torch.equal(c, e)
+    q_alone = rmsnorm_rope_kv_triton(q, None, None, q_norm, None, 1e-6, positions, 10000.0)
+    assert torch.equal(q_alone, unfused_triton(q, None, None, q_norm, None, 1e-6, positions, 10000.0))
