@@ -25,6 +25,7 @@ from salon.kernels.quantize import quantize_per_token_ref, quantize_two_terms_re
 from salon.kernels.rmsnorm import rmsnorm_ref
 from salon.kernels.rmsnorm_rope import compose as compose_rmsnorm_rope
 from salon.kernels.rmsnorm_rope import rmsnorm_rope_ref
+from salon.kernels.rmsnorm_rope_kv import rmsnorm_rope_kv_ref
 from salon.kernels.rope import rope_neox_ref
 from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 
@@ -39,6 +40,7 @@ OP_NAMES = (
     "paged_attention",
     "linear_two_terms",
     "rmsnorm_rope",
+    "rmsnorm_rope_kv",
     "geglu",
     "swiglu",
     "decoder_block",
@@ -67,6 +69,8 @@ class Ops:
     paged_attention: Callable
     linear_two_terms: Callable  # salon.kernels.linear_two_terms: norm, two-term GEMM, post-norm, residual as one op
     rmsnorm_rope: Callable  # salon.kernels.rmsnorm_rope: the per-head norm, then RoPE
+    # salon.kernels.rmsnorm_rope_kv: q's and k's per-head norm and RoPE, and the KV write of k and v, as one op
+    rmsnorm_rope_kv: Callable
     geglu: Callable  # salon.kernels.glu: gelu_tanh(gate) * up with the fixed-order contract (int8 GeGLU Linears)
     swiglu: Callable  # salon.kernels.glu: silu(gate) * up with the fixed-order contract (int8 SwiGLU Linears)
     # salon.kernels.decoder_block: a whole decoder layer (Gemma 3, Llama) over the paged int8 KV cache, or None (the
@@ -95,6 +99,7 @@ def reference_ops() -> Ops:
         paged_attention=paged_attention_ref,
         linear_two_terms=linear_two_terms_ref,
         rmsnorm_rope=rmsnorm_rope_ref,
+        rmsnorm_rope_kv=rmsnorm_rope_kv_ref,
         geglu=geglu_ref,
         swiglu=swiglu_ref,
         decoder_block=no_decoder_block,
@@ -116,6 +121,7 @@ def triton_ops() -> Ops:
         rmsnorm_quant_two_terms_triton,
     )
     from salon.kernels.rmsnorm import rmsnorm_residual_triton, rmsnorm_triton
+    from salon.kernels.rmsnorm_rope_kv import rmsnorm_rope_kv_triton
     from salon.kernels.rope import rope_neox_triton
     from salon.kernels.w8a8_gemm import w8a8_gemm_triton
     from salon.kernels.w8a8_two_terms import w8a8_two_terms_triton
@@ -142,6 +148,9 @@ def triton_ops() -> Ops:
             "linear_two_terms_triton",
         ),
         rmsnorm_rope=compose_rmsnorm_rope(rmsnorm_triton, rope_neox_triton, "rmsnorm_rope_triton"),
+        # one launch for q, k and the KV write, with the bits of rmsnorm_rope_triton's two ops on q and on k,
+        # then kv_write_triton
+        rmsnorm_rope_kv=rmsnorm_rope_kv_triton,
         geglu=geglu_triton,
         swiglu=swiglu_triton,
         decoder_block=decoder_block_triton,
@@ -166,6 +175,7 @@ CPU_FAST_PATH_MODULES = {
     "rope_neox": "salon.kernels.cpu.rope",
     "linear_two_terms": "salon.kernels.cpu.linear_two_terms",
     "rmsnorm_rope": "salon.kernels.cpu.rmsnorm_rope",
+    "rmsnorm_rope_kv": "salon.kernels.cpu.rmsnorm_rope",
     "geglu": "salon.kernels.cpu.glu",
     "swiglu": "salon.kernels.cpu.glu",
     "decoder_block": "salon.kernels.cpu.decoder_block",

@@ -452,16 +452,14 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
     T, Hq, D = q.shape
     NB, BS, Hkv, _ = k_cache.shape
     S = block_tables.shape[0]
-    out = torch.zeros_like(q)
     if T == 0 or S == 0:
-        return out
+        return torch.zeros_like(q)
     q = q if q.stride(2) == 1 else q.contiguous()
     group = Hq // Hkv
     interp = is_interpreted(dev)
     precision = "ieee" if interp else "tf32x3"
     block_d = next_pow2(D)
     window = sliding_window or 0
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
     common = (sm_scale, window, BS)
     has_scale = k_scale is not None
     if not has_scale:  # float caches: the kernels never read the scale pointers (HAS_SCALE=False)
@@ -479,8 +477,13 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
     block_n = 16 if interp else 32  # key tile: the same in both kernels (part of the per-row arithmetic)
     split = split_tokens or (16 if interp else 256)
     check(split % block_n == 0, f"split_tokens: must be a multiple of {block_n}, got {split}")
-    max_q_len = a.max_query_tokens if a.max_query_tokens is not None else int(q_lens.max())
+    max_q_len = a.max_query_tokens
+    if max_q_len is None:
+        max_q_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     if T == S and max_q_len == 1:  # every sequence has exactly one query row: decode
+        # the reduction stores every row (a padded row's zeros included), so the output needs no zero fill: on
+        # the decode path the launcher runs no torch op besides the two kernels
+        out = torch.empty_like(q)
         num_splits = triton.cdiv(block_tables.shape[1] * BS, split)
         part_m = torch.empty((S, Hq, num_splits), dtype=torch.float32, device=dev)
         part_l = torch.empty_like(part_m)
@@ -526,6 +529,7 @@ def paged_attention_triton(a: PagedAttentionArgs, *, split_tokens: int | None = 
             BLOCK_D=block_d,
         )
         return out
+    out = torch.zeros_like(q)
     block_g = next_pow2(group)
     # On a GPU a prefill program holds as many rows as a decode program (max(16, the group's heads)), with the
     # same warps: the two kernels' dots then take the same tensor-core instructions over the same tiles, so a

@@ -94,6 +94,49 @@ class Rotary:
         return self(self.kernel_ops.rmsnorm(x, norm_weight, eps), positions)
 
 
+def norm_rope_kv(
+    rotary: Rotary,
+    kernel_ops: Ops,
+    attn,
+    layer_idx: int,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    q_norm: torch.Tensor,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Gemma's q and k per-head norms and RoPE: (q, k, v) for attn(layer_idx, q, k, v). With plain RoPE the family's
+    one rmsnorm_rope_kv op runs them, and where the backend hands out the layer's paged int8 cache (block_kv) it
+    writes k and v there itself, so k = v = None go to the backend, which then only attends (a layer's KV is
+    written once). k = None: a layer that reads another layer's KV."""
+    if rotary.plain:
+        if k is None:
+            return kernel_ops.rmsnorm_rope_kv(q, None, None, q_norm, None, eps, positions, rotary.base), None, None
+        paged = attn.block_kv(layer_idx)
+        if paged is not None:
+            cache, rows = paged
+            q = kernel_ops.rmsnorm_rope_kv(
+                q,
+                k,
+                v,
+                q_norm,
+                k_norm,
+                eps,
+                positions,
+                rotary.base,
+                cache.k_cache,
+                cache.v_cache,
+                cache.k_scale,
+                cache.v_scale,
+                rows.slot_mapping,
+            )
+            return q, None, None
+    q = rotary.norm_rope(q, q_norm, eps, positions)
+    return q, None if k is None else rotary.norm_rope(k, k_norm, eps, positions), v
+
+
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, linear, eps: float, kernel_ops: Ops) -> torch.Tensor:
     """linear(rmsnorm(x)); int8 layers take the fused rmsnorm_quant kernel's output directly, fused ones (two
     int8 terms, one int16 term) run the norm inside their op."""

@@ -1,6 +1,7 @@
 """CPU fast path of salon.kernels.rmsnorm_rope (the per-head RMSNorm, then NeoX RoPE) through rmsnorm_rope.c: one C
 call for every head of every token where the CPU family makes two (rmsnorm_cpu, then rope_neox_cpu), with
-their bits; their composition runs where the C call cannot."""
+their bits; their composition runs where the C call cannot. rmsnorm_rope_kv_cpu (salon.kernels.rmsnorm_rope_kv) is
+that op on q and on k, then kv_write_cpu."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 import torch
 
 from salon.kernels.cpu import native
+from salon.kernels.cpu.kv_write import kv_write_cpu
 from salon.kernels.cpu.rmsnorm import rmsnorm_cpu
 from salon.kernels.cpu.rope import rope_neox_cpu, rope_tables
 from salon.kernels.rmsnorm_rope import compose
+from salon.kernels.rmsnorm_rope_kv import compose as compose_with_kv_write
 
 _C_SOURCE = Path(__file__).with_name("rmsnorm_rope.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -80,3 +83,7 @@ def rmsnorm_rope_cpu(
     """salon.kernels.rmsnorm_rope's op: the C call where it runs, else rmsnorm_cpu then rope_neox_cpu (same bits)."""
     y = rmsnorm_rope_c(x, weight, eps, positions, base)
     return composed(x, weight, eps, positions, base) if y is None else y
+
+
+# salon.kernels.rmsnorm_rope_kv's op: rmsnorm_rope_cpu on q and on k, then kv_write_cpu (the CPU family's bits)
+rmsnorm_rope_kv_cpu = compose_with_kv_write(rmsnorm_rope_cpu, kv_write_cpu, "rmsnorm_rope_kv_cpu")

@@ -30,7 +30,14 @@ import torch
 
 from salon.engine.model.config import LayerSpec, ModelConfig
 from salon.engine.model.gguf_file import GGUFFile, GGUFMetadataError
-from salon.engine.model.layers import Rotary, block_weights, fused_layer, linear_residual, norm_linear
+from salon.engine.model.layers import (
+    Rotary,
+    block_weights,
+    fused_layer,
+    linear_residual,
+    norm_linear,
+    norm_rope_kv,
+)
 from salon.engine.model.models.common import attention_geometry, rope_linear_scale
 from salon.engine.model.models.common import read_weights as read_named
 from salon.engine.model.vocab import Vocab
@@ -162,11 +169,13 @@ class Gemma3DecoderLayer:
         eps = cfg.rms_norm_eps
         t, hq, hkv, d = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = norm_linear(x, self.attn_norm, self.qkv, eps, self.kernel_ops)
-        q = self.rotary.norm_rope(qkv[:, : hq * d].reshape(t, hq, d), self.q_norm, eps, positions)
-        k = v = None
+        q, k, v = qkv[:, : hq * d].reshape(t, hq, d), None, None
         if cfg.layers[self.layer_idx].kv_source_layer is None:
-            k = self.rotary.norm_rope(qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d), self.k_norm, eps, positions)
+            k = qkv[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d)
             v = qkv[:, (hq + hkv) * d :].reshape(t, hkv, d)
+        q, k, v = norm_rope_kv(
+            self.rotary, self.kernel_ops, attn, self.layer_idx, q, k, v, self.q_norm, self.k_norm, eps, positions
+        )
         o = attn(self.layer_idx, q, k, v)
         x = linear_residual(o.reshape(t, hq * d), self.o, x, eps, self.kernel_ops, self.post_attention_norm)
         h = norm_linear(x, self.ffn_norm, self.gate_up, eps, self.kernel_ops)
