@@ -6,9 +6,13 @@ On a CUDA device (sized for one H200, a few minutes with --quick):
   * paged decode attention (MQA 4x1 heads of 256, int8 KV, block 16): GB/s of KV actually read vs HBM peak,
     decode batch 1..256 and contexts to 32k, global and 512-token window; vs the PyTorch reference and vs
     torch scaled_dot_product_attention over a dense bf16 KV of the same context;
-  * prefill attention, KV write, RMSNorm+quantize and RoPE: time and GB/s vs the PyTorch reference.
-Without CUDA it says so, checks each kernel against its reference in Triton's interpreter on small shapes and
-times the PyTorch references on the CPU. Ends with one line `RESULT {json}`.
+  * prefill attention, KV write, RMSNorm+quantize and RoPE: time and GB/s vs the PyTorch reference;
+  * the grouped int8 GEMM at Gemma 3 270M's layer shapes (qkv, o, gate_up, down at M = 1, 8, 64, 256; the
+    640 x 262,144 output projection at M = 1, 8, 64) on weights rotating through more than the L2: GB/s of
+    weight bytes vs the device-to-device copy bandwidth of the same run (bench/grouped_gemm.py).
+Without CUDA it says so, checks each kernel against its reference in Triton's interpreter on small shapes, runs
+the grouped GEMM rows at tiny shapes there and times the PyTorch references on the CPU.
+Ends with one line `RESULT {json}`.
 
     python -m bench.kernels [--quick]
 On a GPU machine, the GPU tests first:  python -m pytest tests/kernels -m gpu -q
@@ -25,11 +29,13 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bench import grouped_gemm
 from salon.kernels.kv_write import kv_write_ref, kv_write_triton
 from salon.kernels.paged_attention import PagedAttentionArgs, paged_attention_ref, paged_attention_triton
 from salon.kernels.quantize import rmsnorm_quant_ref, rmsnorm_quant_triton
 from salon.kernels.rope import rope_neox_ref, rope_neox_triton
 from salon.kernels.w8a8_gemm import w8a8_gemm_ref, w8a8_gemm_triton
+from salon.kernels.w8a8_grouped import w8a8_grouped_scaled_ref, w8a8_grouped_triton
 
 # Dense (no sparsity) peaks by device name: HBM GB/s and int8 tensor-core TOPS.
 DEVICE_PEAKS = {
@@ -242,6 +248,7 @@ def run_cuda(quick: bool) -> dict:
     decode = bench_decode(quick, hbm_peak)
     prefill = bench_prefill(quick)
     small = bench_small_ops(hbm_peak)
+    grouped = grouped_gemm.run("cuda", quick)
     long_decode = [r for r in decode["rows"] if r["context_tokens"] >= 16384 and r["window"] is None]
     big_gemm = [r for r in gemm["rows"] if r["m"] >= 1024]
     return {
@@ -257,6 +264,10 @@ def run_cuda(quick: bool) -> dict:
         "decode": decode["rows"],
         "prefill": prefill["rows"],
         "small_ops": small,
+        "grouped_copy_gbps": grouped["copy_gbps"],
+        "grouped_l2_bytes": grouped["l2_bytes"],
+        "grouped_best_copy_frac": max(r["copy_frac"] for r in grouped["rows"]),
+        "grouped_gemm": grouped["rows"],
     }
 
 
@@ -281,6 +292,12 @@ def run_cpu(quick: bool) -> dict:
         .abs()
         .max()
         .item()
+    )
+    w_g = torch.rand(42, 64 // 32) / 50
+    a_g = torch.randint(-127, 128, (5, 64), dtype=torch.int8)
+    w_q = torch.randint(-127, 128, (42, 64), dtype=torch.int8)
+    errors["w8a8_grouped"] = (
+        (w8a8_grouped_triton(a_g, a_s, w_q, w_g) - w8a8_grouped_scaled_ref(a_g, a_s, w_q, w_g)).abs().max().item()
     )
     x, wn = torch.randn(9, 37), torch.randn(37) + 1
     errors["rmsnorm_quant_int8_steps"] = (
@@ -314,7 +331,16 @@ def run_cpu(quick: bool) -> dict:
         timings[f"decode_ref_b1_ctx{context}_ms"] = (time.perf_counter() - t0) / 3 * 1e3
     for name, ms in timings.items():
         print(f"cpu torch reference {name}: {ms:.2f}")
-    return {"cuda": False, "interpreter_max_abs_err": errors, "cpu_ref_timings": timings}
+    grouped = grouped_gemm.run("cpu")
+    return {
+        "cuda": False,
+        "interpreter_max_abs_err": errors,
+        "cpu_ref_timings": timings,
+        "grouped_copy_gbps": grouped["copy_gbps"],
+        "grouped_l2_bytes": grouped["l2_bytes"],
+        "grouped_best_copy_frac": max(r["copy_frac"] for r in grouped["rows"]),
+        "grouped_gemm": grouped["rows"],
+    }
 
 
 def main() -> None:

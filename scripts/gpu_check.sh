@@ -17,6 +17,14 @@ cd "$(dirname "$0")/.." || exit 1
 # What the GPU image lacks, exact versions (scripts/gpu_wheels.sh downloads these; keep the two in step).
 GPU_WHEELS=(
   safetensors==0.8.0
+  grpcio==1.85.3
+  httpx==0.29.0
+  httpcore==1.0.9
+  h11==0.16.0
+  anyio==4.16.0
+  certifi==2026.10.19.post1
+  idna==3.21
+  sniffio==1.3.1
   sentencepiece==0.2.3
   tokenizers==0.23.3
   gguf==0.19.0
@@ -88,7 +96,7 @@ if [ "$REHEARSE" = 0 ]; then
   fi
 fi
 IMPORTS="torch triton transformers numpy pytest safetensors sentencepiece tokenizers gguf structlog jinja2 \
-prometheus_client grpc grpc_health grpc_reflection opentelemetry.sdk salon.engine.model.loader \
+prometheus_client httpx grpc grpc_health grpc_reflection opentelemetry.sdk salon.engine.model.loader \
 salon.engine.worker.model_runner salon.kernels.backend bench.model bench.kernels bench.gpu"
 # shellcheck disable=SC2086  # IMPORTS is a list of module names
 step imports "${LIMITS[1]}" "$PY" -c "

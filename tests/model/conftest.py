@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,16 @@ import torch
 REFERENCE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
 
 
+def reference_dirs() -> tuple[Path, ...]:
+    """Where the reference data is looked for: $SALON_REFERENCE_DIR alone when set (a run that must behave as
+    on a machine without the data points it nowhere), else ../shared/reference then shared/reference."""
+    if os.environ.get("SALON_REFERENCE_DIR"):
+        return (Path(os.environ["SALON_REFERENCE_DIR"]),)
+    return REFERENCE_DIR, Path(__file__).resolve().parents[2] / "shared" / "reference"
+
+
 def reference_path(name: str) -> Path:
-    for base in (REFERENCE_DIR, Path(__file__).resolve().parents[2] / "shared" / "reference"):
+    for base in reference_dirs():
         if (base / name).exists():
             return base / name
     pytest.skip(f"reference file {name} not available")

@@ -52,6 +52,11 @@ def test_rehearsal_prints_every_result(tmp_path):
         results[step] = json.loads(payload)
     assert results["imports"] == {"imports_missing": 0}
     assert results["kernels"]["cuda"] is False and results["kernels"]["interpreter_max_abs_err"]
+    kernels = results["kernels"]
+    assert kernels["interpreter_max_abs_err"]["w8a8_grouped"] == 0  # bit-equal to the grouped reference
+    assert kernels["grouped_copy_gbps"] > 0 and 0 < kernels["grouped_best_copy_frac"]
+    assert {r["layer"] for r in kernels["grouped_gemm"]} == {"qkv", "gate_up"}
+    assert all(r["weight_copies"] * r["n"] * r["k"] > 2 * kernels["grouped_l2_bytes"] for r in kernels["grouped_gemm"])
     gpu = results["gpu"]
     assert GPU_KEYS <= gpu.keys() and gpu["rehearse"] is True
     assert set(gpu["decode"]) == {"1", "2"} and all(DECODE_KEYS <= row.keys() for row in gpu["decode"].values())
