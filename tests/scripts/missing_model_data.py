@@ -43,11 +43,14 @@ def pytest_sessionfinish(session, exitstatus):
     if not out:
         return
     root = Path(__file__).resolve().parents[2]
+    # The repository's own modules and tests are not third-party; a virtual environment inside the clone is.
+    own = [root / folder for folder in ("salon", "tests", "bench")]
     lines = []
     for name, module in sorted(sys.modules.items()):
         where = getattr(module, "__file__", None)
         if name.split(".")[0] in sys.stdlib_module_names or not where:
             continue
-        if not Path(where).resolve().is_relative_to(root):  # the repository's own modules and tests are not
-            lines.append(f"{name}\t{Path(where).resolve()}\n")
+        path = Path(where).resolve()
+        if not any(path.is_relative_to(folder) for folder in own):
+            lines.append(f"{name}\t{path}\n")
     Path(out).write_text("".join(lines))
