@@ -7,7 +7,7 @@ serve(service, config)
   ├─ grpc.aio server: OpenTelemetry interceptor -> ServiceInterceptor (caller's role, errors,
   │  request ids, RPC metrics)
   ├─ service.start(server, health)      register servicers; long work (model loading) goes in a task
-  ├─ grpc.health.v1 (NOT_SERVING until the service calls health.set_serving()) + server reflection;
+  ├─ grpc.health.v1 (NOT_SERVING until the service calls health.set_serving()) + server reflection (v1 and v1alpha);
   │  optionally also alone on a plaintext --health-port (probes that cannot present a certificate)
   ├─ listen (TLS / mutual TLS when configured), print
   │  `LISTENING <service> port=<p> metrics_port=<m> health_port=<h>`
@@ -31,7 +31,6 @@ from typing import Protocol
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
 from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from salon.common import internal_auth
@@ -40,6 +39,7 @@ from salon.common.logging import configure_logging, get_logger
 from salon.common.message_limits import MAX_MESSAGE_BYTES, grpc_options
 from salon.common.metrics import start_metrics_server
 from salon.common.peer_identity import AccessPolicy
+from salon.common.reflection import enable_reflection
 from salon.common.tracing import configure_tracing, shutdown_tracing
 
 log = get_logger(__name__)
@@ -213,7 +213,7 @@ async def serve(service: Service, config: ServerConfig) -> int:
         await health.set_not_serving()
     else:
         await health.set_serving()
-    reflection.enable_server_reflection([*names, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server)
+    enable_reflection([*names, HEALTH_SERVICE_NAME], server)
     address = f"{config.host}:{config.port}"
     credentials = server_credentials(config)
     port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)

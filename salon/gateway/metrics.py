@@ -1,5 +1,7 @@
 """Prometheus metrics of the gateway (default registry; served by the bootstrap on metrics_port).
-Latencies are `_seconds` histograms; the turn's latencies carry the served `model`."""
+Latencies are `_seconds` histograms; the turn's latencies carry the served model as `model_name`, the
+engines' label. The HTTP port's /metrics shows this registry too, less the per-tenant series (http/probes.py).
+A series that means "not configured" is absent, not 0 (session_store_up without Redis)."""
 
 from __future__ import annotations
 
@@ -59,13 +61,13 @@ FAILOVERS = Counter(
 ADDED_LATENCY = Histogram(
     "salon_gateway_added_latency_seconds",
     "Time the gateway spends before the engine call is issued (auth, admission, routing, session lookup), seconds.",
-    ["model"],
+    ["model_name"],
     buckets=_LATENCY_BUCKETS_S,
 )
 TIME_TO_FIRST_TOKEN = Histogram(
     "salon_gateway_time_to_first_token_seconds",
     "Time from request arrival at the gateway to the first token forwarded, seconds.",
-    ["model"],
+    ["model_name"],
     buckets=_LATENCY_BUCKETS_S,
 )
 REFUSALS = Counter(
@@ -85,7 +87,9 @@ ENGINE_INFLIGHT = Gauge(
 )
 SESSION_STORE_UP = Gauge(
     "salon_gateway_session_store_up",
-    "1 while the shared session store (Redis) answers, 0 while the gateway falls back to the ring.",
+    "1 while the shared session store answers, 0 while the gateway falls back to the ring; "
+    "absent when none is configured.",
+    ["store"],
 )
 SESSION_STORE_ERRORS = Counter(
     "salon_gateway_session_store_errors_total",

@@ -65,7 +65,7 @@ class RedisSessionTable:
         self._redis = aioredis.Redis(connection_pool=self._pool)
         self._skip_until_s = 0.0
         self.available = True
-        metrics.SESSION_STORE_UP.set(1)
+        metrics.SESSION_STORE_UP.labels(store="redis").set(1)
 
     def _key(self, dialogue_key: DialogueKey) -> str:
         return self.key_prefix + dialogue_key
@@ -81,14 +81,14 @@ class RedisSessionTable:
             self._skip_until_s = self._clock() + self.retry_interval_s
             if self.available:
                 self.available = False
-                metrics.SESSION_STORE_UP.set(0)
+                metrics.SESSION_STORE_UP.labels(store="redis").set(0)
                 log.warning(
                     "session_store_down", op=op, error=type(exc).__name__, detail=str(exc)[:200], fallback="ring"
                 )
             return False, None
         if not self.available:
             self.available = True
-            metrics.SESSION_STORE_UP.set(1)
+            metrics.SESSION_STORE_UP.labels(store="redis").set(1)
             log.info("session_store_up")
         return True, result
 

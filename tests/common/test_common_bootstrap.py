@@ -11,10 +11,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from salon.common.reflection import add_v1_descriptor
 
 PROBE = Path(__file__).with_name("bootstrap_probe_service.py")
 
@@ -62,6 +64,50 @@ def test_reflection_lists_services(probe):
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
     } <= names
+
+
+def test_reflection_v1_lists_and_describes_services(probe):
+    """A grpc.reflection.v1 client (grpcurl's first choice), with v1 messages, not v1alpha's."""
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(descriptor_pb2.DESCRIPTOR.serialized_pb))
+    add_v1_descriptor(pool)
+    request_type = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("grpc.reflection.v1.ServerReflectionRequest")
+    )
+    response_type = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("grpc.reflection.v1.ServerReflectionResponse")
+    )
+    _proc, port, _m, _ = probe
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = ch.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=request_type.SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        listed, described, itself = call(
+            iter(
+                [
+                    request_type(list_services=""),
+                    request_type(file_containing_symbol="salon.kvstore.v1.KVStoreService"),
+                    request_type(file_containing_symbol="grpc.reflection.v1.ServerReflection"),
+                ]
+            )
+        )
+    assert {s.name for s in listed.list_services_response.service} >= {
+        "salon.kvstore.v1.KVStoreService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    }
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(b)
+        for b in described.file_descriptor_response.file_descriptor_proto
+    ]
+    assert "salon.kvstore.v1.KVStoreService" in {f"{f.package}.{s.name}" for f in files for s in f.service}
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(b) for b in itself.file_descriptor_response.file_descriptor_proto
+    ]
+    assert [(f.name, f.package) for f in files] == [("grpc/reflection/v1/reflection.proto", "grpc.reflection.v1")]
 
 
 def test_typed_errors_map_to_status_codes(probe):

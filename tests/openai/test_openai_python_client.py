@@ -268,7 +268,7 @@ def test_closing_the_stream_aborts_the_engine_work(stack):
         time.sleep(0.05)
     load = stack.load(serving[0])
     assert load.running_requests == 0 and load.free_kv_blocks + load.cached_kv_blocks == load.total_kv_blocks
-    aborted = metric(stack.engine_metrics(serving[0]), "salon_engine_request_success_total", finished_reason="aborted")
+    aborted = metric(stack.engine_metrics(serving[0]), "vllm:request_success_total", finished_reason="abort")
     assert aborted >= 1
 
 

@@ -115,7 +115,7 @@ class EngineService:
             log.exception("model_load_failed", model=self.config.model)
             raise
         model_cfg = core.config
-        metrics.set_model(model_cfg.model_id)
+        metrics.set_model(model_cfg.model_id, self.config.engine_id)
         context = min(model_cfg.max_context_tokens, self.config.max_context_tokens or model_cfg.max_context_tokens)
         self._loop = EngineLoop(
             core, asyncio.get_running_loop(), on_fatal=health.fatal, step_nice=self.config.step_nice

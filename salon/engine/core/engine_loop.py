@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from salon.common.logging import get_logger
 from salon.engine import metrics
 from salon.engine.core.engine_core import EngineCore, LoadSnapshot
-from salon.engine.core.output import RequestEvent
+from salon.engine.core.output import FinalStats, RequestEvent
 from salon.engine.prefix.hit import PrefixHit
 from salon.engine.request import FinishReason, Request, RequestId
 
@@ -297,16 +297,12 @@ class EngineLoop:
                 metrics.INTER_TOKEN_LATENCY.observe(event.inter_token_s)
             final = event.final
             if final is not None:
-                metrics.TIME_TO_FIRST_TOKEN.observe(final.ttft_ms / 1000.0)
-                metrics.REQUEST_QUEUE_TIME.observe(final.queue_ms / 1000.0)
-                metrics.E2E_REQUEST_LATENCY.observe(final.total_ms / 1000.0)
-                metrics.REQUEST_PROMPT_TOKENS.observe(final.prompt_tokens)
-                metrics.REQUEST_GENERATION_TOKENS.observe(final.generated_tokens)
+                _observe_final(final)
             self._send(event)
 
     def _send(self, event: RequestEvent) -> None:
         if event.finish_reason is not None:
-            metrics.REQUEST_SUCCESS.labels(event.finish_reason.value).inc()
+            metrics.REQUEST_SUCCESS.labels(metrics.VLLM_FINISHED_REASONS[event.finish_reason.value]).inc()
         self._loop.call_soon_threadsafe(self._deliver, event)
 
     def _publish(self) -> None:
@@ -323,8 +319,23 @@ class EngineLoop:
         metrics.KV_BLOCKS_CACHED.set(snap.cached_kv_blocks)
         used_blocks = snap.total_kv_blocks - snap.free_kv_blocks - snap.cached_kv_blocks
         metrics.KV_BLOCKS_USED.set(used_blocks)
-        metrics.KV_CACHE_USAGE_RATIO.set(used_blocks / snap.total_kv_blocks if snap.total_kv_blocks else 0.0)
-        metrics.DECODE_TOKENS_PER_S.set(snap.decode_tokens_per_s)
+        metrics.KV_CACHE_USAGE.set(used_blocks / snap.total_kv_blocks if snap.total_kv_blocks else 0.0)
+        metrics.DECODE_TOKENS_PER_SECOND.set(snap.decode_tokens_per_s)
+
+
+def _observe_final(final: FinalStats) -> None:
+    """A finished request's latencies and sizes, split into vLLM's phases (metrics.py)."""
+    queue_s, ttft_s, total_s = final.queue_ms / 1000.0, final.ttft_ms / 1000.0, final.total_ms / 1000.0
+    metrics.TIME_TO_FIRST_TOKEN.observe(ttft_s)
+    metrics.REQUEST_QUEUE_TIME.observe(queue_s)
+    metrics.REQUEST_PREFILL_TIME.observe(max(0.0, ttft_s - queue_s))
+    metrics.REQUEST_DECODE_TIME.observe(max(0.0, total_s - ttft_s))
+    metrics.REQUEST_INFERENCE_TIME.observe(max(0.0, total_s - queue_s))
+    metrics.E2E_REQUEST_LATENCY.observe(total_s)
+    if final.generated_tokens > 1:
+        metrics.REQUEST_TIME_PER_OUTPUT_TOKEN.observe(final.itl_ms_mean / 1000.0)
+    metrics.REQUEST_PROMPT_TOKENS.observe(final.prompt_tokens)
+    metrics.REQUEST_GENERATION_TOKENS.observe(final.generated_tokens)
 
 
 def _settle(future: asyncio.Future, result, error: BaseException | None) -> None:

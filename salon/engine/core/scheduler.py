@@ -288,7 +288,8 @@ class Scheduler:
             request.num_cached_device_tokens = hit.num_tokens
         if hit is not None:
             request.num_computed_tokens = hit.num_tokens
-            metrics.PREFIX_CACHE_HITS.labels(hit.source.value).inc(hit.num_tokens)
+            metrics.PREFIX_CACHE_HITS.inc(hit.num_tokens)
+            metrics.PREFIX_CACHE_HITS_BY_SOURCE.labels(hit.source.value).inc(hit.num_tokens)
         self.kv.set_retention(request.request_id, retain_from)
 
     def _chunk(self, request: Request, num_new: int, drafts: tuple[int, ...] = ()) -> ScheduledChunk:

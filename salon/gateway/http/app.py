@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from salon.common.errors import SalonError
 from salon.common.logging import get_logger
+from salon.gateway.http import probes
 from salon.gateway.http.errors import _BY_CODE, ApiError, from_salon_error
 from salon.gateway.http.routes import Front, router
 
@@ -29,12 +30,14 @@ def build_app(front: Front) -> FastAPI:
     app = FastAPI(
         title="salon",
         description="OpenAI-compatible API of the salon gateway",
+        version=probes.VERSION,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",  # unauthenticated, as vLLM serves it
     )
     app.state.front = front
     app.include_router(router)
+    app.include_router(probes.router)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
