@@ -131,13 +131,13 @@ async def test_redis_down_falls_back_then_recovers() -> None:
         await table.put(DialogueKey("c"), EngineId("e2"))
         assert time.monotonic() - started < 1.0
         assert not table.available
-        assert metrics.SESSION_STORE_UP._value.get() == 0
+        assert metrics.SESSION_STORE_UP.labels(store="redis")._value.get() == 0
         assert metrics.SESSION_STORE_ERRORS.labels(op="get")._value.get() == errors_before + 1
         # Back (empty, no persistence): picked up again after the retry interval.
         restarted = RedisServer(server.port).start()
         await asyncio.sleep(0.35)
         await table.put(DialogueKey("c"), EngineId("e3"))
-        assert table.available and metrics.SESSION_STORE_UP._value.get() == 1
+        assert table.available and metrics.SESSION_STORE_UP.labels(store="redis")._value.get() == 1
         assert await table.get(DialogueKey("c")) == "e3"
     finally:
         await table.close()
