@@ -7,7 +7,7 @@ serve(service, config)
   ├─ grpc.aio server: OpenTelemetry interceptor -> ServiceInterceptor (caller's role, errors,
   │  request ids, RPC metrics)
   ├─ service.start(server, health)      register servicers; long work (model loading) goes in a task
-  ├─ grpc.health.v1 (NOT_SERVING until the service calls health.set_serving()) + server reflection (v1 and v1alpha);
+  ├─ grpc.health.v1 (NOT_SERVING until the service calls health.set_serving()) + reflection v1, v1alpha;
   │  optionally also alone on a plaintext --health-port (probes that cannot present a certificate)
   ├─ listen (TLS / mutual TLS when configured), print
   │  `LISTENING <service> port=<p> metrics_port=<m> health_port=<h>`
