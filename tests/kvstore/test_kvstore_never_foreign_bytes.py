@@ -384,3 +384,42 @@ def test_over_grpc_a_peer_holds_at_most_its_lease_cap(small_store) -> None:
         for lease in leases:
             assert stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=lease)).released
         _prepare(stub, NS_D, ctx, 2)
+
+
+def test_over_grpc_an_unwritten_slot_with_the_checksum_of_zeros_is_refused(small_store) -> None:
+    ctx = list(range(300, 316))
+    with grpc.insecure_channel(small_store.target) as channel:
+        stub = pb_grpc.KVStoreServiceStub(channel)
+        prepared = _prepare(stub, NS_C, ctx, 4)
+        arena = np.memmap(prepared.shm_name, np.uint8, "r+")
+        # Blocks 0, 1 and 3 written; block 2 claimed with the CRC of zeros, then with the CRC of what it holds.
+        crc = []
+        for s in prepared.slots:
+            data = payload(NS_C, ctx, s.block_index, "g", 64, 4)
+            if s.block_index != 2:
+                arena[s.global_offset : s.global_offset + 64] = np.frombuffer(data, np.uint8)
+            crc.append(zlib.crc32(data))
+        arena.flush()
+        offset = prepared.slots[2].global_offset
+        for zeros in (True, False):
+            held = arena[offset : offset + 64].tobytes()  # the lease's canary
+            claim = zlib.crc32(bytes(64) if zeros else held)
+            why = "is not what was written" if zeros else "was never written"
+            with pytest.raises(grpc.RpcError) as info:
+                stub.CommitSharedPut(
+                    pb.CommitSharedPutRequest(lease_id=prepared.lease_id, global_crc32=[*crc[:2], claim, crc[3]])
+                )
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert f"block 2: the global KV at offset {offset} {why}" in info.value.details()
+            assert "nothing was stored" in info.value.details()
+            fetch = pb.FetchRequest(
+                namespace=NS_C, token_ids_le32=encode_token_ids(ctx), layout=layout_to_proto(LAYOUT)
+            )
+            assert [m.header.num_tokens for m in stub.Fetch(fetch) if m.HasField("header")] == [0]
+            prepared = _prepare(stub, NS_C, ctx, 4)  # the refusal ended the lease: a new one, same slots
+            assert prepared.slots[2].global_offset == offset
+            for s in prepared.slots:
+                if s.block_index != 2:
+                    data = payload(NS_C, ctx, s.block_index, "g", 64, 4)
+                    arena[s.global_offset : s.global_offset + 64] = np.frombuffer(data, np.uint8)
+        assert stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=prepared.lease_id)).released
