@@ -173,7 +173,10 @@ class KVStore:
     def check_lease_room(self, peer: str) -> None:
         """LeaseLimit if `peer` may not take another lease."""
         if self._leases_by_peer.get(peer, 0) >= self.max_leases_per_peer:
-            raise LeaseLimit(f"{peer} already holds {self.max_leases_per_peer} shared-memory leases")
+            raise LeaseLimit(
+                f"{peer} already holds {self.max_leases_per_peer} shared-memory leases (an expired put lease "
+                f"counts until its writer is done with it)"
+            )
 
     # ---- put over gRPC -------------------------------------------------------------------------
 
