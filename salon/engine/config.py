@@ -141,7 +141,8 @@ class EngineConfig:
     )
     kvstore_tls_key_file: str | None = field(default=None, metadata={"help": "key of kvstore_tls_cert_file"})
     kvstore_shm_dir: str = field(
-        default="/dev/shm", metadata={"help": "the kvstore's --shm-dir: an arena is mapped only from inside it"}
+        default="/dev/shm/salon-kvstore",
+        metadata={"help": "the kvstore's --shm-dir: an arena is mapped only from inside it"},
     )
     kvstore_arena_uid: int | None = field(
         default=None, metadata={"help": "uid that must own the kvstore's arena (default: this process's)"}

@@ -11,6 +11,9 @@ Free bytes are zero: the arena starts zeroed and `zero` clears every extent the 
 dropped, abandoned), so a freed block's KV does not outlive it and unwritten space never holds
 another namespace's bytes.
 
+Writers: an engine that maps the arena holds a writer lock on it (salon/common/kvstore_contract/
+writer_lock.py) while it can write; `writer_alive` tells whether a writer's process still does.
+
 Ownership is an exclusive `flock` held on the file for the life of the process (the kernel drops it
 when the process dies, however it dies). `remove_stale_arenas` deletes arena files nobody holds
 locked: after a SIGKILL or an OOM kill the next start reclaims the memory even when the new process
@@ -28,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from salon.common.kvstore_contract.writer_lock import writer_lock_held
 from salon.kvstore.allocator import Extent
 
 ARENA_PREFIX = "salon-kvstore-"
@@ -73,6 +77,14 @@ class Arena:
 
     def zero(self, extent: Extent) -> None:
         self.array[extent.offset : extent.offset + extent.length] = 0
+
+    def fill(self, extent: Extent, pattern: np.ndarray) -> None:
+        """Write `pattern` (uint8, at least extent.length bytes) over the extent."""
+        self.array[extent.offset : extent.offset + extent.length] = pattern[: extent.length]
+
+    def writer_alive(self, writer_id: int) -> bool:
+        """True if a process still holds writer lock `writer_id` on this arena."""
+        return writer_lock_held(self._lock_fd, writer_id)
 
     def close(self) -> None:
         self.array = None  # type: ignore[assignment]

@@ -1,7 +1,8 @@
 """The kvstore as a `Service` for the shared bootstrap: arena + tree + store + servicer + lease sweeper.
 
 It is a cache: it starts empty (started_at_unix_ms tells clients a restart happened) and keeps
-nothing on stop. The arena file is removed on stop, and arenas no process holds locked on start.
+nothing on stop. The arena file is removed on stop, and arenas no process holds locked on start. The
+shared-memory directory must be this user's and 0700 (shm_dir.py), else the start fails naming it.
 Only engine identities may call it (access_policy; mutual TLS).
 """
 
@@ -24,6 +25,7 @@ from salon.kvstore.arena import Arena, remove_stale_arenas
 from salon.kvstore.config import KVStoreConfig
 from salon.kvstore.radix_tree import RadixTree
 from salon.kvstore.servicer import KVStoreServicer
+from salon.kvstore.shm_dir import check_shm_dir
 from salon.kvstore.store import KVStore
 
 log = get_logger(__name__)
@@ -43,6 +45,7 @@ class KVStoreService:
 
     async def start(self, server: grpc.aio.Server, health: HealthState) -> list[str]:
         config = self.config
+        check_shm_dir(config.shm_dir)
         grant_key = (
             namespace_grant.load_key(config.namespace_grant_key_file) if config.namespace_grant_key_file else None
         )
@@ -88,4 +91,6 @@ class KVStoreService:
             if expired:
                 metrics.EXPIRED_LEASES.inc(expired)
                 log.info("leases_expired", count=expired, quarantined_bytes=self.store.quarantined_bytes)
-            self.store.release_quarantine()
+            freed = self.store.release_quarantine()
+            if freed:
+                log.info("quarantine_released", leases=freed, reason="writer_gone")

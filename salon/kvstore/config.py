@@ -13,7 +13,10 @@ class KVStoreConfig:
 
     server: ServerConfig = field(default_factory=ServerConfig)
     capacity_bytes: int = field(default=1 << 30, metadata={"help": "bytes of KV held (the arena's size)"})
-    shm_dir: str = field(default="/dev/shm", metadata={"help": "tmpfs directory for the shared-memory arena"})
+    shm_dir: str = field(
+        default="/dev/shm/salon-kvstore",
+        metadata={"help": "tmpfs directory for the shared-memory arena: this user's, mode 0700 (created if missing)"},
+    )
     lease_ttl_s: float = field(default=30.0, metadata={"help": "shared-memory leases end by themselves after this"})
     fetch_chunk_bytes: int = field(default=4 << 20, metadata={"help": "KV bytes per gRPC Fetch message (about)"})
     max_leases_per_peer: int = field(

@@ -20,6 +20,9 @@ PUT_BYTES = Counter("salon_kvstore_put_bytes_total", "KV bytes received by puts,
 EXPIRED_LEASES = Counter("salon_kvstore_expired_leases_total", "Shared-memory leases that ended by timeout.")
 REFUSED_COMMITS = Counter(
     "salon_kvstore_refused_commits_total",
-    "Shared-memory puts refused at commit: a slot did not hold what the engine said it wrote.",
+    "Shared-memory puts refused at commit: a slot did not hold what the engine said it wrote, was never written, "
+    "or the lease had expired.",
 )
-QUARANTINED_BYTES = Gauge("salon_kvstore_quarantined_bytes", "Bytes of expired put leases held back from reuse.")
+QUARANTINED_BYTES = Gauge(
+    "salon_kvstore_quarantined_bytes", "Bytes of expired put leases held back from reuse until their writer is done."
+)

@@ -27,7 +27,7 @@ from salon.common.peer_identity import peer_key
 from salon.common.prefix_hash import namespace_digest
 from salon.kvstore import metrics
 from salon.kvstore.radix_tree import LayoutMismatch
-from salon.kvstore.store import KVStore, LeaseLimit, PutCounts, unwritten_slot
+from salon.kvstore.store import KVStore, LeaseLimit, PutCounts, UnknownWriter, unwritten_slot
 
 MAX_NAMESPACE_BYTES = 64
 INLINE_CHECK_BYTES = 1 << 20
@@ -247,6 +247,8 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
         local_blocks = frozenset(request.local_block_indices)
         if local_blocks and (layout.local_bytes_per_block == 0 or max(local_blocks) >= request.num_blocks):
             raise InvalidArgument("local_block_indices: must be < num_blocks, and the layout must have local KV")
+        # The writer's word on its earlier leases first: expired ones it is done with free their space.
+        self._store.writer_progress(request.writer_id, request.writes_done_below_generation)
         try:
             lease, slots, existing = self._store.prepare_shared_put(
                 namespace,
@@ -257,17 +259,21 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
                 local_blocks,
                 request.first_block_index,
                 peer=peer_key(context),
+                writer=request.writer_id,
             )
         except LayoutMismatch as exc:
             raise InvalidArgument(str(exc)) from None
         except LeaseLimit as exc:
             raise ResourceExhausted(str(exc), retry_after_ms=int(self._store.lease_ttl_s * 1000)) from None
+        except UnknownWriter as exc:
+            raise FailedPrecondition(f"{exc} (map the arena, which takes the lock, then ask again)") from None
         self._sync_evictions()
         response = pb.PrepareSharedPutResponse(
             lease_id=lease,
             shm_name=self._store.arena.name,
             existing_blocks=existing,
             lease_ttl_ms=int(self._store.lease_ttl_s * 1000),
+            generation=self._store.lease_generation(lease),
         )
         for s in slots:
             response.slots.add(
@@ -283,24 +289,39 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
         self, request: pb.CommitSharedPutRequest, context: grpc.aio.ServicerContext
     ) -> pb.CommitSharedPutResponse:
         store = self._store
-        slots = store.put_slots(request.lease_id)
+        lease_id = request.lease_id
+        self._refuse_if_expired(lease_id)
+        slots = store.put_slots(lease_id)
         if slots is None:
-            raise NotFound(f"lease_id: no prepared put {request.lease_id!r} (released or expired)")
+            raise NotFound(f"lease_id: no prepared put {lease_id!r} (released, or never granted)")
         # The lease owns these extents (an expiry meanwhile only quarantines them): large puts are read
         # off the event loop, small ones inline (a thread hop costs more than the checksum).
         check = (unwritten_slot, store.arena, slots, list(request.global_crc32), list(request.local_crc32))
         num_bytes = sum(e.length for slot in slots for e in (slot.global_extent, slot.local_extent) if e is not None)
         problem = await asyncio.to_thread(*check) if num_bytes > INLINE_CHECK_BYTES else check[0](*check[1:])
         if problem is not None:
-            if store.put_slots(request.lease_id) is slots:
-                store.release_lease(request.lease_id)
+            if store.put_slots(lease_id) is slots or store.revoked(lease_id):
+                store.release_lease(lease_id)  # the writer is done with it either way
             metrics.REFUSED_COMMITS.inc()
             raise FailedPrecondition(f"{problem}; nothing was stored")
-        counts = store.commit_shared_put(request.lease_id)
+        self._refuse_if_expired(lease_id)  # it may have expired while its bytes were checked
+        counts = store.commit_shared_put(lease_id)
         if counts is None:
-            raise NotFound(f"lease_id: no prepared put {request.lease_id!r} (released or expired)")
+            raise NotFound(f"lease_id: no prepared put {lease_id!r} (released, or never granted)")
         metrics.PUT_BYTES.labels(SHM).inc(counts.stored_bytes)
         return pb.CommitSharedPutResponse(counts=counts_to_proto(counts))
+
+    def _refuse_if_expired(self, lease_id: str) -> None:
+        """FAILED_PRECONDITION for the commit of an expired put lease: its writer was too late, and is
+        done with it now, so its quarantined space is freed."""
+        store = self._store
+        if store.revoked(lease_id):
+            store.commit_shared_put(lease_id)
+            metrics.REFUSED_COMMITS.inc()
+            raise FailedPrecondition(
+                f"lease_id: the put lease {lease_id!r} expired before this commit (leases last "
+                f"{int(store.lease_ttl_s * 1000)} ms); nothing was stored"
+            )
 
     # ---- leases, stats, drop -------------------------------------------------------------------
 

@@ -8,18 +8,24 @@ Shared-memory transfer:
   fetch   begin_fetch pins the usable path; a lease keeps it pinned until release_lease or the
           lease's TTL, and the engine reads the blocks' extents directly (and discards what it read
           if its lease ended meanwhile).
-  put     prepare_shared_put reserves extents for the blocks the store lacks (zeroed, and the
-          existing path pinned); the engine writes them and calls commit_shared_put, which links
-          the blocks that are still missing and frees the rest. The servicer first checks every
-          slot's bytes against the engine's checksums (put_slots), so a slot that was never written
-          is never linked.
+  put     prepare_shared_put reserves extents for the blocks the store lacks (filled with the
+          lease's canary, and the existing path pinned); the engine writes them and calls
+          commit_shared_put, which links the blocks that are still missing and frees the rest. The
+          servicer first checks every slot's bytes against the engine's checksums (put_slots), and
+          that no slot still holds the canary, so a slot that was never written is never linked
+          whatever checksum is sent.
 
 The store never returns bytes it did not write:
-  * free arena bytes are zero (the tree zeroes every extent it frees; prepared slots are zeroed
-    again), so unwritten space never holds another namespace's KV;
-  * an expired put lease's extents are quarantined for one lease TTL before they can be reused: an
-    engine checks its lease's remaining time before it writes, so a late write lands in quarantined
-    space, never in a block that another namespace owns by then;
+  * free arena bytes are zero (the tree zeroes every extent it frees) and prepared slots hold only
+    their lease's canary, so unwritten space never holds another namespace's KV;
+  * an expired put lease is revoked, not ended: its extents stay quarantined (reserved, never
+    handed to another block) until its writer is provably done with them, because the engine
+    writes into the arena directly and a writer that stalled past its lease may still write. The
+    proofs: the writer commits or releases the lease (it does so only after its write; the late
+    commit itself is refused), it reports that all its writes below the lease's generation are
+    over (writer_progress), or its process holds its writer lock no more (release_quarantine,
+    salon/common/kvstore_contract/writer_lock.py). A lease without a writer lock waits for the
+    first of those. Revoked leases still count against their peer's lease cap;
   * each peer holds at most max_leases_per_peer leases (LeaseLimit), so no caller can pin or
     reserve the whole arena.
 """
@@ -29,9 +35,10 @@ from __future__ import annotations
 import secrets
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from salon.common.kvstore_contract.layout import KVLayout, MatchResult
 from salon.kvstore.allocator import Extent
@@ -43,6 +50,10 @@ LeaseId = str
 
 class LeaseLimit(Exception):
     """The peer already holds max_leases_per_peer leases."""
+
+
+class UnknownWriter(Exception):
+    """A shared-memory put names a writer lock that no process holds on the arena."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +76,14 @@ class PutCounts:
 
 @dataclass(frozen=True)
 class PutSlot:
-    """Where the engine writes one block of a shared-memory put (None: the store has it)."""
+    """Where the engine writes one block of a shared-memory put (None: the store has it).
+
+    canary: the lease's 8-byte pattern the slot's extents hold until written (empty: not filled)."""
 
     block_index: int
     global_extent: Extent | None
     local_extent: Extent | None
+    canary: bytes = b""
 
 
 @dataclass
@@ -89,6 +103,8 @@ class _Lease:
     peer: str
     fetch: FetchPlan | None = None
     put: _PreparedPut | None = None
+    generation: int = 0  # put leases: ascending in grant order
+    writer: int = 0  # put leases: the writer lock its engine holds (0: none)
 
 
 @dataclass
@@ -110,6 +126,7 @@ class KVStore:
         lease_ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
         max_leases_per_peer: int = 256,
+        writer_alive: Callable[[int], bool] | None = None,
     ):
         self.tree = tree
         self.arena = arena
@@ -117,11 +134,14 @@ class KVStore:
         self.max_leases_per_peer = max_leases_per_peer
         self.counters = StoreCounters()
         self._clock = clock
+        self._writer_alive = writer_alive or arena.writer_alive
         self._leases: dict[LeaseId, _Lease] = {}
+        # Live and revoked leases per peer (what the cap counts).
         self._leases_by_peer: dict[str, int] = {}
-        # (reusable from, extents) of expired put leases, oldest first; their bytes stay reserved.
-        self._quarantine: deque[tuple[float, list[Extent]]] = deque()
+        # Expired put leases whose writer may still write: their extents stay reserved.
+        self._revoked: dict[LeaseId, _Lease] = {}
         self.quarantined_bytes = 0
+        self._generation = 0
 
     # ---- match and fetch -----------------------------------------------------------------------
 
@@ -153,7 +173,10 @@ class KVStore:
     def check_lease_room(self, peer: str) -> None:
         """LeaseLimit if `peer` may not take another lease."""
         if self._leases_by_peer.get(peer, 0) >= self.max_leases_per_peer:
-            raise LeaseLimit(f"{peer} already holds {self.max_leases_per_peer} shared-memory leases")
+            raise LeaseLimit(
+                f"{peer} already holds {self.max_leases_per_peer} shared-memory leases (an expired put lease "
+                f"counts until its writer is done with it)"
+            )
 
     # ---- put over gRPC -------------------------------------------------------------------------
 
@@ -172,13 +195,17 @@ class KVStore:
         local_blocks: frozenset[int],
         first_block: int = 0,
         peer: str = "",
+        writer: int = 0,
     ) -> tuple[LeaseId, list[PutSlot], int]:
-        """Reserve zeroed extents for the blocks of [0, num_blocks) the store lacks (global KV, and
-        local KV for blocks in local_blocks). The engine has global KV only for blocks >= first_block:
-        a missing block below it means nothing more is reserved. Returns (lease, slots to write,
-        blocks already stored). Stops at the first block it cannot make room for. LeaseLimit (nothing
-        reserved) when `peer` holds too many leases."""
+        """Reserve extents for the blocks of [0, num_blocks) the store lacks (global KV, and local KV
+        for blocks in local_blocks), each filled with the lease's canary. The engine has global KV only
+        for blocks >= first_block: a missing block below it means nothing more is reserved. Returns
+        (lease, slots to write, blocks already stored). Stops at the first block it cannot make room
+        for. LeaseLimit (nothing reserved) when `peer` holds too many leases; UnknownWriter when
+        `writer` is not 0 and no process holds that writer lock."""
         self.check_lease_room(peer)
+        if writer and not self._writer_alive(writer):
+            raise UnknownWriter(f"writer_id: no process holds writer lock {writer} on this kvstore's arena")
         tree = self.tree
         ns = tree.get_or_create_namespace(namespace, layout)
         existing = tree.existing_path(ns.root, token_bytes, num_blocks)
@@ -195,13 +222,27 @@ class KVStore:
                 break
             loc = tree.allocate(layout.local_bytes_per_block) if index in local_blocks else None
             slots.append(PutSlot(index, g, loc))
+        canary = _new_canary()
+        pattern = canary_pattern(canary, max(layout.global_bytes_per_block, layout.local_bytes_per_block))
+        slots = [PutSlot(s.block_index, s.global_extent, s.local_extent, canary) for s in slots]
         for slot in slots:
             for extent in (slot.global_extent, slot.local_extent):
                 if extent is not None:
-                    self.arena.zero(extent)
+                    self.arena.fill(extent, pattern)
         counts = PutCounts(existing_blocks=len(existing))
         prepared = _PreparedPut(namespace, layout, token_bytes, owner, existing, slots, counts)
-        return self._new_lease(_Lease(self._clock() + self.lease_ttl_s, peer, put=prepared)), slots, len(existing)
+        self._generation += 1
+        lease = _Lease(self._clock() + self.lease_ttl_s, peer, put=prepared, generation=self._generation, writer=writer)
+        return self._new_lease(lease), slots, len(existing)
+
+    def lease_generation(self, lease_id: LeaseId) -> int:
+        """A put lease's generation (live or revoked); 0 if unknown."""
+        lease = self._leases.get(lease_id) or self._revoked.get(lease_id)
+        return 0 if lease is None else lease.generation
+
+    def revoked(self, lease_id: LeaseId) -> bool:
+        """True if `lease_id` is a put lease that expired and whose writer has not ended it yet."""
+        return lease_id in self._revoked
 
     def put_slots(self, lease_id: LeaseId) -> list[PutSlot] | None:
         """The slots of a prepared put (a query: to check what the engine wrote); None if unknown."""
@@ -210,7 +251,10 @@ class KVStore:
 
     def commit_shared_put(self, lease_id: LeaseId) -> PutCounts | None:
         """Link the written blocks (the caller has checked them against the engine's checksums);
-        None if the lease is unknown or expired (nothing stored)."""
+        None if the lease is unknown or expired (nothing stored). A commit of an expired lease tells
+        that its writer is done with it: its quarantined space is freed."""
+        if self._free_revoked(lease_id):
+            return None
         lease = self._pop_lease(lease_id)
         if lease is None or lease.put is None:
             if lease is not None:
@@ -260,7 +304,10 @@ class KVStore:
     # ---- leases --------------------------------------------------------------------------------
 
     def release_lease(self, lease_id: LeaseId) -> bool:
-        """End a lease at its holder's word (it is done reading or writing): space is free at once."""
+        """End a lease at its holder's word (it is done reading or writing): space is free at once.
+        False if it was not held (unknown, or expired: an expired put's quarantine ends here too)."""
+        if self._free_revoked(lease_id):
+            return False
         lease = self._pop_lease(lease_id)
         if lease is None:
             return False
@@ -268,24 +315,49 @@ class KVStore:
         return True
 
     def expire_leases(self) -> int:
-        """End the leases past their TTL; an expired put's space goes to quarantine, not back to use."""
+        """End the leases past their TTL; an expired put is revoked: its space stays quarantined."""
         now = self._clock()
         expired = [lid for lid, lease in self._leases.items() if lease.expires_at_s <= now]
         for lid in expired:
-            self._end(self._pop_lease(lid), quarantine_until_s=now + self.lease_ttl_s)
+            lease = self._leases.pop(lid)
+            if lease.put is None:
+                self._unpeer(lease.peer)
+                self._end(lease)
+                continue
+            self._revoked[lid] = lease
+            self.quarantined_bytes += _slot_bytes(lease.put.slots)
+            self.tree.unpin(lease.put.existing)
         self.counters.expired_leases += len(expired)
         return len(expired)
 
+    def writer_progress(self, writer: int, done_below_generation: int) -> int:
+        """`writer` says none of its writes under leases of a generation below done_below_generation
+        is running or will start: free those of its revoked leases. Returns how many."""
+        if not writer:
+            return 0
+        done = [
+            lid
+            for lid, lease in self._revoked.items()
+            if lease.writer == writer and lease.generation < done_below_generation
+        ]
+        for lid in done:
+            self._free_revoked(lid)
+        return len(done)
+
     def release_quarantine(self) -> int:
-        """Free quarantined extents whose time is up; returns how many."""
-        now, freed = self._clock(), 0
-        while self._quarantine and self._quarantine[0][0] <= now:
-            _, extents = self._quarantine.popleft()
-            for extent in extents:
-                self.quarantined_bytes -= extent.length
-                self.tree.free_reserved(extent)
-            freed += len(extents)
-        return freed
+        """Free the revoked leases whose writer's process is gone (its writer lock is not held any
+        more); returns how many."""
+        alive: dict[int, bool] = {}
+        gone = []
+        for lid, lease in self._revoked.items():
+            if lease.writer:
+                if lease.writer not in alive:
+                    alive[lease.writer] = self._writer_alive(lease.writer)
+                if not alive[lease.writer]:
+                    gone.append(lid)
+        for lid in gone:
+            self._free_revoked(lid)
+        return len(gone)
 
     @property
     def num_leases(self) -> int:
@@ -297,10 +369,8 @@ class KVStore:
     def close(self) -> None:
         for lid in list(self._leases):
             self._end(self._pop_lease(lid))
-        while self._quarantine:
-            for extent in self._quarantine.popleft()[1]:
-                self.quarantined_bytes -= extent.length
-                self.tree.free_reserved(extent)
+        for lid in list(self._revoked):
+            self._free_revoked(lid)
 
     # ---- drop ----------------------------------------------------------------------------------
 
@@ -320,27 +390,34 @@ class KVStore:
     def _pop_lease(self, lease_id: LeaseId) -> _Lease | None:
         lease = self._leases.pop(lease_id, None)
         if lease is not None:
-            left = self._leases_by_peer[lease.peer] - 1
-            if left:
-                self._leases_by_peer[lease.peer] = left
-            else:
-                del self._leases_by_peer[lease.peer]
+            self._unpeer(lease.peer)
         return lease
 
-    def _end(self, lease: _Lease, quarantine_until_s: float | None = None) -> None:
+    def _unpeer(self, peer: str) -> None:
+        left = self._leases_by_peer[peer] - 1
+        if left:
+            self._leases_by_peer[peer] = left
+        else:
+            del self._leases_by_peer[peer]
+
+    def _end(self, lease: _Lease) -> None:
         if lease.fetch is not None:
             self.end_fetch(lease.fetch)
         if lease.put is not None:
-            if quarantine_until_s is None:
-                for slot in lease.put.slots:
-                    _free_slot(self.tree, slot)
-            else:
-                extents = [
-                    e for slot in lease.put.slots for e in (slot.global_extent, slot.local_extent) if e is not None
-                ]
-                self.quarantined_bytes += sum(e.length for e in extents)
-                self._quarantine.append((quarantine_until_s, extents))
+            for slot in lease.put.slots:
+                _free_slot(self.tree, slot)
             self.tree.unpin(lease.put.existing)
+
+    def _free_revoked(self, lease_id: LeaseId) -> bool:
+        """End a revoked lease's quarantine (its writer is done): its extents are zeroed and freed."""
+        lease = self._revoked.pop(lease_id, None)
+        if lease is None:
+            return False
+        self._unpeer(lease.peer)
+        self.quarantined_bytes -= _slot_bytes(lease.put.slots)
+        for slot in lease.put.slots:
+            _free_slot(self.tree, slot)
+        return True
 
     def _attach_or_free(self, node: Node, extent: Extent, local_nodes: list[Node]) -> int:
         """Give `node` the local KV written at `extent` unless it has some; returns bytes stored."""
@@ -352,8 +429,25 @@ class KVStore:
         return 0
 
 
+def canary_pattern(canary: bytes, num_bytes: int) -> np.ndarray:
+    """uint8 [num_bytes]: the canary repeated."""
+    return np.frombuffer((canary * (num_bytes // max(len(canary), 1) + 1))[:num_bytes], np.uint8)
+
+
+def _new_canary() -> bytes:
+    """8 random bytes, never all zero (free space is zero: a canary must differ from it)."""
+    while True:
+        canary = secrets.token_bytes(8)
+        if any(canary):
+            return canary
+
+
 def unwritten_slot(arena: Arena, slots: list[PutSlot], global_crc32: list[int], local_crc32: list[int]) -> str | None:
     """What is wrong with a prepared put's slots given the engine's checksums (None: all written).
+
+    A slot must hold bytes whose CRC-32 is the engine's, and must not still hold its lease's canary:
+    a slot never written is refused whatever checksum is sent (the canary's included). Cost: one CRC
+    per slot, plus a byte comparison only when a slot's CRC equals the canary's.
 
     Reads only the slots' extents, which the lease owns, so it may run in a worker thread."""
     g_slots = [s for s in slots if s.global_extent is not None]
@@ -363,12 +457,28 @@ def unwritten_slot(arena: Arena, slots: list[PutSlot], global_crc32: list[int], 
             f"global_crc32 / local_crc32: {len(global_crc32)} / {len(local_crc32)} checksums for "
             f"{len(g_slots)} / {len(l_slots)} written slots"
         )
+    canary_crc: dict[tuple[bytes, int], int] = {}
     for kind, chosen, sums in (("global", g_slots, global_crc32), ("local", l_slots, local_crc32)):
         for slot, expected in zip(chosen, sums):
             extent = slot.global_extent if kind == "global" else slot.local_extent
-            if zlib.crc32(arena.read(extent)) != expected:
+            held = arena.read(extent)
+            crc = zlib.crc32(held)
+            if crc != expected:
                 return f"block {slot.block_index}: the {kind} KV at offset {extent.offset} is not what was written"
+            if slot.canary:
+                key = (slot.canary, extent.length)
+                if key not in canary_crc:
+                    canary_crc[key] = zlib.crc32(canary_pattern(slot.canary, extent.length))
+                if crc == canary_crc[key] and held == canary_pattern(slot.canary, extent.length).tobytes():
+                    return (
+                        f"block {slot.block_index}: the {kind} KV at offset {extent.offset} was never written "
+                        f"(it still holds the lease's canary)"
+                    )
     return None
+
+
+def _slot_bytes(slots: list[PutSlot]) -> int:
+    return sum(e.length for slot in slots for e in (slot.global_extent, slot.local_extent) if e is not None)
 
 
 def _free_slot(tree: RadixTree, slot: PutSlot) -> None:

@@ -8,6 +8,9 @@ arena file (`salon-kvstore-*`) directly inside the configured directory, a regul
 following a symlink, owned by the kvstore's user and mode 0600 — anything else is refused
 (ArenaRefused), and the engine moves KV over gRPC instead. Mapping populates every page (seconds for
 a large arena), so callers do it off the event loop.
+
+A mapping holds a writer lock on the arena (`writer_id`, writer_lock.py) for as long as it can write
+through it, so the kvstore can tell when this writer is gone.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import stat
 from pathlib import Path
 
 import numpy as np
+
+from salon.common.kvstore_contract.writer_lock import take_writer_lock
 
 ARENA_PREFIX = "salon-kvstore-"
 
@@ -39,7 +44,7 @@ def check_arena_path(name: str, directory: str) -> Path:
 class ArenaMapping:
     """An engine's mapping of a kvstore's arena (read and write)."""
 
-    def __init__(self, name: str, directory: str = "/dev/shm", owner_uid: int | None = None) -> None:
+    def __init__(self, name: str, directory: str = "/dev/shm/salon-kvstore", owner_uid: int | None = None) -> None:
         path = check_arena_path(name, directory)
         owner_uid = os.getuid() if owner_uid is None else owner_uid
         self.name = name
@@ -59,13 +64,22 @@ class ArenaMapping:
             # process is a page fault, which costs more than copying the page.
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
             self._mmap = mmap.mmap(fd, st.st_size, flags, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+            try:
+                self.writer_id = take_writer_lock(fd)
+            except OSError:  # no locks here: the kvstore waits for each lease's commit or release instead
+                self.writer_id = 0
+        except BaseException:
             os.close(fd)
+            raise
+        self._lock_fd = fd  # held open: the writer lock lasts as long as this open file
         self.array = np.frombuffer(self._mmap, dtype=np.uint8)
 
     def close(self) -> None:
+        """Unmap and drop the writer lock; while a worker thread still holds a view of the mapping (a
+        write that outlived its caller), both stay until the process ends."""
         self.array = None  # type: ignore[assignment]
         try:
             self._mmap.close()
         except BufferError:
-            pass
+            return
+        os.close(self._lock_fd)

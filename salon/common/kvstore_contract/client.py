@@ -12,11 +12,15 @@ offsets and a lease. The arena is mapped ahead of time, off the event loop (`sta
 background when a reply names a new arena after a kvstore restart); until it is mapped, or if it
 cannot be (another host, or a file that fails arena_mapping's checks), KV moves over gRPC.
 
-A shared-memory put checks its lease's remaining time before it writes (the kvstore quarantines an
-expired lease's space for one TTL, so a write that starts in time can never land in another
-namespace's block), writes in a worker thread, and sends a checksum of every slot with the commit:
-the kvstore links nothing a slot does not hold. Puts and drops carry a NamespaceClaim when the
-engine has one (the gateway's grant for the tenant, salon/common/namespace_grant.py).
+A shared-memory put checks its lease's remaining time before it writes, writes in a worker thread,
+and sends a checksum of every slot with the commit: the kvstore links nothing a slot does not hold.
+A write may still run after its lease expired (a stalled process or thread), so the kvstore keeps an
+expired lease's space out of use until this writer is provably done with it: the mapping holds a
+writer lock while it can write (writer_lock.py), every lease ends with a commit or a release sent
+after its write is over (also when the caller was cancelled meanwhile: the release follows the
+worker thread), and each prepare reports the generation below which none of this writer's writes
+is running or can start (_WriterProgress). Puts and drops carry a NamespaceClaim when the engine
+has one (the gateway's grant for the tenant, salon/common/namespace_grant.py).
 
     client = KVStoreClient("127.0.0.1:50061", use_shared_memory=True)
     hit = await client.match(namespace, token_ids, layout)           # MatchResult
@@ -61,6 +65,41 @@ ARENA_CHECK_INTERVAL_S = 2.0
 
 class _ArenaChanged(Exception):
     """A shared-memory reply names an arena this client has not mapped (the kvstore restarted)."""
+
+
+class _WriterProgress:
+    """Which of one writer's put leases may still be written: the ones granted whose write is not
+    over, and any lease a prepare still in flight may get (its generation will be above every
+    generation granted before it was sent). `done_below` is the lowest such generation."""
+
+    def __init__(self) -> None:
+        self.max_granted = 0
+        self._asking: dict[int, int] = {}  # prepare in flight -> max_granted when it was sent
+        self._writing: dict[int, int] = {}  # generation -> leases of it still being written (1)
+        self._next_ask = 0
+
+    def asking(self) -> int:
+        self._next_ask += 1
+        self._asking[self._next_ask] = self.max_granted
+        return self._next_ask
+
+    def granted(self, ask: int, generation: int) -> None:
+        del self._asking[ask]
+        self.max_granted = max(self.max_granted, generation)
+        self._writing[generation] = self._writing.get(generation, 0) + 1
+
+    def refused(self, ask: int) -> None:
+        self._asking.pop(ask, None)
+
+    def done(self, generation: int) -> None:
+        left = self._writing[generation] - 1
+        if left:
+            self._writing[generation] = left
+        else:
+            del self._writing[generation]
+
+    def done_below(self) -> int:
+        return min([*self._writing, *(m + 1 for m in self._asking.values()), self.max_granted + 1])
 
 
 @dataclass(frozen=True)
@@ -146,7 +185,7 @@ class KVStoreClient:
         use_shared_memory: bool = False,
         timeout_s: float = 2.0,
         tls: ClientTLS | None = None,
-        arena_dir: str = "/dev/shm",
+        arena_dir: str = "/dev/shm/salon-kvstore",
         arena_owner_uid: int | None = None,
     ) -> None:
         self.target = target
@@ -159,6 +198,7 @@ class KVStoreClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.KVStoreServiceStub | None = None
         self._arena: ArenaMapping | None = None
+        self._progress = _WriterProgress()  # of the mapped arena's writer lock
         self._mapping: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
         self._refused_arenas: set[str] = set()
@@ -409,51 +449,83 @@ class KVStoreClient:
     async def _put_shm(self, header, layout, global_kv, local_kv, first_block, local_first_block, timeout_s):
         """Prepare, write into the arena, commit. None means: use gRPC instead (arena not mapped)."""
         started = time.monotonic()
+        arena, progress = self._arena, self._progress
+        if arena is None:
+            return None
         request = pb.PrepareSharedPutRequest(
             header=header,
             num_blocks=first_block + len(global_kv),
             local_block_indices=range(local_first_block, local_first_block + len(local_kv)),
             first_block_index=first_block,
+            writer_id=arena.writer_id,
         )
         stub = self._get_stub()
-        prepared = await stub.PrepareSharedPut(request, timeout=timeout_s)
-        arena = self._arena
-        release = pb.ReleaseLeaseRequest(lease_id=prepared.lease_id)
-        if arena is None or arena.name != prepared.shm_name:
-            await stub.ReleaseLease(release, timeout=timeout_s)
-            self._map_later(prepared.shm_name)
-            return None
-        lease_end = started + prepared.lease_ttl_ms / 1000
-        # Never start a write that might end after the lease: the space would be another put's by then.
-        if time.monotonic() > lease_end - LEASE_MARGIN_S:
-            await stub.ReleaseLease(release, timeout=timeout_s)
-            raise TimeoutError("shared-memory put lease too close to its end to write")
-        slots = prepared.slots
-        g_slots = [s for s in slots if s.write_global]
-        l_slots = [s for s in slots if s.write_local]
-        g_rows = [s.block_index - first_block for s in g_slots]
-        l_rows = [s.block_index - local_first_block for s in l_slots]
-        write = (
-            _write_and_checksum,
-            arena.array,
-            global_kv,
-            g_rows,
-            [s.global_offset for s in g_slots],
-            local_kv,
-            l_rows,
-            [s.local_offset for s in l_slots],
-        )
-        num_bytes = len(g_rows) * global_kv.shape[1] + len(l_rows) * local_kv.shape[1]
-        # Small puts are written inline (a thread hop costs more); large ones off the event loop.
-        g_crc, l_crc = await asyncio.to_thread(*write) if num_bytes > INLINE_WRITE_BYTES else write[0](*write[1:])
-        if time.monotonic() > lease_end - LEASE_MARGIN_S:
-            await stub.ReleaseLease(release, timeout=timeout_s)
-            raise TimeoutError("shared-memory put outlived its lease")
-        response = await stub.CommitSharedPut(
-            pb.CommitSharedPutRequest(lease_id=prepared.lease_id, global_crc32=g_crc, local_crc32=l_crc),
-            timeout=timeout_s,
-        )
-        return _put_result(response.counts)
+        ask = progress.asking()
+        request.writes_done_below_generation = progress.done_below()
+        try:
+            prepared = await stub.PrepareSharedPut(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            progress.refused(ask)  # no lease this writer knows of: nothing of it is written
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # our writer lock is on another arena
+                self._map_later(None)  # (the kvstore restarted): map its new one, use gRPC meanwhile
+                return None
+            raise
+        except BaseException:
+            progress.refused(ask)
+            raise
+        progress.granted(ask, prepared.generation)
+        lease = _WriteLease(self, progress, prepared.generation, prepared.lease_id)
+        try:
+            release = pb.ReleaseLeaseRequest(lease_id=prepared.lease_id)
+            if arena.name != prepared.shm_name:
+                lease.write_over()
+                await stub.ReleaseLease(release, timeout=timeout_s)
+                lease.ended = True
+                self._map_later(prepared.shm_name)
+                return None
+            lease_end = started + prepared.lease_ttl_ms / 1000
+            # Never start a write that might end after the lease: the space would be another put's by then.
+            if time.monotonic() > lease_end - LEASE_MARGIN_S:
+                lease.write_over()
+                await stub.ReleaseLease(release, timeout=timeout_s)
+                lease.ended = True
+                raise TimeoutError("shared-memory put lease too close to its end to write")
+            slots = prepared.slots
+            g_slots = [s for s in slots if s.write_global]
+            l_slots = [s for s in slots if s.write_local]
+            g_rows = [s.block_index - first_block for s in g_slots]
+            l_rows = [s.block_index - local_first_block for s in l_slots]
+            write = (
+                _write_and_checksum,
+                arena.array,
+                global_kv,
+                g_rows,
+                [s.global_offset for s in g_slots],
+                local_kv,
+                l_rows,
+                [s.local_offset for s in l_slots],
+            )
+            num_bytes = len(g_rows) * global_kv.shape[1] + len(l_rows) * local_kv.shape[1]
+            # Small puts are written inline (a thread hop costs more); large ones off the event loop. A
+            # cancelled caller leaves the thread running: the lease ends when the thread does.
+            if num_bytes > INLINE_WRITE_BYTES:
+                lease.thread = asyncio.get_running_loop().run_in_executor(None, *write)
+                g_crc, l_crc = await asyncio.shield(lease.thread)
+            else:
+                g_crc, l_crc = write[0](*write[1:])
+            lease.write_over()
+            if time.monotonic() > lease_end - LEASE_MARGIN_S:
+                await stub.ReleaseLease(release, timeout=timeout_s)
+                lease.ended = True
+                raise TimeoutError("shared-memory put outlived its lease")
+            response = await stub.CommitSharedPut(
+                pb.CommitSharedPutRequest(lease_id=prepared.lease_id, global_crc32=g_crc, local_crc32=l_crc),
+                timeout=timeout_s,
+            )
+            lease.ended = True
+            return _put_result(response.counts)
+        finally:
+            lease.settle()
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -508,6 +580,7 @@ class KVStoreClient:
             log.warning("kvstore_arena_unmappable", arena=name, error=str(exc), fallback="grpc")
             return
         old, self._arena = self._arena, mapping
+        self._progress = _WriterProgress()
         if old is not None:
             old.close()
         log.info("kvstore_arena_mapped", arena=name)
@@ -532,6 +605,39 @@ class KVStoreClient:
         if not self._healthy:
             log.info("kvstore_available")
         self._healthy = True
+
+
+class _WriteLease:
+    """One shared-memory put lease on the client's side: its write is over once (write_over), and the
+    kvstore hears that the lease ended (a commit or a release) only after that."""
+
+    def __init__(self, client: KVStoreClient, progress: _WriterProgress, generation: int, lease_id: str) -> None:
+        self._client = client
+        self._progress = progress
+        self._generation = generation
+        self._lease_id = lease_id
+        self._writing = True
+        self.thread: asyncio.Future | None = None  # the worker thread writing, if any
+        self.ended = False  # the kvstore answered a commit or a release of it
+
+    def write_over(self) -> None:
+        if self._writing:
+            self._writing = False
+            self._progress.done(self._generation)
+
+    def settle(self) -> None:
+        """The put is over on the caller's side (done, failed or cancelled): once nothing writes under
+        the lease any more, make sure the kvstore hears that it ended."""
+        if self.thread is not None and not self.thread.done():
+            self.thread.add_done_callback(lambda _: self._after_write())
+        else:
+            self._after_write()
+
+    def _after_write(self) -> None:
+        self.write_over()
+        if not self.ended:
+            self.ended = True
+            self._client._release_later(self._lease_id)
 
 
 def _rows(buffer: np.ndarray | None, num_rows: int, row_bytes: int) -> np.ndarray:

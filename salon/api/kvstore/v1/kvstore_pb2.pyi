@@ -159,16 +159,20 @@ class PutCounts(_message.Message):
     def __init__(self, stored_blocks: _Optional[int] = ..., existing_blocks: _Optional[int] = ..., evicted_blocks: _Optional[int] = ..., skipped_blocks: _Optional[int] = ...) -> None: ...
 
 class PrepareSharedPutRequest(_message.Message):
-    __slots__ = ("header", "num_blocks", "local_block_indices", "first_block_index")
+    __slots__ = ("header", "num_blocks", "local_block_indices", "first_block_index", "writer_id", "writes_done_below_generation")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_BLOCK_INDICES_FIELD_NUMBER: _ClassVar[int]
     FIRST_BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    WRITER_ID_FIELD_NUMBER: _ClassVar[int]
+    WRITES_DONE_BELOW_GENERATION_FIELD_NUMBER: _ClassVar[int]
     header: PutHeader
     num_blocks: int
     local_block_indices: _containers.RepeatedScalarFieldContainer[int]
     first_block_index: int
-    def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., num_blocks: _Optional[int] = ..., local_block_indices: _Optional[_Iterable[int]] = ..., first_block_index: _Optional[int] = ...) -> None: ...
+    writer_id: int
+    writes_done_below_generation: int
+    def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., num_blocks: _Optional[int] = ..., local_block_indices: _Optional[_Iterable[int]] = ..., first_block_index: _Optional[int] = ..., writer_id: _Optional[int] = ..., writes_done_below_generation: _Optional[int] = ...) -> None: ...
 
 class SharedPutSlot(_message.Message):
     __slots__ = ("block_index", "write_global", "global_offset", "write_local", "local_offset")
@@ -185,18 +189,20 @@ class SharedPutSlot(_message.Message):
     def __init__(self, block_index: _Optional[int] = ..., write_global: _Optional[bool] = ..., global_offset: _Optional[int] = ..., write_local: _Optional[bool] = ..., local_offset: _Optional[int] = ...) -> None: ...
 
 class PrepareSharedPutResponse(_message.Message):
-    __slots__ = ("lease_id", "shm_name", "slots", "existing_blocks", "lease_ttl_ms")
+    __slots__ = ("lease_id", "shm_name", "slots", "existing_blocks", "lease_ttl_ms", "generation")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     SHM_NAME_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     EXISTING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     shm_name: str
     slots: _containers.RepeatedCompositeFieldContainer[SharedPutSlot]
     existing_blocks: int
     lease_ttl_ms: int
-    def __init__(self, lease_id: _Optional[str] = ..., shm_name: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SharedPutSlot, _Mapping]]] = ..., existing_blocks: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ...) -> None: ...
+    generation: int
+    def __init__(self, lease_id: _Optional[str] = ..., shm_name: _Optional[str] = ..., slots: _Optional[_Iterable[_Union[SharedPutSlot, _Mapping]]] = ..., existing_blocks: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class CommitSharedPutRequest(_message.Message):
     __slots__ = ("lease_id", "global_crc32", "local_crc32")

@@ -116,8 +116,9 @@ class KVStoreServiceServicer:
 
     def PrepareSharedPut(self, request, context):
         """PrepareSharedPut reserves arena space for the blocks of a context the store lacks and returns
-        where to write them, under a lease. The reserved bytes are zeroed. The engine writes the bytes,
-        then calls CommitSharedPut. RESOURCE_EXHAUSTED when the caller holds too many leases.
+        where to write them, under a lease. The reserved bytes hold a canary of this lease (never
+        another namespace's bytes). The engine writes the bytes, then calls CommitSharedPut.
+        RESOURCE_EXHAUSTED when the caller holds too many leases.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -126,8 +127,10 @@ class KVStoreServiceServicer:
     def CommitSharedPut(self, request, context):
         """CommitSharedPut links the blocks written under a PrepareSharedPut lease, after checking each
         slot's bytes against the checksum the engine sends: FAILED_PRECONDITION (nothing stored) when a
-        slot does not hold what the engine says it wrote; NOT_FOUND if the lease expired or was
-        released (nothing stored). An expired put lease's space is not reused for one lease TTL.
+        slot does not hold what the engine says it wrote, or still holds the lease's canary (never
+        written, whatever checksum is sent), or when the lease expired first; NOT_FOUND if the lease was
+        released or is unknown. An expired put lease's space is not reused until its writer is provably
+        done with it: it commits or releases the lease, reports progress past it, or its process ends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
