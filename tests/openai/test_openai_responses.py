@@ -29,6 +29,7 @@ from tests.hardening.hardening_stack import (
     write_tenants,
 )
 
+MAX_CONTEXT_TOKENS = 256  # small, so that a dialogue can fill it
 SYSTEM = "You are Ada, a lighthouse keeper who answers in short sentences."
 STREAM_TYPES_HEAD = [
     "response.created",
@@ -50,7 +51,7 @@ def engines(tmp_path_factory):
     procs = {}
     try:
         for engine_id in ("e0", "e1"):
-            procs[engine_id] = start_engine(engine_id, tmp)
+            procs[engine_id] = start_engine(engine_id, tmp, ["--max-context-tokens", str(MAX_CONTEXT_TOKENS)])
         yield procs, tmp
     finally:
         stop_all(procs.values())
@@ -257,6 +258,18 @@ def test_store_false_and_delete_leave_nothing_to_continue(gateway):
     c.responses.delete(stored.id)
     with pytest.raises(openai.NotFoundError):
         create(c, "Go on.", previous_response_id=stored.id)
+
+
+def test_a_dialogue_that_fills_the_context_is_refused_before_any_work(gateway):
+    c = client(gateway)
+    # No budget given: the engine's default, cut to the room left in the context.
+    first = c.responses.create(model=MODEL, input="The lamp turns and the sea is calm. " * 20, temperature=0)
+    assert first.status == "incomplete" and first.usage.total_tokens == MAX_CONTEXT_TOKENS
+    with pytest.raises(openai.BadRequestError) as raised:
+        c.responses.create(model=MODEL, input="Go on.", previous_response_id=first.id, max_output_tokens=4)
+    error = raised.value.body
+    assert error["param"] == "previous_response_id" and error["code"] == "context_length_exceeded"
+    assert f"holds {MAX_CONTEXT_TOKENS} tokens" in error["message"]
 
 
 @pytest.mark.parametrize(
