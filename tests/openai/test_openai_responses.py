@@ -16,6 +16,8 @@ import pytest
 import redis
 
 from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.process import start_service
 from tests.gateway.gateway_helpers import RedisServer
 from tests.hardening.hardening_stack import (
     KEY_A,
@@ -29,6 +31,7 @@ from tests.hardening.hardening_stack import (
     write_tenants,
 )
 
+REAL_MODEL = "smollm2-135m-instruct"  # a model that ends its turns (the synthetic one never does)
 MAX_CONTEXT_TOKENS = 256  # small, so that a dialogue can fill it
 SYSTEM = "You are Ada, a lighthouse keeper who answers in short sentences."
 STREAM_TYPES_HEAD = [
@@ -343,3 +346,30 @@ def test_stored_responses_expire_after_the_session_ttl(engines, redis_store):
             create(c, "Go on.", previous_response_id=r.id)
     finally:
         short.stop()
+
+
+def test_a_reply_that_ends_its_turn_is_completed(tmp_path):
+    engine = start_service(
+        "engine",
+        ["--port", "0", "--model", REAL_MODEL, "--engine-id", "e0", "--log-json", "true", *INSECURE_LOOPBACK_FLAGS],
+        log_path=tmp_path / "engine.log",
+        timeout_s=180,
+    )
+    gateway = None
+    try:
+        gateway = start_gateway(
+            {"e0": engine}, write_tenants(tmp_path / "tenants.json"), tmp_path, extra=["--http-port", "0"]
+        )
+        wait_gateway_sees(gateway, 1)
+        c = client(gateway)
+        ask = dict(model=REAL_MODEL, input="Say hello in one short sentence.", temperature=0, max_output_tokens=48)
+        r = c.responses.create(**ask)
+        assert r.status == "completed" and r.incomplete_details is None and r.output[0].status == "completed"
+        assert 0 < r.usage.output_tokens < 48 and r.output_text
+        # The SDK's stream helper accumulates the events and needs the closing response.completed.
+        with c.responses.stream(**ask) as stream:
+            text = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+            final = stream.get_final_response()
+        assert final.status == "completed" and final.output_text == text == r.output_text
+    finally:
+        stop_all([gateway, engine])
