@@ -203,6 +203,16 @@ def _continue_dialogue(gateway, tag: str) -> None:
         {"role": "user", "content": "And the fog?"},
     ]
     assert second.output_text == chat_reply(c, dialogue, system)
+    # The same history sent back by the client (the first output item as it came) gives the same reply.
+    manual = c.responses.create(
+        model=MODEL,
+        input=[dialogue[0], *first.output, dialogue[2]],
+        instructions=system,
+        max_output_tokens=12,
+        temperature=0,
+        store=False,
+    )
+    assert manual.output_text == second.output_text
     assert c.responses.retrieve(second.id).output_text == second.output_text
 
 
@@ -235,6 +245,9 @@ def _erased_by_delete_conversation(gateway) -> None:
     # The continuation stays in the named conversation without naming it again.
     assert second_raw.headers["x-salon-conversation-id"] == headers["x-salon-conversation-id"]
     second = second_raw.parse()
+    with pytest.raises(openai.BadRequestError) as raised:
+        create(c, "Elsewhere?", previous_response_id=first.id, extra_headers={"x-salon-conversation-id": "other"})
+    assert raised.value.body["param"] == "x-salon-conversation-id"
     kept = create(c, "A different dialogue.")
     assert c.responses.retrieve(first.id).id == first.id and c.responses.retrieve(second.id).id == second.id
     delete_conversation(gateway, headers["x-salon-conversation-id"])

@@ -63,7 +63,7 @@ _tracer = trace.get_tracer(__name__)
 router = APIRouter()
 
 _ROLES = ("user", "assistant", "system", "developer")
-_ITEM_FIELDS = {"type", "role", "content", "id", "status"}  # id, status: an earlier output item sent back
+_ITEM_FIELDS = {"type", "role", "content", "id", "status", "phase"}  # the last three: an output item sent back
 _TEXT_PARTS = ("input_text", "output_text")
 
 
