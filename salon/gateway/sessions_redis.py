@@ -55,13 +55,13 @@ class RedisSessionTable:
         url: str,
         ttl_s: float,
         key_prefix: str = "salon:gateway:session:",
-        response_prefix: str = "salon:gateway:response:",
-        responses_index_prefix: str = "salon:gateway:responses:",
         max_connections: int = 32,
         pool_timeout_s: float = 0.2,
         op_timeout_s: float = 0.2,
         retry_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        response_prefix: str = "salon:gateway:response:",
+        responses_index_prefix: str = "salon:gateway:responses:",
     ):
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.key_prefix = key_prefix
