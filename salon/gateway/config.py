@@ -54,7 +54,9 @@ class GatewayConfig:
     )
     max_failovers: int = field(default=2, metadata={"help": "engine moves per reply after mid-stream failures"})
     # Session table.
-    session_ttl_s: float = field(default=3600.0, metadata={"help": "how long a dialogue remembers its engine"})
+    session_ttl_s: float = field(
+        default=3600.0, metadata={"help": "how long a dialogue remembers its engine, and a stored response lives"}
+    )
     redis_url: str | None = field(
         default=None, metadata={"help": "redis://host:port/db: share sessions across replicas"}
     )

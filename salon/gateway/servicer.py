@@ -11,7 +11,8 @@ Before anything reaches an engine:
     for its logs and echoed in GenerateFinal.request_id, never used as the engine's id (two tenants'
     ids would collide there).
 
-DeleteConversation fans out to every known engine, then forgets the dialogue's session entry.
+DeleteConversation fans out to every known engine, then forgets the dialogue's session entry and its stored
+responses (sessions.py).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from salon.common.errors import SalonError
 from salon.common.logging import get_logger
 from salon.gateway.http import probes
 from salon.gateway.http.errors import _BY_CODE, ApiError, from_salon_error
+from salon.gateway.http.responses import router as responses_router
 from salon.gateway.http.routes import Front, router
 
 log = get_logger(__name__)
@@ -38,6 +39,7 @@ def build_app(front: Front) -> FastAPI:
     app.state.front = front
     app.include_router(router)
     app.include_router(probes.router)
+    app.include_router(responses_router)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
