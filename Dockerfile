@@ -11,11 +11,12 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev l
 # torch first, pinned: pass PIP_INDEX_URL/PIP_EXTRA_INDEX_URL as build args to choose a CPU-only or CUDA build.
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
-RUN pip install "torch==2.13.0"
+COPY constraints.txt ./
+RUN pip install -c constraints.txt "torch==2.13.0"
 COPY pyproject.toml README.md ./
 COPY salon ./salon
 COPY protos ./protos
-RUN pip install .
+RUN pip install -c constraints.txt .
 
 # The services run as an unprivileged user (uid 10001, as the Kubernetes manifests expect). Its home
 # holds the converted model and the CPU kernels (a private 0700 cache: salon/kernels/cpu/native.py loads
