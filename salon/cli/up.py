@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shlex
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from salon.cli.certs import StackSecrets, write_stack_secrets
+from salon.cli.private_dirs import PrivateDirError, checked_shm_dir, fresh_shm_dir, private_state_dir
 from salon.common.internal_auth import INSECURE_LOOPBACK, MODES, MTLS
 from salon.common.process import ServiceProcess, ServiceStartError, threads_per_process
 
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--shm-dir",
         type=Path,
         default=None,
-        help="tmpfs directory for the kvstore's arena (default: a private 0700 one in /dev/shm for this state dir)",
+        help="tmpfs directory for the kvstore's arena, ours with mode 0700 (default: a fresh private one in /dev/shm)",
     )
     p.add_argument(
         "--internal-auth",
@@ -159,15 +159,6 @@ def _client_flags(secrets: StackSecrets | None, prefix: str, role: str, mode: st
     ]
 
 
-def private_shm_dir(state_dir: Path) -> Path:
-    """This stack's own tmpfs directory (0700): its arena is never next to another stack's."""
-    base = Path("/dev/shm")
-    if not base.is_dir():
-        return state_dir / "shm"
-    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
-    return base / f"salon-{os.getuid()}-{tag}"
-
-
 def models_of(args: argparse.Namespace) -> list[str]:
     """The models to serve, in order (the first is the default), each once."""
     return list(dict.fromkeys(args.model or [DEFAULT_MODEL]))
@@ -192,12 +183,18 @@ def http_port_problem(port: int) -> str | None:
     return None
 
 
-def plan_stack(args: argparse.Namespace) -> list[Child]:
-    """The children, in start order (kvstore, engines, gateway)."""
-    state = args.state_dir
-    state.mkdir(parents=True, exist_ok=True)
-    shm_dir = args.shm_dir or private_shm_dir(state)
-    shm_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+def stack_shm_dir(args: argparse.Namespace) -> Path:
+    """The kvstore's tmpfs directory: --shm-dir (checked: ours, 0700), else a fresh private one."""
+    if args.shm_dir is not None:
+        return checked_shm_dir(args.shm_dir)
+    return fresh_shm_dir(private_state_dir(args.state_dir))
+
+
+def plan_stack(args: argparse.Namespace, shm_dir: Path | None = None) -> list[Child]:
+    """The children, in start order (kvstore, engines, gateway); `shm_dir` from stack_shm_dir (default:
+    made now)."""
+    state = private_state_dir(args.state_dir)
+    shm_dir = shm_dir or stack_shm_dir(args)
     secrets = write_stack_secrets(state / "tls")
     mode = args.internal_auth
     parent = ["--parent-pid", str(os.getpid())]
@@ -406,11 +403,18 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, request_stop)
-    children = plan_stack(args)
+    try:
+        private_state_dir(args.state_dir)
+        shm_dir = stack_shm_dir(args)
+    except PrivateDirError as exc:
+        print(f"salon up: {exc}", file=sys.stderr)
+        return 1
+    children = plan_stack(args, shm_dir)
     try:
         start_stack(children, models_of(args))
     except ServiceStartError as exc:
         print(f"salon up failed: {exc}", file=sys.stderr)
+        _remove_fresh_shm_dir(args, shm_dir)
         return 1
     print(describe(children, args), flush=True)
     stop["now"] = stop["now"] or args.exit_when_serving
@@ -421,7 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print("stopping...", flush=True)
         stop_stack(children)
-        if args.shm_dir is None:  # the private tmpfs directory goes once its arena has
-            with contextlib.suppress(OSError):
-                private_shm_dir(args.state_dir).rmdir()
+        _remove_fresh_shm_dir(args, shm_dir)
     return 0
+
+
+def _remove_fresh_shm_dir(args: argparse.Namespace, shm_dir: Path) -> None:
+    if args.shm_dir is None:  # the private tmpfs directory goes once its arena has
+        with contextlib.suppress(OSError):
+            shm_dir.rmdir()
