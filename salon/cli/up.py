@@ -46,6 +46,20 @@ BACKOFF_RESET_S = 60.0
 _POLL_S = 0.2
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds above 0")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: give 0 or more")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="salon up", description=__doc__.splitlines()[0])
     p.add_argument(
@@ -88,19 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-when-serving", action="store_true", help="stop everything once all are SERVING")
     p.add_argument(
         "--health-probe-interval-s",
-        type=float,
+        type=_positive_seconds,
         default=PROBE_INTERVAL_S,
         help="seconds between health checks of each child",
     )
     p.add_argument(
         "--health-probe-timeout-s",
-        type=float,
+        type=_positive_seconds,
         default=PROBE_TIMEOUT_S,
         help="a health check unanswered this long fails",
     )
     p.add_argument(
         "--health-probe-failures",
-        type=int,
+        type=_count,
         default=PROBE_FAILURES,
         help="failed health checks in a row after which a child is killed and restarted (0: no checks)",
     )

@@ -76,6 +76,8 @@ async def first_event(call: grpc.aio.UnaryStreamCall, handle: EngineHandle, time
         silent.cancel()
         if not read.done():
             read.cancel()  # cancels the call too
+        elif not read.cancelled():
+            read.exception()  # an error that lost the race to a stall is not reported as unretrieved
 
 
 async def next_event(call: grpc.aio.UnaryStreamCall, timeouts: StallTimeouts) -> Any:

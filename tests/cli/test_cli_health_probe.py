@@ -8,9 +8,11 @@ import time
 from concurrent import futures
 
 import grpc
+import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from salon.cli.health_probe import HealthProbe, ProbeSettings
+from salon.cli.up import build_parser
 
 SETTINGS = ProbeSettings(interval_s=0.05, timeout_s=0.3, failures=3)
 
@@ -74,3 +76,19 @@ def test_failures_zero_never_probes() -> None:
         assert probe._pending is None
     finally:
         probe.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--health-probe-timeout-s", "0"], "argument --health-probe-timeout-s: 0: give a number of seconds above 0"),
+        (["--health-probe-interval-s", "nan"], "argument --health-probe-interval-s: nan: give a number of seconds"),
+        (["--health-probe-failures", "-1"], "argument --health-probe-failures: -1: give 0 or more"),
+    ],
+)
+def test_salon_up_refuses_probe_flags_that_cannot_work(flags, message, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(flags)  # parsing only: nothing starts
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert build_parser().parse_args(["--health-probe-failures", "0"]).health_probe_failures == 0

@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from test_gateway_dispatch import conv_owned_by, run, teardown
 from test_gateway_membership import ScriptedEngine, start_engine
 
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2
 from salon.gateway import metrics
+from salon.gateway.bootstrap import GatewayService
+from salon.gateway.config import GatewayConfig
 from salon.gateway.dispatch import Dispatcher, DispatchSettings
 from salon.gateway.membership import EngineEndpoint, EnginePool, PoolSettings
 from salon.gateway.ring import HashRing
@@ -162,3 +165,18 @@ async def test_an_engine_whose_reports_stop_leaves_the_ring_until_it_reports_aga
     finally:
         scripted["a"].reporting.set()
         await teardown(*stack)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        ({"engine_stale_after_s": 0.3, "load_interval_ms": 250}, "engine_stale_after_s"),
+        ({"engine_stale_after_s": -1.0}, "engine_stale_after_s"),
+        ({"first_token_timeout_s": -1.0}, "first_token_timeout_s"),
+        ({"inter_token_timeout_s": -0.5}, "inter_token_timeout_s"),
+    ],
+)
+def test_bounds_that_cannot_work_are_refused_at_start(flags, named) -> None:
+    with pytest.raises(ValueError, match=rf"^{named}: "):
+        GatewayService(GatewayConfig(engines="e0=127.0.0.1:1", **flags))
+    GatewayService(GatewayConfig(engines="e0=127.0.0.1:1", **{k: 0 for k in flags if k != "load_interval_ms"}))
