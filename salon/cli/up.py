@@ -7,7 +7,9 @@
        └─ gateway   public ports on loopback (API key) ┘
                     gRPC, and the OpenAI HTTP API (--http-port, 8000; 0 turns it off)
     supervise: a child that exits is logged and started again on the same port, with backoff
-    (BACKOFF_INITIAL_S doubling to BACKOFF_MAX_S, reset once it has run for BACKOFF_RESET_S); the others
+    (BACKOFF_INITIAL_S doubling to BACKOFF_MAX_S, reset once it has run for BACKOFF_RESET_S); so is one
+    that stops answering its health check (health_probe.py: --health-probe-failures unanswered probes
+    in a row, one every --health-probe-interval-s, get it SIGKILLed first); the others
     keep serving: the gateway fails over from a dead engine, engines recompute while the kvstore is
     down, and the kvstore keeps what it holds when an engine restarts.
     Ctrl-C, SIGTERM or SIGHUP: stop every child (SIGTERM, then the grace period) and exit 0.
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from salon.cli.certs import StackSecrets, write_stack_secrets
+from salon.cli.health_probe import PROBE_FAILURES, PROBE_INTERVAL_S, PROBE_TIMEOUT_S, HealthProbe, ProbeSettings
 from salon.cli.private_dirs import PrivateDirError, checked_shm_dir, fresh_shm_dir, private_state_dir
 from salon.common.internal_auth import INSECURE_LOOPBACK, MODES, MTLS
 from salon.common.process import ServiceProcess, ServiceStartError, threads_per_process
@@ -41,6 +44,20 @@ BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 30.0
 BACKOFF_RESET_S = 60.0
 _POLL_S = 0.2
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds above 0")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: give 0 or more")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +100,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="mtls: certificates for every internal link (made in STATE_DIR/tls); insecure-loopback: none",
     )
     p.add_argument("--exit-when-serving", action="store_true", help="stop everything once all are SERVING")
+    p.add_argument(
+        "--health-probe-interval-s",
+        type=_positive_seconds,
+        default=PROBE_INTERVAL_S,
+        help="seconds between health checks of each child",
+    )
+    p.add_argument(
+        "--health-probe-timeout-s",
+        type=_positive_seconds,
+        default=PROBE_TIMEOUT_S,
+        help="a health check unanswered this long fails",
+    )
+    p.add_argument(
+        "--health-probe-failures",
+        type=_count,
+        default=PROBE_FAILURES,
+        help="failed health checks in a row after which a child is killed and restarted (0: no checks)",
+    )
     return p
 
 
@@ -117,8 +152,10 @@ class Child:
     restart_at_s: float | None = None
     restarts: int = 0
     history: list[int | None] = field(default_factory=list)
+    probe: HealthProbe | None = None  # of the current process (supervise_once opens it)
 
     def start(self) -> None:
+        self.close_probe()
         self.proc = ServiceProcess(self.service, self.args, self.log_path).start(timeout_s=120)
         self.started_s = time.monotonic()
         self.restart_at_s = None
@@ -127,6 +164,19 @@ class Child:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.process is not None and self.proc.process.poll() is None
+
+    def close_probe(self) -> None:
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+
+    def hung(self, now_s: float, settings: ProbeSettings) -> bool:
+        """True when the running process has stopped answering its health check (health_probe.py)."""
+        if settings.failures <= 0 or not self.alive:
+            return False
+        if self.probe is None:
+            self.probe = HealthProbe(self.proc.health_address, settings)
+        return self.probe.poll(now_s)
 
 
 def _internal_flags(secrets: StackSecrets | None, role: str, mode: str) -> list[str]:
@@ -357,9 +407,19 @@ def _exit_description(code: int | None) -> str:
     return f"exited with status {code}"
 
 
-def supervise_once(children: list[Child], now_s: float) -> None:
-    """Notice deaths (log, schedule a restart with backoff) and start children whose time has come."""
+def supervise_once(children: list[Child], now_s: float, probe: ProbeSettings | None = None) -> None:
+    """Kill hung children, notice deaths (log, schedule a restart with backoff) and start children whose
+    time has come."""
     for child in children:
+        if probe is not None and child.restart_at_s is None and child.hung(now_s, probe):
+            print(
+                f"{child.name} (pid {child.proc.process.pid}) answered none of {probe.failures} health checks in a "
+                f"row ({child.probe.last_error}, {probe.timeout_s:g} s each); killing it (SIGKILL)",
+                file=sys.stderr,
+                flush=True,
+            )
+            child.close_probe()
+            child.proc.kill()
         if child.restart_at_s is None and not child.alive:
             code = child.proc.process.returncode if child.proc is not None else None
             child.history.append(code)
@@ -418,9 +478,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(describe(children, args), flush=True)
     stop["now"] = stop["now"] or args.exit_when_serving
+    probe = ProbeSettings(args.health_probe_interval_s, args.health_probe_timeout_s, args.health_probe_failures)
     try:
         while not stop["now"]:
-            supervise_once(children, time.monotonic())
+            supervise_once(children, time.monotonic(), probe)
             time.sleep(_POLL_S)
     finally:
         print("stopping...", flush=True)
