@@ -71,13 +71,16 @@ def refuse_unsupported(body: BaseModel) -> None:
             raise invalid("top_logprobs", "requires logprobs to be true")
     if body.echo and body.logprobs:
         raise unsupported("echo", "echo with logprobs (prompt log-probabilities) is not supported")
+    max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    if body.min_tokens and max_tokens is not None and body.min_tokens > max_tokens:
+        raise invalid("min_tokens", f"{body.min_tokens} is more than max_tokens {max_tokens}")
 
 
 def logit_bias(body: SamplingFields) -> dict[int, float]:
     """OpenAI's logit_bias: token id strings -> bias within [-100, 100]."""
     out: dict[int, float] = {}
     for key, bias in (body.logit_bias or {}).items():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit()):
             raise invalid(f"logit_bias.{key}", "keys must be token ids (decimal integers)")
         if not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS_VALUE:
             raise invalid(f"logit_bias.{key}", f"must be within [-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}]")

@@ -103,8 +103,6 @@ async def parse(request: Request, model: type[BaseModel]):
         metrics.REFUSALS.labels(reason="invalid").inc()
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or "body"
-        if err["type"] == "extra_forbidden":
-            raise unsupported(param, "is not a supported field") from None
         raise invalid(param, err["msg"]) from None
     if isinstance(raw, dict):
         ignored = sorted(set(raw) - set(model.model_fields))
@@ -131,8 +129,6 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         metrics.REFUSALS.labels(reason="invalid").inc()
         raise
     info = await front.catalog.resolve(body.model)
-    if echo is None:
-        echo = [await _prompt_text(front, r, info.model_id) if body.echo else "" for r, _ in prompts]
     refusal = front.admission.admit(tenant, time.monotonic())
     if refusal is not None:
         metrics.REFUSALS.labels(reason=refusal.reason).inc()
@@ -153,6 +149,8 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
             engine_request.namespace_salt = tenant.namespace_salt
             engine_request.namespace_grant = front.grants.for_tenant(tenant)
         engine_request = prompts[0][0]
+        if echo is None:  # after admission: a token-id prompt's text costs an engine call
+            echo = [await _prompt_text(front, r, info.model_id) if body.echo else "" for r, _ in prompts]
         # A new trace: the public port does not continue a client's trace context.
         span = _tracer.start_span(
             f"{operation} {info.model_id}",
