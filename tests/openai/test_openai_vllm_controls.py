@@ -117,6 +117,15 @@ def test_prompt_lists_give_n_choices_per_prompt_in_vllm_order(stack):
     assert [c.index for c in ids.choices] == [0, 1] and ids.usage.prompt_tokens == 6
 
 
+def test_truncate_prompt_tokens_keeps_the_last_tokens(stack):
+    client = stack.client()
+    long = [5, 17, 29, 41, 53, 65, 77, 89, 101, 113]
+    truncated = complete(client, long, 4, truncate_prompt_tokens=4)
+    tail = complete(client, long[-4:], 4)
+    assert truncated.usage.prompt_tokens == 4 and token_ids(truncated.choices[0]) == token_ids(tail.choices[0])
+    assert complete(client, long, 1, truncate_prompt_tokens=-1).usage.prompt_tokens == 10
+
+
 def test_echo_prepends_the_prompt(stack):
     client = stack.client()
     plain = client.completions.create(model=MODEL, prompt="Gulls circled", max_tokens=4, temperature=0)
