@@ -11,6 +11,7 @@ import threading
 import time
 
 import grpc
+import openai
 import pytest
 
 from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
@@ -174,6 +175,35 @@ def test_unknown_fields_are_ignored_and_vllm_fields_accepted(stack):
         },
     )
     assert reply.usage.completion_tokens >= 1
+
+
+def test_out_of_bounds_controls_are_400s_naming_the_field(stack):
+    client = stack.client()
+    cases = [
+        (dict(extra_body={"priority": 10**7}), "priority"),
+        (dict(extra_body={"logit_bias": {"5": 101}}), "logit_bias.5"),
+        (dict(extra_body={"logit_bias": {str(i): 1 for i in range(301)}}), "logit_bias"),
+        (dict(extra_body={"min_tokens": 9}), "min_tokens"),
+        (dict(extra_body={"cache_salt": "é" * 200}), "cache_salt"),
+        (dict(extra_body={"truncate_prompt_tokens": -2}), "truncate_prompt_tokens"),
+        (dict(echo=True, logprobs=1), "echo"),
+        (dict(prompt=["p"] * 17), "prompt"),
+        (dict(prompt=["ok", ""]), "prompt[1]"),
+    ]
+    for kw, param in cases:
+        kw.setdefault("prompt", "Hello")
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model=MODEL, max_tokens=4, **kw)
+        body = err.value.body if "error" not in (err.value.body or {}) else err.value.body["error"]
+        assert err.value.status_code == 400 and body["param"] == param, (kw, body)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+            extra_body={"chat_template_kwargs": {"messages": []}},
+        )
+    assert "chat_template_kwargs_json: 'messages' cannot be set" in err.value.message
 
 
 def test_grpc_gets_the_same_controls(stack):

@@ -23,6 +23,7 @@ from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2
 from salon.gateway.http.errors import ApiError, invalid, unsupported
 from salon.gateway.http.schemas import (
+    MAX_CACHE_SALT_BYTES,
     MAX_CHAT_TEMPLATE_KWARGS_BYTES,
     MAX_LOGIT_BIAS_VALUE,
     MAX_PROMPTS,
@@ -185,7 +186,10 @@ def sampling_params(
 
 def _request_controls(body: SamplingFields, request: engine_pb2.GenerateRequest) -> None:
     request.priority = body.priority or 0
-    request.cache_salt = body.cache_salt or ""
+    cache_salt = body.cache_salt or ""
+    if len(cache_salt.encode("utf-8")) > MAX_CACHE_SALT_BYTES:
+        raise invalid("cache_salt", f"more than {MAX_CACHE_SALT_BYTES} bytes")
+    request.cache_salt = cache_salt
 
 
 def chat_request(body: ChatCompletionRequest) -> tuple[engine_pb2.GenerateRequest, bytes]:

@@ -22,7 +22,7 @@ MAX_STOP = 16
 MAX_LOGIT_BIAS = 300
 MAX_LOGIT_BIAS_VALUE = 100.0
 MAX_PRIORITY = 1_000_000
-MAX_CACHE_SALT_CHARS = 256
+MAX_CACHE_SALT_BYTES = 256
 MAX_CHAT_TEMPLATE_KWARGS_BYTES = 4096
 # A list of prompts in /v1/completions: at most this many, and n choices of each.
 MAX_PROMPTS = 16
@@ -80,7 +80,7 @@ class SamplingFields(_Body):
     spaces_between_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
-    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_BYTES)
     echo: bool | None = None
     # Refused (see UNSUPPORTED); declared so the refusal can say why.
     best_of: int | None = None
