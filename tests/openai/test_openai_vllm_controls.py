@@ -154,6 +154,32 @@ def test_cache_salt_shares_cached_tokens_only_with_the_same_salt_and_tenant(stac
     assert cached(KEY_LIMITED, cache_salt="alpha") == 0  # another tenant, the same salt
 
 
+def test_delete_conversation_erases_its_cache_salted_entries(stack):
+    prompt = "The lamp turned all night over the black water while the keeper wrote his log. " * 3
+    headers = {"x-salon-conversation-id": "salted-dialogue"}
+
+    def cached() -> int:
+        reply = stack.client().completions.create(
+            model=MODEL,
+            prompt=prompt,
+            max_tokens=1,
+            temperature=0,
+            extra_body={"cache_salt": "gamma"},
+            extra_headers=headers,
+        )
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    cached()
+    assert cached() > 0  # the positive control
+    with grpc.insecure_channel(stack.gateway.address) as channel:
+        chat_pb2_grpc.ChatServiceStub(channel).DeleteConversation(
+            chat_pb2.DeleteConversationRequest(conversation_id="salted-dialogue"),
+            metadata=[("authorization", f"Bearer {KEY}")],
+            timeout=30,
+        )
+    assert cached() == 0
+
+
 def test_unknown_fields_are_ignored_and_vllm_fields_accepted(stack):
     reply = stack.client().chat.completions.create(
         model=MODEL,
