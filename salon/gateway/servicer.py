@@ -55,6 +55,9 @@ def to_engine_request(
         conversation_id=request.conversation_id,
         namespace_salt=namespace_salt,
         namespace_grant=grant,
+        priority=request.priority,
+        cache_salt=request.cache_salt,
+        chat_template_kwargs_json=request.chat_template_kwargs_json,
     )
     if request.HasField("character"):
         engine_request.character.CopyFrom(request.character)
