@@ -189,7 +189,7 @@ def test_unknown_fields_are_ignored_and_vllm_fields_accepted(stack):
         user="u-1",
         metadata={"team": "docs"},
         extra_body={
-            "guided_json": {},
+            "a_field_no_server_knows": {},
             "some_future_field": [1, 2],
             "skip_special_tokens": True,
             "spaces_between_special_tokens": False,
