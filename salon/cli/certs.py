@@ -7,6 +7,13 @@
                                         with it, kvstores check them (salon/common/namespace_grant.py)
     DIR/salt-secret.key                 gateways only: tenant salts are HMAC(secret, tenant id)
 
+`--role-dir ROLE=RDIR` (repeatable) also copies what one role may hold, and nothing else, into RDIR:
+ca.pem, cert.pem and key.pem (its own), and its secrets (ROLE_SECRETS) — never ca.key, never another
+role's key. A container or pod of that role mounts RDIR alone.
+
+`--tenants-file PATH` writes a tenant table with one tenant, `default`, and a random API key when PATH
+does not exist, and prints the key that once (a deployment has no example key to forget to replace).
+
 Files are written 0600 in a directory created 0700; existing files are kept (run it again to add
 nothing), so `salon up` and the compose file's `certs` step can call it on every start. Certificates
 last `--days` (default 825). For a production cluster, issue the same SANs from your own CA instead.
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import ipaddress
+import json
 import os
 import secrets
 from dataclasses import dataclass
@@ -33,6 +41,8 @@ DEFAULT_DNS_NAMES = {
 }
 GRANT_KEY_FILE = "namespace-grant.key"
 SALT_SECRET_FILE = "salt-secret.key"
+# The stack secrets each role holds besides its certificate and key.
+ROLE_SECRETS = {"gateway": (GRANT_KEY_FILE, SALT_SECRET_FILE), "engine": (), "kvstore": (GRANT_KEY_FILE,)}
 
 
 @dataclass(frozen=True)
@@ -187,6 +197,39 @@ def write_stack_secrets(
     return StackSecrets(directory, ca_cert_path, roles, secrets_made[GRANT_KEY_FILE], secrets_made[SALT_SECRET_FILE])
 
 
+def write_role_dir(stack: StackSecrets, role: str, directory: Path) -> list[Path]:
+    """Copy what `role` may hold into `directory` (0700): ca.pem, cert.pem, key.pem and its secrets."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    directory.chmod(0o700)
+    files = stack.roles[role]
+    sources = {"ca.pem": stack.ca_cert, "cert.pem": files.cert, "key.pem": files.key}
+    sources.update({name: stack.directory / name for name in ROLE_SECRETS[role]})
+    written = []
+    for name, source in sources.items():
+        _write_private(directory / name, source.read_bytes())
+        written.append(directory / name)
+    return written
+
+
+def write_first_tenant(path: Path) -> str | None:
+    """A tenant table with one tenant (`default`, a random API key, its salt derived from the salt secret)
+    at `path` unless one is there; returns the new key, or None when the file was kept."""
+    if path.exists():
+        return None
+    api_key = "sk-salon-" + secrets.token_urlsafe(24)
+    table = {"tenants": [{"tenant_id": "default", "api_key": api_key}]}
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write_private(path, (json.dumps(table, indent=2) + "\n").encode())
+    return api_key
+
+
+def _role_dir(text: str) -> tuple[str, Path]:
+    role, sep, directory = text.partition("=")
+    if not sep or role not in ROLES or not directory:
+        raise argparse.ArgumentTypeError(f"expected ROLE=DIR with ROLE one of {', '.join(ROLES)}, got {text!r}")
+    return role, Path(directory)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="salon certs", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="directory for the CA, certificates and secrets")
@@ -199,9 +242,30 @@ def main(argv: list[str] | None = None) -> int:
             metavar="NAME",
             help=f"extra DNS name of the {role} certificate (repeatable)",
         )
+    p.add_argument(
+        "--role-dir",
+        type=_role_dir,
+        action="append",
+        default=[],
+        metavar="ROLE=DIR",
+        help="also copy what ROLE may hold (CA certificate, its certificate and key, its secrets) into DIR",
+    )
+    p.add_argument(
+        "--tenants-file",
+        type=Path,
+        default=None,
+        help="write a tenant table with a random API key here unless the file exists (the key is printed once)",
+    )
     args = p.parse_args(argv)
     made = write_stack_secrets(args.out, args.days, {r: getattr(args, f"{r}_dns") for r in ROLES})
     print(f"certificates and secrets in {made.directory}")
+    for role, directory in args.role_dir:
+        write_role_dir(made, role, directory)
+        print(f"{role}: its certificate, key and secrets in {directory}")
+    if args.tenants_file is not None:
+        api_key = write_first_tenant(args.tenants_file)
+        if api_key is not None:
+            print(f"tenant 'default' in {args.tenants_file}; its API key, shown this once: {api_key}")
     return 0
 
 

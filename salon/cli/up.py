@@ -7,7 +7,9 @@
        └─ gateway   public ports on loopback (API key) ┘
                     gRPC, and the OpenAI HTTP API (--http-port, 8000; 0 turns it off)
     supervise: a child that exits is logged and started again on the same port, with backoff
-    (BACKOFF_INITIAL_S doubling to BACKOFF_MAX_S, reset once it has run for BACKOFF_RESET_S); the others
+    (BACKOFF_INITIAL_S doubling to BACKOFF_MAX_S, reset once it has run for BACKOFF_RESET_S); so is one
+    that stops answering its health check (health_probe.py: --health-probe-failures unanswered probes
+    in a row, one every --health-probe-interval-s, get it SIGKILLed first); the others
     keep serving: the gateway fails over from a dead engine, engines recompute while the kvstore is
     down, and the kvstore keeps what it holds when an engine restarts.
     Ctrl-C, SIGTERM or SIGHUP: stop every child (SIGTERM, then the grace period) and exit 0.
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shlex
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from salon.cli.certs import StackSecrets, write_stack_secrets
+from salon.cli.health_probe import PROBE_FAILURES, PROBE_INTERVAL_S, PROBE_TIMEOUT_S, HealthProbe, ProbeSettings
+from salon.cli.private_dirs import PrivateDirError, checked_shm_dir, fresh_shm_dir, private_state_dir
 from salon.common.internal_auth import INSECURE_LOOPBACK, MODES, MTLS
 from salon.common.process import ServiceProcess, ServiceStartError, threads_per_process
 
@@ -41,6 +44,20 @@ BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 30.0
 BACKOFF_RESET_S = 60.0
 _POLL_S = 0.2
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds above 0")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: give 0 or more")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--shm-dir",
         type=Path,
         default=None,
-        help="tmpfs directory for the kvstore's arena (default: a private 0700 one in /dev/shm for this state dir)",
+        help="tmpfs directory for the kvstore's arena, ours with mode 0700 (default: a fresh private one in /dev/shm)",
     )
     p.add_argument(
         "--internal-auth",
@@ -83,6 +100,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="mtls: certificates for every internal link (made in STATE_DIR/tls); insecure-loopback: none",
     )
     p.add_argument("--exit-when-serving", action="store_true", help="stop everything once all are SERVING")
+    p.add_argument(
+        "--health-probe-interval-s",
+        type=_positive_seconds,
+        default=PROBE_INTERVAL_S,
+        help="seconds between health checks of each child",
+    )
+    p.add_argument(
+        "--health-probe-timeout-s",
+        type=_positive_seconds,
+        default=PROBE_TIMEOUT_S,
+        help="a health check unanswered this long fails",
+    )
+    p.add_argument(
+        "--health-probe-failures",
+        type=_count,
+        default=PROBE_FAILURES,
+        help="failed health checks in a row after which a child is killed and restarted (0: no checks)",
+    )
     return p
 
 
@@ -117,8 +152,10 @@ class Child:
     restart_at_s: float | None = None
     restarts: int = 0
     history: list[int | None] = field(default_factory=list)
+    probe: HealthProbe | None = None  # of the current process (supervise_once opens it)
 
     def start(self) -> None:
+        self.close_probe()
         self.proc = ServiceProcess(self.service, self.args, self.log_path).start(timeout_s=120)
         self.started_s = time.monotonic()
         self.restart_at_s = None
@@ -127,6 +164,19 @@ class Child:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.process is not None and self.proc.process.poll() is None
+
+    def close_probe(self) -> None:
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+
+    def hung(self, now_s: float, settings: ProbeSettings) -> bool:
+        """True when the running process has stopped answering its health check (health_probe.py)."""
+        if settings.failures <= 0 or not self.alive:
+            return False
+        if self.probe is None:
+            self.probe = HealthProbe(self.proc.health_address, settings)
+        return self.probe.poll(now_s)
 
 
 def _internal_flags(secrets: StackSecrets | None, role: str, mode: str) -> list[str]:
@@ -159,15 +209,6 @@ def _client_flags(secrets: StackSecrets | None, prefix: str, role: str, mode: st
     ]
 
 
-def private_shm_dir(state_dir: Path) -> Path:
-    """This stack's own tmpfs directory (0700): its arena is never next to another stack's."""
-    base = Path("/dev/shm")
-    if not base.is_dir():
-        return state_dir / "shm"
-    tag = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
-    return base / f"salon-{os.getuid()}-{tag}"
-
-
 def models_of(args: argparse.Namespace) -> list[str]:
     """The models to serve, in order (the first is the default), each once."""
     return list(dict.fromkeys(args.model or [DEFAULT_MODEL]))
@@ -192,12 +233,18 @@ def http_port_problem(port: int) -> str | None:
     return None
 
 
-def plan_stack(args: argparse.Namespace) -> list[Child]:
-    """The children, in start order (kvstore, engines, gateway)."""
-    state = args.state_dir
-    state.mkdir(parents=True, exist_ok=True)
-    shm_dir = args.shm_dir or private_shm_dir(state)
-    shm_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+def stack_shm_dir(args: argparse.Namespace) -> Path:
+    """The kvstore's tmpfs directory: --shm-dir (checked: ours, 0700), else a fresh private one."""
+    if args.shm_dir is not None:
+        return checked_shm_dir(args.shm_dir)
+    return fresh_shm_dir(private_state_dir(args.state_dir))
+
+
+def plan_stack(args: argparse.Namespace, shm_dir: Path | None = None) -> list[Child]:
+    """The children, in start order (kvstore, engines, gateway); `shm_dir` from stack_shm_dir (default:
+    made now)."""
+    state = private_state_dir(args.state_dir)
+    shm_dir = shm_dir or stack_shm_dir(args)
     secrets = write_stack_secrets(state / "tls")
     mode = args.internal_auth
     parent = ["--parent-pid", str(os.getpid())]
@@ -360,9 +407,19 @@ def _exit_description(code: int | None) -> str:
     return f"exited with status {code}"
 
 
-def supervise_once(children: list[Child], now_s: float) -> None:
-    """Notice deaths (log, schedule a restart with backoff) and start children whose time has come."""
+def supervise_once(children: list[Child], now_s: float, probe: ProbeSettings | None = None) -> None:
+    """Kill hung children, notice deaths (log, schedule a restart with backoff) and start children whose
+    time has come."""
     for child in children:
+        if probe is not None and child.restart_at_s is None and child.hung(now_s, probe):
+            print(
+                f"{child.name} (pid {child.proc.process.pid}) answered none of {probe.failures} health checks in a "
+                f"row ({child.probe.last_error}, {probe.timeout_s:g} s each); killing it (SIGKILL)",
+                file=sys.stderr,
+                flush=True,
+            )
+            child.close_probe()
+            child.proc.kill()
         if child.restart_at_s is None and not child.alive:
             code = child.proc.process.returncode if child.proc is not None else None
             child.history.append(code)
@@ -406,22 +463,34 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, request_stop)
-    children = plan_stack(args)
+    try:
+        private_state_dir(args.state_dir)
+        shm_dir = stack_shm_dir(args)
+    except PrivateDirError as exc:
+        print(f"salon up: {exc}", file=sys.stderr)
+        return 1
+    children = plan_stack(args, shm_dir)
     try:
         start_stack(children, models_of(args))
     except ServiceStartError as exc:
         print(f"salon up failed: {exc}", file=sys.stderr)
+        _remove_fresh_shm_dir(args, shm_dir)
         return 1
     print(describe(children, args), flush=True)
     stop["now"] = stop["now"] or args.exit_when_serving
+    probe = ProbeSettings(args.health_probe_interval_s, args.health_probe_timeout_s, args.health_probe_failures)
     try:
         while not stop["now"]:
-            supervise_once(children, time.monotonic())
+            supervise_once(children, time.monotonic(), probe)
             time.sleep(_POLL_S)
     finally:
         print("stopping...", flush=True)
         stop_stack(children)
-        if args.shm_dir is None:  # the private tmpfs directory goes once its arena has
-            with contextlib.suppress(OSError):
-                private_shm_dir(args.state_dir).rmdir()
+        _remove_fresh_shm_dir(args, shm_dir)
     return 0
+
+
+def _remove_fresh_shm_dir(args: argparse.Namespace, shm_dir: Path) -> None:
+    if args.shm_dir is None:  # the private tmpfs directory goes once its arena has
+        with contextlib.suppress(OSError):
+            shm_dir.rmdir()

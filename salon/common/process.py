@@ -56,7 +56,7 @@ class ServiceProcess:
 
     def start(self, timeout_s: float = 120.0) -> ServiceProcess:
         env = dict(os.environ if self.env is None else self.env)
-        log_file = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        log_file = _open_private_log(self.log_path) if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
             [sys.executable, "-m", f"salon.{self.service}", *self.args],
             stdout=subprocess.PIPE,
@@ -120,6 +120,14 @@ class ServiceProcess:
             return ""
         lines = Path(self.log_path).read_text(errors="replace").splitlines()[-num_lines:]
         return "\n" + "\n".join(lines)
+
+
+def _open_private_log(path: Path):
+    """`path` for appending, readable by this user alone (0600, an existing file too): logs name tenants,
+    conversations and errors."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def threads_per_process(num_processes: int) -> int:

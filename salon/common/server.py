@@ -6,11 +6,12 @@ serve(service, config)
   ├─ structlog + OpenTelemetry + Prometheus /metrics (own port)
   ├─ grpc.aio server: OpenTelemetry interceptor -> ServiceInterceptor (caller's role, errors,
   │  request ids, RPC metrics)
+  ├─ bind its port (TLS / mutual TLS when configured) and the --health-port, unshared (listen.py):
+  │  a taken port (or metrics port) is one line on stderr and exit 2, before any model loads
   ├─ service.start(server, health)      register servicers; long work (model loading) goes in a task
   ├─ grpc.health.v1 (NOT_SERVING until the service calls health.set_serving()) + reflection v1, v1alpha;
   │  optionally also alone on a plaintext --health-port (probes that cannot present a certificate)
-  ├─ listen (TLS / mutual TLS when configured), print
-  │  `LISTENING <service> port=<p> metrics_port=<m> health_port=<h>`
+  ├─ listen, print `LISTENING <service> port=<p> metrics_port=<m> health_port=<h>`
   ├─ SIGTERM/SIGINT/SIGHUP, or the parent process gone (--parent-pid): health NOT_SERVING ->
   │  server.stop(grace_s) -> service.stop(); exit 0
   └─ health.fatal(reason) (the service cannot go on, e.g. a dead step thread): NOT_SERVING, the same
@@ -35,6 +36,7 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
 from salon.common import internal_auth
 from salon.common.interceptors import ServiceInterceptor
+from salon.common.listen import NO_PORT_SHARING, PortTakenError, add_grpc_port, bind_problem
 from salon.common.logging import configure_logging, get_logger
 from salon.common.message_limits import MAX_MESSAGE_BYTES, grpc_options
 from salon.common.metrics import start_metrics_server
@@ -189,7 +191,7 @@ async def serve(service: Service, config: ServerConfig) -> int:
     configure_tracing(
         service.name, config.trace_file, sample_ratio=config.trace_sample_ratio, extract_inbound=policy is not None
     )
-    metrics_port = start_metrics_server(config.metrics_port, config.host) if config.metrics_port is not None else None
+    metrics_port = _start_metrics(config) if config.metrics_port is not None else None
     stop = asyncio.Event()
     parent_watch = _watch_parent(config.parent_pid, stop) if config.parent_pid is not None else None
 
@@ -200,10 +202,19 @@ async def serve(service: Service, config: ServerConfig) -> int:
             aio_server_interceptor(filter_=filters.negate(filters.service_name(HEALTH_SERVICE_NAME))),
             ServiceInterceptor(service.name, policy if config.internal_auth == internal_auth.MTLS else None),
         ],
-        options=grpc_options(config.max_receive_message_bytes),
+        options=[*grpc_options(config.max_receive_message_bytes), NO_PORT_SHARING],
     )
+    # Ports are bound before the service starts: a taken one costs no model load.
+    credentials = server_credentials(config)
+    port = add_grpc_port(server, config.host, config.port, "gRPC port", credentials)
+    health_server, health_port = None, None
+    if config.health_port is not None:
+        health_server = grpc.aio.server(options=[NO_PORT_SHARING])
+        health_port = add_grpc_port(health_server, config.host, config.health_port, "health port")
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if health_server is not None:
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
     health = HealthState(health_servicer)
     health._on_fatal = stop.set
     await health.set_not_serving()
@@ -214,15 +225,8 @@ async def serve(service: Service, config: ServerConfig) -> int:
     else:
         await health.set_serving()
     enable_reflection([*names, HEALTH_SERVICE_NAME], server)
-    address = f"{config.host}:{config.port}"
-    credentials = server_credentials(config)
-    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     await server.start()
-    health_server, health_port = None, None
-    if config.health_port is not None:
-        health_server = grpc.aio.server()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
-        health_port = health_server.add_insecure_port(f"{config.host}:{config.health_port}")
+    if health_server is not None:
         await health_server.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -264,11 +268,20 @@ async def serve(service: Service, config: ServerConfig) -> int:
     return exit_code
 
 
+def _start_metrics(config: ServerConfig) -> int:
+    try:
+        return start_metrics_server(config.metrics_port, config.host)
+    except OSError as exc:
+        reason = bind_problem(config.host, config.metrics_port) if config.metrics_port else str(exc)
+        raise PortTakenError("metrics port", config.host, config.metrics_port, reason) from exc
+
+
 def run(service: Service, config: ServerConfig) -> None:
-    """Entry point for `python -m salon.<svc>`: exits with serve()'s status (2: refused config)."""
+    """Entry point for `python -m salon.<svc>`: exits with serve()'s status (2: refused config, or a port it
+    cannot listen on)."""
     try:
         code = asyncio.run(serve(service, config))
-    except internal_auth.SecurityConfigError as exc:
+    except (internal_auth.SecurityConfigError, PortTakenError) as exc:
         print(f"{service.name}: {exc}", file=sys.stderr, flush=True)
         code = 2
     except KeyboardInterrupt:

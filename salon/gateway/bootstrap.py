@@ -21,6 +21,7 @@ from salon.gateway.routing import make_policy
 from salon.gateway.servicer import ChatServicer
 from salon.gateway.sessions import InMemorySessionTable, SessionTable
 from salon.gateway.sessions_redis import RedisSessionTable
+from salon.gateway.stall_watch import StallTimeouts
 from salon.gateway.tenants import Tenant, TenantConfigError, TenantTable, derive_salt
 from salon.gateway.types import TenantId
 
@@ -75,13 +76,29 @@ def pool_settings(config: GatewayConfig) -> PoolSettings:
         config.engine_tls_key_file,
         config.engine_tls_server_name,
     )
+    if config.engine_stale_after_s < 0 or 0 < config.engine_stale_after_s < 2 * config.load_interval_ms / 1000:
+        raise ValueError(
+            f"engine_stale_after_s: {config.engine_stale_after_s:g} s; give 0 (off) or at least twice "
+            f"load_interval_ms ({2 * config.load_interval_ms / 1000:g} s), or live engines would leave the ring"
+        )
     return PoolSettings(
         health_service=config.health_service,
         load_interval_ms=config.load_interval_ms,
+        stale_after_s=config.engine_stale_after_s,
         dns_name=dns_name,
         dns_port=dns_port,
         dns_interval_s=config.dns_interval_s,
         tls=tls,
+    )
+
+
+def dispatch_settings(config: GatewayConfig) -> DispatchSettings:
+    for name in ("first_token_timeout_s", "inter_token_timeout_s"):
+        if getattr(config, name) < 0:
+            raise ValueError(f"{name}: {getattr(config, name):g} s; give 0 (no bound) or more")
+    return DispatchSettings(
+        max_failovers=config.max_failovers,
+        stall=StallTimeouts(config.first_token_timeout_s, config.inter_token_timeout_s),
     )
 
 
@@ -112,6 +129,7 @@ class GatewayService:
         self.tenants = build_tenants(config)
         self.endpoints = parse_engine_list(config.engines)
         self.settings = pool_settings(config)
+        self.dispatch_settings = dispatch_settings(config)
         if not self.endpoints and self.settings.dns_name is None:
             raise ValueError("no engines: give --engines and/or --engines-dns")
         self.policy = make_policy(config.routing_policy, config.load_factor, config.min_capacity_streams)
@@ -146,9 +164,7 @@ class GatewayService:
             config.default_model,
             config.model_info_ttl_s,
         )
-        self.dispatcher = Dispatcher(
-            self.pool, self.policy, self.sessions, DispatchSettings(max_failovers=self.config.max_failovers), self.pools
-        )
+        self.dispatcher = Dispatcher(self.pool, self.policy, self.sessions, self.dispatch_settings, self.pools)
         servicer = ChatServicer(
             self.tenants,
             AdmissionControl(concurrency_retry_after_ms=self.config.concurrency_retry_after_ms),

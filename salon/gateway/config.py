@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from salon.common.server import ServerConfig
+from salon.gateway.membership import ENGINE_STALE_AFTER_S
 from salon.gateway.routing import LOAD_FACTOR, MIN_CAPACITY, OPENING_MAX_BYTES
+from salon.gateway.stall_watch import FIRST_TOKEN_TIMEOUT_S, INTER_TOKEN_TIMEOUT_S
 
 # Largest public request message: a long dialogue is well under a MiB; more is refused by grpc itself
 # (RESOURCE_EXHAUSTED) before it is parsed.
@@ -27,6 +29,13 @@ class GatewayConfig:
     dns_interval_s: float = field(default=5.0, metadata={"help": "seconds between DNS resolutions"})
     health_service: str = field(default="", metadata={"help": "grpc.health.v1 service name watched on engines"})
     load_interval_ms: int = field(default=250, metadata={"help": "WatchLoad report interval"})
+    engine_stale_after_s: float = field(
+        default=ENGINE_STALE_AFTER_S,
+        metadata={
+            "help": "an engine whose load reports stop for this long leaves the ring until it reports again "
+            "(0: never; at least twice the report interval)"
+        },
+    )
     # Tenants.
     tenants_file: str | None = field(default=None, metadata={"help": "tenant table, JSON or TOML (see tenants.py)"})
     tenants_json: str | None = field(default=None, metadata={"help": "tenant table as an inline JSON string"})
@@ -53,8 +62,21 @@ class GatewayConfig:
         default=MIN_CAPACITY, metadata={"help": "below this many streams an engine never counts as full (no spill)"}
     )
     max_failovers: int = field(default=2, metadata={"help": "engine moves per reply after mid-stream failures"})
+    first_token_timeout_s: float = field(
+        default=FIRST_TOKEN_TIMEOUT_S,
+        metadata={
+            "help": "longest wait for an engine stream's first event once the engine's queue is empty, "
+            "before the reply fails over (0: no bound; a silent engine fails over at once)"
+        },
+    )
+    inter_token_timeout_s: float = field(
+        default=INTER_TOKEN_TIMEOUT_S,
+        metadata={"help": "longest silence between an engine stream's events before the reply fails over (0: none)"},
+    )
     # Session table.
-    session_ttl_s: float = field(default=3600.0, metadata={"help": "how long a dialogue remembers its engine"})
+    session_ttl_s: float = field(
+        default=3600.0, metadata={"help": "how long a dialogue remembers its engine, and a stored response lives"}
+    )
     redis_url: str | None = field(
         default=None, metadata={"help": "redis://host:port/db: share sessions across replicas"}
     )

@@ -2,8 +2,9 @@
 
     route (session table + policy) ──> EngineService.Generate ──> events to the client
           ^                                   │ UNAVAILABLE / CANCELLED by the engine /
-          └── exclude the failed engine ◄─────┘ stream ended without a final
-              resume_token_ids = every token already sent to the client
+          └── exclude the failed engine ◄─────┘ stream ended without a final /
+              resume_token_ids = every token    the engine silent past a bound (stall_watch.py)
+              already sent to the client
 
 Two parts: an attempt (`Dispatcher._attempt`) streams from one engine and reports how it ended; the
 failover policy (`Dispatcher.stream` with `_spill_refusal`, `_fail_over`) picks the next engine, sets
@@ -41,6 +42,7 @@ from salon.gateway.membership import EngineHandle, EnginePool
 from salon.gateway.model_pools import ModelPools
 from salon.gateway.routing import RouteDecision, RoutingPolicy
 from salon.gateway.sessions import SessionTable
+from salon.gateway.stall_watch import EngineStalled, StallTimeouts, first_event, next_event
 from salon.gateway.types import DialogueKey, EngineId, TenantId, dialogue_key
 
 log = get_logger(__name__)
@@ -69,6 +71,8 @@ class DispatchSettings:
     max_failovers: int = 2
     # Extra engines tried when an engine refuses a new request (RESOURCE_EXHAUSTED) before any token.
     max_refusal_retries: int = 1
+    # How long an engine stream may stay silent before it fails over (stall_watch.py).
+    stall: StallTimeouts = field(default_factory=StallTimeouts)
 
 
 @dataclass
@@ -277,25 +281,31 @@ class Dispatcher:
         call_code, call_details = grpc.StatusCode.CANCELLED, None  # until the call says otherwise
         call = handle.generate(request, timeout=timeout_s, metadata=call_trace.metadata)
         try:
-            async for event in call:
+            event = await first_event(call, handle, self.settings.stall)
+            while event is not grpc.aio.EOF:
                 if end.finished:
-                    continue  # nothing follows a final event: read the stream to its end
-                if event.HasField("final"):
+                    pass  # nothing follows a final event: read the stream to its end
+                elif event.HasField("final"):
                     call_code = grpc.StatusCode.OK  # the reply is whole, whatever follows it
                     self._finish(event.final, reply)
                     engine_metrics.ok(reply.tenant_id).inc()
                     # Let the call complete normally (its trace span ends with the stream).
                     end.finished = True
                     yield event
-                    continue
-                reply.forwarded_token_ids.extend(event.delta.token_ids)
-                if not reply.first_token_seen and event.delta.token_ids:
-                    reply.first_token_seen = True
-                    metrics.TIME_TO_FIRST_TOKEN.labels(reply.model).observe(time.perf_counter() - reply.arrived_s)
-                yield event
+                else:
+                    reply.forwarded_token_ids.extend(event.delta.token_ids)
+                    if not reply.first_token_seen and event.delta.token_ids:
+                        reply.first_token_seen = True
+                        metrics.TIME_TO_FIRST_TOKEN.labels(reply.model).observe(time.perf_counter() - reply.arrived_s)
+                    yield event
+                event = await next_event(call, self.settings.stall)
             call_code = grpc.StatusCode.OK
             if not end.finished:
                 end.failure = "stream ended without a final event"
+        except EngineStalled as exc:
+            if not end.finished:  # a silence after the final event costs the reply nothing
+                metrics.STREAM_STALLS.labels(engine=reply.engine_id, kind=exc.kind).inc()
+                end.failure = str(exc)
         except grpc.aio.AioRpcError as exc:
             call_code, call_details = exc.code(), exc.details()
             if call_code in _FAILOVER_CODES:

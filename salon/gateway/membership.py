@@ -9,9 +9,18 @@ id from its first LoadReport). For each engine the pool keeps one channel and tw
     EngineService.WatchLoad     ──> last report  (running + waiting requests, draining flag, the model it
                                                   serves: its pool, model_pools.py; resident memory)
 
+A hung engine (stopped, or its event loop blocked) keeps its connection open and says nothing: a
+health Watch stream only speaks on a change, so silence is judged from the load reports, which come
+every `load_interval_ms`. An engine that has reported and then sends none for `stale_after_s` is
+*silent*: it leaves the ring (new dialogues and failovers go elsewhere, streams waiting for its first
+token move on, dispatch.py) and returns with its next report; its dialogues' sessions still name it,
+so their next turns go back to it. (Polled health, for engines without Watch, fails by its own
+timeout.)
+
 Invariants:
   * an engine is `accepting` (a ring member) iff its latest health status is SERVING, it has an id,
-    its last LoadReport does not say draining, and no stream has failed on it since that status;
+    its last LoadReport does not say draining, its load reports are not stale, and no stream has
+    failed on it since that status;
   * a watch stream that breaks marks the engine not serving at once and is re-opened with backoff;
     the engine returns to the ring only when a re-opened Watch (or Check poll) says SERVING again;
   * `num_inflight` counts this gateway's open Generate streams to the engine (routing load).
@@ -23,6 +32,7 @@ import asyncio
 import contextlib
 import contextvars
 import socket
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -40,6 +50,9 @@ from salon.gateway.types import EngineId
 
 log = get_logger(__name__)
 
+# An engine silent this long (no load report) leaves the ring: several report intervals at the default
+# 250 ms, and beyond a busy host's scheduling hiccups.
+ENGINE_STALE_AFTER_S = 3.0
 _BACKOFF_INITIAL_S = 0.05
 _BACKOFF_MAX_S = 2.0
 _SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -62,6 +75,8 @@ class PoolSettings:
     health_service: str = ""  # grpc.health.v1 service name to watch ("" = the whole server)
     health_poll_interval_s: float = 0.25  # Check period for engines whose Watch does not work
     load_interval_ms: int = 250  # WatchLoad report interval
+    # An engine whose load reports stop for this long leaves the ring until it reports again (0: never).
+    stale_after_s: float = ENGINE_STALE_AFTER_S
     dns_name: str | None = None  # headless-service name to resolve, or None
     dns_port: int = 50051
     dns_interval_s: float = 5.0
@@ -94,6 +109,14 @@ class EngineHandle:
         self.serving = False
         self.report: engine_pb2.LoadReport | None = None
         self.num_inflight = 0
+        # False while the load reports are stale (the engine is silent); set again by the next report.
+        self.reports_fresh = True
+        # Set while the engine is silent: streams waiting for its first token wait on it too.
+        self.silent = asyncio.Event()
+        # time.monotonic() of the last report whose queue held waiting requests (dispatch.py: time spent
+        # queued behind other requests does not count against the first-token timeout).
+        self.queue_seen_s = 0.0
+        self._stale_timer: asyncio.TimerHandle | None = None
         self._poll_health = False
         self._health_task: asyncio.Task | None = None
         self._load_task: asyncio.Task | None = None
@@ -104,7 +127,7 @@ class EngineHandle:
 
     @property
     def accepting(self) -> bool:
-        return self.serving and not self.draining and self.engine_id is not None
+        return self.serving and self.reports_fresh and not self.draining and self.engine_id is not None
 
     @property
     def routable(self) -> bool:
@@ -134,6 +157,8 @@ class EngineHandle:
         self._load_task = asyncio.create_task(self._watch_load(), name=f"load:{self.address}")
 
     async def close(self) -> None:
+        if self._stale_timer is not None:
+            self._stale_timer.cancel()
         for task in (self._health_task, self._load_task):
             if task is not None:
                 task.cancel()
@@ -215,8 +240,35 @@ class EngineHandle:
             await asyncio.sleep(backoff_s)
             backoff_s = min(_BACKOFF_MAX_S, backoff_s * 2)
 
+    def _arm_stale_timer(self) -> None:
+        if self.settings.stale_after_s <= 0:
+            return
+        if self._stale_timer is not None:
+            self._stale_timer.cancel()
+        self._stale_timer = asyncio.get_running_loop().call_later(self.settings.stale_after_s, self._go_stale)
+
+    def _go_stale(self) -> None:
+        """No load report for stale_after_s: the engine is silent and leaves the ring."""
+        self._stale_timer = None
+        was_accepting = self.accepting
+        self.reports_fresh = False
+        self.silent.set()
+        metrics.ENGINE_STALE.labels(engine=self.engine_id or self.address).inc()
+        log.warning(
+            "engine_silent", engine=self.engine_id, address=self.address, stale_after_s=self.settings.stale_after_s
+        )
+        if was_accepting:
+            self._publish()
+
     def _take_report(self, report: engine_pb2.LoadReport) -> None:
+        self._arm_stale_timer()
+        if report.waiting_requests:
+            self.queue_seen_s = time.monotonic()
         was_accepting, was_id = self.accepting, self.engine_id
+        if not self.reports_fresh:
+            self.reports_fresh = True
+            self.silent.clear()
+            log.info("engine_reporting_again", engine=self.engine_id, address=self.address)
         was_model = self.report.model_id if self.report is not None else ""
         if report.engine_id and self.configured_id is None:
             self.engine_id = EngineId(report.engine_id)

@@ -58,6 +58,18 @@ FAILOVERS = Counter(
     "Streams moved to another engine after the serving engine failed mid-stream.",
     ["from_engine"],
 )
+STREAM_STALLS = Counter(
+    "salon_gateway_stream_stalls_total",
+    "Engine streams given up for silence and failed over, by engine and kind: first_token (no first event "
+    "within --first-token-timeout-s), inter_token (no next event within --inter-token-timeout-s), engine_silent "
+    "(the engine's load reports went stale while the stream waited for its first event).",
+    ["engine", "kind"],
+)
+ENGINE_STALE = Counter(
+    "salon_gateway_engine_stale_total",
+    "Times an engine left the ring because its load reports stopped for --engine-stale-after-s.",
+    ["engine"],
+)
 ADDED_LATENCY = Histogram(
     "salon_gateway_added_latency_seconds",
     "Time the gateway spends before the engine call is issued (auth, admission, routing, session lookup), seconds.",

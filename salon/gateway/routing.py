@@ -27,9 +27,10 @@ Dialogues without a conversation id (stateless clients: the OpenAI HTTP API):
 
 Decision rule (BoundedLoadPolicy, consistent hashing with bounded loads):
 
-    eligible  = engines that are SERVING, not draining, and not excluded for this request
-                (the ring is built over SERVING & not-draining engines; per-request exclusions,
-                e.g. the engine a stream just failed on, are skipped while walking it)
+    eligible  = engines that are SERVING, reporting (load reports not stale, membership.py), not
+                draining, and not excluded for this request (the ring is built over those accepting
+                engines; per-request exclusions, e.g. the engine a stream just failed on, are
+                skipped while walking it)
     load(e)   = max(gateway's own in-flight streams to e, e's last LoadReport running + waiting)
                 (the in-flight count is fresh; the report adds what other gateway replicas sent)
     capacity  = max(MIN_CAPACITY, ceil(LOAD_FACTOR * (sum of load(e) over eligible + 1) / len(eligible)))
@@ -115,7 +116,7 @@ class EngineLoad:
     engine_id: EngineId
     # Streams counted against this engine (see module docstring for how it is estimated).
     num_active_requests: int
-    # SERVING and not draining: a member of the ring.
+    # SERVING, reporting and not draining: a member of the ring.
     accepting: bool = True
     # The engine's queue is full; it would refuse a new request.
     saturated: bool = False

@@ -11,7 +11,8 @@ Before anything reaches an engine:
     for its logs and echoed in GenerateFinal.request_id, never used as the engine's id (two tenants'
     ids would collide there).
 
-DeleteConversation fans out to every known engine, then forgets the dialogue's session entry.
+DeleteConversation fans out to every known engine, then forgets the dialogue's session entry and its stored
+responses (sessions.py).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def to_engine_request(
         conversation_id=request.conversation_id,
         namespace_salt=namespace_salt,
         namespace_grant=grant,
+        priority=request.priority,
+        cache_salt=request.cache_salt,
+        chat_template_kwargs_json=request.chat_template_kwargs_json,
     )
     if request.HasField("character"):
         engine_request.character.CopyFrom(request.character)

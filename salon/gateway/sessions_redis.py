@@ -4,6 +4,11 @@ Keys: `<key_prefix><tenant id>/<conversation id>` -> engine id, with a TTL (PX) 
 `claim` is one round trip: `SET key engine NX PX ttl GET` (Redis >= 7.0) returns the existing
 holder, or nil when this call created the entry.
 
+Stored responses (sessions.py): `<response_prefix><tenant id>/<response id>` -> record, and the
+dialogue's set `<responses_index_prefix><tenant id>/<conversation id>` -> {response keys}, both written
+with the TTL in one MULTI. `delete` erases the dialogue's entry, its responses and the set in one Lua
+script (atomic: a response written meanwhile is either erased or written after).
+
 The connection pool is a BlockingConnectionPool: when all `max_connections` are busy a caller
 waits up to `pool_timeout_s` for one instead of failing at once. Every operation is bounded by
 `op_timeout_s`.
@@ -28,11 +33,18 @@ from redis.exceptions import RedisError
 
 from salon.common.logging import get_logger
 from salon.gateway import metrics
-from salon.gateway.types import DialogueKey, EngineId
+from salon.gateway.types import DialogueKey, EngineId, ResponseKey
 
 log = get_logger(__name__)
 
 T = TypeVar("T")
+
+# KEYS: the dialogue's entry, its set of response keys; ARGV: the prefix of response keys.
+_DELETE_DIALOGUE = """
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[2])) do redis.call('DEL', ARGV[1] .. key) end
+redis.call('DEL', KEYS[2])
+return redis.call('DEL', KEYS[1])
+"""
 
 
 class RedisSessionTable:
@@ -48,9 +60,13 @@ class RedisSessionTable:
         op_timeout_s: float = 0.2,
         retry_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        response_prefix: str = "salon:gateway:response:",
+        responses_index_prefix: str = "salon:gateway:responses:",
     ):
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.key_prefix = key_prefix
+        self.response_prefix = response_prefix
+        self.responses_index_prefix = responses_index_prefix
         self.op_timeout_s = op_timeout_s
         self.retry_interval_s = retry_interval_s
         self._clock = clock
@@ -107,7 +123,29 @@ class RedisSessionTable:
         return EngineId(holder) if holder else engine_id
 
     async def delete(self, dialogue_key: DialogueKey) -> bool:
-        ok, _ = await self._call("delete", lambda: self._redis.delete(self._key(dialogue_key)))
+        keys = (self._key(dialogue_key), self.responses_index_prefix + dialogue_key)
+        ok, _ = await self._call("delete", lambda: self._redis.eval(_DELETE_DIALOGUE, 2, *keys, self.response_prefix))
+        return ok
+
+    async def put_response(self, dialogue_key: DialogueKey, response_key: ResponseKey, record: str) -> bool:
+        index = self.responses_index_prefix + dialogue_key
+
+        async def write():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(self.response_prefix + response_key, record, px=self.ttl_ms)
+                pipe.sadd(index, response_key)
+                pipe.pexpire(index, self.ttl_ms)
+                return await pipe.execute()
+
+        ok, _ = await self._call("put_response", write)
+        return ok
+
+    async def get_response(self, response_key: ResponseKey) -> str | None:
+        _, value = await self._call("get_response", lambda: self._redis.get(self.response_prefix + response_key))
+        return value
+
+    async def delete_response(self, response_key: ResponseKey) -> bool:
+        ok, _ = await self._call("delete_response", lambda: self._redis.delete(self.response_prefix + response_key))
         return ok
 
     async def close(self) -> None:

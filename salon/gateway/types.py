@@ -14,7 +14,14 @@ TenantId = NewType("TenantId", str)
 # each tenant, so two tenants' "1" are different dialogues: they hash apart on the ring and never share
 # a session entry. Unambiguous because tenant ids cannot contain '/'.
 DialogueKey = NewType("DialogueKey", str)
+# A stored response of the Responses API as the session table keys it: `<tenant_id>/<response id>`, so
+# one tenant's lookup of another tenant's response id finds nothing.
+ResponseKey = NewType("ResponseKey", str)
 
 
 def dialogue_key(tenant_id: TenantId, conversation_id: str) -> DialogueKey:
     return DialogueKey(f"{tenant_id}/{conversation_id}")
+
+
+def response_key(tenant_id: TenantId, response_id: str) -> ResponseKey:
+    return ResponseKey(f"{tenant_id}/{response_id}")

@@ -3,6 +3,7 @@ agree, only public ports are published, and every internal link is mutual TLS wi
 
 import dataclasses
 import importlib
+import json
 import re
 import shutil
 import subprocess
@@ -79,11 +80,11 @@ def _published(svc) -> list[tuple[str, str]]:
     return out
 
 
-def test_only_public_ports_are_published():
+def test_only_public_ports_are_published_and_only_on_loopback():
     services = _compose()["services"]
     published = {name: _published(svc) for name, svc in services.items() if svc.get("ports")}
-    # The public gRPC port on every interface; the OpenAI HTTP API on this host's loopback.
-    assert published.pop("gateway") == [("", "50051"), ("127.0.0.1", "8000")]
+    # The gateway's gRPC port and OpenAI HTTP API, on this host's loopback: a proxy in front faces a network.
+    assert published.pop("gateway") == [("127.0.0.1", "50051"), ("127.0.0.1", "8000")]
     for name, ports in published.items():  # anything else (Jaeger's UI) only on this host's loopback
         assert all(address == "127.0.0.1" for address, _ in ports), (name, ports)
     assert set(published) <= {"jaeger"}
@@ -102,19 +103,20 @@ def test_internal_links_are_mutual_tls_with_identities():
     for name in ("kvstore", "engine-0", "engine-1"):
         command = salon[name]["command"]
         role = name.split("-")[0]
-        assert _flag(command, "--tls-cert-file") == f"/certs/tls/{role}.pem", name
-        assert _flag(command, "--tls-client-ca-file") == "/certs/tls/ca.pem", name
+        assert _flag(command, "--tls-cert-file") == f"/certs/{role}/cert.pem", name
+        assert _flag(command, "--tls-key-file") == f"/certs/{role}/key.pem", name
+        assert _flag(command, "--tls-client-ca-file") == f"/certs/{role}/ca.pem", name
         assert "--internal-auth" not in command  # the default: mtls
     for name in ("engine-0", "engine-1"):
-        assert _flag(salon[name]["command"], "--kvstore-tls-cert-file") == "/certs/tls/engine.pem"
+        assert _flag(salon[name]["command"], "--kvstore-tls-cert-file") == "/certs/engine/cert.pem"
     gateway = salon["gateway"]["command"]
-    assert _flag(gateway, "--engine-tls-cert-file") == "/certs/tls/gateway.pem"
-    assert _flag(gateway, "--namespace-grant-key-file") == _flag(
-        salon["kvstore"]["command"], "--namespace-grant-key-file"
-    )
-    assert "--salt-secret-file" in gateway
+    assert _flag(gateway, "--engine-tls-cert-file") == "/certs/gateway/cert.pem"
+    # The same grant key (one file of the CA volume), each from its own role's copy.
+    assert _flag(gateway, "--namespace-grant-key-file") == "/certs/gateway/namespace-grant.key"
+    assert _flag(salon["kvstore"]["command"], "--namespace-grant-key-file") == "/certs/kvstore/namespace-grant.key"
+    assert _flag(gateway, "--salt-secret-file") == "/certs/gateway/salt-secret.key"
     certs = _compose()["services"]["certs"]["command"]
-    assert certs[:3] == ["python", "-m", "salon.cli.certs"] and _flag(certs, "--out") == "/certs/tls"
+    assert certs[:3] == ["python", "-m", "salon.cli.certs"] and _flag(certs, "--out") == "/certs/ca"
     for name in salon:
         assert salon[name]["depends_on"], name  # after the certificates exist (directly or through the kvstore)
 
@@ -171,3 +173,112 @@ def test_gpu_override_reserves_a_device_per_engine_and_runs_the_engine_on_it():
         parse_config(EngineConfig, [], env_prefix="SALON_ENGINE_", environ={"SALON_ENGINE_DEVICE": "cuda"}).device
         == "cuda"
     )
+
+
+# Which role's files each salon service may hold; the volumes with keys or secrets in them.
+ROLE_OF = {"gateway": "gateway", "engine-0": "engine", "engine-1": "engine", "kvstore": "kvstore"}
+SECRET_VOLUMES = {"ca", "gateway-secrets", "engine-secrets", "kvstore-secrets"}
+
+
+def _mounts(svc) -> dict[str, tuple[str, bool]]:
+    """Source (named volume or host path) -> (container path, read-only) of each of a service's mounts."""
+    out = {}
+    for entry in svc.get("volumes", []):
+        source, target, *options = entry.split(":")
+        out[source] = (target, "ro" in options)
+    return out
+
+
+def test_each_service_mounts_only_its_own_roles_secrets_read_only():
+    compose = _compose()
+    assert SECRET_VOLUMES <= set(compose["volumes"])
+    for name, svc in compose["services"].items():
+        secret = {source: mount for source, mount in _mounts(svc).items() if source in SECRET_VOLUMES}
+        if name == "certs":  # the one-shot job: the CA volume, which nothing else mounts, and every role's copy
+            assert secret == {source: (f"/certs/{source.removesuffix('-secrets')}", False) for source in SECRET_VOLUMES}
+        elif name in ROLE_OF:
+            role = ROLE_OF[name]
+            assert secret == {f"{role}-secrets": (f"/certs/{role}", True)}, name
+            named = [arg for arg in svc["command"] if arg.startswith("/certs/")]
+            assert named and all(arg.startswith(f"/certs/{role}/") for arg in named), (name, named)
+        else:
+            assert not secret, name
+        assert not any("tenants" in source for source in _mounts(svc)), name  # no tenant table from the repository
+
+
+def test_the_image_makes_each_mount_point_for_the_services_user():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    targets = {target for svc in _compose()["services"].values() for target, _ in _mounts(svc).values()}
+    for target in sorted(t for t in targets if t.startswith("/certs/")):
+        assert re.search(rf"mkdir -p [^\n]*{re.escape(target)}\b", dockerfile), target
+    assert "chown -R salon:salon /certs && chmod -R 0700 /certs" in dockerfile
+
+
+def _run_certs_job(root: Path, capsys) -> str:
+    """The compose file's certs command, with /certs at `root`; returns what it printed."""
+    from salon.cli import certs
+
+    command = _compose()["services"]["certs"]["command"]
+    assert command[:3] == ["python", "-m", "salon.cli.certs"]
+    assert certs.main([arg.replace("/certs/", f"{root}/") for arg in command[3:]]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_certs_job_gives_each_role_only_what_it_may_hold(tmp_path, capsys):
+    _run_certs_job(tmp_path, capsys)
+    assert sorted(p.name for p in (tmp_path / "engine").iterdir()) == ["ca.pem", "cert.pem", "key.pem"]
+    assert sorted(p.name for p in (tmp_path / "kvstore").iterdir()) == [
+        "ca.pem",
+        "cert.pem",
+        "key.pem",
+        "namespace-grant.key",
+    ]
+    assert sorted(p.name for p in (tmp_path / "gateway").iterdir()) == [
+        "ca.pem",
+        "cert.pem",
+        "key.pem",
+        "namespace-grant.key",
+        "salt-secret.key",
+        "tenants.json",
+    ]
+    ca = tmp_path / "ca"
+    keys = {role: (ca / f"{role}.key").read_bytes() for role in ("gateway", "engine", "kvstore")}
+    for role in keys:
+        directory = tmp_path / role
+        assert oct(directory.stat().st_mode & 0o777) == "0o700"
+        assert (directory / "key.pem").read_bytes() == keys[role]
+        assert (directory / "cert.pem").read_bytes() == (ca / f"{role}.pem").read_bytes()
+        assert (directory / "ca.pem").read_bytes() == (ca / "ca.pem").read_bytes()
+        held = b"".join(p.read_bytes() for p in directory.iterdir())
+        assert (ca / "ca.key").read_bytes() not in held  # nobody but the certs job can mint identities
+        assert all(keys[other] not in held for other in keys if other != role)
+        for path in directory.iterdir():
+            assert path.stat().st_mode & 0o077 == 0, path
+    # Every file a service's command names is one the job made in that service's own volume.
+    for name, svc in _salon_services().items():
+        for arg in svc["command"]:
+            if arg.startswith("/certs/"):
+                assert (tmp_path / arg.removeprefix("/certs/")).is_file(), (name, arg)
+
+
+def test_no_example_key_a_random_one_is_made_at_first_start_and_printed_once(tmp_path, capsys):
+    assert "salon-dev-key" not in COMPOSE.read_text()
+    gateway = _salon_services()["gateway"]["command"]
+    certs = _compose()["services"]["certs"]["command"]
+    assert _flag(gateway, "--tenants-file") == _flag(certs, "--tenants-file") == "/certs/gateway/tenants.json"
+    first = _run_certs_job(tmp_path / "a", capsys)
+    tenants_file = tmp_path / "a" / "gateway" / "tenants.json"
+    table = json.loads(tenants_file.read_text())
+    ((tenant),) = table["tenants"]
+    key = tenant["api_key"]
+    assert tenant["tenant_id"] == "default" and "namespace_salt" not in tenant  # derived from the salt secret
+    assert re.fullmatch(r"sk-salon-[A-Za-z0-9_-]{32}", key)
+    assert [line for line in first.splitlines() if key in line] == [
+        f"tenant 'default' in {tenants_file}; its API key, shown this once: {key}"
+    ]
+    again = _run_certs_job(tmp_path / "a", capsys)  # a restart keeps the table and prints no key
+    assert "certificates and secrets in" in again and key not in again and "API key" not in again
+    assert json.loads(tenants_file.read_text()) == table
+    _run_certs_job(tmp_path / "b", capsys)  # another stack gets another key
+    other = json.loads((tmp_path / "b" / "gateway" / "tenants.json").read_text())["tenants"][0]["api_key"]
+    assert other != key

@@ -147,3 +147,61 @@ def test_every_pod_runs_as_a_non_root_user_without_privilege_escalation():
         for volume in pod.get("volumes", []):
             if "secret" in volume:
                 assert volume["secret"]["defaultMode"] & 0o007 == 0  # not readable by others
+
+
+# The Secrets each tier's pods may mount: one per role (`salon certs --role-dir ROLE=DIR`), and the tenant table.
+SECRETS_OF = {"gateway": {"salon-gateway", "salon-tenants"}, "engine": {"salon-engine"}, "kvstore": {"salon-kvstore"}}
+
+
+def _pod_secrets(obj) -> dict[str, str]:
+    """Volume name -> Secret name of a workload's pod."""
+    pod = obj["spec"]["template"]["spec"]
+    return {v["name"]: v["secret"]["secretName"] for v in pod.get("volumes", []) if "secret" in v}
+
+
+def test_each_tier_mounts_only_its_own_roles_secret():
+    workloads = {
+        o["metadata"]["name"]: o for o in _objects() if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet")
+    }
+    assert set(workloads) == {*SECRETS_OF, "redis"}
+    assert not _pod_secrets(workloads["redis"])
+    for tier, allowed in SECRETS_OF.items():
+        assert set(_pod_secrets(workloads[tier]).values()) == allowed, tier
+
+
+def test_no_credential_is_written_in_the_manifests():
+    """Secrets are made from `salon certs` output, never applied from this directory (`kubectl apply -f
+    deploy/k8s/` would otherwise install an example API key or key)."""
+    assert [o["metadata"]["name"] for o in _objects() if o["kind"] == "Secret"] == []
+
+
+def test_the_role_dirs_salon_certs_makes_hold_every_file_the_pods_read(tmp_path, capsys):
+    from salon.cli import certs
+
+    roles = ("gateway", "engine", "kvstore")
+    argv = ["--out", str(tmp_path / "ca"), "--tenants-file", str(tmp_path / "tenants.json")]
+    argv += [arg for role in roles for arg in ("--role-dir", f"{role}={tmp_path / role}")]
+    assert certs.main(argv) == 0
+    for tier in roles:
+        ((obj, container),) = [(o, c) for o, c in _containers() if c["command"][-1] == f"salon.{tier}"]
+        secrets = _pod_secrets(obj)
+        mounts = {m["mountPath"]: secrets[m["name"]] for m in container["volumeMounts"] if m["name"] in secrets}
+        read = [e["value"] for e in container["env"] if e["name"].endswith("_FILE")]
+        assert read, tier
+        for path in read:
+            (mount,) = [m for m in mounts if path.startswith(m + "/")]
+            name = path.removeprefix(mount + "/")
+            source = tmp_path / tier / name if mounts[mount] == f"salon-{tier}" else tmp_path / name
+            assert source.is_file(), (tier, path, source)
+        held = sorted(p.name for p in (tmp_path / tier).iterdir())
+        assert "ca.key" not in held and not [n for n in held if n.startswith(tuple(r for r in roles if r != tier))]
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/deployment.md", "docs/security.md"])
+def test_the_documented_secret_commands_load_role_dirs_and_never_the_ca_key(doc):
+    text = (K8S.parents[1] / doc).read_text()
+    creates = [line for line in text.splitlines() if "create secret" in line]
+    assert creates, doc
+    assert all("ca.key" not in line for line in creates), creates
+    assert any("salon-$role --from-file=certs/$role/" in line for line in creates), creates
+    assert any("salon-tenants --from-file=tenants.json=certs/tenants.json" in line for line in creates), creates

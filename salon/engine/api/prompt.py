@@ -166,11 +166,14 @@ class PromptRenderer:
         messages: Sequence[ChatMessage],
         stop: threading.Event | None = None,
         max_tokens: int | None = None,
+        template_kwargs: dict | None = None,
     ) -> RenderedPrompt:
         """The full prompt and where its last message starts. RenderStopped when `stop` is set (checked
         between messages) or as soon as the prompt holds more than max_tokens tokens; ChatTemplateError
         (INVALID_ARGUMENT) with the template's message when it refuses the dialogue."""
-        rendered = self.chat.render(self.template_messages(character, messages), True, stop, max_tokens)
+        rendered = self.chat.render(
+            self.template_messages(character, messages), True, stop, max_tokens, template_kwargs
+        )
         if max_tokens is not None and len(rendered.token_ids) > max_tokens:
             raise RenderStopped(False, len(rendered.token_ids))
         last = rendered.message_starts[-1] if rendered.message_starts else 0

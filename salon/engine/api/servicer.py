@@ -27,14 +27,18 @@ from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
 from salon.common.errors import DeadlineExceeded, Internal, InvalidArgument, OutOfRange, ResourceExhausted, Unavailable
 from salon.common.logging import bind_request_context, get_logger
+from salon.common.prefix_hash import salted_namespace_salt
 from salon.engine import metrics
 from salon.engine.api.prompt import Character, PromptRenderer, RenderStopped, ReplyMemo
+from salon.engine.api.salted_namespaces import SaltedNamespaces
 from salon.engine.api.validation import (
     Limits,
     check_id_string,
     check_ids,
     check_prompt_counts,
+    check_request_controls,
     check_text_size,
+    parse_chat_template_kwargs,
     parse_context,
     parse_dialogue,
     parse_sampling,
@@ -90,6 +94,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self.config = config
         self.runtime: EngineRuntime | None = None
         self.memo = ReplyMemo()
+        # The cache_salt sub-namespaces each dialogue used here, erased with it (DeleteConversation).
+        self.salted = SaltedNamespaces()
         # The process's health; once the model is loaded, NOT_SERVING means shutting down (draining).
         self.health = None
         # Requests between the queue check and submission (rendering, kvstore lookup): they count
@@ -119,12 +125,19 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         check_id_string("request_id", request.request_id, required=False)
         check_id_string("conversation_id", request.conversation_id, required=False)
         check_id_string("namespace_salt", request.namespace_salt, required=False)
+        if "\x00" in request.namespace_salt:
+            raise InvalidArgument("namespace_salt: must not hold NUL (it separates a cache_salt's sub-namespace)")
+        check_request_controls(request)
         check_prompt_counts(request, limits)
         sampling = parse_sampling(request.sampling, limits)
         resumed = check_ids("resume_token_ids", request.resume_token_ids, limits.vocab_size, limits.max_context_tokens)
-        return sampling, resumed, parse_context(request, limits)
+        parsed = parse_context(request, limits)
+        template_kwargs = parse_chat_template_kwargs(request.chat_template_kwargs_json, rt.chat.reserved_variables)
+        return sampling, resumed, parsed, template_kwargs
 
-    async def _build_request(self, request, context, rt: EngineRuntime, sampling, resumed, parsed) -> Request:
+    async def _build_request(
+        self, request, context, rt: EngineRuntime, sampling, resumed, parsed, template_kwargs
+    ) -> Request:
         arrival = time.monotonic()
         limits = rt.limits
         if parsed.prompt_token_ids is not None:
@@ -134,40 +147,55 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             prompt = await asyncio.to_thread(rt.tokenizer.encode, parsed.text, True, False)
             last_message_start = len(prompt)
         else:
-            prompt, last_message_start = await self._render(request, parsed, rt)
+            prompt, last_message_start = await self._render(request, parsed, rt, template_kwargs)
+        keep = request.sampling.truncate_prompt_tokens
+        if keep and len(prompt) > keep:  # vLLM's truncate_prompt_tokens: the last `keep` tokens
+            last_message_start = max(0, last_message_start - (len(prompt) - keep))
+            prompt = prompt[-keep:]
         max_new = resolve_max_new_tokens(sampling.max_new_tokens, len(prompt), len(resumed), limits)
-        sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
+        if sampling.min_tokens > max_new:
+            raise InvalidArgument(f"sampling.min_tokens: {sampling.min_tokens} is more than max_new_tokens {max_new}")
+        # A reply ends at the file's EOS ids and the template's end-of-turn marker (unless ignore_eos), and at
+        # the request's own; min_tokens masks all of them.
+        model_stops = set(rt.model_config.eos_token_ids) | set(rt.chat.stop_token_ids)
+        stops = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else model_stops)
+        mask_ids = tuple(sorted(model_stops | set(sampling.stop_token_ids))) if sampling.min_tokens else ()
+        sampling = dataclasses.replace(sampling, max_new_tokens=max_new, min_tokens_mask_ids=mask_ids)
         if not rt.loop.fits(len(prompt) + max_new):
             raise ResourceExhausted(
                 f"prompt: {len(prompt)} tokens + max_new_tokens {max_new} need more KV memory than this engine has"
             )
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
-        # A reply ends at the file's EOS ids and the template's end-of-turn marker, and at the request's own.
-        eos = set(rt.model_config.eos_token_ids) | set(rt.chat.stop_token_ids) | set(sampling.stop_token_ids)
         req = Request(
             request_id=RequestId(request.request_id or f"eng-{uuid.uuid4().hex}"),
             prompt_token_ids=prompt,
             sampling=sampling,
-            stop_token_ids=frozenset(eos),
+            stop_token_ids=frozenset(stops),
             max_context_tokens=limits.max_context_tokens,
             arrival_s=arrival,
             deadline_s=deadline,
             namespace_salt=request.namespace_salt,
+            priority=request.priority,
         )
         req.output_token_ids.extend(resumed)
         req.num_resumed_tokens = len(resumed)
         req.conversation_id = request.conversation_id
-        if rt.namespace_of is not None:
+        if rt.namespace_of is not None and request.cache_salt:
+            # A sub-namespace of the tenant's that only this engine knows: device cache only (Request.host_cacheable).
+            req.namespace = rt.namespace_of(salted_namespace_salt(request.namespace_salt, request.cache_salt))
+            req.host_cacheable = False
+            self.salted.note(request.namespace_salt, request.conversation_id, req.namespace)
+        elif rt.namespace_of is not None:
             req.namespace = rt.namespace_of(request.namespace_salt)
             if rt.host_cache is not None:
                 rt.host_cache.note_grant(req.namespace, request.namespace_salt, request.namespace_grant)
-            if rt.sliding_window_tokens:
-                # Keep the window before the last message: a regeneration or edit of it reuses that KV.
-                req.retain_local_from = max(0, last_message_start - rt.sliding_window_tokens - rt.block_size_tokens)
+        if req.namespace is not None and rt.sliding_window_tokens:
+            # Keep the window before the last message: a regeneration or edit of it reuses that KV.
+            req.retain_local_from = max(0, last_message_start - rt.sliding_window_tokens - rt.block_size_tokens)
         return req
 
-    async def _render(self, request, parsed, rt: EngineRuntime) -> tuple[list[int], int]:
+    async def _render(self, request, parsed, rt: EngineRuntime, template_kwargs: dict | None) -> tuple[list[int], int]:
         """Tokenize the dialogue off the event loop; stops early past the context or on cancellation."""
         salt, conversation = request.namespace_salt, request.conversation_id
         renderer = PromptRenderer(rt.chat, lambda text: self.memo.get(salt, conversation, text))
@@ -175,7 +203,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         context_tokens = rt.limits.max_context_tokens
         try:
             rendered = await asyncio.to_thread(
-                renderer.render_prompt, parsed.character, parsed.messages, stop, context_tokens
+                renderer.render_prompt, parsed.character, parsed.messages, stop, context_tokens, template_kwargs
             )
         except asyncio.CancelledError:
             stop.set()  # the client went away: the worker thread stops at the next message
@@ -189,7 +217,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
     async def _lookup_host(self, req: Request, rt: EngineRuntime) -> PrefixHit | None:
         """Fetch the kvstore's usable prefix when it beats what the engine's own cache holds."""
-        if rt.host_cache is None or req.namespace is None:
+        if rt.host_cache is None or req.namespace is None or not req.host_cacheable:
             return None
         max_tokens = cacheable_prefix_tokens(req.num_tokens, rt.block_size_tokens)
         device_tokens = rt.loop.probe_prefix(req)
@@ -201,12 +229,12 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         rt = self._ready()
         if request.request_id:  # the gateway's id: log lines of every service carry the same one
             bind_request_context(request_id=request.request_id)
-        sampling, resumed, parsed = self._parse(request, rt)
+        sampling, resumed, parsed, template_kwargs = self._parse(request, rt)
         if rt.loop.dead is not None:
             raise Unavailable("the engine is restarting; retry on another engine")
         self._admission_slot()
         try:
-            req = await self._build_request(request, context, rt, sampling, resumed, parsed)
+            req = await self._build_request(request, context, rt, sampling, resumed, parsed, template_kwargs)
             if rt.loop.is_active(req.request_id):
                 raise ResourceExhausted(f"request_id: {req.request_id!r} is already running on this engine")
             host_hit = await self._lookup_host(req, rt)
@@ -261,6 +289,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         """Keep the ids of a whole reply so next turn's rendering of its text reproduces them."""
         if event.finish_reason not in (FinishReason.STOP_TOKEN, FinishReason.LENGTH) or req.num_resumed_tokens:
             return
+        p = req.sampling
+        if p.ignore_eos or not p.skip_special_tokens or p.include_stop_str_in_output:
+            return  # its text is not the reply's body as the next turn carries it
         body = generated[:-1] if event.finish_reason is FinishReason.STOP_TOKEN else generated
         if text:
             self.memo.put(req.namespace_salt, req.conversation_id, text, body)
@@ -289,6 +320,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         namespace = rt.namespace_of(request.namespace_salt) if rt.namespace_of is not None else None
         try:
             aborted, device_blocks = await rt.loop.purge(namespace, request.conversation_id)
+            for salted in self.salted.take(request.namespace_salt, request.conversation_id):
+                more_aborted, more_blocks = await rt.loop.purge(salted, request.conversation_id)
+                aborted, device_blocks = aborted + more_aborted, device_blocks + more_blocks
         except EngineDead:
             raise Unavailable("the engine is restarting; retry") from None
         self.memo.drop_conversation(request.namespace_salt, request.conversation_id)

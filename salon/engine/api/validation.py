@@ -17,6 +17,7 @@ Cost is bounded before work, in this order:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -37,6 +38,12 @@ MAX_TOP_LOGPROBS = 20
 # vLLM's ranges: repetition_penalty > 0 (1 = none); frequency / presence in [-2, 2]; min_p in [0, 1].
 MAX_REPETITION_PENALTY = 100.0
 MAX_FREQUENCY_PRESENCE_PENALTY = 2.0
+# OpenAI's bounds of logit_bias.
+MAX_LOGIT_BIAS = 300
+MAX_LOGIT_BIAS_VALUE = 100.0
+MAX_PRIORITY = 1_000_000
+MAX_CACHE_SALT_BYTES = 256
+MAX_CHAT_TEMPLATE_KWARGS_BYTES = 4096
 
 _ROLES = {chat_pb2.ROLE_USER: Role.USER, chat_pb2.ROLE_CHARACTER: Role.CHARACTER, chat_pb2.ROLE_SYSTEM: Role.SYSTEM}
 
@@ -187,6 +194,10 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
     check_penalties(repetition, frequency, presence, min_p)
     if sampling.top_logprobs > MAX_TOP_LOGPROBS:
         raise InvalidArgument(f"sampling.top_logprobs: {sampling.top_logprobs} is more than {MAX_TOP_LOGPROBS}")
+    if sampling.min_tokens > limits.max_new_tokens_limit:
+        raise InvalidArgument(
+            f"sampling.min_tokens: {sampling.min_tokens} exceeds the limit {limits.max_new_tokens_limit}"
+        )
     return SamplingParams(
         max_new_tokens=sampling.max_new_tokens,  # 0 = default, resolved against the prompt length
         temperature=float(t),
@@ -201,7 +212,34 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
         frequency_penalty=frequency,
         presence_penalty=presence,
         min_p=min_p,
+        logit_bias=parse_logit_bias(sampling.logit_bias, limits.vocab_size),
+        min_tokens=int(sampling.min_tokens),
+        ignore_eos=sampling.ignore_eos,
+        skip_special_tokens=sampling.skip_special_tokens if sampling.HasField("skip_special_tokens") else True,
+        spaces_between_special_tokens=(
+            sampling.spaces_between_special_tokens if sampling.HasField("spaces_between_special_tokens") else True
+        ),
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
     )
+
+
+def parse_logit_bias(logit_bias, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """The map as (id, bias) pairs, ids ascending: at most MAX_LOGIT_BIAS entries (counted before any is read),
+    each id below the vocabulary size, each bias finite within [-100, 100] (OpenAI's bounds)."""
+    if len(logit_bias) > MAX_LOGIT_BIAS:
+        raise InvalidArgument(f"sampling.logit_bias: {len(logit_bias)} entries, more than {MAX_LOGIT_BIAS}")
+    pairs = sorted(logit_bias.items())
+    for token_id, bias in pairs:
+        if token_id >= vocab_size:
+            raise InvalidArgument(
+                f"sampling.logit_bias: token id {token_id} is not below the vocabulary size {vocab_size}"
+            )
+        if not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS_VALUE:
+            raise InvalidArgument(
+                f"sampling.logit_bias[{token_id}]: {bias} is not in "
+                f"[-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}]"
+            )
+    return tuple((int(t), float(b)) for t, b in pairs)
 
 
 def check_penalties(repetition_penalty: float, frequency_penalty: float, presence_penalty: float, min_p: float) -> None:
@@ -241,3 +279,29 @@ def resolve_max_new_tokens(requested: int, num_prompt_tokens: int, num_resumed: 
     if num_resumed >= budget:
         raise InvalidArgument(f"resume_token_ids: {num_resumed} tokens already reach max_new_tokens={budget}")
     return budget
+
+
+def check_request_controls(request) -> None:
+    """priority, cache_salt and chat_template_kwargs_json within their bounds (their cost is bounded here)."""
+    if abs(request.priority) > MAX_PRIORITY:
+        raise InvalidArgument(f"priority: {request.priority} is not in [-{MAX_PRIORITY}, {MAX_PRIORITY}]")
+    if len(request.cache_salt.encode("utf-8")) > MAX_CACHE_SALT_BYTES:
+        raise InvalidArgument(f"cache_salt: more than {MAX_CACHE_SALT_BYTES} bytes")
+    if len(request.chat_template_kwargs_json.encode("utf-8")) > MAX_CHAT_TEMPLATE_KWARGS_BYTES:
+        raise InvalidArgument(f"chat_template_kwargs_json: more than {MAX_CHAT_TEMPLATE_KWARGS_BYTES} bytes")
+
+
+def parse_chat_template_kwargs(text: str, reserved: frozenset[str]) -> dict | None:
+    """The JSON object of extra template variables, None when empty; names in `reserved` are refused."""
+    if not text:
+        return None
+    try:
+        kwargs = json.loads(text)
+    except ValueError:
+        raise InvalidArgument("chat_template_kwargs_json: not valid JSON") from None
+    if not isinstance(kwargs, dict):
+        raise InvalidArgument("chat_template_kwargs_json: must be a JSON object")
+    for name in kwargs:
+        if name in reserved or not name.isidentifier():
+            raise InvalidArgument(f"chat_template_kwargs_json: {name!r} cannot be set (a variable the template gets)")
+    return kwargs

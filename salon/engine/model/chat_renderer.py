@@ -40,7 +40,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from salon.engine.model.chat_template import GEMMA_TURN_TEMPLATE, ChatTemplateError, render_template
+from salon.engine.model.chat_template import GEMMA_TURN_TEMPLATE, RESERVED_VARIABLES, ChatTemplateError, render_template
 from salon.engine.model.tokenizer import Tokenizer
 from salon.engine.model.vocab import TOKEN_CONTROL
 
@@ -224,12 +224,19 @@ class ChatRenderer:
         add_generation_prompt: bool = True,
         stop: threading.Event | None = None,
         max_tokens: int | None = None,
+        template_kwargs: dict | None = None,
     ) -> RenderedChat:
         """The conversation's tokens. RenderStopped when `stop` is set (checked between messages) or once the
-        tokens pass max_tokens."""
+        tokens pass max_tokens. With template_kwargs (extra template variables) the conversation is rendered
+        whole, uncached: its segments are not those of the same messages without them."""
         for i, m in enumerate(messages):
             if m.role not in ROLES:
                 raise ChatTemplateError(f"messages[{i}].role: {m.role!r} is not one of {', '.join(ROLES)}")
+        if template_kwargs:
+            whole = self._render_whole(messages, add_generation_prompt, template_kwargs)
+            if max_tokens is not None and len(whole.token_ids) > max_tokens:
+                raise RenderStopped(False, len(whole.token_ids))
+            return whole
         state = self._state_for(list(messages), stop, max_tokens)
         if state is None:
             whole = self._render_whole(messages, add_generation_prompt)
@@ -319,9 +326,11 @@ class ChatRenderer:
                 prefix = (bos,) + prefix  # the model wants BOS and the template did not write it
         return _State(k + 1, state.prefix_text, state.segment_texts + (delta,), prefix, state.segments + (tuple(seg),))
 
-    def _render_whole(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool) -> RenderedChat:
-        real = self._render(messages, add_generation_prompt)
-        placeholder = self._render(self._placeholders(messages), add_generation_prompt)
+    def _render_whole(
+        self, messages: Sequence[TemplateMessage], add_generation_prompt: bool, extra: dict | None = None
+    ) -> RenderedChat:
+        real = self._render(messages, add_generation_prompt, extra)
+        placeholder = self._render(self._placeholders(messages), add_generation_prompt, extra)
         ids = self._encode_delta(placeholder, real, list(messages))
         if self.tokenizer.add_bos and ids[:1] != [self.tokenizer.bos_token_id]:
             ids = [self.tokenizer.bos_token_id] + ids
@@ -329,13 +338,21 @@ class ChatRenderer:
 
     # -- text -> tokens
 
-    def _render(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool) -> str:
+    def _render(
+        self, messages: Sequence[TemplateMessage], add_generation_prompt: bool, extra: dict | None = None
+    ) -> str:
         return render_template(
             self.template,
             [{"role": m.role, "content": m.content} for m in messages],
             add_generation_prompt,
             self._special_tokens,
+            extra,
         )
+
+    @property
+    def reserved_variables(self) -> frozenset[str]:
+        """Template variables every render sets (a request's extra variables may not name them)."""
+        return RESERVED_VARIABLES | frozenset(self._special_tokens)
 
     @staticmethod
     def _placeholders(messages: Sequence[TemplateMessage]) -> list[TemplateMessage]:

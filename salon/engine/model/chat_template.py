@@ -68,14 +68,28 @@ def compile_template(source: str) -> jinja2.Template:
         raise ChatTemplateError(f"chat template does not compile: {e.message} (line {e.lineno})") from None
 
 
+# Variables every render sets: extra variables (a request's chat_template_kwargs) may not replace them.
+RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
+
+
 def render_template(
-    source: str, messages: list[dict[str, Any]], add_generation_prompt: bool, special_tokens: dict[str, str]
+    source: str,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    special_tokens: dict[str, str],
+    extra: dict[str, Any] | None = None,
 ) -> str:
-    """The template's text for `messages`; ChatTemplateError with the template's message if it raises."""
+    """The template's text for `messages`, with `extra` variables besides (none may be reserved: the special
+    tokens' names and RESERVED_VARIABLES); ChatTemplateError with the template's message if it raises."""
     template = compile_template(source)
     try:
         return template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, tools=None, documents=None, **special_tokens
+            **(extra or {}),
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=None,
+            documents=None,
+            **special_tokens,
         )
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"chat template: {e.message}") from None

@@ -137,7 +137,7 @@ class ModelRunner:
                 generators.append(request.generator)
                 histories.append(
                     request
-                    if j == 0 or not request.sampling.has_penalties
+                    if j == 0 or not (request.sampling.has_penalties or request.sampling.has_logit_masks)
                     else DraftHistory(request.prompt_token_ids, request.output_token_ids + list(drafts[:j]))
                 )
         tokens = sample(logits, params, generators, histories)

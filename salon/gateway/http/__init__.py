@@ -3,6 +3,8 @@
     app.py        the ASGI app and the uvicorn server bound to `--http-port`
     routes.py     /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /health
     probes.py     /ready, /version and /metrics (unauthenticated; /openapi.json comes from FastAPI)
+    responses.py  /v1/responses: the Responses API over the chat path, stored responses continued by id
+    responses_schema.py  its request body;  responses_answer.py  a response as a body or typed SSE events
     schemas.py    pydantic models of the request bodies (unknown and unsupported fields are refused)
     convert.py    OpenAI requests -> salon.engine.v1 requests; finish reasons, usage, log-probs back
     choices.py    running the n choices of one completion through the dispatcher (prefilled once)

@@ -18,12 +18,16 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from salon.common.errors import SalonError
+from salon.common.listen import PortTakenError, bind_problem
 from salon.common.logging import get_logger
 from salon.gateway.http import probes
 from salon.gateway.http.errors import _BY_CODE, ApiError, from_salon_error
+from salon.gateway.http.responses import router as responses_router
 from salon.gateway.http.routes import Front, router
 
 log = get_logger(__name__)
+
+_BACKLOG = 2048  # uvicorn's default
 
 
 def build_app(front: Front) -> FastAPI:
@@ -38,6 +42,7 @@ def build_app(front: Front) -> FastAPI:
     app.state.front = front
     app.include_router(router)
     app.include_router(probes.router)
+    app.include_router(responses_router)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -85,7 +90,14 @@ class HttpServer:
         # Accepted connections inherit it: a response's header and body writes go out at once instead
         # of the body waiting for the client's delayed ACK (40 ms per request on Linux).
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.bind((host, port))
+        # SO_REUSEADDR (a closed gateway's TIME_WAIT connections do not block a restart) lets another
+        # socket bind the port until this one listens: listen at once, so a second gateway's bind fails.
+        try:
+            self.sock.bind((host, port))
+            self.sock.listen(_BACKLOG)
+        except OSError as exc:
+            self.sock.close()
+            raise PortTakenError("HTTP port", host, port, bind_problem(host, port) if port else str(exc)) from exc
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(
             app,

@@ -54,6 +54,8 @@ class Completion:
         include_usage: bool,
         arrived_s: float,
         return_token_ids: bool = False,
+        choices_per_prompt: int = 1,
+        echo: list[str] | None = None,
     ):
         self.kind = kind  # "chat" or "text_completion"
         self.response_id = response_id
@@ -68,6 +70,9 @@ class Completion:
         self.arrived_s = arrived_s
         self.ttft_s: float | None = None
         self.return_token_ids = return_token_ids
+        self.choices_per_prompt = choices_per_prompt
+        # Per choice, the text echoed before its own (vLLM's echo): the prompt, or the last assistant message.
+        self.echo = echo or [""] * num_choices
         self._closed = False
 
     # ---- events ----------------------------------------------------------------------------------
@@ -98,7 +103,7 @@ class Completion:
 
     def usage(self) -> dict | None:
         finals = [c.final for c in self.choices if c.final is not None]
-        return convert.usage(finals) if len(finals) == len(self.choices) else None
+        return convert.usage(finals, self.choices_per_prompt) if len(finals) == len(self.choices) else None
 
     # ---- whole body ------------------------------------------------------------------------------
     async def body(self) -> dict:
@@ -127,7 +132,7 @@ class Completion:
         return out
 
     def _whole_choice_fields(self, c: _Choice) -> dict:
-        text = "".join(c.text)
+        text = self.echo[c.index] + "".join(c.text)
         if self.kind == "chat":
             return {
                 "index": c.index,
@@ -186,6 +191,12 @@ class Completion:
             "finish_reason": finish_reason,
         }
 
+    def _echo_choice(self, index: int) -> dict:
+        text = self.echo[index]
+        if self.kind == "chat":
+            return {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+
     async def first(self) -> ChoiceEvent | None:
         """The first event, read before the response starts (so errors get their HTTP status)."""
         try:
@@ -208,6 +219,9 @@ class Completion:
                             }
                         ]
                     )
+            for c in self.choices:
+                if self.echo[c.index]:
+                    yield self._chunk([self._echo_choice(c.index)])
             item = first
             while item is not None:
                 if item.event.HasField("final"):

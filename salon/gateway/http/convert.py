@@ -14,12 +14,19 @@ absent means the engine's default budget.
 
 from __future__ import annotations
 
+import json
+import math
+
 from pydantic import BaseModel
 
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2
 from salon.gateway.http.errors import ApiError, invalid, unsupported
 from salon.gateway.http.schemas import (
+    MAX_CACHE_SALT_BYTES,
+    MAX_CHAT_TEMPLATE_KWARGS_BYTES,
+    MAX_LOGIT_BIAS_VALUE,
+    MAX_PROMPTS,
     MAX_STOP,
     UNSUPPORTED,
     ChatCompletionRequest,
@@ -63,6 +70,23 @@ def refuse_unsupported(body: BaseModel) -> None:
             raise unsupported("service_tier", f"{body.service_tier!r} is not offered")
         if body.top_logprobs and not body.logprobs:
             raise invalid("top_logprobs", "requires logprobs to be true")
+    if body.echo and body.logprobs:
+        raise unsupported("echo", "echo with logprobs (prompt log-probabilities) is not supported")
+    max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    if body.min_tokens and max_tokens is not None and body.min_tokens > max_tokens:
+        raise invalid("min_tokens", f"{body.min_tokens} is more than max_tokens {max_tokens}")
+
+
+def logit_bias(body: SamplingFields) -> dict[int, float]:
+    """OpenAI's logit_bias: token id strings -> bias within [-100, 100]."""
+    out: dict[int, float] = {}
+    for key, bias in (body.logit_bias or {}).items():
+        if not (key.isascii() and key.isdigit()):
+            raise invalid(f"logit_bias.{key}", "keys must be token ids (decimal integers)")
+        if not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS_VALUE:
+            raise invalid(f"logit_bias.{key}", f"must be within [-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}]")
+        out[int(key)] = bias
+    return out
 
 
 def _text_of(message: ChatMessage, where: str) -> str:
@@ -144,10 +168,28 @@ def sampling_params(
         repetition_penalty=body.repetition_penalty or 0.0,
         min_p=body.min_p or 0.0,
         top_logprobs=top_logprobs,
+        ignore_eos=bool(body.ignore_eos),
+        min_tokens=body.min_tokens or 0,
+        logit_bias=logit_bias(body),
+        include_stop_str_in_output=bool(body.include_stop_str_in_output),
+        # -1: vLLM's "the model's context", i.e. keep all.
+        truncate_prompt_tokens=max(0, body.truncate_prompt_tokens or 0),
     )
     if body.seed is not None:
         sampling.seed = body.seed
+    if body.skip_special_tokens is not None:
+        sampling.skip_special_tokens = body.skip_special_tokens
+    if body.spaces_between_special_tokens is not None:
+        sampling.spaces_between_special_tokens = body.spaces_between_special_tokens
     return sampling
+
+
+def _request_controls(body: SamplingFields, request: engine_pb2.GenerateRequest) -> None:
+    request.priority = body.priority or 0
+    cache_salt = body.cache_salt or ""
+    if len(cache_salt.encode("utf-8")) > MAX_CACHE_SALT_BYTES:
+        raise invalid("cache_salt", f"more than {MAX_CACHE_SALT_BYTES} bytes")
+    request.cache_salt = cache_salt
 
 
 def chat_request(body: ChatCompletionRequest) -> tuple[engine_pb2.GenerateRequest, bytes]:
@@ -159,32 +201,59 @@ def chat_request(body: ChatCompletionRequest) -> tuple[engine_pb2.GenerateReques
         request.character.CopyFrom(character)
     max_tokens = body.max_completion_tokens or body.max_tokens
     request.sampling.CopyFrom(sampling_params(body, max_tokens, body.logprobs, body.top_logprobs or 0))
+    _request_controls(body, request)
+    if body.chat_template_kwargs:
+        encoded = json.dumps(body.chat_template_kwargs, separators=(",", ":"))
+        if len(encoded.encode("utf-8")) > MAX_CHAT_TEMPLATE_KWARGS_BYTES:
+            raise invalid("chat_template_kwargs", f"more than {MAX_CHAT_TEMPLATE_KWARGS_BYTES} bytes as JSON")
+        request.chat_template_kwargs_json = encoded
     return request, opening
 
 
-def completion_request(body: CompletionRequest) -> tuple[engine_pb2.GenerateRequest, bytes]:
-    """The engine request and the opening of a text completion (a text or token-id prompt)."""
-    refuse_unsupported(body)
+def chat_echo(body: ChatCompletionRequest) -> str:
+    """vLLM's echo for chat: the last message's text when it is the assistant's (the reply continues it)."""
+    last = body.messages[-1]
+    if not body.echo or last.role != "assistant":
+        return ""
+    return _text_of(last, f"messages[{len(body.messages) - 1}]")
+
+
+def completion_prompts(body: CompletionRequest) -> tuple[list[str | list[int]], bool]:
+    """The prompts of a text completion (one text or token-id list, or a list of either, at most MAX_PROMPTS),
+    and whether the request gave a list of them."""
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise unsupported("prompt", "one prompt per request (a list of prompts is not supported)")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise invalid("prompt", "must not be empty")
-        request = engine_pb2.GenerateRequest(text=prompt)
-        opening = prompt.encode("utf-8")
-    else:
-        if not prompt:
-            raise invalid("prompt", "must not be empty")
-        if any(t < 0 for t in prompt):
-            raise invalid("prompt", "token ids must not be negative")
-        request = engine_pb2.GenerateRequest(tokens=chat_pb2.TokenizedPrompt(token_ids=prompt))
-        opening = b"".join(int(t).to_bytes(4, "little") for t in prompt[:1024])
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid("prompt", f"at most {MAX_PROMPTS} prompts per request")
+        return list(prompt), True
+    return [prompt], False
+
+
+def completion_requests(body: CompletionRequest) -> list[tuple[engine_pb2.GenerateRequest, bytes]]:
+    """Per prompt, the engine request and the opening of a text completion (a text or token-id prompt)."""
+    refuse_unsupported(body)
+    prompts, listed = completion_prompts(body)
     k = body.logprobs
-    request.sampling.CopyFrom(sampling_params(body, body.max_tokens or 16, k is not None, k or 0))
-    return request, opening
+    sampling = sampling_params(body, body.max_tokens or 16, k is not None, k or 0)
+    out = []
+    for i, prompt in enumerate(prompts):
+        where = f"prompt[{i}]" if listed else "prompt"
+        if isinstance(prompt, str):
+            if not prompt:
+                raise invalid(where, "must not be empty")
+            request = engine_pb2.GenerateRequest(text=prompt)
+            opening = prompt.encode("utf-8")
+        else:
+            if not prompt:
+                raise invalid(where, "must not be empty")
+            if any(t < 0 for t in prompt):
+                raise invalid(where, "token ids must not be negative")
+            request = engine_pb2.GenerateRequest(tokens=chat_pb2.TokenizedPrompt(token_ids=prompt))
+            opening = b"".join(int(t).to_bytes(4, "little") for t in prompt[:1024])
+        request.sampling.CopyFrom(sampling)
+        _request_controls(body, request)
+        out.append((request, opening))
+    return out
 
 
 def _token(data: bytes) -> str:
@@ -228,19 +297,21 @@ def completion_logprobs(delta: chat_pb2.TokenDelta, text_offset: int) -> dict:
     }
 
 
-def usage(finals: list[chat_pb2.GenerateFinal]) -> dict:
-    """OpenAI usage of a completion's choices: the prompt once, the generated tokens of all; salon's
-    split of the cached tokens by source in prompt_tokens_details.cached_tokens_by_source."""
-    first = finals[0].usage
+def usage(finals: list[chat_pb2.GenerateFinal], n: int = 1) -> dict:
+    """OpenAI usage of a completion's choices (in index order, n per prompt): each prompt once, the generated
+    tokens of all; salon's split of the cached tokens by source in prompt_tokens_details.cached_tokens_by_source."""
+    firsts = [f.usage for f in finals[::n]]
+    prompt_tokens = sum(u.prompt_tokens for u in firsts)
+    device = sum(u.cached_tokens.device for u in firsts)
+    host = sum(u.cached_tokens.host for u in firsts)
     completion_tokens = sum(f.usage.generated_tokens for f in finals)
-    cached = first.cached_tokens.device + first.cached_tokens.host
     return {
-        "prompt_tokens": first.prompt_tokens,
+        "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
-        "total_tokens": first.prompt_tokens + completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {
-            "cached_tokens": cached,
-            "cached_tokens_by_source": {"device": first.cached_tokens.device, "host": first.cached_tokens.host},
+            "cached_tokens": device + host,
+            "cached_tokens_by_source": {"device": device, "host": host},
         },
     }
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2
 from salon.common.errors import SalonError
-from salon.common.logging import bind_request_context
+from salon.common.logging import bind_request_context, get_logger
 from salon.gateway import metrics
 from salon.gateway.dispatch import Dispatcher
 from salon.gateway.genai_span import set_request_attributes
@@ -49,6 +49,7 @@ ENGINE_ID_HEADER = "x-salon-engine-id"
 REQUEST_ID_HEADER = "x-request-id"
 
 _tracer = trace.get_tracer(__name__)
+log = get_logger(__name__)
 router = APIRouter()
 
 
@@ -97,14 +98,17 @@ async def parse(request: Request, model: type[BaseModel]):
     except ValueError:
         raise invalid("body", "is not valid JSON") from None
     try:
-        return model.model_validate(raw)
+        body = model.model_validate(raw)
     except ValidationError as exc:
         metrics.REFUSALS.labels(reason="invalid").inc()
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or "body"
-        if err["type"] == "extra_forbidden":
-            raise unsupported(param, "is not a supported field") from None
         raise invalid(param, err["msg"]) from None
+    if isinstance(raw, dict):
+        ignored = sorted(set(raw) - set(model.model_fields))
+        if ignored:  # as vLLM: unknown fields are ignored
+            log.debug("ignored_request_fields", fields=ignored[:32])
+    return body
 
 
 async def _complete(request: Request, body_model: type, operation: str) -> Response:
@@ -114,10 +118,12 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
     body = await parse(request, body_model)
     try:
         if operation == "chat":
-            engine_request, opening = convert.chat_request(body)
+            prompts = [convert.chat_request(body)]
+            echo = [convert.chat_echo(body)]
             logprobs = body.logprobs
         else:
-            engine_request, opening = convert.completion_request(body)
+            prompts = convert.completion_requests(body)
+            echo = None
             logprobs = body.logprobs is not None
     except ApiError:
         metrics.REFUSALS.labels(reason="invalid").inc()
@@ -137,10 +143,14 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
 
     try:
         request_id = uuid.uuid4().hex
-        engine_request.request_id = request_id
-        engine_request.conversation_id = front.conversation_id(request, tenant, opening, request_id)
-        engine_request.namespace_salt = tenant.namespace_salt
-        engine_request.namespace_grant = front.grants.for_tenant(tenant)
+        for p, (engine_request, opening) in enumerate(prompts):
+            engine_request.request_id = request_id if p == 0 else f"{request_id}-p{p}"
+            engine_request.conversation_id = front.conversation_id(request, tenant, opening, engine_request.request_id)
+            engine_request.namespace_salt = tenant.namespace_salt
+            engine_request.namespace_grant = front.grants.for_tenant(tenant)
+        engine_request = prompts[0][0]
+        if echo is None:  # after admission: a token-id prompt's text costs an engine call
+            echo = [await _prompt_text(front, r, info.model_id) if body.echo else "" for r, _ in prompts]
         # A new trace: the public port does not continue a client's trace context.
         span = _tracer.start_span(
             f"{operation} {info.model_id}",
@@ -152,7 +162,7 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         context = contextvars.copy_context()
         context.run(_enter, span, request_id, engine_request.conversation_id, tenant)
         events = run_choices(
-            front.dispatcher, engine_request, body.n, tenant.tenant_id, None, arrived_s, context, info.model_id
+            front.dispatcher, [r for r, _ in prompts], body.n, tenant.tenant_id, None, arrived_s, context, info.model_id
         )
     except BaseException:
         release()
@@ -163,7 +173,7 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         kind=operation,
         response_id=prefix + request_id,
         model=info.model_id,
-        num_choices=body.n,
+        num_choices=body.n * len(prompts),
         events=events,
         span=span,
         release=release,
@@ -171,6 +181,8 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         include_usage=bool(body.stream and stream_options and stream_options.include_usage),
         arrived_s=arrived_s,
         return_token_ids=body.return_token_ids,
+        choices_per_prompt=body.n,
+        echo=[text for text in echo for _ in range(body.n)],
     )
     headers = {REQUEST_ID_HEADER: request_id}
     if body.stream:
@@ -180,6 +192,16 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         )
     result = await completion.body()
     return JSONResponse(result, headers={**headers, ENGINE_ID_HEADER: completion.engine_id})
+
+
+async def _prompt_text(front: Front, request: engine_pb2.GenerateRequest, model_id: str) -> str:
+    """A completion prompt's text (echo): the text itself, or the token ids detokenized by an engine."""
+    if request.WhichOneof("context") == "text":
+        return request.text
+    response = await front.catalog.call_any(
+        "Detokenize", engine_pb2.DetokenizeRequest(token_ids=request.tokens.token_ids), model_id
+    )
+    return response.text
 
 
 def _enter(span, request_id: str, conversation_id: str, tenant: Tenant) -> None:

@@ -1,11 +1,13 @@
 """Request bodies of the OpenAI-compatible API as pydantic models (the response bodies are built as
 plain dicts in convert.py: they carry no validation).
 
-Every model refuses fields it does not declare, and fields declared only to be refused (tools,
-response_format with a schema, audio, ...) are listed in UNSUPPORTED with the reason: a client always
-learns that its request asked for something salon does not do, never gets a reply that ignored it.
-vLLM's extensions are accepted where salon implements them: top_k, min_p, repetition_penalty,
-stop_token_ids, add_special_tokens.
+Fields a model does not declare are ignored, as vLLM ignores them (routes.parse logs their names at
+debug). Fields salon knows but does not do (tools, response_format with a schema, audio, ...) are
+declared only to be refused, and listed in UNSUPPORTED with the reason: a client that asks for one
+learns it, never gets a reply that ignored it. vLLM's extensions are accepted with vLLM's meaning:
+top_k, min_p, repetition_penalty, stop_token_ids, add_special_tokens, ignore_eos, min_tokens, priority,
+skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output, truncate_prompt_tokens,
+cache_salt, chat_template_kwargs, echo, return_token_ids.
 """
 
 from __future__ import annotations
@@ -16,10 +18,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_N = 8
 MAX_STOP = 16
+# OpenAI's bounds of logit_bias; the engine's of the other controls (salon/engine/api/validation.py).
+MAX_LOGIT_BIAS = 300
+MAX_LOGIT_BIAS_VALUE = 100.0
+MAX_PRIORITY = 1_000_000
+MAX_CACHE_SALT_BYTES = 256
+MAX_CHAT_TEMPLATE_KWARGS_BYTES = 4096
+# A list of prompts in /v1/completions: at most this many, and n choices of each.
+MAX_PROMPTS = 16
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
 
 class StreamOptions(_Body):
@@ -58,13 +68,27 @@ class SamplingFields(_Body):
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = Field(None, max_length=64)
-    user: str | None = Field(None, max_length=256)
-    # vLLM's extension: each choice of each chunk (or the whole choice) also carries its token ids.
+    user: str | None = Field(None, max_length=256)  # accepted, used for nothing
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
+    # vLLM's extensions.
+    # Each choice of each chunk (or the whole choice) also carries its token ids.
     return_token_ids: bool = False
-    # Refused (see UNSUPPORTED); declared so the refusal can say why.
-    logit_bias: dict[str, float] | None = None
-    best_of: int | None = None
     ignore_eos: bool | None = None
+    min_tokens: int | None = Field(None, ge=0)
+    priority: int | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_BYTES)
+    echo: bool | None = None
+    # Refused (see UNSUPPORTED); declared so the refusal can say why.
+    best_of: int | None = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -73,6 +97,8 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None  # accepted, stored nowhere
     # Refused (see UNSUPPORTED).
     tools: Any = None
     tool_choice: Any = None
@@ -85,14 +111,12 @@ class ChatCompletionRequest(SamplingFields):
     web_search_options: Any = None
     reasoning_effort: Any = None
     store: bool | None = None
-    metadata: Any = None
     service_tier: str | None = None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool | None = None
     suffix: str | None = None
 
 
@@ -120,11 +144,12 @@ UNSUPPORTED: dict[str, str] = {
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
     "reasoning_effort": "reasoning models are not served",
-    "metadata": "stored completions are not supported",
-    "logit_bias": "logit_bias is not supported",
-    "ignore_eos": "ignore_eos is not supported",
-    "echo": "echo is not supported",
     "suffix": "suffix (insertion) is not supported",
+    "structured_outputs": "structured output (constrained decoding) is not supported",
+    "guided_json": "structured output (constrained decoding) is not supported",
+    "guided_regex": "structured output (constrained decoding) is not supported",
+    "guided_choice": "structured output (constrained decoding) is not supported",
+    "guided_grammar": "structured output (constrained decoding) is not supported",
 }
 
 Role = Literal["system", "developer", "user", "assistant"]

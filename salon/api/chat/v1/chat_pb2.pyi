@@ -66,7 +66,14 @@ class TokenizedPrompt(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_strings", "stop_token_ids", "return_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "top_logprobs")
+    __slots__ = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_strings", "stop_token_ids", "return_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "top_logprobs", "ignore_eos", "min_tokens", "logit_bias", "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output", "truncate_prompt_tokens")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +87,13 @@ class SamplingParams(_message.Message):
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     MIN_P_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPACES_BETWEEN_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     temperature: float
     top_k: int
@@ -93,10 +107,17 @@ class SamplingParams(_message.Message):
     repetition_penalty: float
     min_p: float
     top_logprobs: int
-    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_strings: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_logprobs: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    ignore_eos: bool
+    min_tokens: int
+    logit_bias: _containers.ScalarMap[int, float]
+    skip_special_tokens: bool
+    spaces_between_special_tokens: bool
+    include_stop_str_in_output: bool
+    truncate_prompt_tokens: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_strings: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_logprobs: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("conversation_id", "request_id", "character", "dialogue", "tokens", "text", "sampling", "model")
+    __slots__ = ("conversation_id", "request_id", "character", "dialogue", "tokens", "text", "sampling", "model", "priority", "cache_salt", "chat_template_kwargs_json")
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CHARACTER_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +126,9 @@ class GenerateRequest(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     conversation_id: str
     request_id: str
     character: Character
@@ -113,7 +137,10 @@ class GenerateRequest(_message.Message):
     text: str
     sampling: SamplingParams
     model: str
-    def __init__(self, conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., character: _Optional[_Union[Character, _Mapping]] = ..., dialogue: _Optional[_Union[Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[TokenizedPrompt, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., model: _Optional[str] = ...) -> None: ...
+    priority: int
+    cache_salt: str
+    chat_template_kwargs_json: str
+    def __init__(self, conversation_id: _Optional[str] = ..., request_id: _Optional[str] = ..., character: _Optional[_Union[Character, _Mapping]] = ..., dialogue: _Optional[_Union[Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[TokenizedPrompt, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., model: _Optional[str] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., chat_template_kwargs_json: _Optional[str] = ...) -> None: ...
 
 class CachedTokens(_message.Message):
     __slots__ = ("device", "host")

@@ -90,9 +90,10 @@ class ChatServiceServicer:
     def DeleteConversation(self, request, context):
         """DeleteConversation erases a dialogue: its cached KV on every engine (device memory) and in the
         kvstores (host memory; blocks that another live conversation of the tenant also holds, such as a
-        shared character definition, stay), and the gateway's record of where it was served. The next
-        turn of that dialogue computes its whole prompt again. UNAVAILABLE when some engine could not
-        confirm (retry: deleting is idempotent); a reply still streaming for the dialogue is ended.
+        shared character definition, stay), and the gateway's records of it: where it was served and
+        its stored responses (HTTP /v1/responses). The next turn of that dialogue computes its whole
+        prompt again. UNAVAILABLE when some engine could not confirm (retry: deleting is idempotent); a
+        reply still streaming for the dialogue is ended.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
