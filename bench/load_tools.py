@@ -37,7 +37,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.load_tools_figures import FiguresError, RunFigures, aiperf_figures, figures_table, guidellm_figures
+from bench.load_tools_figures import RunFigures, aiperf_figures, figures_table, guidellm_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = {"guidellm": "0.8.1", "aiperf": "0.13.0", "gguf": "0.19.0"}
@@ -57,6 +57,17 @@ class Workload:
     aiperf_requests: int
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where the tools send their requests and what they need to build them."""
+
+    venv: Path  # the tools' venv
+    url: str  # the server's HTTP base, http://HOST:PORT
+    api_key: str
+    model: str  # the served model's id
+    tokenizer: Path  # a Hugging Face tokenizer directory
+
+
 FULL = Workload(sync_requests=8, concurrent_requests=16, aiperf_requests=16)
 QUICK = Workload(sync_requests=2, concurrent_requests=4, aiperf_requests=4)
 
@@ -74,9 +85,9 @@ def ensure_venv(venv: Path) -> Path:
     if missing:
         print(f"installing {' '.join(missing)} into {venv}...", flush=True)
         with open(venv / "pip.log", "ab") as log:
-            subprocess.run(
-                [str(python), "-m", "pip", "install", *missing], check=True, stdout=log, stderr=subprocess.STDOUT
-            )
+            done = subprocess.run([str(python), "-m", "pip", "install", *missing], stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            raise SystemExit(f"load_tools: pip could not install {' '.join(missing)} (see {venv / 'pip.log'})")
     return python
 
 
@@ -195,15 +206,13 @@ def served_model(url: str, api_key: str) -> str:
 # ---------------------------------------------------------------- the tools
 
 
-def guidellm_argv(
-    venv: Path, url: str, api_key: str, model: str, tokenizer: Path, profile: str, num_requests: int, out: Path
-) -> list[str]:
+def guidellm_argv(target: Target, profile: str, num_requests: int, out: Path) -> list[str]:
     """guidellm's default synthetic benchmark in one profile (`synchronous` or `concurrent,streams=N`)."""
     return [
-        str(venv / "bin" / "guidellm"),
+        str(target.venv / "bin" / "guidellm"),
         "run",
         "--backend",
-        f"kind=openai_http,target={url},api_key={api_key},model={model}",
+        f"kind=openai_http,target={target.url},api_key={target.api_key},model={target.model}",
         "--profile",
         f"kind={profile}",
         "--constraint",
@@ -211,31 +220,29 @@ def guidellm_argv(
         "--data",
         f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}",
         "--tokenizer",
-        f"kind=hf_auto,model={tokenizer}",
+        f"kind=hf_auto,model={target.tokenizer}",
         "--output",
         f"kind=json,path={out}",
         "--disable-progress",
     ]
 
 
-def aiperf_argv(
-    venv: Path, url: str, api_key: str, model: str, tokenizer: Path, num_requests: int, out_dir: Path
-) -> list[str]:
+def aiperf_argv(target: Target, num_requests: int, out_dir: Path) -> list[str]:
     """aiperf's chat profile with the extra inputs it recommends for a fixed output length."""
     return [
-        str(venv / "bin" / "aiperf"),
+        str(target.venv / "bin" / "aiperf"),
         "profile",
         "--model",
-        model,
+        target.model,
         "--url",
-        url,
+        target.url,
         "--api-key",
-        api_key,
+        target.api_key,
         "--endpoint-type",
         "chat",
         "--streaming",
         "--tokenizer",
-        str(tokenizer),
+        str(target.tokenizer),
         "--synthetic-input-tokens-mean",
         str(PROMPT_TOKENS),
         "--synthetic-input-tokens-stddev",
@@ -263,6 +270,7 @@ def aiperf_argv(
 
 
 def run_tool(argv: list[str], log_path: Path, secret: str) -> int:
+    """Run one tool to its end (or TOOL_TIMEOUT_S: 124), its output in log_path; the key is not echoed."""
     print("$ " + " ".join(argv).replace(secret, "KEY"), flush=True)
     with open(log_path, "w") as log:
         try:
@@ -271,28 +279,27 @@ def run_tool(argv: list[str], log_path: Path, secret: str) -> int:
             return 124
 
 
-def run_guidellm(venv, url, key, model, tokenizer, profile, label, num_requests, out_dir) -> list[RunFigures]:
+def run_guidellm(target: Target, profile: str, label: str, num_requests: int, out_dir: Path) -> list[RunFigures]:
     out = out_dir / f"guidellm-{label}.json"
-    code = run_tool(
-        guidellm_argv(venv, url, key, model, tokenizer, profile, num_requests, out), out.with_suffix(".log"), key
-    )
+    log = out.with_suffix(".log")
+    code = run_tool(guidellm_argv(target, profile, num_requests, out), log, target.api_key)
     try:
         return guidellm_figures(json.loads(out.read_text()))
     except (OSError, ValueError, KeyError) as exc:
-        return [_failed("guidellm", label, f"exit {code}, no readable report ({exc}); log {out.with_suffix('.log')}")]
+        return [_failed("guidellm", label, f"exit {code}, no readable report ({exc}); log {log}")]
 
 
-def run_aiperf(venv, url, key, model, tokenizer, num_requests, out_dir) -> RunFigures:
-    art = out_dir / "aiperf"
+def run_aiperf(target: Target, num_requests: int, out_dir: Path) -> RunFigures:
+    artifacts, log = out_dir / "aiperf", out_dir / "aiperf.log"
     label = f"chat@{CONCURRENCY}"
-    code = run_tool(aiperf_argv(venv, url, key, model, tokenizer, num_requests, art), out_dir / "aiperf.log", key)
-    aggregate_path = art / "profile_export_aiperf.json"
+    code = run_tool(aiperf_argv(target, num_requests, artifacts), log, target.api_key)
+    aggregate_path = artifacts / "profile_export_aiperf.json"
     try:
-        records = (art / "profile_export.jsonl").read_text()
+        records = (artifacts / "profile_export.jsonl").read_text()
         aggregate = json.loads(aggregate_path.read_text()) if aggregate_path.exists() else None
         return aiperf_figures(label, records, aggregate)
     except (OSError, ValueError, KeyError) as exc:
-        return _failed("aiperf", label, f"exit {code}, no readable export ({exc}); log {out_dir / 'aiperf.log'}")
+        return _failed("aiperf", label, f"exit {code}, no readable export ({exc}); log {log}")
 
 
 def _load_avg() -> list[float]:
@@ -300,7 +307,20 @@ def _load_avg() -> list[float]:
 
 
 def _failed(tool: str, profile: str, why: str) -> RunFigures:
-    return RunFigures(tool, profile, 0, 0, 0, None, None, None, None, None, first_error=why)
+    """A run the tool left no readable output of."""
+    return RunFigures(
+        tool,
+        profile,
+        0,
+        0,
+        0,
+        ttft_ms_p50=None,
+        ttft_ms_p95=None,
+        itl_ms_p50=None,
+        itl_ms_p95=None,
+        output_tokens_per_s=None,
+        first_error=why,
+    )
 
 
 # ---------------------------------------------------------------- main
@@ -337,33 +357,21 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             print(f"starting salon up on {url} (log {server.log_path})...", flush=True)
             server.wait_up(UP_TIMEOUT_S)
-        model = served_model(url, args.api_key)
-        venv = args.venv
+        target = Target(args.venv, url, args.api_key, served_model(url, args.api_key), tokenizer)
         load["before"] = _load_avg()
-        rows += run_guidellm(
-            venv, url, args.api_key, model, tokenizer, "synchronous", "sync", work.sync_requests, out_dir
-        )
+        rows += run_guidellm(target, "synchronous", "sync", work.sync_requests, out_dir)
         load["after_guidellm_sync"] = _load_avg()
-        rows += run_guidellm(
-            venv,
-            url,
-            args.api_key,
-            model,
-            tokenizer,
-            f"concurrent,streams={CONCURRENCY}",
-            f"concurrent{CONCURRENCY}",
-            work.concurrent_requests,
-            out_dir,
-        )
+        streams = f"concurrent,streams={CONCURRENCY}"
+        rows += run_guidellm(target, streams, f"concurrent{CONCURRENCY}", work.concurrent_requests, out_dir)
         load["after_guidellm_concurrent"] = _load_avg()
-        rows.append(run_aiperf(venv, url, args.api_key, model, tokenizer, work.aiperf_requests, out_dir))
+        rows.append(run_aiperf(target, work.aiperf_requests, out_dir))
         load["after_aiperf"] = _load_avg()
     finally:
         if server is not None:
             server.stop()
 
     print()
-    print(f"salon alone at {url} (model {model}; {PROMPT_TOKENS} prompt tokens, {OUTPUT_TOKENS} output tokens)")
+    print(f"salon alone at {url} (model {target.model}; {PROMPT_TOKENS} prompt tokens, {OUTPUT_TOKENS} output tokens)")
     print("latency in ms; out tok/s: generated tokens over the run's wall time; peer: none (these tools measure")
     print("one server)")
     print(figures_table(rows))
@@ -372,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     clean = bool(rows) and all(r.clean for r in rows)
     result = {
         "quick": args.quick,
-        "model": model,
+        "model": target.model,
         "prompt_tokens": PROMPT_TOKENS,
         "output_tokens": OUTPUT_TOKENS,
         "tool_versions": {"guidellm": PINNED["guidellm"], "aiperf": PINNED["aiperf"]},
@@ -387,8 +395,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except FiguresError as exc:
-        print(f"load_tools: {exc}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(main())

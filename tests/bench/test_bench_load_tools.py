@@ -152,13 +152,14 @@ def test_script_loads_and_lists_its_flags():
 
 
 def test_commands_ask_for_the_documented_workloads(tmp_path):
-    venv, tok = tmp_path / "venv", tmp_path / "tok"
-    guidellm = load_tools.guidellm_argv(venv, "http://h:1", "k", "m", tok, "synchronous", 3, tmp_path / "g.json")
-    assert guidellm[:2] == [str(venv / "bin" / "guidellm"), "run"]
+    target = load_tools.Target(tmp_path / "venv", "http://h:1", "k", "m", tmp_path / "tok")
+    guidellm = load_tools.guidellm_argv(target, "synchronous", 3, tmp_path / "g.json")
+    assert guidellm[:2] == [str(tmp_path / "venv" / "bin" / "guidellm"), "run"]
     assert "kind=synthetic_text,prompt_tokens=256,output_tokens=128" in guidellm
     assert "kind=max_requests,count=3" in guidellm
     assert "kind=openai_http,target=http://h:1,api_key=k,model=m" in guidellm
-    aiperf = load_tools.aiperf_argv(venv, "http://h:1", "k", "m", tok, 5, tmp_path / "a")
+    assert f"kind=hf_auto,model={tmp_path / 'tok'}" in guidellm
+    aiperf = load_tools.aiperf_argv(target, 5, tmp_path / "a")
     extra = [aiperf[i + 1] for i, a in enumerate(aiperf) if a == "--extra-inputs"]
     assert extra == ["max_tokens:128", "min_tokens:128", "ignore_eos:true"]
     assert aiperf[aiperf.index("--endpoint-type") + 1] == "chat" and "--streaming" in aiperf
