@@ -49,7 +49,8 @@ RECORDED = {
         ParsedReply(None, [PARIS]),
     ),
     "generic, openai shape": (
-        '{"tool_calls": [{"type": "function", "function": {"name": "get_time", "arguments": "{\\"zone\\":\\"UTC\\"}"}}]}',
+        '{"tool_calls": [{"type": "function", "function": '
+        '{"name": "get_time", "arguments": "{\\"zone\\":\\"UTC\\"}"}}]}',
         ParsedReply(None, [NOW]),
     ),
     "plain text": ("  The sky is clear.\n", ParsedReply("  The sky is clear.\n", [])),
