@@ -160,7 +160,7 @@ def test_bad_tool_fields_are_400_naming_the_field(stack):
             dict(tools=[tool()], tool_choice={"type": "function", "function": {"name": "nope"}}),
             "tool_choice.function.name",
         ),
-        (dict(tool_choice="required"), "tool_choice"),
+        (dict(tool_choice="required"), "tool_choice: 'required' needs tools"),
         (dict(tools=[tool()], parallel_tool_calls="yes"), "parallel_tool_calls"),
         (dict(messages=call("{not json")), "messages[2].tool_calls[0].function.arguments"),
         (dict(messages=call("[1, 2]")), "messages[2].tool_calls[0].function.arguments"),
@@ -168,13 +168,17 @@ def test_bad_tool_fields_are_400_naming_the_field(stack):
         (dict(messages=opening() + [{"role": "assistant", "content": None}]), "messages[2].content"),
         (dict(functions=[{"name": "f"}]), "functions"),
         # Until the engine serves constrained decoding, a forced call is refused rather than hoped for.
-        (dict(tools=[tool()], tool_choice="required"), "tool_choice"),
-        (dict(tools=[tool()], tool_choice={"type": "function", "function": {"name": "get_weather"}}), "tool_choice"),
+        (dict(tools=[tool()], tool_choice="required"), "tool_choice: 'required' needs constrained decoding"),
+        (
+            dict(tools=[tool()], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+            "tool_choice: 'function' needs constrained decoding",
+        ),
     ]
-    for kw, param in cases:
+    for kw, message in cases:
         kw.setdefault("messages", opening())
+        param = message.split(":")[0]
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model=REAL_MODEL, max_tokens=1, **kw)
         body = err.value.body
         assert err.value.status_code == 400 and body["param"] == param, (kw, body)
-        assert body["message"].startswith(param) and body["type"] == "invalid_request_error", body
+        assert body["message"].startswith(message) and body["type"] == "invalid_request_error", body

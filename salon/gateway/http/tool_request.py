@@ -90,7 +90,9 @@ def chat_tools(body: ChatCompletionRequest, request) -> list[str]:
         # `schema` here instead of refusing (docs/tool-calling.md).
         raise unsupported("tool_choice", f"{mode!r} needs constrained decoding, which is not served yet; use 'auto'")
     request.tools.extend(converted)
-    request.tool_choice.mode = chat_pb2.TOOL_CHOICE_MODE_NONE if mode == "none" else chat_pb2.TOOL_CHOICE_MODE_AUTO
+    if converted:
+        none = mode == "none"
+        request.tool_choice.mode = chat_pb2.TOOL_CHOICE_MODE_NONE if none else chat_pb2.TOOL_CHOICE_MODE_AUTO
     if parallel is not None:
         request.parallel_tool_calls = parallel
     return [] if mode == "none" else sorted(names)
