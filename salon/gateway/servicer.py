@@ -63,6 +63,11 @@ def to_engine_request(
         engine_request.character.CopyFrom(request.character)
     if request.HasField("sampling"):
         engine_request.sampling.CopyFrom(request.sampling)
+    engine_request.tools.extend(request.tools)
+    if request.HasField("tool_choice"):
+        engine_request.tool_choice.CopyFrom(request.tool_choice)
+    if request.HasField("parallel_tool_calls"):
+        engine_request.parallel_tool_calls = request.parallel_tool_calls
     which = request.WhichOneof("context")
     if which == "dialogue":
         engine_request.dialogue.CopyFrom(request.dialogue)

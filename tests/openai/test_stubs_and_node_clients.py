@@ -128,7 +128,7 @@ def test_npm_openai_client_against_the_http_api(stack, tmp_path):
         ("bad_field", "temperature"),
         ("bad_penalty", "presence_penalty"),
         ("bad_extension", "min_p"),
-        ("unsupported", "tools"),
+        ("unsupported", "functions"),
     ]:
         assert errors[name]["status"] == 400 and errors[name]["param"] == param, (name, errors[name])
         assert errors[name]["message"].startswith(param), errors[name]

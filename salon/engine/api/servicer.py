@@ -203,7 +203,13 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         context_tokens = rt.limits.max_context_tokens
         try:
             rendered = await asyncio.to_thread(
-                renderer.render_prompt, parsed.character, parsed.messages, stop, context_tokens, template_kwargs
+                renderer.render_prompt,
+                parsed.character,
+                parsed.messages,
+                stop,
+                context_tokens,
+                template_kwargs,
+                parsed.tools,
             )
         except asyncio.CancelledError:
             stop.set()  # the client went away: the worker thread stops at the next message

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from salon.api.chat.v1 import chat_pb2
-from salon.common.errors import InvalidArgument, OutOfRange
+from salon.common import tool_specs
+from salon.common.errors import InvalidArgument, OutOfRange, Unimplemented
 from salon.common.prompt_bounds import prompt_count_problem
-from salon.engine.api.prompt import Character, ChatMessage, Role
+from salon.engine.api.prompt import Character, ChatMessage, Role, ToolCallSpec, ToolSpec
 from salon.engine.request import SamplingParams
 
 MAX_ID_BYTES = 256
@@ -45,7 +46,12 @@ MAX_PRIORITY = 1_000_000
 MAX_CACHE_SALT_BYTES = 256
 MAX_CHAT_TEMPLATE_KWARGS_BYTES = 4096
 
-_ROLES = {chat_pb2.ROLE_USER: Role.USER, chat_pb2.ROLE_CHARACTER: Role.CHARACTER, chat_pb2.ROLE_SYSTEM: Role.SYSTEM}
+_ROLES = {
+    chat_pb2.ROLE_USER: Role.USER,
+    chat_pb2.ROLE_CHARACTER: Role.CHARACTER,
+    chat_pb2.ROLE_SYSTEM: Role.SYSTEM,
+    chat_pb2.ROLE_TOOL: Role.TOOL,
+}
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,8 @@ class ParsedContext:
     messages: list[ChatMessage] | None
     prompt_token_ids: list[int] | None
     text: str | None = None
+    # The tools to render with the dialogue (none when tool_choice is NONE).
+    tools: tuple[ToolSpec, ...] = ()
 
 
 def check_ids(field: str, ids, vocab_size: int, max_count: int | None = None) -> list[int]:
@@ -109,6 +117,7 @@ def parse_context(request, limits: Limits) -> ParsedContext:
     which = request.WhichOneof("context")
     if which is None:
         raise InvalidArgument("context: one of dialogue, tokens or text is required")
+    tools = parse_tools(request)
     context = limits.max_context_tokens
     if which == "tokens":
         ids = check_ids("tokens.token_ids", request.tokens.token_ids, limits.vocab_size, context)
@@ -122,7 +131,7 @@ def parse_context(request, limits: Limits) -> ParsedContext:
     character = (
         Character(request.character.name, request.character.definition) if request.HasField("character") else None
     )
-    return ParsedContext(character, parsed, None)
+    return ParsedContext(character, parsed, None, tools=tools)
 
 
 def check_text_size(field: str, text: str, limits: Limits) -> None:
@@ -152,20 +161,92 @@ def parse_dialogue(dialogue, limits: Limits, character) -> list[ChatMessage]:
         field = f"dialogue.messages[{i}]"
         role = _ROLES.get(m.role)
         if role is None:
-            raise InvalidArgument(f"{field}.role: {m.role} is not a known role (USER, CHARACTER or SYSTEM)")
+            raise InvalidArgument(f"{field}.role: {m.role} is not a known role (USER, CHARACTER, SYSTEM or TOOL)")
         text, author = m.text, m.author
-        if bool(text) == bool(m.token_ids):
+        calls, calls_bytes = _tool_calls(field, m, role)
+        if text and m.token_ids:
             raise InvalidArgument(f"{field}: exactly one of text and token_ids must be set")
+        if not (text or m.token_ids or calls):
+            raise InvalidArgument(f"{field}: one of text and token_ids must be set (or tool_calls)")
+        if role is Role.TOOL:
+            check_id_string(f"{field}.tool_call_id", m.tool_call_id, required=True)
+        elif m.tool_call_id:
+            raise InvalidArgument(f"{field}.tool_call_id: only a TOOL message has one")
         ids = tuple(check_ids(f"{field}.token_ids", m.token_ids, limits.vocab_size, context)) if m.token_ids else None
         body_tokens = len(ids) if ids else -(-(len(text.encode()) + len(author.encode())) // piece)
-        min_tokens += limits.message_overhead_tokens + max(1, body_tokens)
-        parsed.append(ChatMessage(role=role, text=text, author=author, token_ids=ids))
+        min_tokens += limits.message_overhead_tokens + max(1, body_tokens + -(-calls_bytes // piece))
+        parsed.append(
+            ChatMessage(
+                role=role, text=text, author=author, token_ids=ids, tool_calls=calls, tool_call_id=m.tool_call_id
+            )
+        )
     if min_tokens >= context:
         raise OutOfRange(
             f"prompt: the dialogue renders to at least {min_tokens} tokens, which leave no room to "
             f"generate in the context of {context} tokens"
         )
     return parsed
+
+
+def _tool_calls(field: str, m, role: Role) -> tuple[tuple[ToolCallSpec, ...], int]:
+    """A message's tool calls (CHARACTER messages only), each checked, and their bytes."""
+    if not m.tool_calls:
+        return (), 0
+    if role is not Role.CHARACTER:
+        raise InvalidArgument(f"{field}.tool_calls: only a CHARACTER message makes tool calls")
+    if len(m.tool_calls) > tool_specs.MAX_TOOL_CALLS:
+        raise InvalidArgument(f"{field}.tool_calls: more than {tool_specs.MAX_TOOL_CALLS} calls")
+    calls, num_bytes = [], 0
+    for j, c in enumerate(m.tool_calls):
+        where = f"{field}.tool_calls[{j}]"
+        check_id_string(f"{where}.id", c.id, required=True)
+        problem = tool_specs.name_problem(c.name)
+        if problem:
+            raise InvalidArgument(f"{where}.name: {problem}")
+        _, problem = tool_specs.json_object(c.arguments_json or "{}", tool_specs.MAX_TOOL_ARGUMENTS_BYTES)
+        if problem:
+            raise InvalidArgument(f"{where}.arguments_json: {problem}")
+        num_bytes += len(c.arguments_json.encode()) + len(c.name)
+        calls.append(ToolCallSpec(c.id, c.name, c.arguments_json or "{}"))
+    return tuple(calls), num_bytes
+
+
+def parse_tools(request) -> tuple[ToolSpec, ...]:
+    """The tools to render (none when tool_choice is NONE), each checked, all within MAX_TOOLS_BYTES."""
+    choice = request.tool_choice
+    if choice.mode in (chat_pb2.TOOL_CHOICE_MODE_REQUIRED, chat_pb2.TOOL_CHOICE_MODE_FUNCTION):
+        # Next step: these need the reply constrained to a call (constrained decoding), not served yet.
+        raise Unimplemented("tool_choice: REQUIRED and FUNCTION need constrained decoding, which is not served")
+    if choice.function_name:
+        raise InvalidArgument("tool_choice.function_name: only with TOOL_CHOICE_MODE_FUNCTION")
+    if not request.tools:
+        return ()
+    if request.WhichOneof("context") != "dialogue":
+        raise InvalidArgument("tools: only with a dialogue")
+    if len(request.tools) > tool_specs.MAX_TOOLS:
+        raise InvalidArgument(f"tools: more than {tool_specs.MAX_TOOLS} tools")
+    total = sum(len(t.name) + len(t.description.encode()) + len(t.parameters_json.encode()) for t in request.tools)
+    if total > tool_specs.MAX_TOOLS_BYTES:
+        raise InvalidArgument(f"tools: more than {tool_specs.MAX_TOOLS_BYTES} bytes")
+    tools, names = [], set()
+    for i, t in enumerate(request.tools):
+        problem = tool_specs.name_problem(t.name)
+        if problem:
+            raise InvalidArgument(f"tools[{i}].name: {problem}")
+        if t.name in names:
+            raise InvalidArgument(f"tools[{i}].name: {t.name!r} is defined twice")
+        names.add(t.name)
+        if len(t.description.encode()) > tool_specs.MAX_TOOL_DESCRIPTION_BYTES:
+            raise InvalidArgument(f"tools[{i}].description: more than {tool_specs.MAX_TOOL_DESCRIPTION_BYTES} bytes")
+        parameters = None
+        if t.parameters_json:
+            parameters, problem = tool_specs.json_object(t.parameters_json, tool_specs.MAX_TOOL_PARAMETERS_BYTES)
+            if problem:
+                raise InvalidArgument(f"tools[{i}].parameters_json: {problem}")
+        tools.append(ToolSpec(t.name, t.description, parameters))
+    if choice.mode == chat_pb2.TOOL_CHOICE_MODE_NONE:
+        return ()
+    return tuple(tools)
 
 
 def parse_sampling(sampling, limits: Limits) -> SamplingParams:

@@ -4,9 +4,13 @@ Messages map onto salon's dialogue (the engine renders it prefix-stably, so turn
 
     leading system / developer messages  -> the character block (their texts joined by a blank line)
     user                                 -> ROLE_USER, `name` as the author
-    assistant                            -> ROLE_CHARACTER (the reply text exactly as salon returned it)
+    assistant                            -> ROLE_CHARACTER (the reply text exactly as salon returned it),
+                                            its tool_calls as the message's tool calls
+    tool                                 -> ROLE_TOOL with its tool_call_id
     later system / developer messages    -> ROLE_SYSTEM
-    tool, function, tool_calls, images   -> 400 naming the field
+    function, images                     -> 400 naming the field
+
+tools / tool_choice / parallel_tool_calls: tool_request.py.
 
 Sampling follows OpenAI's defaults (temperature 1 when absent); `max_tokens` / `max_completion_tokens`
 absent means the engine's default budget.
@@ -21,6 +25,7 @@ from pydantic import BaseModel
 
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2
+from salon.gateway.http import tool_request
 from salon.gateway.http.errors import ApiError, invalid, unsupported
 from salon.gateway.http.schemas import (
     MAX_CACHE_SALT_BYTES,
@@ -37,7 +42,7 @@ from salon.gateway.http.schemas import (
 from salon.gateway.routing import render_opening
 
 _SYSTEM_ROLES = ("system", "developer")
-_MESSAGE_FIELDS = {"role", "content", "name"}
+_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id"}
 
 FINISH_REASONS = {
     chat_pb2.FINISH_REASON_STOP_TOKEN: "stop",
@@ -123,27 +128,36 @@ def chat_dialogue(messages: list[ChatMessage]) -> tuple[chat_pb2.Character | Non
     for j in range(i, len(messages)):
         m, where = messages[j], f"messages[{j}]"
         _check_fields(m, where)
-        text = _text_of(m, where)
-        if m.role == "user":
+        calls = tool_request.assistant_tool_calls(m, where) if m.role == "assistant" else []
+        text = "" if calls and not m.content else _text_of(m, where)
+        if m.role == "tool":
+            call_id = tool_request.tool_call_id(m, where)
+            dialogue.messages.add(role=chat_pb2.ROLE_TOOL, text=text, tool_call_id=call_id)
+        elif m.role == "user":
             dialogue.messages.add(role=chat_pb2.ROLE_USER, author=m.name or "", text=text)
             if not first_user_seen:
                 first_user_seen = True
                 opening.append(("user", f"{m.name or ''}\n{text}"))
         elif m.role == "assistant":
-            dialogue.messages.add(role=chat_pb2.ROLE_CHARACTER, author=m.name or "", text=text)
+            dialogue.messages.add(role=chat_pb2.ROLE_CHARACTER, author=m.name or "", text=text, tool_calls=calls)
         elif m.role in _SYSTEM_ROLES:
             dialogue.messages.add(role=chat_pb2.ROLE_SYSTEM, text=text)
         else:
-            raise unsupported(f"{where}.role", f"role {m.role!r} is not supported (system, developer, user, assistant)")
+            raise unsupported(
+                f"{where}.role", f"role {m.role!r} is not supported (system, developer, user, assistant, tool)"
+            )
     if not dialogue.messages:
         raise invalid("messages", "at least one user or assistant message is required after the system messages")
     return character, dialogue, render_opening(opening)
 
 
 def _check_fields(message: ChatMessage, where: str) -> None:
+    allowed = {"assistant": "tool_calls", "tool": "tool_call_id"}.get(message.role)
     for field in sorted((message.model_extra or {}).keys()):
         if (message.model_extra or {}).get(field) is not None and field not in _MESSAGE_FIELDS:
             raise unsupported(f"{where}.{field}", f"{field!r} is not supported in messages")
+        if field in ("tool_calls", "tool_call_id") and field != allowed and (message.model_extra or {}).get(field):
+            raise invalid(f"{where}.{field}", f"not allowed in a {message.role!r} message")
 
 
 def sampling_params(
@@ -202,6 +216,7 @@ def chat_request(body: ChatCompletionRequest) -> tuple[engine_pb2.GenerateReques
     max_tokens = body.max_completion_tokens or body.max_tokens
     request.sampling.CopyFrom(sampling_params(body, max_tokens, body.logprobs, body.top_logprobs or 0))
     _request_controls(body, request)
+    tool_request.chat_tools(body, request)
     if body.chat_template_kwargs:
         encoded = json.dumps(body.chat_template_kwargs, separators=(",", ":"))
         if len(encoded.encode("utf-8")) > MAX_CHAT_TEMPLATE_KWARGS_BYTES:

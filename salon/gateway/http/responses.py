@@ -250,7 +250,7 @@ async def create_response(request: Request) -> Response:
         context = contextvars.copy_context()
         context.run(_enter, span, request_id, engine_request.conversation_id, tenant)
         events = run_choices(
-            front.dispatcher, engine_request, 1, tenant.tenant_id, None, arrived_s, context, info.model_id
+            front.dispatcher, [engine_request], 1, tenant.tenant_id, None, arrived_s, context, info.model_id
         )
     except BaseException:
         release()

@@ -183,6 +183,10 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         return_token_ids=body.return_token_ids,
         choices_per_prompt=body.n,
         echo=[text for text in echo for _ in range(body.n)],
+        tool_names=[t.name for t in engine_request.tools]
+        if engine_request.tool_choice.mode != chat_pb2.TOOL_CHOICE_MODE_NONE
+        else [],
+        parallel_tool_calls=not engine_request.HasField("parallel_tool_calls") or engine_request.parallel_tool_calls,
     )
     headers = {REQUEST_ID_HEADER: request_id}
     if body.stream:

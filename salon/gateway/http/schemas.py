@@ -2,7 +2,7 @@
 plain dicts in convert.py: they carry no validation).
 
 Fields a model does not declare are ignored, as vLLM ignores them (routes.parse logs their names at
-debug). Fields salon knows but does not do (tools, response_format with a schema, audio, ...) are
+debug). Fields salon knows but does not do (legacy functions, response_format with a schema, audio, ...) are
 declared only to be refused, and listed in UNSUPPORTED with the reason: a client that asks for one
 learns it, never gets a reply that ignored it. vLLM's extensions are accepted with vLLM's meaning:
 top_k, min_p, repetition_penalty, stop_token_ids, add_special_tokens, ignore_eos, min_tokens, priority,
@@ -99,12 +99,13 @@ class ChatCompletionRequest(SamplingFields):
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None  # accepted, stored nowhere
-    # Refused (see UNSUPPORTED).
+    # Checked in tool_request.py.
     tools: Any = None
     tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    # Refused (see UNSUPPORTED).
     functions: Any = None
     function_call: Any = None
-    parallel_tool_calls: Any = None
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
@@ -135,11 +136,8 @@ class DetokenizeRequest(_Body):
 
 # field -> why it is refused, checked when the field is present and not null (convert.py).
 UNSUPPORTED: dict[str, str] = {
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
-    "parallel_tool_calls": "tool calling is not supported",
+    "functions": "the legacy function calling is not supported; use tools",
+    "function_call": "the legacy function calling is not supported; use tools and tool_choice",
     "audio": "audio output is not supported",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
