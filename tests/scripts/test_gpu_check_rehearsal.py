@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.requirements import require_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_KEYS = {
@@ -23,8 +24,7 @@ DECODE_KEYS = {"salon_tps", "peer_tps", "salon_over_peer_median_x", "salon_over_
 @pytest.mark.parametrize("script", ["scripts/gpu_check.sh", "scripts/gpu_wheels.sh"])
 def test_scripts_parse_and_pass_shellcheck(script):
     subprocess.run(["bash", "-n", script], cwd=ROOT, check=True)
-    if shutil.which("shellcheck") is None:
-        pytest.skip("no shellcheck")
+    require_tools("shellcheck", why="Debian package shellcheck")
     subprocess.run(["shellcheck", script], cwd=ROOT, check=True)
 
 
