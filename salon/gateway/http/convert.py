@@ -8,8 +8,9 @@ Messages map onto salon's dialogue (the engine renders it prefix-stably, so turn
     later system / developer messages    -> ROLE_SYSTEM
     tool, function, tool_calls, images   -> 400 naming the field
 
-Sampling follows OpenAI's defaults (temperature 1 when absent); `max_tokens` / `max_completion_tokens`
-absent means the engine's default budget.
+Sampling fields the request omits (temperature, top_p, top_k, min_p, repetition_penalty) take the model's
+defaults, as vLLM's do (ModelInfo.default_sampling: the model file's, its card's, else temperature 1 and no
+limits); `max_tokens` / `max_completion_tokens` absent means the engine's default budget.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from salon.gateway.routing import render_opening
 
 _SYSTEM_ROLES = ("system", "developer")
 _MESSAGE_FIELDS = {"role", "content", "name"}
+# The sampling fields an omitting request leaves to the model (chat_pb2.SamplingParams.model_default_fields).
+_MODEL_DEFAULT_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 FINISH_REASONS = {
     chat_pb2.FINISH_REASON_STOP_TOKEN: "stop",
@@ -133,7 +136,7 @@ def sampling_params(
             raise invalid(f"stop[{k}]", "must not be empty")
     sampling = chat_pb2.SamplingParams(
         max_new_tokens=max_tokens or 0,
-        temperature=1.0 if body.temperature is None else body.temperature,
+        temperature=body.temperature or 0.0,
         top_k=0 if body.top_k in (None, -1) else body.top_k,
         top_p=body.top_p or 0.0,
         stop_strings=stop,
@@ -144,6 +147,7 @@ def sampling_params(
         repetition_penalty=body.repetition_penalty or 0.0,
         min_p=body.min_p or 0.0,
         top_logprobs=top_logprobs,
+        model_default_fields=[name for name in _MODEL_DEFAULT_FIELDS if getattr(body, name) is None],
     )
     if body.seed is not None:
         sampling.seed = body.seed
