@@ -148,6 +148,8 @@ def main() -> None:
                 t["tokens"] += len(ids)
                 if k == 0 and r == 0:
                     examples[name] = text
+            t = tally[name]
+            print(f"round {r} {name}: good {t['good']} of {t['replies']} so far", flush=True)
     result: dict = {
         "model": args.model,
         "openings": len(OPENINGS),

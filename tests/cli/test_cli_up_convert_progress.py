@@ -22,7 +22,7 @@ def test_the_first_conversion_prints_its_progress_under_salon_up(tmp_path):
     _gw, args = up_args(tmp_path / "state")
     args[args.index("synthetic-tiny")] = str(path)
     try:
-        result = subprocess.run([*SALON, *args, "--exit-when-serving"], capture_output=True, text=True, timeout=300)
+        result = subprocess.run([*SALON, *args, "--exit-when-serving"], capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr
         lines = [line for line in result.stdout.splitlines() if line.startswith("engine-0: convert fresh-llama")]
         body = [line.removeprefix("engine-0: convert fresh-llama to int8: ") for line in lines]

@@ -1,7 +1,7 @@
 """The newcomer's path: `salon up` with every default (as scripts/up.sh runs it), then the official openai SDKs,
 Python and Node, against the HTTP address and key its banner prints, sending no sampling: the model's
-defaults apply (SmolLM2's card: temperature 0.2, top-p 0.9), and the first chat opening of the README gets a
-reply that ends its turn. Both SDKs get the same reply for the same seed, streamed or not."""
+defaults apply (SmolLM2's card: temperature 0.2, top-p 0.9): replies are sampled, and both SDKs get the same
+reply for the same seed, streamed or not. (How well the defaults read is bench/chat_openings.py's measure.)"""
 
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 OPENING = "Hi Ada! I just moved to Lisbon. Can you recommend three things to do on my first weekend?"
 MESSAGES = [{"role": "system", "content": "You are Ada, a warm, witty engineer."}, {"role": "user", "content": OPENING}]
 SEED = 7
+MAX_TOKENS = 48
 NODE_SCRIPT = """
 import OpenAI from "openai";
-const [baseURL, apiKey, model, seed, messages] = process.argv.slice(1);
+const [baseURL, apiKey, model, seed, maxTokens, messages] = process.argv.slice(1);
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
-const request = { model, seed: Number(seed), messages: JSON.parse(messages) };
+const request = { model, seed: Number(seed), max_tokens: Number(maxTokens), messages: JSON.parse(messages) };
 const whole = await client.chat.completions.create(request);
 let text = "";
 let finish = null;
@@ -86,24 +87,28 @@ def test_defaults_then_the_python_and_node_sdks(tmp_path):
         assert (d.temperature, d.top_p, d.top_k, d.min_p, d.repetition_penalty) == pytest.approx((0.2, 0.9, 0, 0, 1))
 
         client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300)
-        whole = client.chat.completions.create(model=DEFAULT_MODEL, messages=MESSAGES, seed=SEED)
-        reply = whole.choices[0].message.content
-        assert whole.choices[0].finish_reason == "stop" and whole.usage.completion_tokens < 256, reply
-        chunks = client.chat.completions.create(model=DEFAULT_MODEL, messages=MESSAGES, seed=SEED, stream=True)
+        request = dict(model=DEFAULT_MODEL, messages=MESSAGES, seed=SEED, max_tokens=MAX_TOKENS)
+        whole = client.chat.completions.create(**request)
+        reply, finish = whole.choices[0].message.content, whole.choices[0].finish_reason
+        assert reply and 0 < whole.usage.completion_tokens <= MAX_TOKENS
+        chunks = list(client.chat.completions.create(**request, stream=True))
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [finish]
+        # The omitted fields took the model's defaults: the same as asking for them, not OpenAI's temperature 1.
+        explicit = client.chat.completions.create(**request, temperature=0.2, top_p=0.9)
+        assert explicit.choices[0].message.content == reply
+        neutral = client.chat.completions.create(**request, temperature=1.0, top_p=1.0)
+        assert neutral.choices[0].message.content != reply
         # Another seed samples another reply: the defaults do sample (temperature 0.2, not greedy).
         replies = {
-            client.chat.completions.create(model=DEFAULT_MODEL, messages=MESSAGES, seed=s, max_tokens=48)
-            .choices[0]
-            .message.content
-            for s in range(1, 5)
+            client.chat.completions.create(**{**request, "seed": s}).choices[0].message.content for s in range(1, 5)
         }
         assert len(replies) > 1, replies
 
         if not node_ok:
             pytest.skip("node or clients/node/node_modules/openai is missing: the Node half did not run")
         node = subprocess.run(
-            ["node", "--input-type=module", "-e", NODE_SCRIPT, base_url, key, DEFAULT_MODEL, str(SEED)]
+            ["node", "--input-type=module", "-e", NODE_SCRIPT, base_url, key, DEFAULT_MODEL, str(SEED), str(MAX_TOKENS)]
             + [json.dumps(MESSAGES)],
             cwd=NODE_DIR,
             capture_output=True,
@@ -114,10 +119,10 @@ def test_defaults_then_the_python_and_node_sdks(tmp_path):
         result = json.loads(node.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
         assert result == {
             "whole": reply,
-            "whole_finish": "stop",
+            "whole_finish": finish,
             "tokens": whole.usage.completion_tokens,
             "stream": reply,
-            "stream_finish": "stop",
+            "stream_finish": finish,
         }
     finally:
         up.send_signal(signal.SIGINT)
