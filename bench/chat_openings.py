@@ -34,6 +34,7 @@ from salon.cli.chat import DEFAULT_CHARACTER
 from salon.engine.api.prompt import Character, ChatMessage, PromptRenderer, Role
 from salon.engine.config import SchedulerConfig
 from salon.engine.core.engine_core import EngineCore
+from salon.engine.model.sampling_defaults import SamplingDefaults
 from salon.engine.request import FinishReason, Request, RequestId, SamplingParams
 from salon.engine.worker.model_loading import load_serving_model
 
@@ -80,21 +81,41 @@ def stays_english(text: str) -> bool:
     return ascii_share >= 0.95 and stopword_share >= 0.25
 
 
-def settings(defaults) -> dict[str, Callable[[int, int], SamplingParams]]:
+# Other settings --settings can name (candidates for a model's defaults): name -> SamplingDefaults fields.
+CANDIDATES = {
+    "t0.2_p0.9_rp1.1": {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1},
+    "t0.2_p0.9_rp1.05": {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.05},
+    "t0.7_p0.9": {"temperature": 0.7, "top_p": 0.9},
+    "t0.7_p0.9_rp1.1": {"temperature": 0.7, "top_p": 0.9, "repetition_penalty": 1.1},
+    "t0.5_minp0.1": {"temperature": 0.5, "min_p": 0.1},
+    "greedy_rp1.1": {"temperature": 0.0, "repetition_penalty": 1.1},
+}
+
+
+def sampled(defaults: SamplingDefaults) -> Callable[[int, int], SamplingParams]:
+    return lambda i, r: SamplingParams(
+        MAX_NEW_TOKENS,
+        temperature=defaults.temperature,
+        top_k=defaults.top_k,
+        top_p=defaults.top_p,
+        min_p=defaults.min_p,
+        repetition_penalty=defaults.repetition_penalty,
+        seed=1000 * r + i,
+    )
+
+
+def settings(defaults: SamplingDefaults, names: list[str]) -> dict[str, Callable[[int, int], SamplingParams]]:
     """Setting name -> (opening index, round) -> SamplingParams."""
-    return {
+    known = {
         "old": lambda i, r: SamplingParams(MAX_NEW_TOKENS, temperature=0.0, repetition_penalty=1.2),
         "greedy": lambda i, r: SamplingParams(MAX_NEW_TOKENS, temperature=0.0),
-        "model": lambda i, r: SamplingParams(
-            MAX_NEW_TOKENS,
-            temperature=defaults.temperature,
-            top_k=defaults.top_k,
-            top_p=defaults.top_p,
-            min_p=defaults.min_p,
-            repetition_penalty=defaults.repetition_penalty,
-            seed=1000 * r + i,
-        ),
+        "model": sampled(defaults),
     }
+    known |= {name: sampled(SamplingDefaults(**fields)) for name, fields in CANDIDATES.items()}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown settings {unknown} (known: {', '.join(known)})")
+    return {name: known[name] for name in names}
 
 
 def answer(core: EngineCore, prompts, params, stop_ids: frozenset[int], tag: str) -> list[tuple[list[int], bool]]:
@@ -119,6 +140,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument(
+        "--settings", default="old,greedy,model", help=f"comma-separated: old, greedy, model, {', '.join(CANDIDATES)}"
+    )
     args = ap.parse_args()
     rounds = args.rounds or (2 if args.quick else 4)
     torch.set_num_threads(args.threads)
@@ -129,7 +153,7 @@ def main() -> None:
     character = Character("Ada", DEFAULT_CHARACTER)
     prompts = [renderer.render(character, [ChatMessage(Role.USER, text)]) for text in OPENINGS]
     stop_ids = frozenset(chat.stop_token_ids)
-    by_setting = settings(loaded.sampling)
+    by_setting = settings(loaded.sampling, args.settings.split(","))
     tally = {name: {"replies": 0, "ended": 0, "english": 0, "good": 0, "tokens": 0} for name in by_setting}
     examples: dict[str, str] = {}
     started = time.monotonic()
@@ -149,7 +173,10 @@ def main() -> None:
                 if k == 0 and r == 0:
                     examples[name] = text
             t = tally[name]
-            print(f"round {r} {name}: good {t['good']} of {t['replies']} so far", flush=True)
+            print(
+                f"round {r} {name}: good {t['good']} of {t['replies']} so far ({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
     result: dict = {
         "model": args.model,
         "openings": len(OPENINGS),

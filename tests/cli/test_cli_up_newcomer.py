@@ -1,6 +1,6 @@
 """The newcomer's path: `salon up` with every default (as scripts/up.sh runs it), then the official openai SDKs,
 Python and Node, against the HTTP address and key its banner prints, sending no sampling: the model's
-defaults apply (SmolLM2's card: temperature 0.2, top-p 0.9): replies are sampled, and both SDKs get the same
+defaults apply (temperature 0.2, top-p 0.9, repetition penalty 1.1): replies are sampled, and both SDKs get the same
 reply for the same seed, streamed or not. (How well the defaults read is bench/chat_openings.py's measure.)"""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_defaults_then_the_python_and_node_sdks(tmp_path):
                 chat_pb2.GetModelInfoRequest(), metadata=(("authorization", f"Bearer {key}"),), timeout=60
             )
         d = info.model.default_sampling
-        assert (d.temperature, d.top_p, d.top_k, d.min_p, d.repetition_penalty) == pytest.approx((0.2, 0.9, 0, 0, 1))
+        assert (d.temperature, d.top_p, d.top_k, d.min_p, d.repetition_penalty) == pytest.approx((0.2, 0.9, 0, 0, 1.1))
 
         client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=300)
         request = dict(model=DEFAULT_MODEL, messages=MESSAGES, seed=SEED, max_tokens=MAX_TOKENS)
@@ -95,7 +95,9 @@ def test_defaults_then_the_python_and_node_sdks(tmp_path):
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply
         assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [finish]
         # The omitted fields took the model's defaults: the same as asking for them, not OpenAI's temperature 1.
-        explicit = client.chat.completions.create(**request, temperature=0.2, top_p=0.9)
+        explicit = client.chat.completions.create(
+            **request, temperature=0.2, top_p=0.9, extra_body={"repetition_penalty": 1.1}
+        )
         assert explicit.choices[0].message.content == reply
         neutral = client.chat.completions.create(**request, temperature=1.0, top_p=1.0)
         assert neutral.choices[0].message.content != reply

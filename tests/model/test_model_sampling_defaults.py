@@ -53,11 +53,12 @@ def test_a_value_no_request_could_set_is_refused_naming_the_key(tmp_path, key, v
         sampling_defaults(open_gguf(path), None)
 
 
-def test_smollm2_takes_its_model_cards_sampling():
-    """The shipped file has no general.sampling.* keys: the known-models table gives the card's values."""
+def test_smollm2_takes_its_known_models_entry():
+    """The shipped file has no general.sampling.* keys: the known-models table gives the card's temperature and
+    top-p and the repetition penalty bench/chat_openings.py chose."""
     mf = open_model_file("smollm2-135m-instruct")
     assert not [k for k in mf.gguf.fields if k.startswith("general.sampling.")]
-    assert mf.sampling == SamplingDefaults(temperature=0.2, top_k=0, top_p=0.9, min_p=0.0, repetition_penalty=1.0)
+    assert mf.sampling == SamplingDefaults(temperature=0.2, top_k=0, top_p=0.9, min_p=0.0, repetition_penalty=1.1)
     # The same file by path is not the known model: no card, so neutral.
     by_path = open_model_file(str(resolve_source("smollm2-135m-instruct").path))
     assert by_path.sampling == NEUTRAL == SamplingDefaults(1.0, 0, 1.0, 0.0, 1.0)

