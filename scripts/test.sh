@@ -4,7 +4,7 @@
 # model-exactness tests once more as on an AVX2 CPU (SALON_CPU_ISA=avx2). Arguments: one pytest run with them instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup_dev.sh
 # Convert the default model once (a no-op when cached) before tests start engines in parallel.
 .venv/bin/salon convert
 if [ "$#" -gt 0 ]; then

@@ -29,6 +29,7 @@ from salon.common.errors import DeadlineExceeded, Internal, InvalidArgument, Out
 from salon.common.logging import bind_request_context, get_logger
 from salon.common.prefix_hash import salted_namespace_salt
 from salon.engine import metrics
+from salon.engine.api.model_defaults import default_sampling_message, with_model_defaults
 from salon.engine.api.prompt import Character, PromptRenderer, RenderStopped, ReplyMemo
 from salon.engine.api.salted_namespaces import SaltedNamespaces
 from salon.engine.api.validation import (
@@ -49,6 +50,7 @@ from salon.engine.core.engine_loop import EngineDead, EngineLoop
 from salon.engine.core.output import RequestEvent
 from salon.engine.model.chat_renderer import ChatRenderer
 from salon.engine.model.config import ModelConfig
+from salon.engine.model.sampling_defaults import NEUTRAL, SamplingDefaults
 from salon.engine.model.tokenizer import Tokenizer
 from salon.engine.prefix.hit import PrefixHit, cacheable_prefix_tokens
 from salon.engine.prefix.host_cache import HostCache
@@ -77,6 +79,8 @@ class EngineRuntime:
     # The model's chat format (its template, or Gemma's turn format), shared by every request.
     chat: ChatRenderer
     block_size_tokens: int
+    # What a request gets for the sampling fields it leaves to the model (SamplingParams.model_default_fields).
+    sampling_defaults: SamplingDefaults = NEUTRAL
     # Cache namespace digest for a tenant's namespace salt; None when prefix caching is off.
     namespace_of: Callable[[str], bytes] | None = None
     # The kvstore (cross-turn cache in host memory); None when not configured.
@@ -129,7 +133,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             raise InvalidArgument("namespace_salt: must not hold NUL (it separates a cache_salt's sub-namespace)")
         check_request_controls(request)
         check_prompt_counts(request, limits)
-        sampling = parse_sampling(request.sampling, limits)
+        sampling = parse_sampling(with_model_defaults(request.sampling, rt.sampling_defaults), limits)
         resumed = check_ids("resume_token_ids", request.resume_token_ids, limits.vocab_size, limits.max_context_tokens)
         parsed = parse_context(request, limits)
         template_kwargs = parse_chat_template_kwargs(request.chat_template_kwargs_json, rt.chat.reserved_variables)
@@ -435,6 +439,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 architecture=cfg.architecture,
                 kv_bytes_per_token=rt.kv_bytes_per_token,
                 has_chat_template=rt.chat.has_own_template,
+                default_sampling=default_sampling_message(rt.sampling_defaults),
             )
         )
 

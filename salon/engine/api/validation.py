@@ -28,16 +28,16 @@ from salon.common import tool_specs
 from salon.common.errors import InvalidArgument, OutOfRange, Unimplemented
 from salon.common.prompt_bounds import prompt_count_problem
 from salon.engine.api.prompt import Character, ChatMessage, Role, ToolCallSpec, ToolSpec
+from salon.engine.model.sampling_defaults import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 from salon.engine.request import SamplingParams
 
 MAX_ID_BYTES = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
-MAX_TEMPERATURE = 100.0
 MAX_TOP_LOGPROBS = 20
-# vLLM's ranges: repetition_penalty > 0 (1 = none); frequency / presence in [-2, 2]; min_p in [0, 1].
-MAX_REPETITION_PENALTY = 100.0
+# vLLM's ranges: repetition_penalty > 0 (1 = none, at most MAX_REPETITION_PENALTY); frequency / presence in
+# [-2, 2]; min_p in [0, 1].
 MAX_FREQUENCY_PRESENCE_PENALTY = 2.0
 # OpenAI's bounds of logit_bias.
 MAX_LOGIT_BIAS = 300

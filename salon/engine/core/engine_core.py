@@ -312,7 +312,8 @@ def warmup(core: EngineCore, prompt_len: int = 24, new_tokens: int = 4) -> None:
     """Run one short greedy request to the end (first-call costs paid before SERVING)."""
     request = Request(
         request_id=RequestId("__warmup__"),
-        prompt_token_ids=[core.config.bos_token_id] + [1000 + i for i in range(prompt_len - 1)],
+        prompt_token_ids=[core.config.bos_token_id]
+        + [(1000 + i) % core.config.vocab_size for i in range(prompt_len - 1)],
         sampling=SamplingParams(max_new_tokens=new_tokens),
         stop_token_ids=frozenset(),
         max_context_tokens=core.config.max_context_tokens,

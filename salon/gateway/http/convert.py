@@ -12,8 +12,9 @@ Messages map onto salon's dialogue (the engine renders it prefix-stably, so turn
 
 tools / tool_choice / parallel_tool_calls: tool_request.py.
 
-Sampling follows OpenAI's defaults (temperature 1 when absent); `max_tokens` / `max_completion_tokens`
-absent means the engine's default budget.
+Sampling fields the request omits (temperature, top_p, top_k, min_p, repetition_penalty) take the model's
+defaults, as vLLM's do (ModelInfo.default_sampling: the model file's, its card's, else temperature 1 and no
+limits); `max_tokens` / `max_completion_tokens` absent means the engine's default budget.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from salon.gateway.routing import render_opening
 
 _SYSTEM_ROLES = ("system", "developer")
 _MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id"}
+# The sampling fields an omitting request leaves to the model (chat_pb2.SamplingParams.model_default_fields).
+_MODEL_DEFAULT_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 FINISH_REASONS = {
     chat_pb2.FINISH_REASON_STOP_TOKEN: "stop",
@@ -171,7 +174,7 @@ def sampling_params(
             raise invalid(f"stop[{k}]", "must not be empty")
     sampling = chat_pb2.SamplingParams(
         max_new_tokens=max_tokens or 0,
-        temperature=1.0 if body.temperature is None else body.temperature,
+        temperature=body.temperature or 0.0,
         top_k=0 if body.top_k in (None, -1) else body.top_k,
         top_p=body.top_p or 0.0,
         stop_strings=stop,
@@ -188,6 +191,7 @@ def sampling_params(
         include_stop_str_in_output=bool(body.include_stop_str_in_output),
         # -1: vLLM's "the model's context", i.e. keep all.
         truncate_prompt_tokens=max(0, body.truncate_prompt_tokens or 0),
+        model_default_fields=[name for name in _MODEL_DEFAULT_FIELDS if getattr(body, name) is None],
     )
     if body.seed is not None:
         sampling.seed = body.seed

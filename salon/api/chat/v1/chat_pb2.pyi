@@ -113,7 +113,7 @@ class TokenizedPrompt(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_strings", "stop_token_ids", "return_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "top_logprobs", "ignore_eos", "min_tokens", "logit_bias", "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output", "truncate_prompt_tokens")
+    __slots__ = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_strings", "stop_token_ids", "return_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "top_logprobs", "ignore_eos", "min_tokens", "logit_bias", "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output", "truncate_prompt_tokens", "model_default_fields")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class SamplingParams(_message.Message):
     SPACES_BETWEEN_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DEFAULT_FIELDS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     temperature: float
     top_k: int
@@ -161,7 +162,8 @@ class SamplingParams(_message.Message):
     spaces_between_special_tokens: bool
     include_stop_str_in_output: bool
     truncate_prompt_tokens: int
-    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_strings: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_logprobs: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ...) -> None: ...
+    model_default_fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop_strings: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_logprobs: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., min_p: _Optional[float] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., min_tokens: _Optional[int] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., truncate_prompt_tokens: _Optional[int] = ..., model_default_fields: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("conversation_id", "request_id", "character", "dialogue", "tokens", "text", "sampling", "model", "priority", "cache_salt", "chat_template_kwargs_json", "tools", "tool_choice", "parallel_tool_calls")
@@ -308,7 +310,7 @@ class GetModelInfoResponse(_message.Message):
     def __init__(self, model: _Optional[_Union[ModelInfo, _Mapping]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_id", "max_context_tokens", "vocab_size", "eos_token_ids", "bos_token_id", "kv_block_size_tokens", "architecture", "kv_bytes_per_token", "has_chat_template")
+    __slots__ = ("model_id", "max_context_tokens", "vocab_size", "eos_token_ids", "bos_token_id", "kv_block_size_tokens", "architecture", "kv_bytes_per_token", "has_chat_template", "default_sampling")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +320,7 @@ class ModelInfo(_message.Message):
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     max_context_tokens: int
     vocab_size: int
@@ -327,7 +330,8 @@ class ModelInfo(_message.Message):
     architecture: str
     kv_bytes_per_token: int
     has_chat_template: bool
-    def __init__(self, model_id: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., kv_block_size_tokens: _Optional[int] = ..., architecture: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., has_chat_template: _Optional[bool] = ...) -> None: ...
+    default_sampling: SamplingParams
+    def __init__(self, model_id: _Optional[str] = ..., max_context_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., kv_block_size_tokens: _Optional[int] = ..., architecture: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., has_chat_template: _Optional[bool] = ..., default_sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
