@@ -6,16 +6,30 @@ response_format with a schema, audio, ...) are listed in UNSUPPORTED with the re
 learns that its request asked for something salon does not do, never gets a reply that ignored it.
 vLLM's extensions are accepted where salon implements them: top_k, min_p, repetition_penalty,
 stop_token_ids, add_special_tokens.
+
+Every integer and list is bounded here, so validation costs at most the body's size and every value
+fits its protobuf field (uint32 counts, token ids below 2^31): a value out of range is a 400 naming
+the field, never a 500 from the conversion. Bounds that depend on the model (the context, checked
+from counts alone) are in bounds.py.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_N = 8
 MAX_STOP = 16
+MAX_UINT32 = 2**32 - 1
+# Token ids, of a prompt or to detokenize: every vocabulary is far below 2^31.
+MAX_TOKEN_ID = 2**31 - 1
+MAX_TOKEN_IDS = 1 << 17
+MAX_MESSAGES = 1 << 14
+MAX_CONTENT_PARTS = 256
+
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+TokenIds = Annotated[list[TokenId], Field(max_length=MAX_TOKEN_IDS)]
 
 
 class _Body(BaseModel):
@@ -36,7 +50,7 @@ class ContentPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # refused field by field in convert.py, naming the message
     role: str
-    content: str | list[ContentPart] | None = None
+    content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
 
 
@@ -47,17 +61,17 @@ class SamplingFields(_Body):
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_UINT32)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=MAX_UINT32)
     min_p: float | None = Field(None, ge=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=100)
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = Field(None, max_length=64)
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     user: str | None = Field(None, max_length=256)
     # vLLM's extension: each choice of each chunk (or the whole choice) also carries its token ids.
     return_token_ids: bool = False
@@ -68,8 +82,8 @@ class SamplingFields(_Body):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_UINT32)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
@@ -90,7 +104,13 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    # A list of more than one prompt is refused in convert.py (the bound only caps its cost).
+    prompt: (
+        str
+        | TokenIds
+        | Annotated[list[str], Field(max_length=MAX_N)]
+        | Annotated[list[TokenIds], Field(max_length=MAX_N)]
+    )
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None
     suffix: str | None = None
@@ -99,14 +119,14 @@ class CompletionRequest(SamplingFields):
 class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(_Body):
     model: str | None = None
-    tokens: list[int]
+    tokens: TokenIds
 
 
 # field -> why it is refused, checked when the field is present and not null (convert.py).
