@@ -386,12 +386,12 @@ def test_n_choices_count_against_the_stream_cap(stack) -> None:
         # Two streams held open: the client reads one chunk and stops (20 alternatives per token and a
         # small receive buffer keep the reply from being written out). A reply that still ends before
         # the next request is admitted is tried again: with n counted as one stream, every try is 200.
-        held = {**chat, "n": 2, "max_tokens": 4000, "stream": True, "logprobs": True, "top_logprobs": 20}
+        held = {**chat, "n": 2, "max_tokens": 4000, "seed": 7, "stream": True, "logprobs": True, "top_logprobs": 20}
         small_window = httpx.HTTPTransport(socket_options=[(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)])
         holder = httpx.Client(base_url=url, headers=_auth(KEY_CAPPED), timeout=60, transport=small_window)
         statuses = []
         with holder:
-            for _ in range(5):
+            for _ in range(10):
                 with holder.stream("POST", "/v1/chat/completions", json=held) as stream:
                     assert stream.status_code == 200
                     next(stream.iter_lines())
