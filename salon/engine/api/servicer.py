@@ -7,6 +7,10 @@ Generate, cheapest refusal first:
     stream TokenDelta events -> GenerateFinal.
 When the call is cancelled or its deadline passes, the request is aborted and its blocks freed at once.
 
+Tokenize and Detokenize: counts first (messages or ids against the context, text bytes against what
+the context can hold), then the fields, then the tokenizer / chat template in a worker thread, at most
+MAX_TOKENIZE_CALLS at a time (the rest wait their turn), so neither ever runs on the event loop.
+
 DeleteConversation ends the dialogue's requests and drops its KV on the step thread (device cache),
 forgets its remembered reply ids, then drops it in the kvstore once its in-flight puts are done.
 Only gateway identities reach these handlers (the bootstrap's AccessPolicy, salon/common/peer_identity.py).
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 import time
 import uuid
@@ -58,6 +63,9 @@ from salon.engine.request import FinishReason, Request, RequestId
 from salon.engine.resident import ResidentMeter
 
 log = get_logger(__name__)
+
+# Tokenize / Detokenize calls doing tokenizer work at once (threads): more wait, the event loop never does.
+MAX_TOKENIZE_CALLS = 2
 
 _FINISH = {
     FinishReason.STOP_TOKEN: chat_pb2.FINISH_REASON_STOP_TOKEN,
@@ -105,6 +113,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         # Requests between the queue check and submission (rendering, kvstore lookup): they count
         # against max_waiting_requests like queued ones, so renders in flight are bounded too.
         self._admitting = 0
+        self._tokenize_slots = asyncio.Semaphore(MAX_TOKENIZE_CALLS)
 
     def _ready(self) -> EngineRuntime:
         if self.runtime is None:
@@ -402,11 +411,17 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def Tokenize(self, request, context):
         rt = self._ready()
         which = request.WhichOneof("input")
+        context_tokens = rt.limits.max_context_tokens
         if which == "text":
             check_text_size("text", request.text, rt.limits)
             special = request.add_special_tokens
-            ids = await asyncio.to_thread(rt.tokenizer.encode, request.text, special, special)
+            work = functools.partial(rt.tokenizer.encode, request.text, special, special)
         elif which == "dialogue":
+            num_messages = len(request.dialogue.messages)
+            if num_messages >= context_tokens:
+                raise OutOfRange(
+                    f"dialogue.messages: {num_messages} messages cannot fit in the context of {context_tokens} tokens"
+                )
             messages = parse_dialogue(request.dialogue, rt.limits, request.character)
             character = (
                 Character(request.character.name, request.character.definition)
@@ -414,16 +429,19 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 else None
             )
             # Tokenize names no conversation, so no remembered reply ids apply: replies are tokenized as text.
-            renderer = PromptRenderer(rt.chat)
-            ids = await asyncio.to_thread(renderer.render, character, messages)
+            work = functools.partial(PromptRenderer(rt.chat).render, character, messages)
         else:
             raise InvalidArgument("input: one of text or dialogue is required")
-        return engine_pb2.TokenizeResponse(token_ids=ids, max_context_tokens=rt.limits.max_context_tokens)
+        async with self._tokenize_slots:
+            ids = await asyncio.to_thread(work)
+        return engine_pb2.TokenizeResponse(token_ids=ids, max_context_tokens=context_tokens)
 
     async def Detokenize(self, request, context):
         rt = self._ready()
-        ids = check_ids("token_ids", request.token_ids, rt.limits.vocab_size)
-        return engine_pb2.DetokenizeResponse(text=rt.tokenizer.decode(ids))
+        ids = check_ids("token_ids", request.token_ids, rt.limits.vocab_size, rt.limits.max_context_tokens)
+        async with self._tokenize_slots:
+            text = await asyncio.to_thread(rt.tokenizer.decode, ids)
+        return engine_pb2.DetokenizeResponse(text=text)
 
     async def GetModelInfo(self, request, context):
         rt = self._ready()

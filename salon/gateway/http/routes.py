@@ -1,5 +1,8 @@
 """The endpoints. Each one authenticates first (401 before anything is parsed), then validates the body
-(400 naming the field), resolves the model (404), is admitted (429), and only then reaches an engine.
+(400 naming the field; parsed off the loop when large, body_parse.py), resolves the model (404), checks
+the body's counts against its context (bounds.py), is admitted (429: tokenize and detokenize as well
+as completions, and a completion of n choices counts n streams), and only then reaches an engine.
+The body itself was bounded before any of this (413, body_limit.py).
 
     POST /v1/chat/completions   chat (stream or not)            POST /tokenize    vLLM's shape
     POST /v1/completions        text or token-id prompt          POST /detokenize  vLLM's shape
@@ -11,14 +14,14 @@ from __future__ import annotations
 import contextvars
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2
@@ -29,10 +32,12 @@ from salon.gateway.dispatch import Dispatcher
 from salon.gateway.genai_span import set_request_attributes
 from salon.gateway.grants import Grants
 from salon.gateway.http import convert
+from salon.gateway.http.body_parse import BodyParser, BodyProblem
+from salon.gateway.http.bounds import check_fits
 from salon.gateway.http.catalog import ModelCatalog
 from salon.gateway.http.choices import run_choices
 from salon.gateway.http.completion import Completion
-from salon.gateway.http.errors import ApiError, from_salon_error, invalid, unsupported
+from salon.gateway.http.errors import ApiError, from_salon_error, invalid, too_large, unsupported
 from salon.gateway.http.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -63,6 +68,7 @@ class Front:
     catalog: ModelCatalog
     grants: Grants
     opening_max_bytes: int = OPENING_MAX_BYTES
+    parser: BodyParser = field(default_factory=BodyParser)
 
     def authenticate(self, request: Request) -> Tenant:
         tenant = self.tenants.authenticate(request.headers.get("authorization"))
@@ -86,29 +92,37 @@ class Front:
             opening_conversation_id(tenant.namespace_salt, opening, self.opening_max_bytes) or f"~request/{request_id}"
         )
 
+    def admit(self, tenant: Tenant, num_streams: int = 1) -> None:
+        """Take `num_streams` of the tenant's streams and a rate token (release them after), or 429/400."""
+        limit = tenant.max_concurrent_streams
+        if limit is not None and num_streams > limit:
+            metrics.REFUSALS.labels(reason="invalid").inc()
+            raise invalid("n", f"{num_streams} choices are more than this key's limit of {limit} concurrent streams")
+        refusal = self.admission.admit(tenant, time.monotonic(), num_streams)
+        if refusal is not None:
+            metrics.REFUSALS.labels(reason=refusal.reason).inc()
+            raise ApiError(
+                429, refusal.message, "rate_limit_error", "rate_limit_exceeded", None, refusal.retry_after_ms
+            )
+
 
 def _front(request: Request) -> Front:
     return request.app.state.front
 
 
 async def parse(request: Request, model: type[BaseModel]):
-    """The body as `model`, or a 400 naming the first offending field."""
-    try:
-        raw = await request.json()
-    except ValueError:
-        raise invalid("body", "is not valid JSON") from None
-    try:
-        body = model.model_validate(raw)
-    except ValidationError as exc:
-        metrics.REFUSALS.labels(reason="invalid").inc()
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or "body"
-        raise invalid(param, err["msg"]) from None
-    if isinstance(raw, dict):
-        ignored = sorted(set(raw) - set(model.model_fields))
-        if ignored:  # as vLLM: unknown fields are ignored
-            log.debug("ignored_request_fields", fields=ignored[:32])
-    return body
+    """The body as `model`, or a 400 (413) naming the first offending field."""
+    result = await _front(request).parser.parse(await request.body(), model)
+    if not isinstance(result, BodyProblem):
+        return result
+    metrics.REFUSALS.labels(reason="invalid").inc()
+    if result.unsupported:
+        raise unsupported(result.param, result.message)
+    if result.status == 413:
+        raise too_large(result.param, result.message)
+    if result.status == 503:
+        raise ApiError(503, f"{result.param}: {result.message}", "service_unavailable", "parser_restarted")
+    raise invalid(result.param, result.message)
 
 
 async def _complete(request: Request, body_model: type, operation: str) -> Response:
@@ -116,7 +130,9 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
     front = _front(request)
     tenant = front.authenticate(request)
     body = await parse(request, body_model)
+    info = await front.catalog.resolve(body.model)
     try:
+        check_fits(body, info)
         if operation == "chat":
             prompts = [convert.chat_request(body)]
             echo = [convert.chat_echo(body)]
@@ -128,18 +144,14 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
     except ApiError:
         metrics.REFUSALS.labels(reason="invalid").inc()
         raise
-    info = await front.catalog.resolve(body.model)
-    refusal = front.admission.admit(tenant, time.monotonic())
-    if refusal is not None:
-        metrics.REFUSALS.labels(reason=refusal.reason).inc()
-        raise ApiError(429, refusal.message, "rate_limit_error", "rate_limit_exceeded", None, refusal.retry_after_ms)
+    front.admit(tenant, body.n)
     released = False
 
     def release() -> None:
         nonlocal released
         if not released:
             released = True
-            front.admission.release(tenant)
+            front.admission.release(tenant, body.n)
 
     try:
         request_id = uuid.uuid4().hex
@@ -255,6 +267,7 @@ async def tokenize(request: Request) -> Response:
     tenant = front.authenticate(request)
     body: TokenizeRequest = await parse(request, TokenizeRequest)
     info = await front.catalog.resolve(body.model)
+    check_fits(body, info)
     if (body.prompt is None) == (body.messages is None):
         raise invalid("prompt", "give exactly one of prompt and messages")
     if body.prompt is not None:
@@ -269,7 +282,11 @@ async def tokenize(request: Request) -> Response:
         engine_request = engine_pb2.TokenizeRequest(dialogue=dialogue, namespace_salt=tenant.namespace_salt)
         if character is not None:
             engine_request.character.CopyFrom(character)
-    response = await front.catalog.call_any("Tokenize", engine_request, info.model_id)
+    front.admit(tenant)
+    try:
+        response = await front.catalog.call_any("Tokenize", engine_request, info.model_id)
+    finally:
+        front.admission.release(tenant)
     return JSONResponse(
         {
             "count": len(response.token_ids),
@@ -283,14 +300,17 @@ async def tokenize(request: Request) -> Response:
 @router.post("/detokenize")
 async def detokenize(request: Request) -> Response:
     front = _front(request)
-    front.authenticate(request)
+    tenant = front.authenticate(request)
     body: DetokenizeRequest = await parse(request, DetokenizeRequest)
     info = await front.catalog.resolve(body.model)
-    if any(t < 0 for t in body.tokens):
-        raise invalid("tokens", "token ids must not be negative")
-    response = await front.catalog.call_any(
-        "Detokenize", engine_pb2.DetokenizeRequest(token_ids=body.tokens), info.model_id
-    )
+    check_fits(body, info)
+    front.admit(tenant)
+    try:
+        response = await front.catalog.call_any(
+            "Detokenize", engine_pb2.DetokenizeRequest(token_ids=body.tokens), info.model_id
+        )
+    finally:
+        front.admission.release(tenant)
     return JSONResponse({"prompt": response.text})
 
 

@@ -1,18 +1,22 @@
 """Request bodies of the OpenAI-compatible API as pydantic models (the response bodies are built as
 plain dicts in convert.py: they carry no validation).
 
-Fields a model does not declare are ignored, as vLLM ignores them (routes.parse logs their names at
-debug). Fields salon knows but does not do (legacy functions, response_format with a schema, audio, ...) are
+Fields a model does not declare are ignored, as vLLM ignores them. Fields salon knows but does not do (legacy functions, response_format with a schema, audio, ...) are
 declared only to be refused, and listed in UNSUPPORTED with the reason: a client that asks for one
 learns it, never gets a reply that ignored it. vLLM's extensions are accepted with vLLM's meaning:
 top_k, min_p, repetition_penalty, stop_token_ids, add_special_tokens, ignore_eos, min_tokens, priority,
 skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output, truncate_prompt_tokens,
 cache_salt, chat_template_kwargs, echo, return_token_ids.
+
+Every integer and list is bounded here, so validation costs at most the body's size and every value
+fits its protobuf field (uint32 counts, token ids below 2^31): a value out of range is a 400 naming
+the field, never a 500 from the conversion. Bounds that depend on the model (the context, checked
+from counts alone) are in bounds.py.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +30,15 @@ MAX_CACHE_SALT_BYTES = 256
 MAX_CHAT_TEMPLATE_KWARGS_BYTES = 4096
 # A list of prompts in /v1/completions: at most this many, and n choices of each.
 MAX_PROMPTS = 16
+MAX_UINT32 = 2**32 - 1
+# Token ids, of a prompt or to detokenize: every vocabulary is far below 2^31.
+MAX_TOKEN_ID = 2**31 - 1
+MAX_TOKEN_IDS = 1 << 17
+MAX_MESSAGES = 1 << 14
+MAX_CONTENT_PARTS = 256
+
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+TokenIds = Annotated[list[TokenId], Field(max_length=MAX_TOKEN_IDS)]
 
 
 class _Body(BaseModel):
@@ -46,7 +59,7 @@ class ContentPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # refused field by field in convert.py, naming the message
     role: str
-    content: str | list[ContentPart] | None = None
+    content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
 
 
@@ -57,17 +70,17 @@ class SamplingFields(_Body):
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_UINT32)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=MAX_UINT32)
     min_p: float | None = Field(None, ge=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=100)
     seed: int | None = Field(None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = Field(None, max_length=64)
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     user: str | None = Field(None, max_length=256)  # accepted, used for nothing
     logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
     # vLLM's extensions.
@@ -92,8 +105,8 @@ class SamplingFields(_Body):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_UINT32)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
@@ -116,7 +129,13 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    # A list of prompts: one completion each (convert.completion_requests), at most MAX_PROMPTS.
+    prompt: (
+        str
+        | TokenIds
+        | Annotated[list[str], Field(max_length=MAX_PROMPTS)]
+        | Annotated[list[TokenIds], Field(max_length=MAX_PROMPTS)]
+    )
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
 
@@ -124,14 +143,14 @@ class CompletionRequest(SamplingFields):
 class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
 
 
 class DetokenizeRequest(_Body):
     model: str | None = None
-    tokens: list[int]
+    tokens: TokenIds
 
 
 # field -> why it is refused, checked when the field is present and not null (convert.py).
