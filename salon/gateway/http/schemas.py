@@ -1,12 +1,12 @@
 """Request bodies of the OpenAI-compatible API as pydantic models (the response bodies are built as
 plain dicts in convert.py: they carry no validation).
 
-Fields a model does not declare are ignored, as vLLM ignores them. Fields salon knows but does not do (legacy functions, response_format with a schema, audio, ...) are
-declared only to be refused, and listed in UNSUPPORTED with the reason: a client that asks for one
-learns it, never gets a reply that ignored it. vLLM's extensions are accepted with vLLM's meaning:
-top_k, min_p, repetition_penalty, stop_token_ids, add_special_tokens, ignore_eos, min_tokens, priority,
-skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output, truncate_prompt_tokens,
-cache_salt, chat_template_kwargs, echo, return_token_ids.
+Fields a model does not declare are ignored, as vLLM ignores them. Fields salon knows but does not do (legacy
+functions, audio, ...) are declared only to be refused, and listed in UNSUPPORTED with the reason: a client
+that asks for one learns it, never gets a reply that ignored it. vLLM's extensions are accepted with vLLM's
+meaning: top_k, min_p, repetition_penalty, stop_token_ids, add_special_tokens, ignore_eos, min_tokens,
+priority, skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output,
+truncate_prompt_tokens, cache_salt, chat_template_kwargs, echo, return_token_ids.
 
 Every integer and list is bounded here, so validation costs at most the body's size and every value
 fits its protobuf field (uint32 counts, token ids below 2^31): a value out of range is a 400 naming
