@@ -26,6 +26,7 @@ from salon.api.chat.v1 import chat_pb2
 from salon.common.errors import InvalidArgument, OutOfRange
 from salon.common.prompt_bounds import prompt_count_problem
 from salon.engine.api.prompt import Character, ChatMessage, Role
+from salon.engine.grammar.constraint import Constraint, ConstraintKind, checked
 from salon.engine.request import SamplingParams
 
 MAX_ID_BYTES = 256
@@ -201,7 +202,33 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
         frequency_penalty=frequency,
         presence_penalty=presence,
         min_p=min_p,
+        constraint=parse_constraint(sampling),
     )
+
+
+def parse_constraint(sampling) -> Constraint | None:
+    """sampling.constraint as a checked Constraint (sizes only; compiling it is the grammar compiler's)."""
+    if not sampling.HasField("constraint"):
+        return None
+    c = sampling.constraint
+    kind = c.WhichOneof("kind")
+    if kind is None:
+        raise InvalidArgument(
+            "sampling.constraint: one of json_object, json_schema, regex, grammar, choice is required"
+        )
+    if kind == "json_object":
+        if not c.json_object:
+            raise InvalidArgument("sampling.constraint.json_object: must be true when set")
+        constraint = Constraint(ConstraintKind.JSON_OBJECT)
+    elif kind == "json_schema":
+        constraint = Constraint(ConstraintKind.JSON_SCHEMA, c.json_schema.schema, strict=c.json_schema.strict)
+    elif kind == "regex":
+        constraint = Constraint(ConstraintKind.REGEX, c.regex)
+    elif kind == "grammar":
+        constraint = Constraint(ConstraintKind.GRAMMAR, c.grammar)
+    else:
+        constraint = Constraint(ConstraintKind.CHOICE, choices=tuple(c.choice.choices))
+    return checked(constraint)
 
 
 def check_penalties(repetition_penalty: float, frequency_penalty: float, presence_penalty: float, min_p: float) -> None:

@@ -27,6 +27,7 @@ from salon.gateway.http.schemas import (
     CompletionRequest,
     SamplingFields,
 )
+from salon.gateway.http.structured import constraint_of
 from salon.gateway.routing import render_opening
 
 _SYSTEM_ROLES = ("system", "developer")
@@ -50,11 +51,6 @@ def refuse_unsupported(body: BaseModel) -> None:
     if getattr(body, "best_of", None) not in (None, 1):
         raise unsupported("best_of", "best_of is not supported; use n")
     if isinstance(body, ChatCompletionRequest):
-        if body.response_format is not None and body.response_format.get("type", "text") != "text":
-            raise unsupported(
-                "response_format",
-                f"type {body.response_format.get('type')!r} is not supported (structured output); only 'text'",
-            )
         if body.modalities is not None and body.modalities != ["text"]:
             raise unsupported("modalities", "only ['text'] is supported")
         if body.store:
@@ -147,6 +143,9 @@ def sampling_params(
     )
     if body.seed is not None:
         sampling.seed = body.seed
+    constraint = constraint_of(body)
+    if constraint is not None:
+        sampling.constraint.CopyFrom(constraint)
     return sampling
 
 

@@ -2,10 +2,10 @@
 plain dicts in convert.py: they carry no validation).
 
 Every model refuses fields it does not declare, and fields declared only to be refused (tools,
-response_format with a schema, audio, ...) are listed in UNSUPPORTED with the reason: a client always
+audio, ...) are listed in UNSUPPORTED with the reason: a client always
 learns that its request asked for something salon does not do, never gets a reply that ignored it.
 vLLM's extensions are accepted where salon implements them: top_k, min_p, repetition_penalty,
-stop_token_ids, add_special_tokens.
+stop_token_ids, add_special_tokens, structured_outputs and the older guided_* fields (structured.py).
 """
 
 from __future__ import annotations
@@ -61,6 +61,12 @@ class SamplingFields(_Body):
     user: str | None = Field(None, max_length=256)
     # vLLM's extension: each choice of each chunk (or the whole choice) also carries its token ids.
     return_token_ids: bool = False
+    # Structured output (structured.py): vLLM's structured_outputs and its older guided_* fields.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # Refused (see UNSUPPORTED); declared so the refusal can say why.
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None
@@ -94,6 +100,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool | None = None
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class TokenizeRequest(_Body):
