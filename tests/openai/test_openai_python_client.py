@@ -202,8 +202,12 @@ def test_error_statuses(stack, tmp_path):
     cases = [
         (dict(temperature=5), "temperature"),
         (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-        (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}), "response_format"),
-        (dict(extra_body={"guided_json": {}}), "guided_json"),
+        (
+            dict(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+            "response_format.json_schema.schema",
+        ),
+        (dict(response_format={"type": "grammar"}), "response_format.type"),
+        (dict(extra_body={"guided_json": []}), "guided_json"),
         (dict(n=0), "n"),
         (dict(top_logprobs=2), "top_logprobs"),
         (
