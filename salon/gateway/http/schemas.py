@@ -63,7 +63,7 @@ class SamplingFields(_Body):
     return_token_ids: bool = False
     # Structured output (structured.py): vLLM's structured_outputs and its older guided_* fields.
     structured_outputs: dict[str, Any] | None = None
-    guided_json: dict[str, Any] | str | None = None
+    guided_json: Any = None  # a schema (object or JSON text), checked in structured.py
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
