@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import zlib
 
 import pytest
 import torch
@@ -19,7 +20,9 @@ from salon.engine.grammar.constraint import MAX_SCHEMA_BYTES, Constraint, Constr
 from salon.engine.model.loader import open_model_file
 from salon.engine.model.tokenizer import Tokenizer
 from salon.engine.request import SamplingParams
+from salon.engine.worker.device_sampler import DeviceSampler
 from salon.engine.worker.sampler import kept_tokens, sample
+from tests.engine.test_engine_device_sampler import VOCAB, chunks_of, requests, step_logits
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -133,3 +136,33 @@ def test_a_constrained_row_is_sampled_over_its_allowed_tokens_by_the_rule(vocab)
             cumulative = torch.cumsum(weights, 0)
             i = min(int(torch.searchsorted(cumulative, u * cumulative[-1], right=True)), weights.numel() - 1)
             assert tokens[r] == int(ids[order[i]]), (seed, r)
+
+
+def masked_step(reqs, step: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's logits for the requests, every row masked by a bitmask that depends only on (request, step)."""
+    logits = torch.stack([step_logits(r.request_id, step) for r in reqs])
+    masks = []
+    for r in reqs:
+        g = torch.Generator().manual_seed(zlib.crc32(f"mask:{r.request_id}:{step}".encode()))
+        masks.append(torch.randint(-(2**31), 2**31 - 1, ((VOCAB + 31) // 32,), generator=g, dtype=torch.int32))
+        masks[-1][: (step % 3) * 8] = 0  # some rows allow far fewer tokens
+    bitmask = torch.stack(masks)
+    logits = logits.to(device)
+    apply_bitmask(logits, list(range(len(reqs))), bitmask)
+    return logits, allowed_tokens(bitmask, VOCAB)
+
+
+def test_masked_rows_through_the_device_sampler_are_the_host_samplers():
+    """On CPU tensors the device sampler draws the host sampler's tokens: masked rows too, only allowed ones."""
+    device_reqs, host_reqs = requests(), requests()
+    sampler = DeviceSampler("cpu")
+    for step in range(6):
+        logits, allowed = masked_step(device_reqs, step, "cpu")
+        got, _, _ = sampler.sample(logits, chunks_of(device_reqs))
+        rows = range(len(host_reqs))
+        want = sample(logits, [r.sampling for r in host_reqs], [r.generator for r in host_reqs], host_reqs, set(rows))
+        assert [t.token_id for t in got] == [t.token_id for t in want], step
+        assert all(allowed[r, t.token_id] for r, t in zip(rows, got))
+        for d, h, t in zip(device_reqs, host_reqs, got):
+            d.output_token_ids.append(t.token_id)
+            h.output_token_ids.append(t.token_id)
