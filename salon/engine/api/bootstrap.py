@@ -151,7 +151,13 @@ class EngineService:
             sliding_window_tokens=max((layer.sliding_window_tokens or 0 for layer in model_cfg.layers), default=0),
             kv_bytes_per_token=core.layout.page_bytes // core.layout.block_size_tokens,
             grammars=GrammarCompiler(
-                core.tokenizer, tuple(sorted(set(model_cfg.eos_token_ids) | set(chat.stop_token_ids))), GrammarLimits()
+                core.tokenizer,
+                tuple(sorted(set(model_cfg.eos_token_ids) | set(chat.stop_token_ids))),
+                GrammarLimits(
+                    self.config.grammar_cache_bytes,
+                    self.config.grammar_compile_timeout_s,
+                    self.config.grammar_compile_threads,
+                ),
             ),
             resident=ResidentMeter(
                 core.model.weight_bytes() + packed_bytes(),
@@ -201,3 +207,6 @@ class EngineService:
             await asyncio.to_thread(self._loop.stop)
         if self._host is not None:
             await self._host.close()
+        runtime = self.servicer.runtime
+        if runtime is not None and runtime.grammars is not None:
+            runtime.grammars.close()

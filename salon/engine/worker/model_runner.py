@@ -3,7 +3,7 @@ calls the model (decode-only steps through cuda_graphs.py where padding or captu
 
 Constrained rows (requests with a grammar): their token bitmasks are filled on a helper thread while the
 model runs (a row's mask depends only on the request's kept tokens, all known when the step starts; the
-grammar library and the model's kernels both release the GIL), then applied to the logits (-inf at the
+model's kernels release the GIL while they run), then applied to the logits (-inf at the
 disallowed tokens, grammar/bitmask.py) before any sampling path: the greedy fast path, the device sampler
 and the host sampler all see the masked rows.
 
