@@ -1,8 +1,8 @@
 """Structured output through the official `openai` package against a real SmolLM2-135M stack (one engine, a
-gateway serving the HTTP API and the public gRPC API): `.parse()` with a pydantic model, a strict schema with
-enums, a nested object, arrays and integer bounds sampled at temperature 1 with 20 seeds, regex and choice
-through vLLM's fields, json_object on completions, a constraint over gRPC, and bad constraints refused with a
-400 naming them. Without the token mask the 135M model writes none of these."""
+gateway serving the HTTP API and the public gRPC API): `.parse()` with a pydantic model (on Gemma 3 270M too),
+a strict schema with enums, a nested object, arrays and integer bounds sampled at temperature 1 with 20 seeds,
+regex and choice through vLLM's fields, json_object on completions, a constraint over gRPC, and bad
+constraints refused with a 400 naming them. Without the token mask the 135M model writes none of these."""
 
 from __future__ import annotations
 
@@ -82,9 +82,27 @@ def client(stack):
     return openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=300)
 
 
-def test_parse_with_a_pydantic_model(client):
+@pytest.fixture(scope="module")
+def gemma_client(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("structured-gemma")
+    engine = gateway = None
+    try:
+        engine = start_engine("g0", tmp, extra=["--model", "gemma-3-270m"])
+        tenants = tmp / "tenants.json"
+        tenants.write_text(json.dumps(TENANTS))
+        gateway = start_gateway({"g0": engine}, tenants, tmp, extra=["--http-port", "0"])
+        wait_gateway_sees(gateway, 1)
+        url = f"http://127.0.0.1:{gateway.extra_ports['http_port']}/v1"
+        yield openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=300)
+    finally:
+        stop_all([gateway, engine])
+
+
+@pytest.mark.parametrize("model", [MODEL, "gemma-3-270m"])
+def test_parse_with_a_pydantic_model(request, model):
+    client = request.getfixturevalue("client" if model == MODEL else "gemma_client")
     completion = client.chat.completions.parse(
-        model=MODEL, messages=MESSAGES, response_format=CharacterState, max_tokens=200, seed=7
+        model=model, messages=MESSAGES, response_format=CharacterState, max_tokens=200, seed=7
     )
     choice = completion.choices[0]
     assert choice.finish_reason == "stop"
