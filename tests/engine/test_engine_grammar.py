@@ -1,6 +1,6 @@
 """Constrained rows in the engine core: the reply stays in its constraint and ends with it, and a constrained
-row's tokens do not depend on its batch, on chunking or on a cache hit (synthetic-tiny: random weights over
-the Gemma vocabulary, so without the mask its tokens would be anything)."""
+row's tokens do not depend on its batch, on chunking or on a cache hit, and it gets no speculative drafts
+(synthetic-tiny: random weights over the Gemma vocabulary, so without the mask its tokens would be anything)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from salon.engine.grammar.constraint import Constraint, ConstraintKind
 from salon.engine.grammar.matcher import RequestGrammar
 from salon.engine.request import FinishReason
 from salon.engine.worker.model_loading import load_model
+from tests.engine.test_engine_speculative import OracleProposer, record_steps
 from tests.engine_testlib import make_core, make_request, run, tokens
 
 REGEX = r"(cat|dog|bird)-[0-9]{2,4}"
@@ -66,3 +67,28 @@ def test_a_constrained_row_is_the_same_alone_batched_chunked_and_cached(model_an
     assert stop in compiler.stop_token_ids
     assert chunked_out["c"] == batched_out["c"] == cached_out["c"] == alone_out["c"]
     assert tok.decode(batched_out["z"][:-1]) in ("left", "right")
+
+
+def test_constrained_rows_get_no_drafts(model_and_tokenizer, compiler):
+    """Speculative decoding proposes drafts for the free row (the positive control) and never for the constrained
+    one; both give the tokens of a run without drafts."""
+    regex = Constraint(ConstraintKind.REGEX, REGEX)
+
+    def pair():
+        return [
+            constrained(compiler, "c", 1, regex, temperature=1.0, seed=11),
+            make_request("f", tokens(30, 2), 24),
+        ]
+
+    plain, _ = run(make_core(model_and_tokenizer), pair())
+    requests = pair()
+    reference = {r.request_id: list(r.prompt_token_ids) + plain[r.request_id] for r in requests}
+    core = make_core(model_and_tokenizer, speculative_tokens=3)
+    core.scheduler.proposer = OracleProposer(3, reference, lambda p: False)
+    steps = record_steps(core)
+    drafted, _ = run(core, requests)
+    assert drafted == plain
+    drafts = {
+        rid: sum(c.num_draft_tokens for o in steps for c in o.chunks if c.request.request_id == rid) for rid in "cf"
+    }
+    assert drafts["f"] > 0 and drafts["c"] == 0, drafts
