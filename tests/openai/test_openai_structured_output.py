@@ -1,8 +1,9 @@
 """Structured output through the official `openai` package against a real SmolLM2-135M stack (one engine, a
-gateway serving the HTTP API and the public gRPC API): `.parse()` with a pydantic model (on Gemma 3 270M too),
-a strict schema with enums, a nested object, arrays and integer bounds sampled at temperature 1 with 20 seeds,
-regex and choice through vLLM's fields, json_object on completions, a constraint over gRPC, and bad
-constraints refused with a 400 naming them. Without the token mask the 135M model writes none of these."""
+gateway serving the HTTP API and the public gRPC API): `.parse()` with a pydantic model (on Gemma 3 270M too,
+and through the Responses API), a strict schema with enums, a nested object, arrays and integer bounds sampled
+at temperature 1 with 20 seeds, regex and choice through vLLM's fields, json_object on completions, a
+constraint over gRPC, and bad constraints refused with a 400 naming them. Without the token mask the 135M model
+writes none of these."""
 
 from __future__ import annotations
 
@@ -108,6 +109,19 @@ def test_parse_with_a_pydantic_model(request, model):
     assert choice.finish_reason == "stop"
     assert isinstance(choice.message.parsed, CharacterState)
     assert CharacterState.model_validate_json(choice.message.content) == choice.message.parsed
+
+
+def test_responses_parse_with_a_pydantic_model(client):
+    response = client.responses.parse(
+        model=MODEL,
+        instructions=MESSAGES[0]["content"],
+        input=MESSAGES[1]["content"],
+        text_format=CharacterState,
+        max_output_tokens=200,
+        temperature=0,
+    )
+    assert isinstance(response.output_parsed, CharacterState)
+    assert CharacterState.model_validate_json(response.output_text) == response.output_parsed
 
 
 def test_a_strict_schema_holds_for_twenty_seeds_at_temperature_one(client):
