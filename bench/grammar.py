@@ -13,7 +13,12 @@ For each library that is installed and each vocabulary (SmolLM2's 49,152 tokens,
 The reply is a fixed valid instance of the schema, tokenized by the engine's own tokenizer; every token of it
 must be allowed by the mask (checked: a library that refuses a valid token fails the run).
 
+With `--steps`, the engine itself (EngineCore, SmolLM2 int8, --threads threads): the mean decode step of 32
+greedy rows constrained by the schema against 32 free greedy rows, the same prompts, alternated rounds, each
+keeping its best (`step_ms_constrained`, `step_ms_free`, `step_constrained_over_free_x`; target <= 1.1).
+
     python -m bench.grammar [--quick] [--libraries xgrammar,llguidance] [--models smollm2-135m-instruct,gemma-3-270m]
+                            [--steps] [--threads N]
 
 The last line is `RESULT {json}`: per library and model the figures above; a library that is not installed has
 `"error"` instead.
@@ -209,11 +214,67 @@ def measure(library, reply_ids: list[int], vocab_size: int, rounds: int) -> dict
     }
 
 
+def decode_step_ms(core, requests, num_steps: int) -> float:
+    """Run the requests' prefill, then num_steps decode steps of all of them: the mean decode step in ms."""
+    for r in requests:
+        core.add(r)
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in requests):
+        core.step()
+    t0 = time.perf_counter()
+    for _ in range(num_steps):
+        core.step()
+    elapsed = time.perf_counter() - t0
+    for r in requests:
+        core.abort(r.request_id)
+    return elapsed / num_steps * 1e3
+
+
+def measure_steps(rounds: int, num_steps: int) -> dict:
+    from bench.alternate import best_alternated
+    from salon.engine.config import SchedulerConfig
+    from salon.engine.core.engine_core import EngineCore
+    from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
+    from salon.engine.grammar.constraint import Constraint, ConstraintKind
+    from salon.engine.grammar.matcher import RequestGrammar
+    from salon.engine.request import Request, RequestId, SamplingParams
+    from salon.engine.worker.model_loading import load_model
+
+    model, tokenizer = load_model("smollm2-135m-instruct", "int8")
+    core = EngineCore(model, tokenizer, SchedulerConfig(256, BATCH_ROWS, 256), 16, 64 << 20, prefix_caching=False)
+    compiler = GrammarCompiler(tokenizer, model.config.eos_token_ids, GrammarLimits())
+    compiled = compiler.compile_now(Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(CHARACTER_STATE_SCHEMA), True))
+    prompts = [tokenizer.encode(f"Character {i} as JSON:", add_bos=True) for i in range(BATCH_ROWS)]
+    counter = iter(range(1 << 30))
+
+    def batch(constrained: bool) -> list:
+        out = []
+        for prompt in prompts:
+            # No stop tokens: every row decodes for the whole measurement.
+            r = Request(RequestId(f"r{next(counter)}"), prompt, SamplingParams(num_steps + 8), frozenset(), 2048)
+            r.grammar = RequestGrammar(compiled, tokenizer.vocab_size) if constrained else None
+            out.append(r)
+        return out
+
+    best = best_alternated(
+        {
+            "step_ms_free": lambda: decode_step_ms(core, batch(False), num_steps),
+            "step_ms_constrained": lambda: decode_step_ms(core, batch(True), num_steps),
+        },
+        rounds,
+    )
+    compiler.close()
+    figures = {k: round(v, 2) for k, v in best.items()}
+    figures["step_constrained_over_free_x"] = round(best["step_ms_constrained"] / best["step_ms_free"], 3)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--libraries", default="xgrammar,llguidance")
     parser.add_argument("--models", default="smollm2-135m-instruct,gemma-3-270m")
+    parser.add_argument("--steps", action="store_true", help="also the engine's decode step, constrained vs free")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the --steps engine")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rounds = 2 if args.quick else 5
@@ -235,6 +296,10 @@ def main() -> None:
             figures |= measure(library, reply_ids, tokenizer.vocab_size, rounds)
             result[key] = figures
             print(f"{key}: {figures}")
+    if args.steps:
+        torch.set_num_threads(args.threads)
+        result["engine_steps"] = measure_steps(rounds=2 if args.quick else 4, num_steps=8 if args.quick else 24)
+        print(f"engine_steps: {result['engine_steps']}")
     print("RESULT " + json.dumps(result))
 
 

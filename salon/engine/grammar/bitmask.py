@@ -1,14 +1,18 @@
 """Token bitmasks: one int32 row of ceil(V / 32) words per sampled row, bit t % 32 of word t // 32 = token t.
 
-These are plain torch ops, so they run where the logits are (CPU or CUDA): the host sampler, the device
-sampler and the greedy fast path all mask the same way.
+apply_bitmask runs where the logits are: on a CPU, xgrammar's kernel; elsewhere (CUDA) plain torch ops. The
+host sampler, the device sampler and the greedy fast path all see the same masked rows. The torch ops read the
+words as their bytes, in memory order (little-endian on x86 and CUDA: byte k of word w holds tokens
+32 w + 8 k .. + 7), each byte expanded to its 8 bits by a 256-entry table: one gather, no shifts over the
+whole vocabulary.
 """
 
 from __future__ import annotations
 
 import torch
 
-_BITS = torch.arange(32, dtype=torch.int32)
+# _BYTE_BITS[b, j]: bit j of byte b.
+_BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()
 
 
 def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
@@ -18,17 +22,35 @@ def allocate_bitmask(num_rows: int, vocab_size: int) -> torch.Tensor:
 
 def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """bool[R, vocab] from int32[R, W]: token t allowed in row r (tokens past 32 W are not)."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS.to(bitmask.device)) & 1
-    allowed = bits.flatten(1).bool()
+    table = _BYTE_BITS.to(bitmask.device)
+    allowed = table[bitmask.contiguous().view(torch.uint8).long()].flatten(1)
     if allowed.shape[1] >= vocab:
         return allowed[:, :vocab]
     return torch.cat([allowed, allowed.new_zeros((allowed.shape[0], vocab - allowed.shape[1]))], dim=1)
 
 
 def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
-    """In place: logits[rows[i], t] = -inf for every token t that bitmask[i] does not allow."""
+    """In place: logits[rows[i], t] = -inf for every token t that bitmask[i] does not allow (f32 logits on a
+    CPU: xgrammar's kernel, the same result; elsewhere: apply_bitmask_torch)."""
     if not rows:
         return
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.shape[1] <= 32 * bitmask.shape[1]:
+        import xgrammar
+
+        full = torch.full((logits.shape[0], bitmask.shape[1]), -1, dtype=torch.int32)
+        full[rows] = bitmask
+        xgrammar.apply_token_bitmask_inplace(logits, full)
+        return
+    apply_bitmask_torch(logits, rows, bitmask)
+
+
+def apply_bitmask_torch(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
+    """apply_bitmask in torch ops, wherever the logits are."""
+    if not rows:
+        return
+    disallowed = ~allowed_tokens(bitmask.to(logits.device, non_blocking=True), logits.shape[1])
+    if rows == list(range(logits.shape[0])):
+        logits.masked_fill_(disallowed, float("-inf"))
+        return
     index = torch.tensor(rows, device=logits.device)
-    allowed = allowed_tokens(bitmask.to(logits.device, non_blocking=True), logits.shape[1])
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    logits[index] = logits[index].masked_fill(disallowed, float("-inf"))
