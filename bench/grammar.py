@@ -279,11 +279,12 @@ def main() -> None:
     torch.set_num_threads(1)
     rounds = 2 if args.quick else 5
     result: dict = {}
-    for model in args.models.split(","):
+    libraries = [name for name in args.libraries.split(",") if name]
+    for model in args.models.split(",") if libraries else []:
         mf = open_model_file(model)
         tokenizer = Tokenizer(mf.vocab)
         reply_ids = tokenizer.encode(REPLY, add_bos=False, parse_special=False)
-        for name in args.libraries.split(","):
+        for name in libraries:
             key = f"{name}_{model}"
             if importlib.util.find_spec(name) is None:
                 result[key] = {"error": f"{name} is not installed"}
