@@ -11,11 +11,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
 import torch
 
 from salon.common.prefix_hash import ROOT_PARENT, BlockHash, block_hashes
+from salon.engine.grammar.constraint import Constraint
+
+if TYPE_CHECKING:
+    from salon.engine.grammar.matcher import RequestGrammar
 
 RequestId = NewType("RequestId", str)
 
@@ -74,6 +78,8 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     # Keep the matched stop string at the end of the text.
     include_stop_str_in_output: bool = False
+    # Constrained decoding: the reply's text stays inside this constraint (grammar/); None = free text.
+    constraint: Constraint | None = None
 
     @property
     def greedy(self) -> bool:
@@ -133,6 +139,9 @@ class Request:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
+    # The compiled constraint's state (sampling.constraint), advanced over every kept output token; None =
+    # free text. Each sampled row of the request is masked to the tokens it allows.
+    grammar: RequestGrammar | None = field(default=None, repr=False)
     # Chained hashes of the first whole blocks, computed once and extended as needed (tokens only grow).
     _block_hashes: list[BlockHash] = field(default_factory=list, repr=False)
     _hash_block_size: int = field(default=0, repr=False)

@@ -203,11 +203,14 @@ def test_error_statuses(stack, tmp_path):
         (dict(temperature=5), "temperature"),
         (dict(tools=[{"type": "function", "function": {"name": "f g"}}]), "tools[0].function.name"),
         (dict(functions=[{"name": "f"}]), "functions"),
-        (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}), "response_format"),
         (dict(extra_body={"min_tokens": -1}), "min_tokens"),
-        (dict(extra_body={"guided_json": {"type": "object"}}), "guided_json"),
-        (dict(extra_body={"structured_outputs": {"regex": "a+"}}), "structured_outputs"),
         (dict(extra_body={"logit_bias": {"x": 1}}), "logit_bias.x"),
+        (
+            dict(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+            "response_format.json_schema.schema",
+        ),
+        (dict(response_format={"type": "grammar"}), "response_format.type"),
+        (dict(extra_body={"guided_json": []}), "guided_json"),
         (dict(n=0), "n"),
         (dict(top_logprobs=2), "top_logprobs"),
         (

@@ -24,6 +24,7 @@ from salon.engine.api.validation import Limits
 from salon.engine.config import EngineConfig
 from salon.engine.core.engine_core import EngineCore, warmup
 from salon.engine.core.engine_loop import EngineLoop
+from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
 from salon.engine.kv.kv_transfer import host_layout, layout_tag
 from salon.engine.model.chat_renderer import ChatRenderer
 from salon.engine.model.sampling_defaults import SamplingDefaults
@@ -151,6 +152,15 @@ class EngineService:
             host_cache=host_cache,
             sliding_window_tokens=max((layer.sliding_window_tokens or 0 for layer in model_cfg.layers), default=0),
             kv_bytes_per_token=core.layout.page_bytes // core.layout.block_size_tokens,
+            grammars=GrammarCompiler(
+                core.tokenizer,
+                tuple(sorted(set(model_cfg.eos_token_ids) | set(chat.stop_token_ids))),
+                GrammarLimits(
+                    self.config.grammar_cache_bytes,
+                    self.config.grammar_compile_timeout_s,
+                    self.config.grammar_compile_threads,
+                ),
+            ),
             resident=ResidentMeter(
                 core.model.weight_bytes() + packed_bytes(),
                 core.kv_cache.allocated_bytes(),
@@ -199,3 +209,6 @@ class EngineService:
             await asyncio.to_thread(self._loop.stop)
         if self._host is not None:
             await self._host.close()
+        runtime = self.servicer.runtime
+        if runtime is not None and runtime.grammars is not None:
+            runtime.grammars.close()

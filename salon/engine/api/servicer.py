@@ -1,10 +1,11 @@
 """salon.engine.v1.EngineService: a thin gRPC edge over the engine loop.
 
 Generate, cheapest refusal first:
-    counts (no field read one by one) -> fields (ids vectorized) -> queue slot (waiting + rendering
-    requests below the limit) -> render (off the loop; stops past the context or when the client
-    goes away) -> kvstore lookup when the device cache has less -> submit to the step thread ->
-    stream TokenDelta events -> GenerateFinal.
+    counts (no field read one by one) -> fields (ids vectorized, a constraint's size) -> queue slot (waiting +
+    rendering requests below the limit) -> the constraint compiled (off the loop, time-limited, cached) ->
+    render (off the loop; stops past the context or when the client goes away) ->
+    kvstore lookup when the device cache has less -> submit to the step thread -> stream TokenDelta events ->
+    GenerateFinal.
 When the call is cancelled or its deadline passes, the request is aborted and its blocks freed at once.
 
 Tokenize and Detokenize: counts first (messages or ids against the context, text bytes against what
@@ -53,6 +54,9 @@ from salon.engine.api.validation import (
 from salon.engine.config import EngineConfig
 from salon.engine.core.engine_loop import EngineDead, EngineLoop
 from salon.engine.core.output import RequestEvent
+from salon.engine.grammar.compiler import GrammarCompiler
+from salon.engine.grammar.constraint import Constraint
+from salon.engine.grammar.matcher import RequestGrammar
 from salon.engine.model.chat_renderer import ChatRenderer
 from salon.engine.model.config import ModelConfig
 from salon.engine.model.sampling_defaults import NEUTRAL, SamplingDefaults
@@ -99,6 +103,8 @@ class EngineRuntime:
     kv_bytes_per_token: int = 0
     # The process's resident memory by part (salon/engine/resident.py); None in tests that build no meter.
     resident: ResidentMeter | None = None
+    # Constraints (sampling.constraint) compiled for this tokenizer; None: constrained requests are refused.
+    grammars: GrammarCompiler | None = None
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
@@ -234,6 +240,18 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             ) from None
         return rendered.token_ids, rendered.last_message_start
 
+    @staticmethod
+    async def _compile(constraint: Constraint | None, rt: EngineRuntime) -> RequestGrammar | None:
+        """The request's grammar, compiled off the loop (or from the cache) before it is queued."""
+        if constraint is None:
+            return None
+        if rt.grammars is None:
+            raise InvalidArgument("sampling.constraint: this engine does not serve constrained decoding")
+        try:
+            return await rt.grammars.matcher(constraint)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"sampling.constraint.{exc.message}") from None
+
     async def _lookup_host(self, req: Request, rt: EngineRuntime) -> PrefixHit | None:
         """Fetch the kvstore's usable prefix when it beats what the engine's own cache holds."""
         if rt.host_cache is None or req.namespace is None or not req.host_cacheable:
@@ -253,7 +271,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             raise Unavailable("the engine is restarting; retry on another engine")
         self._admission_slot()
         try:
+            grammar = await self._compile(sampling.constraint, rt)
             req = await self._build_request(request, context, rt, sampling, resumed, parsed, template_kwargs)
+            req.grammar = grammar
             if rt.loop.is_active(req.request_id):
                 raise ResourceExhausted(f"request_id: {req.request_id!r} is already running on this engine")
             host_hit = await self._lookup_host(req, rt)

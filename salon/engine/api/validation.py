@@ -29,6 +29,7 @@ from salon.common.errors import InvalidArgument, OutOfRange, Unimplemented
 from salon.common.prompt_bounds import prompt_count_problem
 from salon.engine.api.prompt import Character, ChatMessage, Role, ToolCallSpec, ToolSpec
 from salon.engine.model.sampling_defaults import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
+from salon.engine.grammar.constraint import Constraint, ConstraintKind, checked
 from salon.engine.request import SamplingParams
 
 MAX_ID_BYTES = 256
@@ -301,6 +302,7 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
             sampling.spaces_between_special_tokens if sampling.HasField("spaces_between_special_tokens") else True
         ),
         include_stop_str_in_output=sampling.include_stop_str_in_output,
+        constraint=parse_constraint(sampling),
     )
 
 
@@ -321,6 +323,31 @@ def parse_logit_bias(logit_bias, vocab_size: int) -> tuple[tuple[int, float], ..
                 f"[-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}]"
             )
     return tuple((int(t), float(b)) for t, b in pairs)
+
+
+def parse_constraint(sampling) -> Constraint | None:
+    """sampling.constraint as a checked Constraint (sizes only; compiling it is the grammar compiler's)."""
+    if not sampling.HasField("constraint"):
+        return None
+    c = sampling.constraint
+    kind = c.WhichOneof("kind")
+    if kind is None:
+        raise InvalidArgument(
+            "sampling.constraint: one of json_object, json_schema, regex, grammar, choice is required"
+        )
+    if kind == "json_object":
+        if not c.json_object:
+            raise InvalidArgument("sampling.constraint.json_object: must be true when set")
+        constraint = Constraint(ConstraintKind.JSON_OBJECT)
+    elif kind == "json_schema":
+        constraint = Constraint(ConstraintKind.JSON_SCHEMA, c.json_schema.schema, strict=c.json_schema.strict)
+    elif kind == "regex":
+        constraint = Constraint(ConstraintKind.REGEX, c.regex)
+    elif kind == "grammar":
+        constraint = Constraint(ConstraintKind.GRAMMAR, c.grammar)
+    else:
+        constraint = Constraint(ConstraintKind.CHOICE, choices=tuple(c.choice.choices))
+    return checked(constraint)
 
 
 def check_penalties(repetition_penalty: float, frequency_penalty: float, presence_penalty: float, min_p: float) -> None:

@@ -247,6 +247,8 @@ class Scheduler:
             computed = request.num_computed_tokens
             if planned[rid] != 1 or request.num_tokens - computed != 1 or not request.output_token_ids:
                 continue  # a prefill chunk, or a request that has not sampled yet
+            if request.grammar is not None:
+                continue  # a constrained row's mask is that of its last kept token: drafts are never verified
             room = min(
                 budget,
                 request.sampling.max_new_tokens - request.num_output_tokens - 1,

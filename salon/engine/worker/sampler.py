@@ -32,6 +32,12 @@ model runner samples every row where the logits are with the same rule instead (
 back only the ids. Greedy rows take salon/kernels/cpu/argmax.c's top-1 where it runs (torch.argmax's answer, in one
 pass over each row).
 
+A constrained row (a request with a grammar) arrives with -inf at every token its grammar does not allow
+(grammar/bitmask.py, applied by the model runner); it is sampled by the same rule over its allowed tokens
+only, compacted in vocabulary order -- the tokens the rule keeps and the draw are those of the whole row,
+where the disallowed tokens weigh exactly 0 -- so that the -inf range costs no full sort. Its log-probs are
+those of the masked row (as vLLM returns them).
+
 The vocabulary is large (262,144 for Gemma), so nothing sorts it when it can be avoided: top-k is a
 partial selection, and top-p first looks among the 64 most likely tokens (TOP_P_CANDIDATES) and, when their
 mass falls short of top_p, finds the cut with a histogram of the mass over logit bins, sorting only the
@@ -41,7 +47,7 @@ tokens of the bin where it falls -- the kept set is the same as a full sort's.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -241,14 +247,26 @@ def rewind_generator(generator: torch.Generator | None, state: torch.Tensor | No
         uniform(generator)
 
 
+def _sample_allowed(logits: torch.Tensor, params: SamplingParams, u: float) -> int:
+    """One constrained row: the rule over its finite logits only, compacted in vocabulary order."""
+    ids = torch.nonzero(torch.isfinite(logits)).flatten()
+    allowed = logits.float()[ids].contiguous()
+    picked = sample_rows_cpu(
+        allowed.unsqueeze(0), [0], [params.temperature], [effective_top_k(allowed, params)], [params.top_p], [u]
+    )
+    index = picked[0] if picked is not None else sample_row(allowed, params, u)
+    return int(ids[index])
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     histories: Sequence[TokenHistory] | None = None,
+    masked_rows: Collection[int] = (),
 ) -> list[SampledToken]:
     """logits f32[R, V] -> one token per row; histories[r]: row r's request (needed when it has penalties or
-    min_tokens).
+    min_tokens); masked_rows: the constrained rows (-inf at the tokens their grammar does not allow).
 
     Log-probs are those of the model's distribution after the logit bias and masks, before penalties (vLLM's
     default for penalties; OpenAI's for logit_bias)."""
@@ -275,7 +293,9 @@ def sample(
         ids = greedy_ids(greedy_logits)
         for r, token in zip(greedy, ids):
             tokens[r] = token
-    rows = [r for r, p in enumerate(params) if not p.greedy]
+    rows = [r for r, p in enumerate(params) if not p.greedy and r not in masked_rows]
+    for r in (r for r, p in enumerate(params) if not p.greedy and r in masked_rows):
+        tokens[r] = _sample_allowed(logits[r], params[r], uniform(generators[r]))
     if rows:
         us = dict(zip(rows, (uniform(generators[r]) for r in rows)))
         # Rows with -inf logits (masked tokens) are drawn by the reference: the kernel's histogram spans [min, max].

@@ -40,6 +40,7 @@ from salon.gateway.http.schemas import (
     CompletionRequest,
     SamplingFields,
 )
+from salon.gateway.http.structured import constraint_of
 from salon.gateway.routing import render_opening
 
 _SYSTEM_ROLES = ("system", "developer")
@@ -65,11 +66,6 @@ def refuse_unsupported(body: BaseModel) -> None:
     if getattr(body, "best_of", None) not in (None, 1):
         raise unsupported("best_of", "best_of is not supported; use n")
     if isinstance(body, ChatCompletionRequest):
-        if body.response_format is not None and body.response_format.get("type", "text") != "text":
-            raise unsupported(
-                "response_format",
-                f"type {body.response_format.get('type')!r} is not supported (structured output); only 'text'",
-            )
         if body.modalities is not None and body.modalities != ["text"]:
             raise unsupported("modalities", "only ['text'] is supported")
         if body.store:
@@ -199,6 +195,9 @@ def sampling_params(
         sampling.skip_special_tokens = body.skip_special_tokens
     if body.spaces_between_special_tokens is not None:
         sampling.spaces_between_special_tokens = body.spaces_between_special_tokens
+    constraint = constraint_of(body)
+    if constraint is not None:
+        sampling.constraint.CopyFrom(constraint)
     return sampling
 
 

@@ -6,7 +6,8 @@ functions, audio, ...) are declared only to be refused, and listed in UNSUPPORTE
 that asks for one learns it, never gets a reply that ignored it. vLLM's extensions are accepted with vLLM's
 meaning: top_k, min_p, repetition_penalty, stop_token_ids, add_special_tokens, ignore_eos, min_tokens,
 priority, skip_special_tokens, spaces_between_special_tokens, include_stop_str_in_output,
-truncate_prompt_tokens, cache_salt, chat_template_kwargs, echo, return_token_ids.
+truncate_prompt_tokens, cache_salt, chat_template_kwargs, echo, return_token_ids, and structured_outputs
+with the older guided_* fields (structured.py).
 
 Every integer and list is bounded here, so validation costs at most the body's size and every value
 fits its protobuf field (uint32 counts, token ids below 2^31): a value out of range is a 400 naming
@@ -86,6 +87,12 @@ class SamplingFields(_Body):
     # vLLM's extensions.
     # Each choice of each chunk (or the whole choice) also carries its token ids.
     return_token_ids: bool = False
+    # Structured output (structured.py): vLLM's structured_outputs and its older guided_* fields.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None  # a schema (object or JSON text), checked in structured.py
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     ignore_eos: bool | None = None
     min_tokens: int | None = Field(None, ge=0)
     priority: int | None = Field(None, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
@@ -97,11 +104,6 @@ class SamplingFields(_Body):
     echo: bool | None = None
     # Refused (see UNSUPPORTED); declared so the refusal can say why.
     best_of: int | None = None
-    structured_outputs: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -138,6 +140,7 @@ class CompletionRequest(SamplingFields):
     )
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class TokenizeRequest(_Body):
@@ -162,11 +165,6 @@ UNSUPPORTED: dict[str, str] = {
     "web_search_options": "web search is not supported",
     "reasoning_effort": "reasoning models are not served",
     "suffix": "suffix (insertion) is not supported",
-    "structured_outputs": "structured output (constrained decoding) is not supported",
-    "guided_json": "structured output (constrained decoding) is not supported",
-    "guided_regex": "structured output (constrained decoding) is not supported",
-    "guided_choice": "structured output (constrained decoding) is not supported",
-    "guided_grammar": "structured output (constrained decoding) is not supported",
 }
 
 Role = Literal["system", "developer", "user", "assistant"]
