@@ -28,8 +28,8 @@ from salon.common import tool_specs
 from salon.common.errors import InvalidArgument, OutOfRange, Unimplemented
 from salon.common.prompt_bounds import prompt_count_problem
 from salon.engine.api.prompt import Character, ChatMessage, Role, ToolCallSpec, ToolSpec
-from salon.engine.model.sampling_defaults import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 from salon.engine.grammar.constraint import Constraint, ConstraintKind, checked
+from salon.engine.model.sampling_defaults import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 from salon.engine.request import SamplingParams
 
 MAX_ID_BYTES = 256
