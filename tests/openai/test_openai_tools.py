@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import grpc
+import jsonschema
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
@@ -135,6 +136,45 @@ def test_the_grpc_api_carries_tools_and_tool_messages(stack, local):
     assert final.usage.prompt_tokens == len(expected)
 
 
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}, "hour24": {"type": "boolean"}},
+            "required": ["zone", "hour24"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", "get_time"])
+def test_a_forced_call_is_a_valid_call_of_an_offered_tool(stack, choice, stream):
+    """tool_choice "required" or a named function: even the 135M model answers with a call whose arguments
+    validate against the tool's schema, sampled at temperature 1 for several seeds, streamed or not."""
+    client = stack.client()
+    tool_choice = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+    for seed in range(4):
+        kw = dict(tools=[WEATHER, TIME], tool_choice=tool_choice, parallel_tool_calls=False, max_tokens=96)
+        kw.update(temperature=1, seed=seed)
+        if stream:
+            state = ChatCompletionStreamState()
+            for chunk in client.chat.completions.create(model=REAL_MODEL, messages=opening(), stream=True, **kw):
+                state.handle_chunk(chunk)
+            choice0 = state.get_final_completion().choices[0]
+        else:
+            choice0 = client.chat.completions.create(model=REAL_MODEL, messages=opening(), **kw).choices[0]
+        assert choice0.finish_reason == "tool_calls", (seed, choice0)
+        calls = choice0.message.tool_calls
+        assert len(calls) == 1, calls
+        name = calls[0].function.name
+        assert name in schemas and (choice == "required" or name == choice), calls
+        jsonschema.validate(json.loads(calls[0].function.arguments), schemas[name])
+
+
 def test_bad_tool_fields_are_400_naming_the_field(stack):
     client = stack.client()
 
@@ -167,11 +207,9 @@ def test_bad_tool_fields_are_400_naming_the_field(stack):
         (dict(messages=opening() + [{"role": "tool", "content": "21"}]), "messages[2].tool_call_id"),
         (dict(messages=opening() + [{"role": "assistant", "content": None}]), "messages[2].content"),
         (dict(functions=[{"name": "f"}]), "functions"),
-        # Until the engine serves constrained decoding, a forced call is refused rather than hoped for.
-        (dict(tools=[tool()], tool_choice="required"), "tool_choice: 'required' needs constrained decoding"),
         (
-            dict(tools=[tool()], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
-            "tool_choice: 'function' needs constrained decoding",
+            dict(tools=[tool()], tool_choice="required", response_format={"type": "json_object"}),
+            "tool_choice: 'required' cannot be combined with another structured output constraint",
         ),
     ]
     for kw, message in cases:

@@ -3,10 +3,11 @@ ToolCall), with OpenAI's names in every 400:
 
     tools                  [{"type": "function", "function": {"name", "description"?, "parameters"?}}]
                            at most MAX_TOOLS, names unique, sizes bounded (salon/common/tool_specs.py);
-                           "strict": true needs constrained decoding and is refused
+                           "strict": true is refused (a free reply cannot promise it; a forced call's
+                           arguments always follow the tool's parameters)
     tool_choice            "auto" (the default), "none" (no tools in the prompt, a text reply), "required" or
-                           {"type": "function", "function": {"name"}}: the last two need constrained decoding
-                           (tool_call_schema.py) and are refused until it is served
+                           {"type": "function", "function": {"name"}}: the reply is decoded inside the JSON
+                           schema of its calls (tool_call_schema.py), one more constraint being a 400
     parallel_tool_calls    true (the default) or false: at most one call is returned
     assistant tool_calls   [{"id", "type": "function", "function": {"name", "arguments": "<JSON object>"}}]
     tool messages          {"role": "tool", "tool_call_id", "content"}
@@ -57,7 +58,11 @@ def _tool(tool: Any, where: str) -> chat_pb2.Tool:
         if len(parameters_json.encode()) > tool_specs.MAX_TOOL_PARAMETERS_BYTES:
             raise invalid(f"{where}.function.parameters", f"more than {tool_specs.MAX_TOOL_PARAMETERS_BYTES} bytes")
     if function.get("strict"):
-        raise unsupported(f"{where}.function.strict", "strict arguments need constrained decoding, not served yet")
+        raise unsupported(
+            f"{where}.function.strict",
+            "strict is not served with tool_choice 'auto'; a forced call ('required' or a named function) "
+            "always follows the tool's parameters",
+        )
     return chat_pb2.Tool(name=name, description=description, parameters_json=parameters_json)
 
 
@@ -86,9 +91,12 @@ def chat_tools(body: ChatCompletionRequest, request) -> list[str]:
     mode, forced = _tool_choice(body.tool_choice, names)
     schema = reply_schema([_function_of(t, "") for t in tools], forced, mode == "required", parallel is not False)
     if schema is not None:
-        # The enforcement point: once the engine serves JSON-schema constraints, constrain the reply to
-        # `schema` here instead of refusing (docs/tool-calling.md).
-        raise unsupported("tool_choice", f"{mode!r} needs constrained decoding, which is not served yet; use 'auto'")
+        # A forced call: the reply is decoded inside `schema` (the calls as the parser's generic JSON form), so
+        # even a small model answers with a valid call of an offered tool.
+        if request.sampling.HasField("constraint"):
+            raise invalid("tool_choice", f"{mode!r} cannot be combined with another structured output constraint")
+        request.sampling.constraint.json_schema.schema = json.dumps(schema, separators=(",", ":"))
+        request.sampling.constraint.json_schema.strict = True
     request.tools.extend(converted)
     if converted:
         none = mode == "none"
