@@ -127,11 +127,14 @@ class HttpServer:
             limit_concurrency=limits.max_connections,
         )
         self.server = _Server(config)
-        self.front: Front = app.state.front
+        # The gateway's routes parse bodies in a worker process this server starts and stops; an app
+        # without them (no front) has none.
+        self.front: Front | None = getattr(app.state, "front", None)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self.front.parser.start()
+        if self.front is not None:
+            self.front.parser.start()
         self._task = asyncio.create_task(self.server.serve(sockets=[self.sock]), name="http")
         log.info("http_listening", port=self.port)
 
@@ -142,4 +145,5 @@ class HttpServer:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
         self._task = None
-        self.front.parser.stop()
+        if self.front is not None:
+            self.front.parser.stop()
