@@ -136,4 +136,10 @@ def test_generic_reflection_lists_and_describes_the_public_api(stack) -> None:
             "text",
             "sampling",
             "model",
+            "priority",
+            "cache_salt",
+            "chat_template_kwargs_json",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
         }
