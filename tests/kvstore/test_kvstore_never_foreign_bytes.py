@@ -432,7 +432,7 @@ def test_over_grpc_a_peer_holds_at_most_its_lease_cap(small_store) -> None:
 
 
 def test_over_grpc_an_unwritten_slot_with_the_checksum_of_zeros_is_refused(small_store) -> None:
-    ctx = list(range(300, 316))
+    ctx = list(range(500, 516))
     with grpc.insecure_channel(small_store.target) as channel:
         stub = pb_grpc.KVStoreServiceStub(channel)
         prepared = _prepare(stub, NS_C, ctx, 4)
