@@ -22,7 +22,8 @@ other one (engine_checkpoint_<recipe>: one int16 term or two int8 terms per acti
 
 SmolLM2 (--model smollm2-135m-instruct, the llama architecture): top1 and lp_err against llama.cpp's F32 greedy
 tokens (smollm2-135m-instruct/greedy_f32.jsonl, 263 positions), and ppl's delta_pct against this run's float32
-model (there is no float64 perplexity of it), so its baselines always run; its variants are LLAMA_VARIANTS.
+model (there is no float64 perplexity of it), which always runs (--no-baselines leaves out the engine rows only);
+its variants are LLAMA_VARIANTS.
 
 Activation recipes (salon.kernels.backend): a variant's options may name "group32" (True, or the projections
 that take it: "qkv", "o", "gate_up", "down", "lm_head"): those Linears take one int8 term per token and 32
@@ -293,10 +294,9 @@ def teacher_forced_peer(args, refs: list[dict], model_name: str) -> tuple[dict |
 def measure(
     model, tokenizer, ids, refs, num_chunks: int, ref_ppl: float | None, kv_int8: bool, bos: int | None = BOS
 ) -> dict[str, object]:
-    """ppl (delta_pct against ref_ppl; None: a float32 baseline that is its own reference) and teacher-forced top-1."""
+    """ppl (delta_pct against ref_ppl; nan without one) and teacher-forced top-1."""
     row: dict[str, object] = {"ppl": perplexity(model, ids, bos, max_chunks=num_chunks, kv_int8=kv_int8).ppl}
-    ref_ppl = ref_ppl or row["ppl"]
-    row["delta_pct"] = 100 * (row["ppl"] / ref_ppl - 1)
+    row["delta_pct"] = 100 * (row["ppl"] / ref_ppl - 1) if ref_ppl else float("nan")
     row.update(teacher_forced_serving(model, tokenizer, refs, "int8" if kv_int8 else "float32"))
     return row
 
@@ -364,7 +364,8 @@ def main() -> None:
     parser.add_argument(
         "--no-baselines",
         action="store_true",
-        help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines; Gemma only)",
+        help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines; SmolLM2 keeps its "
+        "float32 row, its perplexity reference)",
     )
     parser.add_argument(
         "--activations",
@@ -382,8 +383,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     gemma = args.model == MODEL
-    if not gemma and (args.no_baselines or args.ceilings):
-        parser.error(f"--no-baselines and --ceilings are for {MODEL}: {args.model}'s perplexity is its float32 model's")
+    if not gemma and args.ceilings:
+        parser.error(f"--ceilings is for {MODEL}")
     extra_recipes = [r for r in args.activations.split(",") if r]
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -411,13 +412,15 @@ def main() -> None:
     def row_of(model, kv_int8: bool = True) -> dict[str, object]:
         return measure(model, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=kv_int8, bos=bos)
 
-    if not args.no_baselines:
+    if not args.no_baselines or not gemma:
         fp32 = build_float_model(config, w, kernel_ops)
         result["fp32"] = row_of(fp32, kv_int8=False)
         print(line("fp32 (float KV)", result["fp32"]), flush=True)
         del fp32
-        if not gemma:
-            ref_ppl = result["ppl_reference_fp32"] = result["fp32"]["ppl"]  # SmolLM2's perplexity reference
+        if not gemma:  # SmolLM2's perplexity reference
+            ref_ppl = result["ppl_reference_fp32"] = result["fp32"]["ppl"]
+            result["fp32"]["delta_pct"] = 0.0
+    if not args.no_baselines:
         engine, _ = load_model(args.model, precision="int8", kernel_ops=kernel_ops, progress=False)
         result["engine_checkpoint"] = row_of(engine)
         print(
@@ -499,7 +502,7 @@ def main() -> None:
         result["ceilings"] = ceilings(config, w, tokenizer, kernel_ops, ids, refs, num_chunks, ref_ppl)
     if gemma:
         result["gates"] = {"ppl_max": GATE_PPL, "ppl_stretch": STRETCH_PPL, "top1_min": GATE_TOP1}
-    else:  # issue 44's gate: within 3 teacher-forced steps of the float32 model
+    elif "fp32" in result:  # issue 44's gate: within 3 teacher-forced steps of the float32 model
         result["gates"] = {"top1_count_min": result["fp32"]["top1_count"] - 3}
     result["wall_s"] = time.perf_counter() - started
     print("RESULT " + json.dumps(result))
