@@ -172,6 +172,11 @@ VARIANTS: list[tuple[str, dict, str]] = [
         {**SHIPPED_OPTIONS, "activation_terms": 2, "group32": ("qkv", "o", "gate_up", "down")},
         "text",
     ),
+    (
+        "shipped weights, group32 but two-term down, lm_head",
+        {**SHIPPED_OPTIONS, "activation_terms": 2, "group32": ("qkv", "o", "gate_up")},
+        "text",
+    ),
 ]
 # SmolLM2 (llama): its shipped recipe (models/llama.py: per-row weight scales, two terms, no smoothing), the same with
 # weights per row and 32 channels (INT8_GROUP32_RECIPE), and group32 activations on those
@@ -186,6 +191,40 @@ LLAMA_VARIANTS: list[tuple[str, dict, str]] = [
         "text",
     ),
     ("llama W per row, group32 acts: all", {**LLAMA_SHIPPED, "group32": True}, "text"),
+    (
+        "llama W per 32 ch, group32 but two-term lm_head",
+        {**LLAMA_SHIPPED, "weight_group": 32, "activation_terms": 2, "group32": ("qkv", "o", "gate_up", "down")},
+        "text",
+    ),
+    (
+        "llama W per 32 ch, group32 but two-term down",
+        {**LLAMA_SHIPPED, "weight_group": 32, "activation_terms": 2, "group32": ("qkv", "o", "gate_up", "lm_head")},
+        "text",
+    ),
+    (
+        "llama W per 32 ch, group32 but two-term down, lm_head",
+        {**LLAMA_SHIPPED, "weight_group": 32, "activation_terms": 2, "group32": ("qkv", "o", "gate_up")},
+        "text",
+    ),
+    (
+        "llama W per 32 ch, GPTQ layers, group32 but two-term lm_head",
+        {
+            **LLAMA_SHIPPED,
+            "weight_group": 32,
+            "rounding": "gptq",
+            "gptq_lm_head": False,
+            "activation_terms": 2,
+            "group32": ("qkv", "o", "gate_up", "down"),
+        },
+        "text",
+    ),
+    # SmoothQuant smoothing (α 0.5) of every projection, which the shipped llama recipe leaves out
+    ("llama W per 32 ch, smoothed, group32 acts: all", {"alpha": 0.5, "weight_group": 32, "group32": True}, "text"),
+    (
+        "llama W per 32 ch, smoothed, group32 but two-term lm_head",
+        {"alpha": 0.5, "weight_group": 32, "activation_terms": 2, "group32": ("qkv", "o", "gate_up", "down")},
+        "text",
+    ),
 ]
 VARIANTS_BY_MODEL = {MODEL: VARIANTS, SMOLLM: LLAMA_VARIANTS}
 # options that pick the Linears' activations, not build_int8_checkpoint's
@@ -368,6 +407,13 @@ def main() -> None:
         "float32 row, its perplexity reference)",
     )
     parser.add_argument(
+        "--fp32-ppl",
+        type=float,
+        default=None,
+        help="SmolLM2 with --no-baselines: its float32 perplexity from an earlier run (deterministic), instead of "
+        "measuring the float32 row again",
+    )
+    parser.add_argument(
         "--activations",
         default="",
         help="activation recipes (comma-separated, e.g. group32) in which the engine's checkpoint is also measured",
@@ -412,14 +458,16 @@ def main() -> None:
     def row_of(model, kv_int8: bool = True) -> dict[str, object]:
         return measure(model, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=kv_int8, bos=bos)
 
-    if not args.no_baselines or not gemma:
+    if not gemma and args.fp32_ppl and args.no_baselines:
+        ref_ppl = result["ppl_reference_fp32"] = args.fp32_ppl
+    elif not args.no_baselines or not gemma:
         fp32 = build_float_model(config, w, kernel_ops)
         result["fp32"] = row_of(fp32, kv_int8=False)
-        print(line("fp32 (float KV)", result["fp32"]), flush=True)
         del fp32
         if not gemma:  # SmolLM2's perplexity reference
             ref_ppl = result["ppl_reference_fp32"] = result["fp32"]["ppl"]
             result["fp32"]["delta_pct"] = 0.0
+        print(line("fp32 (float KV)", result["fp32"]), flush=True)
     if not args.no_baselines:
         engine, _ = load_model(args.model, precision="int8", kernel_ops=kernel_ops, progress=False)
         result["engine_checkpoint"] = row_of(engine)
