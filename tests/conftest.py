@@ -1,4 +1,5 @@
-"""Fixtures shared by every test area."""
+"""Fixtures shared by every test area; every test's tier marker (tests/tiers.py); under CI, the check of the
+session's skips (tests/expected_skips.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.expected_skips import (  # noqa: F401 (pytest finds hooks by name in a conftest)
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+from tests.tiers import TIERS, tiers_of
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test gets its tier markers (unit, process, model) from its module, so `-m unit` selects the quick
+    in-process tier whoever wrote the test."""
+    for item in items:
+        explicit = {m.name for m in item.iter_markers() if m.name in TIERS}
+        for tier in sorted(tiers_of(Path(str(item.path)), explicit) - explicit):
+            item.add_marker(tier)
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ result.errors = {
   bad_penalty: await status(() => client.chat.completions.create({ ...greedy, messages, presence_penalty: 3 })),
   bad_extension: await status(() => client.chat.completions.create({ ...greedy, messages, min_p: 1.5 })),
   unsupported: await status(() => client.chat.completions.create({ ...greedy, messages,
-    tools: [{ type: "function", function: { name: "f" } }] })),
+    functions: [{ name: "f" }] })),
 };
 if (args.limitedApiKey) {
   const limited = new OpenAI({ baseURL: args.baseURL, apiKey: args.limitedApiKey, maxRetries: 0 });

@@ -40,15 +40,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--character", default=DEFAULT_CHARACTER, help="character definition")
     p.add_argument("--model", default="", help="served model to chat with (default: the stack's default model)")
     p.add_argument("--user-name", default="", help="your name, sent as the author of your messages (default: none)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=None, help="reply budget (default: the engine's)")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the model's)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default: the model's)")
     p.add_argument(
         "--repetition-penalty",
         type=float,
-        default=1.2,
-        help="vLLM's repetition_penalty (1 = off): keeps a small model from looping on a phrase",
+        default=None,
+        help="vLLM's repetition_penalty, 1 = off (default: the model's)",
     )
     return p
+
+
+# Sampling fields salon chat leaves to the model unless a flag sets them (SamplingParams.model_default_fields).
+MODEL_DEFAULT_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def sampling_params(args: argparse.Namespace) -> chat_pb2.SamplingParams:
+    """Only what the flags set; every other sampling field takes the model's default (ModelInfo.default_sampling)."""
+    explicit = {name: getattr(args, name) for name in MODEL_DEFAULT_FIELDS if getattr(args, name, None) is not None}
+    return chat_pb2.SamplingParams(
+        max_new_tokens=args.max_new_tokens or 0,
+        model_default_fields=[name for name in MODEL_DEFAULT_FIELDS if name not in explicit],
+        **explicit,
+    )
 
 
 async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
@@ -76,11 +91,7 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
                 conversation_id=conversation_id,
                 character=chat_pb2.Character(name=args.character_name, definition=args.character),
                 dialogue=chat_pb2.Dialogue(messages=history),
-                sampling=chat_pb2.SamplingParams(
-                    max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature,
-                    repetition_penalty=args.repetition_penalty,
-                ),
+                sampling=sampling_params(args),
                 model=model,
             )
             reply_ids: list[int] = []

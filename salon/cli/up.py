@@ -156,10 +156,14 @@ class Child:
 
     def start(self) -> None:
         self.close_probe()
-        self.proc = ServiceProcess(self.service, self.args, self.log_path).start(timeout_s=120)
+        self.proc = ServiceProcess(self.service, self.args, self.log_path, on_output=self.show).start(timeout_s=120)
         self.started_s = time.monotonic()
         self.restart_at_s = None
         write_pid_file(self.pid_path, self.proc.process.pid)
+
+    def show(self, line: str) -> None:
+        """A line the child prints on stdout (an engine's model conversion progress), on salon up's console."""
+        print(f"{self.name}: {line}", flush=True)
 
     @property
     def alive(self) -> bool:

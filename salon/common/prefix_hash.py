@@ -33,6 +33,7 @@ HASH_BYTES = 32
 TOKEN_ID_BYTES = 4
 ROOT_PARENT = BlockHash(bytes(HASH_BYTES))
 _NAMESPACE_PERSON = b"salon-namespace"
+_CACHE_SALT_PERSON = b"salon-cache-salt"
 
 if array("I").itemsize != TOKEN_ID_BYTES:  # pragma: no cover - every supported platform has 4-byte 'I'
     raise ImportError("array('I') is not 4 bytes wide on this platform")
@@ -73,6 +74,18 @@ def namespace_digest(model_id: str, kv_layout: str, tenant_salt: str) -> bytes:
         h.update(len(encoded).to_bytes(4, "little"))
         h.update(encoded)
     return h.digest()
+
+
+def salted_namespace_salt(tenant_salt: str, cache_salt: str) -> str:
+    """The namespace salt of a request with a cache_salt (vLLM's): a sub-namespace of the tenant's, so requests
+    share entries only with the same tenant salt and the same cache_salt; the tenant salt itself without one.
+
+    The cache_salt enters as its BLAKE2b digest after a separator a tenant salt never holds (gateway salts are
+    configured strings or hex HMACs), so no (tenant, cache_salt) pair names another tenant's namespace."""
+    if not cache_salt:
+        return tenant_salt
+    digest = hashlib.blake2b(cache_salt.encode("utf-8"), digest_size=16, person=_CACHE_SALT_PERSON).hexdigest()
+    return f"{tenant_salt}\x00cache_salt\x00{digest}"
 
 
 def chain_hash(namespace: bytes, parent: BlockHash, block_token_bytes: bytes) -> BlockHash:

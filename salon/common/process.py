@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +38,9 @@ class ServiceProcess:
     args: tuple[str, ...]
     log_path: Path | None = None
     env: Mapping[str, str] | None = None
+    # Called with each line the service prints on stdout after its LISTENING line (e.g. a model conversion's
+    # progress); None drops them.
+    on_output: Callable[[str], None] | None = None
     process: subprocess.Popen | None = field(default=None, init=False)
     port: int | None = field(default=None, init=False)
     metrics_port: int | None = field(default=None, init=False)
@@ -65,8 +68,15 @@ class ServiceProcess:
             text=True,
             start_new_session=True,
         )
-        line = _read_line_with_timeout(self.process, timeout_s)
-        match = _LISTENING.match(line or "")
+        # Lines before LISTENING (a model conversion that starts while the server does) go to on_output.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            line = _read_line_with_timeout(self.process, max(0.0, deadline - time.monotonic()))
+            match = _LISTENING.match(line or "")
+            if match or not line or time.monotonic() >= deadline:
+                break
+            if self.on_output is not None:
+                self.on_output(line.rstrip("\n"))
         if not match:
             self.kill()
             raise ServiceStartError(f"{self.service} did not start: {line!r}{self._log_tail()}")
@@ -76,7 +86,7 @@ class ServiceProcess:
         self.health_port = ports.pop("health_port", None)
         self.extra_ports = ports
         # Keep draining stdout so the child never blocks on a full pipe.
-        threading.Thread(target=_drain, args=(self.process.stdout,), daemon=True).start()
+        threading.Thread(target=_drain, args=(self.process.stdout, self.on_output), daemon=True).start()
         return self
 
     def wait_serving(self, timeout_s: float = 300.0) -> None:
@@ -161,6 +171,7 @@ def _read_line_with_timeout(process: subprocess.Popen, timeout_s: float) -> str 
     return result[0] if result else None
 
 
-def _drain(stream) -> None:
-    for _ in stream:
-        pass
+def _drain(stream, on_line: Callable[[str], None] | None) -> None:
+    for line in stream:
+        if on_line is not None:
+            on_line(line.rstrip("\n"))

@@ -123,6 +123,13 @@ class EngineConfig:
         },
     )
     warmup: bool = field(default=True, metadata={"help": "run one short request before reporting SERVING"})
+    grammar_cache_bytes: int = field(
+        default=256 << 20, metadata={"help": "bytes of compiled constraints kept (structured output), LRU"}
+    )
+    grammar_compile_timeout_s: float = field(
+        default=10.0, metadata={"help": "longest a request waits for its constraint to compile before a 400"}
+    )
+    grammar_compile_threads: int = field(default=2, metadata={"help": "threads compiling constraints"})
     no_prefix_cache: bool = field(
         default=False, metadata={"help": "disable prefix caching (device and kvstore): recompute every prompt"}
     )

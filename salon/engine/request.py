@@ -11,11 +11,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import TYPE_CHECKING, NewType
 
 import torch
 
 from salon.common.prefix_hash import ROOT_PARENT, BlockHash, block_hashes
+from salon.engine.grammar.constraint import Constraint
+
+if TYPE_CHECKING:
+    from salon.engine.grammar.matcher import RequestGrammar
 
 RequestId = NewType("RequestId", str)
 
@@ -33,6 +37,10 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+# A logit bias at or below this bans its token (OpenAI: -100 should result in a ban).
+BAN_BIAS = -100.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,22 @@ class SamplingParams:
     presence_penalty: float = 0.0
     # Keep only tokens whose probability (after temperature) is at least min_p times the top one's; 0 = none.
     min_p: float = 0.0
+    # (token id, bias) pairs, ids ascending, added to the logits before anything else (OpenAI's logit_bias;
+    # a bias of BAN_BIAS or below makes the logit -inf). Log-probs are those of the biased logits.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # Until the output has min_tokens tokens, min_tokens_mask_ids (the request's stop tokens, EOS included
+    # even with ignore_eos) have logit -inf and stop strings are not matched (vLLM's min_tokens).
+    min_tokens: int = 0
+    min_tokens_mask_ids: tuple[int, ...] = ()
+    # Generate past the model's EOS and end-of-turn ids (they are left out of Request.stop_token_ids).
+    ignore_eos: bool = False
+    # Detokenization (vLLM's): special tokens left out of the text, or shown, separated by spaces.
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # Keep the matched stop string at the end of the text.
+    include_stop_str_in_output: bool = False
+    # Constrained decoding: the reply's text stays inside this constraint (grammar/); None = free text.
+    constraint: Constraint | None = None
 
     @property
     def greedy(self) -> bool:
@@ -64,6 +88,18 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def has_logit_masks(self) -> bool:
+        """Whether a row's logits change before anything else: a logit bias, or a min_tokens mask."""
+        return bool(self.logit_bias) or (self.min_tokens > 0 and bool(self.min_tokens_mask_ids))
+
+    def masked_token_ids(self, num_output_tokens: int) -> tuple[int, ...]:
+        """Ids whose logit is -inf at an output position: banned by the bias, or stop tokens before min_tokens."""
+        banned = tuple(t for t, b in self.logit_bias if b <= BAN_BIAS)
+        if num_output_tokens < self.min_tokens:
+            return banned + self.min_tokens_mask_ids
+        return banned
 
 
 @dataclass(eq=False)  # identity: requests are compared and removed by object, never by value
@@ -78,6 +114,8 @@ class Request:
     # Absolute time.monotonic() after which the request is dropped; None = no deadline.
     deadline_s: float | None = None
     namespace_salt: str = ""
+    # Admission order among waiting requests: lower first, then arrival (vLLM's priority).
+    priority: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     # Output tokens that came with the request (failover resume): not streamed again.
     num_resumed_tokens: int = 0
@@ -87,6 +125,9 @@ class Request:
     generator: torch.Generator | None = None
     # Cache namespace digest (model, KV layout, tenant salt); None: no prefix caching for it.
     namespace: bytes | None = None
+    # Whether its KV may go to (and come from) the kvstore: not under a cache_salt, whose namespace only the
+    # engine knows (the kvstore's grants name tenant salts), so its entries live in the device cache alone.
+    host_cacheable: bool = True
     conversation_id: str = ""
     # Keep sliding-window KV from this position on: the window before the last message, so that
     # regenerating or editing that message can reuse the KV (see kv_cache_manager.set_retention).
@@ -98,6 +139,9 @@ class Request:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
+    # The compiled constraint's state (sampling.constraint), advanced over every kept output token; None =
+    # free text. Each sampled row of the request is masked to the tokens it allows.
+    grammar: RequestGrammar | None = field(default=None, repr=False)
     # Chained hashes of the first whole blocks, computed once and extended as needed (tokens only grow).
     _block_hashes: list[BlockHash] = field(default_factory=list, repr=False)
     _hash_block_size: int = field(default=0, repr=False)

@@ -111,12 +111,19 @@ def build_http_server(
     grants: Grants,
 ):
     """The OpenAI-compatible front on config.http_port, over the same core as the gRPC servicer."""
-    from salon.gateway.http.app import HttpServer, build_app
+    from salon.gateway.http.app import HttpLimits, HttpServer, build_app
     from salon.gateway.http.catalog import ModelCatalog
     from salon.gateway.http.routes import Front
 
     front = Front(tenants, admission, dispatcher, ModelCatalog(pools), grants, config.opening_max_bytes)
-    return HttpServer(build_app(front), config.server.host, config.http_port, config.server.grace_s)
+    limits = HttpLimits(
+        max_body_bytes=config.http_max_body_bytes,
+        header_timeout_s=config.http_header_timeout_s,
+        body_timeout_s=config.http_body_timeout_s,
+        idle_timeout_s=config.http_idle_timeout_s,
+        max_connections=config.http_max_connections,
+    )
+    return HttpServer(build_app(front, limits), config.server.host, config.http_port, config.server.grace_s, limits)
 
 
 class GatewayService:

@@ -108,6 +108,21 @@ class GatewayConfig:
     http_port: int | None = field(
         default=None, metadata={"help": "OpenAI-compatible HTTP API port (0 = free port; default: off)"}
     )
+    http_max_body_bytes: int = field(
+        default=4 << 20, metadata={"help": "largest HTTP request body (bigger: 413 before it is parsed)"}
+    )
+    http_header_timeout_s: float = field(
+        default=10.0, metadata={"help": "an HTTP request's head must arrive within this (else the connection closes)"}
+    )
+    http_body_timeout_s: float = field(
+        default=60.0, metadata={"help": "an HTTP request's body must arrive within this"}
+    )
+    http_idle_timeout_s: float = field(
+        default=15.0, metadata={"help": "an idle HTTP keep-alive connection closes after"}
+    )
+    http_max_connections: int = field(
+        default=1024, metadata={"help": "open HTTP connections beyond which requests are answered 503"}
+    )
     opening_max_bytes: int = field(
         default=OPENING_MAX_BYTES,
         metadata={"help": "bytes of a stateless dialogue's opening hashed into its routing key (0: no prefix routing)"},

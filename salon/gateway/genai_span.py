@@ -28,9 +28,10 @@ def set_request_attributes(
         "gen_ai.provider.name": PROVIDER,
         "gen_ai.system": PROVIDER,
         "gen_ai.request.model": model,
-        "gen_ai.request.temperature": sampling.temperature,
         "gen_ai.request.choice.count": num_choices,
     }
+    if "temperature" not in sampling.model_default_fields:  # else the model's default, chosen by the engine
+        attributes["gen_ai.request.temperature"] = sampling.temperature
     if sampling.max_new_tokens:
         attributes["gen_ai.request.max_tokens"] = sampling.max_new_tokens
     if sampling.top_p:

@@ -78,19 +78,25 @@ class AdmissionControl:
         state = self._states.get(tenant_id)
         return state.num_open_streams if state else 0
 
-    def admit(self, tenant: Tenant, now_s: float) -> Refusal | None:
-        """Open a stream for `tenant` (call `release` when it ends) or say why not.
+    def admit(self, tenant: Tenant, now_s: float, num_streams: int = 1) -> Refusal | None:
+        """Open `num_streams` streams for one request of `tenant` (call `release` with the same number
+        when they end) or say why not. A request of n choices runs n engine streams: it counts n
+        against the concurrency limit and takes one rate token.
 
         The concurrency limit is checked first so a refused stream does not spend a rate token.
         """
         state = self._state(tenant, now_s)
         limit = tenant.max_concurrent_streams
-        if limit is not None and state.num_open_streams >= limit:
-            return Refusal(
-                "concurrency",
-                f"tenant {tenant.tenant_id}: {limit} concurrent streams already open",
-                self.concurrency_retry_after_ms,
-            )
+        if limit is not None and state.num_open_streams + num_streams > limit:
+            if num_streams == 1:
+                message = f"tenant {tenant.tenant_id}: {limit} concurrent streams already open"
+            else:
+                free = max(0, limit - state.num_open_streams)
+                message = (
+                    f"tenant {tenant.tenant_id}: {num_streams} streams asked for, {free} of the limit of "
+                    f"{limit} concurrent streams free"
+                )
+            return Refusal("concurrency", message, self.concurrency_retry_after_ms)
         if state.bucket is not None:
             wait_s = state.bucket.try_take(now_s)
             if wait_s is not None:
@@ -99,10 +105,10 @@ class AdmissionControl:
                     f"tenant {tenant.tenant_id}: request rate above {tenant.requests_per_s:g}/s",
                     max(1, math.ceil(wait_s * 1000)),
                 )
-        state.num_open_streams += 1
+        state.num_open_streams += num_streams
         return None
 
-    def release(self, tenant: Tenant) -> None:
+    def release(self, tenant: Tenant, num_streams: int = 1) -> None:
         state = self._states[tenant.tenant_id]
-        assert state.num_open_streams > 0, "release without admit"
-        state.num_open_streams -= 1
+        assert state.num_open_streams >= num_streams, "release without admit"
+        state.num_open_streams -= num_streams

@@ -55,11 +55,19 @@ def to_engine_request(
         conversation_id=request.conversation_id,
         namespace_salt=namespace_salt,
         namespace_grant=grant,
+        priority=request.priority,
+        cache_salt=request.cache_salt,
+        chat_template_kwargs_json=request.chat_template_kwargs_json,
     )
     if request.HasField("character"):
         engine_request.character.CopyFrom(request.character)
     if request.HasField("sampling"):
         engine_request.sampling.CopyFrom(request.sampling)
+    engine_request.tools.extend(request.tools)
+    if request.HasField("tool_choice"):
+        engine_request.tool_choice.CopyFrom(request.tool_choice)
+    if request.HasField("parallel_tool_calls"):
+        engine_request.parallel_tool_calls = request.parallel_tool_calls
     which = request.WhichOneof("context")
     if which == "dialogue":
         engine_request.dialogue.CopyFrom(request.dialogue)

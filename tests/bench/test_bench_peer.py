@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from salon.loadgen import peer
+from tests.requirements import missing
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +156,7 @@ def gguf():
 def _reference_cases() -> list[dict]:
     path = next((p for p in REFERENCES if p.exists()), None)
     if path is None:
-        pytest.skip("greedy_ref_f64.jsonl not available")
+        missing("reference file greedy_ref_f64.jsonl", "the reference data lives in ../shared/reference")
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 

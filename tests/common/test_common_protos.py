@@ -1,15 +1,14 @@
 """protos/: generated stubs are fresh, every element is documented, buf lint passes."""
 
 import filecmp
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 from google.protobuf import descriptor_pb2
 
 from salon.common import protogen
+from tests.requirements import require
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -85,9 +84,6 @@ def _buf() -> str | None:
 
 def test_buf_lint():
     buf = _buf()
-    if buf is None:
-        if os.environ.get("CI"):
-            pytest.fail("buf is not installed (scripts/setup.sh installs @bufbuild/buf into tools/)")
-        pytest.skip("buf not installed: run scripts/setup.sh")
+    require(buf is not None, "buf", "scripts/setup.sh installs @bufbuild/buf into tools/")
     result = subprocess.run([buf, "lint"], cwd=REPO / "protos", capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

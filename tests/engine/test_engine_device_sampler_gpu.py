@@ -123,3 +123,25 @@ def test_speculative_rows_on_cuda_give_the_tokens_of_a_run_without_drafts(tiny_c
     spec, _ = run(core, engine_requests())
     assert core.num_accepted_draft_tokens > 0
     assert spec == plain
+
+
+def test_masked_rows_never_take_a_masked_token_and_greedy_ones_are_the_host_samplers():
+    specs = [
+        {"logit_bias": ((3, -100.0), (4, 2.5)), "return_logprobs": True},
+        {"min_tokens": 4, "min_tokens_mask_ids": (7, 8)},
+        {"temperature": 0.9, "top_p": 0.8, "logit_bias": ((7, 6.0), (100, -100.0))},
+        {"temperature": 1.0, "min_tokens": 3, "min_tokens_mask_ids": (7, 8), "repetition_penalty": 1.3},
+    ]
+    device_reqs, host_reqs = requests(specs, "mask"), requests(specs, "mask")
+    sampler = DeviceSampler("cuda")
+    for step in range(6):
+        logits = torch.stack([step_logits(r.request_id, step) for r in device_reqs])
+        logits[:, [3, 7, 8, 100]] += 8.0  # the masked tokens made likely, so the masks decide
+        got, _, _ = sampler.sample(logits.cuda(), chunks_of(device_reqs))
+        want = sample(logits, [r.sampling for r in host_reqs], [r.generator for r in host_reqs], host_reqs)
+        for i in (0, 1):  # greedy rows
+            assert got[i].token_id == want[i].token_id, (step, i)
+        for d, h, t in zip(device_reqs, host_reqs, got):
+            assert t.token_id not in d.sampling.masked_token_ids(d.num_output_tokens), step
+            d.output_token_ids.append(t.token_id)
+            h.output_token_ids.append(t.token_id)

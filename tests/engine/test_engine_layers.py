@@ -3,7 +3,7 @@
 Bottom to top:
 
     model, config, metrics, resident   the model and the engine's settings and gauges
-    request.py, batch.py               a request's state; what the scheduler hands the runner
+    request.py, batch.py, grammar/     a request's state and its constraint; what the scheduler hands the runner
     kv/                                the paged cache tensors, their layout and block bookkeeping
     prefix/                            the device and host prefix caches and the policy over them
     worker/                            running a step: attention metadata, the model call, sampling
@@ -29,6 +29,7 @@ LAYERS = {
     "salon.engine.resident": 0,
     "salon.engine.model": 0,
     "salon.engine.request": 1,
+    "salon.engine.grammar": 1,
     "salon.engine.batch": 1,
     "salon.engine.kv": 2,
     "salon.engine.prefix": 3,

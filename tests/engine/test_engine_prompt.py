@@ -8,8 +8,9 @@ import threading
 import pytest
 
 from salon.api.chat.v1 import chat_pb2
+from salon.common.errors import InvalidArgument
 from salon.engine.api.prompt import Character, ChatMessage, PromptRenderer, RenderStopped, ReplyMemo, Role
-from salon.engine.api.validation import Limits, parse_dialogue
+from salon.engine.api.validation import Limits, parse_chat_template_kwargs, parse_dialogue
 from salon.engine.model.chat_renderer import ChatRenderer
 from salon.engine.model.loader import open_model_file
 from salon.engine.model.tokenizer import Tokenizer
@@ -263,3 +264,42 @@ def _accepted(proto, limits: Limits, character, context: int) -> bool:
     except OutOfRange:
         return False
     return True
+
+
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n{% endif %}{% endif %}"
+)
+
+
+def test_chat_template_kwargs_reach_the_template_as_variables(files):
+    tok, _ = files["smollm2-135m-instruct"]
+    r = renderer(files, "smollm2-135m-instruct", template=THINKING_TEMPLATE)
+    messages = [ChatMessage(Role.USER, "Hi")]
+    plain = r.render_prompt(None, messages).token_ids
+    off = r.render_prompt(None, messages, template_kwargs={"enable_thinking": False}).token_ids
+    assert tok.decode(plain).endswith("<|im_start|>assistant\n")
+    assert tok.decode(off) == tok.decode(plain) + "<think>\n\n</think>\n"
+    assert off[: len(plain)] == plain
+    with pytest.raises(RenderStopped):
+        r.render_prompt(None, messages, max_tokens=len(off) - 1, template_kwargs={"enable_thinking": False})
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('{"messages": []}', "'messages' cannot be set"),
+        ('{"bos_token": "x"}', "'bos_token' cannot be set"),
+        ("[1, 2]", "must be a JSON object"),
+        ("{not json", "not valid JSON"),
+    ],
+)
+def test_chat_template_kwargs_cannot_replace_what_every_render_sets(files, text, problem):
+    tok, mf = files["smollm2-135m-instruct"]
+    chat = ChatRenderer(tok, mf.chat_template, mf.config.eos_token_ids)
+    with pytest.raises(InvalidArgument, match=problem):
+        parse_chat_template_kwargs(text, chat.reserved_variables)
+    assert parse_chat_template_kwargs('{"enable_thinking": false}', chat.reserved_variables) == {
+        "enable_thinking": False
+    }

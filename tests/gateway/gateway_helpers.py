@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.requirements import require
+
 REDIS_BINARY = shutil.which("redis-server")
 
 
@@ -24,8 +26,7 @@ class RedisServer:
     """A throwaway redis-server: no persistence, loopback only, on a fixed port across restarts."""
 
     def __init__(self, port: int | None = None):
-        if REDIS_BINARY is None:
-            pytest.skip("redis-server binary not found (Debian package redis-server); Redis tests skipped")
+        require(REDIS_BINARY is not None, "redis-server", "Debian package redis-server; scripts/setup.sh installs it")
         self.port = port or free_port()
         self.process: subprocess.Popen | None = None
 

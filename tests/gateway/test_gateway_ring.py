@@ -51,10 +51,22 @@ def test_empty_ring() -> None:
 
 
 def test_hash_is_stable_across_processes() -> None:
-    # Fixed value: replicas (and restarts) must agree on positions, so the hash may never change.
-    assert ring_hash("conv-1") == int.from_bytes(
-        __import__("hashlib").blake2b(b"conv-1", digest_size=8).digest(), "big"
-    )
+    # Literals computed once: replicas (and restarts, and upgrades) must agree on positions, so neither the hash
+    # nor the placement of a key may ever change.
+    assert ring_hash("conv-1") == 11089325264343481520
+    assert ring_hash("") == 16476032584258269876
+    assert ring_hash("e0#0") == 1665524033367879423
+    ring = HashRing(engines(3))
+    assert list(ring.preference("conv-1")) == ["e1", "e2", "e0"]
+    assert list(ring.preference("conv-2")) == ["e0", "e2", "e1"]
+    assert list(ring.preference("c0ffee")) == ["e2", "e0", "e1"]
+    named = HashRing([EngineId(f"engine-{i}") for i in range(5)])
+    assert [named.owner(k) for k in ("conv-1", "conv-2", "conv-3", "alice/dialogue-7")] == [
+        "engine-0",
+        "engine-2",
+        "engine-0",
+        "engine-3",
+    ]
     assert HashRing(engines(3)).owner("conv-1") == HashRing(list(reversed(engines(3)))).owner("conv-1")
 
 

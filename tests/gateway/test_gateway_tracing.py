@@ -121,6 +121,24 @@ def _access_line(log: Path, method: str, conversation_id: str | None = None) -> 
     )
 
 
+def _sampled_control(stack) -> None:
+    """The positive control of an absence check, run after the requests it covers: a request through the recording
+    gateway. Its gateway SERVER span is in the file as soon as the call returns (a span is written as it ends, and
+    the server span ends before the call's status is sent), which is what lets the unsampled gateway's empty file
+    be checked right after its calls returned; and the engine writes its span, after any span of the earlier
+    requests (spans are written in the order they end)."""
+    tmp = stack["tmp"]
+    gateway_file = tmp / "gateway-all.spans.jsonl"
+    before = {s["trace_id"] for s in _records(gateway_file) if s["kind"] == "SERVER"}
+    _generate(stack["all"], f"trace-control-{len(before)}")
+    new = [s for s in _records(gateway_file) if s["kind"] == "SERVER" and s["trace_id"] not in before]
+    assert [s["name"] for s in new] == [CHAT_GENERATE], "the recording gateway had not written its span"
+    engine_span = _wait_for(
+        lambda: [s for s in _records(tmp / "engine.spans.jsonl") if s["trace_id"] == new[0]["trace_id"]]
+    )
+    assert engine_span, "the engine wrote no span of a sampled request"
+
+
 def test_sampled_request_spans_chain_gateway_server_client_engine(stack) -> None:
     _generate(stack["all"], "trace-sampled")
     tmp = stack["tmp"]
@@ -176,7 +194,7 @@ def test_unsampled_request_records_no_span_anywhere_but_keeps_its_trace_id(stack
         )
     )
     assert engine_line and engine_line["rpc_method"] == ENGINE_GENERATE
-    time.sleep(0.5)  # spans are written as they end: give a stray one the time to appear
+    _sampled_control(stack)
     assert _records(tmp / "gateway-none.spans.jsonl") == []
     assert [s for s in _records(tmp / "engine.spans.jsonl") if s["trace_id"] == trace_id] == []
 
@@ -199,7 +217,7 @@ def test_the_public_port_ignores_inbound_trace_context_and_baggage(stack) -> Non
     assert final is not None
     line = _wait_for(lambda: _access_line(tmp / "gateway-none.log", CHAT_GENERATE, "trace-forced"))
     assert line and line["trace_id"] != client_trace_id
-    time.sleep(0.5)
+    _sampled_control(stack)
     assert _records(tmp / "gateway-none.spans.jsonl") == []
     assert [
         s for s in _records(tmp / "engine.spans.jsonl") if s["trace_id"] in (client_trace_id, line["trace_id"])

@@ -5,7 +5,6 @@ the same request. Generic reflection (no compiled stubs) lists and describes the
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,6 +26,7 @@ from hardening_stack import (
 )
 
 from salon.api.chat.v1 import chat_pb2
+from tests.requirements import missing
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = shutil.which("node")
@@ -50,10 +50,7 @@ def stack(tmp_path_factory):
 def _require_node() -> str:
     grpc_js = REPO / "tools" / "node_modules" / "@grpc" / "grpc-js"
     if NODE is None or not grpc_js.is_dir():
-        why = "node" if NODE is None else "tools/node_modules (run scripts/setup.sh)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{why} is missing: the polyglot client must run in CI")
-        pytest.skip(f"{why} is missing")
+        missing("node" if NODE is None else "tools/node_modules", "scripts/setup.sh installs it")
     return NODE
 
 

@@ -8,7 +8,9 @@ engine: gw0 -> e0, gw1 -> e1.
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -108,6 +110,28 @@ def _wait_stored(kv_address: str, timeout_s: float = 20.0) -> int:
             time.sleep(0.05)
 
 
+GENERATE = "/salon.chat.v1.ChatService/Generate"
+MODEL_INFO = "/salon.chat.v1.ChatService/GetModelInfo"
+
+
+def _wait_until(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the control"
+        time.sleep(0.05)
+
+
+def _finished(log: Path, method: str, code: str) -> list[dict]:
+    """The access lines (rpc_finished) of `method` with status `code` in a JSON log."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    return [
+        r
+        for r in records
+        if r.get("event") == "rpc_finished" and r.get("rpc_method") == method and r.get("code") == code
+    ]
+
+
 def test_tenant_b_gets_nothing_from_tenant_a(stack) -> None:
     procs, _ = stack
     first_a = _usage(procs["gw0"], KEY_A)
@@ -136,7 +160,11 @@ def test_api_keys_in_no_log_or_trace(stack) -> None:
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert KEY_B not in info.value.details() and WRONG_KEY not in info.value.details()
         stub.GetModelInfo(chat_pb2.GetModelInfoRequest(), metadata=auth(KEY_A), timeout=10)
-    time.sleep(0.5)  # span exporters flush in the background
+    # Positive control before the absence checks: the refused calls and the last call have reached gw0's log and
+    # trace file, so the files below hold everything these calls could have leaked.
+    log, spans_file = tmp / "gw0.log", tmp / "gw0.spans.jsonl"
+    _wait_until(lambda: len(_finished(log, GENERATE, "UNAUTHENTICATED")) >= 2 and _finished(log, MODEL_INFO, "OK"))
+    _wait_until(lambda: MODEL_INFO in spans_file.read_text(errors="replace") if spans_file.exists() else False)
     files = sorted(tmp.glob("*.log")) + sorted(tmp.glob("*.spans.jsonl"))
     assert len(files) == 10, [f.name for f in files]
     for path in files:

@@ -107,9 +107,17 @@ def c_supports(hq, hkv, d, isa):
 def test_matches_reference(impl, case):
     seq_lens, q_lens, hq, hkv, d, bs, window = case
     attend = implementation(impl)
-    if impl != "torch" and not c_supports(hq, hkv, d, impl):
-        pytest.skip("head size not a multiple of 16: the C kernel declines, the PyTorch path runs")
     q, kc, vc, ks, vs, tables, qsl, lens = build_case(seq_lens, q_lens, hq, hkv, d, bs, window)
+    if impl != "torch" and not c_supports(hq, hkv, d, impl):
+        # A head size that is not a multiple of 16: the C kernel declines, and the dispatcher runs the PyTorch path.
+        assert d % 16 != 0
+        assert (
+            cpu_attention.paged_attention_c(
+                PagedAttentionArgs(q, kc, vc, ks, vs, tables, qsl, lens, 0.125, window), isa=impl
+            )
+            is None
+        )
+        attend = paged_attention_cpu
     # The oracle: the reference's arithmetic in float64 (the float32 reference's own rounding reaches the
     # tolerance on Gemma's long-window case, 2.0e-5 where the PyTorch path is 1.2e-5 and the C kernel 3.8e-6 off).
     ref = paged_attention_ref(q.double(), kc, vc, ks, vs, sanitized(tables), qsl, lens, 0.125, window)

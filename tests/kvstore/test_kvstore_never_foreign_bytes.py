@@ -368,6 +368,51 @@ def test_over_grpc_a_commit_without_the_writes_is_refused(small_store) -> None:
         assert stub.GetStats(pb.GetStatsRequest()).shm_name == prepared.shm_name
 
 
+def test_over_grpc_only_the_local_kv_unwritten_is_refused(small_store) -> None:
+    """Every global slot written, the one local (sliding-window layers) slot not: the local checksum refuses it."""
+    ctx = list(range(300, 316))
+    with grpc.insecure_channel(small_store.target) as channel:
+        stub = pb_grpc.KVStoreServiceStub(channel)
+        header = pb.PutHeader(namespace=NS_C, token_ids_le32=encode_token_ids(ctx), layout=layout_to_proto(LAYOUT))
+        request = pb.PrepareSharedPutRequest(header=header, num_blocks=4, local_block_indices=[3])
+
+        def prepare_and_write_global():
+            prepared = stub.PrepareSharedPut(request)
+            assert [(s.block_index, s.write_global, s.write_local) for s in prepared.slots] == [
+                (0, True, False),
+                (1, True, False),
+                (2, True, False),
+                (3, True, True),
+            ]
+            arena = np.memmap(prepared.shm_name, np.uint8, "r+")
+            for s in prepared.slots:
+                g = payload(NS_C, ctx, s.block_index, "g", LAYOUT.global_bytes_per_block, 4)
+                arena[s.global_offset : s.global_offset + len(g)] = np.frombuffer(g, np.uint8)
+            arena.flush()
+            return prepared, arena
+
+        g_crc = [zlib.crc32(payload(NS_C, ctx, i, "g", LAYOUT.global_bytes_per_block, 4)) for i in range(4)]
+        local = payload(NS_C, ctx, 3, "l", LAYOUT.local_bytes_per_block, 4)
+        commit = lambda lease_id: stub.CommitSharedPut(
+            pb.CommitSharedPutRequest(lease_id=lease_id, global_crc32=g_crc, local_crc32=[zlib.crc32(local)])
+        )
+        prepared, _arena = prepare_and_write_global()
+        with pytest.raises(grpc.RpcError) as info:
+            commit(prepared.lease_id)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert info.value.details().startswith("block 3: the local KV at offset ")
+        assert info.value.details().endswith("is not what was written; nothing was stored")
+        fetch = pb.FetchRequest(namespace=NS_C, token_ids_le32=encode_token_ids(ctx), layout=layout_to_proto(LAYOUT))
+        assert [m.header.num_tokens for m in stub.Fetch(fetch) if m.HasField("header")] == [0]
+        # Control: the same put with the local KV written is stored, local KV included.
+        prepared, arena = prepare_and_write_global()
+        (slot,) = [s for s in prepared.slots if s.write_local]
+        arena[slot.local_offset : slot.local_offset + len(local)] = np.frombuffer(local, np.uint8)
+        arena.flush()
+        assert commit(prepared.lease_id).counts.stored_blocks == 4
+        assert [m.header.num_tokens for m in stub.Fetch(fetch) if m.HasField("header")] == [16]
+
+
 def test_over_grpc_a_peer_holds_at_most_its_lease_cap(small_store) -> None:
     ctx = list(range(200, 208))
     own_connection = [("grpc.use_local_subchannel_pool", 1)]

@@ -204,12 +204,21 @@ async def test_many_puts_and_fetches_in_flight(tmp_path) -> None:
         assert stats.evicted_blocks > 0 and stats.used_bytes <= stats.capacity_bytes
         for client in clients:
             await client.close()
-        await asyncio.sleep(0.2)
-        assert (await KVStoreClient(proc.target).stats()).num_leases == 0
+        assert await _leases_reach_zero(KVStoreClient(proc.target), timeout_s=10.0)
     finally:
         for client in clients:
             await client.close()
         assert proc.stop() == 0
+
+
+async def _leases_reach_zero(client: KVStoreClient, timeout_s: float) -> bool:
+    """Polls the kvstore's lease count until it is 0 (True) or `timeout_s` passes (False)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (await client.stats()).num_leases != 0:
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 async def test_restart_gives_misses_then_recovers(tmp_path) -> None:
@@ -271,8 +280,9 @@ async def test_unreleased_lease_expires(kvstore) -> None:
         assert response.header.num_tokens == 16 and len(response.header.global_offsets) == 4
         assert response.header.lease_ttl_ms == 2000
         assert (await client.stats()).num_leases == 1
-        await asyncio.sleep(3.0)  # TTL 2 s, swept every 0.5 s
-        assert (await client.stats()).num_leases == 0
+        started = asyncio.get_running_loop().time()
+        assert await _leases_reach_zero(client, timeout_s=10.0)  # TTL 2 s, swept every 0.5 s
+        assert asyncio.get_running_loop().time() - started >= 1.0  # expired by its TTL, not at once
         assert not (await stub.ReleaseLease(pb.ReleaseLeaseRequest(lease_id=response.header.lease_id))).released
     await client.close()
 

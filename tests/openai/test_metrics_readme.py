@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -25,6 +24,7 @@ from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from salon.common.process import start_service
 from tests.hardening.hardening_stack import MODEL, stop_all, wait_gateway_sees
 from tests.openai.openai_stack import KEY, TENANTS
+from tests.requirements import require_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS_DOC = ROOT / "docs" / "metrics.md"
@@ -230,9 +230,9 @@ def test_a_store_not_configured_has_no_series(scrapes):
 _VLLM_COLON = re.compile(r"vllm:\w+ metric names should not contain ':'")
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
 @pytest.mark.parametrize("service", ["gateway", "gateway_http", "engine", "kvstore"])
 def test_promtool_finds_nothing_but_vllm_colons(scrapes, service):
+    require_tools("promtool", why="Debian's prometheus package; scripts/setup.sh installs it")
     checked = subprocess.run(
         ["promtool", "check", "metrics"], input=scrapes[service], capture_output=True, text=True, timeout=60
     )

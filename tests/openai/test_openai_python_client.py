@@ -201,17 +201,25 @@ def test_error_statuses(stack, tmp_path):
     assert err.value.status_code == 404 and _error(err)["param"] == "model" and MODEL in _error(err)["message"]
     cases = [
         (dict(temperature=5), "temperature"),
-        (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-        (dict(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}), "response_format"),
-        (dict(extra_body={"guided_json": {}}), "guided_json"),
+        (dict(tools=[{"type": "function", "function": {"name": "f g"}}]), "tools[0].function.name"),
+        (dict(functions=[{"name": "f"}]), "functions"),
+        (dict(extra_body={"min_tokens": -1}), "min_tokens"),
+        (dict(extra_body={"logit_bias": {"x": 1}}), "logit_bias.x"),
+        (
+            dict(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+            "response_format.json_schema.schema",
+        ),
+        (dict(response_format={"type": "grammar"}), "response_format.type"),
+        (dict(extra_body={"guided_json": []}), "guided_json"),
         (dict(n=0), "n"),
         (dict(top_logprobs=2), "top_logprobs"),
         (
             dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
             "messages[0].content[0].type",
         ),
-        (dict(messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), "messages[0].tool_call_id"),
-        (dict(messages=[{"role": "tool", "content": "x"}]), "messages[0].role"),
+        (dict(messages=[{"role": "user", "content": "x", "tool_call_id": "1"}]), "messages[0].tool_call_id"),
+        (dict(messages=[{"role": "tool", "content": "x"}]), "messages[0].tool_call_id"),
+        (dict(messages=[{"role": "function", "content": "x", "name": "f"}]), "messages[0].role"),
     ]
     for kw, param in cases:
         kw.setdefault("messages", opening("400"))

@@ -6,7 +6,6 @@ against the last tagged API (api-v*). A missing tool skips these tests, and fail
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,22 +17,12 @@ import pytest
 from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from tests.hardening.hardening_stack import start_gateway, stop_all
 from tests.openai.openai_stack import KEY, KEY_LIMITED, MODEL, start_stack, stop_stack
+from tests.requirements import require_tools
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_DIR = REPO / "clients" / "node"
 BUF = REPO / "tools" / "node_modules" / ".bin" / "buf"
 GRPC_DOC = REPO / "docs" / "grpc-api.md"
-IN_CI = os.environ.get("CI", "").lower() == "true"
-
-
-def require(*tools: str | Path) -> None:
-    """Skip (fail in CI, where scripts/setup.sh installs them) when a tool is missing."""
-    missing = [str(t) for t in tools if not (Path(t).exists() if isinstance(t, Path) else shutil.which(t))]
-    if missing:
-        message = f"missing {', '.join(missing)} (scripts/setup.sh installs them)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +54,7 @@ MESSAGES = [
 
 
 def test_npm_openai_client_against_the_http_api(stack, tmp_path):
-    require("node", NODE_DIR / "node_modules" / "openai")
+    require_tools("node", NODE_DIR / "node_modules" / "openai")
     dead = start_gateway(
         {"e9": _Dead()}, stack.tenants_path, tmp_path, name="gw-dead", extra=["--http-port", "0"], wait=False
     )
@@ -128,7 +117,7 @@ def test_npm_openai_client_against_the_http_api(stack, tmp_path):
         ("bad_field", "temperature"),
         ("bad_penalty", "presence_penalty"),
         ("bad_extension", "min_p"),
-        ("unsupported", "tools"),
+        ("unsupported", "functions"),
     ]:
         assert errors[name]["status"] == 400 and errors[name]["param"] == param, (name, errors[name])
         assert errors[name]["message"].startswith(param), errors[name]
@@ -152,7 +141,7 @@ def _python_greedy_ids(stack, conversation_id: str, text: str, max_new_tokens: i
 
 
 def test_typescript_stubs_generate_typecheck_and_stream(stack):
-    require(
+    require_tools(
         "node",
         BUF,
         NODE_DIR / "node_modules" / ".bin" / "protoc-gen-ts_proto",
@@ -218,7 +207,7 @@ def _run_doc_block(marker: str, tmp_path: Path) -> None:
 
 
 def test_readme_go_command_works_as_written_and_the_stubs_build(tmp_path):
-    require(
+    require_tools(
         "protoc",
         "protoc-gen-go",
         "protoc-gen-go-grpc",
@@ -233,9 +222,9 @@ def test_readme_go_command_works_as_written_and_the_stubs_build(tmp_path):
 
 
 def test_readme_java_command_works_as_written_and_the_stubs_compile(tmp_path):
-    require("protoc", "javac", *JAVA_JARS)
+    require_tools("protoc", "javac", *JAVA_JARS)
     if not (shutil.which("protoc-gen-grpc-java") or shutil.which("grpc_java_plugin")):
-        require("protoc-gen-grpc-java")
+        require_tools("protoc-gen-grpc-java")
     _run_doc_block("stub-commands-java", tmp_path)
     package = tmp_path / "gen" / "java" / "salon" / "chat" / "v1"
     assert (package / "ChatServiceGrpc.java").exists() and (package / "GenerateRequest.java").exists()
@@ -250,7 +239,7 @@ def _last_released_api() -> Path:
 
 
 def test_buf_breaking_against_the_last_released_api(tmp_path):
-    require(BUF)
+    require_tools(BUF)
     image = _last_released_api()
     against = str(image)
     block = _doc_block("buf-breaking")

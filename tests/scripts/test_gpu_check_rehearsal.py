@@ -1,16 +1,17 @@
 """scripts/gpu_check.sh --rehearse: every step of the GPU check on the CPU (Triton's interpreter, tiny shapes),
-each step's RESULT line with the keys the GPU run prints; the scripts pass `bash -n` and shellcheck."""
+each step's RESULT line with the keys the GPU run prints; every script in scripts/ passes `bash -n` and shellcheck."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.requirements import require_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_KEYS = {
@@ -20,12 +21,11 @@ GPU_KEYS = {
 DECODE_KEYS = {"salon_tps", "peer_tps", "salon_over_peer_median_x", "salon_over_peer_range_x", "floor_step_ms"}
 
 
-@pytest.mark.parametrize("script", ["scripts/gpu_check.sh", "scripts/gpu_wheels.sh"])
+@pytest.mark.parametrize("script", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scripts").glob("*.sh")))
 def test_scripts_parse_and_pass_shellcheck(script):
     subprocess.run(["bash", "-n", script], cwd=ROOT, check=True)
-    if shutil.which("shellcheck") is None:
-        pytest.skip("no shellcheck")
-    subprocess.run(["shellcheck", script], cwd=ROOT, check=True)
+    require_tools("shellcheck", why="Debian package shellcheck")
+    subprocess.run(["shellcheck", "--external-sources", script], cwd=ROOT, check=True)  # and the files it sources
 
 
 def test_wheel_list_pins_exact_versions():

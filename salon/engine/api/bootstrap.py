@@ -24,8 +24,10 @@ from salon.engine.api.validation import Limits
 from salon.engine.config import EngineConfig
 from salon.engine.core.engine_core import EngineCore, warmup
 from salon.engine.core.engine_loop import EngineLoop
+from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
 from salon.engine.kv.kv_transfer import host_layout, layout_tag
 from salon.engine.model.chat_renderer import ChatRenderer
+from salon.engine.model.sampling_defaults import SamplingDefaults
 from salon.engine.prefix.host_cache import HostCache
 from salon.engine.resident import ResidentMeter
 from salon.engine.worker.model_loading import load_serving_model
@@ -34,8 +36,8 @@ from salon.kernels.cpu.w8a8_grouped import packed_bytes
 log = get_logger(__name__)
 
 
-def build_engine(config: EngineConfig) -> tuple[EngineCore, ChatRenderer]:
-    """The engine core (warmed up unless told not to) and the model's chat renderer."""
+def build_engine(config: EngineConfig) -> tuple[EngineCore, ChatRenderer, SamplingDefaults]:
+    """The engine core (warmed up unless told not to), the model's chat renderer and default sampling."""
     if config.torch_threads > 0:
         torch.set_num_threads(config.torch_threads)
     loaded = load_serving_model(config.model, config.precision, config.device, config.kernels, config.activations)
@@ -54,7 +56,7 @@ def build_engine(config: EngineConfig) -> tuple[EngineCore, ChatRenderer]:
     )
     if config.warmup:
         warmup(core)
-    return core, loaded.chat
+    return core, loaded.chat, loaded.sampling
 
 
 def build_core(config: EngineConfig) -> EngineCore:
@@ -110,7 +112,7 @@ class EngineService:
 
     async def _load(self, health: HealthState) -> None:
         try:
-            core, chat = await asyncio.to_thread(build_engine, self.config)
+            core, chat, sampling_defaults = await asyncio.to_thread(build_engine, self.config)
         except Exception:
             log.exception("model_load_failed", model=self.config.model)
             raise
@@ -144,11 +146,21 @@ class EngineService:
             ),
             model_config=model_cfg,
             chat=chat,
+            sampling_defaults=sampling_defaults,
             block_size_tokens=self.config.block_size_tokens,
             namespace_of=None if self.config.no_prefix_cache else self._namespace_of(core),
             host_cache=host_cache,
             sliding_window_tokens=max((layer.sliding_window_tokens or 0 for layer in model_cfg.layers), default=0),
             kv_bytes_per_token=core.layout.page_bytes // core.layout.block_size_tokens,
+            grammars=GrammarCompiler(
+                core.tokenizer,
+                tuple(sorted(set(model_cfg.eos_token_ids) | set(chat.stop_token_ids))),
+                GrammarLimits(
+                    self.config.grammar_cache_bytes,
+                    self.config.grammar_compile_timeout_s,
+                    self.config.grammar_compile_threads,
+                ),
+            ),
             resident=ResidentMeter(
                 core.model.weight_bytes() + packed_bytes(),
                 core.kv_cache.allocated_bytes(),
@@ -197,3 +209,6 @@ class EngineService:
             await asyncio.to_thread(self._loop.stop)
         if self._host is not None:
             await self._host.close()
+        runtime = self.servicer.runtime
+        if runtime is not None and runtime.grammars is not None:
+            runtime.grammars.close()

@@ -11,6 +11,12 @@ without one) one message at a time, so appending a message only appends tokens:
     CHARACTER        -> assistant  the text (or the ids the model generated for it)
     SYSTEM           -> system     the text (Gemma's turn format: "[system] {text}", folded into the user
                         turn); a template without a system role gets it as a user message "[system] {text}"
+    TOOL             -> tool       the result, with its tool_call_id
+    tools            -> the template's `tools`; a CHARACTER message's tool calls -> its `tool_calls`
+
+A template without tool support gets tools, calls and results as text (model/tool_prompt.py): the tools'
+block is appended to the character block (or is the system message when there is no character), calls
+follow the CHARACTER message's text, and a TOOL result is a user message `<tool_response>...`.
 
 The reply is generated after the generation prompt and ends with the template's end-of-turn marker (or
 EOS), which stays in the reply's ids. Turn N+1 carries the reply as a CHARACTER message; the template
@@ -30,14 +36,26 @@ from dataclasses import dataclass
 from enum import Enum
 
 from salon.engine.model.chat_renderer import ChatRenderer, RenderStopped, TemplateMessage
+from salon.engine.model.tool_prompt import ToolCallSpec, ToolSpec, calls_text, tool_result_text, tools_block
 
-__all__ = ["Character", "ChatMessage", "PromptRenderer", "RenderStopped", "RenderedPrompt", "ReplyMemo", "Role"]
+__all__ = [
+    "Character",
+    "ChatMessage",
+    "PromptRenderer",
+    "RenderStopped",
+    "RenderedPrompt",
+    "ReplyMemo",
+    "Role",
+    "ToolCallSpec",
+    "ToolSpec",
+]
 
 
 class Role(Enum):
     USER = "user"
     CHARACTER = "character"
     SYSTEM = "system"
+    TOOL = "tool"
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,9 @@ class ChatMessage:
     author: str = ""
     # The body already tokenized (instead of text).
     token_ids: tuple[int, ...] | None = None
+    # CHARACTER: the tool calls made after the text; TOOL: the id of the call whose result this is.
+    tool_calls: tuple[ToolCallSpec, ...] = ()
+    tool_call_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,18 @@ class PromptRenderer:
         return prefix + self._tok.decode(list(ids)), tuple(prefix_ids) + tuple(ids)
 
     def _message(self, m: ChatMessage) -> TemplateMessage:
+        if m.role is Role.TOOL:
+            if self.chat.supports_tools:
+                return TemplateMessage("tool", m.text, tool_call_id=m.tool_call_id)
+            return TemplateMessage("user", tool_result_text(m.text))
+        if m.role is Role.CHARACTER and m.tool_calls:
+            text = m.text if m.token_ids is None else self._tok.decode(list(m.token_ids))
+            if self.chat.supports_tools:
+                return TemplateMessage("assistant", text, tool_calls=m.tool_calls)
+            # The calls as text: the ids generated for exactly that text, when this engine generated it.
+            whole = calls_text(text, m.tool_calls)
+            known = self._known_reply_ids(whole) if self._known_reply_ids is not None else None
+            return TemplateMessage("assistant", whole, tuple(known) if known is not None else None)
         if m.role is Role.CHARACTER:
             ids = m.token_ids
             if ids is None and self._known_reply_ids is not None:
@@ -138,10 +171,14 @@ class PromptRenderer:
             return ""
         return (f"You are {character.name}.\n" if character.name else "") + character.definition
 
-    def template_messages(self, character: Character | None, messages: Sequence[ChatMessage]) -> list[TemplateMessage]:
+    def template_messages(
+        self, character: Character | None, messages: Sequence[ChatMessage], tools: tuple[ToolSpec, ...] = ()
+    ) -> list[TemplateMessage]:
         """The dialogue as the template's messages (see the module docstring)."""
         out = [self._message(m) for m in messages]
         block = self.character_text(character)
+        if tools and not self.chat.supports_tools:
+            block = "\n\n".join(b for b in (block, tools_block(tools)) if b)
         if not block:
             return out
         if self.chat.supports_system_role:
@@ -166,11 +203,16 @@ class PromptRenderer:
         messages: Sequence[ChatMessage],
         stop: threading.Event | None = None,
         max_tokens: int | None = None,
+        template_kwargs: dict | None = None,
+        tools: tuple[ToolSpec, ...] = (),
     ) -> RenderedPrompt:
         """The full prompt and where its last message starts. RenderStopped when `stop` is set (checked
         between messages) or as soon as the prompt holds more than max_tokens tokens; ChatTemplateError
         (INVALID_ARGUMENT) with the template's message when it refuses the dialogue."""
-        rendered = self.chat.render(self.template_messages(character, messages), True, stop, max_tokens)
+        native_tools = tools if self.chat.supports_tools else ()
+        rendered = self.chat.render(
+            self.template_messages(character, messages, tools), True, stop, max_tokens, template_kwargs, native_tools
+        )
         if max_tokens is not None and len(rendered.token_ids) > max_tokens:
             raise RenderStopped(False, len(rendered.token_ids))
         last = rendered.message_starts[-1] if rendered.message_starts else 0

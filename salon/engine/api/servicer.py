@@ -1,11 +1,16 @@
 """salon.engine.v1.EngineService: a thin gRPC edge over the engine loop.
 
 Generate, cheapest refusal first:
-    counts (no field read one by one) -> fields (ids vectorized) -> queue slot (waiting + rendering
-    requests below the limit) -> render (off the loop; stops past the context or when the client
-    goes away) -> kvstore lookup when the device cache has less -> submit to the step thread ->
-    stream TokenDelta events -> GenerateFinal.
+    counts (no field read one by one) -> fields (ids vectorized, a constraint's size) -> queue slot (waiting +
+    rendering requests below the limit) -> the constraint compiled (off the loop, time-limited, cached) ->
+    render (off the loop; stops past the context or when the client goes away) ->
+    kvstore lookup when the device cache has less -> submit to the step thread -> stream TokenDelta events ->
+    GenerateFinal.
 When the call is cancelled or its deadline passes, the request is aborted and its blocks freed at once.
+
+Tokenize and Detokenize: counts first (messages or ids against the context, text bytes against what
+the context can hold), then the fields, then the tokenizer / chat template in a worker thread, at most
+MAX_TOKENIZE_CALLS at a time (the rest wait their turn), so neither ever runs on the event loop.
 
 DeleteConversation ends the dialogue's requests and drops its KV on the step thread (device cache),
 forgets its remembered reply ids, then drops it in the kvstore once its in-flight puts are done.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 import time
 import uuid
@@ -27,14 +33,19 @@ from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
 from salon.common.errors import DeadlineExceeded, Internal, InvalidArgument, OutOfRange, ResourceExhausted, Unavailable
 from salon.common.logging import bind_request_context, get_logger
+from salon.common.prefix_hash import salted_namespace_salt
 from salon.engine import metrics
+from salon.engine.api.model_defaults import default_sampling_message, with_model_defaults
 from salon.engine.api.prompt import Character, PromptRenderer, RenderStopped, ReplyMemo
+from salon.engine.api.salted_namespaces import SaltedNamespaces
 from salon.engine.api.validation import (
     Limits,
     check_id_string,
     check_ids,
     check_prompt_counts,
+    check_request_controls,
     check_text_size,
+    parse_chat_template_kwargs,
     parse_context,
     parse_dialogue,
     parse_sampling,
@@ -43,8 +54,12 @@ from salon.engine.api.validation import (
 from salon.engine.config import EngineConfig
 from salon.engine.core.engine_loop import EngineDead, EngineLoop
 from salon.engine.core.output import RequestEvent
+from salon.engine.grammar.compiler import GrammarCompiler
+from salon.engine.grammar.constraint import Constraint
+from salon.engine.grammar.matcher import RequestGrammar
 from salon.engine.model.chat_renderer import ChatRenderer
 from salon.engine.model.config import ModelConfig
+from salon.engine.model.sampling_defaults import NEUTRAL, SamplingDefaults
 from salon.engine.model.tokenizer import Tokenizer
 from salon.engine.prefix.hit import PrefixHit, cacheable_prefix_tokens
 from salon.engine.prefix.host_cache import HostCache
@@ -52,6 +67,9 @@ from salon.engine.request import FinishReason, Request, RequestId
 from salon.engine.resident import ResidentMeter
 
 log = get_logger(__name__)
+
+# Tokenize / Detokenize calls doing tokenizer work at once (threads): more wait, the event loop never does.
+MAX_TOKENIZE_CALLS = 2
 
 _FINISH = {
     FinishReason.STOP_TOKEN: chat_pb2.FINISH_REASON_STOP_TOKEN,
@@ -73,6 +91,8 @@ class EngineRuntime:
     # The model's chat format (its template, or Gemma's turn format), shared by every request.
     chat: ChatRenderer
     block_size_tokens: int
+    # What a request gets for the sampling fields it leaves to the model (SamplingParams.model_default_fields).
+    sampling_defaults: SamplingDefaults = NEUTRAL
     # Cache namespace digest for a tenant's namespace salt; None when prefix caching is off.
     namespace_of: Callable[[str], bytes] | None = None
     # The kvstore (cross-turn cache in host memory); None when not configured.
@@ -83,6 +103,8 @@ class EngineRuntime:
     kv_bytes_per_token: int = 0
     # The process's resident memory by part (salon/engine/resident.py); None in tests that build no meter.
     resident: ResidentMeter | None = None
+    # Constraints (sampling.constraint) compiled for this tokenizer; None: constrained requests are refused.
+    grammars: GrammarCompiler | None = None
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
@@ -90,11 +112,14 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self.config = config
         self.runtime: EngineRuntime | None = None
         self.memo = ReplyMemo()
+        # The cache_salt sub-namespaces each dialogue used here, erased with it (DeleteConversation).
+        self.salted = SaltedNamespaces()
         # The process's health; once the model is loaded, NOT_SERVING means shutting down (draining).
         self.health = None
         # Requests between the queue check and submission (rendering, kvstore lookup): they count
         # against max_waiting_requests like queued ones, so renders in flight are bounded too.
         self._admitting = 0
+        self._tokenize_slots = asyncio.Semaphore(MAX_TOKENIZE_CALLS)
 
     def _ready(self) -> EngineRuntime:
         if self.runtime is None:
@@ -119,12 +144,19 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         check_id_string("request_id", request.request_id, required=False)
         check_id_string("conversation_id", request.conversation_id, required=False)
         check_id_string("namespace_salt", request.namespace_salt, required=False)
+        if "\x00" in request.namespace_salt:
+            raise InvalidArgument("namespace_salt: must not hold NUL (it separates a cache_salt's sub-namespace)")
+        check_request_controls(request)
         check_prompt_counts(request, limits)
-        sampling = parse_sampling(request.sampling, limits)
+        sampling = parse_sampling(with_model_defaults(request.sampling, rt.sampling_defaults), limits)
         resumed = check_ids("resume_token_ids", request.resume_token_ids, limits.vocab_size, limits.max_context_tokens)
-        return sampling, resumed, parse_context(request, limits)
+        parsed = parse_context(request, limits)
+        template_kwargs = parse_chat_template_kwargs(request.chat_template_kwargs_json, rt.chat.reserved_variables)
+        return sampling, resumed, parsed, template_kwargs
 
-    async def _build_request(self, request, context, rt: EngineRuntime, sampling, resumed, parsed) -> Request:
+    async def _build_request(
+        self, request, context, rt: EngineRuntime, sampling, resumed, parsed, template_kwargs
+    ) -> Request:
         arrival = time.monotonic()
         limits = rt.limits
         if parsed.prompt_token_ids is not None:
@@ -134,40 +166,55 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             prompt = await asyncio.to_thread(rt.tokenizer.encode, parsed.text, True, False)
             last_message_start = len(prompt)
         else:
-            prompt, last_message_start = await self._render(request, parsed, rt)
+            prompt, last_message_start = await self._render(request, parsed, rt, template_kwargs)
+        keep = request.sampling.truncate_prompt_tokens
+        if keep and len(prompt) > keep:  # vLLM's truncate_prompt_tokens: the last `keep` tokens
+            last_message_start = max(0, last_message_start - (len(prompt) - keep))
+            prompt = prompt[-keep:]
         max_new = resolve_max_new_tokens(sampling.max_new_tokens, len(prompt), len(resumed), limits)
-        sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
+        if sampling.min_tokens > max_new:
+            raise InvalidArgument(f"sampling.min_tokens: {sampling.min_tokens} is more than max_new_tokens {max_new}")
+        # A reply ends at the file's EOS ids and the template's end-of-turn marker (unless ignore_eos), and at
+        # the request's own; min_tokens masks all of them.
+        model_stops = set(rt.model_config.eos_token_ids) | set(rt.chat.stop_token_ids)
+        stops = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else model_stops)
+        mask_ids = tuple(sorted(model_stops | set(sampling.stop_token_ids))) if sampling.min_tokens else ()
+        sampling = dataclasses.replace(sampling, max_new_tokens=max_new, min_tokens_mask_ids=mask_ids)
         if not rt.loop.fits(len(prompt) + max_new):
             raise ResourceExhausted(
                 f"prompt: {len(prompt)} tokens + max_new_tokens {max_new} need more KV memory than this engine has"
             )
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
-        # A reply ends at the file's EOS ids and the template's end-of-turn marker, and at the request's own.
-        eos = set(rt.model_config.eos_token_ids) | set(rt.chat.stop_token_ids) | set(sampling.stop_token_ids)
         req = Request(
             request_id=RequestId(request.request_id or f"eng-{uuid.uuid4().hex}"),
             prompt_token_ids=prompt,
             sampling=sampling,
-            stop_token_ids=frozenset(eos),
+            stop_token_ids=frozenset(stops),
             max_context_tokens=limits.max_context_tokens,
             arrival_s=arrival,
             deadline_s=deadline,
             namespace_salt=request.namespace_salt,
+            priority=request.priority,
         )
         req.output_token_ids.extend(resumed)
         req.num_resumed_tokens = len(resumed)
         req.conversation_id = request.conversation_id
-        if rt.namespace_of is not None:
+        if rt.namespace_of is not None and request.cache_salt:
+            # A sub-namespace of the tenant's that only this engine knows: device cache only (Request.host_cacheable).
+            req.namespace = rt.namespace_of(salted_namespace_salt(request.namespace_salt, request.cache_salt))
+            req.host_cacheable = False
+            self.salted.note(request.namespace_salt, request.conversation_id, req.namespace)
+        elif rt.namespace_of is not None:
             req.namespace = rt.namespace_of(request.namespace_salt)
             if rt.host_cache is not None:
                 rt.host_cache.note_grant(req.namespace, request.namespace_salt, request.namespace_grant)
-            if rt.sliding_window_tokens:
-                # Keep the window before the last message: a regeneration or edit of it reuses that KV.
-                req.retain_local_from = max(0, last_message_start - rt.sliding_window_tokens - rt.block_size_tokens)
+        if req.namespace is not None and rt.sliding_window_tokens:
+            # Keep the window before the last message: a regeneration or edit of it reuses that KV.
+            req.retain_local_from = max(0, last_message_start - rt.sliding_window_tokens - rt.block_size_tokens)
         return req
 
-    async def _render(self, request, parsed, rt: EngineRuntime) -> tuple[list[int], int]:
+    async def _render(self, request, parsed, rt: EngineRuntime, template_kwargs: dict | None) -> tuple[list[int], int]:
         """Tokenize the dialogue off the event loop; stops early past the context or on cancellation."""
         salt, conversation = request.namespace_salt, request.conversation_id
         renderer = PromptRenderer(rt.chat, lambda text: self.memo.get(salt, conversation, text))
@@ -175,7 +222,13 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         context_tokens = rt.limits.max_context_tokens
         try:
             rendered = await asyncio.to_thread(
-                renderer.render_prompt, parsed.character, parsed.messages, stop, context_tokens
+                renderer.render_prompt,
+                parsed.character,
+                parsed.messages,
+                stop,
+                context_tokens,
+                template_kwargs,
+                parsed.tools,
             )
         except asyncio.CancelledError:
             stop.set()  # the client went away: the worker thread stops at the next message
@@ -187,9 +240,21 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             ) from None
         return rendered.token_ids, rendered.last_message_start
 
+    @staticmethod
+    async def _compile(constraint: Constraint | None, rt: EngineRuntime) -> RequestGrammar | None:
+        """The request's grammar, compiled off the loop (or from the cache) before it is queued."""
+        if constraint is None:
+            return None
+        if rt.grammars is None:
+            raise InvalidArgument("sampling.constraint: this engine does not serve constrained decoding")
+        try:
+            return await rt.grammars.matcher(constraint)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"sampling.constraint.{exc.message}") from None
+
     async def _lookup_host(self, req: Request, rt: EngineRuntime) -> PrefixHit | None:
         """Fetch the kvstore's usable prefix when it beats what the engine's own cache holds."""
-        if rt.host_cache is None or req.namespace is None:
+        if rt.host_cache is None or req.namespace is None or not req.host_cacheable:
             return None
         max_tokens = cacheable_prefix_tokens(req.num_tokens, rt.block_size_tokens)
         device_tokens = rt.loop.probe_prefix(req)
@@ -201,12 +266,14 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         rt = self._ready()
         if request.request_id:  # the gateway's id: log lines of every service carry the same one
             bind_request_context(request_id=request.request_id)
-        sampling, resumed, parsed = self._parse(request, rt)
+        sampling, resumed, parsed, template_kwargs = self._parse(request, rt)
         if rt.loop.dead is not None:
             raise Unavailable("the engine is restarting; retry on another engine")
         self._admission_slot()
         try:
-            req = await self._build_request(request, context, rt, sampling, resumed, parsed)
+            grammar = await self._compile(sampling.constraint, rt)
+            req = await self._build_request(request, context, rt, sampling, resumed, parsed, template_kwargs)
+            req.grammar = grammar
             if rt.loop.is_active(req.request_id):
                 raise ResourceExhausted(f"request_id: {req.request_id!r} is already running on this engine")
             host_hit = await self._lookup_host(req, rt)
@@ -261,6 +328,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         """Keep the ids of a whole reply so next turn's rendering of its text reproduces them."""
         if event.finish_reason not in (FinishReason.STOP_TOKEN, FinishReason.LENGTH) or req.num_resumed_tokens:
             return
+        p = req.sampling
+        if p.ignore_eos or not p.skip_special_tokens or p.include_stop_str_in_output:
+            return  # its text is not the reply's body as the next turn carries it
         body = generated[:-1] if event.finish_reason is FinishReason.STOP_TOKEN else generated
         if text:
             self.memo.put(req.namespace_salt, req.conversation_id, text, body)
@@ -289,6 +359,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         namespace = rt.namespace_of(request.namespace_salt) if rt.namespace_of is not None else None
         try:
             aborted, device_blocks = await rt.loop.purge(namespace, request.conversation_id)
+            for salted in self.salted.take(request.namespace_salt, request.conversation_id):
+                more_aborted, more_blocks = await rt.loop.purge(salted, request.conversation_id)
+                aborted, device_blocks = aborted + more_aborted, device_blocks + more_blocks
         except EngineDead:
             raise Unavailable("the engine is restarting; retry") from None
         self.memo.drop_conversation(request.namespace_salt, request.conversation_id)
@@ -358,11 +431,17 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def Tokenize(self, request, context):
         rt = self._ready()
         which = request.WhichOneof("input")
+        context_tokens = rt.limits.max_context_tokens
         if which == "text":
             check_text_size("text", request.text, rt.limits)
             special = request.add_special_tokens
-            ids = await asyncio.to_thread(rt.tokenizer.encode, request.text, special, special)
+            work = functools.partial(rt.tokenizer.encode, request.text, special, special)
         elif which == "dialogue":
+            num_messages = len(request.dialogue.messages)
+            if num_messages >= context_tokens:
+                raise OutOfRange(
+                    f"dialogue.messages: {num_messages} messages cannot fit in the context of {context_tokens} tokens"
+                )
             messages = parse_dialogue(request.dialogue, rt.limits, request.character)
             character = (
                 Character(request.character.name, request.character.definition)
@@ -370,16 +449,19 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 else None
             )
             # Tokenize names no conversation, so no remembered reply ids apply: replies are tokenized as text.
-            renderer = PromptRenderer(rt.chat)
-            ids = await asyncio.to_thread(renderer.render, character, messages)
+            work = functools.partial(PromptRenderer(rt.chat).render, character, messages)
         else:
             raise InvalidArgument("input: one of text or dialogue is required")
-        return engine_pb2.TokenizeResponse(token_ids=ids, max_context_tokens=rt.limits.max_context_tokens)
+        async with self._tokenize_slots:
+            ids = await asyncio.to_thread(work)
+        return engine_pb2.TokenizeResponse(token_ids=ids, max_context_tokens=context_tokens)
 
     async def Detokenize(self, request, context):
         rt = self._ready()
-        ids = check_ids("token_ids", request.token_ids, rt.limits.vocab_size)
-        return engine_pb2.DetokenizeResponse(text=rt.tokenizer.decode(ids))
+        ids = check_ids("token_ids", request.token_ids, rt.limits.vocab_size, rt.limits.max_context_tokens)
+        async with self._tokenize_slots:
+            text = await asyncio.to_thread(rt.tokenizer.decode, ids)
+        return engine_pb2.DetokenizeResponse(text=text)
 
     async def GetModelInfo(self, request, context):
         rt = self._ready()
@@ -395,6 +477,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 architecture=cfg.architecture,
                 kv_bytes_per_token=rt.kv_bytes_per_token,
                 has_chat_template=rt.chat.has_own_template,
+                default_sampling=default_sampling_message(rt.sampling_defaults),
             )
         )
 

@@ -17,28 +17,42 @@ Cost is bounded before work, in this order:
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from salon.api.chat.v1 import chat_pb2
-from salon.common.errors import InvalidArgument, OutOfRange
+from salon.common import tool_specs
+from salon.common.errors import InvalidArgument, OutOfRange, Unimplemented
 from salon.common.prompt_bounds import prompt_count_problem
-from salon.engine.api.prompt import Character, ChatMessage, Role
+from salon.engine.api.prompt import Character, ChatMessage, Role, ToolCallSpec, ToolSpec
+from salon.engine.grammar.constraint import Constraint, ConstraintKind, checked
+from salon.engine.model.sampling_defaults import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 from salon.engine.request import SamplingParams
 
 MAX_ID_BYTES = 256
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
-MAX_TEMPERATURE = 100.0
 MAX_TOP_LOGPROBS = 20
-# vLLM's ranges: repetition_penalty > 0 (1 = none); frequency / presence in [-2, 2]; min_p in [0, 1].
-MAX_REPETITION_PENALTY = 100.0
+# vLLM's ranges: repetition_penalty > 0 (1 = none, at most MAX_REPETITION_PENALTY); frequency / presence in
+# [-2, 2]; min_p in [0, 1].
 MAX_FREQUENCY_PRESENCE_PENALTY = 2.0
+# OpenAI's bounds of logit_bias.
+MAX_LOGIT_BIAS = 300
+MAX_LOGIT_BIAS_VALUE = 100.0
+MAX_PRIORITY = 1_000_000
+MAX_CACHE_SALT_BYTES = 256
+MAX_CHAT_TEMPLATE_KWARGS_BYTES = 4096
 
-_ROLES = {chat_pb2.ROLE_USER: Role.USER, chat_pb2.ROLE_CHARACTER: Role.CHARACTER, chat_pb2.ROLE_SYSTEM: Role.SYSTEM}
+_ROLES = {
+    chat_pb2.ROLE_USER: Role.USER,
+    chat_pb2.ROLE_CHARACTER: Role.CHARACTER,
+    chat_pb2.ROLE_SYSTEM: Role.SYSTEM,
+    chat_pb2.ROLE_TOOL: Role.TOOL,
+}
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,8 @@ class ParsedContext:
     messages: list[ChatMessage] | None
     prompt_token_ids: list[int] | None
     text: str | None = None
+    # The tools to render with the dialogue (none when tool_choice is NONE).
+    tools: tuple[ToolSpec, ...] = ()
 
 
 def check_ids(field: str, ids, vocab_size: int, max_count: int | None = None) -> list[int]:
@@ -102,6 +118,7 @@ def parse_context(request, limits: Limits) -> ParsedContext:
     which = request.WhichOneof("context")
     if which is None:
         raise InvalidArgument("context: one of dialogue, tokens or text is required")
+    tools = parse_tools(request)
     context = limits.max_context_tokens
     if which == "tokens":
         ids = check_ids("tokens.token_ids", request.tokens.token_ids, limits.vocab_size, context)
@@ -115,7 +132,7 @@ def parse_context(request, limits: Limits) -> ParsedContext:
     character = (
         Character(request.character.name, request.character.definition) if request.HasField("character") else None
     )
-    return ParsedContext(character, parsed, None)
+    return ParsedContext(character, parsed, None, tools=tools)
 
 
 def check_text_size(field: str, text: str, limits: Limits) -> None:
@@ -145,20 +162,92 @@ def parse_dialogue(dialogue, limits: Limits, character) -> list[ChatMessage]:
         field = f"dialogue.messages[{i}]"
         role = _ROLES.get(m.role)
         if role is None:
-            raise InvalidArgument(f"{field}.role: {m.role} is not a known role (USER, CHARACTER or SYSTEM)")
+            raise InvalidArgument(f"{field}.role: {m.role} is not a known role (USER, CHARACTER, SYSTEM or TOOL)")
         text, author = m.text, m.author
-        if bool(text) == bool(m.token_ids):
+        calls, calls_bytes = _tool_calls(field, m, role)
+        if text and m.token_ids:
             raise InvalidArgument(f"{field}: exactly one of text and token_ids must be set")
+        if not (text or m.token_ids or calls):
+            raise InvalidArgument(f"{field}: one of text and token_ids must be set (or tool_calls)")
+        if role is Role.TOOL:
+            check_id_string(f"{field}.tool_call_id", m.tool_call_id, required=True)
+        elif m.tool_call_id:
+            raise InvalidArgument(f"{field}.tool_call_id: only a TOOL message has one")
         ids = tuple(check_ids(f"{field}.token_ids", m.token_ids, limits.vocab_size, context)) if m.token_ids else None
         body_tokens = len(ids) if ids else -(-(len(text.encode()) + len(author.encode())) // piece)
-        min_tokens += limits.message_overhead_tokens + max(1, body_tokens)
-        parsed.append(ChatMessage(role=role, text=text, author=author, token_ids=ids))
+        min_tokens += limits.message_overhead_tokens + max(1, body_tokens + -(-calls_bytes // piece))
+        parsed.append(
+            ChatMessage(
+                role=role, text=text, author=author, token_ids=ids, tool_calls=calls, tool_call_id=m.tool_call_id
+            )
+        )
     if min_tokens >= context:
         raise OutOfRange(
             f"prompt: the dialogue renders to at least {min_tokens} tokens, which leave no room to "
             f"generate in the context of {context} tokens"
         )
     return parsed
+
+
+def _tool_calls(field: str, m, role: Role) -> tuple[tuple[ToolCallSpec, ...], int]:
+    """A message's tool calls (CHARACTER messages only), each checked, and their bytes."""
+    if not m.tool_calls:
+        return (), 0
+    if role is not Role.CHARACTER:
+        raise InvalidArgument(f"{field}.tool_calls: only a CHARACTER message makes tool calls")
+    if len(m.tool_calls) > tool_specs.MAX_TOOL_CALLS:
+        raise InvalidArgument(f"{field}.tool_calls: more than {tool_specs.MAX_TOOL_CALLS} calls")
+    calls, num_bytes = [], 0
+    for j, c in enumerate(m.tool_calls):
+        where = f"{field}.tool_calls[{j}]"
+        check_id_string(f"{where}.id", c.id, required=True)
+        problem = tool_specs.name_problem(c.name)
+        if problem:
+            raise InvalidArgument(f"{where}.name: {problem}")
+        _, problem = tool_specs.json_object(c.arguments_json or "{}", tool_specs.MAX_TOOL_ARGUMENTS_BYTES)
+        if problem:
+            raise InvalidArgument(f"{where}.arguments_json: {problem}")
+        num_bytes += len(c.arguments_json.encode()) + len(c.name)
+        calls.append(ToolCallSpec(c.id, c.name, c.arguments_json or "{}"))
+    return tuple(calls), num_bytes
+
+
+def parse_tools(request) -> tuple[ToolSpec, ...]:
+    """The tools to render (none when tool_choice is NONE), each checked, all within MAX_TOOLS_BYTES."""
+    choice = request.tool_choice
+    if choice.mode in (chat_pb2.TOOL_CHOICE_MODE_REQUIRED, chat_pb2.TOOL_CHOICE_MODE_FUNCTION):
+        # Next step: these need the reply constrained to a call (constrained decoding), not served yet.
+        raise Unimplemented("tool_choice: REQUIRED and FUNCTION need constrained decoding, which is not served")
+    if choice.function_name:
+        raise InvalidArgument("tool_choice.function_name: only with TOOL_CHOICE_MODE_FUNCTION")
+    if not request.tools:
+        return ()
+    if request.WhichOneof("context") != "dialogue":
+        raise InvalidArgument("tools: only with a dialogue")
+    if len(request.tools) > tool_specs.MAX_TOOLS:
+        raise InvalidArgument(f"tools: more than {tool_specs.MAX_TOOLS} tools")
+    total = sum(len(t.name) + len(t.description.encode()) + len(t.parameters_json.encode()) for t in request.tools)
+    if total > tool_specs.MAX_TOOLS_BYTES:
+        raise InvalidArgument(f"tools: more than {tool_specs.MAX_TOOLS_BYTES} bytes")
+    tools, names = [], set()
+    for i, t in enumerate(request.tools):
+        problem = tool_specs.name_problem(t.name)
+        if problem:
+            raise InvalidArgument(f"tools[{i}].name: {problem}")
+        if t.name in names:
+            raise InvalidArgument(f"tools[{i}].name: {t.name!r} is defined twice")
+        names.add(t.name)
+        if len(t.description.encode()) > tool_specs.MAX_TOOL_DESCRIPTION_BYTES:
+            raise InvalidArgument(f"tools[{i}].description: more than {tool_specs.MAX_TOOL_DESCRIPTION_BYTES} bytes")
+        parameters = None
+        if t.parameters_json:
+            parameters, problem = tool_specs.json_object(t.parameters_json, tool_specs.MAX_TOOL_PARAMETERS_BYTES)
+            if problem:
+                raise InvalidArgument(f"tools[{i}].parameters_json: {problem}")
+        tools.append(ToolSpec(t.name, t.description, parameters))
+    if choice.mode == chat_pb2.TOOL_CHOICE_MODE_NONE:
+        return ()
+    return tuple(tools)
 
 
 def parse_sampling(sampling, limits: Limits) -> SamplingParams:
@@ -187,6 +276,10 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
     check_penalties(repetition, frequency, presence, min_p)
     if sampling.top_logprobs > MAX_TOP_LOGPROBS:
         raise InvalidArgument(f"sampling.top_logprobs: {sampling.top_logprobs} is more than {MAX_TOP_LOGPROBS}")
+    if sampling.min_tokens > limits.max_new_tokens_limit:
+        raise InvalidArgument(
+            f"sampling.min_tokens: {sampling.min_tokens} exceeds the limit {limits.max_new_tokens_limit}"
+        )
     return SamplingParams(
         max_new_tokens=sampling.max_new_tokens,  # 0 = default, resolved against the prompt length
         temperature=float(t),
@@ -201,7 +294,60 @@ def parse_sampling(sampling, limits: Limits) -> SamplingParams:
         frequency_penalty=frequency,
         presence_penalty=presence,
         min_p=min_p,
+        logit_bias=parse_logit_bias(sampling.logit_bias, limits.vocab_size),
+        min_tokens=int(sampling.min_tokens),
+        ignore_eos=sampling.ignore_eos,
+        skip_special_tokens=sampling.skip_special_tokens if sampling.HasField("skip_special_tokens") else True,
+        spaces_between_special_tokens=(
+            sampling.spaces_between_special_tokens if sampling.HasField("spaces_between_special_tokens") else True
+        ),
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
+        constraint=parse_constraint(sampling),
     )
+
+
+def parse_logit_bias(logit_bias, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """The map as (id, bias) pairs, ids ascending: at most MAX_LOGIT_BIAS entries (counted before any is read),
+    each id below the vocabulary size, each bias finite within [-100, 100] (OpenAI's bounds)."""
+    if len(logit_bias) > MAX_LOGIT_BIAS:
+        raise InvalidArgument(f"sampling.logit_bias: {len(logit_bias)} entries, more than {MAX_LOGIT_BIAS}")
+    pairs = sorted(logit_bias.items())
+    for token_id, bias in pairs:
+        if token_id >= vocab_size:
+            raise InvalidArgument(
+                f"sampling.logit_bias: token id {token_id} is not below the vocabulary size {vocab_size}"
+            )
+        if not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS_VALUE:
+            raise InvalidArgument(
+                f"sampling.logit_bias[{token_id}]: {bias} is not in "
+                f"[-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}]"
+            )
+    return tuple((int(t), float(b)) for t, b in pairs)
+
+
+def parse_constraint(sampling) -> Constraint | None:
+    """sampling.constraint as a checked Constraint (sizes only; compiling it is the grammar compiler's)."""
+    if not sampling.HasField("constraint"):
+        return None
+    c = sampling.constraint
+    kind = c.WhichOneof("kind")
+    if kind is None:
+        raise InvalidArgument(
+            "sampling.constraint: one of json_object, json_schema, regex, grammar, choice is required"
+        )
+    if kind == "json_object":
+        if not c.json_object:
+            raise InvalidArgument("sampling.constraint.json_object: must be true when set")
+        constraint = Constraint(ConstraintKind.JSON_OBJECT)
+    elif kind == "json_schema":
+        constraint = Constraint(ConstraintKind.JSON_SCHEMA, c.json_schema.schema, strict=c.json_schema.strict)
+    elif kind == "regex":
+        constraint = Constraint(ConstraintKind.REGEX, c.regex)
+    elif kind == "grammar":
+        constraint = Constraint(ConstraintKind.GRAMMAR, c.grammar)
+    else:
+        constraint = Constraint(ConstraintKind.CHOICE, choices=tuple(c.choice.choices))
+    return checked(constraint)
 
 
 def check_penalties(repetition_penalty: float, frequency_penalty: float, presence_penalty: float, min_p: float) -> None:
@@ -241,3 +387,29 @@ def resolve_max_new_tokens(requested: int, num_prompt_tokens: int, num_resumed: 
     if num_resumed >= budget:
         raise InvalidArgument(f"resume_token_ids: {num_resumed} tokens already reach max_new_tokens={budget}")
     return budget
+
+
+def check_request_controls(request) -> None:
+    """priority, cache_salt and chat_template_kwargs_json within their bounds (their cost is bounded here)."""
+    if abs(request.priority) > MAX_PRIORITY:
+        raise InvalidArgument(f"priority: {request.priority} is not in [-{MAX_PRIORITY}, {MAX_PRIORITY}]")
+    if len(request.cache_salt.encode("utf-8")) > MAX_CACHE_SALT_BYTES:
+        raise InvalidArgument(f"cache_salt: more than {MAX_CACHE_SALT_BYTES} bytes")
+    if len(request.chat_template_kwargs_json.encode("utf-8")) > MAX_CHAT_TEMPLATE_KWARGS_BYTES:
+        raise InvalidArgument(f"chat_template_kwargs_json: more than {MAX_CHAT_TEMPLATE_KWARGS_BYTES} bytes")
+
+
+def parse_chat_template_kwargs(text: str, reserved: frozenset[str]) -> dict | None:
+    """The JSON object of extra template variables, None when empty; names in `reserved` are refused."""
+    if not text:
+        return None
+    try:
+        kwargs = json.loads(text)
+    except ValueError:
+        raise InvalidArgument("chat_template_kwargs_json: not valid JSON") from None
+    if not isinstance(kwargs, dict):
+        raise InvalidArgument("chat_template_kwargs_json: must be a JSON object")
+    for name in kwargs:
+        if name in reserved or not name.isidentifier():
+            raise InvalidArgument(f"chat_template_kwargs_json: {name!r} cannot be set (a variable the template gets)")
+    return kwargs

@@ -158,9 +158,13 @@ class EngineCore:
             if parent is not None and self.kv_manager.has_blocks(prefill_from):
                 fork = fork_hit(self.kv_cache, self.kv_manager.block_tables(prefill_from), parent.request, request)
                 host_hit = better_hit(fork, host_hit)
-        # The seeded sampler skips the draws of the tokens another engine already streamed.
+        # The seeded sampler skips the draws of the tokens another engine already streamed; the grammar
+        # moves past them.
         for _ in range(request.num_resumed_tokens):
             advance_generator(request.generator)
+        if request.grammar is not None:
+            for token_id in request.output_token_ids[request.grammar.num_accepted_tokens :]:
+                request.grammar.accept(token_id)
         self._outputs[request.request_id] = OutputState(request, self.tokenizer)
         self.scheduler.add(request, host_hit if self.prefix is not None else None)
 
@@ -229,12 +233,17 @@ class EngineCore:
             request.last_token_s = now
             token_ids: list[int] = []
             texts: list[str] = []
-            finish = None
+            finish = error = None
             for token in produced:  # one token, or accepted drafts and one more: each checked like a decode's
                 request.output_token_ids.append(token.token_id)
                 token_ids.append(token.token_id)
                 text, finish = state.on_token(token.token_id)
                 texts.append(text)
+                if request.grammar is not None:
+                    if not request.grammar.accept(token.token_id):
+                        finish, error = FinishReason.ERROR, f"token {token.token_id} is outside the constraint"
+                    elif finish is None and request.grammar.is_terminated:
+                        finish = FinishReason.STOP_TOKEN  # a finished grammar ends the reply
                 if finish is not None:
                     break
             kept = produced[: len(token_ids)]
@@ -246,7 +255,7 @@ class EngineCore:
             final = None
             if finish is not None:
                 self._outputs.pop(request.request_id)
-                self._retire(request, keep=True)
+                self._retire(request, keep=error is None)
                 final = final_stats(request, now)
             logprobs = [t.logprob for t in kept if t.logprob is not None]
             top = [t.top_logprobs for t in kept if t.top_logprobs]
@@ -258,6 +267,7 @@ class EngineCore:
                     "".join(texts),
                     finish,
                     final,
+                    error=error,
                     top_logprobs=top,
                     inter_token_s=inter_token_s,
                 )
@@ -312,7 +322,8 @@ def warmup(core: EngineCore, prompt_len: int = 24, new_tokens: int = 4) -> None:
     """Run one short greedy request to the end (first-call costs paid before SERVING)."""
     request = Request(
         request_id=RequestId("__warmup__"),
-        prompt_token_ids=[core.config.bos_token_id] + [1000 + i for i in range(prompt_len - 1)],
+        prompt_token_ids=[core.config.bos_token_id]
+        + [(1000 + i) % core.config.vocab_size for i in range(prompt_len - 1)],
         sampling=SamplingParams(max_new_tokens=new_tokens),
         stop_token_ids=frozenset(),
         max_context_tokens=core.config.max_context_tokens,

@@ -1,9 +1,11 @@
 """Turning a request's sampled tokens into stream events: text deltas, stop checks, final stats.
 
 Text is held back while it could still be the beginning of a stop string (at most the longest stop
-string minus one character), so a stop string is never streamed; the stop string itself and
-anything after it are dropped. Stop tokens (EOS, end of turn, the request's own) end the reply and
-are part of its token ids but not of its text.
+string minus one character), so a stop string is never streamed; the stop string itself (unless
+include_stop_str_in_output) and anything after it are dropped. Before min_tokens tokens, stop strings
+are not looked for (and stop tokens cannot be sampled: the sampler masks them). Stop tokens (EOS, end
+of turn, the request's own; not EOS and end of turn with ignore_eos) end the reply and are part of its
+token ids; special tokens are not part of its text unless skip_special_tokens is false.
 """
 
 from __future__ import annotations
@@ -48,10 +50,13 @@ class RequestEvent:
 class OutputState:
     def __init__(self, request: Request, tokenizer) -> None:
         self.request = request
-        self._detok = IncrementalDetokenizer(tokenizer)
+        p = request.sampling
+        self._detok = IncrementalDetokenizer(tokenizer, p.skip_special_tokens, p.spaces_between_special_tokens)
         self._text = ""
         self._emitted = 0
         self._hold = max((len(s) for s in request.sampling.stop_strings), default=1) - 1
+        # Length of the text of the tokens before min_tokens was reached: stop strings are not looked for in it.
+        self._min_tokens_text = 0
         # Resumed tokens were streamed by another engine: feed them, emit nothing for them.
         for t in request.output_token_ids:
             self._text += self._detok.feed(t)
@@ -68,11 +73,16 @@ class OutputState:
             return self._flush(), FinishReason.STOP_TOKEN
         before = len(self._text)
         self._text += self._detok.feed(token_id)
-        for stop in r.sampling.stop_strings:
-            at = self._text.find(stop, max(0, before - len(stop) + 1))
-            if at >= 0:
-                self._text = self._text[:at]
-                return self._take(len(self._text)), FinishReason.STOP_STRING
+        # Stop strings match only in text of tokens past min_tokens (vLLM): the search starts no earlier.
+        if r.num_output_tokens >= r.sampling.min_tokens:
+            for stop in r.sampling.stop_strings:
+                at = self._text.find(stop, max(self._min_tokens_text, before - len(stop) + 1))
+                if at >= 0:
+                    end = at + len(stop) if r.sampling.include_stop_str_in_output else at
+                    self._text = self._text[:end]
+                    return self._take(len(self._text)), FinishReason.STOP_STRING
+        else:
+            self._min_tokens_text = len(self._text)
         if r.num_output_tokens >= r.sampling.max_new_tokens:
             return self._flush(), FinishReason.LENGTH
         if r.num_tokens >= r.max_context_tokens:

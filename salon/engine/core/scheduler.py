@@ -7,8 +7,9 @@ and a long prefill stays long until its prompt is computed (its last chunk is no
 is built in three passes:
 
   1. running interactive requests, oldest first, each whole;
-  2. waiting requests, oldest first: interactive ones are admitted whole while budget, batch slots and KV
-     blocks last (a long one does not hold them back: it is taken in pass 3);
+  2. waiting requests in queue order (priority, lower first, then arrival): interactive ones are admitted
+     whole while budget, batch slots and KV blocks last (a long one does not hold them back: it is taken in
+     pass 3);
   3. long prefills, oldest first (running, then waiting): beside interactive work they share at most
      `long_prefill_tokens` minus the interactive prefill tokens, so a step with decodes or a returning turn
      stays short; a step of long prefills alone gives them `long_prefill_solo_tokens` (0: the whole budget).
@@ -65,6 +66,7 @@ class Scheduler:
         self.config = config
         self.kv = kv
         self.prefix = prefix
+        # Sorted by (priority, arrival): admission takes them in this order.
         self.waiting: deque[Request] = deque()
         # Sorted by arrival: the tail is the preemption victim.
         self.running: list[Request] = []
@@ -101,7 +103,7 @@ class Scheduler:
             if host_hit.host_kv is None:
                 raise ValueError("host_hit must carry its KV (a kvstore hit or a copy from a running request)")
             self._offered_host_hits[request.request_id] = host_hit
-        self.waiting.append(request)
+        bisect.insort(self.waiting, request, key=_queue_order)
 
     def remove(self, request: Request) -> None:
         """Take a request out (finished, aborted, failed) and return all its blocks."""
@@ -148,7 +150,7 @@ class Scheduler:
                 budget -= num_new
                 i += 1
         long_running += [r for r in self.running[i:] if r.request_id not in planned]
-        # 2. Waiting interactive requests, oldest first. No admission in a step that had to preempt: the pool
+        # 2. Waiting interactive requests in queue order. No admission in a step that had to preempt: the pool
         # is short.
         long_waiting: list[Request] = []
         for request in list(self.waiting):
@@ -245,6 +247,8 @@ class Scheduler:
             computed = request.num_computed_tokens
             if planned[rid] != 1 or request.num_tokens - computed != 1 or not request.output_token_ids:
                 continue  # a prefill chunk, or a request that has not sampled yet
+            if request.grammar is not None:
+                continue  # a constrained row's mask is that of its last kept token: drafts are never verified
             room = min(
                 budget,
                 request.sampling.max_new_tokens - request.num_output_tokens - 1,
@@ -318,11 +322,8 @@ class Scheduler:
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.num_preemptions += 1
-        # Back to the head of the queue, ahead of everything that arrived later.
-        pos = 0
-        while pos < len(self.waiting) and self.waiting[pos].arrival_s <= request.arrival_s:
-            pos += 1
-        self.waiting.insert(pos, request)
+        # Back to the queue, ahead of everything that arrived later with the same priority.
+        bisect.insort(self.waiting, request, key=_queue_order)
 
     def on_computed(self, output: SchedulerOutput) -> None:
         """Record that the step's chunks were computed (before sampled tokens are appended); a chunk's
@@ -339,3 +340,8 @@ class Scheduler:
         request = chunk.request
         request.num_computed_tokens = chunk.start_position + num_appended
         self.kv.truncate(request.request_id, request.num_computed_tokens)
+
+
+def _queue_order(request: Request) -> tuple[int, float]:
+    """The waiting queue's order: priority (lower first, vLLM's), then arrival."""
+    return (request.priority, request.arrival_s)

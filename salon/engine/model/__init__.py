@@ -1,7 +1,7 @@
 """The engine's model: GGUF files of the gemma3 and llama architectures, int8 and float32, their tokenizers
 and chat templates.
 
-    load(name, precision) -> LoadedModel(model, tokenizer, chat, source)   (loader.py)
+    load(name, precision) -> LoadedModel(model, tokenizer, chat, source, sampling) (loader.py)
     model.forward(token_ids, positions, attn) -> hidden;  model.logits(hidden) -> logits
     chat.render(messages) -> RenderedChat (token ids, per-message segments);  chat.stop_token_ids
 """

@@ -22,6 +22,11 @@ against one render of the whole conversation, and a template whose output depend
 (numbered messages, say) is rendered whole. Renders are cached per conversation prefix (a chained digest of
 the messages), so a turn that appends two messages to a known conversation renders two windows.
 
+Tools (tool_prompt.py) reach a template that renders them as transformers passes them: `tools`, assistant
+`tool_calls` and `tool` messages; they are part of every render of the conversation (and of its cache key), so
+appending a message still only appends. Their JSON is written by the template as markup, so it may hold no
+special token's text. A template without tool support never sees them: prompt.py writes them as plain text.
+
 Files without a template use GEMMA_TURN_TEMPLATE (chat_template.py). Stop tokens: the file's end-of-generation
 ids plus the template's end-of-turn marker (the first token the template writes after an assistant message).
 
@@ -33,28 +38,42 @@ that cannot fit before rendering it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from salon.engine.model.chat_template import GEMMA_TURN_TEMPLATE, ChatTemplateError, render_template
+from salon.engine.model.chat_template import GEMMA_TURN_TEMPLATE, RESERVED_VARIABLES, ChatTemplateError, render_template
 from salon.engine.model.tokenizer import Tokenizer
+from salon.engine.model.tool_prompt import ToolCallSpec, ToolSpec, template_supports_tools
 from salon.engine.model.vocab import TOKEN_CONTROL
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 _PLACEHOLDER = "\x00salon-content-{}\x00"
 _PLACEHOLDER_RE = re.compile("\x00salon-content-(\\d+)\x00")
 
 
 @dataclass(frozen=True)
 class TemplateMessage:
-    role: str  # "system", "user" or "assistant" (the roles chat templates know)
+    role: str  # "system", "user", "assistant" or "tool" (the roles chat templates know)
     content: str
     # The content already tokenized; used when the template writes the content unchanged.
     content_ids: tuple[int, ...] | None = None
+    # An assistant message's tool calls; a tool message's call id (templates with tool support only).
+    tool_calls: tuple[ToolCallSpec, ...] = ()
+    tool_call_id: str = ""
+
+    def as_template_message(self, content: str) -> dict:
+        out: dict = {"role": self.role, "content": content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.as_template_call() for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 @dataclass(frozen=True)
@@ -129,6 +148,8 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.has_own_template = chat_template is not None
         self.template = chat_template if chat_template is not None else GEMMA_TURN_TEMPLATE
+        # Whether the template renders tools, tool calls and tool messages itself.
+        self.supports_tools = template_supports_tools(self.template)
         vocab = tokenizer.vocab
         self._special_tokens = {
             "bos_token": vocab.tokens[vocab.bos_token_id],
@@ -224,15 +245,25 @@ class ChatRenderer:
         add_generation_prompt: bool = True,
         stop: threading.Event | None = None,
         max_tokens: int | None = None,
+        template_kwargs: dict | None = None,
+        tools: tuple[ToolSpec, ...] = (),
     ) -> RenderedChat:
         """The conversation's tokens. RenderStopped when `stop` is set (checked between messages) or once the
-        tokens pass max_tokens."""
+        tokens pass max_tokens. With template_kwargs (extra template variables) the conversation is rendered
+        whole, uncached: its segments are not those of the same messages without them. `tools`, tool calls and
+        tool messages need a template that supports tools (`supports_tools`)."""
         for i, m in enumerate(messages):
             if m.role not in ROLES:
                 raise ChatTemplateError(f"messages[{i}].role: {m.role!r} is not one of {', '.join(ROLES)}")
-        state = self._state_for(list(messages), stop, max_tokens)
+        tool_dicts = self._tool_dicts(messages, tools)
+        if template_kwargs:
+            whole = self._render_whole(messages, add_generation_prompt, template_kwargs, tool_dicts)
+            if max_tokens is not None and len(whole.token_ids) > max_tokens:
+                raise RenderStopped(False, len(whole.token_ids))
+            return whole
+        state = self._state_for(list(messages), stop, max_tokens, tool_dicts)
         if state is None:
-            whole = self._render_whole(messages, add_generation_prompt)
+            whole = self._render_whole(messages, add_generation_prompt, None, tool_dicts)
             if max_tokens is not None and len(whole.token_ids) > max_tokens:
                 raise RenderStopped(False, len(whole.token_ids))
             return whole
@@ -243,21 +274,45 @@ class ChatRenderer:
             ids.extend(seg)
         # The segments come from renders of short windows (_window): they hold only if, joined, they are
         # exactly the template's render of the whole conversation.
-        full = self._render(messages, add_generation_prompt)
+        full = self._render(messages, add_generation_prompt, None, tool_dicts)
         text = state.text
         if not full.startswith(text) or (not add_generation_prompt and full != text):
-            return self._render_whole(messages, add_generation_prompt)
+            return self._render_whole(messages, add_generation_prompt, None, tool_dicts)
         gen = self._encode_markup(full[len(text) :]) if add_generation_prompt else []
         return RenderedChat(ids + gen, list(state.prefix_ids), [list(s) for s in state.segments], gen, starts, True)
 
+    def _tool_dicts(self, messages: Sequence[TemplateMessage], tools: tuple[ToolSpec, ...]) -> list[dict] | None:
+        """The tools as the template gets them (None without tools); ChatTemplateError when the template does not
+        render tools, or when their JSON (markup to the tokenizer) holds a special token's text."""
+        calls = [c for m in messages for c in m.tool_calls]
+        uses_tools = tools or calls or any(m.role == "tool" for m in messages)
+        if uses_tools and not self.supports_tools:
+            raise ChatTemplateError("the chat template does not render tools, tool calls or tool messages")
+        if not tools and not calls:
+            return None
+        tool_dicts = [t.as_template_tool() for t in tools]
+        markup = json.dumps([tool_dicts, [(c.id, c.name, c.arguments_json) for c in calls]], ensure_ascii=False)
+        for s in self._special_texts:
+            if s in markup:
+                raise ChatTemplateError(
+                    f"tools: hold the special token text {s!r}, which the chat template writes as markup"
+                )
+        return tool_dicts or None
+
     def _state_for(
-        self, messages: list[TemplateMessage], stop: threading.Event | None = None, max_tokens: int | None = None
+        self,
+        messages: list[TemplateMessage],
+        stop: threading.Event | None = None,
+        max_tokens: int | None = None,
+        tools: list[dict] | None = None,
     ) -> _State | None:
         """The segments of all messages, extended from the longest cached prefix; None if not prefix-stable."""
-        digests = [b""]
+        # The tools are part of every render: they key the whole conversation.
+        digests = [b"" if tools is None else hashlib.blake2b(json.dumps(tools).encode(), digest_size=16).digest()]
         for m in messages:
             h = hashlib.blake2b(digests[-1], digest_size=16)
-            h.update(repr((m.role, m.content, m.content_ids)).encode("utf-8", "surrogatepass"))
+            key = (m.role, m.content, m.content_ids, m.tool_calls, m.tool_call_id)
+            h.update(repr(key).encode("utf-8", "surrogatepass"))
             digests.append(h.digest())
         with self._lock:
             k = len(messages)
@@ -267,7 +322,7 @@ class ChatRenderer:
             if state is not None:
                 self._cache.move_to_end(digests[k])
         if state is None:
-            state = self._initial_state()
+            state = self._initial_state(tools)
         num_tokens = state.num_tokens
         segment_tokens = num_tokens - len(state.prefix_ids)
         while state.num_messages < len(messages):
@@ -275,7 +330,7 @@ class ChatRenderer:
                 raise RenderStopped(True, num_tokens)
             if max_tokens is not None and num_tokens > max_tokens:
                 raise RenderStopped(False, num_tokens)
-            state = self._extend(state, messages)
+            state = self._extend(state, messages, tools)
             if state is None:
                 return None
             segment_tokens += len(state.segments[-1])
@@ -291,22 +346,23 @@ class ChatRenderer:
             while len(self._cache) > self._cache_capacity:
                 self._cache.popitem(last=False)
 
-    def _initial_state(self) -> _State:
+    def _initial_state(self, tools: list[dict] | None = None) -> _State:
         try:
-            text = self._render([], False)
+            text = self._render([], False, None, tools)
         except ChatTemplateError:  # templates may index messages[0]
             text = ""
         return _State(0, text, (), tuple(self._encode_markup(text)), ())
 
-    def _extend(self, state: _State, messages: list[TemplateMessage]) -> _State | None:
+    def _extend(self, state: _State, messages: list[TemplateMessage], tools: list[dict] | None = None) -> _State | None:
         """Message k's segment: what adding it appends to the render of its window (a constant number of
         messages, so a conversation costs linear time); None when adding it does not merely append."""
         k = state.num_messages
         window = [messages[i] for i in _window(k)]
-        real_before, real = self._render(window[:-1], False) if k else state.prefix_text, self._render(window, False)
+        render = lambda msgs: self._render(msgs, False, None, tools)  # noqa: E731
+        real_before, real = render(window[:-1]) if k else state.prefix_text, render(window)
         marks = self._placeholders(window)
-        placeholder_before = self._render(marks[:-1], False) if k else state.prefix_text
-        placeholder = self._render(marks, False)
+        placeholder_before = render(marks[:-1]) if k else state.prefix_text
+        placeholder = render(marks)
         if not (real.startswith(real_before) and placeholder.startswith(placeholder_before)):
             return None
         delta = real[len(real_before) :]
@@ -319,9 +375,15 @@ class ChatRenderer:
                 prefix = (bos,) + prefix  # the model wants BOS and the template did not write it
         return _State(k + 1, state.prefix_text, state.segment_texts + (delta,), prefix, state.segments + (tuple(seg),))
 
-    def _render_whole(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool) -> RenderedChat:
-        real = self._render(messages, add_generation_prompt)
-        placeholder = self._render(self._placeholders(messages), add_generation_prompt)
+    def _render_whole(
+        self,
+        messages: Sequence[TemplateMessage],
+        add_generation_prompt: bool,
+        extra: dict | None = None,
+        tools: list[dict] | None = None,
+    ) -> RenderedChat:
+        real = self._render(messages, add_generation_prompt, extra, tools)
+        placeholder = self._render(self._placeholders(messages), add_generation_prompt, extra, tools)
         ids = self._encode_delta(placeholder, real, list(messages))
         if self.tokenizer.add_bos and ids[:1] != [self.tokenizer.bos_token_id]:
             ids = [self.tokenizer.bos_token_id] + ids
@@ -329,17 +391,34 @@ class ChatRenderer:
 
     # -- text -> tokens
 
-    def _render(self, messages: Sequence[TemplateMessage], add_generation_prompt: bool) -> str:
+    def _render(
+        self,
+        messages: Sequence[TemplateMessage],
+        add_generation_prompt: bool,
+        extra: dict | None = None,
+        tools: list[dict] | None = None,
+    ) -> str:
         return render_template(
             self.template,
-            [{"role": m.role, "content": m.content} for m in messages],
+            [m.as_template_message(m.content) for m in messages],
             add_generation_prompt,
             self._special_tokens,
+            extra,
+            tools,
         )
+
+    @property
+    def reserved_variables(self) -> frozenset[str]:
+        """Template variables every render sets (a request's extra variables may not name them)."""
+        return RESERVED_VARIABLES | frozenset(self._special_tokens)
 
     @staticmethod
     def _placeholders(messages: Sequence[TemplateMessage]) -> list[TemplateMessage]:
-        return [TemplateMessage(m.role, _PLACEHOLDER.format(i)) for i, m in enumerate(messages)]
+        # An empty content stays empty (templates test it: `{% if message.content %}`).
+        return [
+            dataclasses.replace(m, content=_PLACEHOLDER.format(i) if m.content else "", content_ids=None)
+            for i, m in enumerate(messages)
+        ]
 
     def _encode_markup(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_bos=False, parse_special=True) if text else []

@@ -5,7 +5,8 @@ The environment is transformers': an ImmutableSandboxedEnvironment (templates ca
 reach Python internals) with trim_blocks and lstrip_blocks, the loopcontrols extension, a no-op
 `{% generation %}` block, the `tojson` filter as transformers defines it (no ASCII escaping), and the globals
 `raise_exception(message)` and `strftime_now(format)`. A render gets `messages` (dicts with `role` and
-`content`), `add_generation_prompt`, `tools`/`documents` (None) and the special tokens as strings
+`content`, and `tool_calls` / `tool_call_id` where set), `add_generation_prompt`, `tools` (None without
+tools) and `documents` (None) and the special tokens as strings
 (`bos_token`, `eos_token`, `unk_token`, `pad_token`).
 
 Any error a template raises -- its own `raise_exception(...)` or a failure of the template code -- becomes a
@@ -68,14 +69,30 @@ def compile_template(source: str) -> jinja2.Template:
         raise ChatTemplateError(f"chat template does not compile: {e.message} (line {e.lineno})") from None
 
 
+# Variables every render sets: extra variables (a request's chat_template_kwargs) may not replace them.
+RESERVED_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
+
+
 def render_template(
-    source: str, messages: list[dict[str, Any]], add_generation_prompt: bool, special_tokens: dict[str, str]
+    source: str,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    special_tokens: dict[str, str],
+    extra: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
-    """The template's text for `messages`; ChatTemplateError with the template's message if it raises."""
+    """The template's text for `messages`, with `tools` (transformers' format) and `extra` variables besides
+    (none may be reserved: the special tokens' names and RESERVED_VARIABLES); ChatTemplateError with the
+    template's message if it raises."""
     template = compile_template(source)
     try:
         return template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt, tools=None, documents=None, **special_tokens
+            **(extra or {}),
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            documents=None,
+            **special_tokens,
         )
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"chat template: {e.message}") from None

@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tqdm import tqdm
 
 from salon.engine.model.attention import DenseAttention
 from salon.engine.model.builder import build_float_model
 from salon.engine.model.cache_files import atomic_write, file_lock
 from salon.engine.model.calibration_text import CALIBRATION_TEXT
 from salon.engine.model.config import ModelConfig
+from salon.engine.model.convert_progress import ConvertProgress
 from salon.engine.model.model import CausalLM
 from salon.engine.model.quantize import Calibration, build_int8_checkpoint, calibrate
 from salon.engine.model.tokenizer import Tokenizer
@@ -176,13 +176,32 @@ def ensure_checkpoint(
     with file_lock(path.with_name("convert.lock")):
         if not overwrite and is_complete(path, source.sha256, fmt):
             return path, False  # another process converted it while this one waited
-        steps = tqdm(total=3, desc=f"convert {source.model_id} to int8", disable=not progress)
-        with steps:
-            weights = architecture(config.architecture).read_weights(model_file.gguf, config)
-            steps.update(1)
-            tensors = calibrate_and_quantize(config, weights, Tokenizer(model_file.vocab), activations)
-            steps.update(1)
-            meta = {"format": fmt, "sha256": source.sha256, "model_id": source.model_id}
-            atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
-            steps.update(1)
+        shown = ConvertProgress(source.model_id, len(model_file.gguf.tensor_names())) if progress else None
+        gguf = model_file.gguf if shown is None else _CountingReads(model_file.gguf, shown.read)
+        weights = architecture(config.architecture).read_weights(gguf, config)
+        extra = {}
+        if shown is not None:
+            shown.calibrating(weights)
+            extra["on_quantized"] = shown.quantized
+        tensors = calibrate_and_quantize(config, weights, Tokenizer(model_file.vocab), activations, **extra)
+        meta = {"format": fmt, "sha256": source.sha256, "model_id": source.model_id}
+        atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+        if shown is not None:
+            shown.finished()
     return path, True
+
+
+class _CountingReads:
+    """A GGUFFile that calls on_read after each tensor it reads."""
+
+    def __init__(self, gguf, on_read) -> None:
+        self._gguf = gguf
+        self._on_read = on_read
+
+    def __getattr__(self, name: str):
+        return getattr(self._gguf, name)
+
+    def read_tensor(self, name: str):
+        tensor = self._gguf.read_tensor(name)
+        self._on_read()
+        return tensor

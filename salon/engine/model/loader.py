@@ -27,6 +27,7 @@ from salon.engine.model.gguf_file import GGUFFile, open_gguf, read_vocab
 from salon.engine.model.huge_pages import in_huge_pages
 from salon.engine.model.model import CausalLM
 from salon.engine.model.models import architecture
+from salon.engine.model.sampling_defaults import SamplingDefaults, sampling_defaults
 from salon.engine.model.sources import ModelSource, resolve_source
 from salon.engine.model.synthetic import synthetic_weights
 from salon.engine.model.synthetic_gemma import SYNTHETIC_GEMMA_MODELS, build_synthetic_gemma, synthetic_gemma_config
@@ -45,6 +46,8 @@ class ModelFile:
     config: ModelConfig
     # `tokenizer.chat_template` (Jinja), None when the file has none (the base Gemma GGUF).
     chat_template: str | None
+    # What a request gets for the sampling fields it leaves to the model.
+    sampling: SamplingDefaults = SamplingDefaults()
 
 
 def open_model_file(name: str, cache_dir: Path | None = None) -> ModelFile:
@@ -52,14 +55,15 @@ def open_model_file(name: str, cache_dir: Path | None = None) -> ModelFile:
     if name.startswith("synthetic-"):
         config = synthetic_gemma_config(name) if name in SYNTHETIC_GEMMA_MODELS else synthetic_config(name)
         gemma = open_model_file("gemma-3-270m", cache_dir)
-        return ModelFile(gemma.source, gemma.gguf, gemma.vocab, config, None)
+        return ModelFile(gemma.source, gemma.gguf, gemma.vocab, config, None)  # neutral sampling: not Gemma's
     source = resolve_source(name, cache_dir)
     f = open_gguf(source.path)
     arch = architecture(f.architecture)
     vocab = read_vocab(f)
     config = arch.config_from_gguf(f, source.model_id, source.sha256, vocab)
     template = f.get("tokenizer.chat_template", None)
-    return ModelFile(source, f, vocab, config, str(template) if template else None)
+    sampling = sampling_defaults(f, source.card_sampling)
+    return ModelFile(source, f, vocab, config, str(template) if template else None, sampling)
 
 
 @functools.lru_cache(maxsize=16)
@@ -77,6 +81,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     chat: object  # chat_renderer.ChatRenderer for this file's template (or Gemma's turn format)
     source: ModelSource
+    sampling: SamplingDefaults = SamplingDefaults()
 
 
 def load(
@@ -117,7 +122,7 @@ def load(
         path, _ = ensure_checkpoint(mf, cache_dir, progress=progress, activations=kernel_ops.activations)
         model = build_int8_model(config, placed(load_file(str(path))), kernel_ops)
     chat = ChatRenderer(tokenizer, mf.chat_template, config.eos_token_ids)
-    return LoadedModel(model, tokenizer, chat, mf.source)
+    return LoadedModel(model, tokenizer, chat, mf.source, mf.sampling)
 
 
 def load_model(

@@ -406,6 +406,7 @@ def build_int8_checkpoint(
     gptq_layers: bool = True,
     weight_group: int = 0,
     smoothed_weights: dict[str, torch.Tensor] | None = None,
+    on_quantized: Callable[[str], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Float weights (+ calibration, or None for no smoothing) -> int8 checkpoint tensors.
 
@@ -420,6 +421,8 @@ def build_int8_checkpoint(
     matrix and the token table; GPTQ keeps those scales and chooses the rounding).
     smoothed_weights, when given, receives each quantized matrix as float32 before rounding (smoothing applied),
     by its checkpoint name without ".w_q" ("embed" or "lm_head" for the output projection; bench/quant_ceilings.py).
+    on_quantized, when given, is called as each part is done: with "output" once the output projection is, then
+    with "layers.{i}." once layer i is (a conversion's progress).
     """
     check_recipe(calib, statistic, rounding, lm_head_alpha)
     arch = architecture(config.architecture)
@@ -435,6 +438,8 @@ def build_int8_checkpoint(
         weight_group,
         smoothed_weights,
     )
+    if on_quantized is not None:
+        on_quantized("output")
     key_scales: dict[int, torch.Tensor] = {}  # KV-producing layer -> its key scale
     for i in range(config.num_layers):
         p = f"layers.{i}."
@@ -460,4 +465,6 @@ def build_int8_checkpoint(
         out.update({p + n: t for n, t in norms.items()})
         if arch.KEY_SMOOTHING == "qk_norm":
             out.update(key_norm_tensors(config, w, calib, i, kv_beta, key_scales))
+        if on_quantized is not None:
+            on_quantized(p)
     return {k: v.contiguous() for k, v in out.items()}

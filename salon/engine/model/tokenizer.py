@@ -186,15 +186,26 @@ class IncrementalDetokenizer:
     bytes that can never form a character become U+FFFD.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True, spaces_between_special: bool = False) -> None:
+        """skip_special: special tokens give no text; else, with spaces_between_special, a special token's text
+        is separated by a space from the text before and after it (vLLM's spaces_between_special_tokens)."""
         self._tokenizer = tokenizer
         self._skip_special = skip_special
+        self._spaces = spaces_between_special and not skip_special
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._any_text = False
+        self._after_special = False
 
     def feed(self, token_id: int) -> str:
-        if self._skip_special and self._tokenizer.is_special(token_id):
+        special = self._tokenizer.is_special(token_id)
+        if self._skip_special and special:
             return ""
-        return self._decoder.decode(self._tokenizer.token_bytes(token_id))
+        text = self._decoder.decode(self._tokenizer.token_bytes(token_id))
+        if self._spaces and text and (special and self._any_text or not special and self._after_special):
+            text = " " + text
+        if text:
+            self._any_text, self._after_special = True, special
+        return text
 
     def flush(self) -> str:
         """End of stream: any held-back partial character becomes U+FFFD."""

@@ -63,7 +63,7 @@ class PrefixCaching:
             self.kv_manager.free_tables(tables)
             return
         tokens = request.token_slice(0, num_tokens)
-        if self.host_sink is not None:
+        if self.host_sink is not None and request.host_cacheable:
             self.host_sink(self._host_put(request, tables, tokens[: num_blocks * bs], num_blocks))
         self.device.insert(
             request.namespace, tokens, tables, request.block_hashes(num_blocks * bs, bs), request.conversation_id

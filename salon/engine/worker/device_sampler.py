@@ -10,6 +10,8 @@ Per request the sampler keeps, on the device:
   tokens the request already had when it was first sampled here (a failover resume's tokens each used one
   draw); every sampled row takes one float64 uniform from it, in row order, so a row's draw never depends
   on its batch;
+- nothing for a logit bias or min_tokens: each step uploads the (row, token, bias) and (row, token) masks of
+  its rows with the rest of its parameters, from SamplingParams.masked_token_ids at each row's output position;
 - with penalties, a row of a counts pool: how often each token occurs in the output (int32) and whether it
   occurs in the prompt (bool). The counts follow the request's output_token_ids: each step adds the tokens
   appended since the last step, so nothing is rebuilt from the Python lists after the first time.
@@ -111,6 +113,11 @@ class DeviceSampler:
         meta = _Metadata(rows, chunks)
         packed = meta.upload(self.device)
         logits = logits.float()
+        if meta.mask_rows:  # sampler.apply_logit_masks: bias added in float32, then the masked tokens at -inf
+            logits = logits.clone()
+            rows_, tokens_ = packed.index("bias_rows"), packed.index("bias_tokens")
+            logits[rows_, tokens_] = logits[rows_, tokens_] + packed.floats("bias_values").float()
+            logits.index_put_((packed.index("masked_rows"), packed.index("masked_tokens")), _minus_inf(self.device))
         penalized = logits
         if meta.pen_rows:
             pool = self._pool
@@ -156,6 +163,10 @@ def _one(device: torch.device) -> torch.Tensor:
     return torch.ones((), dtype=torch.int32, device=device)
 
 
+def _minus_inf(device: torch.device) -> torch.Tensor:
+    return torch.full((), -math.inf, dtype=torch.float32, device=device)
+
+
 def _true(device: torch.device) -> torch.Tensor:
     return torch.ones((), dtype=torch.bool, device=device)
 
@@ -181,6 +192,7 @@ class _Metadata:
         self.rows = rows
         self.chunks = chunks
         self.pen_rows = [r for r, (req, _, _) in enumerate(rows) if req.sampling.has_penalties]
+        self.mask_rows = [r for r, (req, _, _) in enumerate(rows) if req.sampling.has_logit_masks]
         self.sampled_rows = [r for r, (req, _, _) in enumerate(rows) if not req.sampling.greedy]
         self.logprob_rows = [
             r for r, (req, _, _) in enumerate(rows) if req.sampling.return_logprobs or req.sampling.num_top_logprobs
@@ -189,7 +201,7 @@ class _Metadata:
 
     def upload(self, device: torch.device) -> _Packed:
         ints: dict[str, list[int]] = {k: [] for k in _INT_FIELDS}
-        floats: dict[str, list[float]] = {"penalties": [], "sampling": []}
+        floats: dict[str, list[float]] = {"penalties": [], "sampling": [], "bias_values": []}
         drafts_of = {id(c.request): c.draft_token_ids for c in self.chunks}
         synced: set[int] = set()
         for i, r in enumerate(self.pen_rows):
@@ -210,6 +222,15 @@ class _Metadata:
             for token in drafts_of[id(request)][:j]:
                 ints["draft_rows"].append(i)
                 ints["draft_tokens"].append(token)
+        for r in self.mask_rows:  # row j of a verified chunk counts the drafts [0, j) as output tokens
+            request, j, _ = self.rows[r]
+            params = request.sampling
+            ints["bias_rows"] += [r] * len(params.logit_bias)
+            ints["bias_tokens"] += [t for t, _ in params.logit_bias]
+            floats["bias_values"] += [b for _, b in params.logit_bias]
+            masked = params.masked_token_ids(request.num_output_tokens + j)
+            ints["masked_rows"] += [r] * len(masked)
+            ints["masked_tokens"] += list(masked)
         p = [self.rows[r][0].sampling for r in self.pen_rows]
         floats["penalties"] = [x.repetition_penalty for x in p] + [x.frequency_penalty for x in p]
         floats["penalties"] += [x.presence_penalty for x in p]
@@ -268,4 +289,8 @@ _INT_FIELDS = (
     "sampled_rows",
     "top_k",
     "logprob_rows",
+    "bias_rows",
+    "bias_tokens",
+    "masked_rows",
+    "masked_tokens",
 )

@@ -1,6 +1,12 @@
 """Runs one scheduled step: builds the ForwardBatch (views of the persistent step buffers, step_buffers.py),
 calls the model (decode-only steps through cuda_graphs.py where padding or capture is on), samples.
 
+Constrained rows (requests with a grammar): their token bitmasks are filled on a helper thread while the
+model runs (a row's mask depends only on the request's kept tokens, all known when the step starts; the
+model's kernels release the GIL while they run), then applied to the logits (-inf at the
+disallowed tokens, grammar/bitmask.py) before any sampling path: the greedy fast path, the device sampler
+and the host sampler all see the masked rows.
+
 Token positions, block ids and slots are three address spaces: position p of a request lives in
 block table entry p // BS of each group, at slot block_id * BS + p % BS of that group's blocks.
 """
@@ -8,10 +14,12 @@ block table entry p // BS of each group, at slot block_id * BS + p % BS of that 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from salon.engine.batch import SchedulerOutput
+from salon.engine.batch import ScheduledChunk, SchedulerOutput
+from salon.engine.grammar.bitmask import allocate_bitmask, apply_bitmask
 from salon.engine.kv.kv_cache import KVCache
 from salon.engine.request import Request, SamplingParams
 from salon.engine.worker.attention_backend import ForwardBatch, PagedAttention
@@ -83,6 +91,16 @@ class ModelRunner:
         # request is named once per token it produced; tests check exactness on logits through it); None:
         # nothing extra is done.
         self.logits_observer: Callable[[list[Request], torch.Tensor], None] | None = None
+        self._mask_filler: ThreadPoolExecutor | None = None
+
+    def _fill_masks(self, output: SchedulerOutput) -> Future | None:
+        """Start filling the step's constrained rows' bitmasks; the future gives (rows, int32[len(rows), W])."""
+        chunks = [c for c in output.chunks if c.needs_sample]
+        if not any(c.request.grammar is not None for c in chunks):
+            return None
+        if self._mask_filler is None:
+            self._mask_filler = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        return self._mask_filler.submit(_constrained_rows, chunks)
 
     def build_batch(self, output: SchedulerOutput) -> ForwardBatch:
         """The step's metadata, unpadded, as views of the persistent step buffers (step_buffers.py: one
@@ -108,10 +126,15 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> list[list[SampledToken]]:
         """Compute the step; per chunk with needs_sample, in chunk order, the tokens it produced: one, or
         with draft tokens the accepted drafts and one more (sampler.num_produced)."""
+        masks = self._fill_masks(output)
         logits = self._sampled_logits(output)
         if logits is None:
             return []
         chunks = [c for c in output.chunks if c.needs_sample]
+        masked_rows: list[int] = []
+        if masks is not None:
+            masked_rows, bitmask = masks.result()
+            apply_bitmask(logits, masked_rows, bitmask)
         if self.logits_observer is None and all(plain_greedy(c.request.sampling) for c in chunks):
             # Every row is a plain argmax: it runs where the logits are and only the ids come back (one copy).
             tokens = [SampledToken(token_id, None) for token_id in greedy_ids(logits)]
@@ -137,10 +160,10 @@ class ModelRunner:
                 generators.append(request.generator)
                 histories.append(
                     request
-                    if j == 0 or not request.sampling.has_penalties
+                    if j == 0 or not (request.sampling.has_penalties or request.sampling.has_logit_masks)
                     else DraftHistory(request.prompt_token_ids, request.output_token_ids + list(drafts[:j]))
                 )
-        tokens = sample(logits, params, generators, histories)
+        tokens = sample(logits, params, generators, histories, masked_rows=frozenset(masked_rows))
         produced, kept_rows = self._produced(chunks, tokens, states)
         if self.logits_observer is not None:
             owners = [c.request for c, p in zip(chunks, produced) for _ in p]
@@ -169,3 +192,19 @@ class ModelRunner:
             kept_rows.extend(range(row, row + n))
             row += num_rows
         return produced, kept_rows
+
+
+def _constrained_rows(chunks: list[ScheduledChunk]) -> tuple[list[int], torch.Tensor]:
+    """The logits rows of the constrained chunks (one each: they carry no drafts) and their bitmasks."""
+    rows: list[int] = []
+    grammars = []
+    row = 0
+    for chunk in chunks:
+        if chunk.request.grammar is not None:
+            rows.append(row)
+            grammars.append(chunk.request.grammar)
+        row += chunk.num_draft_tokens + 1
+    bitmask = allocate_bitmask(len(rows), grammars[0].vocab_size)
+    for i, grammar in enumerate(grammars):
+        grammar.fill_bitmask(bitmask, i)
+    return rows, bitmask

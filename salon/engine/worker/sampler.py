@@ -3,7 +3,10 @@
 Rows are independent: greedy rows take the argmax (first index on ties); every other row is sampled
 on its own with the request's own seeded generator, so a request's tokens never depend on its batch.
 
-Every row first gets the request's penalties (vLLM's semantics, `apply_penalties`), greedy rows too:
+Every row first gets the request's logit bias and masks (`apply_logit_masks`): each biased token's logit plus
+its bias in float32, then -inf for the tokens the row may not take (a bias of -100, and the stop tokens while
+the output is shorter than min_tokens). Log-probs are those of these logits. Then every row gets the request's
+penalties (vLLM's semantics, `apply_penalties`), greedy rows too:
 repetition (tokens of the prompt or the output: logit / p if positive, logit * p otherwise), then
 frequency (minus f times the token's count in the output), then presence (minus p for a token that occurs
 in the output). They depend only on the row's own request (its TokenHistory), so batching changes nothing.
@@ -24,9 +27,16 @@ the same logits processing and the same uniform whether it was decoded alone or 
 
 On CPUs with AVX-512, or AVX2 and FMA, all sampled rows of a step go through one call of salon/kernels/cpu/sample.c
 (its AVX-512 or AVX2 build, which draw the same tokens); the PyTorch code below is its reference and the path
-elsewhere (same rule, exp rounded differently). On CUDA the model runner samples every row where the logits are
-with the same rule instead (device_sampler.py), and copies back only the ids. Greedy rows take
-salon/kernels/cpu/argmax.c's top-1 where it runs (torch.argmax's answer, in one pass over each row).
+elsewhere (same rule, exp rounded differently), and of a row with masked (-inf) tokens at that step. On CUDA the
+model runner samples every row where the logits are with the same rule instead (device_sampler.py), and copies
+back only the ids. Greedy rows take salon/kernels/cpu/argmax.c's top-1 where it runs (torch.argmax's answer, in one
+pass over each row).
+
+A constrained row (a request with a grammar) arrives with -inf at every token its grammar does not allow
+(grammar/bitmask.py, applied by the model runner); it is sampled by the same rule over its allowed tokens
+only, compacted in vocabulary order -- the tokens the rule keeps and the draw are those of the whole row,
+where the disallowed tokens weigh exactly 0 -- so that the -inf range costs no full sort. Its log-probs are
+those of the masked row (as vLLM returns them).
 
 The vocabulary is large (262,144 for Gemma), so nothing sorts it when it can be avoided: top-k is a
 partial selection, and top-p first looks among the 64 most likely tokens (TOP_P_CANDIDATES) and, when their
@@ -37,7 +47,7 @@ tokens of the bin where it falls -- the kept set is the same as a full sort's.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,10 +71,23 @@ class SampledToken:
 
 
 class TokenHistory(Protocol):
-    """What penalties read of a request (Request has both)."""
+    """What penalties and min_tokens read of a request (Request has both)."""
 
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
+
+
+def apply_logit_masks(logits: torch.Tensor, params: SamplingParams, num_output_tokens: int) -> torch.Tensor:
+    """f32[V] logits of one row -> a new row with the request's logit bias added and its masked tokens at -inf
+    (SamplingParams.masked_token_ids at output position num_output_tokens)."""
+    out = logits.float().clone()
+    if params.logit_bias:
+        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.int64)
+        out[ids] = out[ids] + torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32)
+    masked = params.masked_token_ids(num_output_tokens)
+    if masked:
+        out[torch.tensor(masked, dtype=torch.int64)] = -math.inf
+    return out
 
 
 def apply_penalties(logits: torch.Tensor, params: SamplingParams, history: TokenHistory) -> torch.Tensor:
@@ -128,11 +151,12 @@ def _top_p_by_histogram(x: torch.Tensor, e: torch.Tensor, total: torch.Tensor, t
     """Top-p without sorting the vocabulary: the mass of each of HISTOGRAM_BINS equal logit bins gives the
     bin where the mass from the top crosses top_p; every token of the bins above is kept, and only the
     crossing bin's tokens are sorted to find where the prefix ends. Returns the kept ids (not in order)."""
-    lo, hi = float(x.min()), float(x.max())
+    finite = x[x > -math.inf]  # masked tokens (-inf) weigh 0 and stay in the lowest bin
+    lo, hi = float(finite.min()), float(x.max())
     if not hi > lo:
         ids = torch.argsort(x, descending=True, stable=True)
         return _top_p_prefix(ids, e[ids].double(), total, top_p)
-    bins = ((x - lo) * (HISTOGRAM_BINS / (hi - lo))).long().clamp_(0, HISTOGRAM_BINS - 1)
+    bins = ((x.clamp(min=lo) - lo) * (HISTOGRAM_BINS / (hi - lo))).long().clamp_(0, HISTOGRAM_BINS - 1)
     w = e.double()
     from_top = torch.cumsum(torch.bincount(bins, weights=w, minlength=HISTOGRAM_BINS).flip(0), 0)
     crossing_from_top = min(int((from_top < top_p * total).sum()), HISTOGRAM_BINS - 1)
@@ -177,7 +201,13 @@ def greedy_ids(logits: torch.Tensor) -> list[int]:
 def plain_greedy(params: SamplingParams) -> bool:
     """A row whose token is the argmax of its logits and that returns nothing else (no penalties, no
     log-probs): the model runner picks it where the logits are and copies back only the id."""
-    return params.greedy and not params.has_penalties and not params.return_logprobs and not params.num_top_logprobs
+    return (
+        params.greedy
+        and not params.has_penalties
+        and not params.has_logit_masks
+        and not params.return_logprobs
+        and not params.num_top_logprobs
+    )
 
 
 def advance_generator(generator: torch.Generator | None) -> None:
@@ -217,20 +247,39 @@ def rewind_generator(generator: torch.Generator | None, state: torch.Tensor | No
         uniform(generator)
 
 
+def _sample_allowed(logits: torch.Tensor, params: SamplingParams, u: float) -> int:
+    """One constrained row: the rule over its finite logits only, compacted in vocabulary order."""
+    ids = torch.nonzero(torch.isfinite(logits)).flatten()
+    allowed = logits.float()[ids].contiguous()
+    picked = sample_rows_cpu(
+        allowed.unsqueeze(0), [0], [params.temperature], [effective_top_k(allowed, params)], [params.top_p], [u]
+    )
+    index = picked[0] if picked is not None else sample_row(allowed, params, u)
+    return int(ids[index])
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
     histories: Sequence[TokenHistory] | None = None,
+    masked_rows: Collection[int] = (),
 ) -> list[SampledToken]:
-    """logits f32[R, V] -> one token per row; histories[r]: row r's request (needed when it has penalties).
+    """logits f32[R, V] -> one token per row; histories[r]: row r's request (needed when it has penalties or
+    min_tokens); masked_rows: the constrained rows (-inf at the tokens their grammar does not allow).
 
-    Log-probs are those of the model's distribution (before penalties), as vLLM returns by default."""
+    Log-probs are those of the model's distribution after the logit bias and masks, before penalties (vLLM's
+    default for penalties; OpenAI's for logit_bias)."""
+    masked = [r for r, p in enumerate(params) if p.has_logit_masks]
     penalized = [r for r, p in enumerate(params) if p.has_penalties]
+    if (masked or penalized) and histories is None:
+        raise ValueError("sampling with penalties or logit masks needs each row's token history")
+    if masked:
+        logits = logits.float().clone()
+        for r in masked:
+            logits[r] = apply_logit_masks(logits[r], params[r], len(histories[r].output_token_ids))
     raw = logits
     if penalized:
-        if histories is None:
-            raise ValueError("sampling with penalties needs each row's token history")
         logits = logits.float().clone()
         for r in penalized:
             logits[r] = apply_penalties(logits[r], params[r], histories[r])
@@ -244,21 +293,29 @@ def sample(
         ids = greedy_ids(greedy_logits)
         for r, token in zip(greedy, ids):
             tokens[r] = token
-    rows = [r for r, p in enumerate(params) if not p.greedy]
+    rows = [r for r, p in enumerate(params) if not p.greedy and r not in masked_rows]
+    for r in (r for r, p in enumerate(params) if not p.greedy and r in masked_rows):
+        tokens[r] = _sample_allowed(logits[r], params[r], uniform(generators[r]))
     if rows:
-        us = [uniform(generators[r]) for r in rows]
+        us = dict(zip(rows, (uniform(generators[r]) for r in rows)))
+        # Rows with -inf logits (masked tokens) are drawn by the reference: the kernel's histogram spans [min, max].
+        fast = [
+            r for r in rows if r not in masked or not params[r].masked_token_ids(len(histories[r].output_token_ids))
+        ]
         sampled = sample_rows_cpu(
             logits.float(),
-            rows,
-            [params[r].temperature for r in rows],
-            [effective_top_k(logits[r], params[r]) for r in rows],
-            [params[r].top_p for r in rows],
-            us,
+            fast,
+            [params[r].temperature for r in fast],
+            [effective_top_k(logits[r], params[r]) for r in fast],
+            [params[r].top_p for r in fast],
+            [us[r] for r in fast],
         )
         if sampled is None:
-            sampled = [sample_row(logits[r], params[r], u) for r, u in zip(rows, us)]
-        for r, token in zip(rows, sampled):
+            fast, sampled = [], []
+        for r, token in zip(fast, sampled):
             tokens[r] = token
+        for r in set(rows) - set(fast):
+            tokens[r] = sample_row(logits[r], params[r], us[r])
     out: list[SampledToken] = []
     for r, (p, token) in enumerate(zip(params, tokens)):
         lp = float(logprobs[r, token]) if (logprobs is not None and p.return_logprobs) else None

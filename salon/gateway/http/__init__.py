@@ -11,6 +11,10 @@
     completion.py one completion's events as a response body or SSE chunks; owns its admission slot and span
     catalog.py    the served models (404 for others) and unary calls to any engine (tokenize)
     errors.py     OpenAI error objects with the HTTP status of each salon error
+    body_limit.py the body read whole and capped (413) before any route sees it
+    body_parse.py JSON + validation: small bodies on the loop, large ones in a worker process
+    bounds.py     a parsed body's counts against the model's context (400 before conversion)
+    slow_clients.py  a deadline on each request's head (slowloris)
 
 The request's span carries the GenAI attributes of salon/gateway/genai_span.py.
 

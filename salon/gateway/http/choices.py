@@ -54,7 +54,7 @@ def choice_request(base: engine_pb2.GenerateRequest, index: int) -> engine_pb2.G
 
 async def run_choices(
     dispatcher: Dispatcher,
-    base: engine_pb2.GenerateRequest,
+    bases: list[engine_pb2.GenerateRequest],
     n: int,
     tenant_id: TenantId,
     deadline_s: float | None,
@@ -62,25 +62,23 @@ async def run_choices(
     context: contextvars.Context,
     model: str = "",
 ) -> AsyncIterator[ChoiceEvent]:
-    """Every choice's events, tagged with the choice's index; raises the first choice error."""
+    """Every choice's events, tagged with the choice's index; raises the first choice error. Each of `bases`
+    (the prompts of a completion) has n choices: choice i of prompt p has index p * n + i (vLLM's)."""
     queue: asyncio.Queue[ChoiceEvent | _Done] = asyncio.Queue(maxsize=_QUEUE_EVENTS)
-    prompt_computed = asyncio.Event()
+    computed = [asyncio.Event() for _ in bases]
 
-    async def pump(index: int) -> None:
+    async def pump(p: int, i: int) -> None:
+        base, prompt_computed, index = bases[p], computed[p], p * n + i
         error: BaseException | None = None
         try:
-            if index > 0:
+            if i > 0:
                 await prompt_computed.wait()
-            request = choice_request(base, index)
+            request = choice_request(base, i)
             async with contextlib.aclosing(
                 dispatcher.stream(request, tenant_id, deadline_s, arrived_s, model)
             ) as events:
                 async for event in events:
-                    if (
-                        index == 0
-                        and not prompt_computed.is_set()
-                        and (event.HasField("final") or event.delta.token_ids)
-                    ):
+                    if i == 0 and not prompt_computed.is_set() and (event.HasField("final") or event.delta.token_ids):
                         prompt_computed.set()
                     await queue.put(ChoiceEvent(index, event))
         except asyncio.CancelledError:
@@ -88,14 +86,14 @@ async def run_choices(
         except Exception as exc:  # handed to the reader, which raises it
             error = exc
         finally:
-            if index == 0:
+            if i == 0:
                 prompt_computed.set()  # the others run anyway (without a copy) if choice 0 failed
         await queue.put(_Done(index, error))
 
-    tasks = [asyncio.create_task(pump(i), context=context.copy()) for i in range(n)]
+    tasks = [asyncio.create_task(pump(p, i), context=context.copy()) for p in range(len(bases)) for i in range(n)]
     try:
         num_done = 0
-        while num_done < n:
+        while num_done < len(tasks):
             item = await queue.get()
             if isinstance(item, _Done):
                 num_done += 1

@@ -4,6 +4,9 @@ It owns what the request holds until it ends, however it ends (finished, failed,
 tenant's admission slot and the request's span. `close()` releases both, exactly once.
 
     chat.completion(.chunk)   choices[i].message / delta {role, content}, logprobs.content, finish_reason
+                              with tools: message.tool_calls / delta.tool_calls (tool_calls.py parses the
+                              reply; per call one chunk with index, id and name, then one with its
+                              arguments), finish_reason "tool_calls" when a reply that stopped made calls
     text_completion           choices[i].text, legacy logprobs {tokens, token_logprobs, top_logprobs, text_offset}
     stream                    data: {chunk}\\n\\n ... [data: {usage chunk}] data: [DONE]\\n\\n
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 
 from opentelemetry.trace import Span, Status, StatusCode
@@ -22,6 +26,11 @@ from salon.gateway.genai_span import set_response_attributes
 from salon.gateway.http import convert
 from salon.gateway.http.choices import ChoiceEvent
 from salon.gateway.http.errors import ApiError, from_salon_error
+from salon.gateway.http.tool_calls import ParsedCall, ToolCallParser, parse_reply
+
+
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
 
 
 class _Choice:
@@ -33,10 +42,16 @@ class _Choice:
         self.completion_logprobs: list[dict] = []
         self.num_text_chars = 0
         self.final: chat_pb2.GenerateFinal | None = None
+        # With tools: the stream's parser, and how many calls the reply made.
+        self.parser: ToolCallParser | None = None
+        self.num_calls = 0
 
     @property
     def finish_reason(self) -> str | None:
-        return None if self.final is None else convert.FINISH_REASONS.get(self.final.finish_reason, "stop")
+        if self.final is None:
+            return None
+        reason = convert.FINISH_REASONS.get(self.final.finish_reason, "stop")
+        return "tool_calls" if reason == "stop" and self.num_calls else reason
 
 
 class Completion:
@@ -54,6 +69,10 @@ class Completion:
         include_usage: bool,
         arrived_s: float,
         return_token_ids: bool = False,
+        choices_per_prompt: int = 1,
+        echo: list[str] | None = None,
+        tool_names: list[str] | None = None,
+        parallel_tool_calls: bool = True,
     ):
         self.kind = kind  # "chat" or "text_completion"
         self.response_id = response_id
@@ -68,6 +87,12 @@ class Completion:
         self.arrived_s = arrived_s
         self.ttft_s: float | None = None
         self.return_token_ids = return_token_ids
+        self.choices_per_prompt = choices_per_prompt
+        # Per choice, the text echoed before its own (vLLM's echo): the prompt, or the last assistant message.
+        self.echo = echo or [""] * num_choices
+        # The tools whose calls the replies are parsed for (none: replies are text).
+        self.tool_names = tool_names or []
+        self.parallel_tool_calls = parallel_tool_calls
         self._closed = False
 
     # ---- events ----------------------------------------------------------------------------------
@@ -98,7 +123,7 @@ class Completion:
 
     def usage(self) -> dict | None:
         finals = [c.final for c in self.choices if c.final is not None]
-        return convert.usage(finals) if len(finals) == len(self.choices) else None
+        return convert.usage(finals, self.choices_per_prompt) if len(finals) == len(self.choices) else None
 
     # ---- whole body ------------------------------------------------------------------------------
     async def body(self) -> dict:
@@ -127,11 +152,21 @@ class Completion:
         return out
 
     def _whole_choice_fields(self, c: _Choice) -> dict:
-        text = "".join(c.text)
+        text = self.echo[c.index] + "".join(c.text)
         if self.kind == "chat":
+            message: dict = {"role": "assistant", "content": text}
+            if self.tool_names:
+                reply = parse_reply("".join(c.text), self.tool_names, self.parallel_tool_calls)
+                c.num_calls = len(reply.calls)
+                message["content"] = self.echo[c.index] + reply.content if reply.content is not None else None
+                if reply.calls:
+                    message["tool_calls"] = [
+                        {"id": _call_id(), "type": "function", "function": {"name": k.name, "arguments": k.arguments}}
+                        for k in reply.calls
+                    ]
             return {
                 "index": c.index,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": {"content": c.chat_logprobs} if self.logprobs else None,
                 "finish_reason": c.finish_reason,
             }
@@ -186,6 +221,12 @@ class Completion:
             "finish_reason": finish_reason,
         }
 
+    def _echo_choice(self, index: int) -> dict:
+        text = self.echo[index]
+        if self.kind == "chat":
+            return {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": None}
+
     async def first(self) -> ChoiceEvent | None:
         """The first event, read before the response starts (so errors get their HTTP status)."""
         try:
@@ -202,15 +243,22 @@ class Completion:
                         [
                             {
                                 "index": c.index,
-                                "delta": {"role": "assistant", "content": ""},
+                                # With tools the reply may be only calls: its content is null until text comes.
+                                "delta": {"role": "assistant", "content": None if self.tool_names else ""},
                                 "logprobs": None,
                                 "finish_reason": None,
                             }
                         ]
                     )
+            for c in self.choices:
+                if self.echo[c.index]:
+                    yield self._chunk([self._echo_choice(c.index)])
             item = first
             while item is not None:
-                if item.event.HasField("final"):
+                if self.tool_names and self.kind == "chat":
+                    for chunk in self._tool_chunks(item):
+                        yield chunk
+                elif item.event.HasField("final"):
                     yield self._chunk([self._delta_choice(item.index, None, self.choices[item.index].finish_reason)])
                 else:
                     yield self._chunk([self._delta_choice(item.index, item.event.delta, None)])
@@ -224,6 +272,39 @@ class Completion:
             yield "data: [DONE]\n\n"
         finally:
             await self.close()
+
+    def _tool_chunks(self, item: ChoiceEvent) -> list[str]:
+        """The chunks of one event of a chat with tools: its text through the choice's parser (content, then
+        calls as they complete); the final event flushes the parser before the finish."""
+        c = self.choices[item.index]
+        if c.parser is None:
+            c.parser = ToolCallParser(self.tool_names, self.parallel_tool_calls)
+        final = item.event.HasField("final")
+        delta = None if final else item.event.delta
+        pieces = c.parser.finish() if final else c.parser.feed(delta.text)
+        deltas: list[dict] = []
+        for piece in pieces:
+            if isinstance(piece, ParsedCall):
+                deltas += self._call_deltas(c, piece)
+            else:
+                deltas.append({"content": piece})
+        if delta is not None and not deltas and (self.logprobs or self.return_token_ids):
+            deltas.append({})  # the tokens' logprobs / ids still go out
+        chunks = []
+        for k, fields in enumerate(deltas):
+            out = self._delta_choice(item.index, delta if k == 0 else None, None)
+            out["delta"] = fields
+            chunks.append(self._chunk([out]))
+        if final:
+            chunks.append(self._chunk([self._delta_choice(item.index, None, c.finish_reason)]))
+        return chunks
+
+    @staticmethod
+    def _call_deltas(c: _Choice, call: ParsedCall) -> list[dict]:
+        index = c.num_calls
+        c.num_calls += 1
+        head = {"index": index, "id": _call_id(), "type": "function", "function": {"name": call.name, "arguments": ""}}
+        return [{"tool_calls": [head]}, {"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]}]
 
     async def close(self) -> None:
         if self._closed:

@@ -4,22 +4,35 @@ Messages map onto salon's dialogue (the engine renders it prefix-stably, so turn
 
     leading system / developer messages  -> the character block (their texts joined by a blank line)
     user                                 -> ROLE_USER, `name` as the author
-    assistant                            -> ROLE_CHARACTER (the reply text exactly as salon returned it)
+    assistant                            -> ROLE_CHARACTER (the reply text exactly as salon returned it),
+                                            its tool_calls as the message's tool calls
+    tool                                 -> ROLE_TOOL with its tool_call_id
     later system / developer messages    -> ROLE_SYSTEM
-    tool, function, tool_calls, images   -> 400 naming the field
+    function, images                     -> 400 naming the field
 
-Sampling follows OpenAI's defaults (temperature 1 when absent); `max_tokens` / `max_completion_tokens`
-absent means the engine's default budget.
+tools / tool_choice / parallel_tool_calls: tool_request.py.
+
+Sampling fields the request omits (temperature, top_p, top_k, min_p, repetition_penalty) take the model's
+defaults, as vLLM's do (ModelInfo.default_sampling: the model file's, its card's, else temperature 1 and no
+limits); `max_tokens` / `max_completion_tokens` absent means the engine's default budget.
 """
 
 from __future__ import annotations
+
+import json
+import math
 
 from pydantic import BaseModel
 
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2
+from salon.gateway.http import tool_request
 from salon.gateway.http.errors import ApiError, invalid, unsupported
 from salon.gateway.http.schemas import (
+    MAX_CACHE_SALT_BYTES,
+    MAX_CHAT_TEMPLATE_KWARGS_BYTES,
+    MAX_LOGIT_BIAS_VALUE,
+    MAX_PROMPTS,
     MAX_STOP,
     UNSUPPORTED,
     ChatCompletionRequest,
@@ -27,10 +40,13 @@ from salon.gateway.http.schemas import (
     CompletionRequest,
     SamplingFields,
 )
+from salon.gateway.http.structured import constraint_of
 from salon.gateway.routing import render_opening
 
 _SYSTEM_ROLES = ("system", "developer")
-_MESSAGE_FIELDS = {"role", "content", "name"}
+_MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id"}
+# The sampling fields an omitting request leaves to the model (chat_pb2.SamplingParams.model_default_fields).
+_MODEL_DEFAULT_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
 
 FINISH_REASONS = {
     chat_pb2.FINISH_REASON_STOP_TOKEN: "stop",
@@ -50,11 +66,6 @@ def refuse_unsupported(body: BaseModel) -> None:
     if getattr(body, "best_of", None) not in (None, 1):
         raise unsupported("best_of", "best_of is not supported; use n")
     if isinstance(body, ChatCompletionRequest):
-        if body.response_format is not None and body.response_format.get("type", "text") != "text":
-            raise unsupported(
-                "response_format",
-                f"type {body.response_format.get('type')!r} is not supported (structured output); only 'text'",
-            )
         if body.modalities is not None and body.modalities != ["text"]:
             raise unsupported("modalities", "only ['text'] is supported")
         if body.store:
@@ -63,6 +74,23 @@ def refuse_unsupported(body: BaseModel) -> None:
             raise unsupported("service_tier", f"{body.service_tier!r} is not offered")
         if body.top_logprobs and not body.logprobs:
             raise invalid("top_logprobs", "requires logprobs to be true")
+    if body.echo and body.logprobs:
+        raise unsupported("echo", "echo with logprobs (prompt log-probabilities) is not supported")
+    max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    if body.min_tokens and max_tokens is not None and body.min_tokens > max_tokens:
+        raise invalid("min_tokens", f"{body.min_tokens} is more than max_tokens {max_tokens}")
+
+
+def logit_bias(body: SamplingFields) -> dict[int, float]:
+    """OpenAI's logit_bias: token id strings -> bias within [-100, 100]."""
+    out: dict[int, float] = {}
+    for key, bias in (body.logit_bias or {}).items():
+        if not (key.isascii() and key.isdigit()):
+            raise invalid(f"logit_bias.{key}", "keys must be token ids (decimal integers)")
+        if not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS_VALUE:
+            raise invalid(f"logit_bias.{key}", f"must be within [-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}]")
+        out[int(key)] = bias
+    return out
 
 
 def _text_of(message: ChatMessage, where: str) -> str:
@@ -99,27 +127,36 @@ def chat_dialogue(messages: list[ChatMessage]) -> tuple[chat_pb2.Character | Non
     for j in range(i, len(messages)):
         m, where = messages[j], f"messages[{j}]"
         _check_fields(m, where)
-        text = _text_of(m, where)
-        if m.role == "user":
+        calls = tool_request.assistant_tool_calls(m, where) if m.role == "assistant" else []
+        text = "" if calls and not m.content else _text_of(m, where)
+        if m.role == "tool":
+            call_id = tool_request.tool_call_id(m, where)
+            dialogue.messages.add(role=chat_pb2.ROLE_TOOL, text=text, tool_call_id=call_id)
+        elif m.role == "user":
             dialogue.messages.add(role=chat_pb2.ROLE_USER, author=m.name or "", text=text)
             if not first_user_seen:
                 first_user_seen = True
                 opening.append(("user", f"{m.name or ''}\n{text}"))
         elif m.role == "assistant":
-            dialogue.messages.add(role=chat_pb2.ROLE_CHARACTER, author=m.name or "", text=text)
+            dialogue.messages.add(role=chat_pb2.ROLE_CHARACTER, author=m.name or "", text=text, tool_calls=calls)
         elif m.role in _SYSTEM_ROLES:
             dialogue.messages.add(role=chat_pb2.ROLE_SYSTEM, text=text)
         else:
-            raise unsupported(f"{where}.role", f"role {m.role!r} is not supported (system, developer, user, assistant)")
+            raise unsupported(
+                f"{where}.role", f"role {m.role!r} is not supported (system, developer, user, assistant, tool)"
+            )
     if not dialogue.messages:
         raise invalid("messages", "at least one user or assistant message is required after the system messages")
     return character, dialogue, render_opening(opening)
 
 
 def _check_fields(message: ChatMessage, where: str) -> None:
+    allowed = {"assistant": "tool_calls", "tool": "tool_call_id"}.get(message.role)
     for field in sorted((message.model_extra or {}).keys()):
         if (message.model_extra or {}).get(field) is not None and field not in _MESSAGE_FIELDS:
             raise unsupported(f"{where}.{field}", f"{field!r} is not supported in messages")
+        if field in ("tool_calls", "tool_call_id") and field != allowed and (message.model_extra or {}).get(field):
+            raise invalid(f"{where}.{field}", f"not allowed in a {message.role!r} message")
 
 
 def sampling_params(
@@ -133,7 +170,7 @@ def sampling_params(
             raise invalid(f"stop[{k}]", "must not be empty")
     sampling = chat_pb2.SamplingParams(
         max_new_tokens=max_tokens or 0,
-        temperature=1.0 if body.temperature is None else body.temperature,
+        temperature=body.temperature or 0.0,
         top_k=0 if body.top_k in (None, -1) else body.top_k,
         top_p=body.top_p or 0.0,
         stop_strings=stop,
@@ -144,10 +181,32 @@ def sampling_params(
         repetition_penalty=body.repetition_penalty or 0.0,
         min_p=body.min_p or 0.0,
         top_logprobs=top_logprobs,
+        ignore_eos=bool(body.ignore_eos),
+        min_tokens=body.min_tokens or 0,
+        logit_bias=logit_bias(body),
+        include_stop_str_in_output=bool(body.include_stop_str_in_output),
+        # -1: vLLM's "the model's context", i.e. keep all.
+        truncate_prompt_tokens=max(0, body.truncate_prompt_tokens or 0),
+        model_default_fields=[name for name in _MODEL_DEFAULT_FIELDS if getattr(body, name) is None],
     )
     if body.seed is not None:
         sampling.seed = body.seed
+    if body.skip_special_tokens is not None:
+        sampling.skip_special_tokens = body.skip_special_tokens
+    if body.spaces_between_special_tokens is not None:
+        sampling.spaces_between_special_tokens = body.spaces_between_special_tokens
+    constraint = constraint_of(body)
+    if constraint is not None:
+        sampling.constraint.CopyFrom(constraint)
     return sampling
+
+
+def _request_controls(body: SamplingFields, request: engine_pb2.GenerateRequest) -> None:
+    request.priority = body.priority or 0
+    cache_salt = body.cache_salt or ""
+    if len(cache_salt.encode("utf-8")) > MAX_CACHE_SALT_BYTES:
+        raise invalid("cache_salt", f"more than {MAX_CACHE_SALT_BYTES} bytes")
+    request.cache_salt = cache_salt
 
 
 def chat_request(body: ChatCompletionRequest) -> tuple[engine_pb2.GenerateRequest, bytes]:
@@ -159,32 +218,60 @@ def chat_request(body: ChatCompletionRequest) -> tuple[engine_pb2.GenerateReques
         request.character.CopyFrom(character)
     max_tokens = body.max_completion_tokens or body.max_tokens
     request.sampling.CopyFrom(sampling_params(body, max_tokens, body.logprobs, body.top_logprobs or 0))
+    _request_controls(body, request)
+    tool_request.chat_tools(body, request)
+    if body.chat_template_kwargs:
+        encoded = json.dumps(body.chat_template_kwargs, separators=(",", ":"))
+        if len(encoded.encode("utf-8")) > MAX_CHAT_TEMPLATE_KWARGS_BYTES:
+            raise invalid("chat_template_kwargs", f"more than {MAX_CHAT_TEMPLATE_KWARGS_BYTES} bytes as JSON")
+        request.chat_template_kwargs_json = encoded
     return request, opening
 
 
-def completion_request(body: CompletionRequest) -> tuple[engine_pb2.GenerateRequest, bytes]:
-    """The engine request and the opening of a text completion (a text or token-id prompt)."""
-    refuse_unsupported(body)
+def chat_echo(body: ChatCompletionRequest) -> str:
+    """vLLM's echo for chat: the last message's text when it is the assistant's (the reply continues it)."""
+    last = body.messages[-1]
+    if not body.echo or last.role != "assistant":
+        return ""
+    return _text_of(last, f"messages[{len(body.messages) - 1}]")
+
+
+def completion_prompts(body: CompletionRequest) -> tuple[list[str | list[int]], bool]:
+    """The prompts of a text completion (one text or token-id list, or a list of either, at most MAX_PROMPTS),
+    and whether the request gave a list of them."""
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise unsupported("prompt", "one prompt per request (a list of prompts is not supported)")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise invalid("prompt", "must not be empty")
-        request = engine_pb2.GenerateRequest(text=prompt)
-        opening = prompt.encode("utf-8")
-    else:
-        if not prompt:
-            raise invalid("prompt", "must not be empty")
-        if any(t < 0 for t in prompt):
-            raise invalid("prompt", "token ids must not be negative")
-        request = engine_pb2.GenerateRequest(tokens=chat_pb2.TokenizedPrompt(token_ids=prompt))
-        opening = b"".join(int(t).to_bytes(4, "little") for t in prompt[:1024])
+        if len(prompt) > MAX_PROMPTS:
+            raise invalid("prompt", f"at most {MAX_PROMPTS} prompts per request")
+        return list(prompt), True
+    return [prompt], False
+
+
+def completion_requests(body: CompletionRequest) -> list[tuple[engine_pb2.GenerateRequest, bytes]]:
+    """Per prompt, the engine request and the opening of a text completion (a text or token-id prompt)."""
+    refuse_unsupported(body)
+    prompts, listed = completion_prompts(body)
     k = body.logprobs
-    request.sampling.CopyFrom(sampling_params(body, body.max_tokens or 16, k is not None, k or 0))
-    return request, opening
+    sampling = sampling_params(body, body.max_tokens or 16, k is not None, k or 0)
+    out = []
+    for i, prompt in enumerate(prompts):
+        where = f"prompt[{i}]" if listed else "prompt"
+        if isinstance(prompt, str):
+            if not prompt:
+                raise invalid(where, "must not be empty")
+            request = engine_pb2.GenerateRequest(text=prompt)
+            opening = prompt.encode("utf-8")
+        else:
+            if not prompt:
+                raise invalid(where, "must not be empty")
+            if any(t < 0 for t in prompt):
+                raise invalid(where, "token ids must not be negative")
+            request = engine_pb2.GenerateRequest(tokens=chat_pb2.TokenizedPrompt(token_ids=prompt))
+            opening = b"".join(int(t).to_bytes(4, "little") for t in prompt[:1024])
+        request.sampling.CopyFrom(sampling)
+        _request_controls(body, request)
+        out.append((request, opening))
+    return out
 
 
 def _token(data: bytes) -> str:
@@ -228,19 +315,21 @@ def completion_logprobs(delta: chat_pb2.TokenDelta, text_offset: int) -> dict:
     }
 
 
-def usage(finals: list[chat_pb2.GenerateFinal]) -> dict:
-    """OpenAI usage of a completion's choices: the prompt once, the generated tokens of all; salon's
-    split of the cached tokens by source in prompt_tokens_details.cached_tokens_by_source."""
-    first = finals[0].usage
+def usage(finals: list[chat_pb2.GenerateFinal], n: int = 1) -> dict:
+    """OpenAI usage of a completion's choices (in index order, n per prompt): each prompt once, the generated
+    tokens of all; salon's split of the cached tokens by source in prompt_tokens_details.cached_tokens_by_source."""
+    firsts = [f.usage for f in finals[::n]]
+    prompt_tokens = sum(u.prompt_tokens for u in firsts)
+    device = sum(u.cached_tokens.device for u in firsts)
+    host = sum(u.cached_tokens.host for u in firsts)
     completion_tokens = sum(f.usage.generated_tokens for f in finals)
-    cached = first.cached_tokens.device + first.cached_tokens.host
     return {
-        "prompt_tokens": first.prompt_tokens,
+        "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
-        "total_tokens": first.prompt_tokens + completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {
-            "cached_tokens": cached,
-            "cached_tokens_by_source": {"device": first.cached_tokens.device, "host": first.cached_tokens.host},
+            "cached_tokens": device + host,
+            "cached_tokens_by_source": {"device": device, "host": host},
         },
     }
 

@@ -7,9 +7,13 @@ each salon error, defined once.
     PERMISSION_DENIED                      403   permission_error        permission_denied
     NOT_FOUND                              404   invalid_request_error   model_not_found
     RESOURCE_EXHAUSTED                     429   rate_limit_error        rate_limit_exceeded   + Retry-After
+      ... from grpc's message size limit   413   invalid_request_error   request_too_large
     UNAVAILABLE                            503   service_unavailable     no_engine
     DEADLINE_EXCEEDED                      504   timeout                 deadline_exceeded
     anything else                          500   internal_error          internal
+
+A request too large for a gRPC message limit is the client's to shrink, not a rate to wait out: grpc
+reports both as RESOURCE_EXHAUSTED, told apart by grpc's own wording ("... message larger than max").
 
 A 429 carries `Retry-After` (whole seconds, rounded up) and `retry-after-ms` (the exact hint, which
 the official clients read first).
@@ -34,6 +38,17 @@ _BY_CODE: dict[grpc.StatusCode, tuple[int, str, str]] = {
     grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable", "no_engine"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout", "deadline_exceeded"),
 }
+
+
+# grpc's wording when a message is over a channel's send or receive limit (either side of the call).
+_MESSAGE_TOO_LARGE = "message larger than max"
+
+
+def status_of(code: grpc.StatusCode, message: str) -> tuple[int, str, str]:
+    """(HTTP status, error type, error code) of a gRPC status with its message."""
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and _MESSAGE_TOO_LARGE in message:
+        return 413, "invalid_request_error", "request_too_large"
+    return _BY_CODE.get(code, (500, "internal_error", "internal"))
 
 
 class ApiError(Exception):
@@ -86,9 +101,21 @@ def model_not_found(model: str, served: list[str]) -> ApiError:
     )
 
 
+def too_large(param: str, message: str) -> ApiError:
+    """413 naming what was too large."""
+    return ApiError(413, f"{param}: {message}", "invalid_request_error", "request_too_large", param)
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError) -> ApiError:
+    """The HTTP answer to a failed call to an engine."""
+    message = exc.details() or exc.code().name
+    status, type_, code = status_of(exc.code(), message)
+    return ApiError(status, message, type_, code)
+
+
 def from_salon_error(exc: SalonError) -> ApiError:
     """The HTTP answer to a salon error raised by the core (dispatcher, admission, engines)."""
-    status, type_, code = _BY_CODE.get(exc.code, (500, "internal_error", "internal"))
+    status, type_, code = status_of(exc.code, exc.message)
     retry_after_ms = None
     if isinstance(exc, ResourceExhausted) and exc.retry_after_ms is not None:
         retry_after_ms = int(exc.retry_after_ms)
@@ -96,6 +123,8 @@ def from_salon_error(exc: SalonError) -> ApiError:
         for key, value in exc.trailing_metadata():
             if key == "retry-after-ms" and value.isdigit():
                 retry_after_ms = int(value)
-    if status == 429 and retry_after_ms is None:
+    if status != 429:
+        retry_after_ms = None
+    elif retry_after_ms is None:
         retry_after_ms = 1000
     return ApiError(status, exc.message, type_, code, None, retry_after_ms)

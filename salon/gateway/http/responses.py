@@ -182,6 +182,12 @@ def _chat_body(body: ResponsesRequest, model: str, messages: list[dict]) -> Chat
         fields["temperature"] = body.temperature
     if body.top_p is not None:
         fields["top_p"] = body.top_p
+    fmt = (body.text or {}).get("format")
+    if fmt is not None and fmt.get("type") == "json_object":
+        fields["response_format"] = {"type": "json_object"}
+    elif fmt is not None and fmt.get("type") == "json_schema":  # the chat API's json_schema, flattened
+        spec = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
+        fields["response_format"] = {"type": "json_schema", "json_schema": spec}
     return ChatCompletionRequest.model_validate(fields)
 
 
@@ -250,7 +256,7 @@ async def create_response(request: Request) -> Response:
         context = contextvars.copy_context()
         context.run(_enter, span, request_id, engine_request.conversation_id, tenant)
         events = run_choices(
-            front.dispatcher, engine_request, 1, tenant.tenant_id, None, arrived_s, context, info.model_id
+            front.dispatcher, [engine_request], 1, tenant.tenant_id, None, arrived_s, context, info.model_id
         )
     except BaseException:
         release()

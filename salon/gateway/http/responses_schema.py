@@ -88,8 +88,8 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
     if body.truncation not in (None, "disabled"):
         raise unsupported("truncation", "only 'disabled': a dialogue past the model's context is refused")
     fmt = (body.text or {}).get("format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise unsupported("text.format", "only {'type': 'text'} (structured output is not supported)")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema")):
+        raise unsupported("text.format", "only the types 'text', 'json_object' and 'json_schema'")
     for k, item in enumerate(body.include or ()):
         # No reasoning items are ever produced, so there is nothing to include for them.
         if item != "reasoning.encrypted_content":

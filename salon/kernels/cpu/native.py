@@ -39,14 +39,25 @@ _typed: set[tuple[str, str]] = set()
 _ready: dict[str, tuple[object, ctypes.CDLL]] = {}
 
 
+# SALON_CPU_ISA=avx2 makes this process (and every process it starts) run as on a CPU without AVX-512: the AVX-512
+# flags are masked, so every kernel family picks its AVX2 build and the CPU's int8 Linears take the AVX2 recipe
+# (how the AVX2 paths are tested on an AVX-512 machine). Unset or "native": the CPU's own flags. Read once, here.
+CPU_ISA_ENV = "SALON_CPU_ISA"
+CPU_ISA_CHOICES = ("native", "avx2")
+_cpu_isa = os.environ.get(CPU_ISA_ENV) or "native"
+if _cpu_isa not in CPU_ISA_CHOICES:
+    raise ValueError(f"{CPU_ISA_ENV}: must be one of {', '.join(CPU_ISA_CHOICES)}, got {_cpu_isa!r}")
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The flags of /proc/cpuinfo (empty where there is none)."""
+    """The flags of /proc/cpuinfo (empty where there is none), less the AVX-512 ones under SALON_CPU_ISA=avx2."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return frozenset()
-    return frozenset(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split()[2:])
+    flags = frozenset(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split()[2:])
+    return frozenset(f for f in flags if not f.startswith("avx512")) if _cpu_isa == "avx2" else flags
 
 
 @functools.cache

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "conversation_id", "namespace_salt", "character", "dialogue", "tokens", "text", "sampling", "resume_token_ids", "prefill_from_request_id", "namespace_grant")
+    __slots__ = ("request_id", "conversation_id", "namespace_salt", "character", "dialogue", "tokens", "text", "sampling", "resume_token_ids", "prefill_from_request_id", "namespace_grant", "priority", "cache_salt", "chat_template_kwargs_json", "tools", "tool_choice", "parallel_tool_calls")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_SALT_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,12 @@ class GenerateRequest(_message.Message):
     RESUME_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FROM_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_GRANT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     conversation_id: str
     namespace_salt: str
@@ -31,7 +37,13 @@ class GenerateRequest(_message.Message):
     resume_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prefill_from_request_id: str
     namespace_grant: bytes
-    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., namespace_salt: _Optional[str] = ..., character: _Optional[_Union[_chat_pb2.Character, _Mapping]] = ..., dialogue: _Optional[_Union[_chat_pb2.Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[_chat_pb2.TokenizedPrompt, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[_chat_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., prefill_from_request_id: _Optional[str] = ..., namespace_grant: _Optional[bytes] = ...) -> None: ...
+    priority: int
+    cache_salt: str
+    chat_template_kwargs_json: str
+    tools: _containers.RepeatedCompositeFieldContainer[_chat_pb2.Tool]
+    tool_choice: _chat_pb2.ToolChoice
+    parallel_tool_calls: bool
+    def __init__(self, request_id: _Optional[str] = ..., conversation_id: _Optional[str] = ..., namespace_salt: _Optional[str] = ..., character: _Optional[_Union[_chat_pb2.Character, _Mapping]] = ..., dialogue: _Optional[_Union[_chat_pb2.Dialogue, _Mapping]] = ..., tokens: _Optional[_Union[_chat_pb2.TokenizedPrompt, _Mapping]] = ..., text: _Optional[str] = ..., sampling: _Optional[_Union[_chat_pb2.SamplingParams, _Mapping]] = ..., resume_token_ids: _Optional[_Iterable[int]] = ..., prefill_from_request_id: _Optional[str] = ..., namespace_grant: _Optional[bytes] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., chat_template_kwargs_json: _Optional[str] = ..., tools: _Optional[_Iterable[_Union[_chat_pb2.Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_chat_pb2.ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("namespace_salt", "character", "text", "dialogue", "add_special_tokens")

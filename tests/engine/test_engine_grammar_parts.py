@@ -1,0 +1,169 @@
+"""The grammar module's parts: the compiled-grammar cache's byte bound (seeded randomized against a plain LRU
+model), the compiler's cache, time limit and refusals, the bitmask against a plain per-token reference on odd
+vocabulary sizes, and a constrained row sampled over its allowed tokens only (host C path = its reference)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import zlib
+
+import pytest
+import torch
+
+from salon.common.errors import InvalidArgument
+from salon.engine.grammar.bitmask import allowed_tokens, apply_bitmask, apply_bitmask_torch
+from salon.engine.grammar.cache import CompiledCache
+from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
+from salon.engine.grammar.constraint import MAX_SCHEMA_BYTES, Constraint, ConstraintKind, checked
+from salon.engine.model.loader import open_model_file
+from salon.engine.model.tokenizer import Tokenizer
+from salon.engine.request import SamplingParams
+from salon.engine.worker.device_sampler import DeviceSampler
+from salon.engine.worker.sampler import kept_tokens, sample
+from tests.engine.test_engine_device_sampler import VOCAB, chunks_of, requests, step_logits
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cache_keeps_its_byte_bound_and_evicts_least_recently_used_first(seed):
+    rng = random.Random(seed)
+    capacity = rng.randint(50, 500)
+    cache: CompiledCache[str] = CompiledCache(capacity)
+    model: list[tuple[int, int]] = []  # (key, bytes), least recently used first
+    for _ in range(3000):
+        key = rng.randrange(40)
+        if rng.random() < 0.5:
+            got = cache.get(key)
+            entry = next((e for e in model if e[0] == key), None)
+            assert got == (None if entry is None else f"v{key}")
+            if entry is not None:
+                model.remove(entry)
+                model.append(entry)
+        else:
+            size = rng.randint(0, capacity + 20)
+            cache.put(key, f"v{key}", size)
+            model = [e for e in model if e[0] != key]
+            if size <= capacity:
+                while sum(b for _, b in model) + size > capacity:
+                    model.pop(0)
+                model.append((key, size))
+        assert cache.num_bytes == sum(b for _, b in model) <= capacity
+        assert len(cache) == len(model) and all(k in cache for k, _ in model)
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    mf = open_model_file("smollm2-135m-instruct")
+    compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, GrammarLimits(compile_threads=1))
+    yield compiler
+    compiler.close()
+
+
+def test_compiler_caches_by_constraint_and_refuses_naming_the_problem(compiler):
+    regex = Constraint(ConstraintKind.REGEX, "[a-z]{3}")
+
+    async def twice():
+        return await compiler.compile(regex), await compiler.compile(regex)
+
+    first, second = asyncio.run(twice())
+    assert first is second
+    assert compiler.cache.num_bytes == first.memory_size_bytes > 0
+    with pytest.raises(InvalidArgument, match=r"^json_schema: does not compile: .*objectx"):
+        compiler.compile_now(Constraint(ConstraintKind.JSON_SCHEMA, '{"type": "objectx"}'))
+    with pytest.raises(InvalidArgument, match="sampling.constraint.json_schema: 65537 bytes is more than 65536"):
+        checked(Constraint(ConstraintKind.JSON_SCHEMA, " " * (MAX_SCHEMA_BYTES + 1)))
+    with pytest.raises(InvalidArgument, match="sampling.constraint.choice: 1..1024 choices, got 0"):
+        checked(Constraint(ConstraintKind.CHOICE))
+
+
+def test_a_compilation_past_its_time_limit_is_refused(compiler):
+    # Three optional nested properties, not strict: a compilation of a few hundred ms, far past the 1 ms limit.
+    schema = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "object", "properties": {"v": {"type": "integer"}}} for i in range(3)},
+    }
+    constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema))
+    slow = GrammarCompiler.__new__(GrammarCompiler)
+    slow.__dict__.update(compiler.__dict__)
+    slow.limits = GrammarLimits(compile_timeout_s=0.001)
+    with pytest.raises(InvalidArgument, match=r"^json_schema: did not compile within 0\.001 s"):
+        asyncio.run(slow.compile(constraint))
+    assert constraint not in compiler.cache
+    assert asyncio.run(compiler.compile(constraint)) is not None  # the same constraint within the usual limit
+
+
+@pytest.mark.parametrize("vocab", [31, 32, 1003])
+def test_bitmask_matches_a_per_token_reference(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    words = (vocab + 31) // 32 + (1 if vocab == 32 else 0)  # a mask wider than the vocabulary too
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, words), generator=g, dtype=torch.int32)
+    allowed = allowed_tokens(bitmask, vocab)
+    for r in range(3):
+        for t in range(vocab):
+            assert bool(allowed[r, t]) == bool((int(bitmask[r, t // 32]) >> (t % 32)) & 1)
+    logits = torch.randn(4, vocab, generator=g)
+    for apply in (apply_bitmask, apply_bitmask_torch):  # xgrammar's kernel on a CPU; torch ops elsewhere
+        masked = logits.clone()
+        apply(masked, [0, 2, 3], bitmask)
+        assert torch.equal(masked[1], logits[1])
+        for i, r in enumerate([0, 2, 3]):
+            assert torch.equal(masked[r], logits[r].masked_fill(~allowed[i], float("-inf")))
+
+
+@pytest.mark.parametrize("vocab", [1000, 49152])
+def test_a_constrained_row_is_sampled_over_its_allowed_tokens_by_the_rule(vocab):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, vocab, generator=g) * 4
+    allowed = torch.rand(3, vocab, generator=g) < 0.3
+    masked = logits.masked_fill(~allowed, float("-inf"))
+    params = [
+        SamplingParams(8, temperature=1.0),
+        SamplingParams(8, temperature=0.7, top_k=50, top_p=0.9),
+        SamplingParams(8, temperature=0.0),
+    ]
+    for seed in range(20):
+        generators = [torch.Generator().manual_seed(seed) for _ in range(2)] + [None]
+        tokens = [t.token_id for t in sample(masked, params, generators, masked_rows={0, 1, 2})]
+        for r in range(3):
+            assert allowed[r, tokens[r]], (seed, r)
+        assert tokens[2] == int(torch.argmax(masked[2]))
+        for r in range(2):  # the reference rule over the allowed tokens, compacted in vocabulary order
+            ids = torch.nonzero(allowed[r]).flatten()
+            u = float(torch.rand(1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))
+            kept, w = kept_tokens(logits[r, ids], params[r])
+            order = torch.arange(ids.numel()) if kept is None else torch.sort(kept).values
+            weights = w if kept is None else w[torch.argsort(kept)]
+            cumulative = torch.cumsum(weights, 0)
+            i = min(int(torch.searchsorted(cumulative, u * cumulative[-1], right=True)), weights.numel() - 1)
+            assert tokens[r] == int(ids[order[i]]), (seed, r)
+
+
+def masked_step(reqs, step: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's logits for the requests, every row masked by a bitmask that depends only on (request, step)."""
+    logits = torch.stack([step_logits(r.request_id, step) for r in reqs])
+    masks = []
+    for r in reqs:
+        g = torch.Generator().manual_seed(zlib.crc32(f"mask:{r.request_id}:{step}".encode()))
+        masks.append(torch.randint(-(2**31), 2**31 - 1, ((VOCAB + 31) // 32,), generator=g, dtype=torch.int32))
+        masks[-1][: (step % 3) * 8] = 0  # some rows allow far fewer tokens
+    bitmask = torch.stack(masks)
+    logits = logits.to(device)
+    apply_bitmask(logits, list(range(len(reqs))), bitmask)
+    return logits, allowed_tokens(bitmask, VOCAB)
+
+
+def test_masked_rows_through_the_device_sampler_are_the_host_samplers():
+    """On CPU tensors the device sampler draws the host sampler's tokens: masked rows too, only allowed ones."""
+    device_reqs, host_reqs = requests(), requests()
+    sampler = DeviceSampler("cpu")
+    for step in range(6):
+        logits, allowed = masked_step(device_reqs, step, "cpu")
+        got, _, _ = sampler.sample(logits, chunks_of(device_reqs))
+        rows = range(len(host_reqs))
+        want = sample(logits, [r.sampling for r in host_reqs], [r.generator for r in host_reqs], host_reqs, set(rows))
+        assert [t.token_id for t in got] == [t.token_id for t in want], step
+        assert all(allowed[r, t.token_id] for r, t in zip(rows, got))
+        for d, h, t in zip(device_reqs, host_reqs, got):
+            d.output_token_ids.append(t.token_id)
+            h.output_token_ids.append(t.token_id)
