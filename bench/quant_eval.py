@@ -1,4 +1,5 @@
-"""int8 recipes of Gemma 3 270M against the exact reference, through the engine's own int8 model.
+"""int8 recipes of Gemma 3 270M (or SmolLM2-135M, --model) against the exact reference, through the engine's own int8
+model.
 
 Each variant is a set of build_int8_checkpoint options (salon/engine/model/quantize.py), converted from
 the GGUF's float weights with a calibration set, built with build_int8_model (the engine's C kernels) and
@@ -19,6 +20,17 @@ the shipped recipe, architecture INT8_RECIPE and INT8_ACTIVATION_TERMS, from the
 by tensor, to a fresh conversion), in the activation recipe the kernels pick here (engine_checkpoint) and in the
 other one (engine_checkpoint_<recipe>: one int16 term or two int8 terms per activation, salon.kernels.backend).
 
+SmolLM2 (--model smollm2-135m-instruct, the llama architecture): top1 and lp_err against llama.cpp's F32 greedy
+tokens (smollm2-135m-instruct/greedy_f32.jsonl, 263 positions), and ppl's delta_pct against this run's float32
+model (there is no float64 perplexity of it), which always runs (--no-baselines leaves out the engine rows only);
+its variants are LLAMA_VARIANTS.
+
+Activation recipes (salon.kernels.backend): a variant's options may name "group32" (True, or the projections
+that take it: "qkv", "o", "gate_up", "down", "lm_head"): those Linears take one int8 term per token and 32
+channels (salon.kernels.w8a8_group32, the PyTorch reference), the others their activation_terms.
+--activations RECIPE[,RECIPE] adds rows of the checkpoint the engine loads in those recipes (load_model with
+select_ops(activations=...): for group32 the checkpoint it converts for them, checkpoint.recipe_overrides).
+
 Calibration sets (none of them gpl-3.txt): "text" is salon/engine/model/calibration_text.py; "text+sampled"
 adds text sampled from the float model itself (calibration_text.sampled_sequences, seeded).
 
@@ -27,14 +39,14 @@ activations and/or a float KV cache, with the exact output projection; the shipp
 weights fake-quantized per row or per 32 input channels (and every activation as two int8 terms); the float
 model with fake-quantized weights and float, one-term or two-term int8 activations.
 
-    python -m bench.quant_eval [--quick] [--only NAME;NAME] [--ceilings] [--threads N]
+    python -m bench.quant_eval [--model NAME] [--quick] [--only NAME;NAME] [--activations RECIPES] [--ceilings]
+                               [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import gc
 import json
 import time
@@ -67,6 +79,8 @@ from salon.loadgen import peer
 
 MODEL = "gemma-3-270m"
 BOS = 2
+SMOLLM = "smollm2-135m-instruct"
+MODELS = (MODEL, SMOLLM)
 GATE_PPL, STRETCH_PPL, GATE_TOP1 = 13.90, 13.879, 0.97
 QUICK_CHUNKS = 4
 BLOCK_TOKENS = 16  # the teacher-forced engine's KV block size
@@ -76,6 +90,8 @@ OLD = {"alpha": 0.5}  # the recipe before lm_head smoothing (checkpoint format v
 LMH = {"alpha": 0.5, "lm_head_alpha": 0.5}
 # checkpoint format v6's recipe (per-row weight scales): bench/model.py --recipe-baseline times it
 V6_RECIPE = {**LMH, "activation_terms": {"down": 2}, "rounding": "gptq", "gptq_layers": False}
+# the shipped conversion's options (models/gemma3.py: INT8_RECIPE, INT8_SMOOTH)
+SHIPPED_OPTIONS = {"alpha": 0.5, "smooth": (), "weight_group": 32}
 # (name, build_int8_checkpoint options, calibration set)
 VARIANTS: list[tuple[str, dict, str]] = [
     ("lm_head α0.5, GPTQ", {**LMH, "rounding": "gptq"}, "text"),
@@ -138,7 +154,81 @@ VARIANTS: list[tuple[str, dict, str]] = [
         },
         "text",
     ),
+    # one int8 term per token and 32 channels (salon.kernels.w8a8_group32) on the shipped checkpoint: everywhere,
+    # or with two terms kept on the projections most sensitive to activation error
+    ("shipped weights, group32 acts: all", {**SHIPPED_OPTIONS, "group32": True}, "text"),
+    (
+        "shipped weights, group32 but two-term o, down",
+        {**SHIPPED_OPTIONS, "activation_terms": 2, "group32": ("qkv", "gate_up", "lm_head")},
+        "text",
+    ),
+    (
+        "shipped weights, group32 but two-term down",
+        {**SHIPPED_OPTIONS, "activation_terms": 2, "group32": ("qkv", "o", "gate_up", "lm_head")},
+        "text",
+    ),
+    (
+        "shipped weights, group32 but two-term lm_head",
+        {**SHIPPED_OPTIONS, "activation_terms": 2, "group32": ("qkv", "o", "gate_up", "down")},
+        "text",
+    ),
+    (
+        "shipped weights, group32 but two-term down, lm_head",
+        {**SHIPPED_OPTIONS, "activation_terms": 2, "group32": ("qkv", "o", "gate_up")},
+        "text",
+    ),
 ]
+# SmolLM2 (llama): its shipped recipe (models/llama.py: per-row weight scales, two terms, no smoothing), the same with
+# weights per row and 32 channels (INT8_GROUP32_RECIPE), and group32 activations on those
+LLAMA_SHIPPED = {"alpha": 0.5, "smooth": ()}
+LLAMA_VARIANTS: list[tuple[str, dict, str]] = [
+    ("llama shipped: W per row, two-term acts", {**LLAMA_SHIPPED, "activation_terms": 2}, "text"),
+    ("llama W per 32 ch, two-term acts", {**LLAMA_SHIPPED, "weight_group": 32, "activation_terms": 2}, "text"),
+    ("llama W per 32 ch, group32 acts: all", {**LLAMA_SHIPPED, "weight_group": 32, "group32": True}, "text"),
+    (
+        "llama W per 32 ch, group32 but two-term o, down",
+        {**LLAMA_SHIPPED, "weight_group": 32, "activation_terms": 2, "group32": ("qkv", "gate_up", "lm_head")},
+        "text",
+    ),
+    ("llama W per row, group32 acts: all", {**LLAMA_SHIPPED, "group32": True}, "text"),
+    (
+        "llama W per 32 ch, group32 but two-term lm_head",
+        {**LLAMA_SHIPPED, "weight_group": 32, "activation_terms": 2, "group32": ("qkv", "o", "gate_up", "down")},
+        "text",
+    ),
+    (
+        "llama W per 32 ch, group32 but two-term down",
+        {**LLAMA_SHIPPED, "weight_group": 32, "activation_terms": 2, "group32": ("qkv", "o", "gate_up", "lm_head")},
+        "text",
+    ),
+    (
+        "llama W per 32 ch, group32 but two-term down, lm_head",
+        {**LLAMA_SHIPPED, "weight_group": 32, "activation_terms": 2, "group32": ("qkv", "o", "gate_up")},
+        "text",
+    ),
+    (
+        "llama W per 32 ch, GPTQ layers, group32 but two-term lm_head",
+        {
+            **LLAMA_SHIPPED,
+            "weight_group": 32,
+            "rounding": "gptq",
+            "gptq_lm_head": False,
+            "activation_terms": 2,
+            "group32": ("qkv", "o", "gate_up", "down"),
+        },
+        "text",
+    ),
+    # SmoothQuant smoothing (α 0.5) of every projection, which the shipped llama recipe leaves out
+    ("llama W per 32 ch, smoothed, group32 acts: all", {"alpha": 0.5, "weight_group": 32, "group32": True}, "text"),
+    (
+        "llama W per 32 ch, smoothed, group32 but two-term lm_head",
+        {"alpha": 0.5, "weight_group": 32, "activation_terms": 2, "group32": ("qkv", "o", "gate_up", "down")},
+        "text",
+    ),
+]
+VARIANTS_BY_MODEL = {MODEL: VARIANTS, SMOLLM: LLAMA_VARIANTS}
+# options that pick the Linears' activations, not build_int8_checkpoint's
+ACTIVATION_OPTIONS = ("activation_terms", "group32")
 
 
 def load_float(model: str):
@@ -214,7 +304,7 @@ def teacher_forced_serving(model, tokenizer, refs: list[dict], kv_dtype: str, de
     }
 
 
-def teacher_forced_peer(args, refs: list[dict]) -> tuple[dict | None, str | None]:
+def teacher_forced_peer(args, refs: list[dict], model_name: str) -> tuple[dict | None, str | None]:
     """llama.cpp's greedy token at every reference step (prompt + the exact tokens before it, one token each,
     through llama-server with its prompt cache); None and why when there is no build."""
     try:
@@ -225,7 +315,7 @@ def teacher_forced_peer(args, refs: list[dict]) -> tuple[dict | None, str | None
         async def run() -> int:
             agree = 0
             async with peer.LlamaServer(
-                build, resolve_source(MODEL).path, threads=args.threads, num_slots=1, ctx_tokens_per_slot=1024
+                build, resolve_source(model_name).path, threads=args.threads, num_slots=1, ctx_tokens_per_slot=1024
             ) as server:
                 for rec in refs:
                     for k, exact in enumerate(rec["generated_ids"]):
@@ -240,9 +330,12 @@ def teacher_forced_peer(args, refs: list[dict]) -> tuple[dict | None, str | None
     return {"llama_cpp": build.as_json(), "top1": agree / total, "top1_count": agree, "positions": total}, None
 
 
-def measure(model, tokenizer, ids, refs, num_chunks: int, ref_ppl: float, kv_int8: bool) -> dict[str, object]:
-    row: dict[str, object] = {"ppl": perplexity(model, ids, BOS, max_chunks=num_chunks, kv_int8=kv_int8).ppl}
-    row["delta_pct"] = 100 * (row["ppl"] / ref_ppl - 1)
+def measure(
+    model, tokenizer, ids, refs, num_chunks: int, ref_ppl: float | None, kv_int8: bool, bos: int | None = BOS
+) -> dict[str, object]:
+    """ppl (delta_pct against ref_ppl; nan without one) and teacher-forced top-1."""
+    row: dict[str, object] = {"ppl": perplexity(model, ids, bos, max_chunks=num_chunks, kv_int8=kv_int8).ppl}
+    row["delta_pct"] = 100 * (row["ppl"] / ref_ppl - 1) if ref_ppl else float("nan")
     row.update(teacher_forced_serving(model, tokenizer, refs, "int8" if kv_int8 else "float32"))
     return row
 
@@ -296,10 +389,12 @@ def line(name: str, row: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=MODEL, choices=MODELS, help="the model whose recipes are measured")
     parser.add_argument(
         "--quick",
         action="store_true",
-        help=f"{QUICK_CHUNKS} perplexity chunks instead of 14, and only the variants {', '.join(QUICK_VARIANTS)}",
+        help=f"{QUICK_CHUNKS} perplexity chunks instead of 14, and (Gemma) only the variants "
+        f"{', '.join(QUICK_VARIANTS)}",
     )
     parser.add_argument(
         "--only", default="", help="variant names separated by ';' (default: all, in order; with --quick, its two)"
@@ -308,84 +403,119 @@ def main() -> None:
     parser.add_argument(
         "--no-baselines",
         action="store_true",
-        help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines)",
+        help="skip the float32 and engine-checkpoint rows (exploration only; no RESULT baselines; SmolLM2 keeps its "
+        "float32 row, its perplexity reference)",
+    )
+    parser.add_argument(
+        "--fp32-ppl",
+        type=float,
+        default=None,
+        help="SmolLM2 with --no-baselines: its float32 perplexity from an earlier run (deterministic), instead of "
+        "measuring the float32 row again",
+    )
+    parser.add_argument(
+        "--activations",
+        default="",
+        help="activation recipes (comma-separated, e.g. group32) in which the engine's checkpoint is also measured",
     )
     parser.add_argument(
         "--ceilings",
         action="store_true",
-        help="also measure where the error comes from (fake-quantized parts, bench/quant_ceilings.py)",
+        help="also measure where the error comes from (fake-quantized parts, bench/quant_ceilings.py; Gemma only)",
     )
     peer.add_argument(parser)
     parser.add_argument(
         "--reference-dir", default=str(Path(__file__).resolve().parents[1].parent / "shared" / "reference")
     )
     args = parser.parse_args()
+    gemma = args.model == MODEL
+    if not gemma and args.ceilings:
+        parser.error(f"--ceilings is for {MODEL}")
+    extra_recipes = [r for r in args.activations.split(",") if r]
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     ref_dir = Path(args.reference_dir)
-    refs = [json.loads(x) for x in (ref_dir / "greedy_ref_f64.jsonl").read_text().splitlines() if x]
+    refs_file = ref_dir / "greedy_ref_f64.jsonl" if gemma else ref_dir / SMOLLM / "greedy_f32.jsonl"
+    refs = [json.loads(x) for x in refs_file.read_text().splitlines() if x]
     kernel_ops = select_ops("cpu")
-    config, w, tokenizer = load_float(MODEL)
-    ids = tokenizer.encode((ref_dir / "gpl-3.txt").read_text(), add_bos=True, parse_special=False)
+    for recipe in extra_recipes:
+        select_ops("cpu", activations=recipe)  # an unknown recipe is refused before any work
+    config, w, tokenizer = load_float(args.model)
+    ids = tokenizer.encode((ref_dir / "gpl-3.txt").read_text(), add_bos=config.add_bos, parse_special=False)
+    bos = BOS if gemma else None  # llama-perplexity keeps the chunks of a model that adds no BOS as they are
     num_chunks = QUICK_CHUNKS if args.quick else len(ids) // 512
-    ref_ppl = reference_ppl(ref_dir, num_chunks)
-    result: dict[str, object] = {"ppl_chunks": num_chunks, "ppl_reference_f64": ref_ppl}
-    print(
-        f"reference f64 ppl {ref_ppl:.4f} ({num_chunks} chunks); gates: ppl <= {GATE_PPL} "
-        f"(stretch {STRETCH_PPL}, 14 chunks), top-1 >= {GATE_TOP1:.0%}",
-        flush=True,
-    )
+    ref_ppl = reference_ppl(ref_dir, num_chunks) if gemma else None
+    result: dict[str, object] = {"model": args.model, "ppl_chunks": num_chunks, "positions": len(refs)}
+    if gemma:
+        result["ppl_reference_f64"] = ref_ppl
+        print(
+            f"reference f64 ppl {ref_ppl:.4f} ({num_chunks} chunks); gates: ppl <= {GATE_PPL} "
+            f"(stretch {STRETCH_PPL}, 14 chunks), top-1 >= {GATE_TOP1:.0%}",
+            flush=True,
+        )
     print(f"{'variant':42s} {'ppl':>8s} {'Δ%':>7s} {'top-1':>8s} {'lp err mean/max':>15s} {'conv s':>6s}", flush=True)
 
-    if not args.no_baselines:
+    def row_of(model, kv_int8: bool = True) -> dict[str, object]:
+        return measure(model, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=kv_int8, bos=bos)
+
+    if not gemma and args.fp32_ppl and args.no_baselines:
+        ref_ppl = result["ppl_reference_fp32"] = args.fp32_ppl
+    elif not args.no_baselines or not gemma:
         fp32 = build_float_model(config, w, kernel_ops)
-        result["fp32"] = measure(fp32, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=False)
-        print(line("fp32 (float KV)", result["fp32"]), flush=True)
+        result["fp32"] = row_of(fp32, kv_int8=False)
         del fp32
-        engine, _ = load_model(MODEL, precision="int8", kernel_ops=kernel_ops, progress=False)
-        result["engine_checkpoint"] = measure(engine, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True)
+        if not gemma:  # SmolLM2's perplexity reference
+            ref_ppl = result["ppl_reference_fp32"] = result["fp32"]["ppl"]
+            result["fp32"]["delta_pct"] = 0.0
+        print(line("fp32 (float KV)", result["fp32"]), flush=True)
+    if not args.no_baselines:
+        engine, _ = load_model(args.model, precision="int8", kernel_ops=kernel_ops, progress=False)
+        result["engine_checkpoint"] = row_of(engine)
         print(
             line(f"engine: shipped recipe (load_model), {kernel_ops.activations}", result["engine_checkpoint"]),
             flush=True,
         )
         del engine
-        # the same checkpoint in the other activation recipe (salon.kernels.backend.ACTIVATION_RECIPES)
+        # the same checkpoint in the other activation recipe (salon.kernels.backend.ACTIVATION_RECIPES), and the
+        # checkpoints of the recipes asked for
         other = other_activations(kernel_ops.activations)
-        engine, _ = load_model(
-            MODEL, precision="int8", kernel_ops=dataclasses.replace(kernel_ops, activations=other), progress=False
-        )
         result["engine_activations"] = kernel_ops.activations
-        result[f"engine_checkpoint_{other}"] = measure(engine, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True)
-        print(line(f"engine: shipped recipe, {other}", result[f"engine_checkpoint_{other}"]), flush=True)
-        del engine
-        gc.collect()
+        for recipe in [other, *extra_recipes]:
+            engine, _ = load_model(
+                args.model, precision="int8", kernel_ops=select_ops("cpu", activations=recipe), progress=False
+            )
+            result[f"engine_checkpoint_{recipe}"] = row_of(engine)
+            print(line(f"engine: {recipe} (load_model)", result[f"engine_checkpoint_{recipe}"]), flush=True)
+            del engine
+            gc.collect()
         # the cached checkpoint the engine loaded is what the conversion builds today, tensor for tensor
-        cached = load_file(str(convert(MODEL, progress=False)))
+        cached = load_file(str(convert(args.model, progress=False)))
         fresh = calibrate_and_quantize(config, w, tokenizer)
         result["engine_checkpoint_is_shipped_recipe"] = cached.keys() == fresh.keys() and all(
             torch.equal(cached[k], fresh[k]) for k in fresh
         )
         print(f"cached checkpoint equals a fresh conversion: {result['engine_checkpoint_is_shipped_recipe']}")
-        result["peer"], peer_error = teacher_forced_peer(args, refs)
+        result["peer"], peer_error = teacher_forced_peer(args, refs, args.model)
         if result["peer"] is None:
             result["peer_error"] = peer_error
             print(f"peer: null ({peer_error})", flush=True)
         else:
             print(
-                f"{'llama.cpp ' + MODEL + ' GGUF (Q4_K_M), llama-server':42s} {'':8s} {'':7s} "
+                f"{'llama.cpp ' + args.model + ' GGUF, llama-server':42s} {'':8s} {'':7s} "
                 f"{result['peer']['top1_count']:>4d}/{result['peer']['positions']:<3d}",
                 flush=True,
             )
         del cached, fresh
 
-    variants = VARIANTS
+    all_variants = VARIANTS_BY_MODEL[args.model]
+    variants = all_variants
     if args.only:  # from every variant, --quick or not
         wanted = {n.strip() for n in args.only.split(";")}
-        variants = [v for v in VARIANTS if v[0] in wanted]
+        variants = [v for v in all_variants if v[0] in wanted]
         if len(variants) != len(wanted):
             parser.error(f"unknown variants: {sorted(wanted - {v[0] for v in variants})}")
-    elif args.quick:
-        variants = [v for v in VARIANTS if v[0] in QUICK_VARIANTS]
+    elif args.quick and gemma:
+        variants = [v for v in all_variants if v[0] in QUICK_VARIANTS]
     calibrations: dict[str, object] = {}
     rows = []
     for name, options, calib_set in variants:
@@ -395,17 +525,20 @@ def main() -> None:
                 config, w, calibration_sequences(config, w, tokenizer, sampled=calib_set == "text+sampled")
             )
         ckpt = build_int8_checkpoint(
-            config, w, calibrations[calib_set], **{k: v for k, v in options.items() if k != "activation_terms"}
+            config, w, calibrations[calib_set], **{k: v for k, v in options.items() if k not in ACTIVATION_OPTIONS}
         )
         convert_s = time.perf_counter() - t0
         terms = options.get("activation_terms", 1)  # int8 terms per activation: all, or per projection
-        model = build_model(config, Int8Weights(ckpt, kernel_ops, activation_terms=terms), kernel_ops)
+        weights = Int8Weights(
+            ckpt, kernel_ops, activation_terms=terms, group32_activations=options.get("group32", False)
+        )
+        model = build_model(config, weights, kernel_ops)
         del ckpt
         row = {
             "variant": name,
             "calibration": calib_set,
             "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()},
-            **measure(model, tokenizer, ids, refs, num_chunks, ref_ppl, kv_int8=True),
+            **row_of(model),
             "convert_s": convert_s,
         }
         rows.append(row)
@@ -415,7 +548,10 @@ def main() -> None:
     result["variants"] = rows
     if args.ceilings:
         result["ceilings"] = ceilings(config, w, tokenizer, kernel_ops, ids, refs, num_chunks, ref_ppl)
-    result["gates"] = {"ppl_max": GATE_PPL, "ppl_stretch": STRETCH_PPL, "top1_min": GATE_TOP1}
+    if gemma:
+        result["gates"] = {"ppl_max": GATE_PPL, "ppl_stretch": STRETCH_PPL, "top1_min": GATE_TOP1}
+    elif "fp32" in result:  # issue 44's gate: within 3 teacher-forced steps of the float32 model
+        result["gates"] = {"top1_count_min": result["fp32"]["top1_count"] - 3}
     result["wall_s"] = time.perf_counter() - started
     print("RESULT " + json.dumps(result))
 

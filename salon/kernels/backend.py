@@ -19,7 +19,7 @@ from salon.kernels.glu import geglu_ref, swiglu_ref
 from salon.kernels.kv_write import kv_write_ref
 from salon.kernels.linear_two_terms import compose as compose_linear_two_terms
 from salon.kernels.linear_two_terms import compose_summed as compose_linear_two_terms_summed
-from salon.kernels.linear_two_terms import linear_int16_ref, linear_two_terms_ref
+from salon.kernels.linear_two_terms import linear_group32_ref, linear_int16_ref, linear_two_terms_ref
 from salon.kernels.paged_attention import paged_attention_ref
 from salon.kernels.quantize import quantize_per_token_ref, quantize_two_terms_ref, rmsnorm_quant_ref
 from salon.kernels.rmsnorm import rmsnorm_ref
@@ -46,10 +46,14 @@ OP_NAMES = (
     "decoder_block",
     "linear_int16",
     "decoder_blocks",
+    "linear_group32",
 )
-# The activation recipes of an int8 Linear (salon/engine/model/linear.py): two int8 terms (salon.kernels.quantize),
-# or one int16 term (salon.kernels.w16a8_grouped).
+# The activation recipes of an int8 Linear (salon/engine/model/linear.py) that every family has kernels for: two int8
+# terms (salon.kernels.quantize), or one int16 term (salon.kernels.w16a8_grouped).
 ACTIVATION_RECIPES = ("two_terms", "int16")
+# Recipes that run on the PyTorch references in every family (no C or Triton kernel yet, no fused decoder layer):
+# one int8 term per token and 32 channels (salon.kernels.w8a8_group32), selectable for measurements.
+REFERENCE_ACTIVATION_RECIPES = ("group32",)
 
 
 def other_activations(recipe: str) -> str:
@@ -81,6 +85,9 @@ class Ops:
     # salon.kernels.decoder_block: a step's decoder layers in one call, as many as the family takes (the model composes
     # the rest)
     decoder_blocks: Callable
+    # salon.kernels.linear_two_terms's group32 op: norm, one int8 term per token and 32 channels, GEMM, post-norm,
+    # residual
+    linear_group32: Callable
     name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
     # The activation recipe the family's int8 Linears run (ACTIVATION_RECIPES): the faster one of its kernels
     # where it has a choice; the same on every family unless a CPU's kernels favour the other.
@@ -105,6 +112,7 @@ def reference_ops() -> Ops:
         decoder_block=no_decoder_block,
         linear_int16=linear_int16_ref,
         decoder_blocks=no_decoder_blocks,
+        linear_group32=linear_group32_ref,
         name="ref",
     )
 
@@ -124,6 +132,7 @@ def triton_ops() -> Ops:
     from salon.kernels.rmsnorm_rope_kv import rmsnorm_rope_kv_triton
     from salon.kernels.rope import rope_neox_triton
     from salon.kernels.w8a8_gemm import w8a8_gemm_triton
+    from salon.kernels.w8a8_group32 import quantize_group32_ref, w8a8_group32_ref
     from salon.kernels.w8a8_two_terms import w8a8_two_terms_triton
     from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
 
@@ -158,6 +167,10 @@ def triton_ops() -> Ops:
         # the int16 recipe is the CPU's (no Triton kernel of its own yet): its GEMM is the PyTorch reference
         linear_int16=compose_linear_two_terms(
             rmsnorm_triton, quantize_int16_ref, w16a8_grouped_ref, "linear_int16_triton", terms=1
+        ),
+        # the group32 recipe has no Triton kernel yet: its quantization and GEMM are the PyTorch references
+        linear_group32=compose_linear_two_terms(
+            rmsnorm_triton, quantize_group32_ref, w8a8_group32_ref, "linear_group32_triton", terms=1
         ),
         name="triton",
     )
@@ -222,9 +235,11 @@ def select_ops(device: torch.device | str, family: str = "auto", activations: st
     """The op family for tensors on `device`: "auto" is Triton on CUDA and the CPU fast path elsewhere.
     "triton" on a CPU device runs the same kernels through Triton's interpreter (slow; how the GPU path is
     tested end to end without a GPU); "ref" is the plain PyTorch reference. `activations` sets the int8
-    Linears' activation recipe (ACTIVATION_RECIPES; "auto": the family's own choice)."""
-    if activations != "auto" and activations not in ACTIVATION_RECIPES:
-        raise ValueError(f"activations: must be auto or one of {', '.join(ACTIVATION_RECIPES)}, got {activations!r}")
+    Linears' activation recipe (ACTIVATION_RECIPES or REFERENCE_ACTIVATION_RECIPES; "auto": the family's own
+    choice)."""
+    recipes = ACTIVATION_RECIPES + REFERENCE_ACTIVATION_RECIPES
+    if activations != "auto" and activations not in recipes:
+        raise ValueError(f"activations: must be auto or one of {', '.join(recipes)}, got {activations!r}")
     ops = _select_family(torch.device(device), family)
     return ops if activations == "auto" else dataclasses.replace(ops, activations=activations)
 

@@ -11,8 +11,11 @@ two int8 terms (`linear_two_terms`, terms=2):
 one int16 term (`linear_int16`, terms=1; salon.kernels.w16a8_grouped has the recipe):
     q, s = quantize_int16(h);  o = w16a8_grouped(q, s, w_q, w_scale);  out as above
 
-`compose(rmsnorm, quantize, gemm, name, terms)` builds either op from a family's own ops: the references
-(`linear_two_terms_ref`, `linear_int16_ref`), the Triton family's, and the CPU family's fallback.
+one int8 term per token and 32 channels (`linear_group32`, terms=1; salon.kernels.w8a8_group32 has the recipe):
+    q, s = quantize_group32(h);  o = w8a8_group32(q, s, w_q, w_scale);  out as above
+
+`compose(rmsnorm, quantize, gemm, name, terms)` builds any of them from a family's own ops: the references
+(`linear_two_terms_ref`, `linear_int16_ref`, `linear_group32_ref`), the Triton family's, and the CPU family's fallback.
 salon/kernels/cpu/linear_two_terms.py does all of it in one C call with the same bits, for grouped weights
 (w_scale f32[N, K/32]).
 """
@@ -26,6 +29,7 @@ import torch
 from salon.kernels.quantize import quantize_two_terms_ref
 from salon.kernels.rmsnorm import rmsnorm_ref
 from salon.kernels.w8a8_gemm import w8a8_gemm_ref
+from salon.kernels.w8a8_group32 import quantize_group32_ref, w8a8_group32_ref
 from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
 
 LinearTwoTerms = Callable[..., torch.Tensor]
@@ -35,8 +39,8 @@ def compose(
     rmsnorm: Callable, quantize: Callable, gemm: Callable, name: str = "linear_two_terms", terms: int = 2
 ) -> LinearTwoTerms:
     """The op from a family's three ops, each its own call (`name`: the op's name, the family's suffix): `terms`
-    2 (quantize gives both int8 terms of each row, the GEMM's rows [0, M) and [M, 2M) are summed) or 1 (one
-    int16 term a row)."""
+    2 (quantize gives both int8 terms of each row, the GEMM's rows [0, M) and [M, 2M) are summed) or 1 (the
+    GEMM's rows are the output's: one int16 term a row, or group32's one int8 term)."""
     if terms not in (1, 2):
         raise ValueError(f"terms must be 1 or 2, got {terms}")
 
@@ -101,3 +105,4 @@ def compose_summed(
 
 linear_two_terms_ref = compose(rmsnorm_ref, quantize_two_terms_ref, w8a8_gemm_ref, "linear_two_terms_ref")
 linear_int16_ref = compose(rmsnorm_ref, quantize_int16_ref, w16a8_grouped_ref, "linear_int16_ref", terms=1)
+linear_group32_ref = compose(rmsnorm_ref, quantize_group32_ref, w8a8_group32_ref, "linear_group32_ref", terms=1)

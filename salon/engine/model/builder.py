@@ -73,6 +73,7 @@ class Int8Weights:
         quantize_activations: bool = True,
         activation_terms: int | dict[str, int] = 1,
         int16_activations: bool = False,
+        group32_activations: bool | tuple[str, ...] = False,
     ) -> None:
         self.ckpt = ckpt
         self.kernel_ops = kernel_ops
@@ -80,14 +81,25 @@ class Int8Weights:
         self.activation_terms = activation_terms
         # Linears of two int8 terms take one int16 term instead (salon.kernels.w16a8_grouped); one-term ones stay int8
         self.int16_activations = int16_activations
+        # Linears with one int8 term per token and 32 channels (salon.kernels.w8a8_group32): all, or those of the
+        # named projections ("qkv", "o", "gate_up", "down", "lm_head"); the others keep their terms
+        self.group32_activations = group32_activations
+        if int16_activations and group32_activations:
+            raise ValueError("int16 and group32 activations are two recipes: choose one")
         # what decides the model's numbers beyond the checkpoint (part of the KV cache namespace)
-        self.numerics = "int8-a16" if int16_activations else "int8"
+        if group32_activations is True:
+            self.numerics = "int8-a8g32"
+        elif group32_activations:
+            self.numerics = "int8-a8g32:" + ",".join(sorted(group32_activations))
+        else:
+            self.numerics = "int8-a16" if int16_activations else "int8"
 
     def tensor(self, name: str) -> torch.Tensor | None:
         return self.ckpt.get(name)
 
     def linear(self, name: str, gate_activation: str | None = None) -> Int8Linear:
-        terms = self.terms_of(name)
+        group32 = self.group32_of(name)
+        terms = 1 if group32 else self.terms_of(name)
         int16 = self.int16_activations and terms == 2
         return Int8Linear(
             self.ckpt[name + ".w_q"],
@@ -103,17 +115,29 @@ class Int8Weights:
             swiglu=self.kernel_ops.swiglu,
             int16_activations=int16,
             linear_int16=self.kernel_ops.linear_int16,
+            group32_activations=group32,
+            linear_group32=self.kernel_ops.linear_group32,
         )
 
     def terms_of(self, name: str) -> int:
         """int8 terms per activation of Linear `name` (a number for all, or per projection: "down", "lm_head")."""
         if isinstance(self.activation_terms, int):
             return self.activation_terms
-        part = name.rpartition(".")[2] if name.startswith("layers.") else "lm_head"
-        return self.activation_terms.get(part, 1)
+        return self.activation_terms.get(_projection(name), 1)
+
+    def group32_of(self, name: str) -> bool:
+        """Whether Linear `name` takes one int8 term per token and 32 channels."""
+        if isinstance(self.group32_activations, bool):
+            return self.group32_activations
+        return _projection(name) in self.group32_activations
 
     def embedding(self) -> Embedding:
         return Embedding(self.ckpt["embed.w_q"], self.ckpt["embed.w_scale"], self.ckpt.get("embed.lookup_scale"))
+
+
+def _projection(name: str) -> str:
+    """The projection a Linear's checkpoint name stands for: "qkv", "o", "gate_up", "down" or "lm_head"."""
+    return name.rpartition(".")[2] if name.startswith("layers.") else "lm_head"
 
 
 def build_model(config: ModelConfig, weights: FloatWeights | Int8Weights, kernel_ops: Ops) -> CausalLM:
@@ -144,5 +168,5 @@ def build_int8_model(
     from salon.engine.model.models import architecture
 
     terms = architecture(config.architecture).INT8_ACTIVATION_TERMS
-    int16 = kernel_ops.activations == "int16"
-    return build_model(config, Int8Weights(ckpt, kernel_ops, quantize_activations, terms, int16), kernel_ops)
+    int16, group32 = kernel_ops.activations == "int16", kernel_ops.activations == "group32"
+    return build_model(config, Int8Weights(ckpt, kernel_ops, quantize_activations, terms, int16, group32), kernel_ops)

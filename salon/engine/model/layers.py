@@ -139,7 +139,7 @@ def norm_rope_kv(
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, linear, eps: float, kernel_ops: Ops) -> torch.Tensor:
     """linear(rmsnorm(x)); int8 layers take the fused rmsnorm_quant kernel's output directly, fused ones (two
-    int8 terms, one int16 term) run the norm inside their op."""
+    int8 terms, one int16 term, group32) run the norm inside their op."""
     if isinstance(linear, Int8Linear) and linear.fuses():
         return linear.fused(x, norm_weight=norm_weight, eps=eps)
     if isinstance(linear, Int8Linear) and linear.quantize_activations and linear.activation_terms == 1:
@@ -151,7 +151,7 @@ def linear_residual(
     x: torch.Tensor, linear, residual: torch.Tensor, eps: float, kernel_ops: Ops, post_norm: torch.Tensor | None = None
 ) -> torch.Tensor:
     """residual + linear(x), with rmsnorm(., post_norm) on the Linear's output where given; two-term int8
-    layers (two int8 terms, one int16 term) run all of it as their one op."""
+    layers (two int8 terms, one int16 term, group32) run all of it as their one op."""
     if isinstance(linear, Int8Linear) and linear.fuses() and not linear.gate_activation:
         return linear.fused(x, eps=eps, post_norm=post_norm, residual=residual)
     out = linear(x)
@@ -177,10 +177,11 @@ def block_weights(
 ) -> BlockWeights | None:
     """A pre-norm decoder layer as salon.kernels.decoder_block takes it -- four fused int8 Linears of one activation
     recipe with the same kind of weight scales, a GeGLU or SwiGLU gate and plain RoPE -- or None (the layer
-    always composes its ops)."""
+    always composes its ops; so does every layer with group32 activations, which has no fused decoder layer
+    yet)."""
     linears = (qkv, o, gate_up, down)
     if (
-        not all(isinstance(lin, Int8Linear) and lin.fuses() for lin in linears)
+        not all(isinstance(lin, Int8Linear) and lin.fuses() and not lin.group32_activations for lin in linears)
         or len({(lin.w_scale.dim(), lin.int16_activations) for lin in linears}) != 1
         or gate_up.gate_activation not in ("gelu_tanh", "silu")
         or not rotary.plain

@@ -21,6 +21,10 @@ about 15 bits; on CPUs without VNNI more products a second than the two int8 ter
 `python -m bench.gemv --int16`), through the
 family's `linear_int16` op, fused the same way. Its GEMM takes grouped scales: one scale per row is repeated
 over the row's groups (the same weights, the grouped contract).
+
+group32_activations = True quantizes each activation row as one int8 term with its own scale per 32 input channels
+(salon.kernels.w8a8_group32: half the two-term recipe's int8 products), through the family's `linear_group32` op,
+fused the same way (the references in every family for now).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import torch
 
 from salon.engine.model.ops import gelu_tanh, quantize_per_token, quantize_symmetric
 from salon.kernels.glu import geglu_ref, swiglu_ref
-from salon.kernels.linear_two_terms import LinearTwoTerms, compose, linear_int16_ref
+from salon.kernels.linear_two_terms import LinearTwoTerms, compose, linear_group32_ref, linear_int16_ref
 from salon.kernels.quantize import quantize_two_terms_ref
 from salon.kernels.rmsnorm import rmsnorm_ref
 from salon.kernels.w8a8_grouped import GROUP
@@ -79,6 +83,8 @@ class Int8Linear:
         swiglu: Callable[[torch.Tensor], torch.Tensor] = swiglu_ref,
         int16_activations: bool = False,
         linear_int16: LinearTwoTerms = linear_int16_ref,
+        group32_activations: bool = False,
+        linear_group32: LinearTwoTerms = linear_group32_ref,
     ) -> None:
         grouped = (w_q.shape[0], w_q.shape[1] // GROUP) if w_q.dim() == 2 and w_q.shape[1] % GROUP == 0 else None
         if w_q.dtype != torch.int8 or w_q.dim() != 2 or tuple(w_scale.shape) not in ((w_q.shape[0],), grouped):
@@ -88,11 +94,14 @@ class Int8Linear:
             )
         if gate_activation not in GATE_ACTIVATIONS:
             raise ValueError(f"gate_activation must be one of {GATE_ACTIVATIONS}, got {gate_activation!r}")
-        if int16_activations and (activation_terms != 1 or w_q.shape[1] % GROUP):
-            raise ValueError(
-                f"int16 activations: one term and K a multiple of {GROUP}, got {activation_terms} "
-                f"terms and K={w_q.shape[1]}"
-            )
+        for recipe, chosen in (("int16", int16_activations), ("group32", group32_activations)):
+            if chosen and (activation_terms != 1 or w_q.shape[1] % GROUP):
+                raise ValueError(
+                    f"{recipe} activations: one term and K a multiple of {GROUP}, got {activation_terms} "
+                    f"terms and K={w_q.shape[1]}"
+                )
+        if int16_activations and group32_activations:
+            raise ValueError("int16 and group32 activations are two recipes: choose one")
         self.w_q = w_q.contiguous()
         self.w_scale = w_scale.to(torch.float32).contiguous()
         if int16_activations and self.w_scale.dim() == 1:
@@ -104,6 +113,8 @@ class Int8Linear:
         self.linear_two_terms = linear_two_terms or compose(rmsnorm_ref, quantize_two_terms, gemm)
         self.int16_activations = int16_activations
         self.linear_int16 = linear_int16
+        self.group32_activations = group32_activations
+        self.linear_group32 = linear_group32
         self.gate_activation = gate_activation
         # the two-term path's gated activation (salon.kernels.glu)
         self.glu = {"gelu_tanh": geglu, "silu": swiglu}.get(gate_activation)
@@ -132,18 +143,26 @@ class Int8Linear:
         post_norm: torch.Tensor | None = None,
         residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The fused Linear (two int8 terms, or one int16 term) of rmsnorm(x, norm_weight) (x itself without
-        one), then residual + rmsnorm(out, post_norm) where given; a gated Linear takes no post-norm or
-        residual."""
+        """The fused Linear (two int8 terms, one int16 term, or group32's one int8 term) of rmsnorm(x,
+        norm_weight) (x itself without one), then residual + rmsnorm(out, post_norm) where given; a gated Linear
+        takes no post-norm or residual."""
         if self.gate_activation and (post_norm is not None or residual is not None):
             raise ValueError("a gated Linear's output takes no post-norm or residual here")
-        op = self.linear_int16 if self.int16_activations else self.linear_two_terms
+        if self.int16_activations:
+            op = self.linear_int16
+        elif self.group32_activations:
+            op = self.linear_group32
+        else:
+            op = self.linear_two_terms
         out = op(x, self.w_q, self.w_scale, norm_weight, eps, post_norm, residual)
         return self.glu(out) if self.glu is not None else out
 
     def fuses(self) -> bool:
-        """Whether this Linear runs as one fused op: quantized activations as two int8 terms or one int16 term."""
-        return self.quantize_activations and (self.activation_terms == 2 or self.int16_activations)
+        """Whether this Linear runs as one fused op: quantized activations as two int8 terms, one int16 term or one
+        int8 term per 32 channels."""
+        return self.quantize_activations and (
+            self.activation_terms == 2 or self.int16_activations or self.group32_activations
+        )
 
     def from_quantized(self, a_q: torch.Tensor, a_scale: torch.Tensor) -> torch.Tensor:
         """The GEMM on activations already quantized per token (e.g. by a fused rmsnorm_quant)."""

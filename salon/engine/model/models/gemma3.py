@@ -59,6 +59,9 @@ INT8_SMOOTH: tuple[str, ...] = ()
 INT8_ACTIVATION_TERMS = 2
 # build_int8_checkpoint options of the shipped conversion (checkpoint.calibrate_and_quantize).
 INT8_RECIPE: dict[str, object] = {"alpha": 0.5, "weight_group": 32}
+# The group32 activations (salon.kernels.w8a8_group32) take the shipped checkpoint as it is (its weights already
+# carry a scale per row and 32 input channels): no options of their own.
+INT8_GROUP32_RECIPE: dict[str, object] = {}
 
 
 def _sliding_layers(f: GGUFFile, num_layers: int) -> list[bool]:

@@ -43,6 +43,9 @@ LAYER_NORMS = ("attn_norm", "ffn_norm")
 INT8_SMOOTH: tuple[str, ...] = ()
 INT8_ACTIVATION_TERMS = 2
 INT8_RECIPE: dict[str, object] = {"alpha": 0.5}  # build_int8_checkpoint options (only key smoothing applies here)
+# The group32 activations (salon.kernels.w8a8_group32) take weights with one scale per row and 32 input channels:
+# INT8_RECIPE with these options, a checkpoint of its own (checkpoint.py).
+INT8_GROUP32_RECIPE: dict[str, object] = {"weight_group": 32}
 
 
 def config_from_gguf(f: GGUFFile, model_id: str, sha256: str, vocab: Vocab) -> ModelConfig:
