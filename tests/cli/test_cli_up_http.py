@@ -5,13 +5,11 @@ taken port stops it at once with one line naming the port and the flag; run as t
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import subprocess
-import threading
-import time
 
 import openai
+from salon_up import salon_up
 from test_cli_up_chat import SALON, free_ports
 
 from salon.cli.up import DEFAULT_MODEL, build_parser, plan_stack
@@ -55,24 +53,7 @@ def test_a_taken_http_port_stops_salon_up_before_anything_starts(tmp_path):
 def test_salon_up_as_the_readme_runs_it_serves_the_openai_api_on_8000(tmp_path):
     # The README's `salon up` with every default (model, ports, HTTP on 8000); only the state directory is
     # the test's own, so that a developer's stack state in ~/.cache/salon is left alone.
-    up = subprocess.Popen(
-        [*SALON, "up", "--state-dir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    errors: list[str] = []
-    threading.Thread(target=lambda: errors.extend(up.stderr), daemon=True).start()
-    try:
-        banner: list[str] = []
-        deadline = time.monotonic() + 600
-        while not banner or "Ctrl-C stops everything" not in banner[-1]:
-            line = up.stdout.readline()
-            assert line or up.poll() is None, "".join(errors)
-            assert time.monotonic() < deadline, banner
-            banner.append(line)
-        threading.Thread(target=lambda: [None for _ in up.stdout], daemon=True).start()
+    with salon_up(tmp_path) as banner:
         assert any(line.startswith("  http      http://127.0.0.1:8000/v1 ") for line in banner), banner
 
         client = openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="salon-dev-key", max_retries=0, timeout=120)
@@ -89,12 +70,3 @@ def test_salon_up_as_the_readme_runs_it_serves_the_openai_api_on_8000(tmp_path):
         (curl,) = [line.split(":", 1)[1].strip() for line in banner if line.startswith("try it:")]
         listed = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60, check=True)
         assert [m["id"] for m in json.loads(listed.stdout)["data"]] == [DEFAULT_MODEL]
-    finally:
-        up.send_signal(signal.SIGINT)  # Ctrl-C, as the banner says
-        try:
-            code = up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait(10)
-            raise
-    assert code == 0, "".join(errors)

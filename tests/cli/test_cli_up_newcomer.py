@@ -9,16 +9,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import grpc
 import openai
 import pytest
-from test_cli_up_chat import SALON
+from salon_up import salon_up
 
 from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.cli.up import DEFAULT_MODEL
@@ -46,33 +43,11 @@ console.log("RESULT " + JSON.stringify({ whole: whole.choices[0].message.content
 """
 
 
-def read_banner(up: subprocess.Popen, errors: list[str]) -> list[str]:
-    banner: list[str] = []
-    deadline = time.monotonic() + 600
-    while not banner or "Ctrl-C stops everything" not in banner[-1]:
-        line = up.stdout.readline()
-        assert line or up.poll() is None, "".join(errors)
-        assert time.monotonic() < deadline, banner
-        banner.append(line)
-    return banner
-
-
 def test_defaults_then_the_python_and_node_sdks(tmp_path):
     node_ok = shutil.which("node") and (NODE_DIR / "node_modules" / "openai").exists()
     if not node_ok and IN_CI:
         pytest.fail("node or clients/node/node_modules/openai is missing (scripts/setup_dev.sh installs them)")
-    up = subprocess.Popen(
-        [*SALON, "up", "--state-dir", str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    errors: list[str] = []
-    threading.Thread(target=lambda: errors.extend(up.stderr), daemon=True).start()
-    try:
-        banner = read_banner(up, errors)
-        threading.Thread(target=lambda: [None for _ in up.stdout], daemon=True).start()
+    with salon_up(tmp_path) as banner:
         (base_url,) = [m.group(1) for line in banner if (m := re.match(r"^  http\s+(\S+) \(OpenAI API\)$", line))]
         (key,) = [m.group(1) for line in banner if (m := re.search(r"'Authorization: Bearer (\S+)'$", line.strip()))]
         (grpc_target,) = [m.group(1) for line in banner if (m := re.match(r"^chat with it:.* --target (\S+) ", line))]
@@ -126,12 +101,3 @@ def test_defaults_then_the_python_and_node_sdks(tmp_path):
             "stream": reply,
             "stream_finish": finish,
         }
-    finally:
-        up.send_signal(signal.SIGINT)
-        try:
-            code = up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
-            up.wait(10)
-            raise
-    assert code == 0, "".join(errors)
