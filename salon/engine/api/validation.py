@@ -27,6 +27,13 @@ from salon.api.chat.v1 import chat_pb2
 from salon.common import tool_specs
 from salon.common.errors import InvalidArgument, OutOfRange, Unimplemented
 from salon.common.prompt_bounds import prompt_count_problem
+from salon.common.request_bounds import (
+    MAX_CACHE_SALT_BYTES,
+    MAX_CHAT_TEMPLATE_KWARGS_BYTES,
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_VALUE,
+    MAX_PRIORITY,
+)
 from salon.engine.api.prompt import Character, ChatMessage, Role, ToolCallSpec, ToolSpec
 from salon.engine.grammar.constraint import Constraint, ConstraintKind, checked
 from salon.engine.model.sampling_defaults import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
@@ -40,12 +47,6 @@ MAX_TOP_LOGPROBS = 20
 # vLLM's ranges: repetition_penalty > 0 (1 = none, at most MAX_REPETITION_PENALTY); frequency / presence in
 # [-2, 2]; min_p in [0, 1].
 MAX_FREQUENCY_PRESENCE_PENALTY = 2.0
-# OpenAI's bounds of logit_bias.
-MAX_LOGIT_BIAS = 300
-MAX_LOGIT_BIAS_VALUE = 100.0
-MAX_PRIORITY = 1_000_000
-MAX_CACHE_SALT_BYTES = 256
-MAX_CHAT_TEMPLATE_KWARGS_BYTES = 4096
 
 _ROLES = {
     chat_pb2.ROLE_USER: Role.USER,

@@ -26,12 +26,10 @@ from pydantic import BaseModel
 
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2
+from salon.common.request_bounds import MAX_CACHE_SALT_BYTES, MAX_CHAT_TEMPLATE_KWARGS_BYTES, MAX_LOGIT_BIAS_VALUE
 from salon.gateway.http import tool_request
 from salon.gateway.http.errors import ApiError, invalid, unsupported
 from salon.gateway.http.schemas import (
-    MAX_CACHE_SALT_BYTES,
-    MAX_CHAT_TEMPLATE_KWARGS_BYTES,
-    MAX_LOGIT_BIAS_VALUE,
     MAX_PROMPTS,
     MAX_STOP,
     UNSUPPORTED,

@@ -21,14 +21,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from salon.common.request_bounds import MAX_CACHE_SALT_BYTES, MAX_LOGIT_BIAS, MAX_PRIORITY
+
 MAX_N = 8
 MAX_STOP = 16
-# OpenAI's bounds of logit_bias; the engine's of the other controls (salon/engine/api/validation.py).
-MAX_LOGIT_BIAS = 300
-MAX_LOGIT_BIAS_VALUE = 100.0
-MAX_PRIORITY = 1_000_000
-MAX_CACHE_SALT_BYTES = 256
-MAX_CHAT_TEMPLATE_KWARGS_BYTES = 4096
 # A list of prompts in /v1/completions: at most this many, and n choices of each.
 MAX_PROMPTS = 16
 MAX_UINT32 = 2**32 - 1
