@@ -244,6 +244,12 @@ def test_a_large_body_does_not_stall_another_tenant(stack) -> None:
             "prompt",
             f"{CONTEXT_TOKENS} token ids leave no room to generate in the context of {CONTEXT_TOKENS} tokens",
         ),
+        (
+            "/v1/completions",
+            {"prompt": [[5], [5] * CONTEXT_TOKENS]},
+            "prompt[1]",
+            f"{CONTEXT_TOKENS} token ids leave no room to generate in the context of {CONTEXT_TOKENS} tokens",
+        ),
         ("/v1/completions", {"top_k": 2**33}, "top_k", "Input should be less than or equal to 4294967295"),
         ("/detokenize", {"tokens": [-1]}, "tokens.0", "Input should be greater than or equal to 0"),
         (

@@ -22,11 +22,13 @@ def check_fits(body, info: chat_pb2.ModelInfo) -> None:
         if len(body.messages) >= context:
             raise invalid("messages", f"{len(body.messages)} messages cannot fit in the context of {context} tokens")
     if isinstance(body, CompletionRequest) and isinstance(body.prompt, list) and body.prompt:
-        ids = body.prompt[0] if isinstance(body.prompt[0], list) else body.prompt
-        if ids and not isinstance(ids[0], str) and len(ids) >= context:
-            raise invalid(
-                "prompt", f"{len(ids)} token ids leave no room to generate in the context of {context} tokens"
-            )
+        nested = isinstance(body.prompt[0], list)
+        for i, ids in enumerate(body.prompt if nested else [body.prompt]):
+            if ids and not isinstance(ids[0], str) and len(ids) >= context:
+                raise invalid(
+                    f"prompt[{i}]" if nested else "prompt",
+                    f"{len(ids)} token ids leave no room to generate in the context of {context} tokens",
+                )
     if isinstance(body, DetokenizeRequest) and len(body.tokens) > context:
         raise invalid("tokens", f"{len(body.tokens)} token ids are more than the context of {context} tokens")
     for field in ("max_tokens", "max_completion_tokens"):
