@@ -236,10 +236,10 @@ class Scheduler:
     ) -> dict[RequestId, tuple[int, ...]]:
         """Speculative decoding, with the budget left after everything else: a decoding request gets draft
         tokens (ngram_proposer.py) to verify in its step, never more than its remaining max_new_tokens and
-        context allow, and only while free blocks hold their KV (drafts reclaim no cached prefix and
-        preempt nothing). Never in a step with an interactive prefill (schedule() asks only without one: a
-        returning turn's first token would wait for the drafts' rows too; a long prefill's share is throughput
-        work and does not keep them out), and only while the step's decodes with their drafts stay within
+        context allow nor past what its grammar allows, and only while free blocks hold their KV (drafts reclaim
+        no cached prefix and preempt nothing). Never in a step with an interactive prefill (schedule() asks only
+        without one: a returning turn's first token would wait for the drafts' rows too; a long prefill's share is
+        throughput work and does not keep them out), and only while the step's decodes with their drafts stay within
         speculative_max_rows rows (a decode step's cost is nearly flat in its rows up to a few)."""
         drafts: dict[RequestId, tuple[int, ...]] = {}
         if self.proposer is None:
