@@ -159,6 +159,10 @@ SPEC_ACCEPTED_TOKENS = _counter(
     "vllm:spec_decode_num_accepted_tokens_total",
     "Draft tokens accepted (they became output tokens); acceptance rate = accepted / draft.",
 )
+SPEC_GRAMMAR_TRUNCATED_TOKENS = _counter(
+    "salon_engine_spec_decode_grammar_truncated_tokens_total",
+    "Draft tokens cut before verification because the request's constraint does not allow them.",
+)
 DECODE_TOKENS_PER_SECOND = _gauge(
     "salon_engine_decode_tokens_per_second",
     "Generated tokens per second over the last few seconds (what the engine's load reports carry).",

@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from salon.common.errors import InvalidArgument
-from salon.engine.grammar.bitmask import allowed_tokens, apply_bitmask, apply_bitmask_torch
+from salon.engine.grammar.bitmask import allocate_bitmask, allowed_tokens, apply_bitmask, apply_bitmask_torch
 from salon.engine.grammar.cache import CompiledCache
 from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
 from salon.engine.grammar.constraint import MAX_SCHEMA_BYTES, Constraint, ConstraintKind, checked
+from salon.engine.grammar.matcher import RequestGrammar
 from salon.engine.model.loader import open_model_file
 from salon.engine.model.tokenizer import Tokenizer
 from salon.engine.request import SamplingParams
@@ -167,3 +168,45 @@ def test_masked_rows_through_the_device_sampler_are_the_host_samplers():
         for d, h, t in zip(device_reqs, host_reqs, got):
             d.output_token_ids.append(t.token_id)
             h.output_token_ids.append(t.token_id)
+
+
+def fresh_mask(compiled, vocab: int, prefix: list[int]) -> torch.Tensor:
+    """The mask after `prefix`, from a new matcher advanced token by token (no speculation, no rollback)."""
+    grammar = RequestGrammar(compiled, vocab)
+    for token_id in prefix:
+        assert grammar.accept(token_id)
+    mask = allocate_bitmask(1, vocab)
+    grammar.fill_bitmask(mask, 0)
+    return mask[0]
+
+
+def test_drafts_looked_at_leave_the_matcher_as_it_was(compiler):
+    """draft_prefix cuts drafts at the first the grammar rejects (and past the stop token);
+    fill_draft_bitmasks gives row j the mask after drafts [0, j); after either, the next mask and the next
+    accepted token are those of a matcher that never saw the drafts."""
+    tok, vocab = Tokenizer(open_model_file("smollm2-135m-instruct").vocab), compiler.vocab_size
+    compiled = compiler.compile_now(Constraint(ConstraintKind.REGEX, "(cat|dog)-[0-9]{2,3}"))
+    reply = tok.encode("dog-417", add_bos=False) + [compiler.stop_token_ids[0]]
+    wrong = tok.encode("!", add_bos=False)[0]
+    grammar = RequestGrammar(compiled, vocab)
+    for i in range(len(reply)):
+        plain = fresh_mask(compiled, vocab, reply[:i])
+        tail = reply[i:]
+        cases = [  # (drafts, allowed prefix)
+            (tail, len(tail)),
+            (tail + [reply[0]], len(tail)),  # a draft past the stop token
+            (tail[:1] + [wrong] + tail[1:], min(1, len(tail))),
+            ([wrong] + tail, 0),
+        ]
+        for drafts, allowed in cases:
+            assert grammar.draft_prefix(drafts) == allowed, (i, drafts)
+            rows = allocate_bitmask(len(drafts) + 1, vocab)
+            grammar.fill_draft_bitmasks(rows, 0, drafts[:allowed])
+            for j in range(allowed + 1):
+                if j < len(tail):  # past the stop token there is no next mask
+                    assert torch.equal(rows[j], fresh_mask(compiled, vocab, reply[: i + j])), (i, j)
+            after = allocate_bitmask(1, vocab)
+            grammar.fill_bitmask(after, 0)
+            assert torch.equal(after[0], plain), (i, drafts)
+        assert grammar.accept(reply[i])
+    assert grammar.is_terminated and grammar.num_accepted_tokens == len(reply)

@@ -43,7 +43,11 @@ a decoding request's chunk is its last token followed by draft tokens from its o
 with an interactive prefill (a returning turn's first token would wait for the drafts' rows), and only while
 the step's decodes with their drafts stay within `speculative_max_rows` rows. The KV
 slots of the drafts are allocated with the chunk; after sampling, `on_verified` keeps the
-accepted drafts as computed tokens and gives back the blocks that only rejected ones used.
+accepted drafts as computed tokens and gives back the blocks that only rejected ones used. A constrained
+request's drafts are cut at the first one its grammar does not allow (grammar/matcher.py `draft_prefix`: such
+a draft could never be accepted, nor anything after it, nor anything past the stop token that ends the
+grammar); the cut tokens are counted (`num_grammar_truncated_drafts`, and the
+`salon_engine_spec_decode_grammar_truncated_tokens_total` counter).
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ class Scheduler:
         )
         # Requests whose prompt is being computed as a long prefill (pass 3 of schedule), until it is computed.
         self._long_prefills: set[RequestId] = set()
+        # Draft tokens cut because the request's grammar does not allow them (never verified).
+        self.num_grammar_truncated_drafts = 0
 
     # ---- queries -------------------------------------------------------------------------------
     @property
@@ -230,10 +236,10 @@ class Scheduler:
     ) -> dict[RequestId, tuple[int, ...]]:
         """Speculative decoding, with the budget left after everything else: a decoding request gets draft
         tokens (ngram_proposer.py) to verify in its step, never more than its remaining max_new_tokens and
-        context allow, and only while free blocks hold their KV (drafts reclaim no cached prefix and
-        preempt nothing). Never in a step with an interactive prefill (schedule() asks only without one: a
-        returning turn's first token would wait for the drafts' rows too; a long prefill's share is throughput
-        work and does not keep them out), and only while the step's decodes with their drafts stay within
+        context allow nor past what its grammar allows, and only while free blocks hold their KV (drafts reclaim
+        no cached prefix and preempt nothing). Never in a step with an interactive prefill (schedule() asks only
+        without one: a returning turn's first token would wait for the drafts' rows too; a long prefill's share is
+        throughput work and does not keep them out), and only while the step's decodes with their drafts stay within
         speculative_max_rows rows (a decode step's cost is nearly flat in its rows up to a few)."""
         drafts: dict[RequestId, tuple[int, ...]] = {}
         if self.proposer is None:
@@ -247,8 +253,6 @@ class Scheduler:
             computed = request.num_computed_tokens
             if planned[rid] != 1 or request.num_tokens - computed != 1 or not request.output_token_ids:
                 continue  # a prefill chunk, or a request that has not sampled yet
-            if request.grammar is not None:
-                continue  # a constrained row's mask is that of its last kept token: drafts are never verified
             room = min(
                 budget,
                 request.sampling.max_new_tokens - request.num_output_tokens - 1,
@@ -257,6 +261,12 @@ class Scheduler:
             if room <= 0:
                 continue
             proposal = self.proposer.propose(rid, request.token_slice(0, request.num_tokens), room)
+            if proposal and request.grammar is not None:
+                allowed = request.grammar.draft_prefix(proposal)
+                if allowed < len(proposal):
+                    self.num_grammar_truncated_drafts += len(proposal) - allowed
+                    metrics.SPEC_GRAMMAR_TRUNCATED_TOKENS.inc(len(proposal) - allowed)
+                    proposal = proposal[:allowed]
             if not proposal:
                 continue
             if self.kv.num_blocks_needed(rid, computed, 1 + len(proposal)) > self.kv.num_free_blocks:

@@ -2,10 +2,11 @@
 calls the model (decode-only steps through cuda_graphs.py where padding or capture is on), samples.
 
 Constrained rows (requests with a grammar): their token bitmasks are filled on a helper thread while the
-model runs (a row's mask depends only on the request's kept tokens, all known when the step starts; the
-model's kernels release the GIL while they run), then applied to the logits (-inf at the
+model runs (a row's mask depends only on the request's kept tokens and the chunk's drafts, all known when the
+step starts; the model's kernels release the GIL while they run), then applied to the logits (-inf at the
 disallowed tokens, grammar/bitmask.py) before any sampling path: the greedy fast path, the device sampler
-and the host sampler all see the masked rows.
+and the host sampler all see the masked rows. A chunk with drafts has one mask per sampled row: row j's is
+the grammar's after drafts [0, j) (the matcher advanced through them and rolled back, grammar/matcher.py).
 
 Token positions, block ids and slots are three address spaces: position p of a request lives in
 block table entry p // BS of each group, at slot block_id * BS + p % BS of that group's blocks.
@@ -127,7 +128,12 @@ class ModelRunner:
         """Compute the step; per chunk with needs_sample, in chunk order, the tokens it produced: one, or
         with draft tokens the accepted drafts and one more (sampler.num_produced)."""
         masks = self._fill_masks(output)
-        logits = self._sampled_logits(output)
+        try:
+            logits = self._sampled_logits(output)
+        except BaseException:
+            if masks is not None:  # the matchers are mid-fill: let them settle before anything else reads them
+                masks.exception()
+            raise
         if logits is None:
             return []
         chunks = [c for c in output.chunks if c.needs_sample]
@@ -195,16 +201,20 @@ class ModelRunner:
 
 
 def _constrained_rows(chunks: list[ScheduledChunk]) -> tuple[list[int], torch.Tensor]:
-    """The logits rows of the constrained chunks (one each: they carry no drafts) and their bitmasks."""
+    """The logits rows of the constrained chunks (each: its draft rows, then its last row) and their bitmasks,
+    one per row in the same order."""
     rows: list[int] = []
     grammars = []
     row = 0
     for chunk in chunks:
         if chunk.request.grammar is not None:
-            rows.append(row)
-            grammars.append(chunk.request.grammar)
+            rows.extend(range(row, row + chunk.num_draft_tokens + 1))
+            grammars.append((len(rows) - chunk.num_draft_tokens - 1, chunk))
         row += chunk.num_draft_tokens + 1
-    bitmask = allocate_bitmask(len(rows), grammars[0].vocab_size)
-    for i, grammar in enumerate(grammars):
-        grammar.fill_bitmask(bitmask, i)
+    bitmask = allocate_bitmask(len(rows), grammars[0][1].request.grammar.vocab_size)
+    for first, chunk in grammars:
+        if chunk.draft_token_ids:
+            chunk.request.grammar.fill_draft_bitmasks(bitmask, first, chunk.draft_token_ids)
+        else:
+            chunk.request.grammar.fill_bitmask(bitmask, first)
     return rows, bitmask
