@@ -14,10 +14,10 @@ from openai.types.chat import ChatCompletionChunk
 from opentelemetry import trace
 
 from salon.api.chat.v1 import chat_pb2
+from salon.common.tool_call_schema import reply_schema
 from salon.gateway.http.choices import ChoiceEvent
 from salon.gateway.http.completion import Completion
-from salon.gateway.http.tool_calls import ParsedCall, ParsedReply, parse_reply
-from salon.gateway.tool_call_schema import reply_schema
+from salon.gateway.tool_calls import ParsedCall, ParsedReply, parse_reply
 
 TOOLS = ["get_weather", "get_time"]
 PARIS = ParsedCall("get_weather", '{"city": "Paris"}')
