@@ -32,18 +32,16 @@ A reply without calls keeps its text exactly.
 
 from __future__ import annotations
 
-import json
-import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from salon.gateway.json_stream import JsonValue, Lexer, NotJson, canonical
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _PYTHON_TAG = "<|python_tag|>"
 _FENCE = "```"
 _JSON_OPENERS = ("{", "[", _FENCE, _PYTHON_TAG)
-_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _MAX_NAME_CHARS = 64
 _ARGUMENT_KEYS = ("arguments", "parameters")
 
@@ -79,184 +77,8 @@ class ParsedReply:
     calls: list[ParsedCall]
 
 
-class _Broken(Exception):
+class _Broken(NotJson):
     """The text is not (or no longer) a call."""
-
-
-# ---- JSON, one character at a time --------------------------------------------------------------------------
-class _Lexer:
-    """JSON text in, tokens out: one of "{}[]:," ; ('"',) a string opens, ('s', text) decoded characters of it,
-    ('e',) it closes; ('n', canonical number); ('l', literal). Whitespace between tokens is skipped."""
-
-    def __init__(self) -> None:
-        self.state = "ws"  # ws, str, esc, u, num, lit
-        self.buf = ""
-        self.high = ""  # a high surrogate waiting for its low half
-
-    def push(self, ch: str) -> list[tuple]:
-        state = self.state
-        if state == "str":
-            if ch == '"':
-                self.state = "ws"
-                return self._lone() + [("e",)]
-            if ch == "\\":
-                self.state = "esc"
-                return []
-            if ch < " ":
-                raise _Broken("a control character in a string")
-            return self._lone() + [("s", ch)]
-        if state == "esc":
-            self.state = "str"
-            if ch == "u":
-                self.state, self.buf = "u", ""
-                return []
-            plain = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}.get(ch)
-            if plain is None:
-                raise _Broken("a bad escape")
-            return self._lone() + [("s", plain)]
-        if state == "u":
-            if ch not in "0123456789abcdefABCDEF":
-                raise _Broken("a bad \\u escape")
-            self.buf += ch
-            if len(self.buf) < 4:
-                return []
-            self.state = "str"
-            char = chr(int(self.buf, 16))
-            if "\ud800" <= char <= "\udbff":
-                out = self._lone()
-                self.high = char
-                return out
-            if "\udc00" <= char <= "\udfff" and self.high:
-                pair, self.high = (self.high + char).encode("utf-16", "surrogatepass").decode("utf-16"), ""
-                return [("s", pair)]
-            return self._lone() + [("s", char)]
-        if state == "num":
-            if ch in "0123456789+-.eE":
-                self.buf += ch
-                return []
-            self.state = "ws"
-            return [self._number()] + self.push(ch)
-        if state == "lit":
-            if ch.isalpha():
-                self.buf += ch
-                if len(self.buf) > 5:
-                    raise _Broken("an unknown literal")
-                return []
-            if self.buf not in ("true", "false", "null"):
-                raise _Broken("an unknown literal")
-            self.state = "ws"
-            return [("l", self.buf)] + self.push(ch)
-        if ch in " \t\r\n":
-            return []
-        if ch in "{}[]:,":
-            return [ch]
-        if ch == '"':
-            self.state = "str"
-            return [('"',)]
-        if ch == "-" or ch.isdigit():
-            self.state, self.buf = "num", ch
-            return []
-        if ch.isalpha():
-            self.state, self.buf = "lit", ch
-            return []
-        raise _Broken(f"{ch!r} is not JSON")
-
-    def _lone(self) -> list[tuple]:
-        """A high surrogate not followed by its low half stands alone."""
-        if not self.high:
-            return []
-        high, self.high = self.high, ""
-        return [("s", high)]
-
-    def _number(self) -> tuple:
-        if not _NUMBER.fullmatch(self.buf):
-            raise _Broken("a bad number")
-        value = json.loads(self.buf)
-        text = json.dumps(value)
-        return ("n", text if text not in ("Infinity", "-Infinity") else self.buf)
-
-
-def _canonical(token: tuple | str) -> str:
-    """A token's text as json.dumps writes it."""
-    if token == ":":
-        return ": "
-    if token == ",":
-        return ", "
-    if isinstance(token, str):
-        return token
-    kind = token[0]
-    if kind in ('"', "e"):
-        return '"'
-    if kind == "s":
-        text = json.dumps(token[1], ensure_ascii=False)[1:-1]
-        return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-    return token[1]
-
-
-class _Value:
-    """Checks that tokens make one JSON value; `token` returns True when it is complete."""
-
-    def __init__(self) -> None:
-        self.stack: list[str] = []  # "{" / "["
-        self.state = "value"  # value, value_or_end, key_or_end, key, colon, comma_or_end, string, key_string
-        self.done = False
-
-    def token(self, tok) -> bool:
-        state = self.state
-        if self.done:
-            raise _Broken("text after a value")
-        if state in ("string", "key_string"):
-            if tok[0] == "s":
-                return False
-            if tok[0] != "e":
-                raise _Broken("a string did not close")
-            if state == "key_string":
-                self.state = "colon"
-                return False
-            return self._after()
-        if state in ("value", "value_or_end"):
-            if tok == "]" and state == "value_or_end":
-                self.stack.pop()
-                return self._after()
-            if tok in ("{", "["):
-                self.stack.append(tok)
-                self.state = "key_or_end" if tok == "{" else "value_or_end"
-                return False
-            if isinstance(tok, tuple) and tok[0] == '"':
-                self.state = "string"
-                return False
-            if isinstance(tok, tuple) and tok[0] in ("n", "l"):
-                return self._after()
-            raise _Broken("a value was expected")
-        if state in ("key_or_end", "key"):
-            if tok == "}" and state == "key_or_end":
-                self.stack.pop()
-                return self._after()
-            if isinstance(tok, tuple) and tok[0] == '"':
-                self.state = "key_string"
-                return False
-            raise _Broken("a key was expected")
-        if state == "colon":
-            if tok != ":":
-                raise _Broken("':' was expected")
-            self.state = "value"
-            return False
-        # comma_or_end
-        top = self.stack[-1]
-        if tok == ",":
-            self.state = "key" if top == "{" else "value"
-            return False
-        if (tok == "}" and top == "{") or (tok == "]" and top == "["):
-            self.stack.pop()
-            return self._after()
-        raise _Broken("',' or the end of a container was expected")
-
-    def _after(self) -> bool:
-        if self.stack:
-            self.state = "comma_or_end"
-            return False
-        self.done = True
-        return True
 
 
 # ---- the shapes of calls ------------------------------------------------------------------------------------
@@ -440,7 +262,7 @@ class _Skip:
 
     def __init__(self, owner: _CallObject) -> None:
         self.owner = owner
-        self.value = _Value()
+        self.value = JsonValue()
 
     def token(self, tok) -> None:
         if self.value.token(tok):
@@ -453,8 +275,8 @@ class _Arguments:
 
     def __init__(self, owner: _CallObject) -> None:
         self.owner = owner
-        self.value = _Value()
-        self.inner: _Lexer | None = None  # the arguments given as a string: its characters' lexer
+        self.value = JsonValue()
+        self.inner: Lexer | None = None  # the arguments given as a string: its characters' lexer
 
     def token(self, tok) -> None:
         if self.inner is not None:
@@ -469,7 +291,7 @@ class _Arguments:
             self.owner.member_done()
             return
         if self.value.state == "value" and not self.value.stack and isinstance(tok, tuple) and tok[0] == '"':
-            self.inner = _Lexer()
+            self.inner = Lexer()
             return
         if self._emit(tok) and self.inner is None:
             self.owner.member_done()
@@ -478,7 +300,7 @@ class _Arguments:
         if self.value.state == "value" and not self.value.stack and tok != "{":
             raise _Broken("the arguments must be an object")
         done = self.value.token(tok)
-        self.owner.arguments(_canonical(tok))
+        self.owner.arguments(canonical(tok))
         return done
 
 
@@ -521,7 +343,7 @@ class ToolCallParser:
         self._mode = "start"
         # The current JSON region (a block's body or a JSON reply): its lexer and reader, its raw text not yet
         # known to be calls, and whether it broke after a call started (its rest is dropped).
-        self._lexer = _Lexer()
+        self._lexer = Lexer()
         self._reader = _Reader(self.sink)
         self._raw = ""
         self._broken = False
@@ -566,7 +388,7 @@ class ToolCallParser:
             self._scan(final)
 
     def _region(self, raw: str) -> None:
-        self._lexer, self._reader = _Lexer(), _Reader(self.sink)
+        self._lexer, self._reader = Lexer(), _Reader(self.sink)
         self._raw, self._broken = raw, False
 
     # ---- a reply that opens with JSON ----------------------------------------------------------------
@@ -585,7 +407,7 @@ class ToolCallParser:
             try:
                 for tok in self._lexer.push(ch):
                     self._reader.token(tok)
-            except _Broken:
+            except NotJson:
                 if self._reader.value_calls:
                     self._broken = True
                     return ""
@@ -662,7 +484,7 @@ class ToolCallParser:
                     continue
                 for tok in self._lexer.push(ch):
                     self._reader.token(tok)
-            except _Broken:
+            except NotJson:
                 if self._reader.value_calls:
                     self._broken = True
                     continue
