@@ -1,4 +1,4 @@
-"""Replies parsed into tool calls (salon/gateway/http/tool_calls.py) on recorded outputs of each style, and the
+"""Replies parsed into tool calls (salon/gateway/tool_calls.py) on recorded outputs of each style, and the
 chat completion built from them (completion.py): streamed in fragments, the SDK's own stream accumulator
 (ChatCompletionStreamState, what client.chat.completions.stream uses) assembles exactly the non-streamed
 message; the reply schema a forced tool_choice decodes under; the gRPC stream of a reply with tools."""
