@@ -7,6 +7,9 @@ Before anything reaches an engine:
     served models otherwise, model_pools.py), and the reply is routed within that pool;
   * a prompt whose count of messages or ids cannot fit the model's context (known from
     GetModelInfo) is refused here, before it is copied and forwarded (salon/common/prompt_bounds.py);
+  * tool_choice REQUIRED / FUNCTION become the JSON-schema constraint of the reply's calls, and a reply to a
+    request with tools is parsed into TokenDelta.content / tool_calls and GenerateFinal.tool_calls, as the HTTP
+    API parses it (tool_choice.py, tool_call_events.py);
   * the engine's request id is always generated here: a client's request_id or x-request-id is kept
     for its logs and echoed in GenerateFinal.request_id, never used as the engine's id (two tenants'
     ids would collide there).
@@ -38,6 +41,8 @@ from salon.gateway.grants import Grants
 from salon.gateway.model_pools import ModelPools
 from salon.gateway.ratelimit import AdmissionControl
 from salon.gateway.tenants import Tenant, TenantTable
+from salon.gateway.tool_call_events import ToolCallEvents
+from salon.gateway.tool_choice import apply_tool_choice
 from salon.gateway.types import dialogue_key
 from salon.gateway.validate import validate_conversation_id, validate_generate
 
@@ -125,6 +130,7 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
         tenant = self._authenticate(context)
         try:
             validate_generate(request)
+            replies = apply_tool_choice(request)
             model = self.pools.resolve(request.model)
         except Exception:
             metrics.REFUSALS.labels(reason="invalid").inc()
@@ -151,6 +157,7 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             operation = "text_completion" if request.WhichOneof("context") != "dialogue" else "chat"
             set_request_attributes(span, operation, model, request.sampling)
             first_token_s = None
+            tool_events = ToolCallEvents(replies) if replies is not None else None
             async for event in self.dispatcher.stream(
                 engine_request,
                 tenant.tenant_id,
@@ -161,10 +168,11 @@ class ChatServicer(chat_pb2_grpc.ChatServiceServicer):
             ):
                 if first_token_s is None and event.delta.token_ids:
                     first_token_s = time.perf_counter() - arrived_s
-                if event.HasField("final"):
-                    reason = chat_pb2.FinishReason.Name(event.final.finish_reason).removeprefix("FINISH_REASON_")
-                    set_response_attributes(span, request_id, model, [reason.lower()], [event.final], first_token_s)
-                yield event
+                for out in tool_events.events(event) if tool_events is not None else (event,):
+                    if out.HasField("final"):
+                        reason = chat_pb2.FinishReason.Name(out.final.finish_reason).removeprefix("FINISH_REASON_")
+                        set_response_attributes(span, request_id, model, [reason.lower()], [out.final], first_token_s)
+                    yield out
         finally:
             self.admission.release(tenant)
 

@@ -10,9 +10,11 @@ import pytest
 
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2
-from salon.common.errors import InvalidArgument, Unimplemented
+from salon.common.errors import InvalidArgument
+from salon.common.tool_call_schema import reply_schema
 from salon.engine.api.prompt import Character, ChatMessage, PromptRenderer, ReplyMemo, Role, ToolCallSpec, ToolSpec
-from salon.engine.api.validation import Limits, parse_context
+from salon.engine.api.validation import Limits, forced_call_constraint, parse_context, parse_sampling
+from salon.engine.grammar.constraint import ConstraintKind
 from salon.engine.model.chat_renderer import ChatRenderer
 from salon.engine.model.chat_template import ChatTemplateError
 from salon.engine.model.loader import open_model_file
@@ -181,9 +183,6 @@ def test_engine_checks_tool_fields():
     for kw, field in bad:
         with pytest.raises(InvalidArgument, match=f"^{field}".replace("[", r"\[").replace("]", r"\]")):
             parse_context(_request(**kw), LIMITS)
-    required = chat_pb2.ToolChoice(mode=chat_pb2.TOOL_CHOICE_MODE_REQUIRED)
-    with pytest.raises(Unimplemented, match="^tool_choice"):
-        parse_context(_request(tools=[tool], tool_choice=required), LIMITS)
     call = chat_pb2.ToolCall(id="call_1", name="get_weather", arguments_json="{not json")
     messages = [chat_pb2.Message(role=chat_pb2.ROLE_CHARACTER, tool_calls=[call])]
     with pytest.raises(InvalidArgument, match=r"^dialogue.messages\[0\].tool_calls\[0\].arguments_json"):
@@ -191,3 +190,37 @@ def test_engine_checks_tool_fields():
     result = [chat_pb2.Message(role=chat_pb2.ROLE_TOOL, text="21")]
     with pytest.raises(InvalidArgument, match=r"^dialogue.messages\[0\].tool_call_id"):
         parse_context(engine_pb2.GenerateRequest(dialogue=chat_pb2.Dialogue(messages=result)), LIMITS)
+
+
+def test_engine_constrains_a_forced_tool_choice_itself():
+    """REQUIRED and FUNCTION sent to the engine directly: the reply is constrained to the JSON schema of its calls,
+    the same schema the gateway sets (salon/common/tool_call_schema.py)."""
+    weather = chat_pb2.Tool(name="get_weather", parameters_json='{"type": "object", "properties": {"city": {}}}')
+    clock = chat_pb2.Tool(name="get_time")
+    functions = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {}}}}]
+    functions.append({"name": "get_time", "parameters": None})
+    free = parse_sampling(chat_pb2.SamplingParams(), LIMITS)
+    cases = [
+        (chat_pb2.ToolChoice(mode=chat_pb2.TOOL_CHOICE_MODE_REQUIRED), None, True),
+        (chat_pb2.ToolChoice(mode=chat_pb2.TOOL_CHOICE_MODE_FUNCTION, function_name="get_time"), "get_time", False),
+    ]
+    for choice, forced, parallel in cases:
+        request = _request(tools=[weather, clock], tool_choice=choice)
+        if not parallel:
+            request.parallel_tool_calls = False
+        parsed = parse_context(request, LIMITS)
+        constraint = forced_call_constraint(request, parsed.tools, free)
+        assert constraint.kind is ConstraintKind.JSON_SCHEMA and constraint.strict
+        assert json.loads(constraint.text) == reply_schema(functions, forced, forced is None, parallel)
+    auto = _request(tools=[weather])
+    assert forced_call_constraint(auto, parse_context(auto, LIMITS).tools, free) is None
+    required = chat_pb2.ToolChoice(mode=chat_pb2.TOOL_CHOICE_MODE_REQUIRED)
+    with pytest.raises(InvalidArgument, match="^tool_choice: TOOL_CHOICE_MODE_REQUIRED needs tools"):
+        parse_context(_request(tool_choice=required), LIMITS)
+    unknown = chat_pb2.ToolChoice(mode=chat_pb2.TOOL_CHOICE_MODE_FUNCTION, function_name="rm_rf")
+    with pytest.raises(InvalidArgument, match="^tool_choice.function_name: 'rm_rf' is not one"):
+        parse_context(_request(tools=[weather], tool_choice=unknown), LIMITS)
+    constrained = parse_sampling(chat_pb2.SamplingParams(constraint=chat_pb2.Constraint(json_object=True)), LIMITS)
+    request = _request(tools=[weather], tool_choice=required)
+    with pytest.raises(InvalidArgument, match="^tool_choice: TOOL_CHOICE_MODE_REQUIRED cannot be combined"):
+        forced_call_constraint(request, parse_context(request, LIMITS).tools, constrained)

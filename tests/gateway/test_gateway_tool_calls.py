@@ -1,7 +1,7 @@
-"""Replies parsed into tool calls (salon/gateway/http/tool_calls.py) on recorded outputs of each style, and the
+"""Replies parsed into tool calls (salon/gateway/tool_calls.py) on recorded outputs of each style, and the
 chat completion built from them (completion.py): streamed in fragments, the SDK's own stream accumulator
 (ChatCompletionStreamState, what client.chat.completions.stream uses) assembles exactly the non-streamed
-message; the reply schema a forced tool_choice would decode under."""
+message; the reply schema a forced tool_choice decodes under; the gRPC stream of a reply with tools."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from openai.types.chat import ChatCompletionChunk
 from opentelemetry import trace
 
 from salon.api.chat.v1 import chat_pb2
+from salon.common.tool_call_schema import reply_schema
 from salon.gateway.http.choices import ChoiceEvent
 from salon.gateway.http.completion import Completion
-from salon.gateway.http.tool_calls import ParsedCall, ParsedReply, parse_reply
-from salon.gateway.tool_call_schema import reply_schema
+from salon.gateway.tool_call_events import ToolCallEvents
+from salon.gateway.tool_calls import ParsedCall, ParsedReply, parse_reply
+from salon.gateway.tool_choice import ToolReplies
 
 TOOLS = ["get_weather", "get_time"]
 PARIS = ParsedCall("get_weather", '{"city": "Paris"}')
@@ -172,3 +174,54 @@ def test_reply_schema_of_a_forced_choice():
     # A reply that follows the schema parses into exactly its calls.
     reply = json.dumps([{"name": "get_weather", "arguments": {"city": "Paris"}}])
     assert parse_reply(reply, TOOLS) == ParsedReply(None, [PARIS])
+
+
+def _grpc_events(pieces: list[str], finish: int) -> list[chat_pb2.GenerateResponse]:
+    adapter = ToolCallEvents(ToolReplies(tuple(TOOLS), parallel_tool_calls=True))
+    out = []
+    for piece in pieces:
+        out += adapter.events(chat_pb2.GenerateResponse(delta=chat_pb2.TokenDelta(text=piece, token_ids=[1])))
+    return out + adapter.events(chat_pb2.GenerateResponse(final=chat_pb2.GenerateFinal(finish_reason=finish)))
+
+
+def test_grpc_events_carry_content_call_pieces_and_the_whole_calls():
+    """The gRPC stream of a reply with tools (tool_call_events.py): every delta keeps its text and tokens and adds
+    its content and call pieces; what the parser held comes in one delta without tokens before the final; the
+    final has the whole calls and FINISH_REASON_TOOL_CALLS."""
+    pieces = [
+        "Let me",
+        " check.\n<tool_call>",
+        '{"name": "get_weather", "arguments": {"city": "Pa',
+        'ris"}}</tool_call>',
+        "\n",
+    ]
+    pieces.append('<tool_call>{"name": "get_time", "arguments": {}}</tool_call> ok')
+    events = _grpc_events(pieces, chat_pb2.FINISH_REASON_STOP_TOKEN)
+    deltas, final = [e.delta for e in events[:-1]], events[-1].final
+    assert [(d.text, list(d.token_ids)) for d in deltas] == [(p, [1]) for p in pieces]
+    assert [d.content for d in deltas] == ["Let me", " check.", "", "", "", " ok"]
+    weather, clock = final.tool_calls
+    assert (weather.name, weather.arguments_json, clock.name, clock.arguments_json) == (
+        "get_weather",
+        '{"city": "Paris"}',
+        "get_time",
+        "{}",
+    )
+    assert [(p.index, p.id, p.name, p.arguments_json) for d in deltas for p in d.tool_calls] == [
+        (0, weather.id, "get_weather", ""),
+        (0, "", "", '{"city": "Pa'),
+        (0, "", "", 'ris"}'),
+        (1, clock.id, "get_time", ""),
+        (1, "", "", "{}"),
+    ]
+    assert weather.id.startswith("call_") and clock.id.startswith("call_") and weather.id != clock.id
+    assert final.finish_reason == chat_pb2.FINISH_REASON_TOOL_CALLS
+
+
+def test_grpc_events_flush_held_text_and_keep_length():
+    events = _grpc_events(["It is <tool_ca"], chat_pb2.FINISH_REASON_STOP_TOKEN)
+    assert [e.delta.content for e in events[:-1]] == ["It is", " <tool_ca"]
+    assert list(events[1].delta.token_ids) == [] and events[-1].final.finish_reason == 1
+    cut = _grpc_events(['[{"name": "get_time", "arguments": {"zone"'], chat_pb2.FINISH_REASON_LENGTH)
+    assert cut[-1].final.finish_reason == chat_pb2.FINISH_REASON_LENGTH
+    assert [(c.name, c.arguments_json) for c in cut[-1].final.tool_calls] == [("get_time", '{"zone"')]

@@ -14,10 +14,12 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
 from salon.engine.api.prompt import Character, ChatMessage, PromptRenderer, Role, ToolCallSpec, ToolSpec
 from salon.engine.model.chat_renderer import ChatRenderer
 from salon.engine.model.loader import open_model_file
 from salon.engine.model.tokenizer import Tokenizer
+from salon.gateway.tool_calls import parse_reply
 from tests.openai.openai_stack import KEY, start_stack, stop_stack
 
 REAL_MODEL = "smollm2-135m-instruct"
@@ -157,7 +159,7 @@ def test_a_forced_call_is_a_valid_call_of_an_offered_tool(stack, choice, stream)
     client = stack.client()
     tool_choice = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
-    for seed in range(4):
+    for seed in range(5):
         kw = dict(tools=[WEATHER, TIME], tool_choice=tool_choice, parallel_tool_calls=False, max_tokens=96)
         kw.update(temperature=1, seed=seed)
         if stream:
@@ -220,3 +222,140 @@ def test_bad_tool_fields_are_400_naming_the_field(stack):
         body = err.value.body
         assert err.value.status_code == 400 and body["param"] == param, (kw, body)
         assert body["message"].startswith(message) and body["type"] == "invalid_request_error", body
+
+
+def _fragments(chunks) -> dict[int, list[dict]]:
+    """Per call index, its tool_calls deltas as they came."""
+    out: dict[int, list[dict]] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                out.setdefault(delta.index, []).append(delta.model_dump(exclude_none=True))
+    return out
+
+
+@pytest.mark.parametrize("tool_choice", ["required", "auto"])
+def test_streamed_arguments_come_in_fragments_that_join_to_the_whole_reply(stack, tool_choice):
+    """At temperature 1 over seeds, a streamed reply (assembled by the SDK's stream accumulator) is the same message
+    as the reply not streamed: content, calls' names and arguments (the fragments joined), finish reason. Each
+    call's first delta has its index, id, type and name and arguments ""; forced calls' arguments arrive in
+    several fragments as they are generated. (With "auto" the 135M model answers these seeds in text, one of them
+    opening a ``` fence that turns out to be no call: the content streams whole through the parser.)"""
+    client = stack.client()
+    fragmented = 0
+    for seed in range(5):
+        kw = dict(model=REAL_MODEL, messages=opening(), tools=[WEATHER, TIME], tool_choice=tool_choice)
+        kw.update(temperature=1, seed=seed, max_tokens=48)
+        if tool_choice == "required":
+            kw.update(parallel_tool_calls=False, max_tokens=96)
+        whole = client.chat.completions.create(**kw).choices[0]
+        if tool_choice == "required":
+            assert whole.finish_reason == "tool_calls", whole
+            with client.chat.completions.stream(**kw) as stream:
+                chunks = [event.chunk for event in stream if event.type == "chunk"]
+                streamed = stream.get_final_completion().choices[0]
+        else:
+            chunks = list(client.chat.completions.create(stream=True, **kw))
+            state = ChatCompletionStreamState()
+            for chunk in chunks:
+                state.handle_chunk(chunk)
+            streamed = state.current_completion_snapshot.choices[0]
+        assert streamed.message.content == whole.message.content, seed
+        calls = [(t.function.name, t.function.arguments) for t in whole.message.tool_calls or []]
+        assert [(t.function.name, t.function.arguments) for t in streamed.message.tool_calls or []] == calls, seed
+        assert streamed.finish_reason == whole.finish_reason, seed
+        for index, deltas in _fragments(chunks).items():
+            head = deltas[0]
+            assert head["id"].startswith("call_") and head["type"] == "function", head
+            assert head["function"] == {"name": calls[index][0], "arguments": ""}, head
+            assert all(set(d) == {"index", "function"} and set(d["function"]) == {"arguments"} for d in deltas[1:])
+            assert "".join(d["function"]["arguments"] for d in deltas) == calls[index][1]
+            fragmented += len(deltas) > 2
+    if tool_choice == "required":
+        assert fragmented >= 3, fragmented
+
+
+def _grpc_request(seed: int, tool_choice: chat_pb2.ToolChoice) -> chat_pb2.GenerateRequest:
+    tools = [
+        chat_pb2.Tool(name=t["function"]["name"], parameters_json=json.dumps(t["function"]["parameters"]))
+        for t in (WEATHER, TIME)
+    ]
+    return chat_pb2.GenerateRequest(
+        conversation_id=f"grpc-forced-{seed}",
+        model=REAL_MODEL,
+        character=chat_pb2.Character(definition=SYSTEM),
+        dialogue=chat_pb2.Dialogue(messages=[chat_pb2.Message(role=chat_pb2.ROLE_USER, text=ASK)]),
+        sampling=chat_pb2.SamplingParams(max_new_tokens=96, temperature=1, seed=seed),
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,
+    )
+
+
+@pytest.mark.parametrize("function", ["", "get_time"])
+def test_grpc_forced_calls_stream_and_end_whole_and_valid(stack, function):
+    """Over gRPC, REQUIRED and FUNCTION are enforced as over HTTP: the final has one call whose arguments validate
+    against its tool's schema and FINISH_REASON_TOOL_CALLS; streamed, the deltas' content is empty and their
+    ToolCallDelta pieces join to the final's call (id and name first, then argument fragments)."""
+    mode = chat_pb2.TOOL_CHOICE_MODE_FUNCTION if function else chat_pb2.TOOL_CHOICE_MODE_REQUIRED
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+    with grpc.insecure_channel(stack.gateway.address) as channel:
+        stub = chat_pb2_grpc.ChatServiceStub(channel)
+        for seed in range(3):
+            request = _grpc_request(seed, chat_pb2.ToolChoice(mode=mode, function_name=function))
+            events = list(stub.Generate(request, metadata=(("authorization", f"Bearer {KEY}"),), timeout=60))
+            final = events[-1].final
+            assert final.finish_reason == chat_pb2.FINISH_REASON_TOOL_CALLS, (seed, final)
+            assert len(final.tool_calls) == 1, final
+            call = final.tool_calls[0]
+            assert call.id.startswith("call_") and call.name in schemas and (call.name == function or not function)
+            jsonschema.validate(json.loads(call.arguments_json), schemas[call.name])
+            deltas = [e.delta for e in events[:-1]]
+            assert all(d.HasField("content") and d.content == "" for d in deltas)
+            pieces = [p for d in deltas for p in d.tool_calls]
+            assert pieces[0] == chat_pb2.ToolCallDelta(index=0, id=call.id, name=call.name)
+            assert all(p.index == 0 and not p.id and not p.name for p in pieces[1:])
+            assert "".join(p.arguments_json for p in pieces) == call.arguments_json
+            assert len(pieces) > 2, pieces
+
+
+def test_grpc_refuses_a_forced_choice_it_cannot_serve(stack):
+    with grpc.insecure_channel(stack.gateway.address) as channel:
+        stub = chat_pb2_grpc.ChatServiceStub(channel)
+        cases = [
+            (chat_pb2.ToolChoice(mode=chat_pb2.TOOL_CHOICE_MODE_FUNCTION, function_name="nope"), None, "tool_choice."),
+            (
+                chat_pb2.ToolChoice(mode=chat_pb2.TOOL_CHOICE_MODE_REQUIRED),
+                chat_pb2.Constraint(json_object=True),
+                "tool_choice: REQUIRED cannot be combined with sampling.constraint",
+            ),
+        ]
+        for choice, constraint, message in cases:
+            request = _grpc_request(0, choice)
+            if constraint is not None:
+                request.sampling.constraint.CopyFrom(constraint)
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.Generate(request, metadata=(("authorization", f"Bearer {KEY}"),), timeout=60))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details().startswith(message), err.value.details()
+
+
+def test_an_engine_asked_directly_constrains_a_forced_call_itself(stack):
+    """The engine's own client (no gateway) with FUNCTION: the reply's text is a valid call of that tool."""
+    request = _grpc_request(1, chat_pb2.ToolChoice(mode=chat_pb2.TOOL_CHOICE_MODE_FUNCTION, function_name="get_time"))
+    engine_request = engine_pb2.GenerateRequest(
+        request_id="direct-forced",
+        conversation_id=request.conversation_id,
+        character=request.character,
+        dialogue=request.dialogue,
+        sampling=request.sampling,
+        tools=request.tools,
+        tool_choice=request.tool_choice,
+        parallel_tool_calls=False,
+    )
+    with grpc.insecure_channel(stack.engines["e0"].address) as channel:
+        events = list(engine_pb2_grpc.EngineServiceStub(channel).Generate(engine_request, timeout=60))
+    text = "".join(e.delta.text for e in events if e.HasField("delta"))
+    reply = parse_reply(text, ["get_weather", "get_time"])
+    assert reply.content is None and [c.name for c in reply.calls] == ["get_time"], text
+    jsonschema.validate(json.loads(reply.calls[0].arguments), TIME["function"]["parameters"])

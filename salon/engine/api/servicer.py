@@ -45,6 +45,7 @@ from salon.engine.api.validation import (
     check_prompt_counts,
     check_request_controls,
     check_text_size,
+    forced_call_constraint,
     parse_chat_template_kwargs,
     parse_context,
     parse_dialogue,
@@ -151,6 +152,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         sampling = parse_sampling(with_model_defaults(request.sampling, rt.sampling_defaults), limits)
         resumed = check_ids("resume_token_ids", request.resume_token_ids, limits.vocab_size, limits.max_context_tokens)
         parsed = parse_context(request, limits)
+        forced = forced_call_constraint(request, parsed.tools, sampling)
+        if forced is not None:
+            sampling = dataclasses.replace(sampling, constraint=forced)
         template_kwargs = parse_chat_template_kwargs(request.chat_template_kwargs_json, rt.chat.reserved_variables)
         return sampling, resumed, parsed, template_kwargs
 

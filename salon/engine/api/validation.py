@@ -25,7 +25,7 @@ import numpy as np
 
 from salon.api.chat.v1 import chat_pb2
 from salon.common import tool_specs
-from salon.common.errors import InvalidArgument, OutOfRange, Unimplemented
+from salon.common.errors import InvalidArgument, OutOfRange
 from salon.common.prompt_bounds import prompt_count_problem
 from salon.common.request_bounds import (
     MAX_CACHE_SALT_BYTES,
@@ -34,6 +34,7 @@ from salon.common.request_bounds import (
     MAX_LOGIT_BIAS_VALUE,
     MAX_PRIORITY,
 )
+from salon.common.tool_call_schema import reply_schema
 from salon.engine.api.prompt import Character, ChatMessage, Role, ToolCallSpec, ToolSpec
 from salon.engine.grammar.constraint import Constraint, ConstraintKind, checked
 from salon.engine.model.sampling_defaults import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
@@ -47,6 +48,7 @@ MAX_TOP_LOGPROBS = 20
 # vLLM's ranges: repetition_penalty > 0 (1 = none, at most MAX_REPETITION_PENALTY); frequency / presence in
 # [-2, 2]; min_p in [0, 1].
 MAX_FREQUENCY_PRESENCE_PENALTY = 2.0
+_FORCED = (chat_pb2.TOOL_CHOICE_MODE_REQUIRED, chat_pb2.TOOL_CHOICE_MODE_FUNCTION)
 
 _ROLES = {
     chat_pb2.ROLE_USER: Role.USER,
@@ -216,12 +218,13 @@ def _tool_calls(field: str, m, role: Role) -> tuple[tuple[ToolCallSpec, ...], in
 def parse_tools(request) -> tuple[ToolSpec, ...]:
     """The tools to render (none when tool_choice is NONE), each checked, all within MAX_TOOLS_BYTES."""
     choice = request.tool_choice
-    if choice.mode in (chat_pb2.TOOL_CHOICE_MODE_REQUIRED, chat_pb2.TOOL_CHOICE_MODE_FUNCTION):
-        # Next step: these need the reply constrained to a call (constrained decoding), not served yet.
-        raise Unimplemented("tool_choice: REQUIRED and FUNCTION need constrained decoding, which is not served")
-    if choice.function_name:
+    if choice.mode not in chat_pb2.ToolChoiceMode.values():
+        raise InvalidArgument(f"tool_choice.mode: {choice.mode} is not a known mode")
+    if choice.function_name and choice.mode != chat_pb2.TOOL_CHOICE_MODE_FUNCTION:
         raise InvalidArgument("tool_choice.function_name: only with TOOL_CHOICE_MODE_FUNCTION")
     if not request.tools:
+        if choice.mode in _FORCED:
+            raise InvalidArgument(f"tool_choice: {chat_pb2.ToolChoiceMode.Name(choice.mode)} needs tools")
         return ()
     if request.WhichOneof("context") != "dialogue":
         raise InvalidArgument("tools: only with a dialogue")
@@ -246,9 +249,29 @@ def parse_tools(request) -> tuple[ToolSpec, ...]:
             if problem:
                 raise InvalidArgument(f"tools[{i}].parameters_json: {problem}")
         tools.append(ToolSpec(t.name, t.description, parameters))
+    if choice.mode == chat_pb2.TOOL_CHOICE_MODE_FUNCTION and choice.function_name not in names:
+        raise InvalidArgument(f"tool_choice.function_name: {choice.function_name!r} is not one of the request's tools")
     if choice.mode == chat_pb2.TOOL_CHOICE_MODE_NONE:
         return ()
     return tuple(tools)
+
+
+def forced_call_constraint(request, tools: tuple[ToolSpec, ...], sampling: SamplingParams) -> Constraint | None:
+    """The constraint of a forced tool_choice (REQUIRED, FUNCTION) sent to the engine directly: the JSON schema of
+    the reply's calls (salon/common/tool_call_schema.py), as the gateway sets it; None for any other choice.
+    Call parse_tools first."""
+    choice = request.tool_choice
+    if choice.mode not in _FORCED:
+        return None
+    if sampling.constraint is not None:
+        name = chat_pb2.ToolChoiceMode.Name(choice.mode)
+        raise InvalidArgument(f"tool_choice: {name} cannot be combined with sampling.constraint")
+    parallel = not request.HasField("parallel_tool_calls") or request.parallel_tool_calls
+    forced = choice.function_name if choice.mode == chat_pb2.TOOL_CHOICE_MODE_FUNCTION else None
+    functions = [{"name": t.name, "parameters": t.parameters} for t in tools]
+    schema = reply_schema(functions, forced, required=forced is None, parallel_tool_calls=parallel)
+    text = json.dumps(schema, separators=(",", ":"))
+    return checked(Constraint(ConstraintKind.JSON_SCHEMA, text, strict=True), field="tool_choice")
 
 
 def parse_sampling(sampling, limits: Limits) -> SamplingParams:

@@ -4,9 +4,10 @@ It owns what the request holds until it ends, however it ends (finished, failed,
 tenant's admission slot and the request's span. `close()` releases both, exactly once.
 
     chat.completion(.chunk)   choices[i].message / delta {role, content}, logprobs.content, finish_reason
-                              with tools: message.tool_calls / delta.tool_calls (tool_calls.py parses the
-                              reply; per call one chunk with index, id and name, then one with its
-                              arguments), finish_reason "tool_calls" when a reply that stopped made calls
+                              with tools: message.tool_calls / delta.tool_calls (salon/gateway/tool_calls.py
+                              parses the reply; per call one chunk with index, id, name and arguments "",
+                              then its arguments in fragments as they are generated), finish_reason
+                              "tool_calls" when a reply that stopped made calls
     text_completion           choices[i].text, legacy logprobs {tokens, token_logprobs, top_logprobs, text_offset}
     stream                    data: {chunk}\\n\\n ... [data: {usage chunk}] data: [DONE]\\n\\n
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 
 from opentelemetry.trace import Span, Status, StatusCode
@@ -26,11 +26,7 @@ from salon.gateway.genai_span import set_response_attributes
 from salon.gateway.http import convert
 from salon.gateway.http.choices import ChoiceEvent
 from salon.gateway.http.errors import ApiError, from_salon_error
-from salon.gateway.http.tool_calls import ParsedCall, ToolCallParser, parse_reply
-
-
-def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+from salon.gateway.tool_calls import CallArguments, CallStart, ToolCallParser, new_call_id, parse_reply
 
 
 class _Choice:
@@ -161,7 +157,11 @@ class Completion:
                 message["content"] = self.echo[c.index] + reply.content if reply.content is not None else None
                 if reply.calls:
                     message["tool_calls"] = [
-                        {"id": _call_id(), "type": "function", "function": {"name": k.name, "arguments": k.arguments}}
+                        {
+                            "id": new_call_id(),
+                            "type": "function",
+                            "function": {"name": k.name, "arguments": k.arguments},
+                        }
                         for k in reply.calls
                     ]
             return {
@@ -274,8 +274,8 @@ class Completion:
             await self.close()
 
     def _tool_chunks(self, item: ChoiceEvent) -> list[str]:
-        """The chunks of one event of a chat with tools: its text through the choice's parser (content, then
-        calls as they complete); the final event flushes the parser before the finish."""
+        """The chunks of one event of a chat with tools: its text through the choice's parser (content, calls'
+        heads and argument fragments, in order); the final event flushes the parser before the finish."""
         c = self.choices[item.index]
         if c.parser is None:
             c.parser = ToolCallParser(self.tool_names, self.parallel_tool_calls)
@@ -284,8 +284,13 @@ class Completion:
         pieces = c.parser.finish() if final else c.parser.feed(delta.text)
         deltas: list[dict] = []
         for piece in pieces:
-            if isinstance(piece, ParsedCall):
-                deltas += self._call_deltas(c, piece)
+            if isinstance(piece, CallStart):
+                c.num_calls += 1
+                function = {"name": piece.name, "arguments": ""}
+                head = {"index": piece.index, "id": new_call_id(), "type": "function", "function": function}
+                deltas.append({"tool_calls": [head]})
+            elif isinstance(piece, CallArguments):
+                deltas.append({"tool_calls": [{"index": piece.index, "function": {"arguments": piece.text}}]})
             else:
                 deltas.append({"content": piece})
         if delta is not None and not deltas and (self.logprobs or self.return_token_ids):
@@ -298,13 +303,6 @@ class Completion:
         if final:
             chunks.append(self._chunk([self._delta_choice(item.index, None, c.finish_reason)]))
         return chunks
-
-    @staticmethod
-    def _call_deltas(c: _Choice, call: ParsedCall) -> list[dict]:
-        index = c.num_calls
-        c.num_calls += 1
-        head = {"index": index, "id": _call_id(), "type": "function", "function": {"name": call.name, "arguments": ""}}
-        return [{"tool_calls": [head]}, {"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]}]
 
     async def close(self) -> None:
         if self._closed:

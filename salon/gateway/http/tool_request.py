@@ -7,7 +7,8 @@ ToolCall), with OpenAI's names in every 400:
                            arguments always follow the tool's parameters)
     tool_choice            "auto" (the default), "none" (no tools in the prompt, a text reply), "required" or
                            {"type": "function", "function": {"name"}}: the reply is decoded inside the JSON
-                           schema of its calls (tool_call_schema.py), one more constraint being a 400
+                           schema of its calls (salon/gateway/tool_choice.py, as for gRPC), one more
+                           constraint being a 400
     parallel_tool_calls    true (the default) or false: at most one call is returned
     assistant tool_calls   [{"id", "type": "function", "function": {"name", "arguments": "<JSON object>"}}]
     tool messages          {"role": "tool", "tool_call_id", "content"}
@@ -20,9 +21,10 @@ from typing import Any
 
 from salon.api.chat.v1 import chat_pb2
 from salon.common import tool_specs
+from salon.common.errors import InvalidArgument
 from salon.gateway.http.errors import invalid, unsupported
 from salon.gateway.http.schemas import ChatCompletionRequest, ChatMessage
-from salon.gateway.tool_call_schema import reply_schema
+from salon.gateway.tool_choice import apply_tool_choice
 
 
 def _function_of(tool: Any, where: str) -> dict:
@@ -89,21 +91,29 @@ def chat_tools(body: ChatCompletionRequest, request) -> list[str]:
     if parallel is not None and not isinstance(parallel, bool):
         raise invalid("parallel_tool_calls", "must be a boolean")
     mode, forced = _tool_choice(body.tool_choice, names)
-    schema = reply_schema([_function_of(t, "") for t in tools], forced, mode == "required", parallel is not False)
-    if schema is not None:
-        # A forced call: the reply is decoded inside `schema` (the calls as the parser's generic JSON form), so
-        # even a small model answers with a valid call of an offered tool.
-        if request.sampling.HasField("constraint"):
-            raise invalid("tool_choice", f"{mode!r} cannot be combined with another structured output constraint")
-        request.sampling.constraint.json_schema.schema = json.dumps(schema, separators=(",", ":"))
-        request.sampling.constraint.json_schema.strict = True
     request.tools.extend(converted)
+    if mode in ("required", "function") and request.sampling.HasField("constraint"):
+        raise invalid("tool_choice", f"{mode!r} cannot be combined with another structured output constraint")
     if converted:
-        none = mode == "none"
-        request.tool_choice.mode = chat_pb2.TOOL_CHOICE_MODE_NONE if none else chat_pb2.TOOL_CHOICE_MODE_AUTO
+        request.tool_choice.mode = _MODES[mode]
+        request.tool_choice.function_name = forced or ""
     if parallel is not None:
         request.parallel_tool_calls = parallel
-    return [] if mode == "none" else sorted(names)
+    # A forced call: the reply is decoded inside the JSON schema of its calls (the calls as the parser's generic
+    # JSON form), so even a small model answers with a valid call of an offered tool; the engine gets AUTO.
+    try:
+        replies = apply_tool_choice(request)
+    except InvalidArgument as exc:
+        raise invalid("tool_choice", exc.message.removeprefix("tool_choice: ")) from None
+    return list(replies.tool_names) if replies else []
+
+
+_MODES = {
+    "auto": chat_pb2.TOOL_CHOICE_MODE_AUTO,
+    "none": chat_pb2.TOOL_CHOICE_MODE_NONE,
+    "required": chat_pb2.TOOL_CHOICE_MODE_REQUIRED,
+    "function": chat_pb2.TOOL_CHOICE_MODE_FUNCTION,
+}
 
 
 def _tool_choice(choice: Any, names: set[str]) -> tuple[str, str | None]:

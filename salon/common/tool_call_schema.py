@@ -1,16 +1,15 @@
 """The JSON Schema a reply must follow when the request's tool_choice forces a call: the hook where tool
-calling meets constrained decoding.
+calling meets constrained decoding. Defined once for the gateway (which sets it as the request's constraint,
+salon/gateway/tool_choice.py) and the engine (which sets it for a request that reaches it directly with a forced
+choice, salon/engine/api/validation.py).
 
     tool_choice "auto" / "none"      -> None: the reply is free (text or calls the parser finds)
     tool_choice "required"           -> an array of 1.. calls (at most 1 without parallel_tool_calls), each
                                         {"name": <one of the tools>, "arguments": <that tool's parameters>}
     tool_choice {"function": {"name"}} -> the same with that one tool
 
-The array is the generic JSON form the reply parser reads (salon/gateway/http/tool_calls.py), so a reply
-decoded under this schema parses into exactly the calls it holds. Enforcing it needs the grammar engine
-(constrained decoding); until the engine serves a constraint, the gateway refuses these two choices, naming
-tool_choice, rather than answer without the guarantee. The next step is to pass this schema as the request's
-JSON-schema constraint where convert.py now refuses it.
+The array is the generic JSON form the reply parser reads (salon/gateway/tool_calls.py), so a reply decoded
+under this schema parses into exactly the calls it holds.
 """
 
 from __future__ import annotations
