@@ -221,12 +221,15 @@ def rmsnorm_quant_group32_triton(
 def _group32_config(M: int, N: int, device: torch.device) -> dict:
     """Tile sizes (BLOCK_K is the group). Every output element is computed by the same operations in the same
     order whatever the tile, so the result does not depend on the configuration (batch invariance across M
-    buckets). On the GPU (sm_90): decode is weight-bandwidth bound and wants many N tiles in flight with deep
-    pipelining of the 32-channel steps; prefill wants the large tiles' reuse."""
+    buckets). On the GPU (sm_90): decode is weight-bandwidth bound and wants many N tiles in flight (the K loop
+    cannot be split: the groups are summed in order), narrower ones where N is small (o and down: 640 columns are
+    20 programs of 32 for 132 SMs), with deep pipelining of the 32-channel steps; prefill wants the large tiles'
+    reuse."""
     if is_interpreted(device):
         return dict(BLOCK_M=16, BLOCK_N=32 if N <= 1024 else 16384, BLOCK_K=GROUP, GROUP_M=4)
     if M <= 16:
-        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=GROUP, GROUP_M=1, num_warps=4, num_stages=6)
+        block_n = 32 if N <= 2048 else 64
+        return dict(BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=GROUP, GROUP_M=1, num_warps=4, num_stages=6)
     if M <= 64:
         return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=GROUP, GROUP_M=8, num_warps=4, num_stages=5)
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=GROUP, GROUP_M=8, num_warps=8, num_stages=4)
