@@ -106,18 +106,28 @@ def test_gemm_is_the_references_bits(m, k, n, per_row_weights, with_residual):
     assert same_bits(got, expected if residual is None else residual + expected)
 
 
-def test_gemm_keeps_the_first_groups_negative_zero():
+def check_negative_zero(device: str) -> None:
     # one group whose product underflows to -0.0 (the floor scale times 2**-30): the sum starts from that term,
-    # not from +0.0 plus it; a second group of zeros then adds +0.0 (-0.0 + +0.0 = +0.0, as the reference has it)
+    # not from +0.0 plus it; a second group of zeros then adds +0.0 (-0.0 + +0.0 = +0.0, as the reference has it);
+    # and a subnormal scale product (the floor scale times 2**-4) is kept, not flushed to zero
     a_q = torch.zeros(2, 64, dtype=torch.int8)
     a_q[:, 0] = -1
+    a_q[1, 32] = 3
     a_scale = torch.full((2, 2), SCALE_FLOOR)
     w_q = torch.ones(3, 64, dtype=torch.int8)
     w_scale = torch.full((3, 2), 2.0**-30)
-    one_group = w8a8_group32_triton(a_q[:, :32], a_scale[:, :1], w_q[:, :32], w_scale[:, :1])
+    w_scale[:, 1] = 2.0**-4
+    args = [t.to(device) for t in (a_q[:, :32], a_scale[:, :1], w_q[:, :32], w_scale[:, :1])]
+    one_group = w8a8_group32_triton(*args).cpu()
     assert one_group.view(torch.int32).eq(torch.tensor(-0.0).view(torch.int32)).all()
     assert same_bits(one_group, w8a8_group32_ref(a_q[:, :32], a_scale[:, :1], w_q[:, :32], w_scale[:, :1]))
-    assert same_bits(w8a8_group32_triton(a_q, a_scale, w_q, w_scale), w8a8_group32_ref(a_q, a_scale, w_q, w_scale))
+    both = w8a8_group32_triton(*(t.to(device) for t in (a_q, a_scale, w_q, w_scale))).cpu()
+    assert both[1].tolist() == [3 * 2.0**-130] * 3
+    assert same_bits(both, w8a8_group32_ref(a_q, a_scale, w_q, w_scale))
+
+
+def test_gemm_keeps_the_first_groups_negative_zero_and_subnormals():
+    check_negative_zero("cpu")
 
 
 def test_gemm_rows_are_batch_invariant():
@@ -174,16 +184,18 @@ def test_bad_operands_are_refused_with_what_is_wrong():
         w8a8_group32_triton(a_q, a_scale, w_q.float(), w_scale)
 
 
+# Gemma 3 270M's qkv, o, gate_up and down, a SmolLM2 width, the output projection: each of the GPU's row tiles
+# (M up to 16, 64, more) and both decode column tiles (N up to 2048, more)
+CUDA_SHAPES = [(1, 640, 1536), (7, 1024, 640), (64, 640, 4096), (256, 2048, 640), (1000, 576, 1536), (1, 640, 262144)]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [1, 7, 64, 256, 1000])
-@pytest.mark.parametrize("k, n", [(640, 1536), (1024, 640), (640, 4096), (2048, 640), (576, 1536), (640, 262144)])
+@pytest.mark.parametrize("m, k, n", CUDA_SHAPES)
 def test_group32_on_cuda_is_the_references_bits(m, k, n):
-    """Compiled (no FMA contraction), on model shapes (Gemma 3 270M's qkv, o, gate_up, down and output projection,
-    a SmolLM2 width): the quantization, the fused norm in front of it and the GEMM with its residual give the
-    references' bits, the per-row-scale weights too, and each row is the one the kernel gives it alone."""
-    if n == 262144 and m > 64:
-        pytest.skip("the output projection runs for the sampled rows only")
+    """Compiled (no FMA contraction), on model shapes: the quantization, the fused norm in front of it and the GEMM
+    with its residual give the references' bits, the per-row-scale weights too, and each row is the one the kernel
+    gives it alone (another row tile's configuration)."""
     x = activations(m, k, seed=m + k).cuda()
     q, s = quantize_group32_triton(x)
     q_ref, s_ref = quantize_group32_ref(x.cpu())
@@ -204,6 +216,12 @@ def test_group32_on_cuda_is_the_references_bits(m, k, n):
     for i in {0, m // 2, m - 1}:
         row = slice(i, i + 1)
         assert same_bits(w8a8_group32_triton(q[row], s[row], w_q, w_scale, residual[row]), got[row])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_group32_on_cuda_keeps_negative_zero_and_subnormals():
+    check_negative_zero("cuda")
 
 
 @pytest.mark.gpu
