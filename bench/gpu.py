@@ -10,7 +10,12 @@ On a CUDA device, a synthetic model of the real shapes (salon/engine/model/synth
     batches and prompt lengths; salon and the peer alternate in rounds (A B A B ...) and each batch's figure
     is the median of the rounds' salon/peer ratios with their range;
   * the floor: the bytes a decode step reads (the int8 weights, the KV of every sequence within each layer's
-    window) over the device-to-device copy bandwidth measured in the same run.
+    window) over the device-to-device copy bandwidth measured in the same run;
+  * the activation recipes: salon's decode tokens/s at batch 1 and 64 (8 with --quick) with its shipped two int8
+    terms a token and with group32's one int8 term a token and 32 channels (the same weights; `recipe_decode`),
+    and the Triton family's two-term Linear against the group32 one at the model's layer shapes and M = 1, 8, 64,
+    256 (bench/linear_recipes.py; `linear_recipes`); both alternated in rounds, each figure's ratio the median of
+    the rounds' with its range.
 `--rehearse` (a CPU, no GPU) runs the same code at tiny shapes: synthetic-tiny's first two layers over 512 ids
 with int8 weights drawn the same way, batch 1 and 2, a few tokens, salon's Triton family in Triton's interpreter,
 the peer on the CPU without compile; the GPU-only figures (CUDA events, launches) are null with the reason. A
@@ -45,11 +50,12 @@ class Shapes:
     new_tokens: int
     prefill_tokens: tuple[int, ...]
     rounds: int
+    recipe_batches: tuple[int, ...]  # the decode batches the two activation recipes are compared at
 
 
-GPU_SHAPES = Shapes((1, 8, 64, 256), 512, 128, (2048, 8192), 3)
-QUICK_SHAPES = Shapes((1, 8, 64, 256), 512, 64, (2048, 8192), 2)
-REHEARSE_SHAPES = Shapes((1, 2), 4, 1, (8,), 2)
+GPU_SHAPES = Shapes((1, 8, 64, 256), 512, 128, (2048, 8192), 3, (1, 64))
+QUICK_SHAPES = Shapes((1, 8, 64, 256), 512, 64, (2048, 8192), 2, (1, 8))
+REHEARSE_SHAPES = Shapes((1, 2), 4, 1, (8,), 2, (1,))
 
 
 def sync(device: str) -> None:
@@ -226,16 +232,40 @@ def model_tensors(model) -> list[torch.Tensor]:
 # ---------------------------------------------------------------- the run
 
 
-def salon_model(args, device: str):
+def salon_model(args, device: str, activations: str = "auto"):
+    """The int8 model on the Triton family (`activations`: its Linears' recipe, the family's own by default)."""
+    ops = select_ops(device, "triton", activations=activations)
     if args.rehearse:
         # synthetic-tiny's first two layers (sliding, global) over 512 ids: seconds a step in the interpreter
         tiny = synthetic_config("synthetic-tiny")
         config = dataclasses.replace(
             tiny, model_id="rehearse-tiny", vocab_size=512, num_layers=2, layers=tiny.layers[:2]
         )
-        ops = select_ops(device, "triton")
         return build_int8_model(config, synthetic_int8_checkpoint(config, device), ops), config
-    return build_synthetic_gemma(args.model, select_ops(device, "triton"), device), synthetic_gemma_config(args.model)
+    return build_synthetic_gemma(args.model, ops, device), synthetic_gemma_config(args.model)
+
+
+def recipe_decode(args, model, shapes: Shapes, device: str) -> dict:
+    """Decode tokens/s of `model` (two int8 terms a token) and of the same weights with group32 activations, in
+    alternated rounds (A B, then B A), at shapes.recipe_batches."""
+    group32, _ = salon_model(args, device, activations="group32")
+    out = {}
+    for batch in shapes.recipe_batches:
+        salon_decode_tps(group32, batch, dataclasses.replace(shapes, new_tokens=2), device)  # warm: compilation
+        models = [("two_terms", model), ("group32", group32)]
+        rates: dict[str, list[float]] = {name: [] for name, _ in models}
+        for r in range(shapes.rounds):
+            for name, m in models if r % 2 == 0 else reversed(models):
+                rates[name].append(salon_decode_tps(m, batch, shapes, device))
+        ratios = [g / t for g, t in zip(rates["group32"], rates["two_terms"])]
+        out[str(batch)] = {
+            "two_terms_tps": statistics.median(rates["two_terms"]),
+            "group32_tps": statistics.median(rates["group32"]),
+            "group32_over_two_terms_median_x": statistics.median(ratios),
+            "group32_over_two_terms_range_x": [min(ratios), max(ratios)],
+        }
+        print(f"decode batch {batch}, two int8 terms against group32: {out[str(batch)]}")
+    return out
 
 
 def run(args) -> dict:
@@ -294,6 +324,17 @@ def run(args) -> dict:
                 errors[f"peer_prefill_{tokens}"] = f"{type(e).__name__}: {e}"
         prefill[str(tokens)] = entry
         print(f"prefill {tokens}: {entry}")
+    from bench import linear_recipes  # here: it imports bench.grouped_gemm, which imports this module
+
+    recipes = linear = None
+    try:
+        recipes = recipe_decode(args, model, shapes, device)
+    except Exception as e:  # the other figures stand; errors says why these are missing
+        errors["recipe_decode"] = f"{type(e).__name__}: {e}"
+    try:
+        linear = linear_recipes.run(device, shapes.rounds)
+    except Exception as e:  # the other figures stand; errors says why these are missing
+        errors["linear_recipes"] = f"{type(e).__name__}: {e}"
     return {
         "device": name,
         "model": config.model_id,
@@ -305,6 +346,8 @@ def run(args) -> dict:
         "floor_step_ms_b1": decode[str(shapes.batches[0])]["floor_step_ms"],
         "decode": decode,
         "prefill": prefill,
+        "recipe_decode": recipes,
+        "linear_recipes": linear,
         "peer": "transformers Gemma3ForCausalLM, static cache"
         + (", torch.compile reduce-overhead" * (device == "cuda"))
         if peer is not None

@@ -132,7 +132,11 @@ def triton_ops() -> Ops:
     from salon.kernels.rmsnorm_rope_kv import rmsnorm_rope_kv_triton
     from salon.kernels.rope import rope_neox_triton
     from salon.kernels.w8a8_gemm import w8a8_gemm_triton
-    from salon.kernels.w8a8_group32 import quantize_group32_ref, w8a8_group32_ref
+    from salon.kernels.w8a8_group32_triton import (
+        quantize_group32_triton,
+        rmsnorm_quant_group32_triton,
+        w8a8_group32_triton,
+    )
     from salon.kernels.w8a8_two_terms import w8a8_two_terms_triton
     from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
 
@@ -168,9 +172,16 @@ def triton_ops() -> Ops:
         linear_int16=compose_linear_two_terms(
             rmsnorm_triton, quantize_int16_ref, w16a8_grouped_ref, "linear_int16_triton", terms=1
         ),
-        # the group32 recipe has no Triton kernel yet: its quantization and GEMM are the PyTorch references
-        linear_group32=compose_linear_two_terms(
-            rmsnorm_triton, quantize_group32_ref, w8a8_group32_ref, "linear_group32_triton", terms=1
+        # the norm and the quantization in one launch, the residual in the GEMM's epilogue (salon.kernels.
+        # w8a8_group32_triton): the bits of compose_linear_two_terms(rmsnorm_triton, quantize_group32_triton,
+        # w8a8_group32_triton, terms=1); the post-norm and the residual add one launch
+        linear_group32=compose_linear_two_terms_summed(
+            rmsnorm_triton,
+            rmsnorm_quant_group32_triton,
+            quantize_group32_triton,
+            w8a8_group32_triton,
+            rmsnorm_residual_triton,
+            "linear_group32_triton",
         ),
         name="triton",
     )

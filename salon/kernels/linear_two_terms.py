@@ -79,7 +79,9 @@ def compose_summed(
     (`gemm_two_terms(q, s, w_q, w_scale, residual)`: salon.kernels.w8a8_two_terms, `y[:M] + y[M:]` and then
     `residual + out` with their bits), the residual added there too when there is no post-norm, else by the
     post-norm's launch (`rmsnorm_residual(out, post_norm, eps, residual)`: residual + rmsnorm's bits). The same bits
-    as compose(rmsnorm, quantize, gemm) of the family's ops."""
+    as compose(rmsnorm, quantize, gemm) of the family's ops. The group32 op is built the same way from its
+    one-term ops (salon.kernels.w8a8_group32_triton: a GEMM whose rows are the output's, the residual in its
+    epilogue), with the bits of compose(..., terms=1)."""
 
     def linear_two_terms(
         x: torch.Tensor,

@@ -16,7 +16,7 @@ from tests.requirements import require_tools
 ROOT = Path(__file__).resolve().parents[2]
 GPU_KEYS = {
     "device", "model", "step_ms_host", "step_ms_gpu", "launches_per_step", "copy_gbps", "floor_step_ms_b1",
-    "decode", "prefill", "peer", "errors",
+    "decode", "prefill", "recipe_decode", "linear_recipes", "peer", "errors",
 }  # fmt: skip
 DECODE_KEYS = {"salon_tps", "peer_tps", "salon_over_peer_median_x", "salon_over_peer_range_x", "floor_step_ms"}
 
@@ -63,3 +63,10 @@ def test_rehearsal_prints_every_result(tmp_path):
     # the peer is measured, never left out: transformers is in the dev extra
     assert gpu["peer"] is not None and gpu["decode"]["1"]["peer_tps"] > 0, gpu["errors"]
     assert gpu["decode"]["1"]["salon_tps"] > 0 and gpu["prefill"]["8"]["salon_tps"] > 0
+    # the activation recipes, alternated: the engine's decode with each, and the Linear ops at the layer shapes
+    recipe = gpu["recipe_decode"]["1"]
+    assert recipe["two_terms_tps"] > 0 and recipe["group32_tps"] > 0, gpu["errors"]
+    low, high = recipe["group32_over_two_terms_range_x"]
+    assert low <= recipe["group32_over_two_terms_median_x"] <= high
+    assert {(r["layer"], r["m"]) for r in gpu["linear_recipes"]} == {("qkv", 1), ("qkv", 3), ("down", 1), ("down", 3)}
+    assert all(r["two_terms_ms"] > 0 and r["group32_ms"] > 0 for r in gpu["linear_recipes"])

@@ -1,0 +1,117 @@
+"""The int8 Linear's activation recipes side by side on the Triton family: two int8 terms a token (`linear_two_terms`,
+the shipped recipe) against one int8 term a token and 32 channels (`linear_group32`, salon.kernels.w8a8_group32:
+half the int8 products), at Gemma 3 270M's layer shapes (bench/grouped_gemm.py's GEMMA_LAYERS) and M = 1, 8, 64, 256.
+Each op runs as the model calls it: qkv and gate_up with the RMSNorm in front, o and down with the post-norm and the
+residual behind; on rotating weights (bench/grouped_gemm.py: more copies than the L2 holds, one per call), the
+same for both recipes.
+
+The two recipes alternate in rounds (A B, then B A, ...); a row gives each recipe's median milliseconds and the
+median and range of the rounds' two-term / group32 time ratios (above 1: group32 is faster). On a GPU a measurement
+is CUDA-event time through triton.testing.do_bench; on a CPU (Triton's interpreter) the same code runs at tiny
+shapes on the host clock, which checks the code, not the kernels' speed.
+
+Part of `python -m bench.gpu` (its `linear_recipes` rows)."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import time
+
+import torch
+
+from bench.grouped_gemm import GEMMA_LAYERS, LAYER_MS, l2_bytes, rotating_weights
+from salon.kernels.backend import triton_ops
+
+RECIPES = ("two_terms", "group32")
+# (name, K, N, norm in front): the interpreter's shapes, of the same kinds as the GPU's
+REHEARSE_LAYERS = [("qkv", 64, 96, True), ("down", 64, 40, False)]
+REHEARSE_MS = (1, 3)
+
+
+def time_ms(fn, device: str) -> float:
+    """Milliseconds per call: the median of do_bench's CUDA-event timings on a GPU, one call on the host clock else."""
+    if device == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def layer_calls(K: int, N: int, norm: bool, M: int, l2: int, device: str) -> tuple[dict, int]:
+    """({recipe: a call of the Triton family's op of that recipe}, the number of weight copies): the same rotating
+    weights and inputs for both."""
+    ops = triton_ops()
+    g = torch.Generator(device=device).manual_seed(M * 7 + K)
+    x = torch.randn(M, K, generator=g, device=device)
+    kw: dict = {"eps": 1e-6}
+    if norm:
+        kw["norm_weight"] = torch.rand(K, generator=g, device=device) + 0.5
+    else:  # o and down: Gemma's post-norm, then the residual
+        kw["post_norm"] = torch.rand(N, generator=g, device=device) + 0.5
+        kw["residual"] = torch.randn(M, N, generator=g, device=device)
+    weights = rotating_weights(K, N, l2, device, seed=K + N)
+    calls = {}
+    for recipe, op in (("two_terms", ops.linear_two_terms), ("group32", ops.linear_group32)):
+        turn = itertools.cycle(weights)
+
+        def call(op=op, turn=turn):
+            w_q, w_scale = next(turn)
+            return op(x, w_q, w_scale, **kw)
+
+        calls[recipe] = call
+    return calls, len(weights)
+
+
+def alternated_ms(calls: dict, rounds: int, device: str) -> dict[str, list[float]]:
+    """{recipe: its milliseconds in each round}: every recipe once a round, the order reversed every other round,
+    after one untimed call of each (the kernels' compilation)."""
+    for call in calls.values():
+        call()
+    times: dict[str, list[float]] = {recipe: [] for recipe in calls}
+    order = list(calls)
+    for r in range(rounds):
+        for recipe in order if r % 2 == 0 else reversed(order):
+            times[recipe].append(time_ms(calls[recipe], device))
+    return times
+
+
+def row(name: str, M: int, K: int, N: int, times: dict[str, list[float]], copies: int) -> dict:
+    ratios = [a / b for a, b in zip(times["two_terms"], times["group32"])]
+    return dict(
+        layer=name,
+        m=M,
+        k=K,
+        n=N,
+        weight_copies=copies,
+        two_terms_ms=statistics.median(times["two_terms"]),
+        group32_ms=statistics.median(times["group32"]),
+        two_terms_over_group32_median_x=statistics.median(ratios),
+        two_terms_over_group32_range_x=[min(ratios), max(ratios)],
+    )
+
+
+def run(device: str, rounds: int) -> list[dict]:
+    """The rows on `device` (cuda: Gemma 3 270M's layers; cpu: tiny shapes in the interpreter)."""
+    if device == "cuda":
+        l2 = l2_bytes(device)
+        shapes = [(name, k, n, name in ("qkv", "gate_up"), LAYER_MS) for name, k, n, _ in GEMMA_LAYERS]
+    else:
+        l2 = 1 << 14
+        shapes = [(*layer, REHEARSE_MS) for layer in REHEARSE_LAYERS]
+    rows = []
+    for name, K, N, norm, ms in shapes:
+        for M in ms:
+            calls, copies = layer_calls(K, N, norm, M, l2, device)
+            rows.append(row(name, M, K, N, alternated_ms(calls, rounds, device), copies))
+            r = rows[-1]
+            print(
+                f"linear {name:8s} M={M:4d} K={K:5d} N={N:5d}: two terms {r['two_terms_ms']:8.3f} ms, group32 "
+                f"{r['group32_ms']:8.3f} ms, two terms / group32 {r['two_terms_over_group32_median_x']:.2f}x "
+                f"({r['two_terms_over_group32_range_x'][0]:.2f}-{r['two_terms_over_group32_range_x'][1]:.2f})"
+            )
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
