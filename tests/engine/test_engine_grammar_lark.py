@@ -101,6 +101,23 @@ def test_gbnf_is_told_from_lark_as_vllm_does():
     assert is_lark('start: "a"')
 
 
+@pytest.mark.parametrize(
+    ("lark", "accepted", "refused"),
+    [
+        ('start: "(" start ")" |', ["", "(())"], ["(()", ")"]),
+        ('start: a*\na: a a | "b"', ["", "bbb"], ["c"]),
+        ('start: a\na: (a "q")* "y"', ["y", "yqy", "yqyqy"], ["yq", ""]),
+        ('start: "x" | a\na: b ~ 2 | "y"\nb: "" a', ["x", "y", "yy", "yyy"], ["", "xy"]),
+    ],
+)
+def test_recursive_rules_that_can_end_are_kept(lark, accepted, refused):
+    compiled = byte_compiler().compile_grammar(lark_to_ebnf(lark))
+    for text in accepted:
+        assert accepts(compiled, text), text
+    for text in refused:
+        assert not accepts(compiled, text), text
+
+
 def random_regex(rng: random.Random, depth: int = 0) -> str:
     roll = rng.random()
     if depth >= 2 or roll < 0.5:
@@ -202,6 +219,8 @@ def test_ignored_whitespace_is_where_lark_skips_it(seed):
         ('start: "a" "b" -> x "c"', "Lark line 1: unexpected '\"c\"'"),
         ('start: ("a" -> x)', "Lark line 1: an alias (->) may only end an alternative of a definition"),
         ('A: "a"', "Lark: no rule (a Lark grammar needs a `start` rule)"),
+        ("start: start ~ 2", "Lark line 1: the rule start can never end"),  # xgrammar 0.2.9 crashes on it
+        ('start: "x" | a\na: b ~ 2 "y"\nb: "" a', "Lark line 2: the rule a can never end"),
     ],
 )
 def test_a_malformed_grammar_is_refused_naming_the_line(lark, named):

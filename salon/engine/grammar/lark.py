@@ -146,8 +146,12 @@ def lark_to_ebnf(text: str) -> str:
     every = definitions | {_COMMON_PREFIX + name: d for name, d in library.items()}
     _check_names(list(definitions.values()), reader.ignored, every)
     weave = bool(reader.ignored)
+    names = _reachable([start, *(r.name for e in reader.ignored for r in _refs(e))], every)
+    endless = _endless(names, every)
+    if endless is not None:
+        raise _error(endless.line, f"the rule {endless.name} can never end (each alternative leads back to it)")
     lines = [f"root ::= {render(Seq((Ref(_out(start)), Ref(_IGNORE))) if weave else Ref(_out(start)))}"]
-    for name in _reachable([start, *(r.name for e in reader.ignored for r in _refs(e))], every):
+    for name in names:
         d = every[name]
         lines.append(f"{_out(name)} ::= {render(_body(d.expr, every, weave and not d.is_terminal))}")
     if weave:
@@ -477,6 +481,51 @@ def _reachable(roots: list[str], every: dict[str, _Definition]) -> list[str]:
                 seen.add(ref.name)
                 stack.append(ref.name)
     return [name for name in every if name in seen]
+
+
+def _endless(names: list[str], every: dict[str, _Definition]) -> _Definition | None:
+    """The first definition that derives no finite text, or None. xgrammar 0.2.9 crashes compiling some of
+    them (`a: a ~ 2`), and none can ever end a reply. Linear: each part of each body is one node that is
+    productive once all (a sequence) or any (an alternative, a rule) of its parts are, propagated once."""
+    needs: list[int] = []  # per node: parts not yet known productive (what it takes: all, or 1 for any)
+    parent: list[int] = []  # per node: the node it is a part of (-1: a rule's own node)
+    rule_nodes: dict[str, int] = {}
+    refs_to: dict[str, list[int]] = {}  # rule name -> the nodes that refer to it
+    productive: list[int] = []
+
+    def node(num_needed: int, of: int) -> int:
+        needs.append(num_needed)
+        parent.append(of)
+        if num_needed == 0:
+            productive.append(len(needs) - 1)
+        return len(needs) - 1
+
+    for name in names:
+        rule_nodes[name] = node(1, -1)
+        stack: list[tuple[Expr, int]] = [(every[name].expr, rule_nodes[name])]
+        while stack:
+            expr, of = stack.pop()
+            if isinstance(expr, Seq):
+                n = node(len(expr.items), of)
+                stack.extend((item, n) for item in expr.items)
+            elif isinstance(expr, Alt):
+                n = node(1, of)
+                stack.extend((option, n) for option in expr.options)
+            elif isinstance(expr, Repeat) and expr.min_count > 0:
+                stack.append((expr.item, node(1, of)))
+            elif isinstance(expr, Ref):
+                refs_to.setdefault(expr.name, []).append(node(1, of))
+            else:  # a token, a literal, a class, an optional repeat
+                node(0, of)
+    names_of = {n: name for name, n in rule_nodes.items()}
+    while productive:
+        n = productive.pop()
+        for up in refs_to.get(names_of[n], ()) if n in names_of else (parent[n],):
+            if needs[up] > 0:
+                needs[up] -= 1
+                if needs[up] == 0:
+                    productive.append(up)
+    return next((every[name] for name in names if needs[rule_nodes[name]] > 0), None)
 
 
 def _body(expr: Expr, every: dict[str, _Definition], weave: bool) -> Expr:
