@@ -2,8 +2,8 @@
 
 A grammar constraint is Lark when no line of it writes `::=` outside a comment or a string literal (the test
 vLLM applies to the same field); it is converted here, then compiled like GBNF. The grammar is read as a
-context-free grammar, as Lark's Earley parser (its default) reads it: a terminal is part of the grammar, not a
-separate lexer's token, so the text a grammar admits is the text Lark parses with it.
+context-free grammar: a terminal is part of the grammar, not a separate lexer's token, so the texts it admits
+are those Lark's Earley parser accepts with lexer="dynamic_complete" (every way of splitting into tokens).
 
     %import common.INT                   root ::= start
     start: "move " DIR " " INT           start ::= "move " DIR " " INT
@@ -22,7 +22,8 @@ of the reply (`__ignore`, one optional run per gap), which is where Lark's lexer
 model may then fill its budget with whitespace.
 
 Refused, InvalidArgument naming the line: templates, %declare, %override, %extend, imports other than
-common's, undefined names, terminals that use rules or themselves, what lark_regex.py cannot express.
+common's, undefined names, terminals that use rules or themselves, rules that can never end (`a: a ~ 2`:
+xgrammar 0.2.9 crashes compiling some), what lark_regex.py cannot express.
 Bounded: MAX_GRAMMAR_BYTES checked before anything is read, then linear work; groups nest at most
 MAX_NESTING deep (the reader recurses once per level).
 """
