@@ -220,6 +220,8 @@ def test_ignored_whitespace_is_where_lark_skips_it(seed):
         ('start: ("a" -> x)', "Lark line 1: an alias (->) may only end an alternative of a definition"),
         ('A: "a"', "Lark: no rule (a Lark grammar needs a `start` rule)"),
         ("start: start ~ 2", "Lark line 1: the rule start can never end"),  # xgrammar 0.2.9 crashes on it
+        ("start: a\na: a ~ 0..2", "Lark line 2: the rule a is only a repetition of itself"),  # so does this
+        ('start: "x" | a\na: b ~ 2\nb: a?', "Lark line 2: the rule a is only a repetition of itself"),
         ('start: "x" | a\na: b ~ 2 "y"\nb: "" a', "Lark line 2: the rule a can never end"),
     ],
 )

@@ -35,10 +35,11 @@ import re
 
 from salon.common.errors import InvalidArgument
 from salon.engine.grammar.constraint import MAX_GRAMMAR_BYTES
-from salon.engine.grammar.ebnf import Alt, Expr, Ref, Repeat, Seq, Token, alt, render
+from salon.engine.grammar.ebnf import Alt, Expr, Lit, Ref, Repeat, Seq, Token, alt, render
 from salon.engine.grammar.lark_reader import Definition, LarkReader, lark_error, lark_tokens
 
 _IGNORE = "__ignore"
+_EMPTY = (Token(Lit("")), Lit(""), Seq(()))
 _COMMON_PREFIX = "__common_"
 
 # Lark's common.lark, with its lookbehind and lazy terminals (ESCAPED_STRING, C_COMMENT) written as grammar.
@@ -109,6 +110,9 @@ def lark_to_ebnf(text: str) -> str:
     endless = _endless(names, every)
     if endless is not None:
         raise lark_error(endless.line, f"the rule {endless.name} can never end (each alternative leads back to it)")
+    looped = _repeats_itself(names, every)
+    if looped is not None:
+        raise lark_error(looped.line, f"the rule {looped.name} is only a repetition of itself")
     lines = [f"root ::= {render(Seq((Ref(_out(start)), Ref(_IGNORE))) if weave else Ref(_out(start)))}"]
     for name in names:
         d = every[name]
@@ -233,6 +237,40 @@ def _endless(names: list[str], every: dict[str, Definition]) -> Definition | Non
                 if needs[up] == 0:
                     productive.append(up)
     return next((every[name] for name in names if needs[rule_nodes[name]] > 0), None)
+
+
+def _repeats_itself(names: list[str], every: dict[str, Definition]) -> Definition | None:
+    """The first rule on a cycle of rules that are each nothing but (a repetition of) the next, or None.
+
+    xgrammar 0.2.9 crashes compiling such a cycle when a count is on it (`a: a ~ 0..2`, `a: b ~ 2` with
+    `b: a`) even where the rule can end (on the empty text, the only text it can ever match)."""
+    nxt: dict[str, str] = {}
+    for name in names:
+        expr = every[name].expr
+        while True:
+            if isinstance(expr, Seq):
+                items = [i for i in expr.items if i not in _EMPTY]
+                if len(items) != 1:
+                    break
+                expr = items[0]
+            elif isinstance(expr, Repeat | Token):
+                expr = expr.item
+            else:
+                break
+        if isinstance(expr, Ref) and not every[expr.name].is_terminal:
+            nxt[name] = expr.name
+    state: dict[str, int] = {}  # 1: on the walk being followed, 2: done
+    for name in names:
+        walk = []
+        while name in nxt and not state.get(name):
+            state[name] = 1
+            walk.append(name)
+            name = nxt[name]
+        if state.get(name) == 1:
+            return every[name]
+        for done in walk:
+            state[done] = 2
+    return None
 
 
 def _body(expr: Expr, every: dict[str, Definition], weave: bool) -> Expr:
