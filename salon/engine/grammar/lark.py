@@ -22,8 +22,9 @@ of the reply (`__ignore`, one optional run per gap), which is where Lark's lexer
 model may then fill its budget with whitespace.
 
 Refused, InvalidArgument naming the line: templates, %declare, %override, %extend, imports other than
-common's, undefined names, terminals that use rules or themselves, rules that can never end (`a: a ~ 2`:
-xgrammar 0.2.9 crashes compiling some), what lark_regex.py cannot express.
+common's, undefined names, terminals that use rules or themselves, rules that can never end (`a: a ~ 2`) or
+are only a repetition of themselves (`a: a ~ 0..2`) (xgrammar 0.2.9 crashes compiling these), what
+lark_regex.py cannot express.
 Bounded: MAX_GRAMMAR_BYTES checked before anything is read, then linear work; groups nest at most
 MAX_NESTING deep (lark_reader.py recurses once per level).
 """
