@@ -180,6 +180,23 @@ def test_regex_and_choice_through_vllm_fields_and_json_object_on_completions(cli
     assert isinstance(json.loads(completion.text), dict)
 
 
+LARK = r"""
+start: greeting " " NAME "!"  // Lark, not GBNF: told apart as vLLM does
+greeting: "hello"i | "hi"
+NAME: /[A-Z][a-z]{1,8}/
+"""
+
+
+def test_a_lark_grammar_through_vllm_fields(client):
+    for body in ({"structured_outputs": {"grammar": LARK}}, {"guided_grammar": LARK}):
+        for seed in range(2):
+            choice = client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, temperature=1.0, seed=seed, max_tokens=30, extra_body=body
+            ).choices[0]
+            assert choice.finish_reason == "stop", (body, choice.message.content)
+            assert re.fullmatch(r"([Hh][Ee][Ll][Ll][Oo]|hi) [A-Z][a-z]{1,8}!", choice.message.content), body
+
+
 def test_a_constraint_over_grpc(stack):
     with grpc.insecure_channel(stack.address) as channel:
         stub = chat_pb2_grpc.ChatServiceStub(channel)
@@ -218,6 +235,8 @@ def test_a_constraint_over_grpc(stack):
         ({"response_format": {"type": "grammar"}}, "response_format.type"),
         ({"guided_regex": "(unclosed"}, "regex: does not compile"),
         ({"guided_grammar": "root ::= missing_rule"}, "grammar: does not compile"),
+        ({"guided_grammar": 'start: "a"\nfoo: ( "b"'}, "grammar: Lark line 2: expected ')' to close the group"),
+        ({"structured_outputs": {"grammar": "start: /^a/"}}, "grammar: Lark line 1: regex /^a/ at position 0: anchor"),
         ({"guided_choice": []}, "guided_choice"),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
         ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),

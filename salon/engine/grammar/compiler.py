@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from salon.common.errors import InvalidArgument
 from salon.engine.grammar.cache import CompiledCache
 from salon.engine.grammar.constraint import Constraint, ConstraintKind
+from salon.engine.grammar.lark import as_ebnf
 from salon.engine.grammar.matcher import RequestGrammar
 from salon.engine.model.tokenizer import Tokenizer
 
@@ -94,8 +95,8 @@ class GrammarCompiler:
                 )
             if kind is ConstraintKind.REGEX:
                 return compiler.compile_regex(constraint.text)
-            if kind is ConstraintKind.GRAMMAR:
-                return compiler.compile_grammar(constraint.text)
+            if kind is ConstraintKind.GRAMMAR:  # GBNF, or Lark converted to it (InvalidArgument naming the line)
+                return compiler.compile_grammar(as_ebnf(constraint.text))
             return compiler.compile_grammar(_choice_grammar(constraint.choices))
         except (RuntimeError, ValueError, TypeError) as exc:
             raise InvalidArgument(f"{kind.value}: does not compile: {error_message(exc)}") from None

@@ -19,7 +19,7 @@ class ConstraintKind(enum.Enum):
     JSON_OBJECT = "json_object"  # any JSON object
     JSON_SCHEMA = "json_schema"  # text: the schema as JSON text
     REGEX = "regex"  # text: a regular expression the whole reply matches
-    GRAMMAR = "grammar"  # text: GBNF (xgrammar's EBNF) with a `root` rule
+    GRAMMAR = "grammar"  # text: GBNF (xgrammar's EBNF) with a `root` rule, or Lark (lark.py)
     CHOICE = "choice"  # choices: the reply is exactly one of them
 
 

@@ -10,7 +10,9 @@
     structured_outputs {"json_object": true}                             json_object
     structured_outputs {"regex": r} / guided_regex                       regex
     structured_outputs {"choice": [..]} / guided_choice                  choice
-    structured_outputs {"grammar": g} / guided_grammar                   grammar (GBNF: xgrammar's EBNF, `root` rule)
+    structured_outputs {"grammar": g} / guided_grammar                   grammar (GBNF with a `root` rule, or Lark
+                                                                         with a `start` rule: the engine tells them
+                                                                         apart as vLLM does)
 
 At most one of them per request; anything else is a 400 naming the field. Sizes are checked here (the
 engine checks them again, and compiles); a constraint that does not compile comes back from the engine as a
