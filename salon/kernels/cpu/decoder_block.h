@@ -132,7 +132,7 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     const float eps_f = (float)L->eps, inv_d = (float)(1.0 / (double)D);
     if (L->int16_activations && L->per_row_scales) return 1;
     const linear_gemm gemm = {L->int16_activations ? NULL : L->per_row_scales ? BLOCK_ROW_GEMM : BLOCK_GEMM,
-                              L->int16_activations ? w16a8_grouped_avx2 : NULL};
+                              L->int16_activations ? w16a8_grouped_avx2 : NULL, NULL};
     float *qkv = malloc((size_t)(T * n_qkv) * sizeof(float));
     float *q = malloc((size_t)(T * Hq * D) * sizeof(float));
     float *kv = L->writes_kv ? malloc((size_t)(2 * T * Hkv * D) * sizeof(float)) : NULL;
