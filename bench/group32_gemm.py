@@ -14,9 +14,9 @@ Two pairs per projection and M, each timed in alternating rounds (A B, then B A,
 
 A round of a decode M calls each kernel once on each of LAYERS distinct copies of the projection's weights, as a
 decode step does (weights read from memory, not a cache that one weight fits in); a prefill M's round calls it on
-PREFILL_COPIES copies. Each round gives one time ratio two terms / group32 (above 1: group32 faster); the figure is
-the median ratio over the rounds with its range (`group32_{linear,gemm}_m{M}_{proj}_two_terms_over_group32_x`,
-`..._range`), and the medians of both times.
+PREFILL_COPIES copies, the pass repeated to take at least MIN_MEASURE_S (the mean a pass). Each round gives one time
+ratio two terms / group32 (above 1: group32 faster); the figure is the median ratio over the rounds with its range
+(`group32_{linear,gemm}_m{M}_{proj}_two_terms_over_group32_x`, `..._range`), and the medians of both times.
 
     python -m bench.group32_gemm [--quick] [--threads N]      (also bench.gemv --group32)
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -43,6 +44,8 @@ DECODE_MS = (1, 8)
 PREFILL_MS = (64, 512)
 LAYERS = 18
 PREFILL_COPIES = 2
+# A measurement repeats its pass over the copies until it takes about this long (short ones are mostly jitter).
+MIN_MEASURE_S = 0.02
 
 
 def _weights(n: int, k: int, copies: int, gen: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -55,17 +58,27 @@ def _weights(n: int, k: int, copies: int, gen: torch.Generator) -> list[tuple[to
     ]
 
 
-def alternated_ratios(a: Callable[[], object], b: Callable[[], object], rounds: int) -> tuple[list[float], list[float]]:
-    """Wall seconds of a() and of b() in `rounds` rounds, a first on even rounds and b first on odd ones, after one
-    untimed call of each (packed weights, builds, page faults): ([a's], [b's])."""
+def alternated_ratios(
+    a: Callable[[], object], b: Callable[[], object], rounds: int, min_seconds: float = MIN_MEASURE_S
+) -> tuple[list[float], list[float]]:
+    """Wall seconds a call of a() and of b() takes in `rounds` rounds, a measured first on even rounds and b first on
+    odd ones, after one untimed call of each (packed weights, builds, page faults): ([a's], [b's]). Each
+    measurement makes as many calls as bring the slower one's to at least min_seconds (by the second calls' times),
+    and gives the mean."""
     a(), b()
+    calls = 1
+    for fn in (a, b):
+        start = time.perf_counter()
+        fn()
+        calls = max(calls, math.ceil(min_seconds / max(time.perf_counter() - start, 1e-9)))
     times: tuple[list[float], list[float]] = ([], [])
     for r in range(rounds):
         for which in (0, 1) if r % 2 == 0 else (1, 0):
             fn = (a, b)[which]
             start = time.perf_counter()
-            fn()
-            times[which].append(time.perf_counter() - start)
+            for _ in range(calls):
+                fn()
+            times[which].append((time.perf_counter() - start) / calls)
     return times
 
 

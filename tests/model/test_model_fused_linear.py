@@ -55,7 +55,7 @@ def test_fused_two_term_linears_give_the_composed_bits(int8_model):
 
 def test_group32_linears_of_the_cpu_family_give_the_reference_ops_bits():
     """A 70-row prefill (above MAX_ROWS: the composition of the CPU family's C kernels) and a 5-row one (the one C
-    call), then batched decode steps: every logit the bits of the model whose Linears run the reference op
+    call), then a batched decode step: every logit the bits of the model whose Linears run the reference op
     (salon.kernels.linear_two_terms.linear_group32_ref)."""
     ops = select_ops("cpu", activations="group32")
     fast, _ = load_model("gemma-3-270m", "int8", kernel_ops=ops, progress=False)
@@ -65,7 +65,7 @@ def test_group32_linears_of_the_cpu_family_give_the_reference_ops_bits():
     linears = [lin for layer in fast.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     assert all(lin.group32_activations and lin.linear_group32 is linear_group32_cpu for lin in linears)
     prompts = [list(range(1000, 1070)), [2, 818, 5279, 529, 7001]]
-    got, want = _run(fast, prompts, steps=2), _run(ref, prompts, steps=2)
-    assert len(got) == len(want) == 4
+    got, want = _run(fast, prompts, steps=1), _run(ref, prompts, steps=1)
+    assert len(got) == len(want) == 3
     for a, b in zip(got, want):
         assert torch.equal(a, b)

@@ -93,10 +93,10 @@ def _linears(model) -> list[Int8Linear]:
     return [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.lm_head]
 
 
-def test_every_linear_takes_group32_and_no_fused_decoder_layer(group32_model):
+def test_every_linear_takes_group32_and_every_layer_the_fused_decoder_layer_of_the_recipe(group32_model):
     assert group32_model.numerics == "int8-a8g32"
     assert all(lin.group32_activations and lin.w_scale.dim() == 2 for lin in _linears(group32_model))
-    assert all(layer.block is None for layer in group32_model.layers)
+    assert all(layer.block is not None and layer.block.group32_activations for layer in group32_model.layers)
 
 
 def _dequantized_linear(x, w_q, w_scale, norm_weight=None, eps=0.0, post_norm=None, residual=None):
