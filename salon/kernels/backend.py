@@ -53,7 +53,7 @@ OP_NAMES = (
 ACTIVATION_RECIPES = ("two_terms", "int16")
 # Recipes selectable for measurements, never `auto`'s choice: one int8 term per token and 32 channels
 # (salon.kernels.w8a8_group32), with a C op in the CPU family (salon.kernels.cpu.linear_two_terms) and the PyTorch
-# references elsewhere; no fused decoder layer yet.
+# references elsewhere.
 REFERENCE_ACTIVATION_RECIPES = ("group32",)
 
 

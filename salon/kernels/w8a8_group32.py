@@ -18,8 +18,8 @@ result depends on that row alone (batch invariance). An all-zero group gets SCAL
 Weights with one scale per row (w_scale f32[N]) take that scale in every group.
 
 salon.kernels.linear_two_terms composes the whole Linear (norm, this quantization, this GEMM, post-norm, residual)
-as the families' `linear_group32` op; there is no C or Triton kernel of the recipe yet, so every family runs
-these references (on the tensors' device).
+as the families' `linear_group32` op; the CPU family runs it in C (salon.kernels.cpu.linear_two_terms), and a
+family with no kernel of the recipe yet (Triton) runs these references (on the tensors' device).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ over the row's groups (the same weights, the grouped contract).
 
 group32_activations = True quantizes each activation row as one int8 term with its own scale per 32 input channels
 (salon.kernels.w8a8_group32: half the two-term recipe's int8 products), through the family's `linear_group32` op,
-fused the same way (the references in every family for now).
+fused the same way (C kernels in the CPU family, the references elsewhere for now).
 """
 
 from __future__ import annotations
