@@ -38,13 +38,18 @@ the same kernel on its packed copy (salon.kernels.cpu.w8a8_grouped.packed_weight
 engine runs), the same way; and the engine's kernel against itself built with the prefill's prefetch at every
 size (vnni_prefill_prefetch, bench/w8a8_grouped_vnni_prefill_prefetch.c: the baseline of its decode prefetch).
 
+With --group32, the group32 activation recipe (salon.kernels.w8a8_group32: one int8 term per token and 32 channels)
+against the two int8 terms at Gemma's four projections, decode (M = 1, 8) and prefill (M = 64, 512), the op and the
+GEMM alone, alternated: bench/group32_gemm.py (`group32_{linear,gemm}_m{M}_{proj}_two_terms_over_group32_x`, the
+median ratio of the rounds, and its range).
+
 Huge pages: the step's group-scaled GEMMs (the engine's Gemma path) at M = 2 and 8 (decode of 1 and 4 sequences)
 with the weights where torch allocates them (4 KB pages wherever transparent huge pages are "madvise" only)
 against the same weights copied into huge pages as the engine's loader places them
 (salon/engine/model/huge_pages.py), the two timed in alternation. On VNNI both read the weights as they lie
 (the packed copies the engine reads are in huge pages either way).
 
-    python -m bench.gemv [--quick] [--threads N] [--grouped] [--int16]
+    python -m bench.gemv [--quick] [--threads N] [--grouped] [--int16] [--group32]
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from pathlib import Path
 import torch
 
 from bench.alternate import best_seconds
+from bench.group32_gemm import group32_section
 from bench.int16_gemm import int16_section
 from salon.engine.model.huge_pages import in_huge_pages
 from salon.kernels.cpu import native
@@ -142,6 +148,12 @@ def main() -> None:
         help="also time the int16-activation GEMM (salon/kernels/cpu/w16a8_grouped.c) against the "
         "engine's two-term GEMM",
     )
+    parser.add_argument(
+        "--group32",
+        action="store_true",
+        help="also time the group32 activations (one int8 term per 32 channels) against two int8 terms "
+        "(bench/group32_gemm.py)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     repeats = 3 if args.quick else 10
@@ -206,6 +218,8 @@ def main() -> None:
         _grouped_section(layers, lm_w, lm_s, step_bytes, repeats, gen, result, ceiling)
     if args.int16:
         int16_section(layers[0], repeats, gen, result, args.threads)
+    if args.group32:
+        group32_section(result, 3 if args.quick else 9, gen)
     again = STREAM_BYTES / _best_s(lambda: x.sum(), repeats) / 1e9
     print(f"streaming read again after the kernels: {again:.1f} GB/s (the percentages use the first)")
     result["stream_read_after_gbps"] = round(again, 2)

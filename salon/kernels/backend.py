@@ -51,8 +51,9 @@ OP_NAMES = (
 # The activation recipes of an int8 Linear (salon/engine/model/linear.py) that every family has kernels for: two int8
 # terms (salon.kernels.quantize), or one int16 term (salon.kernels.w16a8_grouped).
 ACTIVATION_RECIPES = ("two_terms", "int16")
-# Recipes that run on the PyTorch references in every family (no C or Triton kernel yet, no fused decoder layer):
-# one int8 term per token and 32 channels (salon.kernels.w8a8_group32), selectable for measurements.
+# Recipes selectable for measurements, never `auto`'s choice: one int8 term per token and 32 channels
+# (salon.kernels.w8a8_group32), with a C op in the CPU family (salon.kernels.cpu.linear_two_terms) and the PyTorch
+# references elsewhere.
 REFERENCE_ACTIVATION_RECIPES = ("group32",)
 
 
@@ -205,6 +206,7 @@ CPU_FAST_PATH_MODULES = {
     "decoder_block": "salon.kernels.cpu.decoder_block",
     "linear_int16": "salon.kernels.cpu.linear_two_terms",
     "decoder_blocks": "salon.kernels.cpu.decoder_block",
+    "linear_group32": "salon.kernels.cpu.linear_two_terms",
 }
 
 

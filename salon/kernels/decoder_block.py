@@ -35,7 +35,8 @@ import torch
 class BlockWeights:
     """One layer: norms f32[d_model] (q_norm, k_norm f32[head_dim]: Gemma's per-head norms; None where the
     architecture has none, as the post-norms); each Linear as int8 w[N, K] with two-term activations (or one
-    int16 term, int16_activations: salon.kernels.w16a8_grouped) and f32 scales [N, K / 32] (the grouped contract) or
+    int16 term, int16_activations: salon.kernels.w16a8_grouped; or one int8 term per token and 32 channels,
+    group32_activations: salon.kernels.w8a8_group32) and f32 scales [N, K / 32] (the grouped contract) or
     [N] (one per row; two terms only); qkv's N is (Hq + 2 Hkv) * head_dim, or
     Hq * head_dim where the layer reads another layer's KV (writes_kv False); gate_up's rows are the gate, then
     the up projection, with `activation` "gelu_tanh" (GeGLU) or "silu" (SwiGLU)."""
@@ -65,6 +66,7 @@ class BlockWeights:
     down_w: torch.Tensor
     down_s: torch.Tensor
     int16_activations: bool = False
+    group32_activations: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -18,8 +18,8 @@ result depends on that row alone (batch invariance). An all-zero group gets SCAL
 Weights with one scale per row (w_scale f32[N]) take that scale in every group.
 
 salon.kernels.linear_two_terms composes the whole Linear (norm, this quantization, this GEMM, post-norm, residual)
-as the families' `linear_group32` op. The Triton family runs salon.kernels.w8a8_group32_triton's kernels of these
-bits; there is no C kernel of the recipe yet, so the CPU families run these references.
+as the families' `linear_group32` op: the CPU family runs it in C (salon.kernels.cpu.linear_two_terms), the Triton
+family on salon.kernels.w8a8_group32_triton's kernels, both with these bits.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from salon.kernels.backend import select_ops
+from salon.kernels.cpu.linear_two_terms import linear_group32_cpu
 from salon.kernels.linear_two_terms import linear_group32_ref
 from salon.kernels.quantize import SCALE_FLOOR
 from salon.kernels.rmsnorm import rmsnorm_ref
@@ -149,5 +150,6 @@ def test_the_linear_op_is_norm_quantize_gemm_post_norm_residual():
     y = w8a8_group32_ref(*quantize_group32_ref(rmsnorm_ref(x, norm, 1e-6)), w_q, w_s)
     expected = res + rmsnorm_ref(y, post, 1e-6)
     assert torch.equal(linear_group32_ref(x, w_q, w_s, norm, 1e-6, post, res), expected)
-    for family in ("cpu", "ref"):  # no C kernel of the recipe yet: every CPU family runs the reference
-        assert select_ops("cpu", family, activations="group32").linear_group32 is linear_group32_ref
+    assert select_ops("cpu", "ref", activations="group32").linear_group32 is linear_group32_ref
+    # the CPU family's op is its C kernel's (tests/kernels/test_kernels_cpu_group32.py holds it to these bits)
+    assert select_ops("cpu", activations="group32").linear_group32 is linear_group32_cpu

@@ -71,6 +71,7 @@ def _fused_and_composed(name: str, activations: str):
     )
     assert all(layer.block is not None for layer in fused[0].layers)
     assert all(layer.block.int16_activations == (activations == "int16") for layer in fused[0].layers)
+    assert all(layer.block.group32_activations == (activations == "group32") for layer in fused[0].layers)
     return fused, composed, counted
 
 
@@ -131,9 +132,10 @@ def test_speculative_verification_rows_give_the_composed_bits(models):
     _compare(models, requests, budget=64, speculative_tokens=4)
 
 
-@pytest.mark.parametrize("activations", ACTIVATION_RECIPES)
+@pytest.mark.parametrize("activations", ACTIVATION_RECIPES + ("group32",))
 def test_grouped_query_attention_and_kv_sharing_layers_give_the_composed_bits(activations):
-    """synthetic-tiny: 4 query heads over 2 KV heads, 32-token windows, layers 2 and 3 reading layers 0 and 1's KV."""
+    """synthetic-tiny: 4 query heads over 2 KV heads, 32-token windows, layers 2 and 3 reading layers 0 and 1's KV;
+    also with group32 activations (one int8 term per token and 32 channels, the CPU family's C op composed)."""
     models = _fused_and_composed("synthetic-tiny", activations)
     assert [layer.block.writes_kv for layer in models[0][0].layers] == [True, True, False, False]
     requests = lambda: [

@@ -1,6 +1,9 @@
 """group32 activations (one int8 term per token and 32 channels, salon.kernels.w8a8_group32) in the model: the
-checkpoint the recipe runs on (its own file and format tag where the architecture's recipe for it differs), and a
-small llama model whose group32 Linears equal a plain dequantize-and-matmul within the contract's float32 rounding."""
+checkpoint the recipe runs on (its own file and format tag where the architecture's recipe for it differs), a
+small llama model whose group32 Linears equal a plain dequantize-and-matmul within the contract's float32 rounding,
+and the CPU family's C op of the recipe (salon.kernels.cpu.linear_two_terms.linear_group32_cpu) giving that model the
+bits of the reference op through prefills above and below the one call's MAX_ROWS and batched decode steps (the
+shipped Gemma's: tests/model/test_model_fused_linear.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from salon.engine.model.checkpoint import (
 from salon.engine.model.linear import Int8Linear, dequantize_weight
 from salon.engine.model.loader import open_model_file
 from salon.kernels.backend import select_ops
+from salon.kernels.cpu.linear_two_terms import MAX_ROWS, linear_group32_cpu
+from salon.kernels.linear_two_terms import linear_group32_ref
 from salon.kernels.rmsnorm import rmsnorm_ref
 from salon.kernels.w8a8_group32 import quantize_group32_ref
 from tests.model.gguf_files import write_gemma3_gguf, write_llama_gguf
@@ -88,10 +93,10 @@ def _linears(model) -> list[Int8Linear]:
     return [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.lm_head]
 
 
-def test_every_linear_takes_group32_and_no_fused_decoder_layer(group32_model):
+def test_every_linear_takes_group32_and_every_layer_the_fused_decoder_layer_of_the_recipe(group32_model):
     assert group32_model.numerics == "int8-a8g32"
     assert all(lin.group32_activations and lin.w_scale.dim() == 2 for lin in _linears(group32_model))
-    assert all(layer.block is None for layer in group32_model.layers)
+    assert all(layer.block is not None and layer.block.group32_activations for layer in group32_model.layers)
 
 
 def _dequantized_linear(x, w_q, w_scale, norm_weight=None, eps=0.0, post_norm=None, residual=None):
@@ -140,3 +145,32 @@ def test_the_model_equals_its_dequantized_twin_and_answers_each_row_alone(group3
     lin = group32_model.layers[0].qkv
     x = torch.randn(5, lin.w_q.shape[1])
     assert torch.equal(lin(x)[3:4], lin(x[3:4]))
+
+
+def _prefills_and_decodes(model, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:
+    """Each prompt prefilled alone (int8 KV), then `steps` greedy decode steps of all of them together: the logits."""
+    attn = DenseAttention(model.config, num_seqs=len(prompts), kv_int8=True)
+    out = []
+    for s, ids in enumerate(prompts):
+        lens = [0] * len(prompts)
+        lens[s] = len(ids)
+        out.append(model.logits(model.forward(torch.tensor(ids), attn.begin_step(lens), attn)[-1:]))
+    tokens = [int(o.argmax()) for o in out]
+    for _ in range(steps):
+        logits = model.logits(model.forward(torch.tensor(tokens), attn.begin_step([1] * len(prompts)), attn))
+        out.append(logits)
+        tokens = logits.argmax(dim=-1).tolist()
+    return out
+
+
+def _reference_twin(ops):
+    return dataclasses.replace(ops, linear_group32=linear_group32_ref)
+
+
+def test_the_cpu_familys_c_op_gives_the_reference_ops_bits_in_the_llama_model(group32_model, llama_gguf, tmp_path):
+    assert group32_model.layers[0].qkv.linear_group32 is linear_group32_cpu
+    twin = load(str(llama_gguf), "int8", tmp_path / "cache", _reference_twin(GROUP32_OPS), progress=False).model
+    prompts = [list(range(3, 3 + MAX_ROWS + 6)), [5, 17, 3, 40, 22], list(range(50, 63))]
+    got, want = _prefills_and_decodes(group32_model, prompts, 3), _prefills_and_decodes(twin, prompts, 3)
+    assert len(got) == len(want) == 6
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -177,12 +177,11 @@ def block_weights(
 ) -> BlockWeights | None:
     """A pre-norm decoder layer as salon.kernels.decoder_block takes it -- four fused int8 Linears of one activation
     recipe with the same kind of weight scales, a GeGLU or SwiGLU gate and plain RoPE -- or None (the layer
-    always composes its ops; so does every layer with group32 activations, which has no fused decoder layer
-    yet)."""
+    always composes its ops)."""
     linears = (qkv, o, gate_up, down)
     if (
-        not all(isinstance(lin, Int8Linear) and lin.fuses() and not lin.group32_activations for lin in linears)
-        or len({(lin.w_scale.dim(), lin.int16_activations) for lin in linears}) != 1
+        not all(isinstance(lin, Int8Linear) and lin.fuses() for lin in linears)
+        or len({(lin.w_scale.dim(), lin.int16_activations, lin.group32_activations) for lin in linears}) != 1
         or gate_up.gate_activation not in ("gelu_tanh", "silu")
         or not rotary.plain
     ):
@@ -214,6 +213,7 @@ def block_weights(
         down_w=down.w_q,
         down_s=down.w_scale,
         int16_activations=qkv.int16_activations,
+        group32_activations=qkv.group32_activations,
     )
 
 

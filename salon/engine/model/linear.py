@@ -24,7 +24,7 @@ over the row's groups (the same weights, the grouped contract).
 
 group32_activations = True quantizes each activation row as one int8 term with its own scale per 32 input channels
 (salon.kernels.w8a8_group32: half the two-term recipe's int8 products), through the family's `linear_group32` op,
-fused the same way (Triton kernels in the Triton family, the references on CPUs for now).
+fused the same way (C kernels in the CPU family, Triton kernels in the Triton family).
 """
 
 from __future__ import annotations

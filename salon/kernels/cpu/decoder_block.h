@@ -3,8 +3,8 @@
  * the same order, with the same functions, so every bit is the one the model's own composition gives
  * (salon/kernels/decoder_block.py says when it runs; tests/model/test_model_decoder_block.py checks the bits):
  *
- *   qkv  = linear_two_terms(x, norm attn_norm, W_qkv)              (linear_two_terms.h; linear_int16 where
- *                                                                   the layer's activations are int16)
+ *   qkv  = linear_two_terms(x, norm attn_norm, W_qkv)              (linear_two_terms.h; linear_int16 or
+ *                                                                   linear_group32 in those recipes)
  *   q    = rope(rmsnorm(q heads, q_norm))                          (rmsnorm.c's norm_row, rope.c's rope_row:
  *   k    = rope(rmsnorm(k heads, k_norm))                           rmsnorm_rope.c's loop; Llama: rope only)
  *   cache[slot] = int8(k), int8(v)                                 (quantize.c's kv_write_rows)
@@ -22,7 +22,8 @@
  * The includer brings the kernels of one CPU build (decoder_block_avx512.c, decoder_block_avx2.c), and defines
  * BLOCK_GEMM (its grouped W8A8 GEMM), BLOCK_ROW_GEMM (its per-row one, as a grouped_gemm_fn), BLOCK_KV_WRITE
  * (its kv_write_rows), BLOCK_ENTRY (the entry point's name) and BLOCK_LAYERS_ENTRY (the step's layers in one
- * call), and includes w16a8_grouped.c (the int16 GEMM); paged_attention_i8 is the build's attention.
+ * call), BLOCK_GROUP32_GEMM (its group32 GEMM), and includes w16a8_grouped.c (the int16 GEMM); paged_attention_i8 is
+ * the build's attention.
  * The scratch rows are allocated per call (a decode step's are a few kilobytes). The row-wise work (q/k norm and
  * RoPE, the GLU, linear_with's) splits its rows over the threads from ROWS_PARALLEL rows (linear_two_terms.h).
  */
@@ -50,6 +51,8 @@ typedef struct {
     int64_t activation;      /* BLOCK_GEGLU or BLOCK_SWIGLU */
     int64_t int16_activations; /* 1: every Linear takes one int16 term a row (w16a8_grouped_avx2, grouped
                                   scales only); 0: two int8 terms */
+    int64_t group32_activations; /* 1: every Linear takes one int8 term per token and 32 channels
+                                    (BLOCK_GROUP32_GEMM, grouped scales only) */
     double eps;
     float sm_scale;
     const float *attn_norm, *q_norm, *k_norm, *post_attention_norm, *ffn_norm, *post_ffw_norm;
@@ -130,9 +133,11 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     const int64_t n_qkv = L->writes_kv ? (Hq + 2 * Hkv) * D : Hq * D;
     if (T < 1 || D < 2 || D % 2 || D > BLOCK_MAX_HEAD_DIM) return 1;
     const float eps_f = (float)L->eps, inv_d = (float)(1.0 / (double)D);
-    if (L->int16_activations && L->per_row_scales) return 1;
-    const linear_gemm gemm = {L->int16_activations ? NULL : L->per_row_scales ? BLOCK_ROW_GEMM : BLOCK_GEMM,
-                              L->int16_activations ? w16a8_grouped_avx2 : NULL};
+    const int one_term = L->int16_activations || L->group32_activations;
+    if ((one_term && L->per_row_scales) || (L->int16_activations && L->group32_activations)) return 1;
+    const linear_gemm gemm = {one_term ? NULL : L->per_row_scales ? BLOCK_ROW_GEMM : BLOCK_GEMM,
+                              L->int16_activations ? w16a8_grouped_avx2 : NULL,
+                              L->group32_activations ? BLOCK_GROUP32_GEMM : NULL};
     float *qkv = malloc((size_t)(T * n_qkv) * sizeof(float));
     float *q = malloc((size_t)(T * Hq * D) * sizeof(float));
     float *kv = L->writes_kv ? malloc((size_t)(2 * T * Hkv * D) * sizeof(float)) : NULL;

@@ -49,6 +49,7 @@ class _Weights(ctypes.Structure):
                 "per_row_scales",
                 "activation",
                 "int16_activations",
+                "group32_activations",
             )
         ]
         + [("eps", ctypes.c_double), ("sm_scale", ctypes.c_float)]
@@ -141,8 +142,8 @@ def _weights_struct(w: BlockWeights) -> _Weights | None:
     d = w.attn_norm.shape[0] if w.attn_norm.dim() == 1 else -1
     n_qkv = (hq + 2 * hkv) * d_head if w.writes_kv else hq * d_head
     per_row = w.qkv_s.dim() == 1
-    if w.int16_activations and per_row:
-        return None  # the int16 GEMM takes grouped scales only
+    if (w.int16_activations or w.group32_activations) and per_row:
+        return None  # the int16 and group32 GEMMs take grouped scales only
     optional = (
         (w.q_norm, d_head),
         (w.k_norm if w.writes_kv else None, d_head),
@@ -168,7 +169,8 @@ def _weights_struct(w: BlockWeights) -> _Weights | None:
         n: getattr(w, n).data_ptr()
         for n in ("attn_norm", "ffn_norm", "qkv_w", "o_w", "gate_up_w", "down_w", "qkv_s", "o_s", "gate_up_s", "down_s")
     }
-    # two-term grouped Linears in the VNNI build read their packed copies (scale pointer NULL: the scales inside)
+    # two-term and group32 grouped Linears in the VNNI build read their packed copies (scale pointer NULL: the scales
+    # inside)
     # (the struct holds them: they outlive a repacking of weights changed in place, which the struct ignores)
     packed = []
     if build() == "avx512" and not per_row and not w.int16_activations:
@@ -194,6 +196,7 @@ def _weights_struct(w: BlockWeights) -> _Weights | None:
         per_row_scales=int(per_row),
         activation=_ACTIVATIONS[w.activation],
         int16_activations=int(w.int16_activations),
+        group32_activations=int(w.group32_activations),
         eps=w.eps,
         sm_scale=w.sm_scale,
         k_norm=w.k_norm.data_ptr() if w.writes_kv and w.k_norm is not None else None,

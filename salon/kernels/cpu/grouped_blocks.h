@@ -98,13 +98,14 @@ static inline __attribute__((always_inline)) void grouped_load_scales(__m256 *sc
 }
 
 /* For the AVX2 kernels' 8-row blocks: out[m, n .. n + nr) = y[m] * a_scale[m] for the chunk's mc rows (a short
-   block's nr < 8 columns through a masked store). */
+   block's nr < 8 columns through a masked store); y[m] itself with a_scale NULL (the group32 recipe's rows, scaled
+   per group already). */
 static inline __attribute__((always_inline)) void grouped_store_rows(const __m256 *y, int64_t mc,
                                                                      const float *a_scale, float *out, int64_t ldo,
                                                                      int64_t n, int nr) {
     const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int64_t m = 0; m < mc; m++) {
-        const __m256 v = _mm256_mul_ps(y[m], _mm256_set1_ps(a_scale[m]));
+        const __m256 v = a_scale ? _mm256_mul_ps(y[m], _mm256_set1_ps(a_scale[m])) : y[m];
         if (nr == 8) _mm256_storeu_ps(out + m * ldo + n, v);
         else _mm256_maskstore_ps(out + m * ldo + n, keep, v);
     }

@@ -11,10 +11,13 @@
  * One int16 term (salon.kernels.w16a8_grouped) instead: q, s = the row's int16 term, out = residual +
  * rmsnorm(gemm16(q, s, w), post_w).
  *
- * The includer brings rmsnorm.c, quantize.c and one grouped GEMM (w8a8_grouped_vnni.c or w8a8_grouped.c), and
- * the int16 one (w16a8_grouped.c) where it runs that recipe, and passes the GEMMs' entry points:
- * linear_two_terms.c (VNNI, two terms), linear_two_terms_avx2.c (AVX2, both recipes), and the decoder block
- * (decoder_block.h, both) through either. The same functions
+ * One int8 term per token and 32 channels (salon.kernels.w8a8_group32) instead: q, s = the row's int8 values and
+ * its scale per group (quantize.c's quantize_group32_row), out = residual + rmsnorm(gemm32(q, s, w), post_w).
+ *
+ * The includer brings rmsnorm.c, quantize.c and one grouped GEMM (w8a8_grouped_vnni.c or w8a8_grouped.c, each with
+ * its group32 entry point), and the int16 one (w16a8_grouped.c) where it runs that recipe, and passes the GEMMs'
+ * entry points: linear_two_terms.c (VNNI: two terms, group32), linear_two_terms_avx2.c (AVX2: all three recipes),
+ * and the decoder block (decoder_block.h, two terms and int16) through either. The same functions
  * run in the same order as when each is its own call, so every bit is the same; what is saved is the calls
  * between them (a decode step makes about ten per layer, each a few microseconds of Python, tensor allocation
  * and argument conversion). The row-wise work before and after the GEMM (norm, the terms, the terms' sum, the
@@ -42,11 +45,13 @@ typedef int (*grouped_gemm_fn)(const int8_t *a, int64_t lda, const int8_t *w, co
 typedef int (*grouped_gemm16_fn)(const int16_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                                  int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads);
 
-/* A Linear's activation recipe and its GEMM: two int8 terms through gemm8 (gemm16 NULL), or one int16 term
-   through gemm16 (salon.kernels.w16a8_grouped). */
+/* A Linear's activation recipe and its GEMM: two int8 terms through gemm8 (the others NULL), one int16 term
+   through gemm16 (salon.kernels.w16a8_grouped), or one int8 term per token and 32 channels through gemm32
+   (salon.kernels.w8a8_group32: w8a8_group32_vnni, w8a8_group32_avx2; a_scale f32[M, K / 32]). */
 typedef struct {
     grouped_gemm_fn gemm8;
     grouped_gemm16_fn gemm16;
+    grouped_gemm_fn gemm32;
 } linear_gemm;
 
 /* out[i] = a[i] + b[i] for n floats (one rounding each). */
@@ -143,7 +148,7 @@ typedef struct {
     float inv_k, inv_n, eps_f, scale_floor;
     float *h, *r, *s, *y, *o, *out;
     void *q;
-    int terms;
+    int terms, group32;
 } linear_rows;
 /* Row m before the GEMM: the norm (norm_w), then the row's terms. */
 static void linear_input_row(void *ctx, int64_t m, int thread) {
@@ -154,7 +159,9 @@ static void linear_input_row(void *ctx, int64_t m, int thread) {
         norm_row(src, c->norm_w, c->h + m * K, K, c->inv_k, c->eps_f);
         src = c->h + m * K;
     }
-    if (c->terms == 1) {
+    if (c->group32) {
+        quantize_group32_row_avx2(src, K, (int8_t *)c->q + m * K, c->s + m * (K / GROUP), c->scale_floor);
+    } else if (c->terms == 1) {
         c->s[m] = quantize_row_int16_avx2(src, K, (int16_t *)c->q + m * K, c->scale_floor);
     } else {
         int8_t *q8 = c->q;
@@ -185,21 +192,22 @@ static void linear_residual_row(void *ctx, int64_t m, int thread) {
     add_rows(c->residual + m * c->sr, c->y + m * c->N, c->out + m * c->N, c->N);
 }
 /* x f32[M, K] (row stride sx) -> out f32[M, N] contiguous; norm_w f32[K], post_w f32[N] and residual f32[M, N]
-   (row stride sr) optional (NULL). Two int8 terms a row (g.gemm16 NULL: quantize.c's two-term arithmetic, both
-   terms' 2M rows through g.gemm8, summed) or one int16 term (quantize_row_int16_avx2, g.gemm16 on M rows, its
-   output the Linear's: straight into out where no post-norm or residual follows). Returns 0 when done, 1 when
+   (row stride sr) optional (NULL). Two int8 terms a row (g.gemm8: quantize.c's two-term arithmetic, both terms'
+   2M rows through it, summed), one int16 term (quantize_row_int16_avx2, g.gemm16 on M rows, its output the
+   Linear's: straight into out where no post-norm or residual follows) or one int8 term per 32 channels
+   (quantize_group32_row_avx2, g.gemm32 on M rows, M x K / 32 scales, the same way). Returns 0 when done, 1 when
    nothing was computed (shapes the GEMM declines, no memory). */
 static int linear_with(linear_gemm g, const float *x, int64_t M, int64_t K, int64_t sx, const float *norm_w,
                        double eps, const int8_t *w, const float *w_scale, int64_t N, const float *post_w,
                        const float *residual, int64_t sr, float *out, float scale_floor, int nthreads) {
     if (M < 1 || K < GROUP || K % GROUP || N < 1) return 1;
-    const int terms = g.gemm16 ? 1 : 2;
+    const int group32 = g.gemm32 != NULL, terms = g.gemm16 || group32 ? 1 : 2;
     const int64_t ks = (K + 15) / 16 * 16;
     const int row_threads = row_team(M, nthreads);
     float *h = norm_w ? malloc((size_t)(M * K) * sizeof(float)) : NULL;
     float *r = terms == 2 ? aligned_alloc(64, (size_t)(ks * row_threads) * sizeof(float)) : NULL;
     void *q = malloc((size_t)(2 * M * K));  /* 2M int8 rows or M int16 rows: the same bytes */
-    float *s = malloc((size_t)(terms * M) * sizeof(float));
+    float *s = malloc((size_t)(group32 ? M * (K / GROUP) : terms * M) * sizeof(float));
     const int direct = terms == 1 && !post_w && !residual;  /* the GEMM writes out itself */
     const size_t y_bytes = direct ? 0 : (size_t)(terms * M * N) * sizeof(float);
     const int y_kept = y_bytes > KEPT_SCRATCH_BYTES;
@@ -208,9 +216,11 @@ static int linear_with(linear_gemm g, const float *x, int64_t M, int64_t K, int6
     int status = 1;
     if ((norm_w && !h) || (terms == 2 && !r) || !q || !s || !y || (post_w && terms == 2 && !o)) goto done;
     linear_rows rows = {x, norm_w, post_w, residual, M, K, sx, N, sr, ks, (float)(1.0 / (double)K),
-                        (float)(1.0 / (double)N), (float)eps, scale_floor, h, r, s, y, o, out, q, terms};
+                        (float)(1.0 / (double)N), (float)eps, scale_floor, h, r, s, y, o, out, q, terms, group32};
     for_rows(M, nthreads, linear_input_row, &rows);
-    if (terms == 1) {
+    if (group32) {
+        if (g.gemm32(q, K, w, w_scale, y, N, s, M, N, K, nthreads)) goto done;
+    } else if (terms == 1) {
         if (g.gemm16(q, K, w, w_scale, y, N, s, M, N, K, nthreads)) goto done;
     } else {
         if (g.gemm8(q, K, w, w_scale, y, N, s, 2 * M, N, K, nthreads)) goto done;

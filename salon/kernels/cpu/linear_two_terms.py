@@ -1,8 +1,9 @@
-"""CPU fast paths of salon.kernels.linear_two_terms's ops (the norm, both int8 terms or the one int16 term, the grouped
-GEMM, the terms' sum, the post-norm and the residual) through linear_two_terms.h: one C call where a decode
-step made five to eight, with the bits of the composition of the CPU family's own kernels, which runs where
-the C call cannot. The int16 op's GEMM is salon/kernels/cpu/w16a8_grouped.c (AVX2): its C call is the AVX2 build's on
-every CPU.
+"""CPU fast paths of salon.kernels.linear_two_terms's ops (the norm, both int8 terms, the one int16 term or the group32
+recipe's one int8 term per 32 channels, the grouped GEMM, the terms' sum, the post-norm and the residual) through
+linear_two_terms.h: one C call where a decode step made five to eight, with the bits of the composition of the CPU
+family's own kernels, which runs where the C call cannot. The int16 op's GEMM is salon/kernels/cpu/w16a8_grouped.c
+(AVX2): its C call is the AVX2 build's on every CPU. The group32 op's is the grouped GEMM's group32 entry point
+(salon.kernels.cpu.w8a8_group32), in the build this CPU runs.
 
 The C call takes grouped weights (w_scale f32[N, K/32]) for up to MAX_ROWS rows (decode, small batches,
 speculative verification: the sizes where the calls' overhead is a large part of the step), in the build of
@@ -19,9 +20,10 @@ from pathlib import Path
 import torch
 
 from salon.kernels.cpu import native
-from salon.kernels.cpu.quantize import quantize_int16_cpu, quantize_two_terms_cpu
+from salon.kernels.cpu.quantize import quantize_group32_cpu, quantize_int16_cpu, quantize_two_terms_cpu
 from salon.kernels.cpu.rmsnorm import rmsnorm_cpu
 from salon.kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
+from salon.kernels.cpu.w8a8_group32 import w8a8_group32_gemm_cpu
 from salon.kernels.cpu.w8a8_grouped import chosen_isa, weight_pointers
 from salon.kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
 from salon.kernels.linear_two_terms import compose
@@ -38,11 +40,20 @@ _KERNELS = {
 }
 _SIGNATURES = {isa: {name: _ARGS} for isa, (_, name) in _KERNELS.items()}
 _SIGNATURES["avx2"]["linear_int16_avx2"] = _ARGS  # the int16 recipe's one entry point, in the AVX2 build
+# the group32 recipe's entry point in each build
+_GROUP32_ENTRIES = {"vnni": "linear_group32_vnni", "avx2": "linear_group32_avx2"}
+for _isa, _name in _GROUP32_ENTRIES.items():
+    _SIGNATURES[_isa][_name] = _ARGS
 
 composed = compose(rmsnorm_cpu, quantize_two_terms_cpu, w8a8_gemm_cpu, "linear_two_terms_composed_cpu")
 
 
 composed_int16 = compose(rmsnorm_cpu, quantize_int16_cpu, w16a8_gemm_cpu, "linear_int16_composed_cpu", terms=1)
+
+
+composed_group32 = compose(
+    rmsnorm_cpu, quantize_group32_cpu, w8a8_group32_gemm_cpu, "linear_group32_composed_cpu", terms=1
+)
 
 
 def library(isa: str | None = None) -> ctypes.CDLL | None:
@@ -57,15 +68,16 @@ _entries: dict[tuple[str | None, str], object] = {}
 
 
 def entry(isa: str | None = None, recipe: str = "two_terms"):
-    """The C entry point of the activation `recipe` ("two_terms": in `isa`'s build, see library; "int16": in the
-    AVX2 build whatever `isa`, its GEMM being AVX2's), or None."""
+    """The C entry point of the activation `recipe` ("two_terms" and "group32": in `isa`'s build, see library;
+    "int16": in the AVX2 build whatever `isa`, its GEMM being AVX2's), or None."""
     fn = _entries.get((isa, recipe))
     if fn is None:
         chosen = "avx2" if recipe == "int16" else chosen_isa(isa)
         lib = library(chosen)
         if lib is None:
             return None
-        fn = _entries[(isa, recipe)] = getattr(lib, "linear_int16_avx2" if recipe == "int16" else _KERNELS[chosen][1])
+        names = {"int16": "linear_int16_avx2", "group32": _GROUP32_ENTRIES[chosen]}
+        fn = _entries[(isa, recipe)] = getattr(lib, names.get(recipe, _KERNELS[chosen][1]))
     return fn
 
 
@@ -173,4 +185,20 @@ def linear_int16_cpu(
     out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual, recipe="int16")
     if out is None:
         out = composed_int16(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
+    return out
+
+
+def linear_group32_cpu(
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    post_norm: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """salon.kernels.linear_two_terms's group32 op: the C call where it runs, else the CPU family's composition."""
+    out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual, recipe="group32")
+    if out is None:
+        out = composed_group32(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
     return out

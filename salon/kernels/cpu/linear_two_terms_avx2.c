@@ -13,7 +13,7 @@
 int linear_two_terms_avx2(const float *x, int64_t M, int64_t K, int64_t sx, const float *norm_w, double eps,
                           const int8_t *w, const float *w_scale, int64_t N, const float *post_w,
                           const float *residual, int64_t sr, float *out, float scale_floor, int nthreads) {
-    const linear_gemm g = {w8a8_grouped_avx2, NULL};
+    const linear_gemm g = {w8a8_grouped_avx2, NULL, NULL};
     return linear_with(g, x, M, K, sx, norm_w, eps, w, w_scale, N, post_w, residual, sr, out, scale_floor, nthreads);
 }
 
@@ -22,6 +22,15 @@ int linear_two_terms_avx2(const float *x, int64_t M, int64_t K, int64_t sx, cons
 int linear_int16_avx2(const float *x, int64_t M, int64_t K, int64_t sx, const float *norm_w, double eps,
                        const int8_t *w, const float *w_scale, int64_t N, const float *post_w, const float *residual,
                        int64_t sr, float *out, float scale_floor, int nthreads) {
-    const linear_gemm g = {NULL, w16a8_grouped_avx2};
+    const linear_gemm g = {NULL, w16a8_grouped_avx2, NULL};
+    return linear_with(g, x, M, K, sx, norm_w, eps, w, w_scale, N, post_w, residual, sr, out, scale_floor, nthreads);
+}
+
+/* The same Linear with one int8 term per token and 32 channels (salon.kernels.w8a8_group32; the int8 values never
+   hold -128, which the AVX2 GEMM declines). */
+int linear_group32_avx2(const float *x, int64_t M, int64_t K, int64_t sx, const float *norm_w, double eps,
+                        const int8_t *w, const float *w_scale, int64_t N, const float *post_w, const float *residual,
+                        int64_t sr, float *out, float scale_floor, int nthreads) {
+    const linear_gemm g = {NULL, NULL, w8a8_group32_avx2};
     return linear_with(g, x, M, K, sx, norm_w, eps, w, w_scale, N, post_w, residual, sr, out, scale_floor, nthreads);
 }

@@ -10,6 +10,8 @@
  * no defined result (the reference converts NaN quotients to int8); both builds give -127 where x / scale is NaN.
  *
  *   quantize_rows_*  x f32[M, K] (row stride sx) -> q int8[M, K], scale f32[M]
+ *   quantize_group32_rows_*  x f32[M, K] -> q int8[M, K], scale f32[M, K / 32] (salon.kernels.w8a8_group32's
+ *                    recipe: every group of 32 values of a row quantized as a row of its own; K a multiple of 32)
  *   kv_write_rows_*  x f32[T, H, D] -> the int8 rows and scales of cache slots slot[t] (the KV write); a negative
  *                    slot (a padded row of a fixed-size batch) writes nothing
  *   quantize_two_terms_rows_avx2  x f32[M, K] -> q int8[2M, K], scale f32[2M] (two int8 terms per row)

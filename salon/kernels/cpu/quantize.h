@@ -1,5 +1,6 @@
 /* Per-row symmetric quantization over one ISA's vector layer (quantize.c has the arithmetic's contract):
  *   scale = max(absmax(row) / 127, floor);  q = clamp(round_half_even(x / scale), -127, 127)
+ * and the same per 32 values of a row (the group32 recipe: each group a row of its own).
  * Included once per build; the includer defines the layer first and this file undefines its parameters:
  *   Q_ISA         the suffix of every name defined here (avx512, avx2): quantize_row_<isa>, quantize_rows_<isa>, ...
  *   Q_TARGET      the target attribute of the build's functions (empty: the file's baseline flags)
@@ -65,6 +66,20 @@ Q_TARGET void Q_FN(quantize_rows)(const float *x, int64_t M, int64_t K, int64_t 
                                   float floor_, int nthreads) {
     #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * K >= 65536)
     for (int64_t m = 0; m < M; m++) scale[m] = Q_FN(quantize_row)(x + m * sx, K, q + m * K, floor_);
+}
+
+/* One row of the group32 recipe (salon.kernels.w8a8_group32): each group of 32 values quantized as a row of its own,
+   its scale in scale[g]. */
+Q_TARGET static inline void Q_FN(quantize_group32_row)(const float *x, int64_t K, int8_t *q, float *scale,
+                                                       float floor_) {
+    for (int64_t g = 0; g < K / 32; g++) scale[g] = Q_FN(quantize_row)(x + 32 * g, 32, q + 32 * g, floor_);
+}
+
+/* x f32[M, K] (row stride sx, K a multiple of 32) -> q int8[M, K], scale f32[M, K / 32]. */
+Q_TARGET void Q_FN(quantize_group32_rows)(const float *x, int64_t M, int64_t K, int64_t sx, int8_t *q, float *scale,
+                                          float floor_, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * K >= 65536)
+    for (int64_t m = 0; m < M; m++) Q_FN(quantize_group32_row)(x + m * sx, K, q + m * K, scale + m * (K / 32), floor_);
 }
 
 /* x: f32[T, H, D] contiguous; cache int8[.., H, D] and scale f32[.., H] addressed by slot (block * BS + offset). */

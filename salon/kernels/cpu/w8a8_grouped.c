@@ -4,6 +4,12 @@
  *   y = 0;  for g = 0 .. G-1:  y = y + float(acc_g) * w_scale[n, g]   (the product rounded, then the sum)
  *   out[m, n] = y * a_scale[m]
  *
+ * and, as w8a8_group32_avx2, the group32 recipe's (salon.kernels.w8a8_group32.w8a8_group32_ref), a_scale[m, g] one
+ * scale per activation row and group: the same loops with a compile-time flag (A32) for the two differences,
+ *
+ *   y = float(acc_0) * s_0;  for g = 1 .. G-1:  y = y + float(acc_g) * s_g,   s_g = a_scale[m, g] * w_scale[n, g]
+ *   out[m, n] = y
+ *
  * No fused multiply-add: the shared build flags carry -mfma, and GCC contracts _mm256_mul_ps followed by
  * _mm256_add_ps into one vfmadd (one rounding fewer, other bits) unless fp-contract is off, as it is for this
  * whole file (the pragma below).
@@ -135,19 +141,22 @@ static inline __attribute__((always_inline)) __m256i half_sums(__m256i acc, cons
 
 /* Rows [n, n + nr) of out (nr <= 8) for activation rows [0, mc) of a (mc <= M_CHUNK), in the pair layout
    (pairs: M <= 4, mc a compile-time constant so the loops over rows unroll) or the transposed one. pf_w,
-   pf_s: the next block's weights and scales, prefetched while this one is read (NULL: none). */
+   pf_s: the next block's weights and scales, prefetched while this one is read (NULL: none). A32 (the group32
+   recipe): a_scale is [mc, G] (row stride G), each group's factor the row's scale of the group times the weights'
+   (rounded), the rows' sums starting from -0 (-0 + p is p, so y is the first group's product) and stored as they
+   are; else a_scale is [mc], applied at the store. */
 static inline __attribute__((always_inline)) void block_tile(const int pairs, const int64_t mc, const int8_t *a,
                                                              int64_t lda, const int8_t *w, const float *w_scale,
                                                              float *out, int64_t ldo, const float *a_scale,
                                                              int64_t K, int64_t n, int nr, const int8_t *pf_w,
-                                                             const float *pf_s) {
+                                                             const float *pf_s, const int A32) {
     const int64_t G = K / GROUP;
     const int8_t *wrow[8];
     const float *srow[8];
     grouped_rows(wrow, srow, BLOCK_ROWS, n, nr, w, w_scale, K, G);
     __m256 y[M_CHUNK];
     __m256i part[M_CHUNK]; /* a group's first half: rows 0-3 (pairs) or channels 0-15 (transposed) */
-    for (int64_t m = 0; m < mc; m++) y[m] = _mm256_setzero_ps();
+    for (int64_t m = 0; m < mc; m++) y[m] = _mm256_set1_ps(A32 ? -0.0f : 0.0f);
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
         const int64_t ng = G - g0 < 8 ? G - g0 : 8;
         __m256 sc[8];
@@ -157,6 +166,7 @@ static inline __attribute__((always_inline)) void block_tile(const int pairs, co
             const int64_t k = (g0 + j) * GROUP;
             if (pf_w) grouped_prefetch_weights(pf_w, BLOCK_ROWS, g0 + j);
             const __m256 s = sc[j];
+            const int64_t g = g0 + j;
             __m256i t[4], u[4];
             if (pairs) {
                 pair_weights(t, u, wrow, 0, k);
@@ -168,7 +178,8 @@ static inline __attribute__((always_inline)) void block_tile(const int pairs, co
                     /* [rows 0-3 | rows 4-7], each the sum of its two channel halves */
                     const __m256i acc = _mm256_add_epi32(_mm256_blend_epi32(part[m], h1, 0xF0),
                                                          _mm256_permute2x128_si256(part[m], h1, 0x21));
-                    y[m] = _mm256_add_ps(y[m], _mm256_mul_ps(_mm256_cvtepi32_ps(acc), s));
+                    const __m256 f = A32 ? _mm256_mul_ps(s, _mm256_set1_ps(a_scale[m * G + g])) : s;
+                    y[m] = _mm256_add_ps(y[m], _mm256_mul_ps(_mm256_cvtepi32_ps(acc), f));
                 }
             } else {
                 transpose_half(t, u, wrow, k);
@@ -176,51 +187,65 @@ static inline __attribute__((always_inline)) void block_tile(const int pairs, co
                 transpose_half(t, u, wrow, k + 16);
                 for (int64_t m = 0; m < mc; m++) {
                     const __m256i acc = half_sums(part[m], a + m * lda + k + 16, t, u);
-                    y[m] = _mm256_add_ps(y[m], _mm256_mul_ps(_mm256_cvtepi32_ps(acc), s));
+                    const __m256 f = A32 ? _mm256_mul_ps(s, _mm256_set1_ps(a_scale[m * G + g])) : s;
+                    y[m] = _mm256_add_ps(y[m], _mm256_mul_ps(_mm256_cvtepi32_ps(acc), f));
                 }
             }
         }
     }
-    grouped_store_rows(y, mc, a_scale, out, ldo, n, nr);
+    grouped_store_rows(y, mc, A32 ? NULL : a_scale, out, ldo, n, nr);
 }
 
 #define PAIRS_CASE(MM)                                                                                      \
-    case MM: block_tile(1, MM, a, lda, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s); break;
+    case MM:                                                                                                \
+        block_tile(1, MM, a, lda, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s, A32); \
+        break;
 
 /* Rows [m0, m0 + mc) against the thread's blocks [s0, s1) of [.., b1): with the prefetches on the first pass
    (m0 = 0) only, a separate copy of the loop each (the prefetches' checks cost the further passes). */
 static inline __attribute__((always_inline)) void chunk_pass(const int8_t *a, int64_t lda, const int8_t *w,
                                                              const float *w_scale, float *out, int64_t ldo,
                                                              const float *a_scale, int64_t M, int64_t N, int64_t K,
-                                                             int64_t m0, int64_t s0, int64_t s1, int64_t b1) {
+                                                             int64_t m0, int64_t s0, int64_t s1, int64_t b1,
+                                                             const int A32) {
     const int64_t G = K / GROUP, mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
     for (int64_t b = s0; b < s1; b++) {
         const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
         if (m0 == 0)
-            block_tile(0, mc, a, lda, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s);
+            block_tile(0, mc, a, lda, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s, A32);
         else
-            block_tile(0, mc, a + m0 * lda, lda, w, w_scale, out + m0 * ldo, ldo, a_scale + m0, K, blk.n, blk.nr,
-                       NULL, NULL);
+            block_tile(0, mc, a + m0 * lda, lda, w, w_scale, out + m0 * ldo, ldo, a_scale + m0 * (A32 ? G : 1), K,
+                       blk.n, blk.nr, NULL, NULL, A32);
     }
 }
 
-/* The transposed layout's rows (M > 4) against this thread's blocks [b0, b1), SUPER_BLOCKS at a time. Not
-   inlined: the pair layout's loop below then compiles as it does alone (inlined, it was 3% slower at 2 rows). */
-static __attribute__((noinline)) void transposed_blocks(const int8_t *a, int64_t lda, const int8_t *w,
-                                                        const float *w_scale, float *out, int64_t ldo,
-                                                        const float *a_scale, int64_t M, int64_t N, int64_t K,
-                                                        int64_t b0, int64_t b1) {
+/* The transposed layout's rows (M > 4) against this thread's blocks [b0, b1), SUPER_BLOCKS at a time. */
+static inline __attribute__((always_inline)) void transposed_pass(const int8_t *a, int64_t lda, const int8_t *w,
+                                                                  const float *w_scale, float *out, int64_t ldo,
+                                                                  const float *a_scale, int64_t M, int64_t N,
+                                                                  int64_t K, int64_t b0, int64_t b1, const int A32) {
     for (int64_t s0 = b0; s0 < b1; s0 += SUPER_BLOCKS) {
         const int64_t s1 = s0 + SUPER_BLOCKS < b1 ? s0 + SUPER_BLOCKS : b1;
         for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK)
-            chunk_pass(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, m0, s0, s1, b1);
+            chunk_pass(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, m0, s0, s1, b1, A32);
     }
 }
 
-/* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, an activation
-   equal to -128). */
-int w8a8_grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out, int64_t ldo,
-                      const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
+/* transposed_pass of either contract. Not inlined: the pair layout's loop below then compiles as it does alone
+   (inlined, it was 3% slower at 2 rows). */
+static __attribute__((noinline)) void transposed_blocks(const int8_t *a, int64_t lda, const int8_t *w,
+                                                        const float *w_scale, float *out, int64_t ldo,
+                                                        const float *a_scale, int64_t M, int64_t N, int64_t K,
+                                                        int64_t b0, int64_t b1, int a32) {
+    if (a32) transposed_pass(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, b0, b1, 1);
+    else transposed_pass(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, b0, b1, 0);
+}
+
+/* The GEMM of either contract (A32: a_scale f32[M, G], one scale per row and group; else f32[M]). */
+static inline __attribute__((always_inline)) int grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w,
+                                                              const float *w_scale, float *out, int64_t ldo,
+                                                              const float *a_scale, int64_t M, int64_t N, int64_t K,
+                                                              int nthreads, const int A32) {
     if (M < 1 || K < GROUP || K % GROUP) return 1;
     int refuse = 0;
     for (int64_t m = 0; m < M; m++) {
@@ -241,7 +266,7 @@ int w8a8_grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float
         int64_t b0, b1;
         grouped_thread_blocks(nb, &b0, &b1);
         if (M > 4) {
-            transposed_blocks(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, b0, b1);
+            transposed_blocks(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, b0, b1, A32);
         } else {
             for (int64_t b = b0; b < b1; b++) {
                 const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
@@ -251,4 +276,18 @@ int w8a8_grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float
     }
     free(copy);
     return 0;
+}
+
+/* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, an activation
+   equal to -128). */
+int w8a8_grouped_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out, int64_t ldo,
+                      const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
+    return grouped_avx2(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, nthreads, 0);
+}
+
+/* The group32 recipe's GEMM (salon.kernels.w8a8_group32): the same, with a_scale f32[M, K / 32] (contiguous), one
+   scale per activation row and group, multiplied into the weights' scale of the group before the group's sum. */
+int w8a8_group32_avx2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out, int64_t ldo,
+                      const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
+    return grouped_avx2(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, nthreads, 1);
 }

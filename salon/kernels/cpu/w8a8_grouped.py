@@ -62,7 +62,9 @@ _KERNELS = {
     "vnni": (Path(__file__).with_name("w8a8_grouped_vnni.c"), "w8a8_grouped_vnni"),
     "avx2": (Path(__file__).with_name("w8a8_grouped.c"), "w8a8_grouped_avx2"),
 }
-_SIGNATURES = {isa: {name: GEMM_ARGS} for isa, (_, name) in _KERNELS.items()}
+# isa -> the entry point of the group32 recipe's GEMM in the same source (salon.kernels.cpu.w8a8_group32)
+GROUP32_ENTRIES = {"vnni": "w8a8_group32_vnni", "avx2": "w8a8_group32_avx2"}
+_SIGNATURES = {isa: {name: GEMM_ARGS, GROUP32_ENTRIES[isa]: GEMM_ARGS} for isa, (_, name) in _KERNELS.items()}
 _SIGNATURES["vnni"]["w8a8_grouped_vnni_pack"] = (
     [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p, ctypes.c_int],
     ctypes.c_int,

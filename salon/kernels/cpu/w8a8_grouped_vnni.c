@@ -5,6 +5,12 @@
  *   y = 0;  for g = 0 .. G-1:  y = y + float(acc_g) * w_scale[n, g]   (the product rounded, then the sum)
  *   out[m, n] = y * a_scale[m]
  *
+ * and, as w8a8_group32_vnni, the group32 recipe's (salon.kernels.w8a8_group32.w8a8_group32_ref), a_scale[m, g] one
+ * scale per activation row and group: the same loops with a compile-time flag (A32) for the two differences,
+ *
+ *   y = float(acc_0) * s_0;  for g = 1 .. G-1:  y = y + float(acc_g) * s_g,   s_g = a_scale[m, g] * w_scale[n, g]
+ *   out[m, n] = y
+ *
  * No fused multiply-add: fp-contract is off for the whole file (the pragma below), as in w8a8_grouped.c.
  *
  * Layouts as in w8a8_grouped.c: a int8[M, K] (row stride lda), w int8[N, K] contiguous, w_scale float32[N, G]
@@ -155,10 +161,12 @@ VNNI static inline __attribute__((always_inline)) __m512i dpbusd_broadcast(__m51
 
 /* y[m] += float(acc_g of activation row m) * s for the mc rows, group g's 16 rows' weights in t (group_weights'
    layout) and their scales in s: two chains of vpdpbusd (exact int32 sums: any order gives the same acc_g) from
-   the group's correction, then the product rounded and the sum. */
+   the group's correction, then the product rounded and the sum. A32 (the group32 recipe): s times the row's
+   own scale of the group, a32[m * G + g], rounded, is the factor instead. */
 VNNI static inline __attribute__((always_inline)) void group_rows(const int64_t mc, const int8_t *a, int64_t lda,
                                                                   const int32_t *corr, int64_t G, int64_t g,
-                                                                  const __m512i *t, __m512 s, __m512 *y) {
+                                                                  const __m512i *t, __m512 s, __m512 *y,
+                                                                  const int A32, const float *a32) {
     const int64_t k = g * GROUP;
     /* unrolled whole at decode sizes: y stays in registers (rolled, the compiler may swap this loop with the
        caller's loop over groups and keep y in memory) */
@@ -170,34 +178,43 @@ VNNI static inline __attribute__((always_inline)) void group_rows(const int64_t 
             c0 = dpbusd_broadcast(c0, t[i], am + i);
             c1 = dpbusd_broadcast(c1, t[i + 1], am + i + 1);
         }
-        y[m] = _mm512_add_ps(y[m], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c0, c1)), s));
+        const __m512 f = A32 ? _mm512_mul_ps(s, _mm512_set1_ps(a32[m * G + g])) : s;
+        y[m] = _mm512_add_ps(y[m], _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c0, c1)), f));
     }
 }
 
-/* out[m, n .. n + nr) = y[m] * a_scale[m] for the mc rows. */
+/* out[m, n .. n + nr) = y[m] * a_scale[m] for the mc rows (A32: y[m], its scales applied per group). */
 VNNI static inline __attribute__((always_inline)) void store_rows(const int64_t mc, const __m512 *y, float *out,
                                                                   int64_t ldo, const float *a_scale, int64_t n,
-                                                                  int nr) {
+                                                                  int nr, const int A32) {
     const __mmask16 keep = (__mmask16)((1u << nr) - 1);
     for (int64_t m = 0; m < mc; m++)
-        _mm512_mask_storeu_ps(out + m * ldo + n, keep, _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
+        _mm512_mask_storeu_ps(out + m * ldo + n, keep, A32 ? y[m] : _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
+}
+
+/* The accumulators' start: 0, or -0 for A32, whose contract starts from the first group's product (-0 + p is p for
+   every p, -0 included). */
+VNNI static inline __attribute__((always_inline)) void start_rows(const int64_t mc, __m512 *y, const int A32) {
+    for (int64_t m = 0; m < mc; m++) y[m] = _mm512_set1_ps(A32 ? -0.0f : 0.0f);
 }
 
 /* Rows [n, n + nr) of out (nr <= 16) for activation rows [0, mc) of a (mc <= M_CHUNK; a compile-time constant
    up to 16 rows, decode with two activation terms per sequence, so the accumulators stay in registers).
    corr: -128 x each group's activation sum, [mc, G] (row stride G). pf_w, pf_s: the next block's weights and
-   scales, prefetched while this one is read (NULL: none). */
+   scales, prefetched while this one is read (NULL: none). A32: a_scale is [mc, G] (row stride G), one scale per
+   row and group (the group32 recipe), else [mc]. */
 VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t mc, const int8_t *a, int64_t lda,
                                                                   const int32_t *corr, const int8_t *w,
                                                                   const float *w_scale, float *out, int64_t ldo,
                                                                   const float *a_scale, int64_t K, int64_t n, int nr,
-                                                                  const int8_t *pf_w, const float *pf_s) {
+                                                                  const int8_t *pf_w, const float *pf_s,
+                                                                  const int A32) {
     const int64_t G = K / GROUP;
     const int8_t *wrow[BLOCK_ROWS];
     const float *srow[BLOCK_ROWS];
     grouped_rows(wrow, srow, BLOCK_ROWS, n, nr, w, w_scale, K, G);
     __m512 y[M_CHUNK];
-    for (int64_t m = 0; m < mc; m++) y[m] = _mm512_setzero_ps();
+    start_rows(mc, y, A32);
     for (int64_t g0 = 0; g0 < G; g0 += 8) {
         const int64_t ng = G - g0 < 8 ? G - g0 : 8;
         __m512 sc[8];
@@ -207,10 +224,10 @@ VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t 
             if (pf_w) grouped_prefetch_weights(pf_w, BLOCK_ROWS, g0 + j);
             __m512i t[8];
             group_weights(t, wrow, (g0 + j) * GROUP);
-            group_rows(mc, a, lda, corr, G, g0 + j, t, sc[j], y);
+            group_rows(mc, a, lda, corr, G, g0 + j, t, sc[j], y, A32, a_scale);
         }
     }
-    store_rows(mc, y, out, ldo, a_scale, n, nr);
+    store_rows(mc, y, out, ldo, a_scale, n, nr, A32);
 }
 
 /* The same for a block of the packed layout (w8a8_grouped_vnni_pack): its units read in order, each group's 16
@@ -219,9 +236,10 @@ VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t 
 VNNI static inline __attribute__((always_inline)) void packed_tile(const int64_t mc, const int8_t *a, int64_t lda,
                                                                    const int32_t *corr, const int8_t *pb, float *out,
                                                                    int64_t ldo, const float *a_scale, int64_t G,
-                                                                   int64_t n, int nr, const int SCALE_BYTES) {
+                                                                   int64_t n, int nr, const int SCALE_BYTES,
+                                                                   const int A32) {
     __m512 y[M_CHUNK];
-    for (int64_t m = 0; m < mc; m++) y[m] = _mm512_setzero_ps();
+    start_rows(mc, y, A32);
     for (int64_t g = 0; g < G; g++) {
         int64_t w_off, s_off;
         packed_group_at(g, G, SCALE_BYTES, &w_off, &s_off);
@@ -239,9 +257,9 @@ VNNI static inline __attribute__((always_inline)) void packed_tile(const int64_t
         const __m512 s = SCALE_BYTES == 4
             ? _mm512_loadu_ps((const float *)(pb + s_off))
             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + s_off)));
-        group_rows(mc, a, lda, corr, G, g, t, s, y);
+        group_rows(mc, a, lda, corr, G, g, t, s, y, A32, a_scale);
     }
-    store_rows(mc, y, out, ldo, a_scale, n, nr);
+    store_rows(mc, y, out, ldo, a_scale, n, nr, A32);
 }
 
 /* packed_tile for the header's scale size. */
@@ -249,9 +267,9 @@ VNNI static inline __attribute__((always_inline)) void packed_tile_any(const int
                                                                        const int32_t *corr, const int8_t *pb,
                                                                        float *out, int64_t ldo, const float *a_scale,
                                                                        int64_t G, int64_t n, int nr,
-                                                                       int64_t scale_bytes) {
-    if (scale_bytes == 2) packed_tile(mc, a, lda, corr, pb, out, ldo, a_scale, G, n, nr, 2);
-    else packed_tile(mc, a, lda, corr, pb, out, ldo, a_scale, G, n, nr, 4);
+                                                                       int64_t scale_bytes, const int A32) {
+    if (scale_bytes == 2) packed_tile(mc, a, lda, corr, pb, out, ldo, a_scale, G, n, nr, 2, A32);
+    else packed_tile(mc, a, lda, corr, pb, out, ldo, a_scale, G, n, nr, 4, A32);
 }
 
 /* corr[m * G + g] = -128 x the sum of a[m, 32g .. 32g + 31]. */
@@ -270,15 +288,15 @@ VNNI static void activation_corrections(int32_t *corr, const int8_t *a, int64_t 
 
 #define DECODE_CASE(MM)                                                                                     \
     case MM:                                                                                                \
-        if (packed) packed_tile_any(MM, a, lda, corr, pb, out, ldo, a_scale, G, blk.n, blk.nr, sb); \
-        else block_tile(MM, a, lda, corr, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s); \
+        if (packed) packed_tile_any(MM, a, lda, corr, pb, out, ldo, a_scale, G, blk.n, blk.nr, sb, A32); \
+        else block_tile(MM, a, lda, corr, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s, A32); \
         break;
 
-/* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, no memory).
-   w_scale NULL: w is the packed layout of w8a8_grouped_vnni_pack (the scales inside it; 1 where its header is not
-   one of N x K weights). */
-VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
-                           int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
+/* The GEMM of either contract (A32: a_scale f32[M, G], one scale per row and group; else f32[M]). */
+VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w,
+                                                                   const float *w_scale, float *out, int64_t ldo,
+                                                                   const float *a_scale, int64_t M, int64_t N,
+                                                                   int64_t K, int nthreads, const int A32) {
     if (M < 1 || K < GROUP || K % GROUP) return 1;
     const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
     const int packed = w_scale == NULL;
@@ -307,20 +325,35 @@ VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const 
                 default:
                     for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
                         const int64_t mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
+                        const float *as = a_scale + m0 * (A32 ? G : 1);
                         if (packed) {
-                            packed_tile_any(mc, a + m0 * lda, lda, corr + m0 * G, pb, out + m0 * ldo, ldo,
-                                            a_scale + m0, G, blk.n, blk.nr, sb);
+                            packed_tile_any(mc, a + m0 * lda, lda, corr + m0 * G, pb, out + m0 * ldo, ldo, as, G,
+                                            blk.n, blk.nr, sb, A32);
                             continue;
                         }
-                        block_tile(mc, a + m0 * lda, lda, corr + m0 * G, w, w_scale,
-                                   out + m0 * ldo, ldo, a_scale + m0, K, blk.n, blk.nr, m0 ? NULL : blk.pf_w,
-                                   m0 ? NULL : blk.pf_s);
+                        block_tile(mc, a + m0 * lda, lda, corr + m0 * G, w, w_scale, out + m0 * ldo, ldo, as, K,
+                                   blk.n, blk.nr, m0 ? NULL : blk.pf_w, m0 ? NULL : blk.pf_s, A32);
                     }
             }
         }
     }
     if (corr != stack_corr) free(corr);
     return 0;
+}
+
+/* Returns 0 when done, 1 when nothing was computed (M < 1, K not a positive multiple of 32, no memory).
+   w_scale NULL: w is the packed layout of w8a8_grouped_vnni_pack (the scales inside it; 1 where its header is not
+   one of N x K weights). */
+VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
+                           int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
+    return grouped_vnni(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, nthreads, 0);
+}
+
+/* The group32 recipe's GEMM (salon.kernels.w8a8_group32): the same, with a_scale f32[M, K / 32] (contiguous), one
+   scale per activation row and group, multiplied into the weights' scale of the group before the group's sum. */
+VNNI int w8a8_group32_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
+                           int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
+    return grouped_vnni(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, nthreads, 1);
 }
 
 /* The packed layout of int8 w[N, K] and its scales f32[N, K / 32], for w8a8_grouped_vnni with w_scale NULL:

@@ -1,0 +1,156 @@
+"""The group32 activation recipe (salon.kernels.w8a8_group32: one int8 term per token and 32 channels) against the two
+int8 terms it would replace, on the CPU family's kernels, at Gemma 3 270M's projections (qkv 640 -> 1536, o 1024 ->
+640, gate_up 640 -> 2 x 2048, down 2048 -> 640; grouped weights with one scale per row and 32 channels) for
+decode (M = 1, 8 tokens) and prefill (M = 64, 512).
+
+Two pairs per projection and M, each timed in alternating rounds (A B, then B A, ...):
+
+  * `linear`: the engine's op on float activations, quantization included -- salon.kernels.cpu.linear_two_terms'
+    linear_two_terms_cpu against linear_group32_cpu (one C call up to its MAX_ROWS, the composition of the CPU
+    family's kernels above);
+  * `gemm`: the GEMM alone on activations already quantized -- the two terms' 2M int8 rows through the grouped
+    GEMM (salon.kernels.cpu.w8a8_grouped) against group32's M rows through its own entry point
+    (salon.kernels.cpu.w8a8_group32): half the int8 products.
+
+A round of a decode M calls each kernel once on each of LAYERS distinct copies of the projection's weights, as a
+decode step does (weights read from memory, not a cache that one weight fits in); a prefill M's round calls it on
+PREFILL_COPIES copies, the pass repeated to take at least MIN_MEASURE_S (the mean a pass). Each round gives one time
+ratio two terms / group32 (above 1: group32 faster); the figure is the median ratio over the rounds with its range
+(`group32_{linear,gemm}_m{M}_{proj}_two_terms_over_group32_x`, `..._range`), and the medians of both times.
+
+    python -m bench.group32_gemm [--quick] [--threads N]      (also bench.gemv --group32)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from salon.kernels.cpu.linear_two_terms import library, linear_group32_cpu, linear_two_terms_cpu
+from salon.kernels.cpu.quantize import quantize_group32_cpu, quantize_two_terms_cpu
+from salon.kernels.cpu.w8a8_group32 import w8a8_group32_cpu
+from salon.kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu
+from salon.kernels.w8a8_grouped import GROUP
+
+# (name, K, N) of a Gemma 3 270M layer's projections (d_model 640, 4 query heads and 1 KV head of 256, FFN 2048)
+PROJECTIONS = (("qkv", 640, 1536), ("o", 1024, 640), ("gate_up", 640, 4096), ("down", 2048, 640))
+DECODE_MS = (1, 8)
+PREFILL_MS = (64, 512)
+LAYERS = 18
+PREFILL_COPIES = 2
+# A measurement repeats its pass over the copies until it takes about this long (short ones are mostly jitter).
+MIN_MEASURE_S = 0.02
+
+
+def _weights(n: int, k: int, copies: int, gen: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [
+        (
+            torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen),
+            torch.rand(n, k // GROUP, generator=gen) / 100 + 1e-4,
+        )
+        for _ in range(copies)
+    ]
+
+
+def alternated_ratios(
+    a: Callable[[], object], b: Callable[[], object], rounds: int, min_seconds: float = MIN_MEASURE_S
+) -> tuple[list[float], list[float]]:
+    """Wall seconds a call of a() and of b() takes in `rounds` rounds, a measured first on even rounds and b first on
+    odd ones, after one untimed call of each (packed weights, builds, page faults): ([a's], [b's]). Each
+    measurement makes as many calls as bring the slower one's to at least min_seconds (by the second calls' times),
+    and gives the mean."""
+    a(), b()
+    calls = 1
+    for fn in (a, b):
+        start = time.perf_counter()
+        fn()
+        calls = max(calls, math.ceil(min_seconds / max(time.perf_counter() - start, 1e-9)))
+    times: tuple[list[float], list[float]] = ([], [])
+    for r in range(rounds):
+        for which in (0, 1) if r % 2 == 0 else (1, 0):
+            fn = (a, b)[which]
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[which].append((time.perf_counter() - start) / calls)
+    return times
+
+
+def _record(result: dict, key: str, two: list[float], g32: list[float]) -> str:
+    ratios = [t / g for t, g in zip(two, g32)]
+    median = statistics.median(ratios)
+    result[f"{key}_two_terms_ms"] = round(statistics.median(two) * 1e3, 3)
+    result[f"{key}_group32_ms"] = round(statistics.median(g32) * 1e3, 3)
+    result[f"{key}_two_terms_over_group32_x"] = round(median, 3)
+    result[f"{key}_two_terms_over_group32_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+    return (
+        f"two terms {statistics.median(two) * 1e3:9.3f} ms  group32 {statistics.median(g32) * 1e3:9.3f} ms  "
+        f"ratio {median:5.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+    )
+
+
+def group32_section(
+    result: dict,
+    rounds: int,
+    gen: torch.Generator,
+    projections=PROJECTIONS,
+    ms: tuple[int, ...] = DECODE_MS + PREFILL_MS,
+    layers: int = LAYERS,
+) -> None:
+    """The module's pairs for each projection and M (see the module docstring), recorded in `result`."""
+    if library() is None:
+        print("group32: the C kernels are not built here (needs x86-64 with AVX2 and cc)")
+        return
+    print(
+        f"group32 (one int8 term per 32 channels) against two int8 terms, {rounds} alternated rounds, threads "
+        f"{torch.get_num_threads()}: the median time ratio two terms / group32 and its range"
+    )
+    for name, k, n in projections:
+        decode_weights = _weights(n, k, layers, gen)
+        for m in ms:
+            weights = decode_weights if m in DECODE_MS else decode_weights[:PREFILL_COPIES]
+            x = torch.randn(m, k, generator=gen) * 3
+            q2, s2 = quantize_two_terms_cpu(x)
+            q32, s32 = quantize_group32_cpu(x)
+
+            def linear_two(x=x, weights=weights):
+                for w, s in weights:
+                    linear_two_terms_cpu(x, w, s)
+
+            def linear_g32(x=x, weights=weights):
+                for w, s in weights:
+                    linear_group32_cpu(x, w, s)
+
+            def gemm_two(q=q2, s_a=s2, weights=weights):
+                for w, s in weights:
+                    w8a8_grouped_scaled_cpu(q, s_a, w, s)
+
+            def gemm_g32(q=q32, s_a=s32, weights=weights):
+                for w, s in weights:
+                    w8a8_group32_cpu(q, s_a, w, s)
+
+            for kind, two, g32 in (("linear", linear_two, linear_g32), ("gemm", gemm_two, gemm_g32)):
+                line = _record(result, f"group32_{kind}_m{m}_{name}", *alternated_ratios(two, g32, rounds))
+                print(f"  {kind:6s} M={m:3d} {name:8s} {n:5d}x{k:<5d} x{len(weights):2d}: {line}")
+        del decode_weights
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds a pair (else 9)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    result: dict = {"threads": args.threads}
+    group32_section(result, 3 if args.quick else 9, torch.Generator().manual_seed(0))
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
