@@ -52,8 +52,8 @@ OP_NAMES = (
 # terms (salon.kernels.quantize), or one int16 term (salon.kernels.w16a8_grouped).
 ACTIVATION_RECIPES = ("two_terms", "int16")
 # Recipes selectable for measurements, never `auto`'s choice: one int8 term per token and 32 channels
-# (salon.kernels.w8a8_group32), with a C op in the CPU family (salon.kernels.cpu.linear_two_terms) and the PyTorch
-# references elsewhere.
+# (salon.kernels.w8a8_group32), with a C op in the CPU family (salon.kernels.cpu.linear_two_terms) and Triton kernels
+# in the Triton family (salon.kernels.w8a8_group32_triton).
 REFERENCE_ACTIVATION_RECIPES = ("group32",)
 
 
