@@ -16,8 +16,9 @@ admits only the stop tokens. JSON is compiled without free whitespace (items ", 
 given free whitespace can fill its whole budget with it.
 
 Why worker processes: xgrammar cannot cancel a compilation, so one on a thread that outlives its limit would
-hold the thread and a core until it ends; a process is killed instead, and runs at a lower priority (nice) so
-the serving loop and the model's step keep their cores. A compiled grammar crosses back as xgrammar's JSON:
+hold the thread and a core until it ends; a process is killed instead (and replaced by a fork of a spawner that
+has xgrammar loaded), and runs at a lower priority (nice) so the serving loop and the model's step keep their
+cores. A compiled grammar crosses back as xgrammar's JSON:
 deserializing costs a few per cent of compiling (2-12 ms with SmolLM2's vocabulary, 2-65 ms with Gemma's, the
 GIL released), so compiling in the worker and shipping the result beats a pre-flight followed by a second
 compile here. Each pool thread drives one worker, so the pool's size bounds the cores compilation can take.
@@ -27,9 +28,11 @@ With compile_workers=0 compilation runs on the pool's threads in this process (n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ from salon.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from salon.engine.grammar.cache import CompiledCache
 from salon.engine.grammar.constraint import Constraint, ConstraintKind
 from salon.engine.grammar.matcher import RequestGrammar
-from salon.engine.grammar.worker import CompileTimedOut, CompileWorker
+from salon.engine.grammar.worker import CompileTimedOut, CompileWorker, SpawnerNotReady, WorkerSpawner
 from salon.engine.model.tokenizer import Tokenizer
 
 # xgrammar's messages start with a time and its source file: "[19:29:00] /project/cpp/x.cc:94: "
@@ -90,9 +93,10 @@ class GrammarCompiler:
         self.cache: CompiledCache = CompiledCache(limits.cache_bytes)
         self.refused: CompiledCache[str] = CompiledCache(limits.refused_cache_bytes)
         self.compilations = 0  # compilations started (cache and refusal hits start none)
-        self.workers: list[CompileWorker] = []  # every worker started and not yet found dead
+        self.workers: list[CompileWorker] = []  # every worker started and not yet killed
         self._worker_of = threading.local()  # each pool thread's worker
         self._workers_lock = threading.Lock()
+        self._spawner: WorkerSpawner | None = None
         self._closed = False
 
     def _make_compiler(self, tokenizer: Tokenizer | Sequence[bytes], stop_token_ids: tuple[int, ...]):
@@ -104,12 +108,21 @@ class GrammarCompiler:
         self._info = xgrammar.TokenizerInfo(
             self._vocabulary, xgrammar.VocabType.RAW, stop_token_ids=list(stop_token_ids)
         )
+        if self.limits.compile_workers:
+            self._spawner = WorkerSpawner(self._vocabulary, stop_token_ids, self.limits.compile_nice)
         # One bound for the whole engine: this module's cache; xgrammar's own is off.
         return xgrammar.GrammarCompiler(self._info, max_threads=1, cache_enabled=False)
 
     def ready(self) -> None:
         """Wait for the tokenizer info (built on the pool when the compiler is made)."""
         self._compiler.result()
+
+    def wait_workers(self, timeout_s: float) -> None:
+        """Block until the worker processes can be forked (SpawnerNotReady after timeout_s): a compilation
+        waits for them within its own time limit, which a test's short limit may not cover."""
+        self.ready()
+        if self._spawner is not None:
+            self._spawner.wait_ready(timeout_s)
 
     def compile_now(self, constraint: Constraint):
         """Compile on the calling thread (the pool's, or a test's); InvalidArgument naming the problem."""
@@ -130,29 +143,39 @@ class GrammarCompiler:
         except (RuntimeError, ValueError, TypeError) as exc:
             raise InvalidArgument(f"{kind.value}: does not compile: {error_message(exc)}") from None
 
-    def _worker(self) -> CompileWorker:
+    def _worker(self, start_by: float) -> CompileWorker:
+        """The pool thread's worker (a fresh fork when it has none); SpawnerNotReady past start_by (monotonic)."""
         worker = getattr(self._worker_of, "worker", None)
-        if worker is None or not worker.alive:
-            self.ready()
-            worker = CompileWorker(self._vocabulary, self.stop_token_ids, self.limits.compile_nice)
-            with self._workers_lock:
-                self.workers = [w for w in self.workers if w.alive] + [worker]
-                closed = self._closed
-            if closed:
-                worker.kill()
+        if worker is not None and worker.alive:
+            return worker
+        self.ready()
+        with self._workers_lock:
+            if self._closed:
                 raise Unavailable("the grammar compiler is closed")
-            self._worker_of.worker = worker
+            if not self._spawner.alive:  # it died (killed from outside): a fresh one
+                self._spawner.kill()
+                self._spawner = WorkerSpawner(self._vocabulary, self.stop_token_ids, self.limits.compile_nice)
+            spawner = self._spawner
+        worker = spawner.spawn(start_by - time.monotonic())
+        with self._workers_lock:
+            self.workers = [w for w in self.workers if w.alive] + [worker]
+            closed = self._closed
+        if closed:
+            worker.kill()
+            raise Unavailable("the grammar compiler is closed")
+        self._worker_of.worker = worker
         return worker
 
-    def _compile_in_worker(self, constraint: Constraint):
+    def _compile_in_worker(self, constraint: Constraint, start_by: float):
         """On a pool thread: the pool thread's worker compiles; the result is deserialized here."""
         import xgrammar
 
-        worker = self._worker()
+        worker = self._worker(start_by)
         try:
             serialized = worker.compile(constraint, self.limits.compile_timeout_s)
         except CompileTimedOut:
-            self._worker()  # its replacement starts now, not when the next constraint comes
+            with contextlib.suppress(SpawnerNotReady):
+                self._worker(time.monotonic())  # its replacement (a fork) is ready before the next constraint
             raise
         return xgrammar.CompiledGrammar.deserialize_json(serialized, self._info)
 
@@ -165,15 +188,17 @@ class GrammarCompiler:
         if reason is not None:
             raise InvalidArgument(reason)
         self.compilations += 1
-        job = self._pool.submit(
-            self._compile_in_worker if self.limits.compile_workers else self.compile_now, constraint
-        )
+        limit = self.limits.compile_timeout_s
+        if self.limits.compile_workers:
+            job = self._pool.submit(self._compile_in_worker, constraint, time.monotonic() + limit)
+        else:
+            job = self._pool.submit(self.compile_now, constraint)
         future = asyncio.wrap_future(job)
-        done, _ = await asyncio.wait({future}, timeout=self.limits.compile_timeout_s)
+        done, _ = await asyncio.wait({future}, timeout=limit)
         if not done and job.cancel():
             raise ResourceExhausted(
-                f"sampling.constraint: every grammar compiler stayed busy for {self.limits.compile_timeout_s:g} s "
-                "with other constraints; retry later"
+                f"sampling.constraint: every grammar compiler stayed busy for {limit:g} s with other constraints; "
+                "retry later"
             )
         try:
             if not done and not self.limits.compile_workers:
@@ -182,6 +207,10 @@ class GrammarCompiler:
                 raise CompileTimedOut
             # A worker's compilation ends within its limit (the worker is killed then).
             compiled = await future
+        except SpawnerNotReady:
+            raise ResourceExhausted(
+                f"sampling.constraint: the grammar compilers did not start within {limit:g} s; retry later"
+            ) from None
         except CompileTimedOut:
             refusal = InvalidArgument(
                 f"{constraint.kind.value}: did not compile within {self.limits.compile_timeout_s:g} s (too complex)"
@@ -197,10 +226,14 @@ class GrammarCompiler:
     async def matcher(self, constraint: Constraint) -> RequestGrammar:
         return RequestGrammar(await self.compile(constraint), self.vocab_size)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, wait: bool = False) -> None:
+        """Stop compiling: the pool (its threads joined when wait), the workers and their spawner killed."""
+        self._pool.shutdown(wait=wait, cancel_futures=True)
         with self._workers_lock:
             self._closed = True
             workers, self.workers = self.workers, []
+            spawner, self._spawner = self._spawner, None
         for worker in workers:
             worker.kill()
+        if spawner is not None:
+            spawner.kill()
