@@ -59,6 +59,7 @@ def test_cache_keeps_its_byte_bound_and_evicts_least_recently_used_first(seed):
 def compiler():
     mf = open_model_file("smollm2-135m-instruct")
     compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, GrammarLimits(compile_workers=1))
+    compiler.wait_workers(120)
     yield compiler
     compiler.close()
 
@@ -106,11 +107,15 @@ def test_a_compilation_past_its_time_limit_kills_its_worker_and_the_next_one_com
         asyncio.run(compiler.compile(Constraint(ConstraintKind.REGEX, "[a-z]{3}")))
         (first,) = compiler.workers
         assert first.alive
-        slow = open_optional_schema(48)  # about 2 s
+        slow = open_optional_schema(2000)  # over a minute: gone much sooner only when killed
         with pytest.raises(InvalidArgument, match=r"^json_schema: did not compile within 0\.5 s \(too complex\)$"):
             asyncio.run(compiler.compile(slow))
         assert not first.alive
         wait_until_gone(first.pid)  # killed, not left compiling
+        compilations = compiler.compilations
+        with pytest.raises(InvalidArgument, match=r"^json_schema: did not compile within 0\.5 s"):
+            asyncio.run(compiler.compile(slow))  # remembered: refused without compiling again
+        assert compiler.compilations == compilations
         compiled = asyncio.run(compiler.compile(Constraint(ConstraintKind.REGEX, "[0-9]{2}")))
         (second,) = compiler.workers
         assert second is not first and second.alive and second.compiles == 1
@@ -140,6 +145,7 @@ def test_refusals_are_kept_within_their_byte_bound_least_recently_used_out_first
     limits = GrammarLimits(compile_workers=1, refused_cache_bytes=200)
     compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, limits)
     try:
+        compiler.wait_workers(120)
         regexes = [Constraint(ConstraintKind.REGEX, f"(a{i}") for i in range(5)]  # each: an unclosed group
         for regex in regexes:
             with pytest.raises(InvalidArgument, match="^regex: does not compile: "):

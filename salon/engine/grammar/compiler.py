@@ -1,7 +1,8 @@
 """Constraints compiled to grammars for one tokenizer, off every event loop, within a time limit, cached.
 
     compile(constraint)   cache hit   -> the compiled grammar at once
-                          refused     -> the same INVALID_ARGUMENT at once (a bounded cache of refusals)
+                          refused     -> the same INVALID_ARGUMENT at once (a bounded cache of refusals; one
+                                         for time for refused_slow_s)
                           miss        -> a worker process compiles it (worker.py) and sends it back serialized;
                                          INVALID_ARGUMENT naming the problem when it does not compile, or does
                                          not finish within compile_timeout_s (the worker is killed and
@@ -61,6 +62,9 @@ class GrammarLimits:
     compile_nice: int = 10
     # Bytes of refused constraints remembered with their reason (least recently used forgotten first).
     refused_cache_bytes: int = 16 << 20
+    # How long a refusal for time is remembered (one that does not compile is remembered until evicted): a
+    # host busy with other work can slow a compilation that would otherwise fit.
+    refused_slow_s: float = 300.0
 
 
 def vocabulary(tokenizer: Tokenizer, stop_token_ids: tuple[int, ...]) -> list[bytes]:
@@ -91,7 +95,7 @@ class GrammarCompiler:
         self._pool = ThreadPoolExecutor(max(1, limits.compile_workers), thread_name_prefix="grammar-compile")
         self._compiler = self._pool.submit(self._make_compiler, tokenizer, stop_token_ids)
         self.cache: CompiledCache = CompiledCache(limits.cache_bytes)
-        self.refused: CompiledCache[str] = CompiledCache(limits.refused_cache_bytes)
+        self.refused: CompiledCache[tuple[str, float]] = CompiledCache(limits.refused_cache_bytes)
         self.compilations = 0  # compilations started (cache and refusal hits start none)
         self.workers: list[CompileWorker] = []  # every worker started and not yet killed
         self._worker_of = threading.local()  # each pool thread's worker
@@ -184,9 +188,9 @@ class GrammarCompiler:
         hit = self.cache.get(constraint)
         if hit is not None:
             return hit
-        reason = self.refused.get(constraint)
-        if reason is not None:
-            raise InvalidArgument(reason)
+        refused = self.refused.get(constraint)
+        if refused is not None and time.monotonic() < refused[1]:
+            raise InvalidArgument(refused[0])
         self.compilations += 1
         limit = self.limits.compile_timeout_s
         if self.limits.compile_workers:
@@ -212,15 +216,14 @@ class GrammarCompiler:
                 f"sampling.constraint: the grammar compilers did not start within {limit:g} s; retry later"
             ) from None
         except CompileTimedOut:
-            refusal = InvalidArgument(
-                f"{constraint.kind.value}: did not compile within {self.limits.compile_timeout_s:g} s (too complex)"
-            )
+            refusal = InvalidArgument(f"{constraint.kind.value}: did not compile within {limit:g} s (too complex)")
+            until = time.monotonic() + self.limits.refused_slow_s
         except InvalidArgument as exc:
-            refusal = exc
+            refusal, until = exc, float("inf")
         else:
             self.cache.put(constraint, compiled, int(compiled.memory_size_bytes))
             return compiled
-        self.refused.put(constraint, refusal.message, constraint.num_bytes + len(refusal.message.encode()))
+        self.refused.put(constraint, (refusal.message, until), constraint.num_bytes + len(refusal.message.encode()))
         raise refusal
 
     async def matcher(self, constraint: Constraint) -> RequestGrammar:
