@@ -134,7 +134,8 @@ class EngineConfig:
         default=2, metadata={"help": "worker processes compiling constraints; 0: threads of the engine process"}
     )
     grammar_compile_nice: int = field(
-        default=10, metadata={"help": "added to the compile workers' nice value (the engine's cores come first)"}
+        default=19,
+        metadata={"help": "added to the compile workers' nice value: below the step thread's, so the step comes first"},
     )
     no_prefix_cache: bool = field(
         default=False, metadata={"help": "disable prefix caching (device and kvstore): recompute every prompt"}

@@ -58,8 +58,9 @@ class GrammarLimits:
     compile_timeout_s: float = 10.0
     # Worker processes that compile (each compilation holds one); 0: threads of this process.
     compile_workers: int = 2
-    # Added to the workers' nice value.
-    compile_nice: int = 10
+    # Added to the workers' nice value: below the step thread's (+10 by default), whose threads a worker
+    # sharing their cores would otherwise hold up.
+    compile_nice: int = 19
     # Bytes of refused constraints remembered with their reason (least recently used forgotten first).
     refused_cache_bytes: int = 16 << 20
     # How long a refusal for time is remembered (one that does not compile is remembered until evicted): a
