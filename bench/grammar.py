@@ -241,7 +241,7 @@ def measure_steps(rounds: int, num_steps: int) -> dict:
 
     model, tokenizer = load_model("smollm2-135m-instruct", "int8")
     core = EngineCore(model, tokenizer, SchedulerConfig(256, BATCH_ROWS, 256), 16, 64 << 20, prefix_caching=False)
-    compiler = GrammarCompiler(tokenizer, model.config.eos_token_ids, GrammarLimits())
+    compiler = GrammarCompiler(tokenizer, model.config.eos_token_ids, GrammarLimits(compile_workers=0))
     compiled = compiler.compile_now(Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(CHARACTER_STATE_SCHEMA), True))
     prompts = [tokenizer.encode(f"Character {i} as JSON:", add_bos=True) for i in range(BATCH_ROWS)]
     counter = iter(range(1 << 30))

@@ -128,9 +128,16 @@ class EngineConfig:
         default=256 << 20, metadata={"help": "bytes of compiled constraints kept (structured output), LRU"}
     )
     grammar_compile_timeout_s: float = field(
-        default=10.0, metadata={"help": "longest a request waits for its constraint to compile before a 400"}
+        default=10.0,
+        metadata={"help": "longest a constraint may compile before a 400 (its worker process is killed)"},
     )
-    grammar_compile_threads: int = field(default=2, metadata={"help": "threads compiling constraints"})
+    grammar_compile_workers: int = field(
+        default=2, metadata={"help": "worker processes compiling constraints; 0: threads of the engine process"}
+    )
+    grammar_compile_nice: int = field(
+        default=19,
+        metadata={"help": "added to the compile workers' nice value: below the step thread's, so the step comes first"},
+    )
     no_prefix_cache: bool = field(
         default=False, metadata={"help": "disable prefix caching (device and kvstore): recompute every prompt"}
     )

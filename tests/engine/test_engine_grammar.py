@@ -30,7 +30,7 @@ def model_and_tokenizer():
 @pytest.fixture(scope="module")
 def compiler(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    compiler = GrammarCompiler(tok, model.config.eos_token_ids, GrammarLimits(compile_threads=1))
+    compiler = GrammarCompiler(tok, model.config.eos_token_ids, GrammarLimits(compile_workers=0))
     yield compiler
     compiler.close()
 

@@ -1,12 +1,15 @@
 """The grammar module's parts: the compiled-grammar cache's byte bound (seeded randomized against a plain LRU
-model), the compiler's cache, time limit and refusals, the bitmask against a plain per-token reference on odd
+model), the compiler's cache, its worker killed past the time limit and replaced, refusals remembered within
+their byte bound, a schema's shape limits, the bitmask against a plain per-token reference on odd
 vocabulary sizes, and a constrained row sampled over its allowed tokens only (host C path = its reference)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import time
 import zlib
 
 import pytest
@@ -56,7 +59,8 @@ def test_cache_keeps_its_byte_bound_and_evicts_least_recently_used_first(seed):
 @pytest.fixture(scope="module")
 def compiler():
     mf = open_model_file("smollm2-135m-instruct")
-    compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, GrammarLimits(compile_threads=1))
+    compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, GrammarLimits(compile_workers=1))
+    compiler.wait_workers(120)
     yield compiler
     compiler.close()
 
@@ -78,20 +82,118 @@ def test_compiler_caches_by_constraint_and_refuses_naming_the_problem(compiler):
         checked(Constraint(ConstraintKind.CHOICE))
 
 
-def test_a_compilation_past_its_time_limit_is_refused(compiler):
-    # Three optional nested properties, not strict: a compilation of a few hundred ms, far past the 1 ms limit.
-    schema = {
-        "type": "object",
-        "properties": {f"p{i}": {"type": "object", "properties": {"v": {"type": "integer"}}} for i in range(3)},
-    }
-    constraint = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema))
-    slow = GrammarCompiler.__new__(GrammarCompiler)
-    slow.__dict__.update(compiler.__dict__)
-    slow.limits = GrammarLimits(compile_timeout_s=0.001)
-    with pytest.raises(InvalidArgument, match=r"^json_schema: did not compile within 0\.001 s"):
-        asyncio.run(slow.compile(constraint))
-    assert constraint not in compiler.cache
-    assert asyncio.run(compiler.compile(constraint)) is not None  # the same constraint within the usual limit
+def open_optional_schema(n: int, first: int = 0) -> Constraint:
+    """An object of n optional integer properties, not strict: each costs about 40 ms to compile here."""
+    properties = {f"p{i}": {"type": "integer"} for i in range(first, first + n)}
+    return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps({"type": "object", "properties": properties}))
+
+
+def wait_until_gone(pid: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} still runs")
+
+
+def test_a_compilation_past_its_time_limit_kills_its_worker_and_the_next_one_compiles():
+    mf = open_model_file("smollm2-135m-instruct")
+    limits = GrammarLimits(compile_timeout_s=0.5, compile_workers=1)
+    compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, limits)
+    try:
+        compiler.wait_workers(120)
+        asyncio.run(compiler.compile(Constraint(ConstraintKind.REGEX, "[a-z]{3}")))
+        (first,) = compiler.workers
+        assert first.alive
+        slow = open_optional_schema(2000)  # over a minute: gone much sooner only when killed
+        with pytest.raises(InvalidArgument, match=r"^json_schema: did not compile within 0\.5 s \(too complex\)$"):
+            asyncio.run(compiler.compile(slow))
+        assert not first.alive
+        wait_until_gone(first.pid)  # killed, not left compiling
+        compilations = compiler.compilations
+        with pytest.raises(InvalidArgument, match=r"^json_schema: did not compile within 0\.5 s"):
+            asyncio.run(compiler.compile(slow))  # remembered: refused without compiling again
+        assert compiler.compilations == compilations
+        compiled = asyncio.run(compiler.compile(Constraint(ConstraintKind.REGEX, "[0-9]{2}")))
+        (second,) = compiler.workers
+        assert second is not first and second.alive and second.compiles == 1
+        assert compiled.memory_size_bytes > 0
+    finally:
+        compiler.close()
+    wait_until_gone(second.pid)
+
+
+def test_a_refused_constraint_is_refused_again_at_once(compiler):
+    """A constraint that does not compile (or took too long) gets the same refusal without compiling again."""
+    bad = Constraint(ConstraintKind.JSON_SCHEMA, '{"type": "objectx"}')
+    before = compiler.compilations
+    for _ in range(3):
+        with pytest.raises(InvalidArgument, match=r"^json_schema: does not compile: .*objectx"):
+            asyncio.run(compiler.compile(bad))
+    assert compiler.compilations == before + 1
+    assert bad in compiler.refused and bad not in compiler.cache
+    good = Constraint(ConstraintKind.REGEX, "[a-z]{4}")
+    for _ in range(2):
+        asyncio.run(compiler.compile(good))
+    assert compiler.compilations == before + 2  # the positive control: a compiled one is cached, once
+
+
+def test_refusals_are_kept_within_their_byte_bound_least_recently_used_out_first():
+    mf = open_model_file("smollm2-135m-instruct")
+    limits = GrammarLimits(compile_workers=1, refused_cache_bytes=200)
+    compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, limits)
+    try:
+        compiler.wait_workers(120)
+        regexes = [Constraint(ConstraintKind.REGEX, f"(a{i}") for i in range(5)]  # each: an unclosed group
+        for regex in regexes:
+            with pytest.raises(InvalidArgument, match="^regex: does not compile: "):
+                asyncio.run(compiler.compile(regex))
+            assert compiler.refused.num_bytes <= 200
+        kept = [r for r in regexes if r in compiler.refused]
+        assert 0 < len(kept) < len(regexes) and kept == regexes[len(regexes) - len(kept) :]
+        assert compiler.compilations == len(regexes)
+        with pytest.raises(InvalidArgument):
+            asyncio.run(compiler.compile(regexes[0]))  # forgotten: compiled (and refused) again
+        assert compiler.compilations == len(regexes) + 1
+    finally:
+        compiler.close()
+
+
+def test_schema_shape_limits_are_refused_before_compiling_naming_the_limit():
+    def schema(value, strict=False):
+        return Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(value), strict=strict)
+
+    deep: dict = {"type": "integer"}
+    for _ in range(40):
+        deep = {"type": "object", "properties": {"a": deep}, "required": ["a"]}
+    with pytest.raises(InvalidArgument, match=r"^sampling.constraint.json_schema: nested more than 64 levels deep"):
+        checked(schema(deep, strict=True))
+    with pytest.raises(InvalidArgument, match=r"json_schema: nested more than 64 levels deep$"):
+        checked(Constraint(ConstraintKind.JSON_SCHEMA, "[" * 5000 + "]" * 5000))
+    with pytest.raises(
+        InvalidArgument, match=r"json_schema: enum at /properties/c/enum has 1025 values, more than 1024"
+    ):
+        checked(schema({"type": "object", "properties": {"c": {"enum": list(range(1025))}}}))
+    with pytest.raises(InvalidArgument, match=r"json_schema: object at / has 257 properties, more than 256"):
+        checked(schema({"type": "object", "properties": {f"p{i}": {} for i in range(257)}}, strict=True))
+    with pytest.raises(InvalidArgument, match=r"json_schema: more than 16 optional properties in objects that admit"):
+        checked(open_optional_schema(17))
+    # Just within each limit, and the same optional properties where the objects are closed.
+    shallow: dict = {"type": "integer"}
+    for _ in range(31):
+        shallow = {"type": "object", "properties": {"a": shallow}, "required": ["a"]}
+    checked(schema(shallow, strict=True))
+    checked(schema({"type": "object", "properties": {"c": {"enum": list(range(1024))}}}))
+    checked(schema({"type": "object", "properties": {f"p{i}": {} for i in range(256)}}, strict=True))
+    checked(open_optional_schema(16))
+    wide = json.loads(open_optional_schema(17).text)
+    checked(Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(wide), strict=True))
+    checked(Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(wide | {"additionalProperties": False})))
+    # A property named like a keyword is a name, not a keyword.
+    checked(schema({"type": "object", "properties": {"enum": {"type": "string"}}, "required": ["enum"]}))
 
 
 @pytest.mark.parametrize("vocab", [31, 32, 1003])

@@ -158,7 +158,8 @@ class EngineService:
                 GrammarLimits(
                     self.config.grammar_cache_bytes,
                     self.config.grammar_compile_timeout_s,
-                    self.config.grammar_compile_threads,
+                    self.config.grammar_compile_workers,
+                    self.config.grammar_compile_nice,
                 ),
             ),
             resident=ResidentMeter(

@@ -1,4 +1,5 @@
-"""What a reply's text must match: one constraint per request, checked for size before anything compiles."""
+"""What a reply's text must match: one constraint per request, checked for size (and a schema for its shape,
+schema_shape.py) before anything compiles."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from dataclasses import dataclass
 
 from salon.common.errors import InvalidArgument
+from salon.engine.grammar.schema_shape import MAX_SCHEMA_DEPTH, check_schema_shape
 
 MAX_SCHEMA_BYTES = 65_536
 MAX_GRAMMAR_BYTES = 65_536
@@ -49,8 +51,11 @@ def checked(constraint: Constraint, field: str = "sampling.constraint") -> Const
             schema = json.loads(constraint.text)
         except ValueError as exc:
             raise InvalidArgument(f"{field}.json_schema: not valid JSON ({exc})") from None
+        except RecursionError:
+            raise InvalidArgument(f"{field}.json_schema: nested more than {MAX_SCHEMA_DEPTH} levels deep") from None
         if not isinstance(schema, dict | bool):
             raise InvalidArgument(f"{field}.json_schema: a schema is a JSON object, not {type(schema).__name__}")
+        check_schema_shape(schema, constraint.strict, f"{field}.json_schema")
     elif kind is ConstraintKind.REGEX:
         if not constraint.text or size > MAX_REGEX_BYTES:
             raise InvalidArgument(f"{field}.regex: must be 1..{MAX_REGEX_BYTES} bytes")

@@ -1,0 +1,59 @@
+"""The compile workers' spawner (worker.py starts it): reads the vocabulary, its stop tokens and how much to
+lower its priority, builds its compiler, says "ready"; then for each "fork" and the socket that comes with it,
+forks a worker (it pid sent back) that answers each constraint with (True, the compiled grammar as xgrammar's
+JSON) or (False, why it does not compile) until its socket closes. The spawner ends when its own socket does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import recv_handle
+
+from salon.common.errors import InvalidArgument
+from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
+
+
+def serve(conn: Connection, compiler: GrammarCompiler) -> None:
+    while True:
+        try:
+            constraint = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send((True, compiler.compile_now(constraint).serialize_json()))
+        except InvalidArgument as exc:
+            conn.send((False, exc.message))
+
+
+def main(fd: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine's Ctrl-C is the engine's; it closes the socket
+    control = Connection(fd)
+    vocabulary, stop_token_ids, nice = control.recv()
+    if nice:
+        os.nice(nice)
+    compiler = GrammarCompiler(vocabulary, tuple(stop_token_ids), GrammarLimits(compile_workers=0))
+    compiler.ready()
+    compiler.close(wait=True)  # its pool's thread ends: the forks below come from a single-threaded process
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped as they end
+    control.send("ready")
+    while True:
+        try:
+            control.recv()
+            worker_fd = recv_handle(control)
+        except EOFError:
+            return
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            try:
+                serve(Connection(worker_fd), compiler)
+            finally:
+                os._exit(0)
+        os.close(worker_fd)
+        control.send(pid)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

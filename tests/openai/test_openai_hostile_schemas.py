@@ -1,0 +1,195 @@
+"""Hostile schemas against a real SmolLM2-135M stack (one engine with a 0.5 s compile limit, a gateway serving
+the HTTP API), through the official `openai` package: deep nesting, a huge enum and many optional properties
+are refused with a 400 naming the limit before anything compiles, a schema within those limits that compiles
+too slowly is refused naming the time limit (its worker killed), and another client's plain request keeps its
+latency: its p90 over 30 calls while the hostile schemas stream in stays within 50 ms of its p90 alone (the
+issue's bound on the cost a hostile schema may put on others)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+
+import openai
+import pytest
+
+from tests.hardening.hardening_stack import start_engine, start_gateway, stop_all, wait_gateway_sees
+from tests.openai.openai_stack import KEY, TENANTS
+
+MODEL = "smollm2-135m-instruct"
+CALLS = 30  # each alone and alongside the hostile clients
+BLOCKS = 3
+# Between the schemas refused before compiling: a flood of requests costs the gateway's and the engine's loops
+# whatever the requests hold (the tenants' rate limits bound that); what is measured is the cost of the schemas.
+PAUSE_S = 0.1
+MESSAGES = [{"role": "user", "content": "Name a colour."}]
+
+
+def deep(levels: int, key: str = "a") -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {key: schema}, "required": [key]}
+    return schema
+
+
+# (schema, strict, the 400's message): each refused before it compiles (the gateway bounds a body's nesting;
+# the engine its schema's, for gRPC clients too).
+REFUSED = [
+    (deep(40), True, "body: JSON is nested deeper than 32 levels"),
+    ({"enum": [f"v{i}" for i in range(5000)]}, True, "enum at /enum has 5000 values, more than 1024"),
+    (
+        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(40)}},
+        False,
+        "more than 16 optional properties in objects that admit other keys",
+    ),
+]
+
+
+def slow(i: int) -> dict:
+    """Within every shape limit, but 12 nested objects that admit any other key and 16 optional properties: about
+    2 s to compile."""
+    optional = {f"p{j}": {"type": "integer"} for j in range(16)}
+    return {"type": "object", "properties": {f"k{i}": deep(11), **optional}, "required": [f"k{i}"]}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    engine = gateway = None
+    try:
+        engine = start_engine("e0", tmp, extra=["--model", MODEL, "--grammar-compile-timeout-s", "0.5"])
+        tenants = tmp / "tenants.json"
+        tenants.write_text(json.dumps(TENANTS))
+        gateway = start_gateway({"e0": engine}, tenants, tmp, extra=["--http-port", "0"])
+        wait_gateway_sees(gateway, 1)
+        url = f"http://127.0.0.1:{gateway.extra_ports['http_port']}/v1"
+        client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=120)
+        wait_for_compile_workers(client)
+        yield client
+    finally:
+        stop_all([gateway, engine])
+
+
+def wait_for_compile_workers(client: openai.OpenAI) -> None:
+    """A constrained request waits for the engine's compile workers within the compile limit (0.5 s here): a
+    429 while they start."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with_schema(client, {"type": "integer"}, strict=True)
+            return
+        except openai.RateLimitError as exc:
+            assert "did not start within 0.5 s" in exc.body["message"], exc.body
+            assert time.monotonic() < deadline, "the compile workers did not start"
+            time.sleep(0.2)
+
+
+def with_schema(client: openai.OpenAI, schema: dict, strict: bool):
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "h", "schema": schema, "strict": strict}},
+    )
+
+
+def latencies(client: openai.OpenAI, calls: int) -> list[float]:
+    seconds = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8, temperature=0)
+        seconds.append(time.perf_counter() - start)
+        assert reply.choices[0].message.content
+    return seconds
+
+
+def p90(seconds: list[float]) -> float:
+    return sorted(seconds)[int(0.9 * len(seconds)) - 1]
+
+
+def test_each_hostile_schema_is_refused_naming_its_limit(client):
+    for schema, strict, message in REFUSED:
+        with pytest.raises(openai.BadRequestError) as refused:
+            with_schema(client, schema, strict)
+        assert refused.value.status_code == 400
+        assert message in refused.value.body["message"], refused.value.body
+    with pytest.raises(openai.BadRequestError) as refused:
+        with_schema(client, slow(0), strict=False)
+    assert "json_schema: did not compile within 0.5 s (too complex)" in refused.value.body["message"]
+    # The positive control: the same shape with closed objects compiles within the limit.
+    reply = with_schema(client, slow(0), strict=True)
+    assert reply.choices[0].message.content.startswith('{"k0')
+
+
+def send_hostile(url: str, slow_ones: bool, go, idle, quit, outcomes) -> None:
+    """A hostile client in a process of its own (its JSON work stays off the measured client's GIL): while go is
+    set, sends the schemas refused before compiling (PAUSE_S apart), or slow ones back to back, each refused
+    naming its problem; otherwise sets idle (its last request answered) and waits. Puts each outcome, or the
+    error."""
+    client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=120)
+    i = 0
+    try:
+        while not quit.is_set():
+            if not go.is_set():
+                idle.set()
+                go.wait(0.05)
+                continue
+            idle.clear()
+            if slow_ones:
+                schema, strict, message = slow(i + 1), False, "did not compile within 0.5 s (too complex)"
+            else:
+                schema, strict, message = REFUSED[i % len(REFUSED)]
+                time.sleep(PAUSE_S)
+            with pytest.raises(openai.BadRequestError) as refused:
+                with_schema(client, schema, strict)
+            assert message in refused.value.body["message"], refused.value.body
+            outcomes.put(message)
+            i += 1
+    except BaseException as exc:  # reported by the test
+        outcomes.put(repr(exc))
+
+
+def wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_hostile_schemas_keep_another_clients_latency(client):
+    """Alone and alongside the hostile clients in alternating blocks (a busy host's drift falls on both alike);
+    the hostile clients are paused, their last request answered, before each block alone."""
+    context = multiprocessing.get_context("spawn")
+    outcomes = context.Queue()
+    go, quit = context.Event(), context.Event()
+    idles = [context.Event(), context.Event()]
+    senders = [
+        context.Process(target=send_hostile, args=(str(client.base_url), slow_ones, go, idle, quit, outcomes))
+        for slow_ones, idle in zip((False, True), idles)
+    ]
+    for sender in senders:
+        sender.start()
+    try:
+        latencies(client, 10)  # warm: the first calls pay one-off costs
+        alone: list[float] = []
+        during: list[float] = []
+        for _ in range(BLOCKS):
+            wait_for(lambda: all(idle.is_set() for idle in idles), "the hostile clients pause")
+            alone += latencies(client, CALLS // BLOCKS)
+            go.set()
+            wait_for(lambda: not any(idle.is_set() for idle in idles), "the hostile clients send")
+            during += latencies(client, CALLS // BLOCKS)
+            go.clear()
+    finally:
+        quit.set()
+        go.set()
+        for sender in senders:
+            sender.join()
+    seen = []
+    while len(seen) < 2 * CALLS and not outcomes.empty():
+        seen.append(outcomes.get(timeout=10))
+    assert all(m.startswith(("body:", "enum", "more than 16", "did not compile")) for m in seen), seen
+    assert sum("did not compile" in m for m in seen) >= BLOCKS and len(seen) > CALLS, seen  # the load was there
+    print("LAT", p90(alone), p90(during), len(seen))
+    assert p90(during) <= p90(alone) + 0.050, (p90(alone), p90(during))
