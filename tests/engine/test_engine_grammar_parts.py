@@ -141,6 +141,22 @@ def test_a_refused_constraint_is_refused_again_at_once(compiler):
     assert compiler.compilations == before + 2  # the positive control: a compiled one is cached, once
 
 
+def test_a_grammar_that_crashes_the_compiler_is_refused_and_the_next_one_compiles(compiler):
+    """xgrammar crashes (SIGSEGV) on a rule that only repeats itself with a count: the worker dies, the engine does
+    not; the constraint is refused naming the crash, remembered, and a good grammar compiles on a fresh worker."""
+    crashing = Constraint(ConstraintKind.GRAMMAR, "root ::= root{2}")
+    before = compiler.compilations
+    for _ in range(2):
+        with pytest.raises(
+            InvalidArgument, match=r"^grammar: does not compile \(the grammar compiler crashed on it\)$"
+        ):
+            asyncio.run(compiler.compile(crashing))
+    assert compiler.compilations == before + 1
+    good = Constraint(ConstraintKind.GRAMMAR, 'root ::= "yes" | "no"')
+    assert asyncio.run(compiler.compile(good)) is not None
+    assert compiler.compilations == before + 2
+
+
 def test_refusals_are_kept_within_their_byte_bound_least_recently_used_out_first():
     mf = open_model_file("smollm2-135m-instruct")
     limits = GrammarLimits(compile_workers=1, refused_cache_bytes=200)

@@ -62,8 +62,12 @@ class CompileWorker:
                     return payload
                 raise InvalidArgument(payload)
         except (EOFError, OSError):
+            # The worker died on this constraint (xgrammar crashes on some grammars, e.g. `root ::= root{2}`):
+            # the constraint is refused, and remembered like any other that does not compile.
             self.kill()
-            raise Unavailable("a grammar compile worker exited while compiling") from None
+            raise InvalidArgument(
+                f"{constraint.kind.value}: does not compile (the grammar compiler crashed on it)"
+            ) from None
         self.kill()
         raise CompileTimedOut
 
