@@ -108,7 +108,7 @@ def _server_build():
 
 def test_llama_server_replays_the_same_trace(tmp_path):
     build = _server_build()
-    out, result, data = _bench(tmp_path, "--llama-cpp", str(build.server_path.parent), *TINY)
+    out, result, data = _bench(tmp_path, "--llama-cpp", str(build.server_path.parent), "--rounds", "2", *TINY)
     salon, theirs = data["records"]["cache"], data["records"]["llama-server"]
     p = result["peer"]
     assert result["peer_error"] is None and p is not None
@@ -137,16 +137,29 @@ def test_llama_server_replays_the_same_trace(tmp_path):
             assert r["prompt_tokens"] > previous["prompt_tokens"] + len(previous["reply_token_ids"]), (d, t)
     kinds = {r["kind"] for r in theirs}
     assert "regenerate" in kinds  # the seed exercises a regeneration
+    # Two alternated rounds, each its own trace (the second: the next seed) replayed by both on the same servers;
+    # a ratio per round, the first round's from the figures above.
+    assert p["rounds"] == 2 and len(data["alternated_rounds"]) == 2
+    first, second = data["alternated_rounds"]
+    assert first == {"cache": data["runs"]["cache"], "llama-server": data["runs"]["llama-server"]}
+    assert second["cache"]["num_turns"] == second["llama-server"]["num_turns"] == 12
+    assert second["cache"]["num_errors"] == second["llama-server"]["num_errors"] == 0
     ratios = p["salon_over_peer"]
-    assert ratios["turns_per_s_ratio"] == pytest.approx(result["turns_per_s"] / p["turns_per_s"])
-    assert ratios["ttft_ms_p90_warm_turns_ratio"] == pytest.approx(
-        result["ttft_ms_p90_warm_turns"] / p["ttft_ms_p90_warm_turns"]
-    )
-    assert isinstance(ratios["steady_turns_per_s_ratio"], float)  # 12 turns: a steady window exists
+    for key in ("turns_per_s", "ttft_ms_p90_warm_turns", "steady_turns_per_s"):  # 12 turns: a steady window
+        r = ratios[key]
+        assert r["rounds"] == 2, key
+        expected = [round(rnd["cache"][key] / rnd["llama-server"][key], 4) for rnd in (first, second)]
+        assert r["ratios"] == expected, key
+        assert r["median"] == pytest.approx(sum(expected) / 2, abs=1e-4)
+        assert (r["min"], r["max"]) == (min(expected), max(expected))
+    assert ratios["turns_per_s"]["ratios"][0] == round(result["turns_per_s"] / p["turns_per_s"], 4)
     assert (
         "side by side on the same trace: [salon with its caches, not primed] vs "
-        "[llama-server with its prompt cache, not primed]" in out
+        "[llama-server with its prompt cache, not primed], round 1:" in out
     )
+    assert "salon/peer over 2 alternated rounds" in out
+    # Each server started once for both rounds.
+    assert out.count("starting llama-server:") == 1 and out.count("starting cache stack:") == 1
 
 
 def test_without_a_peer_the_result_says_null(tmp_path):
