@@ -15,7 +15,7 @@ N distinct prompts of the same length, prefilled together, then N sequences deco
 new tokens, on the same GGUF and threads; its aggregate is also generated tokens / wall time (prefill
 included). Salon's static and continuous sweep over the levels and the peer's run in alternated rounds (A B, B A,
 ...; --rounds, 2 with --quick, else 3; salon.loadgen.alternation), the first of salon's sweeps giving the table
-above, and each level's salon / peer ratio is taken within a round: peer.salon_over_peer_{static,continuous}_N =
+above, and each level's salon / peer ratio is taken within a round: peer.salon_over_peer_{static,continuous}_N_x =
 {median, min, max, rounds, ratios, salon_median, peer_median}. Without a build, "peer": null and "peer_error"
 says why.
 Last line: RESULT {json}.
@@ -145,6 +145,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--kv-cache-bytes", type=int, default=2 << 30, help="the engine core's paged KV cache")
     ap.add_argument("--rounds", type=int, default=None, help="alternated rounds with the peer (default 3, --quick 2)")
     peer.add_argument(ap)
     args = ap.parse_args()
@@ -154,7 +155,7 @@ def main() -> None:
     levels = [1, 4, 16, 32, 64] if not args.quick else [1, 4, 32, 64]
     model, tok = load_model(args.model, "int8", args.device)
     vocab = model.config.vocab_size
-    core = EngineCore(model, tok, SchedulerConfig(args.budget, 64, 1024), 16, 2 << 30, args.device)
+    core = EngineCore(model, tok, SchedulerConfig(args.budget, 64, 1024), 16, args.kv_cache_bytes, args.device)
     drive(core, make_requests(2, 16, 4, "warm", vocab), 2)
 
     # Sequential baseline: its rate does not depend on N, so a few requests measure it.
@@ -223,7 +224,7 @@ def main() -> None:
             theirs[f"tokens_per_s_{n}"] = round(statistics.median(p[n] for _, p in pairs), 2)
             for mode in ("static", "continuous"):
                 r = paired_ratio([(s[(mode, n)], p[n]) for s, p in pairs], ("salon", "peer"))
-                theirs[f"salon_over_peer_{mode}_{n}"] = r
+                theirs[f"salon_over_peer_{mode}_{n}_x"] = r
                 print("  " + describe(f"{n} streams, {mode}", r))
     result["peer"] = theirs
     if peer_error is not None:

@@ -8,7 +8,7 @@ rows and greedy sampling -- the model's cost per generated token, without the sc
 engine loop; a decode figure is the mean rate of 3 rounds (2 with --quick) after 2 warm-up steps, as
 llama-bench reports the mean over its repetitions. Each batch's step time is given too. The batch-4 and batch-8
 steps against the batch-1 step (they read the same weights) are timed in alternated rounds, one ratio per round
-(salon.loadgen.alternation): decode_step_b{4,8}_over_b1 = {median, min, max, rounds, ...}.
+(salon.loadgen.alternation): decode_step_b{4,8}_over_b1_x = {median, min, max, rounds, ...}.
 
 --recipe-baseline (Gemma 3 270M) also builds the int8 model of checkpoint format v6's recipe (one weight scale
 per row, one int8 activation term except the down projection: bench.quant_eval.V6_RECIPE) and times it against
@@ -17,16 +17,16 @@ sequences, as shipped / v6 time ratios per round (what the grouped scales and tw
 
 On the CPU the int8 model's batch-1 decode is also timed against the same checkpoint with its weights left where
 the file maps them (small pages) instead of copied into huge pages as the engine loads them
-(salon/engine/model/huge_pages.py), the two alternated, a ratio per round: huge_pages_decode_b1_speedup. On VNNI
+(salon/engine/model/huge_pages.py), the two alternated, a ratio per round: huge_pages_decode_b1_speedup_x. On VNNI
 CPUs the grouped GEMMs read packed copies of the weights (salon.kernels.cpu.w8a8_grouped.packed_weights), in huge pages
 for both loads, so that figure is about 1 there by construction. Instead the int8 model is timed against a second
 load of the checkpoint whose weights the GEMMs read as they lie (16 rows of 32 bytes at a time, transposed in
 registers: the layout before the packed one), alternated as the recipe figures below are:
-packed_{prefill_512,decode_b1,..}_packed_over_rows.
+packed_{prefill_512,decode_b1,..}_packed_over_rows_x.
 
 The int8 model runs the activation recipe its kernel family picks here (salon.kernels.backend: one int16 term per
 activation where the CPU's GEMM is AVX2's, two int8 terms elsewhere); the same checkpoint in the other recipe is
-timed against it in the same run, alternating the two, a ratio per round (activations_*_shipped_over_*: prefill 512
+timed against it in the same run, alternating the two, a ratio per round (activations_*_shipped_over_*_x: prefill 512
 and decode at 1, 4, 8 and 32 sequences), and its perplexity given (ppl_int8_<recipe>); --no-activation-baseline
 skips it.
 
@@ -35,7 +35,7 @@ found, in rounds alternated with salon's (A B, B A, ...: 3 rounds with --quick, 
 each round salon's prefill of 512 tokens and decode at 1, 4, 8 and 32 sequences (32-token prompts, then the same
 number of steps as above), and llama-bench's pp512 and batch-1 decode and llama-batched-bench's decode of 4, 8
 and 32 sequences in the same shape. Each figure's ratio is taken within a round, never across rounds:
-peer.salon_over_peer_<figure> = {median, min, max, rounds, ratios, salon_median, peer_median}, and
+peer.salon_over_peer_<figure>_x = {median, min, max, rounds, ratios, salon_median, peer_median}, and
 peer.<figure> the peer's median. Without a build, "peer": null and "peer_error" says why.
 
     python -m bench.model [--model NAME|PATH] [--quick] [--threads N] [--llama-cpp DIR] [--recipe-baseline]
@@ -163,14 +163,14 @@ def _huge_pages_ratio(name: str, shipped, steps: int, rounds: int) -> dict:
     print(describe("batch-1 decode tokens/s, weights in huge pages over where the file maps them", speedup), flush=True)
     return {
         "decode_tokens_per_s_b1_small_pages": round(speedup["small_median"], 1),
-        "huge_pages_decode_b1_speedup": speedup,
+        "huge_pages_decode_b1_speedup_x": speedup,
     }
 
 
 def _packed_ratios(name: str, shipped, steps: int, rounds: int) -> dict[str, float]:
     """On VNNI: the shipped int8 model (its grouped GEMMs read packed copies of the weights) against a second
     load of the same checkpoint whose weights are read as they lie (salon.kernels.cpu.w8a8_grouped.keep_rows), the
-    two alternated (_recipe_ratios' figures: packed_*_packed_over_rows)."""
+    two alternated (_recipe_ratios' figures: packed_*_packed_over_rows_x)."""
     rows, _ = load_model_on_cpu(name, "int8", kernel_ops=shipped.kernel_ops, progress=False)
     for lin in [getattr(layer, n) for layer in rows.layers for n in FUSED] + [rows.lm_head]:
         keep_rows(lin.w_q)
@@ -182,7 +182,7 @@ def _recipe_ratios(
     shipped, other, steps: int, rounds: int, prefix: str = "recipe", labels: tuple[str, str] = ("shipped", "v6")
 ) -> dict[str, float]:
     """a / b time per token of each figure, the two measured in `rounds` alternated rounds, a ratio per round;
-    keys {prefix}_{figure}_ms_per_token_{label} (each side's median) and {prefix}_{figure}_{a}_over_{b}
+    keys {prefix}_{figure}_ms_per_token_{label} (each side's median) and {prefix}_{figure}_{a}_over_{b}_x
     (salon.loadgen.alternation.paired_ratio)."""
     a, b = labels
     figures = {
@@ -194,7 +194,7 @@ def _recipe_ratios(
         r = paired_ratio(alternated_pairs(lambda: ms_per_token(shipped), lambda: ms_per_token(other), rounds), labels)
         out[f"{prefix}_{name}_ms_per_token_{a}"] = round(r[f"{a}_median"], 3)
         out[f"{prefix}_{name}_ms_per_token_{b}"] = round(r[f"{b}_median"], 3)
-        out[f"{prefix}_{name}_{a}_over_{b}"] = r
+        out[f"{prefix}_{name}_{a}_over_{b}_x"] = r
         print(
             f"{name:14s} {a} {r[f'{a}_median']:8.3f} ms/token  {b} {r[f'{b}_median']:8.3f}  " + describe(f"{a}/{b}", r),
             flush=True,
@@ -308,7 +308,7 @@ def _peer(args, model, steps: int, rounds: int) -> tuple[dict | None, str | None
     out: dict = {"llama_cpp": build.as_json(), "threads": args.threads, "rounds": rounds}
     for k in PEER_FIGURES:
         out[k] = None if ratios[k] is None else round(ratios[k]["peer_median"], 1)
-    out.update({f"salon_over_peer_{k}": ratios[k] for k in PEER_FIGURES})
+    out.update({f"salon_over_peer_{k}_x": ratios[k] for k in PEER_FIGURES})
     print(f"salon / llama.cpp, {rounds} alternated rounds:")
     for k in PEER_FIGURES:
         print("  " + describe(k, ratios[k]))
@@ -327,7 +327,7 @@ def _step_ratios(model, steps: int, rounds: int) -> dict:
             ),
             (f"b{batch}_ms", "b1_ms"),
         )
-        out[f"decode_step_b{batch}_over_b1"] = r
+        out[f"decode_step_b{batch}_over_b1_x"] = r
         print(describe(f"decode step, batch {batch} over batch 1", r), flush=True)
     return out
 

@@ -1,12 +1,12 @@
-"""One replay of a trace: through salon (a stack launched for the run, or one already running) or
-through llama-server on the same GGUF. Each returns the RunResult; salon's also the kvstore's stats.
+"""Replays of a trace: through salon alone (a stack launched for the run, or one already running; run_salon
+returns the RunResult and the kvstore's stats), or through salon and llama-server on the same GGUF side by side.
 
 The peer gets what salon gets: the same trace and concurrency (llama-server with that many slots,
 each with context for the longest dialogue, so neither side drops history), the same prompt tokens
 (transport_llama_server renders with salon's renderer), the same reply length, and greedy decoding
 when the trace is greedy. Its threads default to this host's cores, as the salon engines share them.
 
-Side by side (run_alternated_with_llama_server), salon's stack and llama-server are each started once and the
+Side by side (run_alternated_with_llama_server), salon's stack and llama-server are each started once and
 rounds alternate on them (salon first, then the peer first, ...), each round a trace of its own that both replay,
 so a ratio is taken of two replays run back to back, never of runs at different times.
 """

@@ -162,6 +162,79 @@ def test_llama_server_replays_the_same_trace(tmp_path):
     assert out.count("starting llama-server:") == 1 and out.count("starting cache stack:") == 1
 
 
+# A stand-in for llama-server where no llama.cpp build is: /health, and /completion streaming `n_predict` fixed
+# token ids with the final event's counts, as llama-server's stream carries them. It counts its starts.
+FAKE_LLAMA_SERVER = """#!{python}
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+argv = sys.argv[1:]
+if argv == ["--version"]:
+    print("version: 0.6.0-dev (build 4321, commit 0abc123)", file=sys.stderr)
+    sys.exit(0)
+starts = Path(__file__).with_name("starts")
+starts.write_text(str(int(starts.read_text()) + 1 if starts.exists() else 1))
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{{"status": "ok"}}')
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = body["n_predict"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(n):
+            self.wfile.write(b"data: " + json.dumps({{"tokens": [1000 + i], "stop": False}}).encode() + b"\\n\\n")
+        final = {{"tokens": [], "stop": True, "tokens_predicted": n, "tokens_evaluated": len(body["prompt"]),
+                 "stop_type": "limit", "timings": {{"cache_n": 0}}}}
+        self.wfile.write(b"data: " + json.dumps(final).encode() + b"\\n\\n")
+
+    def log_message(self, *args):
+        pass
+
+
+ThreadingHTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Handler).serve_forever()
+"""
+
+
+def test_alternated_rounds_start_each_server_once(tmp_path):
+    """--rounds 3: salon's stack and the peer (a scripted llama-server) start once; each round replays its own
+    trace (the next seed) through both, and each ratio is the median of the rounds' ratios."""
+    tool = tmp_path / "peer" / "llama-server"
+    tool.parent.mkdir()
+    tool.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    tool.chmod(0o755)
+    out, result, data = _bench(tmp_path, "--llama-cpp", str(tool.parent), "--rounds", "3", "--seed", "11", *TINY)
+    assert (tool.parent / "starts").read_text() == "1"
+    assert out.count("starting llama-server:") == 1 and out.count("starting cache stack:") == 1
+    p = result["peer"]
+    assert result["peer_error"] is None and p["rounds"] == 3 and p["num_errors"] == 0
+    rounds = data["alternated_rounds"]
+    assert len(rounds) == 3 and rounds[0] == {
+        "cache": data["runs"]["cache"],
+        "llama-server": data["runs"]["llama-server"],
+    }
+    for rnd in rounds:
+        for side in ("cache", "llama-server"):
+            assert (rnd[side]["num_turns"], rnd[side]["num_errors"]) == (12, 0)
+    # Each round its own trace: the first turns' prompts differ from round to round (new histories), the same
+    # on both sides within a round.
+    firsts = [rnd["cache"]["prompt_tokens"] for rnd in rounds]
+    assert len(set(firsts)) == 3
+    ratios = p["salon_over_peer"]
+    for key in ("turns_per_s", "ttft_ms_p90_warm_turns", "steady_turns_per_s"):
+        r = ratios[key]
+        expected = [round(rnd["cache"][key] / rnd["llama-server"][key], 4) for rnd in rounds]
+        assert (r["rounds"], r["ratios"]) == (3, expected), key
+        assert (r["median"], r["min"], r["max"]) == (sorted(expected)[1], min(expected), max(expected)), key
+    assert "salon/peer over 3 alternated rounds" in out
+
+
 def test_without_a_peer_the_result_says_null(tmp_path):
     out, result, _ = _bench(
         tmp_path,
