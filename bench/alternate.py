@@ -3,6 +3,11 @@
 Each round runs every measurement once, in the given order on even rounds and reversed on odd ones, so a
 change of the machine's load, or what one leaves in the caches for the next, falls on all of them alike;
 each keeps its best value over the rounds (the least disturbed one: the highest rate, the shortest time).
+The kernel microbenchmarks (bench.gemv, bench.grammar) read their ratios off these bests.
+
+A side-by-side figure (salon against the peer, or against a baseline of its own) is instead a ratio per round,
+of that round's pair, reported as the median of the rounds' ratios and their range:
+salon.loadgen.alternation (alternated_pairs, paired_ratio, figure_ratios), shared with `salon bench`.
 """
 
 from __future__ import annotations

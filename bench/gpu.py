@@ -7,8 +7,8 @@ On a CUDA device, a synthetic model of the real shapes (salon/engine/model/synth
     paged int8 KV cache, the Triton family);
   * the peer: transformers' Gemma3ForCausalLM built from the same config with random bf16 weights, a static
     KV cache and torch.compile(mode="reduce-overhead") (the gpt-fast recipe), greedy generate at the same
-    batches and prompt lengths; salon and the peer alternate in rounds (A B A B ...) and each batch's figure
-    is the median of the rounds' salon/peer ratios with their range;
+    batches and prompt lengths; salon and the peer alternate in rounds (A B, B A, ...: salon.loadgen.alternation)
+    and each batch's figure is the median of the rounds' salon/peer ratios with their range;
   * the floor: the bytes a decode step reads (the int8 weights, the KV of every sequence within each layer's
     window) over the device-to-device copy bandwidth measured in the same run;
   * the activation recipes: salon's decode tokens/s at batch 1 and 64 (8 with --quick) with its shipped two int8
@@ -41,6 +41,7 @@ from salon.engine.model.builder import build_int8_model
 from salon.engine.model.config import ModelConfig, synthetic_config
 from salon.engine.model.synthetic_gemma import build_synthetic_gemma, synthetic_gemma_config, synthetic_int8_checkpoint
 from salon.kernels.backend import select_ops
+from salon.loadgen.alternation import alternated_pairs, paired_ratio
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,23 +293,28 @@ def run(args) -> dict:
         errors["peer"] = f"{type(e).__name__}: {e}"
     decode = {}
     for batch in shapes.batches:
-        salon_rates, peer_rates = [], []
         if peer is not None:  # warm the compiled graphs of this batch before the clock
             try:
                 peer_decode_tps(peer, batch, dataclasses.replace(shapes, new_tokens=2), config.vocab_size, device)
             except Exception as e:
                 errors[f"peer_b{batch}"] = f"{type(e).__name__}: {e}"
-        for _ in range(shapes.rounds):  # A B A B ...
-            salon_rates.append(salon_decode_tps(model, batch, shapes, device))
-            if peer is not None and f"peer_b{batch}" not in errors:
-                peer_rates.append(peer_decode_tps(peer, batch, shapes, config.vocab_size, device))
-        ratios = [s / p for s, p in zip(salon_rates, peer_rates)]
+        with_peer = peer is not None and f"peer_b{batch}" not in errors
+        pairs = alternated_pairs(  # A B, B A, ...: a ratio per round
+            lambda batch=batch: salon_decode_tps(model, batch, shapes, device),
+            (lambda batch=batch: peer_decode_tps(peer, batch, shapes, config.vocab_size, device))
+            if with_peer
+            else (lambda: None),
+            shapes.rounds,
+        )
+        salon_rates = [a for a, _ in pairs]
+        peer_rates = [b for _, b in pairs if b is not None]
+        ratio = paired_ratio(pairs, digits=6)
         floor_ms = decode_step_bytes(model, batch, shapes.prompt_tokens + shapes.new_tokens) / copy_gbps / 1e6
         decode[str(batch)] = {
             "salon_tps": statistics.median(salon_rates),
             "peer_tps": statistics.median(peer_rates) if peer_rates else None,
-            "salon_over_peer_median_x": statistics.median(ratios) if ratios else None,
-            "salon_over_peer_range_x": [min(ratios), max(ratios)] if ratios else None,
+            "salon_over_peer_median_x": ratio and ratio["median"],
+            "salon_over_peer_range_x": ratio and [ratio["min"], ratio["max"]],
             "floor_step_ms": floor_ms,
             "salon_step_ms": batch / statistics.median(salon_rates) * 1e3,
         }

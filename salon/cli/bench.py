@@ -18,8 +18,11 @@ served once (unmeasured), so measured turns are returning users.
 A launched stack (--launch) runs kvstore + N engines + gateway; --no-cache launches no kvstore and
 engines with --no-prefix-cache true. --compare-no-cache replays the same trace on both and prints ratios.
 --compare-llama-server replays the same trace through llama-server (its prompt cache on, the same
-GGUF, concurrency, reply length, greedy, the prompts rendered by salon as token ids) after salon and
-prints steady turns/s and returning turns' TTFT side by side (salon/loadgen/runs.py).
+GGUF, concurrency, reply length, greedy, the prompts rendered by salon as token ids): salon's stack and
+llama-server start once each, then --rounds rounds alternate on them (salon first, then the peer first, ...),
+each round a trace of its own (seeds seed, seed+1, ...) that both replay; steady turns/s and returning turns'
+TTFT are printed side by side and each salon/peer ratio is the median of the rounds' ratios with its range
+(salon/loadgen/runs.py, salon/loadgen/alternation.py).
 --working-set sizes each engine's KV below the dialogues' KV and sweeps the kvstore's capacity
 (salon/loadgen/working_set.py): token hit rate against capacity as a table and a PNG.
 --api openai replays the trace over the gateway's OpenAI HTTP API as a stateless client (no
@@ -40,14 +43,14 @@ from pathlib import Path
 
 import grpc
 
+from salon.loadgen import alternation, presets
 from salon.loadgen import peer as peer_layer
-from salon.loadgen import presets
 from salon.loadgen.driver import DriverConfig
 from salon.loadgen.progress import with_progress
 from salon.loadgen.records import RunResult
 from salon.loadgen.report import DEFAULT_LONG_HISTORY_TOKENS, TTFT_PARTS, compare, compare_peer, describe, summarize
 from salon.loadgen.report import fmt as _fmt
-from salon.loadgen.runs import PEER_MODEL, SalonSide, run_llama_server, run_salon
+from salon.loadgen.runs import PEER_MODEL, SalonSide, run_alternated_with_llama_server, run_salon
 from salon.loadgen.workload import Trace, WorkloadConfig, generate_trace
 
 # flag name -> WorkloadConfig field
@@ -134,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="then replay the same trace through llama-server on the same GGUF (needs --launch)",
     )
     peer_layer.add_argument(mode)
+    mode.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="alternated rounds of --compare-llama-server, a trace each (default 3; --quick 2)",
+    )
     mode.add_argument("--peer-threads", type=int, default=None, help="llama-server threads (default: all cores)")
     mode.add_argument(
         "--working-set",
@@ -204,6 +213,8 @@ def usage_error(args: argparse.Namespace) -> str | None:
         return "--api openai needs --launch and runs on its own (not with the other comparisons or --no-cache)"
     if args.working_set and (args.compare_no_cache or args.compare_llama_server or args.no_kvstore):
         return "--working-set runs on its own (not with --compare-no-cache, --compare-llama-server or --no-kvstore)"
+    if args.rounds is not None and (args.rounds < 1 or not args.compare_llama_server):
+        return "--rounds needs --compare-llama-server and at least 1"
     if args.compare_llama_server and args.model != PEER_MODEL:
         return (
             f"--compare-llama-server needs --model {PEER_MODEL}: llama-server runs that model's GGUF, and the "
@@ -298,41 +309,41 @@ def first_turn_prompt_agreement(salon: RunResult, peer: RunResult) -> tuple[int,
     return sum(ours[d].prompt_tokens == theirs[d].prompt_tokens for d in both), len(both)
 
 
-def peer_section(salon_summary: dict, peer_summary: dict, peer_run, build, agree: tuple[int, int]) -> dict:
-    c = compare_peer(salon_summary, peer_summary)
+def peer_section(rounds: list[tuple[dict, dict]], peer_run, build, agree: tuple[int, int]) -> dict:
+    """The peer's part of the report: the first round side by side, then each ratio over the alternated rounds."""
+    salon_summary, peer_summary = rounds[0]
+    c = compare_peer(rounds)
     rows = [
-        (
-            "steady turns/s",
-            "steady_turns_per_s",
-            3,
-            c["steady_turns_per_s_ratio"],
-            f">= {c['target_steady_turns_per_s_ratio']:g}x",
-            c["meets_steady_turns_per_s_target"],
-        ),
-        ("turns/s (whole run)", "turns_per_s", 3, c["turns_per_s_ratio"], "", None),
-        ("TTFT p50, returning turns (ms)", "ttft_ms_p50_warm_turns", 1, c["ttft_ms_p50_warm_turns_ratio"], "", None),
+        ("steady turns/s", "steady_turns_per_s", 3, f">= {c['target_steady_turns_per_s_ratio']:g}x"),
+        ("turns/s (whole run)", "turns_per_s", 3, ""),
+        ("TTFT p50, returning turns (ms)", "ttft_ms_p50_warm_turns", 1, ""),
         (
             "TTFT p90, returning turns (ms)",
             "ttft_ms_p90_warm_turns",
             1,
-            c["ttft_ms_p90_warm_turns_ratio"],
             f"<= {c['target_ttft_ms_p90_warm_turns_ratio']:g}x",
-            c["meets_ttft_ms_p90_warm_turns_target"],
         ),
-        ("token hit rate", "token_hit_rate", 4, None, "", None),
     ]
-    print(f"side by side on the same trace: [{salon_summary['mode']}] vs [{peer_summary['mode']}]")
-    print(f"  {'figure':32s} {'salon':>10} {'llama-server':>12} {'salon/peer':>10}  target")
-    for name, key, digits, ratio, target, met in rows:
-        verdict = "" if met is None else (" (met)" if met else " (not met)")
-        print(
-            f"  {name:32s} {_fmt(salon_summary[key], digits):>10} {_fmt(peer_summary[key], digits):>12} "
-            f"{'-' if ratio is None else f'{ratio:.2f}x':>10}  {target}{verdict}"
-        )
+    met = {
+        "steady_turns_per_s": c["meets_steady_turns_per_s_target"],
+        "ttft_ms_p90_warm_turns": c["meets_ttft_ms_p90_warm_turns_target"],
+    }
+    print(f"side by side on the same trace: [{salon_summary['mode']}] vs [{peer_summary['mode']}], round 1:")
+    print(f"  {'figure':32s} {'salon':>10} {'llama-server':>12}")
+    for name, key, digits, _ in rows:
+        print(f"  {name:32s} {_fmt(salon_summary[key], digits):>10} {_fmt(peer_summary[key], digits):>12}")
+    print(
+        f"  {'token hit rate':32s} {_fmt(salon_summary['token_hit_rate'], 4):>10} "
+        f"{_fmt(peer_summary['token_hit_rate'], 4):>12}"
+    )
+    print(f"salon/peer over {len(rounds)} alternated rounds (a trace each; salon first, then the peer first, ...):")
+    for name, key, _, target in rows:
+        verdict = "" if met.get(key) is None else (" (met)" if met[key] else " (not met)")
+        print(f"  {alternation.describe(name, c[key])}{f'  target {target}{verdict}' if target else ''}")
     print(
         f"  first-turn prompts with the same token count: {agree[0]} of {agree[1]}; generated tokens "
-        f"{salon_summary['generated_tokens']} / {peer_summary['generated_tokens']}; llama-server turns with a "
-        f"held-back final token: {peer_run.num_held_back_turns}"
+        f"{salon_summary['generated_tokens']} / {peer_summary['generated_tokens']} (round 1); llama-server turns "
+        f"with a held-back final token: {peer_run.num_held_back_turns}"
     )
     if agree[0] != agree[1]:
         print("  WARNING: the two servers did not see the same first prompts", flush=True)
@@ -343,6 +354,7 @@ def peer_section(salon_summary: dict, peer_summary: dict, peer_run, build, agree
         "num_slots": peer_run.num_slots,
         "ctx_tokens_per_slot": peer_run.ctx_tokens_per_slot,
         **{k: peer_summary[k] for k in _RESULT_KEYS},
+        "rounds": len(rounds),
         "salon_over_peer": c,
         "first_turn_prompts_agree": agree[0],
         "first_turns_compared": agree[1],
@@ -421,6 +433,10 @@ def parse_fractions(text: str | None, quick: bool) -> tuple[float, ...]:
     return fractions
 
 
+def _label(cache: bool) -> str:
+    return "cache" if cache else "no-cache"
+
+
 def run_with_progress(label: str, trace: Trace, args, fn):
     return with_progress(label, trace.num_turns, args.no_progress, fn)
 
@@ -429,12 +445,8 @@ def _run_modes(trace: Trace, side: SalonSide, driver: DriverConfig, args, contex
     if args.api == "openai":
         return _run_openai(trace, side, driver, args, context, config)
     runs: dict[str, RunResult] = {}
-    for cache in [True, False] if args.compare_no_cache else [not args.no_cache]:
-        label = "cache" if cache else "no-cache"
-        runs[label], _ = run_with_progress(
-            label, trace, args, lambda on_turn, cache=cache: run_salon(trace, side, cache, driver, on_turn)
-        )
-    peer_run, peer_error, build = None, None, None
+    caches = [True, False] if args.compare_no_cache else [not args.no_cache]
+    alternated, peer_error, build = None, None, None
     if args.compare_llama_server:
         try:
             build = peer_layer.find_build(args.llama_cpp)
@@ -445,21 +457,33 @@ def _run_modes(trace: Trace, side: SalonSide, driver: DriverConfig, args, contex
                     else f"this llama.cpp build has no llama-server: {build.describe()}"
                 )
             else:
-                peer_run = run_with_progress(
-                    "llama-server",
-                    trace,
-                    args,
-                    lambda on_turn: run_llama_server(
-                        trace, build, driver, args.peer_threads, on_turn, args.startup_timeout_s
-                    ),
+                num_rounds = args.rounds or (2 if args.quick else 3)
+                traces = [trace] + [
+                    generate_trace(dataclasses.replace(config, seed=config.seed + r)) for r in range(1, num_rounds)
+                ]
+                alternated = run_alternated_with_llama_server(
+                    traces,
+                    side,
+                    build,
+                    driver,
+                    lambda label, t, fn: run_with_progress(label, t, args, fn),
+                    args.peer_threads,
+                    cache=caches[0],
                 )
-                runs["llama-server"] = peer_run.run
+                runs[_label(caches[0])] = alternated.rounds[0][0]
         except peer_layer.PeerError as exc:
             peer_error = str(exc)
         if peer_error:
             print(f"peer: none ({peer_error})", flush=True)
     else:
         peer_error = "not requested (--compare-llama-server)"
+    for cache in caches:
+        if _label(cache) not in runs:
+            runs[_label(cache)], _ = run_with_progress(
+                _label(cache), trace, args, lambda on_turn, cache=cache: run_salon(trace, side, cache, driver, on_turn)
+            )
+    if alternated is not None:
+        runs["llama-server"] = alternated.rounds[0][1]
     summaries = {label: summarize(run, args.long_history_tokens) for label, run in runs.items()}
     for summary in summaries.values():
         print(describe(summary))
@@ -467,11 +491,16 @@ def _run_modes(trace: Trace, side: SalonSide, driver: DriverConfig, args, contex
     if args.compare_no_cache:
         comparison = compare(runs["cache"], runs["no-cache"], args.long_history_tokens)
         print_no_cache_comparison(comparison, summaries["cache"], summaries["no-cache"], args.long_history_tokens)
-    main_label = next(iter(runs))
+    main_label = _label(caches[0])
     peer_json = None
-    if peer_run is not None:
-        agree = first_turn_prompt_agreement(runs[main_label], peer_run.run)
-        peer_json = peer_section(summaries[main_label], summaries["llama-server"], peer_run, build, agree)
+    round_summaries = None
+    if alternated is not None:
+        agree = first_turn_prompt_agreement(runs[main_label], runs["llama-server"])
+        round_summaries = [(summaries[main_label], summaries["llama-server"])] + [
+            (summarize(ours, args.long_history_tokens), summarize(theirs, args.long_history_tokens))
+            for ours, theirs in alternated.rounds[1:]
+        ]
+        peer_json = peer_section(round_summaries, alternated.peer, build, agree)
     result = result_line(
         summaries[main_label],
         {**context, "working_set": False},
@@ -490,6 +519,9 @@ def _run_modes(trace: Trace, side: SalonSide, driver: DriverConfig, args, contex
                     "engines": args.engines if args.launch else None,
                     **context,
                     "runs": summaries,
+                    "alternated_rounds": None
+                    if round_summaries is None
+                    else [{main_label: ours, "llama-server": theirs} for ours, theirs in round_summaries],
                     "compare": comparison,
                     "result": result,
                     "records": {label: [dataclasses.asdict(r) for r in run.records] for label, run in runs.items()},

@@ -23,8 +23,10 @@ Definitions (the ones printed by `salon bench`):
   the kvstore lookup, waiting for a step); steps = the engine's TTFT - its queue time (the steps up to
   the first token). Each part's p50 and p90, and each part's mean over the slowest tenth of those turns
   by client TTFT (at least one turn): what the p90 turns wait for;
-- peer comparison (compare_peer): salon / peer of steady turns/s and of the warm turns' TTFT p50 / p90,
-  both runs replaying the same trace; reported against the targets, never asserted.
+- peer comparison (compare_peer): salon / peer of steady turns/s, turns/s and the warm turns' TTFT p50 / p90,
+  over rounds in which salon and the peer replay the same trace one after the other (the order alternating:
+  salon first, then the peer first, ...), a ratio per round, reported as the rounds' median and range; the
+  medians are read against the targets, never asserted.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from salon.loadgen.alternation import figure_ratios
 from salon.loadgen.records import RunResult, TurnRecord
 
 DEFAULT_LONG_HISTORY_TOKENS = 4000
@@ -247,23 +250,23 @@ def compare(
     }
 
 
-def compare_peer(salon: dict, peer: dict) -> dict:
-    """salon / peer ratios of two summaries of the same trace, with the targets they are read against."""
+PEER_RATIO_FIGURES = ("steady_turns_per_s", "turns_per_s", "ttft_ms_p50_warm_turns", "ttft_ms_p90_warm_turns")
 
-    def ratio(a, b):
-        return None if a is None or b is None or b <= 0 else a / b
 
-    steady = ratio(salon["steady_turns_per_s"], peer["steady_turns_per_s"])
-    p90 = ratio(salon["ttft_ms_p90_warm_turns"], peer["ttft_ms_p90_warm_turns"])
+def compare_peer(rounds: Sequence[tuple[dict, dict]]) -> dict:
+    """salon / peer of each figure over alternated rounds, each round a (salon, peer) pair of summaries of the
+    same trace: {figure: {median, min, max, rounds, ratios, salon_median, peer_median} or None} (a ratio per
+    round, salon.loadgen.alternation.paired_ratio), with the targets read against the medians."""
+    ratios = figure_ratios(rounds, PEER_RATIO_FIGURES, ("salon", "peer"), digits=4)
+    steady, p90 = ratios["steady_turns_per_s"], ratios["ttft_ms_p90_warm_turns"]
     return {
-        "steady_turns_per_s_ratio": steady,
-        "turns_per_s_ratio": ratio(salon["turns_per_s"], peer["turns_per_s"]),
-        "ttft_ms_p50_warm_turns_ratio": ratio(salon["ttft_ms_p50_warm_turns"], peer["ttft_ms_p50_warm_turns"]),
-        "ttft_ms_p90_warm_turns_ratio": p90,
+        **ratios,
         "target_steady_turns_per_s_ratio": TARGET_STEADY_TURNS_PER_S_RATIO,
         "target_ttft_ms_p90_warm_turns_ratio": TARGET_TTFT_P90_WARM_RATIO,
-        "meets_steady_turns_per_s_target": None if steady is None else steady >= TARGET_STEADY_TURNS_PER_S_RATIO,
-        "meets_ttft_ms_p90_warm_turns_target": None if p90 is None else p90 <= TARGET_TTFT_P90_WARM_RATIO,
+        "meets_steady_turns_per_s_target": None
+        if steady is None
+        else steady["median"] >= TARGET_STEADY_TURNS_PER_S_RATIO,
+        "meets_ttft_ms_p90_warm_turns_target": None if p90 is None else p90["median"] <= TARGET_TTFT_P90_WARM_RATIO,
     }
 
 

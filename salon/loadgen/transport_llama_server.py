@@ -58,20 +58,30 @@ class LlamaServerTransport:
     name = "llama-server"
 
     def __init__(
-        self, server: LlamaServer, rendering: SalonRendering, model_id: str, eos_token_ids: frozenset[int]
+        self,
+        server: LlamaServer,
+        rendering: SalonRendering,
+        model_id: str,
+        eos_token_ids: frozenset[int],
+        *,
+        owns_server: bool = True,
     ) -> None:
-        self.server, self.rendering = server, rendering
+        """owns_server: entering the transport starts the server and leaving stops it; False: the caller runs it
+        (replays one after another on one server)."""
+        self.server, self.rendering, self.owns_server = server, rendering, owns_server
         self._info = ModelInfo(f"{model_id} (llama.cpp)", server.ctx_tokens_per_slot, eos_token_ids)
         # Turns whose stream carried fewer ids than llama-server generated (a token held back inside a
         # multi-byte character at the end of a reply): their next prompt lacks that token.
         self.num_held_back_turns = 0
 
     async def __aenter__(self) -> LlamaServerTransport:
-        await self.server.__aenter__()
+        if self.owns_server:
+            await self.server.__aenter__()
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self.server.__aexit__(*exc)
+        if self.owns_server:
+            await self.server.__aexit__(*exc)
 
     async def model_info(self) -> ModelInfo:
         return self._info

@@ -111,6 +111,10 @@ def test_bench_cli_rejects_compare_without_launch(capsys):
     assert "--working-set needs --launch" in capsys.readouterr().err
     assert bench_main(["--launch", "--compare-llama-server", "--model", "synthetic-tiny"]) == 2
     assert "--compare-llama-server needs --model gemma-3-270m" in capsys.readouterr().err
+    assert bench_main(["--launch", "--rounds", "2"]) == 2
+    assert "--rounds needs --compare-llama-server and at least 1" in capsys.readouterr().err
+    assert bench_main(["--launch", "--compare-llama-server", "--rounds", "0"]) == 2
+    assert "--rounds needs --compare-llama-server and at least 1" in capsys.readouterr().err
     assert bench_main(["--launch", "--working-set", "--compare-no-cache"]) == 2
     assert bench_main(["--launch", "--working-set", "--kvstore-fractions", "0.5,1.5"]) == 2
     assert "each must be in (0, 1)" in capsys.readouterr().err

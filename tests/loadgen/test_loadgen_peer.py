@@ -108,7 +108,7 @@ def _server_build():
 
 def test_llama_server_replays_the_same_trace(tmp_path):
     build = _server_build()
-    out, result, data = _bench(tmp_path, "--llama-cpp", str(build.server_path.parent), *TINY)
+    out, result, data = _bench(tmp_path, "--llama-cpp", str(build.server_path.parent), "--rounds", "2", *TINY)
     salon, theirs = data["records"]["cache"], data["records"]["llama-server"]
     p = result["peer"]
     assert result["peer_error"] is None and p is not None
@@ -137,16 +137,102 @@ def test_llama_server_replays_the_same_trace(tmp_path):
             assert r["prompt_tokens"] > previous["prompt_tokens"] + len(previous["reply_token_ids"]), (d, t)
     kinds = {r["kind"] for r in theirs}
     assert "regenerate" in kinds  # the seed exercises a regeneration
+    # Two alternated rounds, each its own trace (the second: the next seed) replayed by both on the same servers;
+    # a ratio per round, the first round's from the figures above.
+    assert p["rounds"] == 2 and len(data["alternated_rounds"]) == 2
+    first, second = data["alternated_rounds"]
+    assert first == {"cache": data["runs"]["cache"], "llama-server": data["runs"]["llama-server"]}
+    assert second["cache"]["num_turns"] == second["llama-server"]["num_turns"] == 12
+    assert second["cache"]["num_errors"] == second["llama-server"]["num_errors"] == 0
     ratios = p["salon_over_peer"]
-    assert ratios["turns_per_s_ratio"] == pytest.approx(result["turns_per_s"] / p["turns_per_s"])
-    assert ratios["ttft_ms_p90_warm_turns_ratio"] == pytest.approx(
-        result["ttft_ms_p90_warm_turns"] / p["ttft_ms_p90_warm_turns"]
-    )
-    assert isinstance(ratios["steady_turns_per_s_ratio"], float)  # 12 turns: a steady window exists
+    for key in ("turns_per_s", "ttft_ms_p90_warm_turns", "steady_turns_per_s"):  # 12 turns: a steady window
+        r = ratios[key]
+        assert r["rounds"] == 2, key
+        expected = [round(rnd["cache"][key] / rnd["llama-server"][key], 4) for rnd in (first, second)]
+        assert r["ratios"] == expected, key
+        assert r["median"] == pytest.approx(sum(expected) / 2, abs=1e-4)
+        assert (r["min"], r["max"]) == (min(expected), max(expected))
+    assert ratios["turns_per_s"]["ratios"][0] == round(result["turns_per_s"] / p["turns_per_s"], 4)
     assert (
         "side by side on the same trace: [salon with its caches, not primed] vs "
-        "[llama-server with its prompt cache, not primed]" in out
+        "[llama-server with its prompt cache, not primed], round 1:" in out
     )
+    assert "salon/peer over 2 alternated rounds" in out
+    # Each server started once for both rounds.
+    assert out.count("starting llama-server:") == 1 and out.count("starting cache stack:") == 1
+
+
+# A stand-in for llama-server where no llama.cpp build is: /health, and /completion streaming `n_predict` fixed
+# token ids with the final event's counts, as llama-server's stream carries them. It counts its starts.
+FAKE_LLAMA_SERVER = """#!{python}
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+argv = sys.argv[1:]
+if argv == ["--version"]:
+    print("version: 0.6.0-dev (build 4321, commit 0abc123)", file=sys.stderr)
+    sys.exit(0)
+starts = Path(__file__).with_name("starts")
+starts.write_text(str(int(starts.read_text()) + 1 if starts.exists() else 1))
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{{"status": "ok"}}')
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        n = body["n_predict"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for i in range(n):
+            self.wfile.write(b"data: " + json.dumps({{"tokens": [1000 + i], "stop": False}}).encode() + b"\\n\\n")
+        final = {{"tokens": [], "stop": True, "tokens_predicted": n, "tokens_evaluated": len(body["prompt"]),
+                 "stop_type": "limit", "timings": {{"cache_n": 0}}}}
+        self.wfile.write(b"data: " + json.dumps(final).encode() + b"\\n\\n")
+
+    def log_message(self, *args):
+        pass
+
+
+ThreadingHTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Handler).serve_forever()
+"""
+
+
+def test_alternated_rounds_start_each_server_once(tmp_path):
+    """--rounds 3: salon's stack and the peer (a scripted llama-server) start once; each round replays its own
+    trace (the next seed) through both, and each ratio is the median of the rounds' ratios."""
+    tool = tmp_path / "peer" / "llama-server"
+    tool.parent.mkdir()
+    tool.write_text(FAKE_LLAMA_SERVER.format(python=sys.executable))
+    tool.chmod(0o755)
+    out, result, data = _bench(tmp_path, "--llama-cpp", str(tool.parent), "--rounds", "3", "--seed", "11", *TINY)
+    assert (tool.parent / "starts").read_text() == "1"
+    assert out.count("starting llama-server:") == 1 and out.count("starting cache stack:") == 1
+    p = result["peer"]
+    assert result["peer_error"] is None and p["rounds"] == 3 and p["num_errors"] == 0
+    rounds = data["alternated_rounds"]
+    assert len(rounds) == 3 and rounds[0] == {
+        "cache": data["runs"]["cache"],
+        "llama-server": data["runs"]["llama-server"],
+    }
+    for rnd in rounds:
+        for side in ("cache", "llama-server"):
+            assert (rnd[side]["num_turns"], rnd[side]["num_errors"]) == (12, 0)
+    # Each round its own trace: the first turns' prompts differ from round to round (new histories), the same
+    # on both sides within a round.
+    firsts = [rnd["cache"]["prompt_tokens"] for rnd in rounds]
+    assert len(set(firsts)) == 3
+    ratios = p["salon_over_peer"]
+    for key in ("turns_per_s", "ttft_ms_p90_warm_turns", "steady_turns_per_s"):
+        r = ratios[key]
+        expected = [round(rnd["cache"][key] / rnd["llama-server"][key], 4) for rnd in rounds]
+        assert (r["rounds"], r["ratios"]) == (3, expected), key
+        assert (r["median"], r["min"], r["max"]) == (sorted(expected)[1], min(expected), max(expected)), key
+    assert "salon/peer over 3 alternated rounds" in out
 
 
 def test_without_a_peer_the_result_says_null(tmp_path):

@@ -220,26 +220,42 @@ def test_summary_of_returning_turns_and_mode():
     )
 
 
-def test_compare_peer_ratios_and_targets():
-    salon = {
-        "steady_turns_per_s": 9.0,
-        "turns_per_s": 8.0,
-        "ttft_ms_p50_warm_turns": 50.0,
-        "ttft_ms_p90_warm_turns": 100.0,
-    }
-    peer = {
-        "steady_turns_per_s": 3.0,
-        "turns_per_s": 4.0,
-        "ttft_ms_p50_warm_turns": 100.0,
-        "ttft_ms_p90_warm_turns": 300.0,
-    }
-    c = compare_peer(salon, peer)
-    assert (c["steady_turns_per_s_ratio"], c["turns_per_s_ratio"]) == (3.0, 2.0)
-    assert (c["ttft_ms_p50_warm_turns_ratio"], c["ttft_ms_p90_warm_turns_ratio"]) == (0.5, 1 / 3)
-    assert c["meets_steady_turns_per_s_target"] is True and c["meets_ttft_ms_p90_warm_turns_target"] is False
+def test_compare_peer_ratios_per_round_and_targets():
+    """Each ratio is taken within a round (salon's and the peer's replays of that round's trace), then the
+    rounds' median and range; the targets are read against the medians."""
+
+    def summary(steady, turns, p50, p90):
+        return {
+            "steady_turns_per_s": steady,
+            "turns_per_s": turns,
+            "ttft_ms_p50_warm_turns": p50,
+            "ttft_ms_p90_warm_turns": p90,
+        }
+
+    rounds = [
+        (summary(9.0, 8.0, 50.0, 100.0), summary(3.0, 4.0, 100.0, 300.0)),  # 3, 2, 0.5, 1/3
+        (summary(4.0, 6.0, 30.0, 20.0), summary(2.0, 2.0, 120.0, 100.0)),  # 2, 3, 0.25, 0.2
+        (summary(8.0, 5.0, 40.0, 50.0), summary(2.0, 5.0, 20.0, 250.0)),  # 4, 1, 2, 0.2
+    ]
+    c = compare_peer(rounds)
+    steady = c["steady_turns_per_s"]
+    assert (steady["median"], steady["min"], steady["max"], steady["rounds"]) == (3.0, 2.0, 4.0, 3)
+    assert (steady["salon_median"], steady["peer_median"]) == (8.0, 2.0)
+    assert c["turns_per_s"]["ratios"] == [2.0, 3.0, 1.0] and c["turns_per_s"]["median"] == 2.0
+    assert (c["ttft_ms_p50_warm_turns"]["median"], c["ttft_ms_p50_warm_turns"]["max"]) == (0.5, 2.0)
+    p90 = c["ttft_ms_p90_warm_turns"]
+    assert (p90["median"], p90["min"], p90["max"]) == (0.2, 0.2, 0.3333)
+    assert c["meets_steady_turns_per_s_target"] is True and c["meets_ttft_ms_p90_warm_turns_target"] is True
     assert (c["target_steady_turns_per_s_ratio"], c["target_ttft_ms_p90_warm_turns_ratio"]) == (3.0, 0.25)
-    none = compare_peer({**salon, "steady_turns_per_s": None}, peer)
-    assert none["steady_turns_per_s_ratio"] is None and none["meets_steady_turns_per_s_target"] is None
+    one = compare_peer(rounds[:1])
+    assert one["ttft_ms_p90_warm_turns"]["median"] == 0.3333 and one["meets_ttft_ms_p90_warm_turns_target"] is False
+    assert one["steady_turns_per_s"]["rounds"] == 1
+    # A round without a steady window gives no steady ratio; no round with one: None, and no verdict.
+    none = compare_peer([({**rounds[0][0], "steady_turns_per_s": None}, rounds[0][1])])
+    assert none["steady_turns_per_s"] is None and none["meets_steady_turns_per_s_target"] is None
+    assert compare_peer([({**rounds[0][0], "steady_turns_per_s": None}, rounds[0][1]), rounds[1]])[
+        "steady_turns_per_s"
+    ]["ratios"] == [2.0]
 
 
 def test_ttft_split_of_returning_turns_exact():
