@@ -15,6 +15,7 @@ composition.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -156,49 +157,28 @@ def linear_two_terms_c(
     return out
 
 
-def linear_two_terms_cpu(
-    x: torch.Tensor,
-    w_q: torch.Tensor,
-    w_scale: torch.Tensor,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    post_norm: torch.Tensor | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """salon.kernels.linear_two_terms's op: the C call where it runs, else the CPU family's composition (same bits)."""
-    out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
-    if out is None:
-        out = composed(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
-    return out
+def _with_fallback(recipe: str, fallback: Callable, name: str) -> Callable:
+    """The op of `recipe`: the C call where it runs, else `fallback` (the CPU family's composition, same bits)."""
+
+    def linear(
+        x: torch.Tensor,
+        w_q: torch.Tensor,
+        w_scale: torch.Tensor,
+        norm_weight: torch.Tensor | None = None,
+        eps: float = 0.0,
+        post_norm: torch.Tensor | None = None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual, recipe=recipe)
+        if out is None:
+            out = fallback(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
+        return out
+
+    linear.__name__ = linear.__qualname__ = name
+    return linear
 
 
-def linear_int16_cpu(
-    x: torch.Tensor,
-    w_q: torch.Tensor,
-    w_scale: torch.Tensor,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    post_norm: torch.Tensor | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """salon.kernels.linear_two_terms's int16 op: the C call where it runs, else the CPU family's composition."""
-    out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual, recipe="int16")
-    if out is None:
-        out = composed_int16(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
-    return out
-
-
-def linear_group32_cpu(
-    x: torch.Tensor,
-    w_q: torch.Tensor,
-    w_scale: torch.Tensor,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 0.0,
-    post_norm: torch.Tensor | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """salon.kernels.linear_two_terms's group32 op: the C call where it runs, else the CPU family's composition."""
-    out = linear_two_terms_c(x, w_q, w_scale, norm_weight, eps, post_norm, residual, recipe="group32")
-    if out is None:
-        out = composed_group32(x, w_q, w_scale, norm_weight, eps, post_norm, residual)
-    return out
+# salon.kernels.linear_two_terms's ops, two int8 terms, one int16 term and group32's one int8 term per 32 channels.
+linear_two_terms_cpu = _with_fallback("two_terms", composed, "linear_two_terms_cpu")
+linear_int16_cpu = _with_fallback("int16", composed_int16, "linear_int16_cpu")
+linear_group32_cpu = _with_fallback("group32", composed_group32, "linear_group32_cpu")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from salon.kernels.cpu.w8a8_grouped import GROUP32_ENTRIES, chosen_isa, library, weight_pointers
+from salon.kernels.cpu.w8a8_grouped import GROUP32_ENTRIES, call_gemm, chosen_isa, library
 from salon.kernels.w8a8_group32 import check_group32, w8a8_group32_ref
 
 
@@ -48,24 +48,7 @@ def w8a8_group32_cpu(
         w_scale, packed = w_scale[:, None].expand(n, groups), False
     w_scale = w_scale.contiguous()
     a_scale = a_scale.contiguous()
-    w_ptr, s_ptr = weight_pointers(w_q, w_scale, isa if packed else None)
-    out = torch.empty((m, n), dtype=torch.float32)
-    kernel = getattr(lib, GROUP32_ENTRIES[isa])
-    if kernel(
-        a_q.data_ptr(),
-        a_q.stride(0),
-        w_ptr,
-        s_ptr,
-        out.data_ptr(),
-        n,
-        a_scale.data_ptr(),
-        m,
-        n,
-        k,
-        torch.get_num_threads(),
-    ):
-        return None
-    return out
+    return call_gemm(getattr(lib, GROUP32_ENTRIES[isa]), a_q, a_scale, w_q, w_scale, isa if packed else None)
 
 
 def w8a8_group32_gemm_cpu(

@@ -174,8 +174,7 @@ def w8a8_grouped_scaled_cpu(
     if a_q.dtype != torch.int8 or w_q.dtype != torch.int8:
         return None
     check_grouped(a_q, w_q, w_scale)
-    m, k = a_q.shape
-    n = w_q.shape[0]
+    m = a_q.shape[0]
     if (
         m == 0
         or a_q.device.type != "cpu"
@@ -193,9 +192,17 @@ def w8a8_grouped_scaled_cpu(
     lib = library(isa)
     if lib is None:
         return None
-    kernel = getattr(lib, _KERNELS[isa][1])
     a_scale = a_scale.to(torch.float32).contiguous()  # the reference's conversion
-    w_ptr, s_ptr = weight_pointers(w_q, w_scale, isa if packed else None)
+    return call_gemm(getattr(lib, _KERNELS[isa][1]), a_q, a_scale, w_q, w_scale, isa if packed else None)
+
+
+def call_gemm(
+    kernel, a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, packed_isa: str | None
+) -> torch.Tensor | None:
+    """One call of a grouped GEMM's entry point (grouped or group32: the same arguments) on checked operands, the
+    weights packed for `packed_isa` where it names one (weight_pointers); f32[M, N], or None where it declines."""
+    (m, k), n = a_q.shape, w_q.shape[0]
+    w_ptr, s_ptr = weight_pointers(w_q, w_scale, packed_isa)
     out = torch.empty((m, n), dtype=torch.float32)
     if kernel(
         a_q.data_ptr(),
