@@ -28,7 +28,8 @@ The int8 model runs the activation recipe its kernel family picks here (salon.ke
 activation where the CPU's GEMM is AVX2's, two int8 terms elsewhere); the same checkpoint in the other recipe is
 timed against it in the same run, alternating the two, a ratio per round (activations_*_shipped_over_*_x: prefill 512
 and decode at 1, 4, 8 and 32 sequences), and its perplexity given (ppl_int8_<recipe>); --no-activation-baseline
-skips it.
+skips it. --activations RECIPE measures the int8 model in RECIPE instead (group32 among them), and then the
+family's own pick is the baseline.
 
 The peer, llama.cpp (salon/loadgen/peer.py), runs in the same run on the same GGUF and threads when a build is
 found, in rounds alternated with salon's (A B, B A, ...: 3 rounds with --quick, else 7; salon.loadgen.alternation):
@@ -62,7 +63,7 @@ from salon.engine.model.sources import resolve_source
 from salon.engine.request import Request, RequestId, SamplingParams
 from salon.engine.worker.model_loading import load_model
 from salon.engine.worker.model_runner import ModelRunner
-from salon.kernels.backend import other_activations
+from salon.kernels.backend import other_activations, select_ops
 from salon.kernels.cpu.w8a8_grouped import chosen_isa, keep_rows
 from salon.loadgen import peer
 from salon.loadgen.alternation import alternated_pairs, describe, figure_ratios, paired_ratio
@@ -206,7 +207,9 @@ def _activation_recipes(args, shipped, steps: int, rounds: int, ids, bos) -> dic
     """The shipped int8 model in the other activation recipe (salon.kernels.backend.ACTIVATION_RECIPES: one int16
     term or two int8 terms per activation), the same checkpoint, timed against the shipped one alternately,
     and its perplexity."""
-    other = other_activations(shipped.kernel_ops.activations)
+    measured = shipped.kernel_ops.activations
+    family_pick = select_ops(args.device, activations="auto").activations
+    other = other_activations(measured) if measured == family_pick else family_pick
     model, _ = load_model(args.model, "int8", args.device, activations=other)
     print(f"activation recipes: {shipped.kernel_ops.activations} (shipped here) against {other}", flush=True)
     out = {"activations_shipped": shipped.kernel_ops.activations}
@@ -349,6 +352,11 @@ def main() -> None:
         action="store_true",
         help="skip timing the other activation recipe (int16 / two int8 terms) against the shipped one",
     )
+    parser.add_argument(
+        "--activations",
+        default="auto",
+        help="the int8 model's activation recipe (salon.kernels.backend; default: the family's pick)",
+    )
     peer.add_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -356,7 +364,9 @@ def main() -> None:
     models = {}
     for precision in ("int8", "float32"):
         start = time.perf_counter()
-        model, tok = load_model(args.model, precision, args.device)
+        model, tok = load_model(
+            args.model, precision, args.device, activations=args.activations if precision == "int8" else "auto"
+        )
         models[precision] = model
         result[f"load_s_{precision}"] = round(time.perf_counter() - start, 2)
         result[f"weight_bytes_{precision}"] = model.weight_bytes()
