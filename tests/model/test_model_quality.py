@@ -11,7 +11,6 @@ bench/quant_eval.py has the figures of every variant.
 """
 
 import json
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -19,30 +18,10 @@ import torch
 from salon.engine.model import DenseAttention
 from salon.engine.model.perplexity import perplexity
 from tests.model.conftest import reference_path
+from tests.model.int8_gates import Int8Gates
 
 REF_PPL = 13.829072782896715
 NUM_TEACHER_FORCED_STEPS = 229
-
-
-@dataclass(frozen=True)
-class Int8Gates:
-    """An activation recipe's measured figures; each gate is a small margin past its figure."""
-
-    ppl: float  # perplexity on gpl-3.txt
-    agreeing_steps: int  # teacher-forced top-1 equal to float32's, of NUM_TEACHER_FORCED_STEPS
-    mean_logprob_error: float  # mean |log-prob error| of float32's top-1 token
-
-    @property
-    def max_ppl(self) -> float:
-        return self.ppl + 0.004
-
-    @property
-    def min_agreeing_steps(self) -> int:
-        return self.agreeing_steps - 1
-
-    @property
-    def max_mean_logprob_error(self) -> float:
-        return self.mean_logprob_error + 0.001
 
 
 # model.numerics -> gates: "int8" is the two_terms activation recipe (AVX-512 VNNI), "int8-a16" the int16 one (AVX2;
