@@ -29,7 +29,8 @@ Activation recipes (salon.kernels.backend): a variant's options may name "group3
 that take it: "qkv", "o", "gate_up", "down", "lm_head"): those Linears take one int8 term per token and 32
 channels (salon.kernels.w8a8_group32, the PyTorch reference), the others their activation_terms.
 --activations RECIPE[,RECIPE] adds rows of the checkpoint the engine loads in those recipes (load_model with
-select_ops(activations=...): for group32 the checkpoint it converts for them, checkpoint.recipe_overrides).
+select_ops(activations=...): for group32, the architecture's INT8_GROUP32_RECIPE Linears take one term per 32 channels,
+the output projection two terms).
 
 Calibration sets (none of them gpl-3.txt): "text" is salon/engine/model/calibration_text.py; "text+sampled"
 adds text sampled from the float model itself (calibration_text.sampled_sequences, seeded).
@@ -155,7 +156,8 @@ VARIANTS: list[tuple[str, dict, str]] = [
         "text",
     ),
     # one int8 term per token and 32 channels (salon.kernels.w8a8_group32) on the shipped checkpoint: everywhere,
-    # or with two terms kept on the projections most sensitive to activation error
+    # or with two terms kept on the projections most sensitive to activation error (two-term lm_head: the
+    # `--activations group32` recipe, models/gemma3.py INT8_GROUP32_RECIPE)
     ("shipped weights, group32 acts: all", {**SHIPPED_OPTIONS, "group32": True}, "text"),
     (
         "shipped weights, group32 but two-term o, down",
@@ -178,12 +180,13 @@ VARIANTS: list[tuple[str, dict, str]] = [
         "text",
     ),
 ]
-# SmolLM2 (llama): its shipped recipe (models/llama.py: per-row weight scales, two terms, no smoothing), the same with
-# weights per row and 32 channels (INT8_GROUP32_RECIPE), and group32 activations on those
-LLAMA_SHIPPED = {"alpha": 0.5, "smooth": ()}
+# SmolLM2 (llama): its shipped recipe (models/llama.py: weights per row and 32 channels, two terms, no smoothing), the
+# recipe before it (checkpoint format v8: weights per row), and group32 activations on either (the two-term lm_head
+# one is the `--activations group32` recipe, models/llama.py INT8_GROUP32_RECIPE)
+LLAMA_SHIPPED = {"alpha": 0.5, "smooth": ()}  # without its weight groups: each variant names its own
 LLAMA_VARIANTS: list[tuple[str, dict, str]] = [
-    ("llama shipped: W per row, two-term acts", {**LLAMA_SHIPPED, "activation_terms": 2}, "text"),
-    ("llama W per 32 ch, two-term acts", {**LLAMA_SHIPPED, "weight_group": 32, "activation_terms": 2}, "text"),
+    ("llama v8: W per row, two-term acts", {**LLAMA_SHIPPED, "activation_terms": 2}, "text"),
+    ("llama shipped: W per 32 ch, two-term acts", {**LLAMA_SHIPPED, "weight_group": 32, "activation_terms": 2}, "text"),
     ("llama W per 32 ch, group32 acts: all", {**LLAMA_SHIPPED, "weight_group": 32, "group32": True}, "text"),
     (
         "llama W per 32 ch, group32 but two-term o, down",

@@ -94,10 +94,9 @@ class EngineConfig:
         metadata={
             "help": "activation recipe of the int8 Linears: two_terms (two int8 terms, ~14 bits) | int16 (one int16 "
             "term, ~15 bits: more products a second than two terms on CPUs without VNNI, measured by "
-            "`python -m bench.gemv --int16`) | group32 (one int8 term per token and 32 channels, half the "
-            "products of two terms; C kernels on the CPU, the PyTorch reference elsewhere, for measurements; llama "
-            "models convert a "
-            "checkpoint of their own for it) | auto (int16 where the "
+            "`python -m bench.gemv --int16`) | group32 (one int8 term per token and 32 channels in the decoder "
+            "layers' Linears, half the products of two terms, and two terms on the output projection; C kernels on "
+            "the CPU, Triton on a GPU) | auto (int16 where the "
             "CPU family's GEMM is AVX2's, else two_terms). The recipes' numbers differ, so each has its own "
             "KV cache namespace"
         },

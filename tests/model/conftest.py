@@ -50,6 +50,17 @@ def int8_model():
 
 
 @pytest.fixture(scope="session")
+def int8_group32_model():
+    """The shipped checkpoint with group32 activations (the PyTorch reference: slow)."""
+    from salon.engine.model import load_model
+    from salon.kernels.backend import select_ops
+
+    return load_model(
+        "gemma-3-270m", precision="int8", kernel_ops=select_ops("cpu", activations="group32"), progress=False
+    )
+
+
+@pytest.fixture(scope="session")
 def tokenizer(int8_model):
     return int8_model[1]
 
@@ -74,3 +85,11 @@ def smollm_int8():
     from salon.engine.model import load
 
     return load(SMOLLM, precision="int8", progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm_int8_group32():
+    from salon.engine.model import load
+    from salon.kernels.backend import select_ops
+
+    return load(SMOLLM, precision="int8", kernel_ops=select_ops("cpu", activations="group32"), progress=False)

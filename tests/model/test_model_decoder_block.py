@@ -5,7 +5,7 @@ every sampled position, and the KV cache they leave, are the same bits. The step
 under and over the fused op's MAX_ROWS, so both paths fill the cache), batched decodes, contexts past the
 sliding window (released blocks), device prefix hits and speculative verification rows; synthetic-tiny adds
 grouped-query attention and layers that read another layer's KV; SmolLM2 (llama) has no q/k norms or
-post-norms, SwiGLU and one weight scale per row. Every model runs in both activation recipes (two int8 terms,
+post-norms and SwiGLU. Every model runs in both activation recipes (two int8 terms,
 one int16 term: salon.kernels.backend.ACTIVATION_RECIPES). Each test also checks that the fused op ran
 (and, on synthetic-tiny, for the KV-sharing layers too): a test whose fused op always declined would compare
 the composition with itself."""
@@ -147,14 +147,12 @@ def test_grouped_query_attention_and_kv_sharing_layers_give_the_composed_bits(ac
 
 
 @pytest.mark.parametrize("activations", ACTIVATION_RECIPES)
-def test_llama_layers_with_per_row_scales_give_the_composed_bits(activations):
-    """SmolLM2: 9 query heads over 3 KV heads, SwiGLU, per-row weight scales; prefill chunks and batched
-    decodes of 4 sequences, every step within MAX_ROWS, so the fused op takes each one (on AVX2 its
-    2 * MAX_ROWS two-term rows are one call of the per-row GEMV). With int16 activations the per-row scales
-    are repeated over each row's groups (the int16 GEMM's grouped contract)."""
+def test_llama_layers_give_the_composed_bits(activations):
+    """SmolLM2: 9 query heads over 3 KV heads, SwiGLU, weight scales per row and 32 channels; prefill chunks and
+    batched decodes of 4 sequences, every step within MAX_ROWS, so the fused op takes each one."""
     models = _fused_and_composed("smollm2-135m-instruct", activations)
     block = models[0][0].layers[0].block
-    assert block.qkv_s.dim() == (2 if activations == "int16" else 1) and block.activation == "silu"
+    assert block.qkv_s.dim() == 2 and block.activation == "silu"
     vocab = models[0][0].config.vocab_size
     requests = lambda: [
         make_request(

@@ -1,9 +1,11 @@
 """group32 activations (one int8 term per token and 32 channels, salon.kernels.w8a8_group32) in the model: the
-checkpoint the recipe runs on (its own file and format tag where the architecture's recipe for it differs), a
-small llama model whose group32 Linears equal a plain dequantize-and-matmul within the contract's float32 rounding,
-and the CPU family's C op of the recipe (salon.kernels.cpu.linear_two_terms.linear_group32_cpu) giving that model the
-bits of the reference op through prefills above and below the one call's MAX_ROWS and batched decode steps (the
-shipped Gemma's: tests/model/test_model_fused_linear.py)."""
+checkpoint they run on (the shipped one, whose weights carry a scale per row and 32 input channels for every
+architecture), the Linears that take them (the architecture's INT8_GROUP32_RECIPE: the decoder layers' projections,
+the output projection keeping two terms), a small llama model whose group32 Linears equal a plain
+dequantize-and-matmul within the contract's float32 rounding, and the CPU family's C op of the recipe
+(salon.kernels.cpu.linear_two_terms.linear_group32_cpu) giving that model the bits of the reference op through
+prefills above and below the one call's MAX_ROWS and batched decode steps (the shipped Gemma's:
+tests/model/test_model_fused_linear.py)."""
 
 from __future__ import annotations
 
@@ -16,16 +18,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from salon.engine.model import DenseAttention, load
-from salon.engine.model.checkpoint import (
-    CHECKPOINT_FILE,
-    CHECKPOINT_FORMAT,
-    GROUP32_CHECKPOINT_FILE,
-    GROUP32_CHECKPOINT_FORMAT,
-    checkpoint_format,
-    ensure_checkpoint,
-)
+from salon.engine.model.checkpoint import CHECKPOINT_FILE, checkpoint_format, ensure_checkpoint
 from salon.engine.model.linear import Int8Linear, dequantize_weight
 from salon.engine.model.loader import open_model_file
+from salon.engine.model.models import gemma3, llama
 from salon.kernels.backend import select_ops
 from salon.kernels.cpu.linear_two_terms import MAX_ROWS, linear_group32_cpu
 from salon.kernels.linear_two_terms import linear_group32_ref
@@ -48,40 +44,31 @@ def _format_of(path: Path) -> str:
         return f.metadata()["format"]
 
 
-def test_the_group32_checkpoint_has_its_own_file_and_format_where_the_recipe_differs(llama_gguf, tmp_path):
+def test_llama_checkpoint_has_weights_per_row_and_32_channels_and_replaces_the_per_row_one(llama_gguf, tmp_path):
     cache = tmp_path / "cache"
     mf = open_model_file(str(llama_gguf), cache)
-    assert checkpoint_format(mf.config, "two_terms") == checkpoint_format(mf.config, "int16")
-    assert checkpoint_format(mf.config, "two_terms") == (CHECKPOINT_FILE, CHECKPOINT_FORMAT)
-    assert checkpoint_format(mf.config, "group32") == (GROUP32_CHECKPOINT_FILE, GROUP32_CHECKPOINT_FORMAT)
-    assert GROUP32_CHECKPOINT_FORMAT != CHECKPOINT_FORMAT
+    assert checkpoint_format(mf.config) == llama.INT8_CHECKPOINT_FORMAT == "salon-int8-v9"
 
-    shipped, converted = ensure_checkpoint(mf, cache, progress=False)
-    assert converted and shipped.name == CHECKPOINT_FILE and _format_of(shipped) == CHECKPOINT_FORMAT
-    assert load_file(str(shipped))["layers.0.qkv.w_scale"].dim() == 1  # llama's shipped weights: a scale per row
-
-    grouped, converted = ensure_checkpoint(mf, cache, progress=False, activations="group32")
-    assert converted and grouped.name == GROUP32_CHECKPOINT_FILE and grouped.parent == shipped.parent
-    assert _format_of(grouped) == GROUP32_CHECKPOINT_FORMAT
-    tensors = load_file(str(grouped))
+    path, converted = ensure_checkpoint(mf, cache, progress=False)
+    assert converted and path.name == CHECKPOINT_FILE and _format_of(path) == "salon-int8-v9"
+    tensors = load_file(str(path))
     assert tensors["layers.0.qkv.w_scale"].shape == (tensors["layers.0.qkv.w_q"].shape[0], 128 // 32)
     assert tensors["layers.1.down.w_scale"].shape == (128, 192 // 32)
     assert tensors["embed.w_scale"].shape == (tensors["embed.w_q"].shape[0], 128 // 32)
+    assert ensure_checkpoint(mf, cache, progress=False) == (path, False)
 
-    assert ensure_checkpoint(mf, cache, progress=False, activations="group32") == (grouped, False)
-    assert ensure_checkpoint(mf, cache, progress=False) == (shipped, False)  # the other recipe's file is untouched
-
-    # a cache written under an older tag of the recipe is converted again, never misread
-    save_file(tensors, str(grouped), metadata={"format": "salon-int8-a8g32-v0", "sha256": mf.source.sha256})
-    again, converted = ensure_checkpoint(mf, cache, progress=False, activations="group32")
-    assert (again, converted) == (grouped, True) and _format_of(grouped) == GROUP32_CHECKPOINT_FORMAT
+    # a cache of the per-row recipe (format v8) is converted again, never misread
+    save_file(tensors, str(path), metadata={"format": "salon-int8-v8", "sha256": mf.source.sha256})
+    again, converted = ensure_checkpoint(mf, cache, progress=False)
+    assert (again, converted) == (path, True) and _format_of(path) == "salon-int8-v9"
 
 
-def test_gemma_runs_group32_on_its_shipped_checkpoint(tmp_path):
+def test_gemma_keeps_its_checkpoint_format(tmp_path):
     path = tmp_path / "gemma.gguf"
     write_gemma3_gguf(path, num_layers=2, d_model=64, ffn=96, seed=1)
     config = open_model_file(str(path), tmp_path / "cache").config
-    assert checkpoint_format(config, "group32") == (CHECKPOINT_FILE, CHECKPOINT_FORMAT)
+    assert checkpoint_format(config) == gemma3.INT8_CHECKPOINT_FORMAT == "salon-int8-v8"
+    assert gemma3.INT8_GROUP32_RECIPE == llama.INT8_GROUP32_RECIPE == ("qkv", "o", "gate_up", "down")
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +77,14 @@ def group32_model(llama_gguf, tmp_path_factory):
 
 
 def _linears(model) -> list[Int8Linear]:
-    return [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.lm_head]
+    return [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
 
-def test_every_linear_takes_group32_and_every_layer_the_fused_decoder_layer_of_the_recipe(group32_model):
-    assert group32_model.numerics == "int8-a8g32"
+def test_the_layers_take_group32_and_its_fused_decoder_layer_the_output_projection_two_terms(group32_model):
+    assert group32_model.numerics == "int8-a8g32:down,gate_up,o,qkv"
     assert all(lin.group32_activations and lin.w_scale.dim() == 2 for lin in _linears(group32_model))
+    lm_head = group32_model.lm_head
+    assert not lm_head.group32_activations and lm_head.activation_terms == 2 and lm_head.w_scale.dim() == 2
     assert all(layer.block is not None and layer.block.group32_activations for layer in group32_model.layers)
 
 

@@ -8,7 +8,8 @@ matched at every step up to there:
 
 - float32 weights with a float32 KV cache (--precision float32, the reference path): within 0.02;
 - the int8 path (W8A8 + int8 KV), in both activation recipes (two int8 terms, one int16 term; the CPU family
-  serves one of them by default, salon.kernels.backend): the figures are printed, and gated loosely.
+  serves one of them by default, salon.kernels.backend): the figures are printed, and gated loosely; teacher-forced
+  top-1 at the issue's gate in those and with group32 activations.
 
 On a GPU (tests marked `gpu`, skipped without CUDA) the same cases and gates run through EngineCore on CUDA: the
 Triton op family, weights and paged KV on the device.
@@ -137,6 +138,14 @@ def test_int8_serving_path_teacher_forced_top1(int8_recipe_model, greedy_refs):
     through EngineCore with paged int8 KV (bench/quant_eval.py's teacher-forced rows), each round from the
     prefix blocks the previous one left."""
     assert_teacher_forced_top1(int8_recipe_model, greedy_refs)
+
+
+def test_group32_serving_path_teacher_forced_top1(int8_group32_model, greedy_refs):
+    """The same gate with group32 activations (models/gemma3.py INT8_GROUP32_RECIPE: the decoder layers' Linears;
+    the output projection keeps two terms), on the PyTorch reference. Measured: 223, as bench/quant_eval.py's
+    variant "shipped weights, group32 but two-term lm_head"; 220 with group32 on the output projection too."""
+    assert int8_group32_model[0].numerics == "int8-a8g32:down,gate_up,o,qkv"
+    assert_teacher_forced_top1(int8_group32_model, greedy_refs)
 
 
 def load_on_gpu(precision):

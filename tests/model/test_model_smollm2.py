@@ -2,8 +2,13 @@
 
 Tokenizer: exact on every reference vector, special parsing on and off. float32: greedy tokens equal up to
 the first step whose reference margin < 0.1, top-5 log-probs within 0.02 (the GGUF's q/k rows are
-un-permuted at load; a wrong permutation is off by whole nats). int8 (W8A8 + int8 KV): teacher-forced top-1
-agreement with float32 >= 95%, perplexity on gpl-3.txt within 2% of float32.
+un-permuted at load; a wrong permutation is off by whole nats). int8 (W8A8 + int8 KV), in the activation recipe
+the CPU family serves here (two_terms on AVX-512 VNNI, int16 on AVX2)
+and with group32 activations (the decoder layers' Linears, on the PyTorch reference; the output projection two
+terms): teacher-forced top-1 agreement with float32, the mean |log-prob error| of float32's top-1 and perplexity on
+gpl-3.txt, each gated at its measured value plus a small margin (docs/testing.md); the shipped recipe's top-1 also
+at float32's minus 3 steps at least (issue 44's gate, which the per-row weight scales of checkpoint format v8 miss:
+257 of 263).
 """
 
 import pytest
@@ -12,6 +17,28 @@ import torch
 from salon.engine.model import DenseAttention, IncrementalDetokenizer
 from salon.engine.model.perplexity import perplexity
 from tests.model.conftest import reference_path, smollm_reference
+from tests.model.int8_gates import Int8Gates
+
+NUM_TEACHER_FORCED_STEPS = 263
+# The shipped recipe's teacher-forced top-1: at most this many steps fewer than float32's (which agrees with itself
+# at every step).
+MAX_STEPS_LOST = 3
+# model.numerics -> gates: "int8" is the two_terms activation recipe (AVX-512 VNNI), "int8-a16" the int16 one (AVX2;
+# measured with select_ops(activations="int16"), the kernels' bits on either ISA), "int8-a8g32:..." the group32 one
+# (models/llama.py INT8_GROUP32_RECIPE; its perplexity is bench/quant_eval.py's row of the same recipe, +0.301% of the
+# float32 path's 18.30006).
+INT8_GATES = {
+    "int8": Int8Gates(ppl=18.30974, agreeing_steps=262, mean_logprob_error=0.02786),
+    "int8-a16": Int8Gates(ppl=18.32919, agreeing_steps=260, mean_logprob_error=0.02688),
+    "int8-a8g32:down,gate_up,o,qkv": Int8Gates(ppl=18.3551, agreeing_steps=256, mean_logprob_error=0.04194),
+}
+SHIPPED = ("int8", "int8-a16")
+
+
+@pytest.fixture(scope="module", params=["served", "group32"])
+def int8_recipe_model(request):
+    """The shipped checkpoint in the activation recipe the CPU family serves here, and with group32 activations."""
+    return request.getfixturevalue("smollm_int8" if request.param == "served" else "smollm_int8_group32")
 
 
 def test_config_comes_from_the_file(smollm_fp32):
@@ -44,6 +71,15 @@ def test_incremental_detokenizer_never_breaks_utf8(smollm_fp32, text):
     deltas = [detok.feed(i) for i in ids] + [detok.flush()]
     assert "".join(deltas) == text
     assert all("\ufffd" not in d for d in deltas)
+
+
+def test_int8_checkpoint_has_weight_scales_per_row_and_32_channels(smollm_int8):
+    """The llama recipe (models/llama.py INT8_RECIPE, checkpoint format v9): one scale per output row and 32 input
+    channels in every matrix and in the token table."""
+    model = smollm_int8.model
+    linears = [getattr(layer, n) for layer in model.layers for n in ("qkv", "o", "gate_up", "down")] + [model.lm_head]
+    assert all(lin.w_scale.shape == (lin.w_q.shape[0], lin.w_q.shape[1] // 32) for lin in linears)
+    assert model.embed.row_scale.shape == (model.config.vocab_size, model.config.d_model // 32)
 
 
 def _teacher_forced_logprobs(model, rec, kv_int8=False):
@@ -81,22 +117,29 @@ def test_fp32_greedy_and_top5_logprobs(fp32_logprobs, greedy_refs):
     assert checked >= 100
 
 
-def test_int8_teacher_forced_agreement(smollm_int8, fp32_logprobs, greedy_refs):
-    assert smollm_int8.model.precision == "int8"
+def test_int8_teacher_forced_agreement(int8_recipe_model, fp32_logprobs, greedy_refs):
+    model = int8_recipe_model.model
+    assert model.precision == "int8"
     agree = total = 0
     errs = []
     for rec, ref in zip(greedy_refs, fp32_logprobs):
-        lp = _teacher_forced_logprobs(smollm_int8.model, rec, kv_int8=True)
+        lp = _teacher_forced_logprobs(model, rec, kv_int8=True)
         agree += (lp.argmax(-1) == ref.argmax(-1)).sum().item()
         total += lp.shape[0]
         chosen = ref.argmax(-1)
         errs.append((lp.gather(1, chosen[:, None]) - ref.gather(1, chosen[:, None])).abs().squeeze(1))
     err = torch.cat(errs)
+    gates = INT8_GATES[model.numerics]
     print(
-        f"int8 top-1 agreement {agree}/{total} = {agree / total:.4f}; "
-        f"logprob error of the fp32 top-1 mean {err.mean():.3f} max {err.max():.3f}"
+        f"{model.numerics} top-1 agreement {agree}/{total} = {agree / total:.4f}; "
+        f"logprob error of the fp32 top-1 mean {err.mean():.5f} max {err.max():.4f}"
     )
+    assert total == NUM_TEACHER_FORCED_STEPS
     assert agree / total >= 0.95
+    assert agree >= gates.min_agreeing_steps
+    assert err.mean().item() <= gates.max_mean_logprob_error
+    if model.numerics in SHIPPED:
+        assert agree >= total - MAX_STEPS_LOST
 
 
 @pytest.fixture(scope="module")
@@ -119,11 +162,13 @@ def test_fp32_perplexity_scores_the_whole_file(fp32_perplexity):
 
 
 @pytest.mark.timeout(1800)
-def test_int8_perplexity_within_2_percent_of_fp32(smollm_int8, fp32_perplexity, gpl_ids):
-    int8 = perplexity(smollm_int8.model, gpl_ids, bos_token_id=None, kv_int8=True)
+def test_int8_perplexity(int8_recipe_model, fp32_perplexity, gpl_ids):
+    model = int8_recipe_model.model
+    int8 = perplexity(model, gpl_ids, bos_token_id=None, kv_int8=True)
     print(
-        f"gpl-3 perplexity: fp32 {fp32_perplexity.ppl:.4f}, int8 (W8A8 + int8 KV) {int8.ppl:.4f} "
-        f"({100 * (int8.ppl / fp32_perplexity.ppl - 1):+.2f}%)"
+        f"gpl-3 perplexity: fp32 {fp32_perplexity.ppl:.5f}, {model.numerics} (W8A8 + int8 KV) {int8.ppl:.5f} "
+        f"({100 * (int8.ppl / fp32_perplexity.ppl - 1):+.3f}%)"
     )
     assert int8.num_scored_tokens == fp32_perplexity.num_scored_tokens
     assert abs(int8.ppl / fp32_perplexity.ppl - 1) < 0.02
+    assert int8.ppl <= INT8_GATES[model.numerics].max_ppl

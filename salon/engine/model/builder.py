@@ -167,6 +167,9 @@ def build_int8_model(
 ) -> CausalLM:
     from salon.engine.model.models import architecture
 
-    terms = architecture(config.architecture).INT8_ACTIVATION_TERMS
-    int16, group32 = kernel_ops.activations == "int16", kernel_ops.activations == "group32"
-    return build_model(config, Int8Weights(ckpt, kernel_ops, quantize_activations, terms, int16, group32), kernel_ops)
+    arch = architecture(config.architecture)
+    int16 = kernel_ops.activations == "int16"
+    # group32: the architecture's INT8_GROUP32_RECIPE Linears; the others keep INT8_ACTIVATION_TERMS
+    group32 = tuple(arch.INT8_GROUP32_RECIPE) if kernel_ops.activations == "group32" else False
+    weights = Int8Weights(ckpt, kernel_ops, quantize_activations, arch.INT8_ACTIVATION_TERMS, int16, group32)
+    return build_model(config, weights, kernel_ops)

@@ -2,11 +2,8 @@
 
 Cache layout (default ~/.cache/salon, overridable):
     <cache_dir>/int8/<sha256 of the GGUF>/model-int8.safetensors
-        int8 weights + scales (per output channel, or per channel and 32 inputs) + norms; metadata: format,
-        sha256, model id
-    <cache_dir>/int8/<sha256>/model-int8-a8g32.safetensors
-        the same for the group32 activations (salon.kernels.w8a8_group32) where the architecture's recipe for them
-        differs (INT8_GROUP32_RECIPE: llama's weights per row and 32 inputs); its own format tag
+        int8 weights + scales (per output channel and 32 inputs, or per output channel) + norms; metadata:
+        format (the architecture's INT8_CHECKPOINT_FORMAT), sha256, model id; every activation recipe runs on it
     <cache_dir>/int8/<sha256>/convert.lock
 Keyed by the file's content, so a renamed or re-downloaded file finds its checkpoint and a changed file
 never reads a stale one. Engines that start together convert once: the first takes the lock and
@@ -36,36 +33,22 @@ from salon.engine.model.tokenizer import Tokenizer
 from salon.kernels.backend import select_ops
 
 CHECKPOINT_FILE = "model-int8.safetensors"
-# Bump when the checkpoint recipe changes: old caches are then rebuilt, never misread.
-CHECKPOINT_FORMAT = "salon-int8-v8"  # v8: v7 (Gemma: one weight scale per row and 32 input channels) calibrated
-# through the fixed-order RMSNorm (salon/kernels/rmsnorm.py)
-# The checkpoint of the group32 activations where its recipe differs from the shipped one (its own file and tag,
-# bumped on its own).
-GROUP32_CHECKPOINT_FILE = "model-int8-a8g32.safetensors"
-GROUP32_CHECKPOINT_FORMAT = "salon-int8-a8g32-v1"  # v1: INT8_RECIPE + INT8_GROUP32_RECIPE (llama: weight_group 32)
 
 
-def recipe_overrides(config: ModelConfig, activations: str) -> dict[str, object]:
-    """build_int8_checkpoint options the activation recipe adds to the architecture's INT8_RECIPE (none but for
-    group32 activations on an architecture whose shipped weights they cannot take as they are)."""
+def checkpoint_format(config: ModelConfig) -> str:
+    """The format tag of this model's checkpoint: its architecture's INT8_CHECKPOINT_FORMAT, bumped when the recipe
+    changes, so old caches are rebuilt, never misread."""
     from salon.engine.model.models import architecture
 
-    return dict(architecture(config.architecture).INT8_GROUP32_RECIPE) if activations == "group32" else {}
-
-
-def checkpoint_format(config: ModelConfig, activations: str = "two_terms") -> tuple[str, str]:
-    """(file name, format tag) of the checkpoint that `activations` runs on for this model's architecture."""
-    if recipe_overrides(config, activations):
-        return GROUP32_CHECKPOINT_FILE, GROUP32_CHECKPOINT_FORMAT
-    return CHECKPOINT_FILE, CHECKPOINT_FORMAT
+    return architecture(config.architecture).INT8_CHECKPOINT_FORMAT
 
 
 def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "salon"
 
 
-def checkpoint_path(sha256: str, cache_dir: Path | None = None, file_name: str = CHECKPOINT_FILE) -> Path:
-    return Path(cache_dir or default_cache_dir()) / "int8" / sha256 / file_name
+def checkpoint_path(sha256: str, cache_dir: Path | None = None) -> Path:
+    return Path(cache_dir or default_cache_dir()) / "int8" / sha256 / CHECKPOINT_FILE
 
 
 # The int8 recipe the conversion ships for each architecture is the architecture's INT8_RECIPE
@@ -132,22 +115,20 @@ def calibrate_and_quantize(
     config: ModelConfig,
     weights: dict[str, torch.Tensor],
     tokenizer: Tokenizer,
-    activations: str = "two_terms",
     **overrides,
 ) -> dict[str, torch.Tensor]:
-    """The architecture's int8 recipe for the activation recipe `activations` (the shipped one, with
-    recipe_overrides): calibrate on its calibration set, then build the checkpoint. `overrides` replace
-    build_int8_checkpoint options of the recipe (measurements: bench/quant_ceilings.py)."""
+    """The architecture's int8 recipe: calibrate on its calibration set, then build the checkpoint. `overrides`
+    replace build_int8_checkpoint options of the recipe (measurements: bench/quant_ceilings.py)."""
     from salon.engine.model.models import architecture
 
     arch = architecture(config.architecture)
-    recipe = {**arch.INT8_RECIPE, **recipe_overrides(config, activations)}
+    recipe = dict(arch.INT8_RECIPE)
     sampled = recipe.pop("sampled_calibration", False)
     calib = calibrate_float(config, weights, calibration_sequences(config, weights, tokenizer, sampled))
     return build_int8_checkpoint(config, weights, calib, smooth=arch.INT8_SMOOTH, **{**recipe, **overrides})
 
 
-def is_complete(path: Path, sha256: str, fmt: str = CHECKPOINT_FORMAT) -> bool:
+def is_complete(path: Path, sha256: str, fmt: str) -> bool:
     """A finished checkpoint of the recipe `fmt` for this file (the header of a renamed-into-place file)."""
     try:
         with safe_open(str(path), "pt") as f:
@@ -162,15 +143,13 @@ def ensure_checkpoint(
     cache_dir: Path | None = None,
     overwrite: bool = False,
     progress: bool = True,
-    activations: str = "two_terms",
 ) -> tuple[Path, bool]:
-    """(path of the int8 checkpoint of `model_file` that the activation recipe `activations` runs on, whether this
-    call converted it)."""
+    """(path of the int8 checkpoint of `model_file`, whether this call converted it)."""
     from salon.engine.model.models import architecture
 
     source, config = model_file.source, model_file.config
-    file_name, fmt = checkpoint_format(config, activations)
-    path = checkpoint_path(source.sha256, cache_dir, file_name)
+    fmt = checkpoint_format(config)
+    path = checkpoint_path(source.sha256, cache_dir)
     if not overwrite and is_complete(path, source.sha256, fmt):
         return path, False
     with file_lock(path.with_name("convert.lock")):
@@ -183,7 +162,7 @@ def ensure_checkpoint(
         if shown is not None:
             shown.calibrating(weights)
             extra["on_quantized"] = shown.quantized
-        tensors = calibrate_and_quantize(config, weights, Tokenizer(model_file.vocab), activations, **extra)
+        tensors = calibrate_and_quantize(config, weights, Tokenizer(model_file.vocab), **extra)
         meta = {"format": fmt, "sha256": source.sha256, "model_id": source.model_id}
         atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
         if shown is not None:

@@ -19,30 +19,21 @@ def convert(
     cache_dir: Path | None = None,
     overwrite: bool = False,
     progress: bool = True,
-    activations: str = "two_terms",
 ) -> Path:
-    """GGUF (a known name or a path) -> calibrated int8 checkpoint in the cache (the one the activation recipe
-    `activations` runs on); returns its path."""
-    return ensure_checkpoint(open_model_file(model, cache_dir), cache_dir, overwrite, progress, activations)[0]
+    """GGUF (a known name or a path) -> calibrated int8 checkpoint in the cache (every activation recipe runs on
+    it); returns its path."""
+    return ensure_checkpoint(open_model_file(model, cache_dir), cache_dir, overwrite, progress)[0]
 
 
 def main_convert(argv: list[str] | None = None) -> int:
-    """`salon convert [--model NAME|PATH] [--cache-dir DIR] [--overwrite] [--activations RECIPE]`."""
+    """`salon convert [--model NAME|PATH] [--cache-dir DIR] [--overwrite]`."""
     parser = argparse.ArgumentParser(prog="salon convert", description="GGUF -> cached int8 checkpoint")
     parser.add_argument("--model", default="gemma-3-270m", help="a known model name or a path to a .gguf")
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--overwrite", action="store_true")
-    parser.add_argument(
-        "--activations",
-        default="two_terms",
-        choices=("two_terms", "int16", "group32"),
-        help="the activation recipe whose checkpoint to build (group32 has its own where the architecture's differs)",
-    )
     args = parser.parse_args(argv)
     started = time.monotonic()
-    path, converted = ensure_checkpoint(
-        open_model_file(args.model, args.cache_dir), args.cache_dir, args.overwrite, activations=args.activations
-    )
+    path, converted = ensure_checkpoint(open_model_file(args.model, args.cache_dir), args.cache_dir, args.overwrite)
     verb = "converted" if converted else "already converted"
     print(f"{verb} {args.model} -> {path} in {time.monotonic() - started:.1f} s")
     return 0

@@ -112,14 +112,12 @@ def load(
         model = (
             build_float_model(config, weights, kernel_ops)
             if precision == "float32"
-            else build_int8_model(
-                config, placed(calibrate_and_quantize(config, weights, tokenizer, kernel_ops.activations)), kernel_ops
-            )
+            else build_int8_model(config, placed(calibrate_and_quantize(config, weights, tokenizer)), kernel_ops)
         )
     elif precision == "float32":
         model = build_float_model(config, architecture(config.architecture).read_weights(mf.gguf, config), kernel_ops)
     else:
-        path, _ = ensure_checkpoint(mf, cache_dir, progress=progress, activations=kernel_ops.activations)
+        path, _ = ensure_checkpoint(mf, cache_dir, progress=progress)
         model = build_int8_model(config, placed(load_file(str(path))), kernel_ops)
     chat = ChatRenderer(tokenizer, mf.chat_template, config.eos_token_ids)
     return LoadedModel(model, tokenizer, chat, mf.source, mf.sampling)

@@ -6,8 +6,8 @@ Each module provides:
     build_layer(config, i, weights, kernel_ops) -> decoder layer   layer(x, positions, attn) -> x
     LAYER_NORMS, KEY_SMOOTHING, INT8_SMOOTH, INT8_ACTIVATION_TERMS, INT8_RECIPE  the int8 recipe (quantize.py,
     linear.py, checkpoint.py)
-    INT8_GROUP32_RECIPE                                           INT8_RECIPE's option overrides for group32
-                                                                  activations (checkpoint.py)
+    INT8_CHECKPOINT_FORMAT                                        the checkpoint's format tag (checkpoint.py)
+    INT8_GROUP32_RECIPE                                           the Linears with group32 activations (builder.py)
 """
 
 from __future__ import annotations

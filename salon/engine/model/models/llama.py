@@ -37,15 +37,19 @@ ARCH = "llama"
 # No q/k norms: int8 key smoothing is folded into the k rows, its inverse into the q rows.
 KEY_SMOOTHING = "qk_rows"
 LAYER_NORMS = ("attn_norm", "ffn_norm")
-# The int8 recipe (quantize.py): two int8 terms per activation (linear.py) and no SmoothQuant smoothing --
-# measured on SmolLM2-135M, smoothing moves the activation error into the weights and one int8 term per token
-# loses ~12% of teacher-forced top-1 agreement; two terms are within 0.1% of weights-only int8.
+# The int8 recipe (quantize.py, bench/quant_eval.py's table, docs/models.md): weights with one scale per output row
+# and 32 input channels (weight_group, the grouped W8A8 contract of salon/kernels/w8a8_grouped.py), every activation
+# as two int8 terms (linear.py) and no SmoothQuant smoothing -- measured on SmolLM2-135M, smoothing moves the
+# activation error into the weights, and one weight scale per row (checkpoint format v8) keeps 257 of 263
+# teacher-forced top-1 steps where a scale per 32 channels keeps 260 (the float32 path's 263 minus 3).
 INT8_SMOOTH: tuple[str, ...] = ()
 INT8_ACTIVATION_TERMS = 2
-INT8_RECIPE: dict[str, object] = {"alpha": 0.5}  # build_int8_checkpoint options (only key smoothing applies here)
-# The group32 activations (salon.kernels.w8a8_group32) take weights with one scale per row and 32 input channels:
-# INT8_RECIPE with these options, a checkpoint of its own (checkpoint.py).
-INT8_GROUP32_RECIPE: dict[str, object] = {"weight_group": 32}
+INT8_RECIPE: dict[str, object] = {"alpha": 0.5, "weight_group": 32}  # build_int8_checkpoint options
+# The checkpoint's format tag (checkpoint.py): bumped when INT8_RECIPE changes, so old caches are converted again.
+INT8_CHECKPOINT_FORMAT = "salon-int8-v9"  # v9: weights per row and 32 input channels (v8: per row)
+# The Linears that take one int8 term per token and 32 channels (salon.kernels.w8a8_group32) under `--activations
+# group32`, on the same checkpoint: the decoder layers' projections; the output projection keeps two terms.
+INT8_GROUP32_RECIPE: tuple[str, ...] = ("qkv", "o", "gate_up", "down")
 
 
 def config_from_gguf(f: GGUFFile, model_id: str, sha256: str, vocab: Vocab) -> ModelConfig:
