@@ -17,7 +17,7 @@ from tests.engine.test_engine_grammar_lark import GREETING, IGNORED, JSONISH, OP
 @pytest.fixture(scope="module")
 def compiler():
     mf = open_model_file("smollm2-135m-instruct")
-    compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, GrammarLimits(compile_threads=1))
+    compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, GrammarLimits(compile_workers=0))
     yield compiler
     compiler.close()
 
