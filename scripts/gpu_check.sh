@@ -46,6 +46,8 @@ GPU_WHEELS=(
   opentelemetry-exporter-otlp-proto-common==1.45.2
   opentelemetry-exporter-otlp-proto-grpc==1.45.2
   opentelemetry-exporter-otlp-proto-http==1.45.2
+  xgrammar==0.2.9
+  apache-tvm-ffi==0.1.15.post2
 )
 [ "${1:-}" = --list-wheels ] && { printf '%s\n' "${GPU_WHEELS[@]}"; exit 0; }
 REHEARSE=0

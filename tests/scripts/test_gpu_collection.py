@@ -19,7 +19,8 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_TEST_DIRS = ["tests/kernels", "tests/engine", "tests/model"]  # scripts/gpu_check.sh GPU_TESTS
-IMAGE = ["torch", "triton", "transformers", "numpy", "pytest"]  # what the GPU image has (scripts/gpu_check.sh)
+# what the GPU image has (scripts/gpu_check.sh; pillow too, in the device library's list of the image's packages)
+IMAGE = ["torch", "triton", "transformers", "numpy", "pytest", "pillow"]
 # imported only when installed (structlog's pretty tracebacks use rich, rich uses attrs; grpc looks for
 # grpcio-tools' runtime protos; httpx's command line needs click): absent, the importer goes on without them
 OPTIONAL = {"rich", "attrs", "grpcio-tools", "click", "pygments", "markdown-it-py", "mdurl"}

@@ -5,6 +5,7 @@ JSON) or (False, why it does not compile) until its socket closes. The spawner e
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -33,6 +34,10 @@ def main(fd: int) -> None:
     vocabulary, stop_token_ids, nice = control.recv()
     if nice:
         os.nice(nice)
+        # Linux's idle class besides: a worker runs only on a core nothing else wants, and a waking step thread
+        # takes its core at once (nice alone still lets it delay each wake-up of the model's threads).
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     compiler = GrammarCompiler(vocabulary, tuple(stop_token_ids), GrammarLimits(compile_workers=0))
     compiler.ready()
     compiler.close(wait=True)  # its pool's thread ends: the forks below come from a single-threaded process
