@@ -128,7 +128,20 @@ class EngineConfig:
     )
     grammar_compile_timeout_s: float = field(
         default=10.0,
-        metadata={"help": "longest a constraint may compile before a 400 (its worker process is killed)"},
+        metadata={"help": "CPU time a constraint may compile for before a 400 (its worker process is killed)"},
+    )
+    grammar_compile_wait_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "longest a compilation may take in all (its workers wait while the model computes) before a 429"
+        },
+    )
+    grammar_compile_busy_steps: int = field(
+        default=8,
+        metadata={
+            "help": "while the model computes, the compile workers run during one step in this many "
+            "(paused otherwise); 0: only while the engine idles"
+        },
     )
     grammar_compile_workers: int = field(
         default=2, metadata={"help": "worker processes compiling constraints; 0: threads of the engine process"}

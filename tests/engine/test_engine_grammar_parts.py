@@ -1,7 +1,8 @@
 """The grammar module's parts: the compiled-grammar cache's byte bound (seeded randomized against a plain LRU
 model), the compiler's cache, its worker killed past the time limit and replaced, refusals remembered within
 their byte bound, a schema's shape limits, the bitmask against a plain per-token reference on odd
-vocabulary sizes, and a constrained row sampled over its allowed tokens only (host C path = its reference)."""
+vocabulary sizes, workers paused (their CPU-time limit standing still) and dying with their spawner, and a
+constrained row sampled over its allowed tokens only (host C path = its reference)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import zlib
 import pytest
 import torch
 
-from salon.common.errors import InvalidArgument
+from salon.common.errors import InvalidArgument, ResourceExhausted
 from salon.engine.grammar.bitmask import allocate_bitmask, allowed_tokens, apply_bitmask, apply_bitmask_torch
 from salon.engine.grammar.cache import CompiledCache
 from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
@@ -124,6 +125,83 @@ def test_a_compilation_past_its_time_limit_kills_its_worker_and_the_next_one_com
     finally:
         compiler.close()
     wait_until_gone(second.pid)
+
+
+def process_state(pid: int) -> str:
+    """R, S, T (stopped) ... from /proc/PID/stat."""
+    stat = open(f"/proc/{pid}/stat").read()
+    return stat[stat.rindex(")") + 2]
+
+
+def wait_for(condition, what: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_paused_workers_time_does_not_count_against_its_limit():
+    """Workers forked while the compiler is paused start stopped (SIGSTOP); the compilation's limit counts the
+    worker's CPU time: paused for twice the limit, it still compiles once resumed."""
+    mf = open_model_file("smollm2-135m-instruct")
+    limits = GrammarLimits(compile_timeout_s=0.5, compile_workers=1, compile_wait_s=30)
+    compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, limits)
+    try:
+        compiler.wait_workers(120)
+        compiler.pause_workers()
+        loop = asyncio.new_event_loop()
+        start = time.monotonic()
+        job = loop.run_in_executor(None, asyncio.run, compiler.compile(open_optional_schema(3)))
+        wait_for(lambda: compiler.workers and process_state(compiler.workers[0].pid) == "T", "a stopped worker")
+        (worker,) = compiler.workers
+        while time.monotonic() - start < 2 * limits.compile_timeout_s:
+            assert process_state(worker.pid) == "T"  # stays stopped until resumed
+            time.sleep(0.05)
+        compiler.resume_workers()
+        assert process_state(worker.pid) != "T"
+        compiled = loop.run_until_complete(job)
+        loop.close()
+        assert compiled.memory_size_bytes > 0 and worker.alive and worker.compiles == 1
+        assert time.monotonic() - start > 2 * limits.compile_timeout_s
+    finally:
+        compiler.close()
+
+
+def test_a_compilation_that_cannot_run_within_its_wait_is_a_resource_exhausted_not_remembered():
+    mf = open_model_file("smollm2-135m-instruct")
+    limits = GrammarLimits(compile_timeout_s=0.5, compile_workers=1, compile_wait_s=1.0)
+    compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, limits)
+    try:
+        compiler.wait_workers(120)
+        regex = Constraint(ConstraintKind.REGEX, "[a-z]{5}")
+        compiler.pause_workers()
+        with pytest.raises(
+            ResourceExhausted,
+            match=r"^sampling.constraint: did not finish compiling within 1 s while the engine was busy; retry",
+        ):
+            asyncio.run(compiler.compile(regex))
+        (starved,) = compiler.workers
+        assert not starved.alive
+        wait_until_gone(starved.pid)  # killed although stopped
+        compiler.resume_workers()
+        assert asyncio.run(compiler.compile(regex)) is not None  # not remembered as a refusal
+    finally:
+        compiler.close()
+
+
+def test_a_stopped_worker_dies_with_its_spawner():
+    mf = open_model_file("smollm2-135m-instruct")
+    compiler = GrammarCompiler(Tokenizer(mf.vocab), mf.config.eos_token_ids, GrammarLimits(compile_workers=1))
+    try:
+        compiler.wait_workers(120)
+        asyncio.run(compiler.compile(Constraint(ConstraintKind.REGEX, "[a-z]{6}")))
+        (worker,) = compiler.workers
+        compiler.pause_workers()
+        wait_for(lambda: process_state(worker.pid) == "T", "the worker stopped")
+        os.kill(compiler._spawner.process.pid, 9)
+        wait_until_gone(worker.pid)
+    finally:
+        compiler.close()
 
 
 def test_a_refused_constraint_is_refused_again_at_once(compiler):

@@ -1,8 +1,9 @@
 """Hostile schemas against a real SmolLM2-135M stack (one engine with a 0.5 s compile limit, a gateway serving
 the HTTP API), through the official `openai` package: deep nesting, a huge enum and many optional properties
 are refused with a 400 naming the limit before anything compiles, a schema within those limits that compiles
-too slowly is refused naming the time limit (its worker killed), and another client's plain request keeps its
-latency: its p90 over 60 calls while the hostile schemas stream in stays within ADDED_P90_S of its p90 alone."""
+too slowly is refused naming the time limit (its worker killed), the compile workers stand stopped while the
+model computes, and another client's plain request keeps its latency: its p90 over 60 calls while the hostile
+schemas stream in stays within ADDED_P90_S of its p90 alone."""
 
 from __future__ import annotations
 
@@ -23,10 +24,8 @@ BLOCKS = 3
 # Between the schemas refused before compiling: a flood of requests costs the gateway's and the engine's loops
 # whatever the requests hold (the tenants' rate limits bound that); what is measured is the cost of the schemas.
 PAUSE_S = 0.1
-# What the hostile clients may add to the other client's p90. Measured on a quiet 2-core host over 15 runs of this
-# test: +29 to +64 ms (about 100 ms alone); the gate is the largest plus a margin. The target is +50 ms: not met
-# on every run here.
-ADDED_P90_S = 0.075
+# What the hostile clients may add to the other client's p90: the issue's bound.
+ADDED_P90_S = 0.050
 MESSAGES = [{"role": "user", "content": "Name a colour."}]
 
 
@@ -51,10 +50,11 @@ REFUSED = [
 
 
 def slow(i: int) -> dict:
-    """Within every shape limit, but 12 nested objects that admit any other key and 16 optional properties: about
-    2 s to compile."""
+    """Within every shape limit, but three branches of 11 nested objects that admit any other key, and 16 optional
+    properties: 1.6 s of CPU time to compile (and serialize) here, 0.02 s with the objects closed (strict)."""
     optional = {f"p{j}": {"type": "integer"} for j in range(16)}
-    return {"type": "object", "properties": {f"k{i}": deep(11), **optional}, "required": [f"k{i}"]}
+    required = {f"k{i}_{j}": deep(11) for j in range(3)}
+    return {"type": "object", "properties": {**required, **optional}, "required": list(required)}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +70,7 @@ def client(tmp_path_factory):
         url = f"http://127.0.0.1:{gateway.extra_ports['http_port']}/v1"
         client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=120)
         wait_for_compile_workers(client)
+        client.engine_pid = engine.process.pid
         yield client
     finally:
         stop_all([gateway, engine])
@@ -126,6 +127,50 @@ def test_each_hostile_schema_is_refused_naming_its_limit(client):
     assert reply.choices[0].message.content.startswith('{"k0')
 
 
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def state(pid: int) -> str:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return "gone"
+    return stat[stat.rindex(")") + 2]
+
+
+def test_compile_workers_stop_while_the_model_computes_and_resume_when_it_idles(client):
+    """The engine's compile workers (children of its spawner) are stopped (T) during a long reply, and run again
+    once the engine has nothing to compute."""
+    engine_pid = client.engine_pid
+    (spawner,) = [p for p in children(engine_pid) if b"worker_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+    workers = children(spawner)
+    assert workers, "the engine forked no compile worker"
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=200,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    seen_stopped = False
+    for _ in stream:
+        if not seen_stopped and all(state(w) == "T" for w in workers):
+            seen_stopped = True
+    assert seen_stopped, [state(w) for w in workers]
+    wait_for(lambda: all(state(w) in "RS" for w in workers), "the workers resume")
+
+
 def send_hostile(url: str, slow_ones: bool, go, idle, quit, outcomes) -> None:
     """A hostile client in a process of its own (its JSON work stays off the measured client's GIL): while go is
     set, sends the schemas refused before compiling (PAUSE_S apart), or slow ones back to back, each refused
@@ -180,12 +225,15 @@ def test_hostile_schemas_keep_another_clients_latency(client):
         latencies(client, 10)  # warm: the first calls pay one-off costs
         alone: list[float] = []
         during: list[float] = []
+        during_s = 0.0
         for _ in range(BLOCKS):
             wait_for(lambda: all(idle.is_set() for idle in idles), "the hostile clients pause")
             alone += latencies(client, CALLS // BLOCKS)
             go.set()
             wait_for(lambda: not any(idle.is_set() for idle in idles), "the hostile clients send")
+            start = time.monotonic()
             during += latencies(client, CALLS // BLOCKS)
+            during_s += time.monotonic() - start
             go.clear()
     finally:
         quit.set()
@@ -195,7 +243,10 @@ def test_hostile_schemas_keep_another_clients_latency(client):
     seen = []
     while len(seen) < 2 * CALLS and not outcomes.empty():
         seen.append(outcomes.get(timeout=10))
-    assert all(m.startswith(("body:", "enum", "more than 16", "did not compile")) for m in seen), seen
-    assert sum("did not compile" in m for m in seen) >= BLOCKS and len(seen) > CALLS, seen  # the load was there
-    print("LAT", p90(alone), p90(during), len(seen))
+    unexpected = [m for m in seen if not m.startswith(("body:", "enum", "more than 16", "did not compile"))]
+    assert not unexpected, unexpected
+    # The load was there: a slow schema in each block (each killed at its limit, its compilation held off the cores
+    # while the model computes, so it ends after the block), and the refused ones at half their pace or more.
+    assert sum("did not compile" in m for m in seen) >= BLOCKS, seen
+    assert sum("did not compile" not in m for m in seen) >= during_s / PAUSE_S / 2, (during_s, seen)
     assert p90(during) <= p90(alone) + ADDED_P90_S, (p90(alone), p90(during))

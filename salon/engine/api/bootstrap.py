@@ -22,6 +22,7 @@ from salon.engine.api.prompt import PromptRenderer
 from salon.engine.api.servicer import EngineRuntime, EngineServicer, add_to_server
 from salon.engine.api.validation import Limits
 from salon.engine.config import EngineConfig
+from salon.engine.core.background import BackgroundGate
 from salon.engine.core.engine_core import EngineCore, warmup
 from salon.engine.core.engine_loop import EngineLoop
 from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
@@ -129,6 +130,20 @@ class EngineService:
         self._host = host_cache
         if host_cache is not None:
             host_cache.client.start()  # maps the kvstore's arena in the background
+        grammars = GrammarCompiler(
+            core.tokenizer,
+            tuple(sorted(set(model_cfg.eos_token_ids) | set(chat.stop_token_ids))),
+            GrammarLimits(
+                self.config.grammar_cache_bytes,
+                self.config.grammar_compile_timeout_s,
+                self.config.grammar_compile_workers,
+                self.config.grammar_compile_nice,
+                compile_wait_s=self.config.grammar_compile_wait_s,
+            ),
+        )
+        self._loop.background = BackgroundGate(
+            grammars.pause_workers, grammars.resume_workers, self.config.grammar_compile_busy_steps
+        )
         self._loop.start()
         renderer = PromptRenderer(chat)
         self.servicer.runtime = EngineRuntime(
@@ -152,16 +167,7 @@ class EngineService:
             host_cache=host_cache,
             sliding_window_tokens=max((layer.sliding_window_tokens or 0 for layer in model_cfg.layers), default=0),
             kv_bytes_per_token=core.layout.page_bytes // core.layout.block_size_tokens,
-            grammars=GrammarCompiler(
-                core.tokenizer,
-                tuple(sorted(set(model_cfg.eos_token_ids) | set(chat.stop_token_ids))),
-                GrammarLimits(
-                    self.config.grammar_cache_bytes,
-                    self.config.grammar_compile_timeout_s,
-                    self.config.grammar_compile_workers,
-                    self.config.grammar_compile_nice,
-                ),
-            ),
+            grammars=grammars,
             resident=ResidentMeter(
                 core.model.weight_bytes() + packed_bytes(),
                 core.kv_cache.allocated_bytes(),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from salon.common.logging import get_logger
 from salon.engine import metrics
+from salon.engine.core.background import BackgroundGate
 from salon.engine.core.engine_core import EngineCore, LoadSnapshot
 from salon.engine.core.output import FinalStats, RequestEvent
 from salon.engine.prefix.hit import PrefixHit
@@ -111,6 +112,8 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
         self._rate = _TokenRate()
         self.load: LoadSnapshot = core.load()
+        # Held off the cores while the model computes (background.py); set before start().
+        self.background: BackgroundGate | None = None
 
     # ---- event-loop side -----------------------------------------------------------------------
     def start(self) -> None:
@@ -184,9 +187,13 @@ class EngineLoop:
         try:
             while not self._stop.is_set():
                 try:
+                    if self.background is not None and not self.core.has_work():
+                        self.background.idle()
                     self._drain_commands(block=not self.core.has_work())
                     self._expire_deadlines()
                     if self.core.has_work():
+                        if self.background is not None:
+                            self.background.computing()
                         self._step()
                         self._consecutive_failures = 0
                     self._publish()

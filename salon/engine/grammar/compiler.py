@@ -5,8 +5,11 @@
                                          for time for refused_slow_s)
                           miss        -> a worker process compiles it (worker.py) and sends it back serialized;
                                          INVALID_ARGUMENT naming the problem when it does not compile, or does
-                                         not finish within compile_timeout_s (the worker is killed and
-                                         replaced); RESOURCE_EXHAUSTED when every worker stays busy that long
+                                         not finish within compile_timeout_s of its CPU time (the worker is
+                                         killed and replaced); RESOURCE_EXHAUSTED when every worker stays busy
+                                         that long, or the compilation waits compile_wait_s without finishing
+    pause_workers()       the workers stopped (SIGSTOP), those forked later too: the engine's step thread calls it
+    resume_workers()      while the model computes, and resumes them when it stops (engine_loop.py)
     compile_now(c)        the same compilation on the calling thread (the workers' own, and tests')
     matcher(compiled)     a request's matcher (matcher.py)
 
@@ -19,7 +22,10 @@ given free whitespace can fill its whole budget with it.
 Why worker processes: xgrammar cannot cancel a compilation, so one on a thread that outlives its limit would
 hold the thread and a core until it ends; a process is killed instead (and replaced by a fork of a spawner that
 has xgrammar loaded), and runs at a lower priority (nice) so the serving loop and the model's step keep their
-cores. A compiled grammar crosses back as xgrammar's JSON:
+cores. The scheduler's idle class alone did not keep a busy worker off those cores: beside one, the step's two
+threads were woken onto the same core (2 cores; an SmolLM2 step 8 -> 27 ms), so the engine stops its workers while
+the model computes. A compilation's limit counts the worker's own CPU time, not the time it stood paused.
+A compiled grammar crosses back as xgrammar's JSON:
 deserializing costs a few per cent of compiling (2-12 ms with SmolLM2's vocabulary, 2-65 ms with Gemma's, the
 GIL released), so compiling in the worker and shipping the result beats a pre-flight followed by a second
 compile here. Each pool thread drives one worker, so the pool's size bounds the cores compilation can take.
@@ -43,7 +49,13 @@ from salon.engine.grammar.cache import CompiledCache
 from salon.engine.grammar.constraint import Constraint, ConstraintKind
 from salon.engine.grammar.lark import as_ebnf
 from salon.engine.grammar.matcher import RequestGrammar
-from salon.engine.grammar.worker import CompileTimedOut, CompileWorker, SpawnerNotReady, WorkerSpawner
+from salon.engine.grammar.worker import (
+    CompileStarved,
+    CompileTimedOut,
+    CompileWorker,
+    SpawnerNotReady,
+    WorkerSpawner,
+)
 from salon.engine.model.tokenizer import Tokenizer
 
 # xgrammar's messages start with a time and its source file: "[19:29:00] /project/cpp/x.cc:94: "
@@ -54,7 +66,7 @@ _XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 class GrammarLimits:
     # Bytes of compiled grammars kept (least recently used evicted first).
     cache_bytes: int = 256 << 20
-    # How long a constraint may compile before INVALID_ARGUMENT (and how long it may wait for a free worker
+    # CPU time a constraint may compile for before INVALID_ARGUMENT (and how long it may wait for a free worker
     # before RESOURCE_EXHAUSTED).
     compile_timeout_s: float = 10.0
     # Worker processes that compile (each compilation holds one); 0: threads of this process.
@@ -67,6 +79,9 @@ class GrammarLimits:
     # How long a refusal for time is remembered (one that does not compile is remembered until evicted): a
     # host busy with other work can slow a compilation that would otherwise fit.
     refused_slow_s: float = 300.0
+    # How long a compilation may take in all (its worker paused while the model computes, or the host busy)
+    # before RESOURCE_EXHAUSTED; at least compile_timeout_s.
+    compile_wait_s: float = 60.0
 
 
 def vocabulary(tokenizer: Tokenizer, stop_token_ids: tuple[int, ...]) -> list[bytes]:
@@ -104,6 +119,7 @@ class GrammarCompiler:
         self._workers_lock = threading.Lock()
         self._spawner: WorkerSpawner | None = None
         self._closed = False
+        self._paused = False  # pause_workers() holds: workers forked meanwhile start paused
 
     def _make_compiler(self, tokenizer: Tokenizer | Sequence[bytes], stop_token_ids: tuple[int, ...]):
         import xgrammar
@@ -166,6 +182,8 @@ class GrammarCompiler:
         with self._workers_lock:
             self.workers = [w for w in self.workers if w.alive] + [worker]
             closed = self._closed
+            if self._paused:
+                worker.pause()
         if closed:
             worker.kill()
             raise Unavailable("the grammar compiler is closed")
@@ -178,7 +196,8 @@ class GrammarCompiler:
 
         worker = self._worker(start_by)
         try:
-            serialized = worker.compile(constraint, self.limits.compile_timeout_s)
+            limit = self.limits.compile_timeout_s
+            serialized = worker.compile(constraint, limit, max(limit, self.limits.compile_wait_s))
         except CompileTimedOut:
             with contextlib.suppress(SpawnerNotReady):
                 self._worker(time.monotonic())  # its replacement (a fork) is ready before the next constraint
@@ -217,6 +236,12 @@ class GrammarCompiler:
             raise ResourceExhausted(
                 f"sampling.constraint: the grammar compilers did not start within {limit:g} s; retry later"
             ) from None
+        except CompileStarved:
+            wait = max(limit, self.limits.compile_wait_s)
+            raise ResourceExhausted(
+                f"sampling.constraint: did not finish compiling within {wait:g} s while the engine was busy; "
+                "retry later"
+            ) from None
         except CompileTimedOut:
             refusal = InvalidArgument(f"{constraint.kind.value}: did not compile within {limit:g} s (too complex)")
             until = time.monotonic() + self.limits.refused_slow_s
@@ -227,6 +252,20 @@ class GrammarCompiler:
             return compiled
         self.refused.put(constraint, (refusal.message, until), constraint.num_bytes + len(refusal.message.encode()))
         raise refusal
+
+    def pause_workers(self) -> None:
+        """Stop every worker (SIGSTOP), and those forked until resume_workers(): their compilations wait, their
+        CPU-time limits with them. Called by the engine's step thread; cheap (a signal per worker)."""
+        self._hold(True)
+
+    def resume_workers(self) -> None:
+        self._hold(False)
+
+    def _hold(self, paused: bool) -> None:
+        with self._workers_lock:
+            self._paused = paused
+            for worker in self.workers:
+                worker.pause() if paused else worker.resume()
 
     async def matcher(self, constraint: Constraint) -> RequestGrammar:
         return RequestGrammar(await self.compile(constraint), self.vocab_size)

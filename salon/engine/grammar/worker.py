@@ -6,9 +6,12 @@ outlives its time limit.
                                                       the tokenizer info once (seconds: xgrammar imports torch)
     spawn(timeout_s)                                  a CompileWorker forked from it (milliseconds), talking over
                                                       a socket pair of its own; SpawnerNotReady while it starts
-    CompileWorker.compile(constraint, timeout_s)      the compiled grammar as xgrammar's JSON, or InvalidArgument
-                                                      (does not compile: the compiler's reason), or
-                                                      CompileTimedOut after killing the worker
+    CompileWorker.compile(constraint, cpu_s, wait_s)  the compiled grammar as xgrammar's JSON, or InvalidArgument
+                                                      (does not compile: the compiler's reason), or, after killing
+                                                      the worker, CompileTimedOut (it used cpu_s of CPU time) or
+                                                      CompileStarved (wait_s passed first)
+    CompileWorker.pause() / resume()                  SIGSTOP / SIGCONT: the engine stops its workers while the
+                                                      model computes (compiler.py)
 
 A killed worker is replaced by a fork, so a stream of too-slow constraints costs each one its time limit, not a
 fresh interpreter. Blocking calls: the grammar compiler calls them on its own threads, one worker per thread.
@@ -29,6 +32,7 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
+from pathlib import Path
 
 from salon.common.errors import InvalidArgument, Unavailable
 from salon.engine.grammar.constraint import Constraint
@@ -41,8 +45,28 @@ class CompileTimedOut(Exception):
     """The compilation outlived its time limit; its worker was killed."""
 
 
+class CompileStarved(Exception):
+    """The compilation did not get its CPU time within its wait (its worker paused, or the host busy); the worker
+    was killed."""
+
+
 class SpawnerNotReady(Exception):
     """The spawner is still starting (importing xgrammar, building its tokenizer info)."""
+
+
+# How often a compilation's CPU time is read while it runs.
+POLL_S = 0.02
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The process's CPU time so far (user + system, /proc/PID/stat), or None where /proc is missing."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
 class CompileWorker:
@@ -51,16 +75,31 @@ class CompileWorker:
         self._conn = conn
         self.alive = True  # until killed, or found gone
         self.compiles = 0  # constraints handed to this worker
+        self.paused = False
 
-    def compile(self, constraint: Constraint, timeout_s: float) -> str:
+    def compile(self, constraint: Constraint, cpu_s: float, wait_s: float) -> str:
+        """Compile within cpu_s of the worker's CPU time (where /proc is missing, of wall time) and wait_s of wall
+        time: a paused worker's clock stands still, so a constraint is judged by its own cost, not the host's load."""
         self.compiles += 1
+        start = time.monotonic()
+        used_before = cpu_seconds(self.pid)
         try:
             self._conn.send(constraint)
-            if self._conn.poll(timeout_s):
-                ok, payload = self._conn.recv()
-                if ok:
-                    return payload
-                raise InvalidArgument(payload)
+            while True:
+                waited = time.monotonic() - start
+                if self._conn.poll(max(0.0, min(POLL_S, wait_s - waited))):
+                    ok, payload = self._conn.recv()
+                    if ok:
+                        return payload
+                    raise InvalidArgument(payload)
+                now = cpu_seconds(self.pid)
+                used = time.monotonic() - start if now is None or used_before is None else now - used_before
+                if used >= cpu_s:
+                    self.kill()
+                    raise CompileTimedOut
+                if time.monotonic() - start >= wait_s:
+                    self.kill()
+                    raise CompileStarved
         except (EOFError, OSError):
             # The worker died on this constraint (xgrammar crashes on some grammars, e.g. `root ::= root{2}`):
             # the constraint is refused, and remembered like any other that does not compile.
@@ -68,11 +107,24 @@ class CompileWorker:
             raise InvalidArgument(
                 f"{constraint.kind.value}: does not compile (the grammar compiler crashed on it)"
             ) from None
-        self.kill()
-        raise CompileTimedOut
+
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP, True)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT, False)
+
+    def _signal(self, signum: int, paused: bool) -> None:
+        if self.alive and self.paused != paused:
+            self.paused = paused
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
 
     def kill(self) -> None:
-        """SIGKILL. The pid is still this worker's: it exits only when its socket closes, which happens here."""
+        """SIGKILL (a stopped process too). The pid is still this worker's: it exits only when its socket closes,
+        which happens here."""
         if self.alive:
             self.alive = False
             try:

@@ -1,11 +1,13 @@
 """The compile workers' spawner (worker.py starts it): reads the vocabulary, its stop tokens and how much to
 lower its priority, builds its compiler, says "ready"; then for each "fork" and the socket that comes with it,
-forks a worker (it pid sent back) that answers each constraint with (True, the compiled grammar as xgrammar's
-JSON) or (False, why it does not compile) until its socket closes. The spawner ends when its own socket does."""
+forks a worker (its pid sent back; it dies with the spawner) that answers each constraint with (True, the
+compiled grammar as xgrammar's JSON) or (False, why it does not compile) until its socket closes. The spawner
+ends when its own socket does."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -14,6 +16,15 @@ from multiprocessing.reduction import recv_handle
 
 from salon.common.errors import InvalidArgument
 from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """SIGKILL when the spawner ends (Linux): a worker the engine paused (SIGSTOP) would never see its socket
+    close."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def serve(conn: Connection, compiler: GrammarCompiler) -> None:
@@ -43,6 +54,7 @@ def main(fd: int) -> None:
     compiler.close(wait=True)  # its pool's thread ends: the forks below come from a single-threaded process
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped as they end
     control.send("ready")
+    spawner = os.getpid()
     while True:
         try:
             control.recv()
@@ -51,6 +63,9 @@ def main(fd: int) -> None:
             return
         pid = os.fork()
         if pid == 0:
+            die_with_parent()
+            if os.getppid() != spawner:  # the spawner ended before the line above
+                os._exit(0)
             control.close()
             try:
                 serve(Connection(worker_fd), compiler)
