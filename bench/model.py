@@ -24,12 +24,13 @@ load of the checkpoint whose weights the GEMMs read as they lie (16 rows of 32 b
 registers: the layout before the packed one), alternated as the recipe figures below are:
 packed_{prefill_512,decode_b1,..}_packed_over_rows_x.
 
-The int8 model runs the activation recipe its kernel family picks here (salon.kernels.backend: one int16 term per
-activation where the CPU's GEMM is AVX2's, two int8 terms elsewhere); the same checkpoint in the other recipe is
-timed against it in the same run, alternating the two, a ratio per round (activations_*_shipped_over_*_x: prefill 512
-and decode at 1, 4, 8 and 32 sequences), and its perplexity given (ppl_int8_<recipe>); --no-activation-baseline
-skips it. --activations RECIPE measures the int8 model in RECIPE instead (group32 among them), and then the
-family's own pick is the baseline.
+The int8 model runs the activation recipe the engine serves it with by default (activations_shipped;
+salon.engine.model.activation_recipe: group32 for Gemma 3; for other architectures the kernel family's pick, one
+int16 term per activation where the CPU's GEMM is AVX2's, two int8 terms elsewhere); the same checkpoint in another
+recipe (two int8 terms against group32, else the family's other one) is timed against it in the same run,
+alternating the two, a ratio per round (activations_*_shipped_over_*_x: prefill 512 and decode at 1, 4, 8 and 32
+sequences), and its perplexity given (ppl_int8_<recipe>); --no-activation-baseline skips it. --activations RECIPE
+measures the int8 model in RECIPE instead, and then the default recipe is the baseline.
 
 The peer, llama.cpp (salon/loadgen/peer.py), runs in the same run on the same GGUF and threads when a build is
 found, in rounds alternated with salon's (A B, B A, ...: 3 rounds with --quick, else 7; salon.loadgen.alternation):
@@ -56,6 +57,7 @@ from salon.engine.kv.kv_cache import KVCache
 from salon.engine.kv.kv_cache_manager import KVCacheManager
 from salon.engine.kv.kv_layout import plan_layout
 from salon.engine.model import load_model as load_model_on_cpu
+from salon.engine.model.activation_recipe import serving_activations
 from salon.engine.model.builder import FUSED
 from salon.engine.model.config import synthetic_config
 from salon.engine.model.perplexity import perplexity
@@ -204,12 +206,12 @@ def _recipe_ratios(
 
 
 def _activation_recipes(args, shipped, steps: int, rounds: int, ids, bos) -> dict[str, float]:
-    """The shipped int8 model in the other activation recipe (salon.kernels.backend.ACTIVATION_RECIPES: one int16
-    term or two int8 terms per activation), the same checkpoint, timed against the shipped one alternately,
-    and its perplexity."""
+    """The shipped int8 model in another activation recipe (the default one where `shipped` runs a recipe asked
+    for, else salon.kernels.backend.other_activations: two int8 terms against group32 or one int16 term), the same
+    checkpoint, timed against the shipped one alternately, and its perplexity."""
     measured = shipped.kernel_ops.activations
-    family_pick = select_ops(args.device, activations="auto").activations
-    other = other_activations(measured) if measured == family_pick else family_pick
+    default = serving_activations(shipped.config.architecture, select_ops(args.device)).activations
+    other = other_activations(measured) if measured == default else default
     model, _ = load_model(args.model, "int8", args.device, activations=other)
     print(f"activation recipes: {shipped.kernel_ops.activations} (shipped here) against {other}", flush=True)
     out = {"activations_shipped": shipped.kernel_ops.activations}
@@ -355,7 +357,8 @@ def main() -> None:
     parser.add_argument(
         "--activations",
         default="auto",
-        help="the int8 model's activation recipe (salon.kernels.backend; default: the family's pick)",
+        help="the int8 model's activation recipe (salon.kernels.backend; default: the engine's, "
+        "salon.engine.model.activation_recipe)",
     )
     peer.add_argument(parser)
     args = parser.parse_args()

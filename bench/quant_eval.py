@@ -473,16 +473,18 @@ def main() -> None:
         print(line("fp32 (float KV)", result["fp32"]), flush=True)
     if not args.no_baselines:
         engine, _ = load_model(args.model, precision="int8", kernel_ops=kernel_ops, progress=False)
+        # the recipe the engine serves this model with (salon.engine.model.activation_recipe)
+        shipped_activations = engine.kernel_ops.activations
         result["engine_checkpoint"] = row_of(engine)
         print(
-            line(f"engine: shipped recipe (load_model), {kernel_ops.activations}", result["engine_checkpoint"]),
+            line(f"engine: shipped recipe (load_model), {shipped_activations}", result["engine_checkpoint"]),
             flush=True,
         )
         del engine
-        # the same checkpoint in the other activation recipe (salon.kernels.backend.ACTIVATION_RECIPES), and the
+        # the same checkpoint in another activation recipe (salon.kernels.backend.other_activations), and the
         # checkpoints of the recipes asked for
-        other = other_activations(kernel_ops.activations)
-        result["engine_activations"] = kernel_ops.activations
+        other = other_activations(shipped_activations)
+        result["engine_activations"] = shipped_activations
         for recipe in [other, *extra_recipes]:
             engine, _ = load_model(
                 args.model, precision="int8", kernel_ops=select_ops("cpu", activations=recipe), progress=False

@@ -96,9 +96,9 @@ class EngineConfig:
             "term, ~15 bits: more products a second than two terms on CPUs without VNNI, measured by "
             "`python -m bench.gemv --int16`) | group32 (one int8 term per token and 32 channels in the decoder "
             "layers' Linears, half the products of two terms, and two terms on the output projection; C kernels on "
-            "the CPU, Triton on a GPU) | auto (int16 where the "
-            "CPU family's GEMM is AVX2's, else two_terms). The recipes' numbers differ, so each has its own "
-            "KV cache namespace"
+            "the CPU, Triton on a GPU) | auto (group32 for Gemma 3, which meets the quality gates with it; for other "
+            "architectures int16 where the CPU family's GEMM is AVX2's, else two_terms). The recipes' numbers "
+            "differ, so each has its own KV cache namespace"
         },
     )
     block_size_tokens: int = field(default=16, metadata={"help": "tokens per KV block"})

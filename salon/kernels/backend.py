@@ -51,9 +51,10 @@ OP_NAMES = (
 # The activation recipes of an int8 Linear (salon/engine/model/linear.py) that every family has kernels for: two int8
 # terms (salon.kernels.quantize), or one int16 term (salon.kernels.w16a8_grouped).
 ACTIVATION_RECIPES = ("two_terms", "int16")
-# Recipes selectable for measurements, never `auto`'s choice: one int8 term per token and 32 channels
-# (salon.kernels.w8a8_group32), with a C op in the CPU family (salon.kernels.cpu.linear_two_terms) and Triton kernels
-# in the Triton family (salon.kernels.w8a8_group32_triton).
+# Recipes no family picks on its own: one int8 term per token and 32 channels (salon.kernels.w8a8_group32), with a C
+# op in the CPU family (salon.kernels.cpu.linear_two_terms) and Triton kernels in the Triton family
+# (salon.kernels.w8a8_group32_triton). A model's architecture may pick it for `auto` once the model is known
+# (salon.engine.model.activation_recipe).
 REFERENCE_ACTIVATION_RECIPES = ("group32",)
 
 
@@ -93,6 +94,9 @@ class Ops:
     # The activation recipe the family's int8 Linears run (ACTIVATION_RECIPES): the faster one of its kernels
     # where it has a choice; the same on every family unless a CPU's kernels favour the other.
     activations: str = "two_terms"
+    # Whether the caller named `activations` (select_ops(activations=...)); False: the family's pick, which the
+    # model's architecture may replace once the model is known (salon.engine.model.activation_recipe)
+    activations_named: bool = False
 
 
 def reference_ops() -> Ops:
@@ -249,12 +253,12 @@ def select_ops(device: torch.device | str, family: str = "auto", activations: st
     "triton" on a CPU device runs the same kernels through Triton's interpreter (slow; how the GPU path is
     tested end to end without a GPU); "ref" is the plain PyTorch reference. `activations` sets the int8
     Linears' activation recipe (ACTIVATION_RECIPES or REFERENCE_ACTIVATION_RECIPES; "auto": the family's own
-    choice)."""
+    choice, until a model's architecture picks its own: salon.engine.model.activation_recipe)."""
     recipes = ACTIVATION_RECIPES + REFERENCE_ACTIVATION_RECIPES
     if activations != "auto" and activations not in recipes:
         raise ValueError(f"activations: must be auto or one of {', '.join(recipes)}, got {activations!r}")
     ops = _select_family(torch.device(device), family)
-    return ops if activations == "auto" else dataclasses.replace(ops, activations=activations)
+    return ops if activations == "auto" else dataclasses.replace(ops, activations=activations, activations_named=True)
 
 
 def _select_family(device: torch.device, family: str) -> Ops:

@@ -56,7 +56,8 @@ def test_bench_model_quick_runs_the_engine_step_path_and_reports():
     )
     r = result[f"activations_decode_b1_shipped_over_{other}_x"]
     assert r["rounds"] == 2 and round(r["shipped_median"], 3) == result["activations_decode_b1_ms_per_token_shipped"]
-    assert shipped != other
+    # synthetic-tiny is a Gemma 3 model: timed in the recipe the engine serves it with, against two int8 terms
+    assert (shipped, other) == ("group32", "two_terms")
 
 
 # Stand-ins for llama-bench and llama-batched-bench (one script, by its name): the n-th call of either reports

@@ -1,8 +1,10 @@
 """The engine as a real process over gRPC (synthetic-tiny): streaming, cancel, abort, deadline, queue
-limit, validation, seeded sampling and failover resume. After every scenario, no KV block is held."""
+limit, validation, seeded sampling and failover resume, the activation recipe its ready log names. After every
+scenario, no KV block is held."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -215,3 +217,25 @@ def test_queue_full_is_resource_exhausted(tmp_path_factory):
             wait_all_blocks_free(stub)
     finally:
         proc.stop()
+
+
+def ready_line(proc) -> dict:
+    """The engine's engine_ready log record (logged before it reports SERVING), polled while the log is flushed."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [line for line in proc.log_path.read_text().splitlines() if '"engine_ready"' in line]
+        if lines or time.monotonic() > deadline:
+            assert len(lines) == 1, lines
+            return json.loads(lines[0])
+        time.sleep(0.05)
+
+
+def test_the_ready_log_names_the_activation_recipe_served(engine, tmp_path_factory):
+    """synthetic-tiny is a Gemma 3 model: served with group32 activations unless a recipe is named
+    (salon.engine.model.activation_recipe), and the engine_ready line says which."""
+    assert ready_line(engine)["activations"] == "group32" and ready_line(engine)["precision"] == "int8"
+    proc = start_engine(tmp_path_factory, "e-two-terms", "--activations", "two_terms")
+    try:
+        assert ready_line(proc)["activations"] == "two_terms"
+    finally:
+        assert proc.stop() == 0

@@ -15,7 +15,7 @@ from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 
 def test_ops_is_frozen_and_names_every_contract_op():
     ops = select_ops("cpu")
-    assert {f.name for f in dataclasses.fields(Ops)} == set(OP_NAMES) | {"name", "activations"}
+    assert {f.name for f in dataclasses.fields(Ops)} == set(OP_NAMES) | {"name", "activations", "activations_named"}
     assert all(callable(getattr(ops, op)) for op in OP_NAMES)
     try:
         ops.w8a8_gemm = None  # type: ignore[misc]
@@ -71,8 +71,10 @@ def test_the_activation_recipe_is_the_cpu_kernels_choice_unless_set():
     ops = select_ops("cpu")
     assert ops.activations == ("int16" if chosen_isa() == "avx2" and int16_library() is not None else "two_terms")
     assert select_ops("cpu", "ref").activations == "two_terms" and select_ops("cuda").activations == "two_terms"
-    for recipe in backend.ACTIVATION_RECIPES:
-        assert select_ops("cpu", activations=recipe).activations == recipe
+    assert not ops.activations_named  # the family's pick: a model's architecture may replace it
+    for recipe in backend.ACTIVATION_RECIPES + backend.REFERENCE_ACTIVATION_RECIPES:
+        named = select_ops("cpu", activations=recipe)
+        assert named.activations == recipe and named.activations_named
     try:
         select_ops("cpu", activations="int4")
     except ValueError as e:

@@ -11,6 +11,9 @@ import torch
 
 from tests.requirements import missing
 
+# The numerics of the int8 Gemma the engine serves by default (group32 on the decoder layers' four Linears)
+GEMMA_SERVED_NUMERICS = "int8-a8g32:down,gate_up,o,qkv"
+
 REFERENCE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
 
 
@@ -44,19 +47,24 @@ def fp32_model():
 
 @pytest.fixture(scope="session")
 def int8_model():
+    """The shipped checkpoint as the engine serves it by default: group32 activations (one int8 term per token and
+    32 channels in the decoder layers' Linears, two terms on the output projection; salon.engine.model.
+    activation_recipe)."""
     from salon.engine.model import load_model
 
     return load_model("gemma-3-270m", precision="int8", progress=False)
 
 
 @pytest.fixture(scope="session")
-def int8_group32_model():
-    """The shipped checkpoint with group32 activations (the PyTorch reference: slow)."""
+def int8_family_model():
+    """The shipped checkpoint in the CPU family's own activation recipe, named (two int8 terms on AVX-512 VNNI, one
+    int16 term on AVX2): what Gemma served before group32."""
     from salon.engine.model import load_model
     from salon.kernels.backend import select_ops
 
+    family = select_ops("cpu").activations
     return load_model(
-        "gemma-3-270m", precision="int8", kernel_ops=select_ops("cpu", activations="group32"), progress=False
+        "gemma-3-270m", precision="int8", kernel_ops=select_ops("cpu", activations=family), progress=False
     )
 
 

@@ -1,8 +1,9 @@
-"""The shipped Gemma 3 int8 model with its two-term Linears as one C call each (salon.kernels.linear_two_terms: the
+"""The Gemma 3 int8 model with two-term Linears as one C call each (salon.kernels.linear_two_terms: the
 norm before, the GEMM of both terms, the post-norm and the residual) against the same model with each of
 those parts its own kernel call: the hidden states and logits of a prefill and of decode steps alone and
 batched are the same bits, so the fusion changes no served token and no cache hit. The same for the group32
-activations (one int8 term per token and 32 channels): the CPU family's C op against the reference op."""
+activations (one int8 term per token and 32 channels, the recipe Gemma serves by default): the CPU family's C op
+against the reference op."""
 
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ def _run(model, prompts: list[list[int]], steps: int):
     return out
 
 
-def test_fused_two_term_linears_give_the_composed_bits(int8_model):
-    fused, _ = int8_model
-    ops = select_ops("cpu")
-    assert fused.kernel_ops.linear_two_terms is ops.linear_two_terms
+def test_fused_two_term_linears_give_the_composed_bits():
+    """With two int8 terms named (Gemma serves group32 by default: salon.engine.model.activation_recipe)."""
+    ops = select_ops("cpu", activations="two_terms")
+    fused, _ = load_model("gemma-3-270m", "int8", kernel_ops=ops, progress=False)
+    assert fused.numerics == "int8" and fused.layers[0].down.linear_two_terms is ops.linear_two_terms
     separate, _ = load_model(
         "gemma-3-270m", "int8", kernel_ops=dataclasses.replace(ops, linear_two_terms=composed), progress=False
     )
@@ -58,7 +60,8 @@ def test_group32_linears_of_the_cpu_family_give_the_reference_ops_bits():
     call), then a batched decode step: every logit the bits of the model whose Linears run the reference op
     (salon.kernels.linear_two_terms.linear_group32_ref)."""
     ops = select_ops("cpu", activations="group32")
-    fast, _ = load_model("gemma-3-270m", "int8", kernel_ops=ops, progress=False)
+    fast, _ = load_model("gemma-3-270m", "int8", progress=False)  # the recipe Gemma serves by default
+    assert fast.kernel_ops.activations == "group32"
     ref, _ = load_model(
         "gemma-3-270m", "int8", kernel_ops=dataclasses.replace(ops, linear_group32=linear_group32_ref), progress=False
     )

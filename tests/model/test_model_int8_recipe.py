@@ -76,10 +76,12 @@ def test_the_gemma_checkpoint_carries_the_shipped_recipe(int8_model):
     assert all(lin.w_scale.shape == (lin.w_q.shape[0], lin.w_q.shape[1] // 32) for lin in linears)
     assert model.embed.row_scale.shape == (model.config.vocab_size, model.config.d_model // 32)
     assert model.embed.channel_scale is None  # no output-projection smoothing
-    # every activation as two int8 terms, or as one int16 term where the kernel family runs that recipe
-    int16 = model.kernel_ops.activations == "int16"
-    assert all(lin.fuses() and lin.int16_activations == int16 for lin in linears)
-    assert all(lin.activation_terms == (1 if int16 else 2) for lin in linears)
+    # served with group32 activations (salon.engine.model.activation_recipe): one int8 term per token and 32
+    # channels in the decoder layers' Linears, two int8 terms in the output projection
+    assert model.kernel_ops.activations == "group32" and arch.INT8_GROUP32_RECIPE == FUSED
+    assert all(lin.fuses() and not lin.int16_activations for lin in linears)
+    assert all(lin.group32_activations and lin.activation_terms == 1 for lin in linears[:-1])
+    assert not model.lm_head.group32_activations and model.lm_head.activation_terms == 2
 
 
 def test_smoothed_weights_are_what_the_checkpoint_rounds(int8_model):

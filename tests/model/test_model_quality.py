@@ -2,13 +2,13 @@
 
 float32 path: greedy tokens equal up to the first step whose reference margin < 0.1, top-5
 log-probs within 0.02; perplexity on gpl-3.txt (llama-perplexity -c 512) within 0.5% of 13.829.
-int8 path (W8A8 + int8 KV, the shipped recipe), with the activation recipe the CPU family serves here
-(two_terms on AVX-512 VNNI, int16 on AVX2; the AVX2 gates measured with SALON_CPU_ISA=avx2) and with group32
-activations (the decoder layers' Linears, on the PyTorch reference; the output projection two terms): perplexity,
-teacher-forced top-1 agreement with float32 and the mean |log-prob error| of float32's top-1, each gated at
-its measured value plus a small margin. Gates that tight catch a KV quantiser that truncates instead of rounding
-and a down projection with one activation term instead of two (docs/testing.md has their figures);
-bench/quant_eval.py has the figures of every variant.
+int8 path (W8A8 + int8 KV, the shipped recipe) as the engine serves it by default, with group32 activations (the
+decoder layers' Linears; the output projection two terms: salon.engine.model.activation_recipe), and with the CPU
+family's own activation recipe named (two_terms on AVX-512 VNNI, int16 on AVX2; the AVX2 gates measured with
+SALON_CPU_ISA=avx2): perplexity, teacher-forced top-1 agreement with float32 and the mean |log-prob error| of
+float32's top-1, each gated at its measured value plus a small margin. Gates that tight catch a KV quantiser that
+truncates instead of rounding and a down projection with one activation term instead of two (docs/testing.md has
+their figures); bench/quant_eval.py has the figures of every variant.
 """
 
 import json
@@ -18,7 +18,7 @@ import torch
 
 from salon.engine.model import DenseAttention
 from salon.engine.model.perplexity import perplexity
-from tests.model.conftest import reference_path
+from tests.model.conftest import GEMMA_SERVED_NUMERICS, reference_path
 from tests.model.int8_gates import Int8Gates
 
 REF_PPL = 13.829072782896715
@@ -26,8 +26,8 @@ NUM_TEACHER_FORCED_STEPS = 229
 
 
 # model.numerics -> gates: "int8" is the two_terms activation recipe (AVX-512 VNNI), "int8-a16" the int16 one (AVX2;
-# measured with SALON_CPU_ISA=avx2), "int8-a8g32:..." the group32 one (models/gemma3.py INT8_GROUP32_RECIPE; its
-# perplexity is bench/quant_eval.py's row of the same recipe, +0.161% of REF_PPL).
+# measured with SALON_CPU_ISA=avx2), "int8-a8g32:..." the group32 one, served by default (models/gemma3.py
+# INT8_GROUP32_RECIPE; its perplexity is bench/quant_eval.py's row of the same recipe, +0.161% of REF_PPL).
 INT8_GATES = {
     "int8": Int8Gates(ppl=13.8150, agreeing_steps=226, mean_logprob_error=0.01653),
     "int8-a16": Int8Gates(ppl=13.8306, agreeing_steps=227, mean_logprob_error=0.01849),
@@ -37,10 +37,14 @@ INT8_GATES = {
 MAX_PPL_RATIO = 1.003
 
 
-@pytest.fixture(scope="module", params=["served", "group32"])
+@pytest.fixture(scope="module", params=["served", "family"])
 def int8_recipe_model(request):
-    """The shipped checkpoint in the activation recipe the CPU family serves here, and with group32 activations."""
-    return request.getfixturevalue("int8_model" if request.param == "served" else "int8_group32_model")
+    """The shipped checkpoint as the engine serves it (group32 activations), and in the CPU family's own recipe."""
+    if request.param == "family":
+        return request.getfixturevalue("int8_family_model")
+    model = request.getfixturevalue("int8_model")
+    assert model[0].numerics == GEMMA_SERVED_NUMERICS
+    return model
 
 
 def _teacher_forced_logprobs(model, rec, kv_int8=False):

@@ -177,6 +177,8 @@ class EngineService:
         log.info(
             "engine_ready",
             model=model_cfg.model_id,
+            precision=core.model.precision,
+            activations=core.model.kernel_ops.activations if core.model.precision == "int8" else None,
             kv_blocks=core.layout.num_blocks,
             kv_bytes=core.layout.capacity_bytes,
             kv_groups=len(core.layout.groups),

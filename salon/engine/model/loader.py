@@ -20,6 +20,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from salon.engine.model.activation_recipe import serving_activations
 from salon.engine.model.builder import build_float_model, build_int8_model
 from salon.engine.model.checkpoint import calibrate_and_quantize, ensure_checkpoint
 from salon.engine.model.config import ModelConfig, synthetic_config
@@ -92,8 +93,9 @@ def load(
     progress: bool = True,
     huge_pages: bool = True,
 ) -> LoadedModel:
-    """The model behind `name`. An int8 checkpoint's tensors go into huge pages (huge_pages.py; False leaves
-    them where the file maps them or the allocator put them: a bench's baseline)."""
+    """The model behind `name`. An int8 model's Linears run the activation recipe of `kernel_ops` if it names one,
+    else its architecture's (activation_recipe.serving_activations). An int8 checkpoint's tensors go into huge pages
+    (huge_pages.py; False leaves them where the file maps them or the allocator put them: a bench's baseline)."""
     from salon.engine.model.chat_renderer import ChatRenderer
 
     if precision not in PRECISIONS:
@@ -102,6 +104,8 @@ def load(
     mf = open_model_file(name, cache_dir)
     tokenizer = Tokenizer(mf.vocab)
     config = mf.config
+    if precision == "int8":
+        kernel_ops = serving_activations(config.architecture, kernel_ops)
     placed = in_huge_pages if huge_pages else (lambda tensors: tensors)
     if name in SYNTHETIC_GEMMA_MODELS:
         if precision != "int8":

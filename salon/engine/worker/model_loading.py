@@ -11,7 +11,8 @@ def load_model(
     name: str, precision: str = "int8", device: str = "cpu", kernels: str = "auto", activations: str = "auto"
 ):
     """(CausalLM, Tokenizer): the model built with the `kernels` op family for `device` and its int8 Linears'
-    `activations` recipe (salon.kernels.backend.select_ops), every tensor it holds on `device`."""
+    `activations` recipe (salon.kernels.backend.select_ops; auto: the architecture's where it has one, else the
+    family's: salon.engine.model.activation_recipe), every tensor it holds on `device`."""
     loaded = load_serving_model(name, precision, device, kernels, activations)
     return loaded.model, loaded.tokenizer
 

@@ -1,0 +1,27 @@
+"""The activation recipe an int8 model serves with, decided once its architecture is known."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from salon.kernels.backend import Ops
+
+# architecture -> the recipe its int8 Linears serve when none is named; the others serve the kernel family's pick
+ARCHITECTURE_ACTIVATIONS = {"gemma3": "group32"}
+
+
+def serving_activations(architecture: str, kernel_ops: Ops) -> Ops:
+    """`kernel_ops` with the activation recipe a model of `architecture` serves: a recipe the caller named
+    (select_ops(activations=...)) as it is; else ARCHITECTURE_ACTIVATIONS' (every family has group32 kernels: C on
+    the CPU, Triton on a GPU, the PyTorch reference), else the family's own pick (select_ops' `auto`).
+
+    gemma3 -> group32 (one int8 term per token and 32 channels in the decoder layers' Linears, two terms on the
+    output projection: models/gemma3.py INT8_GROUP32_RECIPE), half the int8 products of two terms, because Gemma 3
+    270M meets issue 44's quality gates with it: teacher-forced top-1 223 of 229 through EngineCore against the
+    exact tokens (gate 223) and 224 of 229 against float32, perplexity +0.161% of the float64 reference (gate
+    +0.3%). llama keeps the family's pick: SmolLM2-135M's group32 recipe scores 256 of 263 (gate: its float32
+    path's 263 minus 3), where two terms score 260. Figures: bench.quant_eval, docs/models.md."""
+    recipe = ARCHITECTURE_ACTIVATIONS.get(architecture)
+    if kernel_ops.activations_named or recipe is None:
+        return kernel_ops
+    return dataclasses.replace(kernel_ops, activations=recipe)
