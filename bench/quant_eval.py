@@ -555,7 +555,7 @@ def main() -> None:
         result["ceilings"] = ceilings(config, w, tokenizer, kernel_ops, ids, refs, num_chunks, ref_ppl)
     if gemma:
         result["gates"] = {"ppl_max": GATE_PPL, "ppl_stretch": STRETCH_PPL, "top1_min": GATE_TOP1}
-    elif "fp32" in result:  # issue 44's gate: within 3 teacher-forced steps of the float32 model
+    elif "fp32" in result:  # the quality gate: within 3 teacher-forced steps of the float32 model
         result["gates"] = {"top1_count_min": result["fp32"]["top1_count"] - 3}
     result["wall_s"] = time.perf_counter() - started
     print("RESULT " + json.dumps(result))

@@ -7,7 +7,7 @@ the CPU family serves here (two_terms on AVX-512 VNNI, int16 on AVX2)
 and with group32 activations (the decoder layers' Linears, on the PyTorch reference; the output projection two
 terms): teacher-forced top-1 agreement with float32, the mean |log-prob error| of float32's top-1 and perplexity on
 gpl-3.txt, each gated at its measured value plus a small margin (docs/testing.md); the shipped recipe's top-1 also
-at float32's minus 3 steps at least (issue 44's gate, which the per-row weight scales of checkpoint format v8 miss:
+at float32's minus 3 steps at least (the quality gate, which the per-row weight scales of checkpoint format v8 miss:
 257 of 263).
 """
 
