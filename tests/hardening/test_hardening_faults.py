@@ -96,9 +96,15 @@ def test_stalled_engine_costs_a_deadline_not_a_hang(stack) -> None:
     assert_gateway_clean(gateway)
 
 
-def _engine_of(engines) -> str:
-    """Which engine serves a running stream: the one whose load shows a running request."""
-    busy = [eid for eid, e in engines.items() if engine_load(e.address).running_requests > 0]
+def _engine_of(engines, timeout_s: float = 1.0) -> str:
+    """Which engine serves a running stream: the one whose load shows a running request (a stream's first token
+    can reach the client before the engine publishes the load of the step that made it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = [eid for eid, e in engines.items() if engine_load(e.address).running_requests > 0]
+        if busy or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     assert len(busy) == 1, busy
     return busy[0]
 
