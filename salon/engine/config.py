@@ -31,7 +31,7 @@ class SchedulerConfig:
         },
     )
     long_prefill_solo_tokens: int = field(
-        default=64,
+        default=32,
         metadata={
             "help": "the most tokens long prefills take in a step of their own (no interactive "
             "work in it), with long_prefill_tokens > 0; 0: the whole budget. A returning "

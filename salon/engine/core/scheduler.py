@@ -20,9 +20,10 @@ So a decode or a returning turn never waits behind another dialogue's long histo
 `long_prefill_tokens` of its tokens per step, and a returning turn that arrives while long prefills run alone
 waits at most for a step of `long_prefill_solo_tokens` (a step is never interrupted). On a CPU the model's own
 prefill throughput is flat in its chunk size (16 to 256 tokens within 4%, the engine's step path alone), but a
-served step costs more than its forward pass: solo steps of 32 instead of 64 tokens give fewer steady turns/s
-of the dialogue trace and no shorter TTFT, while 8 long-prefill tokens beside interactive work instead of 16
-give shorter TTFT and ITL for slightly fewer turns/s (measured by `salon bench --launch --preset llama-server`;
+served step costs more than its forward pass. With Gemma's one-term (group32) activations, solo steps of 32
+instead of 64 tokens cut returning turns' TTFT p90 by 11-15% in every round at the same steady turns/s within
+the rounds' noise, and of 128 raise it by 31-62%; 8 long-prefill tokens beside interactive work instead of 16
+give shorter TTFT and ITL (measured by `salon bench --launch --preset llama-server` in alternated rounds;
 docs/benchmarks.md has the figures). long_prefill_tokens = 0 turns the
 classes off: every request in arrival order, each step filled.
 
