@@ -17,10 +17,10 @@ def serving_activations(architecture: str, kernel_ops: Ops) -> Ops:
 
     gemma3 -> group32 (one int8 term per token and 32 channels in the decoder layers' Linears, two terms on the
     output projection: models/gemma3.py INT8_GROUP32_RECIPE), half the int8 products of two terms, because Gemma 3
-    270M meets the int8 quality gates with it (tests/model/int8_gates.py): teacher-forced top-1 223 of 229 through EngineCore against the
-    exact tokens (gate 223) and 224 of 229 against float32, perplexity +0.161% of the float64 reference (gate
-    +0.3%). llama keeps the family's pick: SmolLM2-135M's group32 recipe scores 256 of 263 (gate: its float32
-    path's 263 minus 3), where two terms score 260. Figures: bench.quant_eval, docs/models.md."""
+    270M meets the int8 quality gates with it (tests/model/int8_gates.py): teacher-forced top-1 223 of 229 through
+    EngineCore against the exact tokens (gate 223) and 224 of 229 against float32, perplexity +0.161% of the
+    float64 reference (gate +0.3%). llama keeps the family's pick: SmolLM2-135M's group32 recipe scores 256 of 263
+    (gate: its float32 path's 263 minus 3), where two terms score 260. Figures: bench.quant_eval, docs/models.md."""
     recipe = ARCHITECTURE_ACTIVATIONS.get(architecture)
     if kernel_ops.activations_named or recipe is None:
         return kernel_ops
