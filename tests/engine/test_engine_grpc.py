@@ -15,6 +15,7 @@ from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
 from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from salon.common.process import start_service
+from tests.model.conftest import gemma_served_activations
 
 USER, CHARACTER = chat_pb2.ROLE_USER, chat_pb2.ROLE_CHARACTER
 
@@ -233,7 +234,7 @@ def ready_line(proc) -> dict:
 def test_the_ready_log_names_the_activation_recipe_served(engine, tmp_path_factory):
     """synthetic-tiny is a Gemma 3 model: served with group32 activations unless a recipe is named
     (salon.engine.model.activation_recipe), and the engine_ready line says which."""
-    assert ready_line(engine)["activations"] == "group32" and ready_line(engine)["precision"] == "int8"
+    assert ready_line(engine)["activations"] == gemma_served_activations() and ready_line(engine)["precision"] == "int8"
     proc = start_engine(tmp_path_factory, "e-two-terms", "--activations", "two_terms")
     try:
         assert ready_line(proc)["activations"] == "two_terms"

@@ -11,8 +11,22 @@ import torch
 
 from tests.requirements import missing
 
-# The numerics of the int8 Gemma the engine serves by default (group32 on the decoder layers' four Linears)
-GEMMA_SERVED_NUMERICS = "int8-a8g32:down,gate_up,o,qkv"
+# The numerics of each activation recipe of the int8 Gemma (group32: on the decoder layers' four Linears).
+GEMMA_NUMERICS = {"group32": "int8-a8g32:down,gate_up,o,qkv", "two_terms": "int8", "int16": "int8-a16"}
+
+
+def gemma_served_activations() -> str:
+    """What the engine serves Gemma 3 with when no recipe is named: group32 where the CPU family would serve two
+    int8 terms (VNNI), its own pick otherwise (int16 on AVX2, faster there)."""
+    from salon.kernels.backend import select_ops
+
+    family = select_ops("cpu").activations
+    return "group32" if family == "two_terms" else family
+
+
+def gemma_served_numerics() -> str:
+    return GEMMA_NUMERICS[gemma_served_activations()]
+
 
 REFERENCE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
 

@@ -1,23 +1,33 @@
-"""The activation recipe a model serves with (salon.engine.model.activation_recipe): Gemma 3's group32 where no
-recipe is named, the kernel family's pick for llama, a named recipe as it is; and the loaders apply it."""
+"""The activation recipe a model serves with (salon.engine.model.activation_recipe): Gemma 3's group32 in place of
+the family's two terms where no recipe is named (int16 kept where the family picks it), the kernel family's pick
+for llama, a named recipe as it is; and the loaders apply it."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from salon.engine.model.activation_recipe import serving_activations
 from salon.kernels.backend import ACTIVATION_RECIPES, REFERENCE_ACTIVATION_RECIPES, select_ops
+from tests.model.conftest import GEMMA_NUMERICS, gemma_served_activations
 
-GROUP32_NUMERICS = "int8-a8g32:down,gate_up,o,qkv"
 FAMILIES = ("cpu", "ref", "triton")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_gemma3_serves_group32_on_every_family(family):
-    ops = select_ops("cpu", family)
+def test_gemma3_serves_group32_where_the_family_picks_two_terms(family):
+    ops = dataclasses.replace(select_ops("cpu", family), activations="two_terms")
     served = serving_activations("gemma3", ops)
     assert served.activations == "group32"
     assert served.name == family and served.linear_group32 is ops.linear_group32
+
+
+def test_gemma3_keeps_int16_where_the_family_picks_it():
+    """The AVX2 build's pick (int16: faster there than group32, measured) is not replaced."""
+    ops = dataclasses.replace(select_ops("cpu"), activations="int16")
+    assert not ops.activations_named
+    assert serving_activations("gemma3", ops).activations == "int16"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -40,11 +50,13 @@ def test_the_loader_serves_gemma3_in_group32_unless_a_recipe_is_named():
     from salon.engine.model import load
     from salon.engine.worker.model_loading import load_serving_model
 
+    served = gemma_served_activations()  # int16 where the family picks it (AVX2)
     default = load_serving_model("synthetic-tiny", "int8", "cpu", "auto", "auto").model
-    assert default.kernel_ops.activations == "group32" and default.numerics == GROUP32_NUMERICS
-    assert all(layer.qkv.group32_activations and layer.down.group32_activations for layer in default.layers)
-    assert default.lm_head.activation_terms == 2 and not default.lm_head.group32_activations
-    assert load("synthetic-tiny", "int8", progress=False).model.numerics == GROUP32_NUMERICS
+    assert default.kernel_ops.activations == served and default.numerics == GEMMA_NUMERICS[served]
+    if served == "group32":
+        assert all(layer.qkv.group32_activations and layer.down.group32_activations for layer in default.layers)
+        assert default.lm_head.activation_terms == 2 and not default.lm_head.group32_activations
+    assert load("synthetic-tiny", "int8", progress=False).model.numerics == GEMMA_NUMERICS[served]
     named = load_serving_model("synthetic-tiny", "int8", "cpu", "auto", "two_terms").model
     assert named.kernel_ops.activations == "two_terms" and named.numerics == "int8"
     fp32 = load("synthetic-tiny", "float32", progress=False).model

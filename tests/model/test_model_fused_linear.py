@@ -60,7 +60,7 @@ def test_group32_linears_of_the_cpu_family_give_the_reference_ops_bits():
     call), then a batched decode step: every logit the bits of the model whose Linears run the reference op
     (salon.kernels.linear_two_terms.linear_group32_ref)."""
     ops = select_ops("cpu", activations="group32")
-    fast, _ = load_model("gemma-3-270m", "int8", progress=False)  # the recipe Gemma serves by default
+    fast, _ = load_model("gemma-3-270m", "int8", kernel_ops=ops, progress=False)
     assert fast.kernel_ops.activations == "group32"
     ref, _ = load_model(
         "gemma-3-270m", "int8", kernel_ops=dataclasses.replace(ops, linear_group32=linear_group32_ref), progress=False

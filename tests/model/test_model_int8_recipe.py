@@ -22,6 +22,7 @@ from salon.engine.model.models import architecture
 from salon.engine.model.quantize import build_int8_checkpoint, gptq_quantize
 from salon.engine.model.synthetic import synthetic_weights
 from salon.kernels.backend import select_ops
+from tests.model.conftest import gemma_served_activations
 
 
 def _tiny(int8_model):
@@ -76,9 +77,12 @@ def test_the_gemma_checkpoint_carries_the_shipped_recipe(int8_model):
     assert all(lin.w_scale.shape == (lin.w_q.shape[0], lin.w_q.shape[1] // 32) for lin in linears)
     assert model.embed.row_scale.shape == (model.config.vocab_size, model.config.d_model // 32)
     assert model.embed.channel_scale is None  # no output-projection smoothing
-    # served with group32 activations (salon.engine.model.activation_recipe): one int8 term per token and 32
-    # channels in the decoder layers' Linears, two int8 terms in the output projection
-    assert model.kernel_ops.activations == "group32" and arch.INT8_GROUP32_RECIPE == FUSED
+    # served with group32 activations on VNNI (salon.engine.model.activation_recipe): one int8 term per token and 32
+    # channels in the decoder layers' Linears, two int8 terms in the output projection; one int16 term on AVX2
+    assert model.kernel_ops.activations == gemma_served_activations() and arch.INT8_GROUP32_RECIPE == FUSED
+    if model.kernel_ops.activations == "int16":
+        assert all(lin.int16_activations and not lin.group32_activations for lin in linears)
+        return
     assert all(lin.fuses() and not lin.int16_activations for lin in linears)
     assert all(lin.group32_activations and lin.activation_terms == 1 for lin in linears[:-1])
     assert not model.lm_head.group32_activations and model.lm_head.activation_terms == 2

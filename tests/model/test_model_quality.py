@@ -18,7 +18,7 @@ import torch
 
 from salon.engine.model import DenseAttention
 from salon.engine.model.perplexity import perplexity
-from tests.model.conftest import GEMMA_SERVED_NUMERICS, reference_path
+from tests.model.conftest import gemma_served_numerics, reference_path
 from tests.model.int8_gates import Int8Gates
 
 REF_PPL = 13.829072782896715
@@ -33,17 +33,18 @@ INT8_GATES = {
     "int8-a16": Int8Gates(ppl=13.8306, agreeing_steps=227, mean_logprob_error=0.01849),
     "int8-a8g32:down,gate_up,o,qkv": Int8Gates(ppl=13.8513, agreeing_steps=224, mean_logprob_error=0.02443),
 }
-# Issue 44's perplexity gate: within +0.3% of the float64 reference.
+# The perplexity gate: within +0.3% of the float64 reference.
 MAX_PPL_RATIO = 1.003
 
 
 @pytest.fixture(scope="module", params=["served", "family"])
 def int8_recipe_model(request):
-    """The shipped checkpoint as the engine serves it (group32 activations), and in the CPU family's own recipe."""
+    """The shipped checkpoint as the engine serves it (group32 activations on VNNI), and in the CPU family's own
+    recipe."""
     if request.param == "family":
         return request.getfixturevalue("int8_family_model")
     model = request.getfixturevalue("int8_model")
-    assert model[0].numerics == GEMMA_SERVED_NUMERICS
+    assert model[0].numerics == gemma_served_numerics()
     return model
 
 

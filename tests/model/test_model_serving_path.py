@@ -24,7 +24,7 @@ import torch
 from bench.quant_eval import teacher_forced_serving
 from salon.kernels.backend import ACTIVATION_RECIPES, select_ops
 from tests.engine_testlib import make_core, make_request
-from tests.model.conftest import GEMMA_SERVED_NUMERICS
+from tests.model.conftest import gemma_served_numerics
 
 TOP = 20  # the engine reports this many (the API's most); the reference's top 5 must be among them
 # Teacher-forced top-1 agreement of the shipped int8 recipe with the exact tokens: the issue's gate, 97% of 229
@@ -93,10 +93,10 @@ def test_float32_serving_path_matches_the_exact_reference(fp32_model, greedy_ref
 
 @pytest.fixture(scope="module", params=("served", *ACTIVATION_RECIPES))
 def int8_recipe_model(request):
-    """The shipped int8 checkpoint as the engine serves it (group32), and in each family recipe, named."""
+    """The shipped int8 checkpoint as the engine serves it (group32 on VNNI), and in each family recipe, named."""
     if request.param == "served":
         model = request.getfixturevalue("int8_model")
-        assert model[0].numerics == GEMMA_SERVED_NUMERICS
+        assert model[0].numerics == gemma_served_numerics()
         return model
     from salon.engine.model import load_model
 
