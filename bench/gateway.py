@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import tempfile
 import time
@@ -34,6 +33,7 @@ import grpc
 from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
 from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.proc_stat import cpu_seconds
 from salon.common.process import ServiceProcess, start_service
 from salon.gateway.ring import HashRing
 from salon.gateway.types import TenantId, dialogue_key
@@ -50,15 +50,6 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of process `pid` so far; None where /proc cannot tell."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def timed_call(call) -> float | None:
@@ -83,7 +74,7 @@ async def run_rate(
     sampling = chat_pb2.SamplingParams(max_new_tokens=max_new_tokens)
     metadata = (("authorization", f"Bearer {API_KEY}"),)
     interval_s = 1.0 / rate
-    cpu_before_s = process_cpu_s(gateway_pid) if gateway_pid else None
+    cpu_before_s = cpu_seconds(gateway_pid) if gateway_pid else None
     start = time.perf_counter()
     num_sent = 0
 
@@ -125,7 +116,7 @@ async def run_rate(
         await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
     send_s = time.perf_counter() - start
     await asyncio.gather(*tasks)
-    cpu_after_s = process_cpu_s(gateway_pid) if gateway_pid else None
+    cpu_after_s = cpu_seconds(gateway_pid) if gateway_pid else None
     row = {"rate_per_s": rate, "achieved_per_s": num_sent / send_s, "failures": dict(failures)}
     if cpu_before_s is not None and cpu_after_s is not None and latencies["gateway"]:
         row["gateway_cpu_ms_per_request"] = (cpu_after_s - cpu_before_s) * 1000 / len(latencies["gateway"])

@@ -38,9 +38,9 @@ from pathlib import Path
 
 import grpc
 
-from bench.gateway import process_cpu_s
 from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
 from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
+from salon.common.proc_stat import cpu_seconds
 from salon.common.process import ServiceProcess, start_service
 
 API_KEY = "bench-hostile-key-0123"
@@ -170,7 +170,7 @@ def _cpu(*procs: ServiceProcess) -> list[float]:
     """CPU milliseconds each process has used so far (Linux /proc; nan elsewhere)."""
     out = []
     for proc in procs:
-        cpu_s = process_cpu_s(proc.process.pid)
+        cpu_s = cpu_seconds(proc.process.pid)
         out.append(float("nan") if cpu_s is None else cpu_s * 1000)
     return out
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from salon.common.errors import InvalidArgument, ResourceExhausted
+from salon.common.proc_stat import state
 from salon.engine.grammar.bitmask import allocate_bitmask, allowed_tokens, apply_bitmask, apply_bitmask_torch
 from salon.engine.grammar.cache import CompiledCache
 from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
@@ -127,12 +128,6 @@ def test_a_compilation_past_its_time_limit_kills_its_worker_and_the_next_one_com
     wait_until_gone(second.pid)
 
 
-def process_state(pid: int) -> str:
-    """R, S, T (stopped) ... from /proc/PID/stat."""
-    stat = open(f"/proc/{pid}/stat").read()
-    return stat[stat.rindex(")") + 2]
-
-
 def wait_for(condition, what: str, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -152,13 +147,13 @@ def test_a_paused_workers_time_does_not_count_against_its_limit():
         loop = asyncio.new_event_loop()
         start = time.monotonic()
         job = loop.run_in_executor(None, asyncio.run, compiler.compile(open_optional_schema(3)))
-        wait_for(lambda: compiler.workers and process_state(compiler.workers[0].pid) == "T", "a stopped worker")
+        wait_for(lambda: compiler.workers and state(compiler.workers[0].pid) == "T", "a stopped worker")
         (worker,) = compiler.workers
         while time.monotonic() - start < 2 * limits.compile_timeout_s:
-            assert process_state(worker.pid) == "T"  # stays stopped until resumed
+            assert state(worker.pid) == "T"  # stays stopped until resumed
             time.sleep(0.05)
         compiler.resume_workers()
-        assert process_state(worker.pid) != "T"
+        assert state(worker.pid) != "T"
         compiled = loop.run_until_complete(job)
         loop.close()
         assert compiled.memory_size_bytes > 0 and worker.alive and worker.compiles == 1
@@ -197,7 +192,7 @@ def test_a_stopped_worker_dies_with_its_spawner():
         asyncio.run(compiler.compile(Constraint(ConstraintKind.REGEX, "[a-z]{6}")))
         (worker,) = compiler.workers
         compiler.pause_workers()
-        wait_for(lambda: process_state(worker.pid) == "T", "the worker stopped")
+        wait_for(lambda: state(worker.pid) == "T", "the worker stopped")
         os.kill(compiler._spawner.process.pid, 9)
         wait_until_gone(worker.pid)
     finally:

@@ -15,6 +15,7 @@ import time
 import openai
 import pytest
 
+from salon.common.proc_stat import parent_pid, state
 from tests.hardening.hardening_stack import start_engine, start_gateway, stop_all, wait_gateway_sees
 from tests.openai.openai_stack import KEY, TENANTS
 
@@ -128,24 +129,7 @@ def test_each_hostile_schema_is_refused_naming_its_limit(client):
 
 
 def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
-def state(pid: int) -> str:
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return "gone"
-    return stat[stat.rindex(")") + 2]
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit() and parent_pid(int(entry)) == pid]
 
 
 def test_compile_workers_stop_while_the_model_computes_and_resume_when_it_idles(client):
@@ -168,7 +152,7 @@ def test_compile_workers_stop_while_the_model_computes_and_resume_when_it_idles(
         if not seen_stopped and all(state(w) == "T" for w in workers):
             seen_stopped = True
     assert seen_stopped, [state(w) for w in workers]
-    wait_for(lambda: all(state(w) in "RS" for w in workers), "the workers resume")
+    wait_for(lambda: all(state(w) in ("R", "S") for w in workers), "the workers resume")
 
 
 def send_hostile(url: str, slow_ones: bool, go, idle, quit, outcomes) -> None:

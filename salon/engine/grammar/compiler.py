@@ -80,8 +80,12 @@ class GrammarLimits:
     # host busy with other work can slow a compilation that would otherwise fit.
     refused_slow_s: float = 300.0
     # How long a compilation may take in all (its worker paused while the model computes, or the host busy)
-    # before RESOURCE_EXHAUSTED; at least compile_timeout_s.
+    # before RESOURCE_EXHAUSTED; at least compile_timeout_s (wait_s).
     compile_wait_s: float = 60.0
+
+    @property
+    def wait_s(self) -> float:
+        return max(self.compile_timeout_s, self.compile_wait_s)
 
 
 def vocabulary(tokenizer: Tokenizer, stop_token_ids: tuple[int, ...]) -> list[bytes]:
@@ -196,8 +200,7 @@ class GrammarCompiler:
 
         worker = self._worker(start_by)
         try:
-            limit = self.limits.compile_timeout_s
-            serialized = worker.compile(constraint, limit, max(limit, self.limits.compile_wait_s))
+            serialized = worker.compile(constraint, self.limits.compile_timeout_s, self.limits.wait_s)
         except CompileTimedOut:
             with contextlib.suppress(SpawnerNotReady):
                 self._worker(time.monotonic())  # its replacement (a fork) is ready before the next constraint
@@ -237,10 +240,9 @@ class GrammarCompiler:
                 f"sampling.constraint: the grammar compilers did not start within {limit:g} s; retry later"
             ) from None
         except CompileStarved:
-            wait = max(limit, self.limits.compile_wait_s)
             raise ResourceExhausted(
-                f"sampling.constraint: did not finish compiling within {wait:g} s while the engine was busy; "
-                "retry later"
+                f"sampling.constraint: did not finish compiling within {self.limits.wait_s:g} s while the engine "
+                "was busy; retry later"
             ) from None
         except CompileTimedOut:
             refusal = InvalidArgument(f"{constraint.kind.value}: did not compile within {limit:g} s (too complex)")

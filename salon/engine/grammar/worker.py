@@ -32,9 +32,9 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import send_handle
-from pathlib import Path
 
 from salon.common.errors import InvalidArgument, Unavailable
+from salon.common.proc_stat import cpu_seconds
 from salon.engine.grammar.constraint import Constraint
 
 # The spawner imports xgrammar (and torch) and builds its tokenizer info: seconds, not minutes.
@@ -56,17 +56,6 @@ class SpawnerNotReady(Exception):
 
 # How often a compilation's CPU time is read while it runs.
 POLL_S = 0.02
-_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """The process's CPU time so far (user + system, /proc/PID/stat), or None where /proc is missing."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
-    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
 class CompileWorker:
