@@ -79,13 +79,26 @@ def test_logit_bias_minus_100_bans_the_greedy_token(stack):
 
 
 def test_priority_reorders_queued_requests(stack):
-    """One running slot: while a long request runs, a low-priority then a high-priority request queue; the
-    high-priority one is admitted first, so it finishes first."""
-    client = stack.client()
+    """One running slot: while a long streamed request runs, a low-priority then a high-priority request queue; the
+    high-priority one is admitted first, so it finishes first. The long request runs until the test closes its
+    stream (not for a fixed number of tokens a fast host could finish before the others arrive)."""
     done: list[str] = []
-    busy = threading.Thread(
-        target=lambda: complete(client, "busy " * 4, 300, ignore_eos=True, stop_token_ids=[]), daemon=True
-    )
+    release = threading.Event()
+
+    def hold_the_slot() -> None:
+        with stack.client().completions.create(
+            model=MODEL,
+            prompt="busy " * 4,
+            max_tokens=4000,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True, "stop_token_ids": []},
+        ) as stream:
+            for _chunk in stream:
+                if release.is_set():
+                    break
+
+    busy = threading.Thread(target=hold_the_slot, daemon=True)
     busy.start()
     _wait(lambda: stack.load("e0").running_requests == 1)
 
@@ -99,9 +112,11 @@ def test_priority_reorders_queued_requests(stack):
     high = threading.Thread(target=run, args=("high", -5))
     high.start()
     _wait(lambda: stack.load("e0").waiting_requests == 2)
+    assert done == []  # the long request still held the slot while both queued
+    release.set()
     for t in (busy, low, high):
         t.join(timeout=120)
-    assert done == ["high", "low"]
+    assert not busy.is_alive() and done == ["high", "low"]
 
 
 def test_prompt_lists_give_n_choices_per_prompt_in_vllm_order(stack):
