@@ -57,3 +57,28 @@ def test_declines_other_layouts():
     assert argmax_rows_cpu(torch.zeros(4, 4, dtype=torch.float64)) is None
     assert argmax_rows_cpu(torch.zeros(4, 4).T) is None
     assert argmax_rows_cpu(torch.zeros(4)) is None
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_rows_split_over_threads_keep_torchs_answer(threads):
+    """8 rows of 262,147 (above ARGMAX_PARALLEL_FLOATS: each row split into one column range per thread): the
+    maximum in either range, a tie across the split (the earlier index wins), a NaN only in the later range (it
+    wins), a NaN in both (the first), all -inf, and a short call that stays on one thread."""
+    n = 262_147
+    x = torch.randn(8, n, generator=torch.Generator().manual_seed(threads))
+    half = n // threads
+    x[0, 5] = 10.0
+    x[1, n - 1] = 10.0
+    x[2, 7], x[2, half + 3] = 9.0, 9.0
+    x[3, half + 1] = math.nan
+    x[4, 3], x[4, n - 2] = math.nan, math.nan
+    x[5] = -math.inf
+    x[6, half - 1], x[6, half] = 11.0, 11.0  # the two ranges' boundary
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check(x)
+        _check(x[:, :1000])
+        _check(x[::3])
+    finally:
+        torch.set_num_threads(before)

@@ -71,6 +71,9 @@ def _options(norm, post, residual):
         (9, 33, 96),
         (16, 640, 640),
         (17, 200, 640),
+        # the last row count whose two-term GEMM sums its terms as it stores them (SUM2_MAX_ROWS), the first not
+        (32, 300, 64),
+        (33, 300, 64),
         (MAX_ROWS, 48, 128),
         # outputs summed on all the threads (SUM_TERMS_PARALLEL_FLOATS), a short last
         # chunk of columns (SUM_TERMS_CHUNK), one chunk a row
@@ -171,12 +174,13 @@ def test_terms_summed_over_threads_read_strided_residuals_and_keep_the_bits(isa,
 @needs_kernel
 @pytest.mark.parametrize("isa", ISAS)
 def test_outputs_above_the_kept_scratch_size_keep_the_bits_on_every_call_and_thread(isa):
-    # 2 terms x 17 rows x 262,144 columns of float32 is 35.6 MB, above KEPT_SCRATCH_BYTES: the thread's kept
-    # buffer, then grown for 20 rows, then reused for 17 again; another thread has its own.
+    # 2 terms x 33 rows x 262,144 columns of float32 is 69 MB, above KEPT_SCRATCH_BYTES: the thread's kept
+    # buffer, then grown for 36 rows, then reused for 33 again; another thread has its own. (Up to SUM2_MAX_ROWS
+    # rows the VNNI GEMM sums the terms itself and needs no buffer.)
     n, k = 262_144, 32
     _, w_q, w_scale, _, _, _ = _case(1, n, k, seed=13)
     g = torch.Generator().manual_seed(14)
-    calls = [torch.randn(m, k, generator=g) * 4 for m in (17, 20, 17)]
+    calls = [torch.randn(m, k, generator=g) * 4 for m in (33, 36, 33)]
     for x in calls:
         assert torch.equal(linear_two_terms_c(x, w_q, w_scale, isa=isa), linear_two_terms_ref(x, w_q, w_scale))
     other: list[torch.Tensor] = []

@@ -1,6 +1,7 @@
 """CPU fast path of greedy decoding's top-1 (torch.argmax over each row, first index on ties, NaN first),
 through argmax.c: one vectorized pass over each logits row (262,144 floats for Gemma) where torch's
-reduction reads it at a fraction of the memory's speed. None where the kernel cannot run here."""
+reduction reads it at a fraction of the memory's speed, large calls split over torch's threads. None where the
+kernel cannot run here."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import torch
 from salon.kernels.cpu import native
 
 _C_SOURCE = Path(__file__).with_name("argmax.c")
-_SIGNATURES = {"argmax_rows": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]}
+_SIGNATURES = {
+    "argmax_rows": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+}
 
 
 def argmax_rows_cpu(x: torch.Tensor) -> list[int] | None:
@@ -31,5 +34,5 @@ def argmax_rows_cpu(x: torch.Tensor) -> list[int] | None:
     if lib is None:
         return None
     out = torch.empty(x.shape[0], dtype=torch.int64)
-    lib.argmax_rows(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr())
+    lib.argmax_rows(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr(), torch.get_num_threads())
     return out.tolist()

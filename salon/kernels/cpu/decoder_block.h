@@ -20,7 +20,8 @@
  * layer's four GEMMs now run back to back.
  *
  * The includer brings the kernels of one CPU build (decoder_block_avx512.c, decoder_block_avx2.c), and defines
- * BLOCK_GEMM (its grouped W8A8 GEMM), BLOCK_ROW_GEMM (its per-row one, as a grouped_gemm_fn), BLOCK_KV_WRITE
+ * BLOCK_GEMM (its grouped W8A8 GEMM), BLOCK_GEMM_SUM2 (the same summing two terms as it stores them, or NULL:
+ * linear_two_terms.h's gemm8_sum), BLOCK_ROW_GEMM (its per-row one, as a grouped_gemm_fn), BLOCK_KV_WRITE
  * (its kv_write_rows), BLOCK_ENTRY (the entry point's name) and BLOCK_LAYERS_ENTRY (the step's layers in one
  * call), BLOCK_GROUP32_GEMM (its group32 GEMM), and includes w16a8_grouped.c (the int16 GEMM); paged_attention_i8 is
  * the build's attention.
@@ -137,7 +138,8 @@ int BLOCK_ENTRY(const block_weights *L, const block_cache *C, const block_batch 
     if ((one_term && L->per_row_scales) || (L->int16_activations && L->group32_activations)) return 1;
     const linear_gemm gemm = {one_term ? NULL : L->per_row_scales ? BLOCK_ROW_GEMM : BLOCK_GEMM,
                               L->int16_activations ? w16a8_grouped_avx2 : NULL,
-                              L->group32_activations ? BLOCK_GROUP32_GEMM : NULL};
+                              L->group32_activations ? BLOCK_GROUP32_GEMM : NULL,
+                              one_term || L->per_row_scales ? NULL : BLOCK_GEMM_SUM2};
     float *qkv = malloc((size_t)(T * n_qkv) * sizeof(float));
     float *q = malloc((size_t)(T * Hq * D) * sizeof(float));
     float *kv = L->writes_kv ? malloc((size_t)(2 * T * Hkv * D) * sizeof(float)) : NULL;

@@ -25,6 +25,7 @@ static int row_gemm_avx2(const int8_t *a, int64_t lda, const int8_t *w, const fl
 }
 
 #define BLOCK_GEMM w8a8_grouped_avx2
+#define BLOCK_GEMM_SUM2 NULL /* AVX2's GEMM stores each term's rows; sum_terms adds them */
 #define BLOCK_ROW_GEMM row_gemm_avx2
 #define BLOCK_GROUP32_GEMM w8a8_group32_avx2
 #define BLOCK_KV_WRITE kv_write_rows_avx2

@@ -34,6 +34,7 @@ static int row_gemm_vnni(const int8_t *a, int64_t lda, const int8_t *w, const fl
 }
 
 #define BLOCK_GEMM w8a8_grouped_vnni
+#define BLOCK_GEMM_SUM2 w8a8_grouped_vnni_sum2
 #define BLOCK_ROW_GEMM row_gemm_vnni
 #define BLOCK_GROUP32_GEMM w8a8_group32_vnni
 #define BLOCK_KV_WRITE kv_write_rows_avx512

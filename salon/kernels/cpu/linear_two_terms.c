@@ -12,7 +12,7 @@
 int linear_two_terms_vnni(const float *x, int64_t M, int64_t K, int64_t sx, const float *norm_w, double eps,
                           const int8_t *w, const float *w_scale, int64_t N, const float *post_w,
                           const float *residual, int64_t sr, float *out, float scale_floor, int nthreads) {
-    const linear_gemm g = {w8a8_grouped_vnni, NULL, NULL};
+    const linear_gemm g = {w8a8_grouped_vnni, NULL, NULL, w8a8_grouped_vnni_sum2};
     return linear_with(g, x, M, K, sx, norm_w, eps, w, w_scale, N, post_w, residual, sr, out, scale_floor, nthreads);
 }
 

@@ -5,7 +5,9 @@
  *   q, s = the two int8 terms of every row of h       (quantize.c's quantize_two_terms_rows arithmetic)
  *   y   = gemm(q, s, w)                               (the grouped W8A8 GEMM of 2M rows: both terms, the
  *                                                      weights read once)
- *   o   = y[m] + y[M + m]                             (the terms' sum, one rounding)
+ *   o   = y[m] + y[M + m]                             (the terms' sum, one rounding; on VNNI, up to SUM2_MAX_ROWS
+ *                                                      rows with no post-norm, summed in the GEMM's registers as it
+ *                                                      stores them, the residual added there too: gemm8_sum)
  *   out = residual + rmsnorm(o, post_w)               (optional post-norm, optional residual)
  *
  * One int16 term (salon.kernels.w16a8_grouped) instead: q, s = the row's int16 term, out = residual +
@@ -45,13 +47,23 @@ typedef int (*grouped_gemm_fn)(const int8_t *a, int64_t lda, const int8_t *w, co
 typedef int (*grouped_gemm16_fn)(const int16_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                                  int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads);
 
-/* A Linear's activation recipe and its GEMM: two int8 terms through gemm8 (the others NULL), one int16 term
-   through gemm16 (salon.kernels.w16a8_grouped), or one int8 term per token and 32 channels through gemm32
+/* The two int8 terms' GEMM that sums the terms as it stores them (w8a8_grouped_vnni_sum2): a holds 2H rows, out
+   gets H rows, + residual where given. */
+typedef int (*grouped_gemm_sum2_fn)(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
+                                    int64_t ldo, const float *a_scale, int64_t H, int64_t N, int64_t K,
+                                    const float *residual, int64_t sr, int nthreads);
+/* Rows (H) up to which a Linear of two terms with no post-norm runs gemm8_sum (its 2H term rows in one tile). */
+#define SUM2_MAX_ROWS 32
+
+/* A Linear's activation recipe and its GEMM: two int8 terms through gemm8 (the others NULL; gemm8_sum, where the
+   build has one, for the Linears without a post-norm of up to SUM2_MAX_ROWS rows), one int16 term through gemm16
+   (salon.kernels.w16a8_grouped), or one int8 term per token and 32 channels through gemm32
    (salon.kernels.w8a8_group32: w8a8_group32_vnni, w8a8_group32_avx2; a_scale f32[M, K / 32]). */
 typedef struct {
     grouped_gemm_fn gemm8;
     grouped_gemm16_fn gemm16;
     grouped_gemm_fn gemm32;
+    grouped_gemm_sum2_fn gemm8_sum;
 } linear_gemm;
 
 /* out[i] = a[i] + b[i] for n floats (one rounding each). */
@@ -61,8 +73,9 @@ static void add_rows(const float *a, const float *b, float *out, int64_t n) {
 
 /* Both terms' GEMM output above this size comes from a buffer the calling thread keeps (grown as needed, freed
    when the thread ends) instead of malloc: glibc maps every allocation above its 32 MB threshold afresh, and
-   the output projection's at 17 or more rows (35 MB at 17, 134 MB at MAX_ROWS) paid a fresh mapping's page
-   faults on every call, about 1 ms per MB in this kind of VM. Smaller ones malloc reuses by itself. */
+   the output projection's at 17 or more rows (35 MB at 17, 134 MB at MAX_ROWS; on VNNI from SUM2_MAX_ROWS + 1, the
+   rows below never having a buffer) paid a fresh mapping's page faults on every call, about 1 ms per MB in this
+   kind of VM. Smaller ones malloc reuses by itself. */
 #define KEPT_SCRATCH_BYTES ((size_t)32 << 20)
 
 struct kept_scratch {
@@ -209,12 +222,14 @@ static int linear_with(linear_gemm g, const float *x, int64_t M, int64_t K, int6
     void *q = malloc((size_t)(2 * M * K));  /* 2M int8 rows or M int16 rows: the same bytes */
     float *s = malloc((size_t)(group32 ? M * (K / GROUP) : terms * M) * sizeof(float));
     const int direct = terms == 1 && !post_w && !residual;  /* the GEMM writes out itself */
-    const size_t y_bytes = direct ? 0 : (size_t)(terms * M * N) * sizeof(float);
+    const int summed = terms == 2 && !post_w && g.gemm8 && g.gemm8_sum && M <= SUM2_MAX_ROWS;  /* and sums its terms */
+    const size_t y_bytes = direct || summed ? 0 : (size_t)(terms * M * N) * sizeof(float);
     const int y_kept = y_bytes > KEPT_SCRATCH_BYTES;
-    float *y = direct ? out : y_kept ? kept_scratch(y_bytes) : malloc(y_bytes);
+    float *y = direct ? out : summed ? NULL : y_kept ? kept_scratch(y_bytes) : malloc(y_bytes);
     float *o = post_w && terms == 2 ? malloc((size_t)(N * row_threads) * sizeof(float)) : NULL;
     int status = 1;
-    if ((norm_w && !h) || (terms == 2 && !r) || !q || !s || !y || (post_w && terms == 2 && !o)) goto done;
+    if ((norm_w && !h) || (terms == 2 && !r) || !q || !s || (!y && !summed) || (post_w && terms == 2 && !o))
+        goto done;
     linear_rows rows = {x, norm_w, post_w, residual, M, K, sx, N, sr, ks, (float)(1.0 / (double)K),
                         (float)(1.0 / (double)N), (float)eps, scale_floor, h, r, s, y, o, out, q, terms, group32};
     for_rows(M, nthreads, linear_input_row, &rows);
@@ -222,22 +237,25 @@ static int linear_with(linear_gemm g, const float *x, int64_t M, int64_t K, int6
         if (g.gemm32(q, K, w, w_scale, y, N, s, M, N, K, nthreads)) goto done;
     } else if (terms == 1) {
         if (g.gemm16(q, K, w, w_scale, y, N, s, M, N, K, nthreads)) goto done;
+    } else if (summed) {
+        if (g.gemm8_sum(q, K, w, w_scale, out, N, s, M, N, K, residual, sr, nthreads)) goto done;
     } else {
         if (g.gemm8(q, K, w, w_scale, y, N, s, 2 * M, N, K, nthreads)) goto done;
     }
-    if (!post_w && terms == 2)
-        sum_terms(y, M, N, residual, sr, out, nthreads);
-    else if (post_w)
+    if (!post_w && terms == 2) {
+        if (!summed) sum_terms(y, M, N, residual, sr, out, nthreads);  /* gemm8_sum has summed them */
+    } else if (post_w) {
         for_rows(M, nthreads, linear_post_row, &rows);
-    else if (residual)  /* one term, a residual: out = residual + y (direct: out is y already) */
+    } else if (residual) {  /* one term, a residual: out = residual + y (direct: out is y already) */
         for_rows(M, nthreads, linear_residual_row, &rows);
+    }
     status = 0;
 done:
     free(h);
     free(r);
     free(q);
     free(s);
-    if (!direct && !y_kept) free(y);
+    if (!direct && !y_kept) free(y);  /* NULL where summed */
     free(o);
     return status;
 }

@@ -183,13 +183,37 @@ VNNI static inline __attribute__((always_inline)) void group_rows(const int64_t 
     }
 }
 
-/* out[m, n .. n + nr) = y[m] * a_scale[m] for the mc rows (A32: y[m], its scales applied per group). */
-VNNI static inline __attribute__((always_inline)) void store_rows(const int64_t mc, const __m512 *y, float *out,
-                                                                  int64_t ldo, const float *a_scale, int64_t n,
-                                                                  int nr, const int A32) {
+/* The epilogue of a tile: where its outputs go. sum2: the rows are two int8 terms of mc / 2 activation rows (term
+   one's rows, then term two's), and out gets their sum (+ residual), not each term. */
+typedef struct {
+    float *out;
+    int64_t ldo;
+    const float *residual; /* sum2 only, optional: f32 rows of stride sr added last */
+    int64_t sr;
+    int sum2;
+} tile_out;
+
+/* out[m, n .. n + nr) = y[m] * a_scale[m] for the mc rows (A32: y[m], its scales applied per group). sum2 (never
+   with A32): out[m] = (y[m] * a_scale[m]) + (y[h + m] * a_scale[h + m]) (+ residual[m], added last) for the h =
+   mc / 2 rows: the same roundings, in the same order, as storing each term's row and summing them after
+   (linear_two_terms.h's sum_terms), without the terms' rows ever reaching memory. */
+VNNI static inline __attribute__((always_inline)) void store_rows(const int64_t mc, const __m512 *y, tile_out o,
+                                                                  const float *a_scale, int64_t n, int nr,
+                                                                  const int A32) {
     const __mmask16 keep = (__mmask16)((1u << nr) - 1);
+    if (o.sum2) {
+        const int64_t h = mc / 2;
+        for (int64_t m = 0; m < h; m++) {
+            __m512 v = _mm512_add_ps(_mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])),
+                                     _mm512_mul_ps(y[h + m], _mm512_set1_ps(a_scale[h + m])));
+            if (o.residual) v = _mm512_add_ps(_mm512_maskz_loadu_ps(keep, o.residual + m * o.sr + n), v);
+            _mm512_mask_storeu_ps(o.out + m * o.ldo + n, keep, v);
+        }
+        return;
+    }
     for (int64_t m = 0; m < mc; m++)
-        _mm512_mask_storeu_ps(out + m * ldo + n, keep, A32 ? y[m] : _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
+        _mm512_mask_storeu_ps(o.out + m * o.ldo + n, keep,
+                              A32 ? y[m] : _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
 }
 
 /* The accumulators' start: 0, or -0 for A32, whose contract starts from the first group's product (-0 + p is p for
@@ -205,7 +229,7 @@ VNNI static inline __attribute__((always_inline)) void start_rows(const int64_t 
    row and group (the group32 recipe), else [mc]. */
 VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t mc, const int8_t *a, int64_t lda,
                                                                   const int32_t *corr, const int8_t *w,
-                                                                  const float *w_scale, float *out, int64_t ldo,
+                                                                  const float *w_scale, tile_out out,
                                                                   const float *a_scale, int64_t K, int64_t n, int nr,
                                                                   const int8_t *pf_w, const float *pf_s,
                                                                   const int A32) {
@@ -227,15 +251,15 @@ VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t 
             group_rows(mc, a, lda, corr, G, g0 + j, t, sc[j], y, A32, a_scale);
         }
     }
-    store_rows(mc, y, out, ldo, a_scale, n, nr, A32);
+    store_rows(mc, y, out, a_scale, n, nr, A32);
 }
 
 /* The same for a block of the packed layout (w8a8_grouped_vnni_pack): its units read in order, each group's 16
    scales from its unit (SCALE_BYTES 4: float32; 2: float16, converted exactly) -- one stream per thread, no
    transposes, prefetched ahead into the thread's next block. */
 VNNI static inline __attribute__((always_inline)) void packed_tile(const int64_t mc, const int8_t *a, int64_t lda,
-                                                                   const int32_t *corr, const int8_t *pb, float *out,
-                                                                   int64_t ldo, const float *a_scale, int64_t G,
+                                                                   const int32_t *corr, const int8_t *pb, tile_out out,
+                                                                   const float *a_scale, int64_t G,
                                                                    int64_t n, int nr, const int SCALE_BYTES,
                                                                    const int A32) {
     __m512 y[M_CHUNK];
@@ -259,17 +283,17 @@ VNNI static inline __attribute__((always_inline)) void packed_tile(const int64_t
             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + s_off)));
         group_rows(mc, a, lda, corr, G, g, t, s, y, A32, a_scale);
     }
-    store_rows(mc, y, out, ldo, a_scale, n, nr, A32);
+    store_rows(mc, y, out, a_scale, n, nr, A32);
 }
 
 /* packed_tile for the header's scale size. */
 VNNI static inline __attribute__((always_inline)) void packed_tile_any(const int64_t mc, const int8_t *a, int64_t lda,
                                                                        const int32_t *corr, const int8_t *pb,
-                                                                       float *out, int64_t ldo, const float *a_scale,
+                                                                       tile_out out, const float *a_scale,
                                                                        int64_t G, int64_t n, int nr,
                                                                        int64_t scale_bytes, const int A32) {
-    if (scale_bytes == 2) packed_tile(mc, a, lda, corr, pb, out, ldo, a_scale, G, n, nr, 2, A32);
-    else packed_tile(mc, a, lda, corr, pb, out, ldo, a_scale, G, n, nr, 4, A32);
+    if (scale_bytes == 2) packed_tile(mc, a, lda, corr, pb, out, a_scale, G, n, nr, 2, A32);
+    else packed_tile(mc, a, lda, corr, pb, out, a_scale, G, n, nr, 4, A32);
 }
 
 /* corr[m * G + g] = -128 x the sum of a[m, 32g .. 32g + 31]. */
@@ -288,16 +312,18 @@ VNNI static void activation_corrections(int32_t *corr, const int8_t *a, int64_t 
 
 #define DECODE_CASE(MM)                                                                                     \
     case MM:                                                                                                \
-        if (packed) packed_tile_any(MM, a, lda, corr, pb, out, ldo, a_scale, G, blk.n, blk.nr, sb, A32); \
-        else block_tile(MM, a, lda, corr, w, w_scale, out, ldo, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s, A32); \
+        if (packed) packed_tile_any(MM, a, lda, corr, pb, to, a_scale, G, blk.n, blk.nr, sb, A32);         \
+        else block_tile(MM, a, lda, corr, w, w_scale, to, a_scale, K, blk.n, blk.nr, blk.pf_w, blk.pf_s, A32); \
         break;
 
-/* The GEMM of either contract (A32: a_scale f32[M, G], one scale per row and group; else f32[M]). */
+/* The GEMM of either contract (A32: a_scale f32[M, G], one scale per row and group; else f32[M]), into out as `o`
+   says (sum2: M even and at most M_CHUNK, so both terms of a row meet in one tile). */
 VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w,
-                                                                   const float *w_scale, float *out, int64_t ldo,
+                                                                   const float *w_scale, const tile_out o,
                                                                    const float *a_scale, int64_t M, int64_t N,
                                                                    int64_t K, int nthreads, const int A32) {
     if (M < 1 || K < GROUP || K % GROUP) return 1;
+    if (o.sum2 && (A32 || M % 2 || M > M_CHUNK)) return 1;
     const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
     const int packed = w_scale == NULL;
     const packed_header *hdr = (const packed_header *)w;
@@ -314,6 +340,7 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
     {
         int64_t b0, b1;
         grouped_thread_blocks(nb, &b0, &b1);
+        const tile_out to = o;
         for (int64_t b = b0; b < b1; b++) {
             const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
             const int8_t *pb = blocks + b * bb;
@@ -326,13 +353,15 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
                     for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
                         const int64_t mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
                         const float *as = a_scale + m0 * (A32 ? G : 1);
+                        tile_out chunk = o;  /* sum2: one chunk (M <= M_CHUNK), m0 is 0 */
+                        chunk.out = o.out + m0 * o.ldo;
                         if (packed) {
-                            packed_tile_any(mc, a + m0 * lda, lda, corr + m0 * G, pb, out + m0 * ldo, ldo, as, G,
-                                            blk.n, blk.nr, sb, A32);
+                            packed_tile_any(mc, a + m0 * lda, lda, corr + m0 * G, pb, chunk, as, G, blk.n, blk.nr,
+                                            sb, A32);
                             continue;
                         }
-                        block_tile(mc, a + m0 * lda, lda, corr + m0 * G, w, w_scale, out + m0 * ldo, ldo, as, K,
-                                   blk.n, blk.nr, m0 ? NULL : blk.pf_w, m0 ? NULL : blk.pf_s, A32);
+                        block_tile(mc, a + m0 * lda, lda, corr + m0 * G, w, w_scale, chunk, as, K, blk.n, blk.nr,
+                                   m0 ? NULL : blk.pf_w, m0 ? NULL : blk.pf_s, A32);
                     }
             }
         }
@@ -346,14 +375,28 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
    one of N x K weights). */
 VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                            int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
-    return grouped_vnni(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, nthreads, 0);
+    const tile_out o = {out, ldo, NULL, 0, 0};
+    return grouped_vnni(a, lda, w, w_scale, o, a_scale, M, N, K, nthreads, 0);
+}
+
+/* The two int8 terms' GEMM summed as it is stored: a holds 2H rows (the H rows' first terms, then their second
+   terms, a_scale f32[2H] likewise), out[m] = the first term's output + the second's (+ residual[m], row stride sr,
+   optional), the bits of w8a8_grouped_vnni into a buffer of 2H rows, then linear_two_terms.h's sum_terms. The terms'
+   rows never reach memory: for the output projection at batch 8, 16 MB written and read again saved. Returns 1
+   (nothing computed) where w8a8_grouped_vnni would, and where 2H exceeds M_CHUNK. */
+VNNI int w8a8_grouped_vnni_sum2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
+                                int64_t ldo, const float *a_scale, int64_t H, int64_t N, int64_t K,
+                                const float *residual, int64_t sr, int nthreads) {
+    const tile_out o = {out, ldo, residual, sr, 1};
+    return grouped_vnni(a, lda, w, w_scale, o, a_scale, 2 * H, N, K, nthreads, 0);
 }
 
 /* The group32 recipe's GEMM (salon.kernels.w8a8_group32): the same, with a_scale f32[M, K / 32] (contiguous), one
    scale per activation row and group, multiplied into the weights' scale of the group before the group's sum. */
 VNNI int w8a8_group32_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                            int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
-    return grouped_vnni(a, lda, w, w_scale, out, ldo, a_scale, M, N, K, nthreads, 1);
+    const tile_out o = {out, ldo, NULL, 0, 0};
+    return grouped_vnni(a, lda, w, w_scale, o, a_scale, M, N, K, nthreads, 1);
 }
 
 /* The packed layout of int8 w[N, K] and its scales f32[N, K / 32], for w8a8_grouped_vnni with w_scale NULL:
