@@ -17,6 +17,8 @@ import torch
 from salon.kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from salon.kernels.glu import geglu_ref, swiglu_ref
 from salon.kernels.kv_write import kv_write_ref
+from salon.kernels.linear_rescored import compose as compose_linear_rescored
+from salon.kernels.linear_rescored import linear_rescored_ref
 from salon.kernels.linear_two_terms import compose as compose_linear_two_terms
 from salon.kernels.linear_two_terms import compose_summed as compose_linear_two_terms_summed
 from salon.kernels.linear_two_terms import linear_group32_ref, linear_int16_ref, linear_two_terms_ref
@@ -47,6 +49,7 @@ OP_NAMES = (
     "linear_int16",
     "decoder_blocks",
     "linear_group32",
+    "linear_rescored",
 )
 # The activation recipes of an int8 Linear (salon/engine/model/linear.py) that every family has kernels for: two int8
 # terms (salon.kernels.quantize), or one int16 term (salon.kernels.w16a8_grouped).
@@ -90,6 +93,9 @@ class Ops:
     # salon.kernels.linear_two_terms's group32 op: norm, one int8 term per token and 32 channels, GEMM, post-norm,
     # residual
     linear_group32: Callable
+    # salon.kernels.linear_rescored: the group32 recipe's output projection, group32 with the rows that could be the
+    # largest under two terms rescored with them
+    linear_rescored: Callable
     name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
     # The activation recipe the family's int8 Linears run (ACTIVATION_RECIPES): the faster one of its kernels
     # where it has a choice; the same on every family unless a CPU's kernels favour the other.
@@ -118,6 +124,7 @@ def reference_ops() -> Ops:
         linear_int16=linear_int16_ref,
         decoder_blocks=no_decoder_blocks,
         linear_group32=linear_group32_ref,
+        linear_rescored=linear_rescored_ref,
         name="ref",
     )
 
@@ -145,6 +152,28 @@ def triton_ops() -> Ops:
     from salon.kernels.w8a8_two_terms import w8a8_two_terms_triton
     from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
 
+    # the norm and both terms in one launch, the terms summed in the GEMM's epilogue: the bits of
+    # compose_linear_two_terms(rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton); the post-norm and the
+    # residual add one launch
+    linear_two_terms = compose_linear_two_terms_summed(
+        rmsnorm_triton,
+        rmsnorm_quant_two_terms_triton,
+        quantize_two_terms_triton,
+        w8a8_two_terms_triton,
+        rmsnorm_residual_triton,
+        "linear_two_terms_triton",
+    )
+    # the norm and the quantization in one launch, the residual in the GEMM's epilogue (salon.kernels.
+    # w8a8_group32_triton): the bits of compose_linear_two_terms(rmsnorm_triton, quantize_group32_triton,
+    # w8a8_group32_triton, terms=1); the post-norm and the residual add one launch
+    linear_group32 = compose_linear_two_terms_summed(
+        rmsnorm_triton,
+        rmsnorm_quant_group32_triton,
+        quantize_group32_triton,
+        w8a8_group32_triton,
+        rmsnorm_residual_triton,
+        "linear_group32_triton",
+    )
     return Ops(
         quantize_per_token=quantize_per_token_triton,
         quantize_two_terms=quantize_two_terms_triton,
@@ -154,17 +183,7 @@ def triton_ops() -> Ops:
         rope_neox=rope_neox_triton,
         kv_write=kv_write_triton,
         paged_attention=paged_attention_triton,
-        # the norm and both terms in one launch, the terms summed in the GEMM's epilogue: the bits of
-        # compose_linear_two_terms(rmsnorm_triton, quantize_two_terms_triton, w8a8_gemm_triton); the post-norm
-        # and the residual add one launch
-        linear_two_terms=compose_linear_two_terms_summed(
-            rmsnorm_triton,
-            rmsnorm_quant_two_terms_triton,
-            quantize_two_terms_triton,
-            w8a8_two_terms_triton,
-            rmsnorm_residual_triton,
-            "linear_two_terms_triton",
-        ),
+        linear_two_terms=linear_two_terms,
         rmsnorm_rope=compose_rmsnorm_rope(rmsnorm_triton, rope_neox_triton, "rmsnorm_rope_triton"),
         # one launch for q, k and the KV write, with the bits of rmsnorm_rope_triton's two ops on q and on k,
         # then kv_write_triton
@@ -177,16 +196,14 @@ def triton_ops() -> Ops:
         linear_int16=compose_linear_two_terms(
             rmsnorm_triton, quantize_int16_ref, w16a8_grouped_ref, "linear_int16_triton", terms=1
         ),
-        # the norm and the quantization in one launch, the residual in the GEMM's epilogue (salon.kernels.
-        # w8a8_group32_triton): the bits of compose_linear_two_terms(rmsnorm_triton, quantize_group32_triton,
-        # w8a8_group32_triton, terms=1); the post-norm and the residual add one launch
-        linear_group32=compose_linear_two_terms_summed(
-            rmsnorm_triton,
-            rmsnorm_quant_group32_triton,
+        linear_group32=linear_group32,
+        # both projections of every row, then the selection (no data-dependent shapes: a CUDA graph captures it)
+        linear_rescored=compose_linear_rescored(
+            linear_group32,
+            linear_two_terms,
             quantize_group32_triton,
-            w8a8_group32_triton,
-            rmsnorm_residual_triton,
-            "linear_group32_triton",
+            quantize_two_terms_triton,
+            "linear_rescored_triton",
         ),
         name="triton",
     )
@@ -211,6 +228,7 @@ CPU_FAST_PATH_MODULES = {
     "linear_int16": "salon.kernels.cpu.linear_two_terms",
     "decoder_blocks": "salon.kernels.cpu.decoder_block",
     "linear_group32": "salon.kernels.cpu.linear_two_terms",
+    "linear_rescored": "salon.kernels.cpu.linear_two_terms",
 }
 
 

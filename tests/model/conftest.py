@@ -12,7 +12,7 @@ import torch
 from tests.requirements import missing
 
 # The numerics of each activation recipe of the int8 Gemma (group32: on the decoder layers' four Linears).
-GEMMA_NUMERICS = {"group32": "int8-a8g32:down,gate_up,o,qkv", "two_terms": "int8", "int16": "int8-a16"}
+GEMMA_NUMERICS = {"group32": "int8-a8g32:down,gate_up,o,qkv;rescored:lm_head", "two_terms": "int8", "int16": "int8-a16"}
 
 
 def gemma_served_activations() -> str:

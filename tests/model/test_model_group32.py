@@ -81,7 +81,7 @@ def _linears(model) -> list[Int8Linear]:
 
 
 def test_the_layers_take_group32_and_its_fused_decoder_layer_the_output_projection_two_terms(group32_model):
-    assert group32_model.numerics == "int8-a8g32:down,gate_up,o,qkv"
+    assert group32_model.numerics == "int8-a8g32:down,gate_up,o,qkv;rescored:lm_head"
     assert all(lin.group32_activations and lin.w_scale.dim() == 2 for lin in _linears(group32_model))
     lm_head = group32_model.lm_head
     assert not lm_head.group32_activations and lm_head.activation_terms == 2 and lm_head.w_scale.dim() == 2

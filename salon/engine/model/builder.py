@@ -74,6 +74,7 @@ class Int8Weights:
         activation_terms: int | dict[str, int] = 1,
         int16_activations: bool = False,
         group32_activations: bool | tuple[str, ...] = False,
+        rescored: tuple[str, ...] = (),
     ) -> None:
         self.ckpt = ckpt
         self.kernel_ops = kernel_ops
@@ -86,6 +87,9 @@ class Int8Weights:
         self.group32_activations = group32_activations
         if int16_activations and group32_activations:
             raise ValueError("int16 and group32 activations are two recipes: choose one")
+        # Linears of the named projections that run group32 with the rows that could be the largest under two terms
+        # rescored with them (salon.kernels.linear_rescored: the output projection of the group32 recipe)
+        self.rescored = rescored
         # what decides the model's numbers beyond the checkpoint (part of the KV cache namespace)
         if group32_activations is True:
             self.numerics = "int8-a8g32"
@@ -93,13 +97,16 @@ class Int8Weights:
             self.numerics = "int8-a8g32:" + ",".join(sorted(group32_activations))
         else:
             self.numerics = "int8-a16" if int16_activations else "int8"
+        if rescored:
+            self.numerics += ";rescored:" + ",".join(sorted(rescored))
 
     def tensor(self, name: str) -> torch.Tensor | None:
         return self.ckpt.get(name)
 
     def linear(self, name: str, gate_activation: str | None = None) -> Int8Linear:
-        group32 = self.group32_of(name)
-        terms = 1 if group32 else self.terms_of(name)
+        rescored = _projection(name) in self.rescored
+        group32 = self.group32_of(name) and not rescored
+        terms = 1 if group32 else 2 if rescored else self.terms_of(name)
         int16 = self.int16_activations and terms == 2
         return Int8Linear(
             self.ckpt[name + ".w_q"],
@@ -117,6 +124,8 @@ class Int8Weights:
             linear_int16=self.kernel_ops.linear_int16,
             group32_activations=group32,
             linear_group32=self.kernel_ops.linear_group32,
+            rescored=rescored,
+            linear_rescored=self.kernel_ops.linear_rescored,
         )
 
     def terms_of(self, name: str) -> int:
@@ -169,7 +178,9 @@ def build_int8_model(
 
     arch = architecture(config.architecture)
     int16 = kernel_ops.activations == "int16"
-    # group32: the architecture's INT8_GROUP32_RECIPE Linears; the others keep INT8_ACTIVATION_TERMS
+    # group32: the architecture's INT8_GROUP32_RECIPE Linears, its INT8_GROUP32_RESCORED ones rescored; the others
+    # keep INT8_ACTIVATION_TERMS
     group32 = tuple(arch.INT8_GROUP32_RECIPE) if kernel_ops.activations == "group32" else False
-    weights = Int8Weights(ckpt, kernel_ops, quantize_activations, arch.INT8_ACTIVATION_TERMS, int16, group32)
+    rescored = tuple(arch.INT8_GROUP32_RESCORED) if group32 else ()
+    weights = Int8Weights(ckpt, kernel_ops, quantize_activations, arch.INT8_ACTIVATION_TERMS, int16, group32, rescored)
     return build_model(config, weights, kernel_ops)

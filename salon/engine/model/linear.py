@@ -35,6 +35,7 @@ import torch
 
 from salon.engine.model.ops import gelu_tanh, quantize_per_token, quantize_symmetric
 from salon.kernels.glu import geglu_ref, swiglu_ref
+from salon.kernels.linear_rescored import LinearRescored, linear_rescored_ref, row_bounds
 from salon.kernels.linear_two_terms import LinearTwoTerms, compose, linear_group32_ref, linear_int16_ref
 from salon.kernels.quantize import quantize_two_terms_ref
 from salon.kernels.rmsnorm import rmsnorm_ref
@@ -85,6 +86,8 @@ class Int8Linear:
         linear_int16: LinearTwoTerms = linear_int16_ref,
         group32_activations: bool = False,
         linear_group32: LinearTwoTerms = linear_group32_ref,
+        rescored: bool = False,
+        linear_rescored: LinearRescored = linear_rescored_ref,
     ) -> None:
         grouped = (w_q.shape[0], w_q.shape[1] // GROUP) if w_q.dim() == 2 and w_q.shape[1] % GROUP == 0 else None
         if w_q.dtype != torch.int8 or w_q.dim() != 2 or tuple(w_scale.shape) not in ((w_q.shape[0],), grouped):
@@ -102,6 +105,10 @@ class Int8Linear:
                 )
         if int16_activations and group32_activations:
             raise ValueError("int16 and group32 activations are two recipes: choose one")
+        if rescored and (grouped is None or tuple(w_scale.shape) != grouped or gate_activation or int16_activations):
+            raise ValueError(
+                "a rescored Linear (salon.kernels.linear_rescored) takes grouped weights, no gate and int8 activations"
+            )
         self.w_q = w_q.contiguous()
         self.w_scale = w_scale.to(torch.float32).contiguous()
         if int16_activations and self.w_scale.dim() == 1:
@@ -115,6 +122,10 @@ class Int8Linear:
         self.linear_int16 = linear_int16
         self.group32_activations = group32_activations
         self.linear_group32 = linear_group32
+        # group32 with the rows that could be the largest under two terms rescored with them (the output projection)
+        self.rescored = rescored
+        self.linear_rescored = linear_rescored
+        self.bounds = row_bounds(self.w_q, self.w_scale) if rescored else None
         self.gate_activation = gate_activation
         # the two-term path's gated activation (salon.kernels.glu)
         self.glu = {"gelu_tanh": geglu, "silu": swiglu}.get(gate_activation)
@@ -148,6 +159,10 @@ class Int8Linear:
         takes no post-norm or residual."""
         if self.gate_activation and (post_norm is not None or residual is not None):
             raise ValueError("a gated Linear's output takes no post-norm or residual here")
+        if self.rescored:
+            if norm_weight is not None or post_norm is not None or residual is not None:
+                raise ValueError("a rescored Linear takes no norm, post-norm or residual")
+            return self.linear_rescored(x, self.w_q, self.w_scale, self.bounds)
         if self.int16_activations:
             op = self.linear_int16
         elif self.group32_activations:
@@ -161,7 +176,7 @@ class Int8Linear:
         """Whether this Linear runs as one fused op: quantized activations as two int8 terms, one int16 term or one
         int8 term per 32 channels."""
         return self.quantize_activations and (
-            self.activation_terms == 2 or self.int16_activations or self.group32_activations
+            self.activation_terms == 2 or self.int16_activations or self.group32_activations or self.rescored
         )
 
     def from_quantized(self, a_q: torch.Tensor, a_scale: torch.Tensor) -> torch.Tensor:
@@ -172,7 +187,7 @@ class Int8Linear:
         return _gated(out, self.gate_activation) if self.gate_activation else out
 
     def nbytes(self) -> int:
-        return self.w_q.numel() + self.w_scale.numel() * 4
+        return self.w_q.numel() + self.w_scale.numel() * 4 + (0 if self.bounds is None else self.bounds.numel() * 4)
 
 
 def quantize_weight(weight: torch.Tensor, group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,11 +27,16 @@ from salon.kernels.cpu.w8a8_gemm import w8a8_gemm_cpu
 from salon.kernels.cpu.w8a8_group32 import w8a8_group32_gemm_cpu
 from salon.kernels.cpu.w8a8_grouped import chosen_isa, weight_pointers
 from salon.kernels.cpu.w16a8_grouped import w16a8_gemm_cpu
+from salon.kernels.linear_rescored import compose as compose_rescored
 from salon.kernels.linear_two_terms import compose
 from salon.kernels.quantize import SCALE_FLOOR
 from salon.kernels.w8a8_grouped import GROUP
 
 MAX_ROWS = 64
+# linear_two_terms.h's SUM2_MAX_ROWS and linear_two_terms.c's SUM2_MAX_GROUPS: the most rows and input groups of the
+# rescored output projection's one C call
+SUM2_MAX_ROWS = 32
+SUM2_MAX_GROUPS = 1024
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGS = ([_P, _I, _I, _I, _P, ctypes.c_double, _P, _P, _I, _P, _P, _I, _P, ctypes.c_float, ctypes.c_int], ctypes.c_int)
 # grouped GEMM isa -> (source, its one entry point)
@@ -45,6 +50,11 @@ _SIGNATURES["avx2"]["linear_int16_avx2"] = _ARGS  # the int16 recipe's one entry
 _GROUP32_ENTRIES = {"vnni": "linear_group32_vnni", "avx2": "linear_group32_avx2"}
 for _isa, _name in _GROUP32_ENTRIES.items():
     _SIGNATURES[_isa][_name] = _ARGS
+# the rescored output projection's entry point (salon.kernels.linear_rescored), in the VNNI build only
+_SIGNATURES["vnni"]["linear_rescored_vnni"] = (
+    [_P, _I, _I, _I, _P, _P, _P, _I, _P, ctypes.c_float, ctypes.c_int],
+    ctypes.c_int,
+)
 
 composed = compose(rmsnorm_cpu, quantize_two_terms_cpu, w8a8_gemm_cpu, "linear_two_terms_composed_cpu")
 
@@ -182,3 +192,79 @@ def _with_fallback(recipe: str, fallback: Callable, name: str) -> Callable:
 linear_two_terms_cpu = _with_fallback("two_terms", composed, "linear_two_terms_cpu")
 linear_int16_cpu = _with_fallback("int16", composed_int16, "linear_int16_cpu")
 linear_group32_cpu = _with_fallback("group32", composed_group32, "linear_group32_cpu")
+
+
+composed_rescored = compose_rescored(
+    linear_group32_cpu,
+    linear_two_terms_cpu,
+    quantize_group32_cpu,
+    quantize_two_terms_cpu,
+    "linear_rescored_composed_cpu",
+)
+
+
+def linear_rescored_c(
+    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bounds: torch.Tensor
+) -> torch.Tensor | None:
+    """salon.kernels.linear_rescored's op as one C call (VNNI, grouped weights, up to SUM2_MAX_ROWS rows), or None
+    where it does not take these arguments (the caller composes)."""
+    if x.dim() != 2 or w_q.dim() != 2 or w_scale.dim() != 2:
+        return None
+    m, k = x.shape
+    n = w_q.shape[0]
+    if (
+        not 1 <= m <= SUM2_MAX_ROWS
+        or k % GROUP
+        or w_q.shape[1] != k
+        or tuple(w_scale.shape) != (n, k // GROUP)
+        or x.dtype != torch.float32
+        or x.stride(1) != 1
+        or x.device.type != "cpu"
+        or w_q.dtype != torch.int8
+        or not w_q.is_contiguous()
+        or w_scale.dtype != torch.float32
+        or not w_scale.is_contiguous()
+        or k // GROUP > SUM2_MAX_GROUPS
+        or bounds.dtype != torch.float32
+        or tuple(bounds.shape) != (2, n)
+        or not bounds.is_contiguous()
+        or bounds.device.type != "cpu"
+        or chosen_isa() != "vnni"
+    ):
+        return None
+    lib = library("vnni")
+    if lib is None:
+        return None
+    w_ptr, s_ptr = weight_pointers(w_q, w_scale, "vnni")
+    out = torch.empty((m, n), dtype=torch.float32)
+    if lib.linear_rescored_vnni(
+        x.data_ptr(),
+        m,
+        k,
+        x.stride(0),
+        w_ptr,
+        s_ptr,
+        bounds.data_ptr(),
+        n,
+        out.data_ptr(),
+        SCALE_FLOOR,
+        torch.get_num_threads(),
+    ):
+        return None
+    return out
+
+
+def linear_rescored_cpu(
+    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bounds: torch.Tensor
+) -> torch.Tensor:
+    """salon.kernels.linear_rescored's op: the C call where it runs (SUM2_MAX_ROWS rows a call: a row's result does not
+    depend on the rows beside it), else the CPU family's composition (same bits)."""
+    if x.dim() == 2 and x.shape[0] > SUM2_MAX_ROWS:
+        chunks = [
+            linear_rescored_c(x[i : i + SUM2_MAX_ROWS], w_q, w_scale, bounds)
+            for i in range(0, x.shape[0], SUM2_MAX_ROWS)
+        ]
+        if all(c is not None for c in chunks):
+            return torch.cat(chunks)
+    out = linear_rescored_c(x, w_q, w_scale, bounds)
+    return composed_rescored(x, w_q, w_scale, bounds) if out is None else out

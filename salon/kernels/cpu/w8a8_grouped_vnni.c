@@ -46,6 +46,8 @@
  */
 #pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
+#include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +60,8 @@
 #define M_CHUNK 64
 /* Activation-sum corrections kept on the stack up to this many (M x G) entries. */
 #define STACK_CORRECTIONS 2048
+/* Blocks between the rescoring epilogue's refreshes of a row's running maximum (tile_out). */
+#define RESCORE_REFRESH 16
 /* The packed layout (w8a8_grouped_vnni_pack): a 64-byte header, then the 16-row blocks one after another. A
    block is a run of units, each its groups' weights (group_weights' t[0..7]: 512 bytes a group) followed by their
    16 scales: one group and float32 scales (576 bytes), or, where every scale of the matrix is a float16
@@ -191,6 +195,20 @@ typedef struct {
     const float *residual; /* sum2 only, optional: f32 rows of stride sr added last */
     int64_t sr;
     int sum2;
+    int64_t col0;          /* out's first column is weight row col0 (0, or a lone block's first row) */
+    /* The rescored output projection's selection (salon.kernels.linear_rescored), A32 only, where bounds is given
+       (f32[2, N]: l1, then amax): per activation row m, t = alpha[m] * l1[v] + beta[m] * amax[v] (factors: alpha
+       f32[M], then beta f32[M]); this thread's lo[32 m .. 32 m + 15] = each lane's max of a - t so far (its NaNs
+       left out), lo[32 m + 16 .. 32 m + 31] = the row's running maximum as of the last refresh (every
+       RESCORE_REFRESH blocks: the larger of this thread's lanes' and shared[m], which every thread raises to its own;
+       a lost race only leaves it lower), nan[m] = 1 where an a - t was NaN; maybe[m * nb + b] = 1 where an a + t of
+       block b reached the larger of its lane's and the row's running maximum as they were then: each is an a - t of
+       the row, at most the final lo, so every row whose a + t reaches the final lo is in a block marked maybe. */
+    const float *bounds, *factors;
+    int64_t n_rows;       /* N: bounds' row length */
+    float *lo, *shared;
+    unsigned char *nan, *maybe;
+    int64_t nb;
 } tile_out;
 
 /* out[m, n .. n + nr) = y[m] * a_scale[m] for the mc rows (A32: y[m], its scales applied per group). sum2 (never
@@ -207,13 +225,36 @@ VNNI static inline __attribute__((always_inline)) void store_rows(const int64_t 
             __m512 v = _mm512_add_ps(_mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])),
                                      _mm512_mul_ps(y[h + m], _mm512_set1_ps(a_scale[h + m])));
             if (o.residual) v = _mm512_add_ps(_mm512_maskz_loadu_ps(keep, o.residual + m * o.sr + n), v);
-            _mm512_mask_storeu_ps(o.out + m * o.ldo + n, keep, v);
+            _mm512_mask_storeu_ps(o.out + m * o.ldo + n - o.col0, keep, v);
         }
         return;
     }
     for (int64_t m = 0; m < mc; m++)
-        _mm512_mask_storeu_ps(o.out + m * o.ldo + n, keep,
+        _mm512_mask_storeu_ps(o.out + m * o.ldo + n - o.col0, keep,
                               A32 ? y[m] : _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
+    if (A32 && o.bounds) {
+        const __m512 l1 = _mm512_maskz_loadu_ps(keep, o.bounds + n);
+        const __m512 amax = _mm512_maskz_loadu_ps(keep, o.bounds + o.n_rows + n);
+        const int64_t b = n / BLOCK_ROWS;
+        for (int64_t m = 0; m < mc; m++) {
+            const __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(o.factors[m]), l1),
+                                           _mm512_mul_ps(_mm512_set1_ps(o.factors[mc + m]), amax));
+            const __m512 d = _mm512_sub_ps(y[m], t), u = _mm512_add_ps(y[m], t);
+            const __mmask16 d_ok = _mm512_mask_cmp_ps_mask(keep, d, d, _CMP_ORD_Q);
+            if (d_ok != keep) o.nan[m] = 1;
+            float *state = o.lo + 2 * BLOCK_ROWS * m;  /* the lanes' maxima, then the row's as last refreshed */
+            __m512 lo = _mm512_loadu_ps(state), row = _mm512_loadu_ps(state + BLOCK_ROWS);
+            lo = _mm512_mask_max_ps(lo, d_ok, lo, d);
+            _mm512_storeu_ps(state, lo);
+            if (_mm512_mask_cmp_ps_mask(keep, u, _mm512_max_ps(lo, row), _CMP_GE_OQ)) o.maybe[m * o.nb + b] = 1;
+            if (b % RESCORE_REFRESH == RESCORE_REFRESH - 1) {  /* the row's maximum, shared with the other threads */
+                float r = _mm512_reduce_max_ps(lo), seen;
+                __atomic_load(o.shared + m, &seen, __ATOMIC_RELAXED);
+                if (r > seen) __atomic_store(o.shared + m, &r, __ATOMIC_RELAXED);
+                _mm512_storeu_ps(state + BLOCK_ROWS, _mm512_set1_ps(r > seen ? r : seen));
+            }
+        }
+    }
 }
 
 /* The accumulators' start: 0, or -0 for A32, whose contract starts from the first group's product (-0 + p is p for
@@ -324,6 +365,7 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
                                                                    int64_t K, int nthreads, const int A32) {
     if (M < 1 || K < GROUP || K % GROUP) return 1;
     if (o.sum2 && (A32 || M % 2 || M > M_CHUNK)) return 1;
+    if (o.bounds && (!A32 || M > M_CHUNK)) return 1;
     const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
     const int packed = w_scale == NULL;
     const packed_header *hdr = (const packed_header *)w;
@@ -340,7 +382,11 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
     {
         int64_t b0, b1;
         grouped_thread_blocks(nb, &b0, &b1);
-        const tile_out to = o;
+        tile_out to = o;
+        if (o.bounds) {  /* this thread's running maxima */
+            to.lo = o.lo + (int64_t)omp_get_thread_num() * M * 2 * BLOCK_ROWS;
+            to.nan = o.nan + (int64_t)omp_get_thread_num() * M;
+        }
         for (int64_t b = b0; b < b1; b++) {
             const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
             const int8_t *pb = blocks + b * bb;
@@ -353,8 +399,8 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
                     for (int64_t m0 = 0; m0 < M; m0 += M_CHUNK) {
                         const int64_t mc = M - m0 < M_CHUNK ? M - m0 : M_CHUNK;
                         const float *as = a_scale + m0 * (A32 ? G : 1);
-                        tile_out chunk = o;  /* sum2: one chunk (M <= M_CHUNK), m0 is 0 */
-                        chunk.out = o.out + m0 * o.ldo;
+                        tile_out chunk = to;  /* sum2 and rescoring: one chunk (M <= M_CHUNK), m0 is 0 */
+                        chunk.out = to.out + m0 * to.ldo;
                         if (packed) {
                             packed_tile_any(mc, a + m0 * lda, lda, corr + m0 * G, pb, chunk, as, G, blk.n, blk.nr,
                                             sb, A32);
@@ -375,7 +421,7 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
    one of N x K weights). */
 VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                            int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
-    const tile_out o = {out, ldo, NULL, 0, 0};
+    const tile_out o = {out, ldo, NULL, 0, 0, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
     return grouped_vnni(a, lda, w, w_scale, o, a_scale, M, N, K, nthreads, 0);
 }
 
@@ -387,7 +433,7 @@ VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const 
 VNNI int w8a8_grouped_vnni_sum2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                                 int64_t ldo, const float *a_scale, int64_t H, int64_t N, int64_t K,
                                 const float *residual, int64_t sr, int nthreads) {
-    const tile_out o = {out, ldo, residual, sr, 1};
+    const tile_out o = {out, ldo, residual, sr, 1, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
     return grouped_vnni(a, lda, w, w_scale, o, a_scale, 2 * H, N, K, nthreads, 0);
 }
 
@@ -395,8 +441,94 @@ VNNI int w8a8_grouped_vnni_sum2(const int8_t *a, int64_t lda, const int8_t *w, c
    scale per activation row and group, multiplied into the weights' scale of the group before the group's sum. */
 VNNI int w8a8_group32_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                            int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
-    const tile_out o = {out, ldo, NULL, 0, 0};
+    const tile_out o = {out, ldo, NULL, 0, 0, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
     return grouped_vnni(a, lda, w, w_scale, o, a_scale, M, N, K, nthreads, 1);
+}
+
+/* t of activation row m and weight row v, the epilogue's operations one at a time. */
+static inline float rescore_t(const float *factors, const float *bounds, int64_t M, int64_t N, int64_t m, int64_t v) {
+    return factors[m] * bounds[v] + factors[M + m] * bounds[N + v];
+}
+
+/* The rescored output projection (salon.kernels.linear_rescored) of M activation rows (2M <= M_CHUNK): the group32
+   GEMM of a32 (int8[M, K], scales s32 f32[M, G]) into out f32[M, N] for every weight row, its epilogue keeping the
+   selection's running maxima (tile_out); then each row's lo, the rows to rescore among the blocks marked maybe, and
+   for each 16-row block holding one, the block's two-term values of a2 (int8[2M, K]: the first terms, then the
+   second ones; scales s2 f32[2M]) summed as they are stored, copied over the rescored rows. factors f32[2M] (alpha,
+   then beta) and bounds f32[2, N] (l1, then amax) as the contract has them; w, w_scale as w8a8_grouped_vnni takes
+   them (packed with w_scale NULL). The
+   blocks to rescore split over the threads. Returns 0 when done, 1 when nothing was computed (shapes declined, no
+   memory). */
+VNNI int w8a8_group32_rescored_vnni(const int8_t *a32, const float *s32, const int8_t *a2, const float *s2,
+                                    const float *factors, const int8_t *w, const float *w_scale,
+                                    const float *bounds, float *out, int64_t M, int64_t N, int64_t K, int nthreads) {
+    if (M < 1 || 2 * M > M_CHUNK || K < GROUP || K % GROUP || N < 1 || nthreads < 1) return 1;
+    const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
+    float *lo = malloc((size_t)(M * nthreads * 2 * BLOCK_ROWS) * sizeof(float));
+    unsigned char *nan = calloc((size_t)(M * nthreads), 1);
+    unsigned char *maybe = calloc((size_t)(M * nb), 1);    /* [m, b], then: block b holds a row of m to rescore */
+    unsigned char *blocks = calloc((size_t)nb, 1);         /* block b holds a row of some m to rescore */
+    int64_t *todo = malloc((size_t)nb * sizeof(int64_t));
+    int32_t *corr = malloc((size_t)(2 * M * G) * sizeof(int32_t));
+    float *row_lo = malloc((size_t)M * sizeof(float));
+    int status = 1;
+    if (!lo || !nan || !maybe || !blocks || !todo || !corr || !row_lo) goto done;
+    for (int64_t i = 0; i < M * nthreads * 2 * BLOCK_ROWS; i++) lo[i] = -INFINITY;
+    for (int64_t m = 0; m < M; m++) row_lo[m] = -INFINITY;  /* shared by the threads while the GEMM runs */
+    const tile_out o = {out, N, NULL, 0, 0, 0, bounds, factors, N, lo, row_lo, nan, maybe, nb};
+    if (grouped_vnni(a32, K, w, w_scale, o, s32, M, N, K, nthreads, 1)) goto done;
+    for (int64_t m = 0; m < M; m++) {
+        int skip = 0;
+        row_lo[m] = -INFINITY;
+        for (int t = 0; t < nthreads; t++) {
+            skip |= nan[t * M + m];
+            for (int j = 0; j < BLOCK_ROWS; j++)
+                if (lo[(t * M + m) * 2 * BLOCK_ROWS + j] > row_lo[m]) row_lo[m] = lo[(t * M + m) * 2 * BLOCK_ROWS + j];
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            if (!maybe[m * nb + b]) continue;
+            int any = 0;
+            for (int64_t v = b * BLOCK_ROWS; !skip && v < N && v < (b + 1) * BLOCK_ROWS; v++)
+                any |= out[m * N + v] + rescore_t(factors, bounds, M, N, m, v) >= row_lo[m];
+            maybe[m * nb + b] = (unsigned char)any;  /* a NaN lo (skip): nothing rescored */
+            blocks[b] |= (unsigned char)any;
+        }
+    }
+    int64_t ntodo = 0;
+    for (int64_t b = 0; b < nb; b++)
+        if (blocks[b]) todo[ntodo++] = b;
+    activation_corrections(corr, a2, K, 2 * M, G);
+    const packed_header *hdr = (const packed_header *)w;
+    const int packed = w_scale == NULL;
+    const int64_t sb = packed ? hdr->scale_bytes : 4, bb = packed_block_bytes(G, sb);
+    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 4) if (ntodo > 8)
+    for (int64_t i = 0; i < ntodo; i++) {
+        const int64_t b = todo[i], n = b * BLOCK_ROWS;
+        const int nr = N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS;
+        float e[M_CHUNK / 2 * BLOCK_ROWS];
+        const tile_out eo = {e, BLOCK_ROWS, NULL, 0, 1, n, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
+        if (packed)
+            packed_tile_any(2 * M, a2, K, corr, w + PACKED_HEADER_BYTES + b * bb, eo, s2, G, n, nr, sb, 0);
+        else
+            block_tile(2 * M, a2, K, corr, w, w_scale, eo, s2, K, n, nr, NULL, NULL, 0);
+        for (int64_t m = 0; m < M; m++) {
+            if (!maybe[m * nb + b]) continue;
+            for (int j = 0; j < nr; j++) {
+                float *a = out + m * N + n + j;
+                if (*a + rescore_t(factors, bounds, M, N, m, n + j) >= row_lo[m]) *a = e[m * BLOCK_ROWS + j];
+            }
+        }
+    }
+    status = 0;
+done:
+    free(lo);
+    free(nan);
+    free(maybe);
+    free(blocks);
+    free(todo);
+    free(corr);
+    free(row_lo);
+    return status;
 }
 
 /* The packed layout of int8 w[N, K] and its scales f32[N, K / 32], for w8a8_grouped_vnni with w_scale NULL:

@@ -8,6 +8,7 @@ Each module provides:
     linear.py, checkpoint.py)
     INT8_CHECKPOINT_FORMAT                                        the checkpoint's format tag (checkpoint.py)
     INT8_GROUP32_RECIPE                                           the Linears with group32 activations (builder.py)
+    INT8_GROUP32_RESCORED                                         the group32 recipe's rescored Linears (builder.py)
 """
 
 from __future__ import annotations

@@ -63,9 +63,12 @@ INT8_RECIPE: dict[str, object] = {"alpha": 0.5, "weight_group": 32}
 INT8_CHECKPOINT_FORMAT = "salon-int8-v8"  # v8: v7 (one weight scale per row and 32 input channels) calibrated
 # through the fixed-order RMSNorm (salon/kernels/rmsnorm.py)
 # The Linears that take one int8 term per token and 32 channels (salon.kernels.w8a8_group32) under `--activations
-# group32`, on the same checkpoint: the decoder layers' projections; the output projection keeps two terms (with it
-# in group32 too, 220 of 229 teacher-forced top-1 steps, under the gate of 223).
+# group32`, on the same checkpoint: the decoder layers' projections; the output projection is rescored (below: with it
+# in plain group32, 220 of 229 teacher-forced top-1 steps, under the gate of 223).
 INT8_GROUP32_RECIPE: tuple[str, ...] = ("qkv", "o", "gate_up", "down")
+# The Linears the group32 recipe runs as group32 rescored (salon.kernels.linear_rescored): the output projection, whose
+# greedy choice is then the two-term one's (its products halved: a decode step of several sequences is bound by them).
+INT8_GROUP32_RESCORED: tuple[str, ...] = ("lm_head",)
 
 
 def _sliding_layers(f: GGUFFile, num_layers: int) -> list[bool]:

@@ -48,8 +48,11 @@ INT8_RECIPE: dict[str, object] = {"alpha": 0.5, "weight_group": 32}  # build_int
 # The checkpoint's format tag (checkpoint.py): bumped when INT8_RECIPE changes, so old caches are converted again.
 INT8_CHECKPOINT_FORMAT = "salon-int8-v9"  # v9: weights per row and 32 input channels (v8: per row)
 # The Linears that take one int8 term per token and 32 channels (salon.kernels.w8a8_group32) under `--activations
-# group32`, on the same checkpoint: the decoder layers' projections; the output projection keeps two terms.
+# group32`, on the same checkpoint: the decoder layers' projections; the output projection is rescored (below).
 INT8_GROUP32_RECIPE: tuple[str, ...] = ("qkv", "o", "gate_up", "down")
+# The Linears the group32 recipe runs as group32 rescored (salon.kernels.linear_rescored): the output projection, whose
+# greedy choice is then the two-term one's (its products halved: a decode step of several sequences is bound by them).
+INT8_GROUP32_RESCORED: tuple[str, ...] = ("lm_head",)
 
 
 def config_from_gguf(f: GGUFFile, model_id: str, sha256: str, vocab: Vocab) -> ModelConfig:
