@@ -30,7 +30,7 @@ that take it: "qkv", "o", "gate_up", "down", "lm_head"): those Linears take one 
 channels (salon.kernels.w8a8_group32, the PyTorch reference), the others their activation_terms.
 --activations RECIPE[,RECIPE] adds rows of the checkpoint the engine loads in those recipes (load_model with
 select_ops(activations=...): for group32, the architecture's INT8_GROUP32_RECIPE Linears take one term per 32 channels,
-the output projection two terms).
+the output projection is rescored: INT8_GROUP32_RESCORED, salon.kernels.linear_rescored).
 
 Calibration sets (none of them gpl-3.txt): "text" is salon/engine/model/calibration_text.py; "text+sampled"
 adds text sampled from the float model itself (calibration_text.sampled_sequences, seeded).

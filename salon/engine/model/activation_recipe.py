@@ -17,11 +17,11 @@ def serving_activations(architecture: str, kernel_ops: Ops) -> Ops:
     family has group32 kernels: C on the CPU, Triton on a GPU, the PyTorch reference), else the family's own pick
     (select_ops' `auto`).
 
-    gemma3 -> group32 (one int8 term per token and 32 channels in the decoder layers' Linears, two terms on the
-    output projection: models/gemma3.py INT8_GROUP32_RECIPE), half the int8 products of two terms, because Gemma 3
-    270M meets the int8 quality gates with it (tests/model/int8_gates.py): teacher-forced top-1 223 of 229 through
-    EngineCore against the exact tokens (gate 223) and 224 of 229 against float32, perplexity +0.161% of the
-    float64 reference (gate +0.3%). llama keeps the family's pick: SmolLM2-135M's group32 recipe scores 256 of 263
+    gemma3 -> group32 (one int8 term per token and 32 channels in the decoder layers' Linears, the output projection
+    rescored: models/gemma3.py INT8_GROUP32_RECIPE and INT8_GROUP32_RESCORED), half the int8 products of two terms,
+    because Gemma 3 270M meets the int8 quality gates with it (tests/model/int8_gates.py): teacher-forced top-1 223 of
+    229 through EngineCore against the exact tokens (gate 223) and 224 of 229 against float32, perplexity +0.157% of
+    the float64 reference (gate +0.3%). llama keeps the family's pick: SmolLM2-135M's group32 recipe scores 256 of 263
     (gate: its float32 path's 263 minus 3), where two terms score 260. Figures: bench.quant_eval, docs/models.md.
     Where the family picks int16 (the AVX2 build without VNNI) Gemma keeps it: there group32 measured slower (Gemma
     3 270M, 2 threads, 3 alternated rounds, group32 / int16 tokens/s: prefill 512 0.97x (0.83-0.98), decode batch 1
