@@ -92,6 +92,28 @@ def entry(isa: str | None = None, recipe: str = "two_terms"):
     return fn
 
 
+def _grouped_operands(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, max_rows: int) -> bool:
+    """Whether x f32[M, K] (1 <= M <= max_rows, contiguous rows on the CPU), w_q int8[N, K] and w_scale f32[N, K/32]
+    (both contiguous) are what the C calls take."""
+    if x.dim() != 2 or w_q.dim() != 2 or w_scale.dim() != 2:
+        return False
+    m, k = x.shape
+    n = w_q.shape[0]
+    return not (
+        not 1 <= m <= max_rows
+        or k % GROUP
+        or w_q.shape[1] != k
+        or tuple(w_scale.shape) != (n, k // GROUP)
+        or x.dtype != torch.float32
+        or x.stride(1) != 1
+        or x.device.type != "cpu"
+        or w_q.dtype != torch.int8
+        or not w_q.is_contiguous()
+        or w_scale.dtype != torch.float32
+        or not w_scale.is_contiguous()
+    )
+
+
 def _f32_vector(t: torch.Tensor | None, n: int) -> bool:
     return t is None or (
         t.dtype == torch.float32 and tuple(t.shape) == (n,) and t.is_contiguous() and t.device.type == "cpu"
@@ -111,23 +133,12 @@ def linear_two_terms_c(
 ) -> torch.Tensor | None:
     """The one C call of the activation `recipe` (in `isa`'s build, by default this CPU's), or None where it
     does not take these arguments (the caller composes)."""
-    if x.dim() != 2 or w_q.dim() != 2 or w_scale.dim() != 2:
+    if not _grouped_operands(x, w_q, w_scale, MAX_ROWS):
         return None
     m, k = x.shape
     n = w_q.shape[0]
     if (
-        not 1 <= m <= MAX_ROWS
-        or k % GROUP
-        or w_q.shape[1] != k
-        or tuple(w_scale.shape) != (n, k // GROUP)
-        or x.dtype != torch.float32
-        or x.stride(1) != 1
-        or x.device.type != "cpu"
-        or w_q.dtype != torch.int8
-        or not w_q.is_contiguous()
-        or w_scale.dtype != torch.float32
-        or not w_scale.is_contiguous()
-        or not _f32_vector(norm_weight, k)
+        not _f32_vector(norm_weight, k)
         or not _f32_vector(post_norm, n)
         or (
             residual is not None
@@ -208,23 +219,12 @@ def linear_rescored_c(
 ) -> torch.Tensor | None:
     """salon.kernels.linear_rescored's op as one C call (VNNI, grouped weights, up to SUM2_MAX_ROWS rows), or None
     where it does not take these arguments (the caller composes)."""
-    if x.dim() != 2 or w_q.dim() != 2 or w_scale.dim() != 2:
+    if not _grouped_operands(x, w_q, w_scale, SUM2_MAX_ROWS):
         return None
     m, k = x.shape
     n = w_q.shape[0]
     if (
-        not 1 <= m <= SUM2_MAX_ROWS
-        or k % GROUP
-        or w_q.shape[1] != k
-        or tuple(w_scale.shape) != (n, k // GROUP)
-        or x.dtype != torch.float32
-        or x.stride(1) != 1
-        or x.device.type != "cpu"
-        or w_q.dtype != torch.int8
-        or not w_q.is_contiguous()
-        or w_scale.dtype != torch.float32
-        or not w_scale.is_contiguous()
-        or k // GROUP > SUM2_MAX_GROUPS
+        k // GROUP > SUM2_MAX_GROUPS
         or bounds.dtype != torch.float32
         or tuple(bounds.shape) != (2, n)
         or not bounds.is_contiguous()
