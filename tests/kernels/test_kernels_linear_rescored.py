@@ -24,7 +24,7 @@ from salon.kernels.linear_two_terms import linear_group32_ref, linear_two_terms_
 from salon.kernels.quantize import quantize_two_terms_ref
 from salon.kernels.w8a8_group32 import quantize_group32_ref
 
-needs_vnni = pytest.mark.skipif(library("vnni") is None, reason="needs AVX-512 VNNI and a C compiler")
+needs_vnni = pytest.mark.skipif(library("vnni") is None, reason="needs AVX-512 VNNI and cc")
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -141,3 +141,15 @@ def test_the_triton_familys_composition_is_the_reference():
     op = triton_ops().linear_rescored
     assert op.__name__ == "linear_rescored_triton"
     assert same_bits(op(x, w_q, w_scale, bounds), linear_rescored_ref(x, w_q, w_scale, bounds))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_triton_familys_op_on_cuda_is_the_reference():
+    """Compiled, on Gemma's projection width and a quarter of its vocabulary: the CUDA op's bits are the CPU
+    reference's (the Triton group32 and two-term ops keep their references' bits; the selection is IEEE arithmetic)."""
+    x, w_q, w_scale, bounds = case(8, 65536, 640, seed=12)
+    got = triton_ops().linear_rescored(x.cuda(), w_q.cuda(), w_scale.cuda(), bounds.cuda())
+    want = linear_rescored_ref(x, w_q, w_scale, bounds)
+    assert same_bits(got.cpu(), want)
+    assert torch.equal(got.argmax(-1).cpu(), linear_two_terms_ref(x, w_q, w_scale).argmax(-1))
