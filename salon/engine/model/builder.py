@@ -106,7 +106,7 @@ class Int8Weights:
     def linear(self, name: str, gate_activation: str | None = None) -> Int8Linear:
         rescored = _projection(name) in self.rescored
         group32 = self.group32_of(name) and not rescored
-        terms = 1 if group32 else 2 if rescored else self.terms_of(name)
+        terms = 1 if group32 else self.terms_of(name)
         int16 = self.int16_activations and terms == 2
         return Int8Linear(
             self.ckpt[name + ".w_q"],

@@ -14,13 +14,13 @@
 #define RESCORE_MARGIN 0.515625f
 #define OUTLIER_GROUPS 6
 /* The most groups (K / 32) of the rescored projection's input: K up to 32,768. */
-#define SUM2_MAX_GROUPS 1024
+#define RESCORE_MAX_GROUPS 1024
 
 /* alpha and beta of one row's group32 scales s[G] and second two-term scale s2 (salon.kernels.linear_rescored's
    bound_factors: the same operations in the same order). */
 static void rescore_factors(const float *s, int64_t G, float s2, float *alpha, float *beta) {
     float top[OUTLIER_GROUPS + 1];
-    unsigned char taken[SUM2_MAX_GROUPS] = {0};
+    unsigned char taken[RESCORE_MAX_GROUPS] = {0};
     const int keep = G > OUTLIER_GROUPS ? OUTLIER_GROUPS + 1 : (int)G;
     for (int j = 0; j < keep; j++) {  /* the keep largest, largest first */
         int64_t best = -1;
@@ -51,28 +51,27 @@ int linear_group32_vnni(const float *x, int64_t M, int64_t K, int64_t sx, const 
     return linear_with(g, x, M, K, sx, norm_w, eps, w, w_scale, N, post_w, residual, sr, out, scale_floor, nthreads);
 }
 
-
 /* The rescored output projection (salon.kernels.linear_rescored) of x f32[M, K] (row stride sx; no norm, post-norm
- * or residual): each row's group32 term and its two int8 terms (quantize.c's arithmetic, as the other entries
- * quantize), the selection's factors, then w8a8_group32_rescored_vnni. bounds f32[2, N]: row_bounds of the weights.
- * Returns 0 when done, 1 when nothing was computed (shapes declined: more than SUM2_MAX_ROWS rows; no memory). */
+ * or residual): each row's group32 term and its two int8 terms (linear_input_row, as linear_with quantizes them),
+ * the selection's factors, then w8a8_group32_rescored_vnni. bounds f32[2, N]: row_bounds of the weights. Returns 0
+ * when done, 1 when nothing was computed (shapes declined: more than SUM2_MAX_ROWS rows; no memory). */
 int linear_rescored_vnni(const float *x, int64_t M, int64_t K, int64_t sx, const int8_t *w, const float *w_scale,
                          const float *bounds, int64_t N, float *out, float scale_floor, int nthreads) {
-    if (M < 1 || M > SUM2_MAX_ROWS || K < GROUP || K % GROUP || K / GROUP > SUM2_MAX_GROUPS || N < 1) return 1;
+    if (M < 1 || M > SUM2_MAX_ROWS || K < GROUP || K % GROUP || K / GROUP > RESCORE_MAX_GROUPS || N < 1) return 1;
     const int64_t G = K / GROUP, ks = (K + 15) / 16 * 16;
     int8_t *q32 = malloc((size_t)(M * K)), *q2 = malloc((size_t)(2 * M * K));
     float *s32 = malloc((size_t)(M * G) * sizeof(float)), *s2 = malloc((size_t)(2 * M) * sizeof(float));
-    float *factors = malloc((size_t)(2 * M) * sizeof(float)), *r = aligned_alloc(64, (size_t)ks * sizeof(float));
+    float *factors = malloc((size_t)(2 * M) * sizeof(float));
+    float *r = aligned_alloc(64, (size_t)(ks * row_team(M, nthreads)) * sizeof(float));
     int status = 1;
     if (q32 && q2 && s32 && s2 && factors && r) {
-        for (int64_t m = 0; m < M; m++) {
-            const float *row = x + m * sx;
-            quantize_group32_row_avx2(row, K, q32 + m * K, s32 + m * G, scale_floor);
-            s2[m] = quantize_row_avx2(row, K, q2 + m * K, scale_floor);
-            residual_row(row, q2 + m * K, s2[m], K, r);
-            s2[M + m] = quantize_row_avx2(r, K, q2 + (M + m) * K, scale_floor);
-            rescore_factors(s32 + m * G, G, s2[M + m], factors + m, factors + M + m);
-        }
+        linear_rows one = {.x = x, .M = M, .K = K, .sx = sx, .ks = ks, .scale_floor = scale_floor, .s = s32,
+                           .q = q32, .terms = 1, .group32 = 1};
+        linear_rows two = {.x = x, .M = M, .K = K, .sx = sx, .ks = ks, .scale_floor = scale_floor, .s = s2,
+                           .r = r, .q = q2, .terms = 2};
+        for_rows(M, nthreads, linear_input_row, &one);
+        for_rows(M, nthreads, linear_input_row, &two);
+        for (int64_t m = 0; m < M; m++) rescore_factors(s32 + m * G, G, s2[M + m], factors + m, factors + M + m);
         status = w8a8_group32_rescored_vnni(q32, s32, q2, s2, factors, w, w_scale, bounds, out, M, N, K, nthreads);
     }
     free(q32);

@@ -222,7 +222,7 @@ static int linear_with(linear_gemm g, const float *x, int64_t M, int64_t K, int6
     void *q = malloc((size_t)(2 * M * K));  /* 2M int8 rows or M int16 rows: the same bytes */
     float *s = malloc((size_t)(group32 ? M * (K / GROUP) : terms * M) * sizeof(float));
     const int direct = terms == 1 && !post_w && !residual;  /* the GEMM writes out itself */
-    const int summed = terms == 2 && !post_w && g.gemm8 && g.gemm8_sum && M <= SUM2_MAX_ROWS;  /* and sums its terms */
+    const int summed = terms == 2 && !post_w && g.gemm8_sum && M <= SUM2_MAX_ROWS;  /* and sums its terms */
     const size_t y_bytes = direct || summed ? 0 : (size_t)(terms * M * N) * sizeof(float);
     const int y_kept = y_bytes > KEPT_SCRATCH_BYTES;
     float *y = direct ? out : summed ? NULL : y_kept ? kept_scratch(y_bytes) : malloc(y_bytes);

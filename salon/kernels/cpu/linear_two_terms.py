@@ -33,10 +33,10 @@ from salon.kernels.quantize import SCALE_FLOOR
 from salon.kernels.w8a8_grouped import GROUP
 
 MAX_ROWS = 64
-# linear_two_terms.h's SUM2_MAX_ROWS and linear_two_terms.c's SUM2_MAX_GROUPS: the most rows and input groups of the
+# linear_two_terms.h's SUM2_MAX_ROWS and linear_two_terms.c's RESCORE_MAX_GROUPS: the most rows and input groups of the
 # rescored output projection's one C call
 SUM2_MAX_ROWS = 32
-SUM2_MAX_GROUPS = 1024
+RESCORE_MAX_GROUPS = 1024
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGS = ([_P, _I, _I, _I, _P, ctypes.c_double, _P, _P, _I, _P, _P, _I, _P, ctypes.c_float, ctypes.c_int], ctypes.c_int)
 # grouped GEMM isa -> (source, its one entry point)
@@ -99,18 +99,18 @@ def _grouped_operands(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
         return False
     m, k = x.shape
     n = w_q.shape[0]
-    return not (
-        not 1 <= m <= max_rows
-        or k % GROUP
-        or w_q.shape[1] != k
-        or tuple(w_scale.shape) != (n, k // GROUP)
-        or x.dtype != torch.float32
-        or x.stride(1) != 1
-        or x.device.type != "cpu"
-        or w_q.dtype != torch.int8
-        or not w_q.is_contiguous()
-        or w_scale.dtype != torch.float32
-        or not w_scale.is_contiguous()
+    return (
+        1 <= m <= max_rows
+        and k % GROUP == 0
+        and w_q.shape[1] == k
+        and tuple(w_scale.shape) == (n, k // GROUP)
+        and x.dtype == torch.float32
+        and x.stride(1) == 1
+        and x.device.type == "cpu"
+        and w_q.dtype == torch.int8
+        and w_q.is_contiguous()
+        and w_scale.dtype == torch.float32
+        and w_scale.is_contiguous()
     )
 
 
@@ -224,7 +224,7 @@ def linear_rescored_c(
     m, k = x.shape
     n = w_q.shape[0]
     if (
-        k // GROUP > SUM2_MAX_GROUPS
+        k // GROUP > RESCORE_MAX_GROUPS
         or bounds.dtype != torch.float32
         or tuple(bounds.shape) != (2, n)
         or not bounds.is_contiguous()
@@ -259,12 +259,11 @@ def linear_rescored_cpu(
 ) -> torch.Tensor:
     """salon.kernels.linear_rescored's op: the C call where it runs (SUM2_MAX_ROWS rows a call: a row's result does not
     depend on the rows beside it), else the CPU family's composition (same bits)."""
-    if x.dim() == 2 and x.shape[0] > SUM2_MAX_ROWS:
+    if x.dim() == 2:
         chunks = [
             linear_rescored_c(x[i : i + SUM2_MAX_ROWS], w_q, w_scale, bounds)
             for i in range(0, x.shape[0], SUM2_MAX_ROWS)
         ]
-        if all(c is not None for c in chunks):
-            return torch.cat(chunks)
-    out = linear_rescored_c(x, w_q, w_scale, bounds)
-    return composed_rescored(x, w_q, w_scale, bounds) if out is None else out
+        if chunks and all(c is not None for c in chunks):
+            return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+    return composed_rescored(x, w_q, w_scale, bounds)

@@ -196,16 +196,15 @@ typedef struct {
     int64_t sr;
     int sum2;
     int64_t col0;          /* out's first column is weight row col0 (0, or a lone block's first row) */
-    /* The rescored output projection's selection (salon.kernels.linear_rescored), A32 only, where bounds is given
-       (f32[2, N]: l1, then amax): per activation row m, t = alpha[m] * l1[v] + beta[m] * amax[v] (factors: alpha
-       f32[M], then beta f32[M]); this thread's lo[32 m .. 32 m + 15] = each lane's max of a - t so far (its NaNs
+    /* The rescored output projection's selection (salon.kernels.linear_rescored), A32 only, where l1 is given (with
+       amax f32[N], alpha and beta f32[M]): per activation row m, t = alpha[m] * l1[v] + beta[m] * amax[v] (rescore_t);
+       this thread's lo[32 m .. 32 m + 15] = each lane's max of a - t so far (its NaNs
        left out), lo[32 m + 16 .. 32 m + 31] = the row's running maximum as of the last refresh (every
        RESCORE_REFRESH blocks: the larger of this thread's lanes' and shared[m], which every thread raises to its own;
        a lost race only leaves it lower), nan[m] = 1 where an a - t was NaN; maybe[m * nb + b] = 1 where an a + t of
        block b reached the larger of its lane's and the row's running maximum as they were then: each is an a - t of
        the row, at most the final lo, so every row whose a + t reaches the final lo is in a block marked maybe. */
-    const float *bounds, *factors;
-    int64_t n_rows;       /* N: bounds' row length */
+    const float *l1, *amax, *alpha, *beta;
     float *lo, *shared;
     unsigned char *nan, *maybe;
     int64_t nb;
@@ -232,13 +231,12 @@ VNNI static inline __attribute__((always_inline)) void store_rows(const int64_t 
     for (int64_t m = 0; m < mc; m++)
         _mm512_mask_storeu_ps(o.out + m * o.ldo + n - o.col0, keep,
                               A32 ? y[m] : _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
-    if (A32 && o.bounds) {
-        const __m512 l1 = _mm512_maskz_loadu_ps(keep, o.bounds + n);
-        const __m512 amax = _mm512_maskz_loadu_ps(keep, o.bounds + o.n_rows + n);
+    if (A32 && o.l1) {
+        const __m512 l1 = _mm512_maskz_loadu_ps(keep, o.l1 + n), amax = _mm512_maskz_loadu_ps(keep, o.amax + n);
         const int64_t b = n / BLOCK_ROWS;
-        for (int64_t m = 0; m < mc; m++) {
-            const __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(o.factors[m]), l1),
-                                           _mm512_mul_ps(_mm512_set1_ps(o.factors[mc + m]), amax));
+        for (int64_t m = 0; m < mc; m++) {  /* rescore_t's operations, 16 lanes at a time */
+            const __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(o.alpha[m]), l1),
+                                           _mm512_mul_ps(_mm512_set1_ps(o.beta[m]), amax));
             const __m512 d = _mm512_sub_ps(y[m], t), u = _mm512_add_ps(y[m], t);
             const __mmask16 d_ok = _mm512_mask_cmp_ps_mask(keep, d, d, _CMP_ORD_Q);
             if (d_ok != keep) o.nan[m] = 1;
@@ -365,7 +363,7 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
                                                                    int64_t K, int nthreads, const int A32) {
     if (M < 1 || K < GROUP || K % GROUP) return 1;
     if (o.sum2 && (A32 || M % 2 || M > M_CHUNK)) return 1;
-    if (o.bounds && (!A32 || M > M_CHUNK)) return 1;
+    if (o.l1 && (!A32 || M > M_CHUNK)) return 1;
     const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
     const int packed = w_scale == NULL;
     const packed_header *hdr = (const packed_header *)w;
@@ -383,7 +381,7 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
         int64_t b0, b1;
         grouped_thread_blocks(nb, &b0, &b1);
         tile_out to = o;
-        if (o.bounds) {  /* this thread's running maxima */
+        if (o.l1) {  /* this thread's running maxima */
             to.lo = o.lo + (int64_t)omp_get_thread_num() * M * 2 * BLOCK_ROWS;
             to.nan = o.nan + (int64_t)omp_get_thread_num() * M;
         }
@@ -421,7 +419,7 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
    one of N x K weights). */
 VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                            int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
-    const tile_out o = {out, ldo, NULL, 0, 0, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
+    const tile_out o = {.out = out, .ldo = ldo};
     return grouped_vnni(a, lda, w, w_scale, o, a_scale, M, N, K, nthreads, 0);
 }
 
@@ -433,7 +431,7 @@ VNNI int w8a8_grouped_vnni(const int8_t *a, int64_t lda, const int8_t *w, const 
 VNNI int w8a8_grouped_vnni_sum2(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                                 int64_t ldo, const float *a_scale, int64_t H, int64_t N, int64_t K,
                                 const float *residual, int64_t sr, int nthreads) {
-    const tile_out o = {out, ldo, residual, sr, 1, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
+    const tile_out o = {.out = out, .ldo = ldo, .residual = residual, .sr = sr, .sum2 = 1};
     return grouped_vnni(a, lda, w, w_scale, o, a_scale, 2 * H, N, K, nthreads, 0);
 }
 
@@ -441,13 +439,13 @@ VNNI int w8a8_grouped_vnni_sum2(const int8_t *a, int64_t lda, const int8_t *w, c
    scale per activation row and group, multiplied into the weights' scale of the group before the group's sum. */
 VNNI int w8a8_group32_vnni(const int8_t *a, int64_t lda, const int8_t *w, const float *w_scale, float *out,
                            int64_t ldo, const float *a_scale, int64_t M, int64_t N, int64_t K, int nthreads) {
-    const tile_out o = {out, ldo, NULL, 0, 0, 0, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
+    const tile_out o = {.out = out, .ldo = ldo};
     return grouped_vnni(a, lda, w, w_scale, o, a_scale, M, N, K, nthreads, 1);
 }
 
-/* t of activation row m and weight row v, the epilogue's operations one at a time. */
-static inline float rescore_t(const float *factors, const float *bounds, int64_t M, int64_t N, int64_t m, int64_t v) {
-    return factors[m] * bounds[v] + factors[M + m] * bounds[N + v];
+/* t of activation row m and weight row v (store_rows computes it 16 lanes at a time, with these operations). */
+static inline float rescore_t(const tile_out *o, int64_t m, int64_t v) {
+    return o->alpha[m] * o->l1[v] + o->beta[m] * o->amax[v];
 }
 
 /* The rescored output projection (salon.kernels.linear_rescored) of M activation rows (2M <= M_CHUNK): the group32
@@ -456,9 +454,8 @@ static inline float rescore_t(const float *factors, const float *bounds, int64_t
    for each 16-row block holding one, the block's two-term values of a2 (int8[2M, K]: the first terms, then the
    second ones; scales s2 f32[2M]) summed as they are stored, copied over the rescored rows. factors f32[2M] (alpha,
    then beta) and bounds f32[2, N] (l1, then amax) as the contract has them; w, w_scale as w8a8_grouped_vnni takes
-   them (packed with w_scale NULL). The
-   blocks to rescore split over the threads. Returns 0 when done, 1 when nothing was computed (shapes declined, no
-   memory). */
+   them (packed with w_scale NULL). The blocks to rescore split over the threads. Returns 0 when done, 1 when nothing
+   was computed (shapes declined, no memory). */
 VNNI int w8a8_group32_rescored_vnni(const int8_t *a32, const float *s32, const int8_t *a2, const float *s2,
                                     const float *factors, const int8_t *w, const float *w_scale,
                                     const float *bounds, float *out, int64_t M, int64_t N, int64_t K, int nthreads) {
@@ -475,7 +472,8 @@ VNNI int w8a8_group32_rescored_vnni(const int8_t *a32, const float *s32, const i
     if (!lo || !nan || !maybe || !blocks || !todo || !corr || !row_lo) goto done;
     for (int64_t i = 0; i < M * nthreads * 2 * BLOCK_ROWS; i++) lo[i] = -INFINITY;
     for (int64_t m = 0; m < M; m++) row_lo[m] = -INFINITY;  /* shared by the threads while the GEMM runs */
-    const tile_out o = {out, N, NULL, 0, 0, 0, bounds, factors, N, lo, row_lo, nan, maybe, nb};
+    const tile_out o = {.out = out, .ldo = N, .l1 = bounds, .amax = bounds + N, .alpha = factors, .beta = factors + M,
+                        .lo = lo, .shared = row_lo, .nan = nan, .maybe = maybe, .nb = nb};
     if (grouped_vnni(a32, K, w, w_scale, o, s32, M, N, K, nthreads, 1)) goto done;
     for (int64_t m = 0; m < M; m++) {
         int skip = 0;
@@ -485,12 +483,16 @@ VNNI int w8a8_group32_rescored_vnni(const int8_t *a32, const float *s32, const i
             for (int j = 0; j < BLOCK_ROWS; j++)
                 if (lo[(t * M + m) * 2 * BLOCK_ROWS + j] > row_lo[m]) row_lo[m] = lo[(t * M + m) * 2 * BLOCK_ROWS + j];
         }
+        if (skip) {  /* a NaN lo: nothing rescored */
+            memset(maybe + m * nb, 0, (size_t)nb);
+            continue;
+        }
         for (int64_t b = 0; b < nb; b++) {
             if (!maybe[m * nb + b]) continue;
             int any = 0;
-            for (int64_t v = b * BLOCK_ROWS; !skip && v < N && v < (b + 1) * BLOCK_ROWS; v++)
-                any |= out[m * N + v] + rescore_t(factors, bounds, M, N, m, v) >= row_lo[m];
-            maybe[m * nb + b] = (unsigned char)any;  /* a NaN lo (skip): nothing rescored */
+            for (int64_t v = b * BLOCK_ROWS; v < N && v < (b + 1) * BLOCK_ROWS; v++)
+                any |= out[m * N + v] + rescore_t(&o, m, v) >= row_lo[m];
+            maybe[m * nb + b] = (unsigned char)any;
             blocks[b] |= (unsigned char)any;
         }
     }
@@ -506,7 +508,7 @@ VNNI int w8a8_group32_rescored_vnni(const int8_t *a32, const float *s32, const i
         const int64_t b = todo[i], n = b * BLOCK_ROWS;
         const int nr = N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS;
         float e[M_CHUNK / 2 * BLOCK_ROWS];
-        const tile_out eo = {e, BLOCK_ROWS, NULL, 0, 1, n, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
+        const tile_out eo = {.out = e, .ldo = BLOCK_ROWS, .sum2 = 1, .col0 = n};
         if (packed)
             packed_tile_any(2 * M, a2, K, corr, w + PACKED_HEADER_BYTES + b * bb, eo, s2, G, n, nr, sb, 0);
         else
@@ -515,7 +517,7 @@ VNNI int w8a8_group32_rescored_vnni(const int8_t *a32, const float *s32, const i
             if (!maybe[m * nb + b]) continue;
             for (int j = 0; j < nr; j++) {
                 float *a = out + m * N + n + j;
-                if (*a + rescore_t(factors, bounds, M, N, m, n + j) >= row_lo[m]) *a = e[m * BLOCK_ROWS + j];
+                if (*a + rescore_t(&o, m, n + j) >= row_lo[m]) *a = e[m * BLOCK_ROWS + j];
             }
         }
     }
