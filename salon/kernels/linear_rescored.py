@@ -27,7 +27,7 @@ has a < lo - t <= E. The output's largest value is E, at the first row where e i
 outlier groups keep the bound tight where a few channels are far larger than the rest (Gemma 3's hidden states:
 the largest group scale up to 5x the second). On Gemma 3 270M's decode steps a token rescores a mean of ~10 rows of
 262,144 (median 1, p99 ~120, max ~840 over 320 tokens); with one bound per row from the largest scale alone, a
-token with an outlier channel rescored all of them.
+token with an outlier channel rescored nearly all of them.
 
 The other rows keep group32's error (log-probs move by a few hundredths); a sampler at a temperature sees them.
 
