@@ -157,6 +157,10 @@ def instrumented_ops(timers: Timers, vocab_size: int, variant: str = "fused"):
         return composed16(*args) if out is None else out
 
     wrapped["linear_int16"] = linear_int16
+    wrapped["linear_group32"] = timers.wrap(
+        lambda x, w_q, *rest: "linear_lm_head" if w_q.shape[0] == vocab_size else "linear_layers", base.linear_group32
+    )
+    wrapped["linear_rescored"] = timers.wrap(lambda *a: "linear_lm_head", base.linear_rescored)
     return dataclasses.replace(base, **wrapped)
 
 

@@ -53,7 +53,10 @@ RESCORE_MARGIN = 0.515625
 # The largest group scales of a row that the bound takes one by one (with each weight row's largest group sum).
 OUTLIER_GROUPS = 6
 
-LinearRescored = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# (x, w_q, w_scale, bounds, argmax=None) -> out; argmax, an int64[M] tensor where out is, gets each row's argmax of
+# out (its first index on ties: torch.argmax's), which a family may find on the way (the CPU's C call: among the
+# rescored rows, where the largest value is, by the bound above)
+LinearRescored = Callable[..., torch.Tensor]
 
 
 def row_bounds(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
@@ -106,14 +109,22 @@ def compose(
     """The op from a family's group32 and two-term Linears and quantizations (`name`: the op's, the family's suffix)."""
 
     def linear_rescored(
-        x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bounds: torch.Tensor
+        x: torch.Tensor,
+        w_q: torch.Tensor,
+        w_scale: torch.Tensor,
+        bounds: torch.Tensor,
+        argmax: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x f32[M, K] -> f32[M, N] (see the module docstring); bounds = row_bounds(w_q, w_scale)."""
+        """x f32[M, K] -> f32[M, N] (see the module docstring); bounds = row_bounds(w_q, w_scale); argmax: int64[M]
+        to fill with each row's argmax of the output, or None."""
         m = x.shape[0]
         _, s32 = quantize_group32(x)
         _, s2 = quantize_two_terms(x)
         alpha, beta = bound_factors(s32, s2[m:])
-        return select(linear_group32(x, w_q, w_scale), linear_two_terms(x, w_q, w_scale), alpha, beta, bounds)
+        out = select(linear_group32(x, w_q, w_scale), linear_two_terms(x, w_q, w_scale), alpha, beta, bounds)
+        if argmax is not None:
+            argmax.copy_(out.argmax(dim=-1))
+        return out
 
     linear_rescored.__name__ = linear_rescored.__qualname__ = name
     return linear_rescored

@@ -86,3 +86,29 @@ def test_sliding_layers_hold_bounded_blocks_during_long_decode(model_and_tokeniz
                 window = core.layout.groups[g].sliding_window_tokens
                 assert sum(b is not None for b in tables[g]) <= -(-(window - 1 + 64) // 16) + 1
     assert core.kv_manager.num_free_blocks == core.layout.num_blocks
+
+
+def test_a_plain_greedy_step_takes_the_output_projections_argmax(model_and_tokenizer, monkeypatch):
+    """The rescored output projection gives each row's argmax on the way (model.logits_and_argmax): a step of plain
+    greedy rows takes its tokens from it, read from no logits row, and they are the logits' argmax; a grammar's row
+    (its logits masked after the projection) takes the masked logits' argmax (test_engine_grammar.py)."""
+    from salon.engine.worker import model_runner
+
+    model, _ = model_and_tokenizer
+    assert model.lm_head.rescored
+    core = make_core(model_and_tokenizer, budget=4096)
+    seen, calls = [], []
+    monkeypatch.setattr(model_runner, "greedy_ids", lambda logits: calls.append(logits) or [])
+    logits_and_argmax = model.logits_and_argmax
+
+    def observed(hidden):
+        logits, argmax = logits_and_argmax(hidden)
+        seen.append((logits.argmax(-1).tolist(), argmax.tolist()))
+        return logits, argmax
+
+    monkeypatch.setattr(model, "logits_and_argmax", observed)
+    out, _ = run(core, [request("a", 40, 1, max_new=6), request("b", 17, 2, max_new=6)])
+    assert not calls
+    assert len(out["a"]) == 6 and len(out["b"]) == 6
+    assert seen and all(want == got for want, got in seen)
+    assert [ids[0] for ids in out.values()] == seen[0][1]

@@ -2,7 +2,8 @@
 is the two-term maximum, at the two-term argmax) on seeded random rows with outlier channels, ties and a NaN; the
 CPU family's C call bit for bit against the reference (packed and row-major weights, one to three threads, every row
 count the call takes, short last blocks, fewer groups than OUTLIER_GROUPS), its composition, the chunks of larger
-calls, and the Triton family's composition in Triton's interpreter."""
+calls, and the Triton family's composition in Triton's interpreter; the argmax each path gives against the output's
+(ties across blocks and threads, a row with a NaN)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,47 @@ def test_the_c_call_is_the_reference_bit_for_bit(m, n, k, threads):
     assert same_bits(got, want)
     for i in (0, m - 1):  # a row alone gives the bits it had in the batch
         assert same_bits(linear_rescored_c(x[i : i + 1], w_q, w_scale, bounds), want[i : i + 1])
+
+
+@needs_vnni
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("m, n, k", [(1, 262, 640), (5, 4099, 96), (8, 20000, 640), (32, 50, 160)])
+def test_the_c_calls_argmax_is_the_outputs_first_largest(m, n, k, threads):
+    """From the rescored rows alone, ties included: the weight row holding the two-term maximum copied into a later
+    block, the same block, and the last row (another thread's range), so that the largest value is several rows'."""
+    x, w_q, w_scale, bounds = case(m, n, k, seed=m * 7 + k)
+    top = int(linear_two_terms_ref(x[:1], w_q, w_scale).argmax())
+    for row in {min(top + 2, n - 1) if top % 16 < 14 else top, n - 1, (top + 16 * 3) % n}:
+        w_q[row], w_scale[row] = w_q[top], w_scale[top]
+    bounds = row_bounds(w_q, w_scale)
+    want = linear_rescored_ref(x, w_q, w_scale, bounds)
+    assert (want[0] == want[0].max()).sum() > 1  # a tie for the first row's largest value
+    argmax = torch.full((m,), -7, dtype=torch.int64)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = linear_rescored_c(x, w_q, w_scale, bounds, argmax)
+    finally:
+        torch.set_num_threads(before)
+    assert same_bits(got, want)
+    assert argmax.tolist() == want.argmax(-1).tolist()
+
+
+def test_the_ops_argmax_is_the_outputs_on_every_path():
+    """The CPU op (its C call where it runs: chunks of SUM2_MAX_ROWS rows), its composition and the reference, each
+    against its own output; a row with an infinite input, whose output holds a NaN, which the C call leaves to the
+    caller (-1), gets the output's argmax (torch's: the first NaN)."""
+    x, w_q, w_scale, bounds = case(SUM2_MAX_ROWS + 3, 300, 64, seed=5)
+    x[SUM2_MAX_ROWS + 1, 3] = math.inf
+    for op in (linear_rescored_cpu, composed_rescored, linear_rescored_ref):
+        argmax = torch.full((x.shape[0],), -7, dtype=torch.int64)
+        out = op(x, w_q, w_scale, bounds, argmax)
+        assert out[SUM2_MAX_ROWS + 1].isnan().any()
+        assert argmax.tolist() == out.argmax(-1).tolist(), op
+    if library("vnni") is not None:
+        argmax = torch.full((3,), -7, dtype=torch.int64)
+        out = linear_rescored_c(x[SUM2_MAX_ROWS:], w_q, w_scale, bounds, argmax)
+        assert argmax.tolist() == [out[0].argmax().item(), -1, out[2].argmax().item()]
 
 
 @needs_vnni

@@ -172,6 +172,15 @@ class Int8Linear:
         out = op(x, self.w_q, self.w_scale, norm_weight, eps, post_norm, residual)
         return self.glu(out) if self.glu is not None else out
 
+    def with_argmax(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(self(x), each row's argmax of it (first index on ties) where the op finds it on the way, int64[M] where x
+        is; else None): the rescored output projection's C call takes it from the few rows it rescored, so a greedy
+        step need not read the logits again."""
+        if not (self.rescored and self.quantize_activations):
+            return self(x), None
+        argmax = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+        return self.linear_rescored(x, self.w_q, self.w_scale, self.bounds, argmax), argmax
+
     def fuses(self) -> bool:
         """Whether this Linear runs as one fused op: quantized activations as two int8 terms, one int16 term or one
         int8 term per 32 channels."""

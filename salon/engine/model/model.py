@@ -5,7 +5,8 @@
         kernel family fuses run first, all in one call: layers.fused_layers)
     hidden = rmsnorm(x, final_norm);  logits = lm_head(hidden)
 
-The engine sees only this: `forward(token_ids, positions, attn) -> hidden`, `logits(hidden)`, `config`,
+The engine sees only this: `forward(token_ids, positions, attn) -> hidden`, `logits(hidden)` (or
+`logits_and_argmax(hidden)`: with each row's argmax where the output projection finds it on the way), `config`,
 `kernel_ops`, `precision`; `attn` is the AttentionBackend each layer calls as attn(layer_idx, q, k, v).
 """
 
@@ -62,6 +63,13 @@ class CausalLM:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden f32[R, d_model] -> logits f32[R, vocab] (no soft-capping)."""
         return self.lm_head(hidden)
+
+    @torch.inference_mode()
+    def logits_and_argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits(hidden), each row's argmax of them, int64[R], where the output projection finds it on the way;
+        else None)."""
+        with_argmax = getattr(self.lm_head, "with_argmax", None)
+        return with_argmax(hidden) if with_argmax is not None else (self.lm_head(hidden), None)
 
     def weight_bytes(self) -> int:
         total = self.embed.nbytes() + self.final_norm.numel() * 4

@@ -108,11 +108,13 @@ class ModelRunner:
         host buffer, one pinned non-blocking copy on CUDA)."""
         return self.buffers.fill(output.chunks)
 
-    def _sampled_logits(self, output: SchedulerOutput) -> torch.Tensor | None:
-        """The model call: f32[R, vocab], the logits of the step's sample rows in order; None without any."""
+    def _sampled_logits(self, output: SchedulerOutput) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The model call: f32[R, vocab], the logits of the step's sample rows in order (None without any), and
+        each row's argmax of them where the output projection found it on the way (model.logits_and_argmax), else
+        None."""
         bucket = None if self.graphs is None else self.graphs.takes(output.chunks)
         if bucket is not None:
-            return self.graphs.logits(output.chunks, bucket)
+            return self.graphs.logits(output.chunks, bucket), None
         batch = self.build_batch(output)
         self.attention.batch = batch
         try:
@@ -120,8 +122,9 @@ class ModelRunner:
         finally:
             self.attention.batch = None
         if batch.sample_rows.numel() == 0:
-            return None
-        return self.model.logits(hidden[batch.sample_rows]).float()
+            return None, None
+        logits, argmax = self.model.logits_and_argmax(hidden[batch.sample_rows])
+        return logits.float(), argmax
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> list[list[SampledToken]]:
@@ -129,7 +132,7 @@ class ModelRunner:
         with draft tokens the accepted drafts and one more (sampler.num_produced)."""
         masks = self._fill_masks(output)
         try:
-            logits = self._sampled_logits(output)
+            logits, argmax = self._sampled_logits(output)
         except BaseException:
             if masks is not None:  # the matchers are mid-fill: let them settle before anything else reads them
                 masks.exception()
@@ -142,8 +145,12 @@ class ModelRunner:
             masked_rows, bitmask = masks.result()
             apply_bitmask(logits, masked_rows, bitmask)
         if self.logits_observer is None and all(plain_greedy(c.request.sampling) for c in chunks):
-            # Every row is a plain argmax: it runs where the logits are and only the ids come back (one copy).
-            tokens = [SampledToken(token_id, None) for token_id in greedy_ids(logits)]
+            # Every row is a plain argmax: it runs where the logits are and only the ids come back (one copy); the
+            # output projection's own where it found them and no grammar masked a row.
+            ids = argmax.tolist() if argmax is not None and not masked_rows else None
+            if ids is None or min(ids) < 0:
+                ids = greedy_ids(logits)
+            tokens = [SampledToken(token_id, None) for token_id in ids]
             return self._produced(chunks, tokens, [None] * len(chunks))[0]
         if self.device_sampler is not None:
             # Every row where the logits are: only the ids and the asked-for log-probs come back (one copy).

@@ -53,10 +53,12 @@ int linear_group32_vnni(const float *x, int64_t M, int64_t K, int64_t sx, const 
 
 /* The rescored output projection (salon.kernels.linear_rescored) of x f32[M, K] (row stride sx; no norm, post-norm
  * or residual): each row's group32 term and its two int8 terms (linear_input_row, as linear_with quantizes them),
- * the selection's factors, then w8a8_group32_rescored_vnni. bounds f32[2, N]: row_bounds of the weights. Returns 0
- * when done, 1 when nothing was computed (shapes declined: more than SUM2_MAX_ROWS rows; no memory). */
+ * the selection's factors, then w8a8_group32_rescored_vnni (argmax: its per-row argmax, or NULL). bounds f32[2, N]:
+ * row_bounds of the weights. Returns 0 when done, 1 when nothing was computed (shapes declined: more than
+ * SUM2_MAX_ROWS rows; no memory). */
 int linear_rescored_vnni(const float *x, int64_t M, int64_t K, int64_t sx, const int8_t *w, const float *w_scale,
-                         const float *bounds, int64_t N, float *out, float scale_floor, int nthreads) {
+                         const float *bounds, int64_t N, float *out, int64_t *argmax, float scale_floor,
+                         int nthreads) {
     if (M < 1 || M > SUM2_MAX_ROWS || K < GROUP || K % GROUP || K / GROUP > RESCORE_MAX_GROUPS || N < 1) return 1;
     const int64_t G = K / GROUP, ks = (K + 15) / 16 * 16;
     int8_t *q32 = malloc((size_t)(M * K)), *q2 = malloc((size_t)(2 * M * K));
@@ -72,7 +74,8 @@ int linear_rescored_vnni(const float *x, int64_t M, int64_t K, int64_t sx, const
         for_rows(M, nthreads, linear_input_row, &one);
         for_rows(M, nthreads, linear_input_row, &two);
         for (int64_t m = 0; m < M; m++) rescore_factors(s32 + m * G, G, s2[M + m], factors + m, factors + M + m);
-        status = w8a8_group32_rescored_vnni(q32, s32, q2, s2, factors, w, w_scale, bounds, out, M, N, K, nthreads);
+        status = w8a8_group32_rescored_vnni(q32, s32, q2, s2, factors, w, w_scale, bounds, out, argmax, M, N, K,
+                                            nthreads);
     }
     free(q32);
     free(q2);

@@ -52,7 +52,7 @@ for _isa, _name in _GROUP32_ENTRIES.items():
     _SIGNATURES[_isa][_name] = _ARGS
 # the rescored output projection's entry point (salon.kernels.linear_rescored), in the VNNI build only
 _SIGNATURES["vnni"]["linear_rescored_vnni"] = (
-    [_P, _I, _I, _I, _P, _P, _P, _I, _P, ctypes.c_float, ctypes.c_int],
+    [_P, _I, _I, _I, _P, _P, _P, _I, _P, _P, ctypes.c_float, ctypes.c_int],
     ctypes.c_int,
 )
 
@@ -215,10 +215,16 @@ composed_rescored = compose_rescored(
 
 
 def linear_rescored_c(
-    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bounds: torch.Tensor
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bounds: torch.Tensor,
+    argmax: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """salon.kernels.linear_rescored's op as one C call (VNNI, grouped weights, up to SUM2_MAX_ROWS rows), or None
-    where it does not take these arguments (the caller composes)."""
+    where it does not take these arguments (the caller composes). argmax (int64[M], contiguous): filled with each
+    row's argmax of the output (its first index on ties), from the rescored rows (-1 where the kernel leaves it to
+    the caller: a NaN, or a bound that did not hold)."""
     if not _grouped_operands(x, w_q, w_scale, SUM2_MAX_ROWS):
         return None
     m, k = x.shape
@@ -230,6 +236,7 @@ def linear_rescored_c(
         or not bounds.is_contiguous()
         or bounds.device.type != "cpu"
         or chosen_isa() != "vnni"
+        or (argmax is not None and (argmax.dtype != torch.int64 or argmax.shape != (m,) or not argmax.is_contiguous()))
     ):
         return None
     lib = library("vnni")
@@ -247,6 +254,7 @@ def linear_rescored_c(
         bounds.data_ptr(),
         n,
         out.data_ptr(),
+        None if argmax is None else argmax.data_ptr(),
         SCALE_FLOOR,
         torch.get_num_threads(),
     ):
@@ -255,15 +263,27 @@ def linear_rescored_c(
 
 
 def linear_rescored_cpu(
-    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bounds: torch.Tensor
+    x: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bounds: torch.Tensor,
+    argmax: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """salon.kernels.linear_rescored's op: the C call where it runs (SUM2_MAX_ROWS rows a call: a row's result does not
-    depend on the rows beside it), else the CPU family's composition (same bits)."""
+    depend on the rows beside it), else the CPU family's composition (same bits). argmax as the op's contract has it:
+    the C call's where it gave one, else the output's."""
     if x.dim() == 2:
         chunks = [
-            linear_rescored_c(x[i : i + SUM2_MAX_ROWS], w_q, w_scale, bounds)
+            linear_rescored_c(
+                x[i : i + SUM2_MAX_ROWS], w_q, w_scale, bounds, None if argmax is None else argmax[i : i + SUM2_MAX_ROWS]
+            )
             for i in range(0, x.shape[0], SUM2_MAX_ROWS)
         ]
         if chunks and all(c is not None for c in chunks):
-            return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-    return composed_rescored(x, w_q, w_scale, bounds)
+            out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+            if argmax is not None:
+                missing = (argmax < 0).nonzero().flatten()
+                if missing.numel():
+                    argmax[missing] = out[missing].argmax(dim=-1)
+            return out
+    return composed_rescored(x, w_q, w_scale, bounds, argmax)

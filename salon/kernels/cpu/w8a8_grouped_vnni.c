@@ -60,7 +60,7 @@
 #define M_CHUNK 64
 /* Activation-sum corrections kept on the stack up to this many (M x G) entries. */
 #define STACK_CORRECTIONS 2048
-/* Blocks between the rescoring epilogue's refreshes of a row's running maximum (tile_out). */
+/* Blocks in a run of the rescoring epilogue (rescore_blocks), between refreshes of a row's running maximum. */
 #define RESCORE_REFRESH 16
 /* The packed layout (w8a8_grouped_vnni_pack): a 64-byte header, then the 16-row blocks one after another. A
    block is a run of units, each its groups' weights (group_weights' t[0..7]: 512 bytes a group) followed by their
@@ -199,11 +199,12 @@ typedef struct {
     /* The rescored output projection's selection (salon.kernels.linear_rescored), A32 only, where l1 is given (with
        amax f32[N], alpha and beta f32[M]): per activation row m, t = alpha[m] * l1[v] + beta[m] * amax[v] (rescore_t);
        this thread's lo[32 m .. 32 m + 15] = each lane's max of a - t so far (its NaNs
-       left out), lo[32 m + 16 .. 32 m + 31] = the row's running maximum as of the last refresh (every
-       RESCORE_REFRESH blocks: the larger of this thread's lanes' and shared[m], which every thread raises to its own;
-       a lost race only leaves it lower), nan[m] = 1 where an a - t was NaN; maybe[m * nb + b] = 1 where an a + t of
-       block b reached the larger of its lane's and the row's running maximum as they were then: each is an a - t of
-       the row, at most the final lo, so every row whose a + t reaches the final lo is in a block marked maybe. */
+       left out), lo[32 m + 16 .. 32 m + 31] = the row's running maximum as of the last refresh (after each run of
+       up to RESCORE_REFRESH blocks: the larger of this thread's lanes' and shared[m], which every thread raises to
+       its own; a lost race only leaves it lower), nan[m] = 1 where an a - t was NaN; maybe[m * nb + b] = 1 where an
+       a + t of block b reached the larger of its lane's and the row's running maximum as they were then: each is an
+       a - t of the row, at most the final lo, so every row whose a + t reaches the final lo is in a block marked
+       maybe. rescore_blocks keeps it, over the outputs of a run of blocks once they are stored. */
     const float *l1, *amax, *alpha, *beta;
     float *lo, *shared;
     unsigned char *nan, *maybe;
@@ -231,27 +232,38 @@ VNNI static inline __attribute__((always_inline)) void store_rows(const int64_t 
     for (int64_t m = 0; m < mc; m++)
         _mm512_mask_storeu_ps(o.out + m * o.ldo + n - o.col0, keep,
                               A32 ? y[m] : _mm512_mul_ps(y[m], _mm512_set1_ps(a_scale[m])));
-    if (A32 && o.l1) {
-        const __m512 l1 = _mm512_maskz_loadu_ps(keep, o.l1 + n), amax = _mm512_maskz_loadu_ps(keep, o.amax + n);
-        const int64_t b = n / BLOCK_ROWS;
-        for (int64_t m = 0; m < mc; m++) {  /* rescore_t's operations, 16 lanes at a time */
-            const __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(o.alpha[m]), l1),
-                                           _mm512_mul_ps(_mm512_set1_ps(o.beta[m]), amax));
-            const __m512 d = _mm512_sub_ps(y[m], t), u = _mm512_add_ps(y[m], t);
-            const __mmask16 d_ok = _mm512_mask_cmp_ps_mask(keep, d, d, _CMP_ORD_Q);
-            if (d_ok != keep) o.nan[m] = 1;
-            float *state = o.lo + 2 * BLOCK_ROWS * m;  /* the lanes' maxima, then the row's as last refreshed */
-            __m512 lo = _mm512_loadu_ps(state), row = _mm512_loadu_ps(state + BLOCK_ROWS);
-            lo = _mm512_mask_max_ps(lo, d_ok, lo, d);
-            _mm512_storeu_ps(state, lo);
-            if (_mm512_mask_cmp_ps_mask(keep, u, _mm512_max_ps(lo, row), _CMP_GE_OQ)) o.maybe[m * o.nb + b] = 1;
-            if (b % RESCORE_REFRESH == RESCORE_REFRESH - 1) {  /* the row's maximum, shared with the other threads */
-                float r = _mm512_reduce_max_ps(lo), seen;
-                __atomic_load(o.shared + m, &seen, __ATOMIC_RELAXED);
-                if (r > seen) __atomic_store(o.shared + m, &r, __ATOMIC_RELAXED);
-                _mm512_storeu_ps(state + BLOCK_ROWS, _mm512_set1_ps(r > seen ? r : seen));
-            }
+}
+
+/* The selection's epilogue (tile_out) over blocks [b_first, b_last) of this thread, their mc rows' outputs stored
+   (read back from L1): a row's state is loaded once and kept in registers over the run. vmaxps returns its second
+   operand where the first is NaN, so max(d, lo) leaves NaNs out; the lanes past a short block's rows are masked. */
+VNNI static __attribute__((noinline)) void rescore_blocks(const tile_out *o, const int64_t mc, int64_t b_first,
+                                                           int64_t b_last, int64_t N) {
+    for (int64_t m = 0; m < mc; m++) {
+        float *state = o->lo + 2 * BLOCK_ROWS * m;  /* the lanes' maxima, then the row's as last refreshed */
+        const float *ym = o->out + m * o->ldo - o->col0;
+        const __m512 alpha = _mm512_set1_ps(o->alpha[m]), beta = _mm512_set1_ps(o->beta[m]);
+        const __m512 row = _mm512_loadu_ps(state + BLOCK_ROWS);
+        __m512 lo = _mm512_loadu_ps(state);
+        __mmask16 nans = 0;
+        for (int64_t b = b_first; b < b_last; b++) {
+            const int64_t n = b * BLOCK_ROWS;
+            const __mmask16 keep = N - n < BLOCK_ROWS ? (__mmask16)((1u << (N - n)) - 1) : (__mmask16)0xFFFF;
+            const __m512 y = _mm512_maskz_loadu_ps(keep, ym + n);
+            const __m512 t = _mm512_add_ps(_mm512_mul_ps(alpha, _mm512_maskz_loadu_ps(keep, o->l1 + n)),
+                                           _mm512_mul_ps(beta, _mm512_maskz_loadu_ps(keep, o->amax + n)));
+            const __m512 d = _mm512_sub_ps(y, t), u = _mm512_add_ps(y, t);
+            nans |= _mm512_mask_cmp_ps_mask(keep, d, d, _CMP_UNORD_Q);
+            lo = _mm512_mask_max_ps(lo, keep, d, lo);
+            if (_mm512_mask_cmp_ps_mask(keep, u, _mm512_max_ps(lo, row), _CMP_GE_OQ)) o->maybe[m * o->nb + b] = 1;
         }
+        if (nans) o->nan[m] = 1;
+        _mm512_storeu_ps(state, lo);
+        /* the row's maximum, shared with the other threads */
+        float r = _mm512_reduce_max_ps(lo), seen;
+        __atomic_load(o->shared + m, &seen, __ATOMIC_RELAXED);
+        if (r > seen) __atomic_store(o->shared + m, &r, __ATOMIC_RELAXED);
+        _mm512_storeu_ps(state + BLOCK_ROWS, _mm512_set1_ps(r > seen ? r : seen));
     }
 }
 
@@ -385,6 +397,7 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
             to.lo = o.lo + (int64_t)omp_get_thread_num() * M * 2 * BLOCK_ROWS;
             to.nan = o.nan + (int64_t)omp_get_thread_num() * M;
         }
+        int64_t run = b0;  /* the first block whose outputs the selection's epilogue has not seen */
         for (int64_t b = b0; b < b1; b++) {
             const grouped_block blk = grouped_block_at(b, b1, BLOCK_ROWS, N, K, G, w, w_scale);
             const int8_t *pb = blocks + b * bb;
@@ -407,6 +420,10 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
                         block_tile(mc, a + m0 * lda, lda, corr + m0 * G, w, w_scale, chunk, as, K, blk.n, blk.nr,
                                    m0 ? NULL : blk.pf_w, m0 ? NULL : blk.pf_s, A32);
                     }
+            }
+            if (A32 && o.l1 && (b + 1 - run == RESCORE_REFRESH || b + 1 == b1)) {
+                rescore_blocks(&to, M, run, b + 1, N);
+                run = b + 1;
             }
         }
     }
@@ -454,11 +471,15 @@ static inline float rescore_t(const tile_out *o, int64_t m, int64_t v) {
    for each 16-row block holding one, the block's two-term values of a2 (int8[2M, K]: the first terms, then the
    second ones; scales s2 f32[2M]) summed as they are stored, copied over the rescored rows. factors f32[2M] (alpha,
    then beta) and bounds f32[2, N] (l1, then amax) as the contract has them; w, w_scale as w8a8_grouped_vnni takes
-   them (packed with w_scale NULL). The blocks to rescore split over the threads. Returns 0 when done, 1 when nothing
-   was computed (shapes declined, no memory). */
+   them (packed with w_scale NULL). The blocks to rescore split over the threads. argmax (int64[M], or NULL): each
+   row's argmax of out (its first index on ties), from the rescored rows alone: every row left at its group32 value
+   is below lo, and the largest rescored value is at least lo (the contract's bound; checked, with no NaN among
+   them), so the largest of out is the largest rescored one; -1 where that does not hold (the caller takes the
+   argmax of out). Returns 0 when done, 1 when nothing was computed (shapes declined, no memory). */
 VNNI int w8a8_group32_rescored_vnni(const int8_t *a32, const float *s32, const int8_t *a2, const float *s2,
                                     const float *factors, const int8_t *w, const float *w_scale,
-                                    const float *bounds, float *out, int64_t M, int64_t N, int64_t K, int nthreads) {
+                                    const float *bounds, float *out, int64_t *argmax, int64_t M, int64_t N, int64_t K,
+                                    int nthreads) {
     if (M < 1 || 2 * M > M_CHUNK || K < GROUP || K % GROUP || N < 1 || nthreads < 1) return 1;
     const int64_t nb = (N + BLOCK_ROWS - 1) / BLOCK_ROWS, G = K / GROUP;
     float *lo = malloc((size_t)(M * nthreads * 2 * BLOCK_ROWS) * sizeof(float));
@@ -468,6 +489,7 @@ VNNI int w8a8_group32_rescored_vnni(const int8_t *a32, const float *s32, const i
     int64_t *todo = malloc((size_t)nb * sizeof(int64_t));
     int32_t *corr = malloc((size_t)(2 * M * G) * sizeof(int32_t));
     float *row_lo = malloc((size_t)M * sizeof(float));
+    uint16_t *rescored = NULL;  /* [m, i]: the rows of todo[i] that took their two-term value */
     int status = 1;
     if (!lo || !nan || !maybe || !blocks || !todo || !corr || !row_lo) goto done;
     for (int64_t i = 0; i < M * nthreads * 2 * BLOCK_ROWS; i++) lo[i] = -INFINITY;
@@ -499,6 +521,7 @@ VNNI int w8a8_group32_rescored_vnni(const int8_t *a32, const float *s32, const i
     int64_t ntodo = 0;
     for (int64_t b = 0; b < nb; b++)
         if (blocks[b]) todo[ntodo++] = b;
+    if (argmax && !(rescored = calloc((size_t)(M * (ntodo ? ntodo : 1)), sizeof(uint16_t)))) goto done;
     activation_corrections(corr, a2, K, 2 * M, G);
     const packed_header *hdr = (const packed_header *)w;
     const int packed = w_scale == NULL;
@@ -517,9 +540,24 @@ VNNI int w8a8_group32_rescored_vnni(const int8_t *a32, const float *s32, const i
             if (!maybe[m * nb + b]) continue;
             for (int j = 0; j < nr; j++) {
                 float *a = out + m * N + n + j;
-                if (*a + rescore_t(&o, m, n + j) >= row_lo[m]) *a = e[m * BLOCK_ROWS + j];
+                if (*a + rescore_t(&o, m, n + j) >= row_lo[m]) {
+                    *a = e[m * BLOCK_ROWS + j];
+                    if (rescored) rescored[m * ntodo + i] |= (uint16_t)(1u << j);
+                }
             }
         }
+    }
+    for (int64_t m = 0; argmax && m < M; m++) {
+        int64_t best = -1;
+        int ok = 1;
+        for (int64_t i = 0; i < ntodo && ok; i++)  /* blocks in order, rows in order: the first of equals kept */
+            for (int j = 0; j < BLOCK_ROWS; j++) {
+                if (!(rescored[m * ntodo + i] >> j & 1)) continue;
+                const int64_t v = todo[i] * BLOCK_ROWS + j;
+                if (isnan(out[m * N + v])) ok = 0;
+                else if (best < 0 || out[m * N + v] > out[m * N + best]) best = v;
+            }
+        argmax[m] = ok && best >= 0 && out[m * N + best] >= row_lo[m] ? best : -1;
     }
     status = 0;
 done:
@@ -530,6 +568,7 @@ done:
     free(todo);
     free(corr);
     free(row_lo);
+    free(rescored);
     return status;
 }
 
