@@ -11,8 +11,9 @@ op of the model's op family (salon.kernels.backend.Ops) is wrapped in a timer, s
 
   * decoder_block: the fused layers (everything of a layer: its GEMMs, attention, norms, RoPE, KV writes);
   * linear_layers, linear_lm_head: the fused Linears that run as one C call (salon.kernels.linear_two_terms: the
-    RMSNorm before, both int8 activation terms or the one int16 term, the GEMM, the post-norm and residual; up
-    to its MAX_ROWS rows, grouped weights) of the composed decoder layers and of the output projection;
+    RMSNorm before, both int8 activation terms, the one int16 term or group32's one int8 term per 32 channels, the
+    GEMM, the post-norm and residual; up to its MAX_ROWS rows, grouped weights) of the composed decoder layers and
+    of the output projection, and the rescored output projection (salon.kernels.linear_rescored);
   * gemm_layers: the decoder layers' GEMMs (qkv, o, gate_up, down) where they run as their own C calls;
   * gemm_lm_head: the output projection (262,144 x 640 on Gemma 3 270M) where it runs as its own C call;
   * quantize: the activations' quantization (two int8 terms, one int16 term, or one int8 term with the

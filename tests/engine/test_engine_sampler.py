@@ -110,6 +110,46 @@ def test_c_kernel_draws_the_tokens_of_the_pytorch_path(kind, isa):
         assert got == [sample_row(x, params, u) for u in us], params
 
 
+def top_bins_rows() -> dict[str, torch.Tensor]:
+    """Rows for sample.c's first top-p path (the tokens of the TOP_BINS = 64 highest of 1,024 bins over [min, max],
+    at most TOP_TOKENS = 2,048 of them) and its ways back to the full one. Background tokens ~N(0, 1): the range is
+    about 25 logits wide, the top bins its highest ~1.5."""
+    g = torch.Generator().manual_seed(3)
+    rows = {}
+    x = torch.randn(VOCAB, generator=g)
+    likely = torch.randperm(VOCAB, generator=g)[:40]
+    x[likely] = 20.0 - torch.rand(40, generator=g)  # the mass within 1 logit of the max: the cut among them
+    x[likely[:6]] = 19.5  # ties in rank order, ids ascending
+    rows["cut in the top bins"] = x
+    y = x.clone()
+    y[torch.randperm(VOCAB, generator=g)[:3000]] = 20.0 - torch.rand(3000, generator=g)  # more than TOP_TOKENS there
+    rows["too many tokens in the top bins"] = y
+    z = torch.randn(VOCAB, generator=g)
+    z[torch.randperm(VOCAB, generator=g)[:50]] = 20.0 - 0.05 * torch.arange(50.0)  # 2.5 wide: the mass reaches lower
+    z[torch.randperm(VOCAB, generator=g)[:400]] = 17.0 - torch.rand(400, generator=g)
+    rows["cut below the top bins"] = z
+    return rows
+
+
+@pytest.mark.skipif(not ISAS, reason=NO_C_SAMPLER)
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("row", ["cut in the top bins", "too many tokens in the top bins", "cut below the top bins"])
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.97])
+def test_c_kernel_top_p_draws_the_pytorch_tokens_in_and_past_the_top_bins(row, top_p, isa):
+    """Every u of a fine grid (so the kept set's last token, the crossing one, is drawn too): the C sampler's tokens
+    are the PyTorch path's on rows whose top-p cut falls among the top bins' tokens, or whose top bins hold too many
+    tokens, or whose cut falls below them."""
+    x = top_bins_rows()[row]
+    params = SamplingParams(1, temperature=1.0, top_p=top_p)
+    us = [i / 400 for i in range(400)] + [0.9999]
+    got = sample_rows_cpu(
+        torch.stack([x] * len(us)), list(range(len(us))), [1.0] * len(us), [0] * len(us), [top_p] * len(us), us, isa
+    )
+    want = [sample_row(x, params, u) for u in us]
+    assert got == want
+    assert len(set(want)) > 3
+
+
 @pytest.mark.skipif(not ISAS, reason=NO_C_SAMPLER)
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("vocab", [37, 1021, 100_003])

@@ -273,11 +273,9 @@ def linear_rescored_cpu(
     depend on the rows beside it), else the CPU family's composition (same bits). argmax as the op's contract has it:
     the C call's where it gave one, else the output's."""
     if x.dim() == 2:
+        spans = [slice(i, i + SUM2_MAX_ROWS) for i in range(0, x.shape[0], SUM2_MAX_ROWS)]
         chunks = [
-            linear_rescored_c(
-                x[i : i + SUM2_MAX_ROWS], w_q, w_scale, bounds, None if argmax is None else argmax[i : i + SUM2_MAX_ROWS]
-            )
-            for i in range(0, x.shape[0], SUM2_MAX_ROWS)
+            linear_rescored_c(x[span], w_q, w_scale, bounds, None if argmax is None else argmax[span]) for span in spans
         ]
         if chunks and all(c is not None for c in chunks):
             out = chunks[0] if len(chunks) == 1 else torch.cat(chunks)

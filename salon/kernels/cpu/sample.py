@@ -24,14 +24,15 @@ def sample_rows_cpu(
     top_p: list[float],
     uniforms: list[float],
     isa: str | None = None,
+    source: Path = _C_SOURCE,
 ) -> list[int] | None:
     """One token for each of `rows` of logits f32[R, V] (see sample.c for the rule); None where the kernel
     cannot run (or could not allocate its scratch). `isa` ("avx512" or "avx2") picks a build (tests); by
-    default the best this CPU runs."""
+    default the best this CPU runs. `source`: a bench's variant of sample.c (bench.sampler's baseline)."""
     isa = native.simd_isa(isa)
     if isa is None or logits.dtype != torch.float32 or logits.device.type != "cpu":
         return None
-    lib = native.load(_C_SOURCE, _SIGNATURES)
+    lib = native.load(source, _SIGNATURES)
     if lib is None:
         return None
     vocab = logits.shape[1]
