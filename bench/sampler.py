@@ -1,6 +1,7 @@
 """Sampling a decode step's rows on the CPU (salon/kernels/cpu/sample.c): the engine's build against its baseline,
-the same source with top-p always through the mass histogram over every token (bench/sample_full_histogram.c),
-in alternated rounds, a ratio per round (salon.loadgen.alternation).
+the same source with every row through the bins, the mass histogram over every token and the walk over the
+vocabulary (bench/sample_full_histogram.c: neither the top-p look among the top bins' tokens nor the plain
+temperature path without bins), in alternated rounds, a ratio per round (salon.loadgen.alternation).
 
 The rows are a model's own: --rows sequences (32-token prompts) decoded --steps greedy steps through the engine's
 step path (bench.model's EngineSteps), the logits of the last step kept (the model's int8 output projection). For
@@ -12,9 +13,8 @@ sampling every row, best of REPEATS calls, on each side:
     sample_top_p_<p>_over_baseline_x  {median, min, max, rounds, ...}: the first over the second, per round
     argmax_ms                       the greedy pick of the same rows (salon/kernels/cpu/argmax.c), for scale
 
-top_p 1 takes the same path in both builds (its ratio is the noise floor). Every token drawn is checked equal
-across the builds (the same rule). There is no peer figure: llama.cpp's sampler is not timed on its own here
-(`peer: null`).
+Every token drawn is checked equal across the builds (the same rule). There is no peer figure: llama.cpp's sampler
+is not timed on its own here (`peer: null`).
 
     python -m bench.sampler [--quick] [--model NAME] [--rows 8] [--steps 16] [--threads N]
 

@@ -1,7 +1,7 @@
-"""bench.sampler's baseline (bench/sample_full_histogram.c: sample.c with top-p always through the mass histogram
-over every token) draws the tokens of the engine's build and of the PyTorch path on a row whose top-p cut falls
-among the top bins' tokens (where the engine's build takes its first path): the pair times the path and nothing
-else."""
+"""bench.sampler's baseline (bench/sample_full_histogram.c: sample.c with every row through the bins, the mass
+histogram over every token and the walk) draws the tokens of the engine's build and of the PyTorch path on a row
+whose top-p cut falls among the top bins' tokens, and with every token kept (top_p 1), where the engine's build
+takes its short paths: the pair times the paths and nothing else."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from salon.kernels.cpu.sample import sample_rows_cpu
 
 
 @pytest.mark.skipif(not native.simd_isas(), reason="no C sampler for this CPU (needs AVX-512 or AVX2 + FMA)")
-@pytest.mark.parametrize("top_p", [0.5, 0.95])
+@pytest.mark.parametrize("top_p", [0.5, 0.95, 1.0])
 def test_the_baseline_draws_the_engine_builds_tokens(top_p):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(50_000, generator=g)

@@ -13,9 +13,9 @@
  * A histogram over NBINS equal logit bins, of counts (top-k) or of masses (top-p), finds the bin where a
  * cut falls; only that bin's tokens are sorted. Masses are float64 sums in a fixed order. Top-p looks first among
  * the tokens of the TOP_BINS highest bins (top_p_in_top_bins): where its cut falls there, as it does on a chat
- * model's rows, the kept tokens are all among them and neither the mass histogram nor the walk visits the rest
- * (`python -m bench.sampler`: Gemma 3 270M's logits at batch 8, temperature 0.7, 2 threads: top_p 0.95 and 0.8
- * take 0.70x the time of the full path).
+ * model's rows, the kept tokens are all among them and neither the mass histogram nor the walk visits the rest. A
+ * row that keeps every token (no top-k, top_p 1) needs no bins: its e and block masses come in one pass
+ * (exp_and_masses; the same sums as the walk's, so the same token).
  *
  * The vector passes over the vocabulary (max and min, exp and bins, gathering a bin's tokens, the masses of
  * blocks of 16 tokens) are written once in sample.h and come in two builds, each a section below that defines
@@ -34,12 +34,13 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw")))
 #define NBINS 1024
 #define SUBHIST 4
-/* Top-p looks first among the tokens of this many highest bins, when they are at most TOP_TOKENS (with
-   TOP_P_TOP_BINS 0, bench/sample_full_histogram.c, never: bench.sampler's baseline). */
+/* Top-p looks first among the tokens of this many highest bins, when they are at most TOP_TOKENS. */
 #define TOP_BINS 64
 #define TOP_TOKENS 2048
-#ifndef TOP_P_TOP_BINS
-#define TOP_P_TOP_BINS 1
+/* 0 (bench/sample_full_histogram.c, bench.sampler's baseline): neither that first look nor the plain temperature
+   path without bins; every row through the bins, the mass histogram and the walk. */
+#ifndef SAMPLE_SHORT_PATHS
+#define SAMPLE_SHORT_PATHS 1
 #endif
 
 
@@ -66,6 +67,9 @@ typedef struct {
     /* block[b] = the float64 mass of the tokens of block b (tokens [16 b, 16 b + 16)) with bin > cut, for
        b < nb; returns their sum, in block order. */
     double (*block_masses)(const float *e, const uint16_t *bins, int64_t nb, int cut, double *block);
+    /* x: f32[V] -> e = exp(x - max(x)) and block[b] = the mass of block b's tokens (all of them: block_masses'
+       with no cut), for b < V / 16; returns their sum, in block order. */
+    double (*exp_and_masses)(const float *x, int64_t V, float *e, double *block);
 } Simd;
 
 /* The scalar steps the vector passes end with (the last V % 16 or V % 8 tokens). */
@@ -107,12 +111,18 @@ AVX512 static inline unsigned sv_hits16_avx512(const uint16_t *bins, int lo_bin,
 }
 
 /* The 16 values as float64, v[j] + v[j + 8], then _mm512_reduce_add_pd's halving tree. */
-AVX512 static inline double sv_block_mass_avx512(const float *e, const uint16_t *bins, int64_t i, int cut) {
-    __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bins + i)));
-    __m512 v = _mm512_maskz_mov_ps(_mm512_cmpgt_epi32_mask(b, _mm512_set1_epi32(cut)), _mm512_loadu_ps(e + i));
+AVX512 static inline double sv_tree_avx512(__m512 v) {
     __m512d s = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
                               _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
     return _mm512_reduce_add_pd(s);
+}
+AVX512 static inline double sv_block_mass_avx512(const float *e, const uint16_t *bins, int64_t i, int cut) {
+    __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bins + i)));
+    __mmask16 keep = _mm512_cmpgt_epi32_mask(b, _mm512_set1_epi32(cut));
+    return sv_tree_avx512(_mm512_maskz_mov_ps(keep, _mm512_loadu_ps(e + i)));
+}
+AVX512 static inline double sv_block_sum_avx512(const float *e, int64_t i) {
+    return sv_tree_avx512(_mm512_loadu_ps(e + i));
 }
 
 #define S_ISA avx512
@@ -163,12 +173,7 @@ static inline unsigned sv_hits16_avx2(const uint16_t *bins, int lo_bin, int hi_b
 
 /* sv_block_mass_avx512's sum, step for step: s[j] = v[j] + v[j + 8] (j < 8) as float64, t[j] = s[j] + s[j + 4],
    then t[0] + t[2] plus t[1] + t[3]. */
-static inline double sv_block_mass_avx2(const float *e, const uint16_t *bins, int64_t i, int cut) {
-    __m256i keep = _mm256_cmpgt_epi16(_mm256_loadu_si256((const __m256i *)(bins + i)), _mm256_set1_epi16((int16_t)cut));
-    __m256 a = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(keep))),
-                             _mm256_loadu_ps(e + i));
-    __m256 b = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(keep, 1))),
-                             _mm256_loadu_ps(e + i + 8));
+static inline double sv_tree_avx2(__m256 a, __m256 b) {
     __m256d s_lo = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)),
                                  _mm256_cvtps_pd(_mm256_castps256_ps128(b)));   /* s[0..3] */
     __m256d s_hi = _mm256_add_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)),
@@ -176,6 +181,16 @@ static inline double sv_block_mass_avx2(const float *e, const uint16_t *bins, in
     __m256d t = _mm256_add_pd(s_hi, s_lo);
     __m128d t2 = _mm_add_pd(_mm256_extractf128_pd(t, 1), _mm256_castpd256_pd128(t));
     return _mm_cvtsd_f64(t2) + _mm_cvtsd_f64(_mm_unpackhi_pd(t2, t2));
+}
+static inline double sv_block_mass_avx2(const float *e, const uint16_t *bins, int64_t i, int cut) {
+    __m256i keep = _mm256_cmpgt_epi16(_mm256_loadu_si256((const __m256i *)(bins + i)), _mm256_set1_epi16((int16_t)cut));
+    return sv_tree_avx2(_mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(keep))),
+                                      _mm256_loadu_ps(e + i)),
+                        _mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(keep, 1))),
+                                      _mm256_loadu_ps(e + i + 8)));
+}
+static inline double sv_block_sum_avx2(const float *e, int64_t i) {
+    return sv_tree_avx2(_mm256_loadu_ps(e + i), _mm256_loadu_ps(e + i + 8));
 }
 
 #define S_ISA avx2
@@ -203,6 +218,20 @@ static int64_t walk(const Simd *simd, const float *e, const uint16_t *bins, int6
         if (bins[i] > cut && (run += e[i]) > target) return i;
     for (i = V - 1; i > 0 && bins[i] <= cut; i--) {}  /* rounding left none: the last kept token */
     return i;
+}
+
+/* walk's token with every token kept, from exp_and_masses' e and block masses (their sum: blocks_total). */
+static int64_t walk_all(const float *e, int64_t V, double u, const double *block, double blocks_total) {
+    const int64_t nb = V / 16;
+    double total = blocks_total;
+    for (int64_t i = nb * 16; i < V; i++) total += e[i];
+    const double target = u * total;
+    double run = 0.0;
+    int64_t i = 0;
+    for (int64_t b = 0; b < nb && run + block[b] <= target; b++, i += 16) run += block[b];
+    for (; i < V; i++)
+        if ((run += e[i]) > target) return i;
+    return V - 1;  /* rounding left none: the last token */
 }
 
 /* The first token of `kept` (n entries, any order) at which the running mass in vocabulary order exceeds u * total. */
@@ -265,6 +294,8 @@ static int64_t top_p_in_top_bins(const Simd *simd, const float *x, const float *
 /* One row. x: f32[V] holding the row / temperature; e, bins, entries: scratch of V; block: of V / 16. */
 static int64_t sample_row(const Simd *simd, const float *x, float *e, uint16_t *bins, Entry *entries, double *block,
                           int64_t V, int64_t top_k, double top_p, double u) {
+    if (SAMPLE_SHORT_PATHS && top_p >= 1.0 && !(top_k > 0 && top_k < V))  /* every token kept: no bins */
+        return walk_all(e, V, u, block, simd->exp_and_masses(x, V, e, block));
     simd->exp_and_bins(x, V, e, bins);
     int64_t i;
     if (top_k > 0 && top_k < V) {
@@ -294,7 +325,7 @@ static int64_t sample_row(const Simd *simd, const float *x, float *e, uint16_t *
         return walk_list(entries, n, e, u);
     }
     if (top_p >= 1.0) return walk(simd, e, bins, V, -1, u, block);
-    const int64_t top = TOP_P_TOP_BINS ? top_p_in_top_bins(simd, x, e, bins, entries, block, V, top_p, u) : -1;
+    const int64_t top = SAMPLE_SHORT_PATHS ? top_p_in_top_bins(simd, x, e, bins, entries, block, V, top_p, u) : -1;
     if (top >= 0) return top;
     /* Top-p: masses of the bins from the top down to the one where the prefix reaches top_p * total. */
     double mass[SUBHIST][NBINS] = {{0}};

@@ -9,7 +9,8 @@
  *                 convert), store_bins (one vector of bins in [0, NBINS) as S_LANES uint16);
  *                 hits16 (the mask of the 16 tokens at bins whose bin is in [lo_bin, hi_bin], token j as bit j);
  *                 block_mass (the float64 mass of the 16 tokens at i with bin > cut, in the build's fixed tree:
- *                 both builds add v[j] + v[j + 8], then halves, as _mm512_reduce_add_pd does, so they agree).
+ *                 both builds add v[j] + v[j + 8], then halves, as _mm512_reduce_add_pd does, so they agree),
+ *                 block_sum (the same of all 16).
  * Max and min are exact in any order; every other step is per token, so both builds give the same bits.
  */
 #ifndef SALON_SAMPLE_H_NAMES
@@ -71,7 +72,27 @@ S_TARGET static double S_FN(block_masses)(const float *e, const uint16_t *bins, 
     return total;
 }
 
-static const Simd S_FN(sample_simd) = {S_FN(exp_and_bins), S_FN(gather_bins), S_FN(block_masses)};
+/* x: f32[V] -> e = exp(x - max(x)) and block[b] = the mass of block b's 16 tokens, for b < V / 16 (block_mass's tree
+   with every token kept, taken as the block's e is stored); their sum, in block order. The last V % 16 tokens' e
+   only. */
+S_TARGET static double S_FN(exp_and_masses)(const float *x, int64_t V, float *e, double *block) {
+    S_VEC mv = SV(set1)(-INFINITY);
+    int64_t i = 0;
+    for (; i + S_LANES <= V; i += S_LANES) mv = SV(max)(mv, SV(loadu)(x + i));
+    float m = SV(reduce_max)(mv), lo = m;
+    min_max_scalar(x, i, V, &m, &lo);
+    const S_VEC vm = SV(set1)(m);
+    double total = 0.0;
+    for (i = 0; i + 16 <= V; i += 16) {
+        for (int j = 0; j < 16; j += S_LANES) SV(storeu)(e + i + j, SV(exp)(SV(sub)(SV(loadu)(x + i + j), vm)));
+        total += block[i / 16] = SV(block_sum)(e, i);
+    }
+    for (; i < V; i++) e[i] = SV(first)(SV(exp)(SV(set1)(x[i] - m)));
+    return total;
+}
+
+static const Simd S_FN(sample_simd) = {S_FN(exp_and_bins), S_FN(gather_bins), S_FN(block_masses),
+                                       S_FN(exp_and_masses)};
 
 #undef S_ISA
 #undef S_TARGET
