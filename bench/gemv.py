@@ -41,7 +41,8 @@ size (vnni_prefill_prefetch, bench/w8a8_grouped_vnni_prefill_prefetch.c: the bas
 With --group32, the group32 activation recipe (salon.kernels.w8a8_group32: one int8 term per token and 32 channels)
 against the two int8 terms at Gemma's four projections, decode (M = 1, 8) and prefill (M = 64, 512), the op and the
 GEMM alone, alternated: bench/group32_gemm.py (`group32_{linear,gemm}_m{M}_{proj}_two_terms_over_group32_x`, the
-median ratio of the rounds, and its range).
+median ratio of the rounds, and its range); and the rescored output projection against plain group32
+(`rescored_m{M}_lm_head_over_group32_x`).
 
 Huge pages: the step's group-scaled GEMMs (the engine's Gemma path) at M = 2 and 8 (decode of 1 and 4 sequences)
 with the weights where torch allocates them (4 KB pages wherever transparent huge pages are "madvise" only)
@@ -63,7 +64,7 @@ from pathlib import Path
 import torch
 
 from bench.alternate import best_seconds
-from bench.group32_gemm import group32_section
+from bench.group32_gemm import group32_section, rescored_section
 from bench.int16_gemm import int16_section
 from salon.engine.model.huge_pages import in_huge_pages
 from salon.kernels.cpu import native
@@ -220,6 +221,7 @@ def main() -> None:
         int16_section(layers[0], repeats, gen, result, args.threads)
     if args.group32:
         group32_section(result, 3 if args.quick else 9, gen)
+        rescored_section(result, 3 if args.quick else 9, gen)
     again = STREAM_BYTES / _best_s(lambda: x.sum(), repeats) / 1e9
     print(f"streaming read again after the kernels: {again:.1f} GB/s (the percentages use the first)")
     result["stream_read_after_gbps"] = round(again, 2)

@@ -18,6 +18,12 @@ PREFILL_COPIES copies, the pass repeated to take at least MIN_MEASURE_S (the mea
 ratio two terms / group32 (above 1: group32 faster); the figure is the median ratio over the rounds with its range
 (`group32_{linear,gemm}_m{M}_{proj}_two_terms_over_group32_x`, `..._range`), and the medians of both times.
 
+And the recipe's output projection at Gemma 3 270M's (640 -> 262,144), decode M = 1 and 8: the engine's rescored
+op (salon.kernels.linear_rescored: group32 for every row, the candidates' two-term values, each row's argmax)
+against the plain group32 op on the same weights (RESCORED_COPIES copies, one a call, so each call reads its weights
+from memory), alternated the same way: `rescored_m{M}_lm_head_over_group32_x` (above 1: the selection's cost) with
+its range and both medians.
+
     python -m bench.group32_gemm [--quick] [--threads N]      (also bench.gemv --group32)
 """
 
@@ -32,10 +38,11 @@ from collections.abc import Callable
 
 import torch
 
-from salon.kernels.cpu.linear_two_terms import library, linear_group32_cpu, linear_two_terms_cpu
+from salon.kernels.cpu.linear_two_terms import library, linear_group32_cpu, linear_rescored_cpu, linear_two_terms_cpu
 from salon.kernels.cpu.quantize import quantize_group32_cpu, quantize_two_terms_cpu
 from salon.kernels.cpu.w8a8_group32 import w8a8_group32_cpu
 from salon.kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu
+from salon.kernels.linear_rescored import row_bounds
 from salon.kernels.w8a8_grouped import GROUP
 
 # (name, K, N) of a Gemma 3 270M layer's projections (d_model 640, 4 query heads and 1 KV head of 256, FFN 2048)
@@ -46,6 +53,10 @@ LAYERS = 18
 PREFILL_COPIES = 2
 # A measurement repeats its pass over the copies until it takes about this long (short ones are mostly jitter).
 MIN_MEASURE_S = 0.02
+# Gemma 3 270M's output projection (K, N) and the copies of its weights a rescored round rotates through (2 x 168 MB:
+# more than the last-level cache holds)
+LM_HEAD = (640, 262_144)
+RESCORED_COPIES = 2
 
 
 def _weights(n: int, k: int, copies: int, gen: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -141,6 +152,39 @@ def group32_section(
         del decode_weights
 
 
+def rescored_section(result: dict, rounds: int, gen: torch.Generator, shape=LM_HEAD, copies=RESCORED_COPIES) -> None:
+    """The rescored output projection against the plain group32 op (see the module docstring), in `result`."""
+    if library() is None:
+        return
+    k, n = shape
+    weights = [(w, s, row_bounds(w, s)) for w, s in _weights(n, k, copies, gen)]
+    print(f"the rescored output projection against plain group32, {n}x{k} x{copies}, {rounds} alternated rounds:")
+    for m in DECODE_MS:
+        x = torch.randn(m, k, generator=gen) * 3
+        x[:, torch.randint(0, k, (4,), generator=gen)] *= 20.0  # a hidden state's outlier channels
+        argmax = torch.empty(m, dtype=torch.int64)
+
+        def rescored(x=x, argmax=argmax):
+            for w, s, bounds in weights:
+                linear_rescored_cpu(x, w, s, bounds, argmax)
+
+        def group32(x=x):
+            for w, s, _ in weights:
+                linear_group32_cpu(x, w, s)
+
+        res, g32 = alternated_ratios(rescored, group32, rounds)
+        ratios = [r / g for r, g in zip(res, g32)]
+        key = f"rescored_m{m}_lm_head"
+        result[f"{key}_ms"] = round(statistics.median(res) / copies * 1e3, 3)
+        result[f"{key}_group32_ms"] = round(statistics.median(g32) / copies * 1e3, 3)
+        result[f"{key}_over_group32_x"] = round(statistics.median(ratios), 3)
+        result[f"{key}_over_group32_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+        print(
+            f"  M={m}: rescored {result[f'{key}_ms']:.3f} ms  group32 {result[f'{key}_group32_ms']:.3f} ms a call  "
+            f"ratio {statistics.median(ratios):.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds a pair (else 9)")
@@ -149,6 +193,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     result: dict = {"threads": args.threads}
     group32_section(result, 3 if args.quick else 9, torch.Generator().manual_seed(0))
+    rescored_section(result, 3 if args.quick else 9, torch.Generator().manual_seed(1))
     print("RESULT " + json.dumps(result))
 
 

@@ -1,11 +1,12 @@
 """bench/group32_gemm.py (bench.gemv --group32): it times group32 against two int8 terms in alternated rounds, for the
-op and the GEMM alone, and records both medians, the median ratio and its range (the kernels' bits are
-tests/kernels/test_kernels_cpu_group32.py's)."""
+op and the GEMM alone, and the rescored output projection against plain group32, and records both medians, the median
+ratio and its range (the kernels' bits are tests/kernels/test_kernels_cpu_group32.py's and
+test_kernels_linear_rescored.py's)."""
 
 import pytest
 import torch
 
-from bench.group32_gemm import alternated_ratios, group32_section
+from bench.group32_gemm import alternated_ratios, group32_section, rescored_section
 from salon.kernels.cpu.linear_two_terms import library
 
 
@@ -31,3 +32,15 @@ def test_section_records_both_timings_the_median_ratio_and_its_range(capsys):
             low, high = result[f"{key}_two_terms_over_group32_range"]
             assert 0 < low <= result[f"{key}_two_terms_over_group32_x"] <= high
     assert "gemm   M= 64 down" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(library() is None, reason="needs x86-64 with AVX2 and cc")
+def test_rescored_section_records_both_timings_the_median_ratio_and_its_range(capsys):
+    result: dict = {}
+    rescored_section(result, 3, torch.Generator().manual_seed(0), shape=(64, 4000), copies=2)
+    for m in (1, 8):
+        key = f"rescored_m{m}_lm_head"
+        assert result[f"{key}_ms"] > 0 and result[f"{key}_group32_ms"] > 0
+        low, high = result[f"{key}_over_group32_range"]
+        assert 0 < low <= result[f"{key}_over_group32_x"] <= high
+    assert "M=8: rescored" in capsys.readouterr().out
