@@ -147,9 +147,7 @@ class ModelRunner:
         if self.logits_observer is None and all(plain_greedy(c.request.sampling) for c in chunks):
             # Every row is a plain argmax: it runs where the logits are and only the ids come back (one copy); the
             # output projection's own where it found them and no grammar masked a row.
-            ids = argmax.tolist() if argmax is not None and not masked_rows else None
-            if ids is None or min(ids) < 0:
-                ids = greedy_ids(logits)
+            ids = argmax.tolist() if argmax is not None and not masked_rows else greedy_ids(logits)
             tokens = [SampledToken(token_id, None) for token_id in ids]
             return self._produced(chunks, tokens, [None] * len(chunks))[0]
         if self.device_sampler is not None:

@@ -25,8 +25,8 @@
  * and argument conversion). The row-wise work before and after the GEMM (norm, the terms, the terms' sum, the
  * post-norm and residual) splits its rows over the threads from ROWS_PARALLEL rows (a decode step of several
  * sequences, a prefill chunk: on the calling thread alone, the other threads waited for it, about a tenth of a
- * 64-token chunk's step) and runs on the calling thread below; the terms' sum of a large output (the output projection's) splits its
- * columns over the threads as the GEMM splits its weight rows. Each row's operations are the same on whichever
+ * 64-token chunk's step) and runs on the calling thread below; the terms' sum of a large output (the output
+ * projection's) splits its columns over the threads as the GEMM splits its weight rows. Each row's operations are the same on whichever
  * thread.
  *
  * fp-contract is off for every included file (rmsnorm.c's pragma comes first); none of quantize.c's

@@ -202,36 +202,29 @@ static inline double sv_block_sum_avx2(const float *e, int64_t i) {
 
 /* ---- shared ---- */
 
-/* The token at which the running mass of {bin > cut}, in vocabulary order, exceeds u * (their mass). The
-   masses of whole blocks of 16 (kept in `block`) let the walk skip to the block where the target falls. */
-static int64_t walk(const Simd *simd, const float *e, const uint16_t *bins, int64_t V, int cut, double u,
-                    double *block) {
+/* The token at which the running mass of the kept tokens ({bin > cut}, or every token where bins is NULL), in
+   vocabulary order, exceeds u * (their mass). block[b] holds the mass of block b's kept tokens (tokens [16 b,
+   16 b + 16), b < V / 16) and blocks_total their sum, so the walk skips to the block where the target falls. */
+static int64_t walk_blocks(const float *e, const uint16_t *bins, int64_t V, int cut, double u, const double *block,
+                           double blocks_total) {
     const int64_t nb = V / 16;
-    double total = simd->block_masses(e, bins, nb, cut, block);
+    double total = blocks_total;
     for (int64_t i = nb * 16; i < V; i++)
-        if (bins[i] > cut) total += e[i];
+        if (!bins || bins[i] > cut) total += e[i];
     const double target = u * total;
     double run = 0.0;
     int64_t i = 0;
     for (int64_t b = 0; b < nb && run + block[b] <= target; b++, i += 16) run += block[b];
     for (; i < V; i++)
-        if (bins[i] > cut && (run += e[i]) > target) return i;
-    for (i = V - 1; i > 0 && bins[i] <= cut; i--) {}  /* rounding left none: the last kept token */
+        if ((!bins || bins[i] > cut) && (run += e[i]) > target) return i;
+    for (i = V - 1; i > 0 && bins && bins[i] <= cut; i--) {}  /* rounding left none: the last kept token */
     return i;
 }
 
-/* walk's token with every token kept, from exp_and_masses' e and block masses (their sum: blocks_total). */
-static int64_t walk_all(const float *e, int64_t V, double u, const double *block, double blocks_total) {
-    const int64_t nb = V / 16;
-    double total = blocks_total;
-    for (int64_t i = nb * 16; i < V; i++) total += e[i];
-    const double target = u * total;
-    double run = 0.0;
-    int64_t i = 0;
-    for (int64_t b = 0; b < nb && run + block[b] <= target; b++, i += 16) run += block[b];
-    for (; i < V; i++)
-        if ((run += e[i]) > target) return i;
-    return V - 1;  /* rounding left none: the last token */
+/* walk_blocks over the tokens with bin > cut, their block masses taken first (into `block`). */
+static int64_t walk(const Simd *simd, const float *e, const uint16_t *bins, int64_t V, int cut, double u,
+                    double *block) {
+    return walk_blocks(e, bins, V, cut, u, block, simd->block_masses(e, bins, V / 16, cut, block));
 }
 
 /* The first token of `kept` (n entries, any order) at which the running mass in vocabulary order exceeds u * total. */
@@ -295,7 +288,7 @@ static int64_t top_p_in_top_bins(const Simd *simd, const float *x, const float *
 static int64_t sample_row(const Simd *simd, const float *x, float *e, uint16_t *bins, Entry *entries, double *block,
                           int64_t V, int64_t top_k, double top_p, double u) {
     if (SAMPLE_SHORT_PATHS && top_p >= 1.0 && !(top_k > 0 && top_k < V))  /* every token kept: no bins */
-        return walk_all(e, V, u, block, simd->exp_and_masses(x, V, e, block));
+        return walk_blocks(e, NULL, V, -1, u, block, simd->exp_and_masses(x, V, e, block));
     simd->exp_and_bins(x, V, e, bins);
     int64_t i;
     if (top_k > 0 && top_k < V) {
