@@ -25,7 +25,7 @@ from gateway_helpers import (
 )
 
 ENGINE_IDS = ["e0", "e1"]
-NUM_TOKENS = 160
+NUM_TOKENS = 1000  # seconds of decoding after the cut: the kill lands mid-stream on a loaded machine
 
 
 @pytest.fixture
