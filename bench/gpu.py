@@ -332,7 +332,7 @@ def run(args) -> dict:
         print(f"prefill {tokens}: {entry}")
     from bench import linear_recipes  # here: it imports bench.grouped_gemm, which imports this module
 
-    recipes = linear = None
+    recipes = linear = rescored = None
     try:
         recipes = recipe_decode(args, model, shapes, device)
     except Exception as e:  # the other figures stand; errors says why these are missing
@@ -341,6 +341,10 @@ def run(args) -> dict:
         linear = linear_recipes.run(device, shapes.rounds)
     except Exception as e:  # the other figures stand; errors says why these are missing
         errors["linear_recipes"] = f"{type(e).__name__}: {e}"
+    try:
+        rescored = linear_recipes.run_rescored(device, shapes.rounds)
+    except Exception as e:  # the other figures stand; errors says why these are missing
+        errors["rescored"] = f"{type(e).__name__}: {e}"
     return {
         "device": name,
         "model": config.model_id,
@@ -354,6 +358,7 @@ def run(args) -> dict:
         "prefill": prefill,
         "recipe_decode": recipes,
         "linear_recipes": linear,
+        "rescored": rescored,
         "peer": "transformers Gemma3ForCausalLM, static cache"
         + (", torch.compile reduce-overhead" * (device == "cuda"))
         if peer is not None

@@ -10,7 +10,12 @@ median and range of the rounds' two-term / group32 time ratios (above 1: group32
 is CUDA-event time through triton.testing.do_bench; on a CPU (Triton's interpreter) the same code runs at tiny
 shapes on the host clock, which checks the code, not the kernels' speed.
 
-Part of `python -m bench.gpu` (its `linear_recipes` rows)."""
+And the recipe's output projection (salon.kernels.linear_rescored) at Gemma 3 270M's (640 -> 262,144), M = 1 and 8:
+the Triton family's op (one read of the weights for both values of every row: w8a8_group32_two_terms_triton)
+against its composition of the family's group32 and two-term Linears (two reads) and against the plain group32 op,
+alternated the same way: `rescored` rows with composed / one-read and one-read / group32 time ratios.
+
+Part of `python -m bench.gpu` (its `linear_recipes` and `rescored` rows)."""
 
 from __future__ import annotations
 
@@ -22,11 +27,19 @@ import torch
 
 from bench.grouped_gemm import GEMMA_LAYERS, LAYER_MS, l2_bytes, rotating_weights
 from salon.kernels.backend import triton_ops
+from salon.kernels.linear_rescored import compose as compose_rescored
+from salon.kernels.linear_rescored import row_bounds
+from salon.kernels.quantize import quantize_two_terms_triton
+from salon.kernels.w8a8_group32_triton import quantize_group32_triton
 
 RECIPES = ("two_terms", "group32")
 # (name, K, N, norm in front): the interpreter's shapes, of the same kinds as the GPU's
 REHEARSE_LAYERS = [("qkv", 64, 96, True), ("down", 64, 40, False)]
 REHEARSE_MS = (1, 3)
+# Gemma 3 270M's output projection (K, N), the decode Ms of its rows, and the interpreter's stand-in
+LM_HEAD = (640, 262_144)
+LM_HEAD_MS = (1, 8)
+REHEARSE_LM_HEAD = (64, 96)
 
 
 def time_ms(fn, device: str) -> float:
@@ -112,6 +125,61 @@ def run(device: str, rounds: int) -> list[dict]:
                 f"{r['group32_ms']:8.3f} ms, two terms / group32 {r['two_terms_over_group32_median_x']:.2f}x "
                 f"({r['two_terms_over_group32_range_x'][0]:.2f}-{r['two_terms_over_group32_range_x'][1]:.2f})"
             )
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def rescored_calls(K: int, N: int, M: int, l2: int, device: str) -> tuple[dict, int]:
+    """({variant: a call}, the number of weight copies) of the output projection: the family's one-read op, its
+    composition of two Linears, and the plain group32 Linear, on the same rotating weights and input."""
+    ops = triton_ops()
+    composed = compose_rescored(
+        ops.linear_group32, ops.linear_two_terms, quantize_group32_triton, quantize_two_terms_triton
+    )
+    x = torch.randn(M, K, generator=torch.Generator(device=device).manual_seed(M), device=device)
+    weights = [(w_q, w_scale, row_bounds(w_q, w_scale)) for w_q, w_scale in rotating_weights(K, N, l2, device, seed=N)]
+    variants = {
+        "one_read": lambda w_q, w_scale, bounds: ops.linear_rescored(x, w_q, w_scale, bounds),
+        "composed": lambda w_q, w_scale, bounds: composed(x, w_q, w_scale, bounds),
+        "group32": lambda w_q, w_scale, bounds: ops.linear_group32(x, w_q, w_scale),
+    }
+    calls = {}
+    for name, fn in variants.items():
+        turn = itertools.cycle(weights)
+        calls[name] = lambda fn=fn, turn=turn: fn(*next(turn))
+    return calls, len(weights)
+
+
+def run_rescored(device: str, rounds: int) -> list[dict]:
+    """The output projection's rows on `device` (cuda: Gemma 3 270M's; cpu: a tiny one in the interpreter)."""
+    on_gpu = device == "cuda"
+    (K, N), ms, l2 = (LM_HEAD, LM_HEAD_MS, l2_bytes(device)) if on_gpu else (REHEARSE_LM_HEAD, (1, 3), 1 << 14)
+    rows = []
+    for M in ms:
+        calls, copies = rescored_calls(K, N, M, l2, device)
+        times = alternated_ms(calls, rounds, device)
+        composed = [c / o for c, o in zip(times["composed"], times["one_read"])]
+        over_g32 = [o / g for o, g in zip(times["one_read"], times["group32"])]
+        rows.append(
+            dict(
+                m=M,
+                k=K,
+                n=N,
+                weight_copies=copies,
+                **{f"{name}_ms": statistics.median(t) for name, t in times.items()},
+                composed_over_one_read_median_x=statistics.median(composed),
+                composed_over_one_read_range_x=[min(composed), max(composed)],
+                one_read_over_group32_median_x=statistics.median(over_g32),
+                one_read_over_group32_range_x=[min(over_g32), max(over_g32)],
+            )
+        )
+        r = rows[-1]
+        print(
+            f"rescored output projection M={M} K={K} N={N}: one read {r['one_read_ms']:.3f} ms, composed "
+            f"{r['composed_ms']:.3f} ms ({r['composed_over_one_read_median_x']:.2f}x), group32 {r['group32_ms']:.3f} "
+            f"ms (one read / group32 {r['one_read_over_group32_median_x']:.2f}x)"
+        )
         if device == "cuda":
             torch.cuda.empty_cache()
     return rows

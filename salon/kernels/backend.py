@@ -17,7 +17,7 @@ import torch
 from salon.kernels.decoder_block import no_decoder_block, no_decoder_blocks
 from salon.kernels.glu import geglu_ref, swiglu_ref
 from salon.kernels.kv_write import kv_write_ref
-from salon.kernels.linear_rescored import compose as compose_linear_rescored
+from salon.kernels.linear_rescored import compose_one_read as compose_linear_rescored_one_read
 from salon.kernels.linear_rescored import linear_rescored_ref
 from salon.kernels.linear_two_terms import compose as compose_linear_two_terms
 from salon.kernels.linear_two_terms import compose_summed as compose_linear_two_terms_summed
@@ -148,6 +148,7 @@ def triton_ops() -> Ops:
         quantize_group32_triton,
         rmsnorm_quant_group32_triton,
         w8a8_group32_triton,
+        w8a8_group32_two_terms_triton,
     )
     from salon.kernels.w8a8_two_terms import w8a8_two_terms_triton
     from salon.kernels.w16a8_grouped import quantize_int16_ref, w16a8_grouped_ref
@@ -197,13 +198,10 @@ def triton_ops() -> Ops:
             rmsnorm_triton, quantize_int16_ref, w16a8_grouped_ref, "linear_int16_triton", terms=1
         ),
         linear_group32=linear_group32,
-        # both projections of every row, then the selection (no data-dependent shapes: a CUDA graph captures it)
-        linear_rescored=compose_linear_rescored(
-            linear_group32,
-            linear_two_terms,
-            quantize_group32_triton,
-            quantize_two_terms_triton,
-            "linear_rescored_triton",
+        # both projections of every row from one read of the weights, then the selection (no data-dependent
+        # shapes: a CUDA graph captures it)
+        linear_rescored=compose_linear_rescored_one_read(
+            quantize_group32_triton, quantize_two_terms_triton, w8a8_group32_two_terms_triton, "linear_rescored_triton"
         ),
         name="triton",
     )

@@ -32,9 +32,10 @@ token with an outlier channel rescored nearly all of them.
 The other rows keep group32's error (log-probs move by a few hundredths); a sampler at a temperature sees them.
 
 `compose(linear_group32, linear_two_terms, quantize_group32, quantize_two_terms, name)` builds the op from a family's
-ops (every row computed both ways, then selected: no data-dependent shapes, so a CUDA graph captures it); the CPU
-family runs it as one C call with the same bits (salon/kernels/cpu/linear_two_terms.py), the two-term values of the
-rescored rows' 16-row blocks only.
+ops (every row computed both ways, then selected: no data-dependent shapes, so a CUDA graph captures it);
+`compose_one_read(quantize_group32, quantize_two_terms, projections, name)` from one GEMM that gives both values of
+every row from one read of the weights (the Triton family's). The CPU family runs it as one C call with the same
+bits (salon/kernels/cpu/linear_two_terms.py), the two-term values of the rescored rows' 16-row blocks only.
 """
 
 from __future__ import annotations
@@ -107,7 +108,28 @@ def compose(
     name: str = "linear_rescored",
 ) -> LinearRescored:
     """The op from a family's group32 and two-term Linears and quantizations (`name`: the op's, the family's suffix)."""
+    return _op(
+        quantize_group32,
+        quantize_two_terms,
+        lambda x, q32, s32, q2, s2, w_q, w_scale: (linear_group32(x, w_q, w_scale), linear_two_terms(x, w_q, w_scale)),
+        name,
+    )
 
+
+def compose_one_read(
+    quantize_group32: Callable, quantize_two_terms: Callable, projections: Callable, name: str
+) -> LinearRescored:
+    """The op with both projections of every row from one read of the weights: `projections(q32, s32, q2, s2, w_q,
+    w_scale) -> (a, e)` takes the quantizations' outputs (the Triton family's w8a8_group32_two_terms_triton)."""
+    return _op(
+        quantize_group32,
+        quantize_two_terms,
+        lambda x, q32, s32, q2, s2, w_q, w_scale: projections(q32, s32, q2, s2, w_q, w_scale),
+        name,
+    )
+
+
+def _op(quantize_group32: Callable, quantize_two_terms: Callable, projections: Callable, name: str) -> LinearRescored:
     def linear_rescored(
         x: torch.Tensor,
         w_q: torch.Tensor,
@@ -118,10 +140,10 @@ def compose(
         """x f32[M, K] -> f32[M, N] (see the module docstring); bounds = row_bounds(w_q, w_scale); argmax: int64[M]
         to fill with each row's argmax of the output, or None."""
         m = x.shape[0]
-        _, s32 = quantize_group32(x)
-        _, s2 = quantize_two_terms(x)
+        q32, s32 = quantize_group32(x)
+        q2, s2 = quantize_two_terms(x)
         alpha, beta = bound_factors(s32, s2[m:])
-        out = select(linear_group32(x, w_q, w_scale), linear_two_terms(x, w_q, w_scale), alpha, beta, bounds)
+        out = select(*projections(x, q32, s32, q2, s2, w_q, w_scale), alpha, beta, bounds)
         if argmax is not None:
             argmax.copy_(out.argmax(dim=-1))
         return out

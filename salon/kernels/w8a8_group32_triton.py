@@ -24,6 +24,12 @@ w8a8_group32_triton(a_q, a_scale f32[M, G], w_q, w_scale f32[N, G] or f32[N], re
     y + residual (finish_tile; the reference's residual + y, the same rounding): w8a8_group32_ref's bits, and a
     row's result depends on that row alone (batch invariance). Per-row weight scales (f32[N]) are read with a
     group stride of 0, the same scale in every group, as the reference expands them.
+
+w8a8_group32_two_terms_triton(a_q, a_scale, t_q int8[2M, K], t_scale f32[2M], w_q, w_scale) -> (a, e)
+    The same kernel (TWO_TERMS_TOO) for the rescored output projection (salon.kernels.linear_rescored): each weight
+    tile also meets the row's two int8 terms (t rows m and M + m), each summed over the groups from +0.0 times the
+    weight scales only and dequantized with its row's scale, then the two added: a is w8a8_group32_ref's bits, e
+    w8a8_two_terms_ref's, from one read of the weights.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ from salon.kernels.quantize import SCALE_FLOOR
 from salon.kernels.rmsnorm import rmsnorm_ref
 from salon.kernels.triton_gemm_tile import finish_tile, grouped_tile
 from salon.kernels.triton_launch import check, check_tensor, is_interpreted, next_pow2, on_device
-from salon.kernels.w8a8_group32 import check_group32, quantize_group32_ref
+from salon.kernels.w8a8_group32 import check_group32, quantize_group32_ref, w8a8_group32_ref
 from salon.kernels.w8a8_grouped import GROUP
+from salon.kernels.w8a8_two_terms import w8a8_two_terms_ref
 
 _MAX_ROW = 32768  # rmsnorm_triton's: a fused row sits in one program's registers for its sum
 _QUANT_BLOCK_R = 64  # (row, group) pairs per program of the plain quantization: 2,048 values
@@ -120,11 +127,16 @@ def _group32_gemm_kernel(
     stride_wsg,
     stride_rm,
     stride_om,
+    t_ptr,
+    t_scale_ptr,
+    e_ptr,
+    stride_tm,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    TWO_TERMS_TOO: tl.constexpr = False,
 ):
     pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -137,24 +149,52 @@ def _group32_gemm_kernel(
     as_ptrs = a_scale_ptr + offs_m.to(tl.int64) * stride_asm  # a_scale[m, 0]; + g for group g
     ws_ptrs = w_scale_ptr + offs_n.to(tl.int64) * stride_wsn  # w_scale[n, 0]; + g * stride_wsg
 
+    # TWO_TERMS_TOO: the two int8 terms of each row (t rows m and M + m) meet the same weight tile, each summed over
+    # the groups as the two-term GEMM sums them (from 0.0, weight scales only: w8a8_kernel's GROUP_SCALES loop)
+    t_ptrs = t_ptr + offs_m[:, None].to(tl.int64) * stride_tm + offs_k[None, :]
+    e1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    e2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
     # group 0 starts the sum (the reference copies its term rather than adding it to zero: -0.0 stays -0.0)
     a = tl.load(a_ptrs, mask=mask_m[:, None], other=0)
     w = tl.load(w_ptrs, mask=mask_n[None, :], other=0)
-    s = tl.load(as_ptrs, mask=mask_m, other=0.0)[:, None] * tl.load(ws_ptrs, mask=mask_n, other=0.0)[None, :]
-    y = tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * s
+    ws = tl.load(ws_ptrs, mask=mask_n, other=0.0)[None, :]
+    y = tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * (tl.load(as_ptrs, mask=mask_m, other=0.0)[:, None] * ws)
+    if TWO_TERMS_TOO:
+        e1 += tl.dot(tl.load(t_ptrs, mask=mask_m[:, None], other=0), w, out_dtype=tl.int32).to(tl.float32) * ws
+        e2 += (
+            tl.dot(tl.load(t_ptrs + M * stride_tm, mask=mask_m[:, None], other=0), w, out_dtype=tl.int32).to(tl.float32)
+            * ws
+        )
     for _ in range(1, G):
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+        t_ptrs += BLOCK_K
         as_ptrs += 1
         ws_ptrs += stride_wsg
         a = tl.load(a_ptrs, mask=mask_m[:, None], other=0)
         w = tl.load(w_ptrs, mask=mask_n[None, :], other=0)
-        s = tl.load(as_ptrs, mask=mask_m, other=0.0)[:, None] * tl.load(ws_ptrs, mask=mask_n, other=0.0)[None, :]
+        ws = tl.load(ws_ptrs, mask=mask_n, other=0.0)[None, :]
+        s = tl.load(as_ptrs, mask=mask_m, other=0.0)[:, None] * ws
         y = y + tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * s
+        if TWO_TERMS_TOO:
+            e1 += tl.dot(tl.load(t_ptrs, mask=mask_m[:, None], other=0), w, out_dtype=tl.int32).to(tl.float32) * ws
+            e2 += (
+                tl.dot(tl.load(t_ptrs + M * stride_tm, mask=mask_m[:, None], other=0), w, out_dtype=tl.int32).to(
+                    tl.float32
+                )
+                * ws
+            )
     finish_tile(
         y, y, offs_m, offs_n, mask_m, mask_n, out_ptr, res_ptr, out_ptr, 0, stride_rm, stride_om, False, HAS_RESIDUAL,
         False,
     )  # fmt: skip
+    if TWO_TERMS_TOO:  # each term dequantized with its row's scale, then the two summed: w8a8_two_terms_ref's bits
+        e = e1 * tl.load(t_scale_ptr + offs_m, mask=mask_m, other=0.0)[:, None]
+        e = e + e2 * tl.load(t_scale_ptr + M + offs_m, mask=mask_m, other=0.0)[:, None]
+        finish_tile(
+            e, e, offs_m, offs_n, mask_m, mask_n, e_ptr, e_ptr, e_ptr, 0, 0, stride_om, False, False, False
+        )  # fmt: skip
 
 
 def quantize_group32_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,6 +283,45 @@ def w8a8_group32_triton(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """-> f32[M, N]: w8a8_group32_ref's bits (then residual + y where given) in one launch."""
+    return _launch(a_q, a_scale, w_q, w_scale, residual, None)[0]
+
+
+def w8a8_group32_two_terms_ref(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    t_q: torch.Tensor,
+    t_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both values of every output row: (w8a8_group32_ref of the group32 term a_q int8[M, K], a_scale f32[M, K/32],
+    w8a8_two_terms_ref of the two int8 terms t_q int8[2M, K], t_scale f32[2M]), f32[M, N] each."""
+    return w8a8_group32_ref(a_q, a_scale, w_q, w_scale), w8a8_two_terms_ref(t_q, t_scale, w_q, w_scale)
+
+
+def w8a8_group32_two_terms_triton(
+    a_q: torch.Tensor,
+    a_scale: torch.Tensor,
+    t_q: torch.Tensor,
+    t_scale: torch.Tensor,
+    w_q: torch.Tensor,
+    w_scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w8a8_group32_two_terms_ref's bits in one launch: each weight tile read once for the three int8 products (the
+    rescored output projection's, salon.kernels.linear_rescored: the composition of the two GEMMs read the 168 MB
+    of Gemma 3's projection twice a step)."""
+    dev = a_q.device
+    check_tensor("t_q", t_q, torch.int8, 2, dev)
+    check_tensor("t_scale", t_scale, torch.float32, 1, dev)
+    m = a_q.shape[0]
+    want = (2 * m, a_q.shape[1])
+    check(tuple(t_q.shape) == want, f"t_q: expected shape {want}, got {tuple(t_q.shape)}")
+    check(tuple(t_scale.shape) == (2 * m,), f"t_scale: expected shape {(2 * m,)}, got {tuple(t_scale.shape)}")
+    return _launch(a_q, a_scale, w_q, w_scale, None, (t_q if t_q.stride(1) == 1 else t_q.contiguous(), t_scale))
+
+
+def _launch(a_q, a_scale, w_q, w_scale, residual, terms) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The group32 GEMM (and with terms = (t_q, t_scale) the two-term values too) after the operands' checks."""
     dev = a_q.device
     check_tensor("a_q", a_q, torch.int8, 2, dev)
     check_tensor("w_q", w_q, torch.int8, 2, dev)
@@ -259,10 +338,12 @@ def w8a8_group32_triton(
     a_scale = a_scale if a_scale.stride(1) == 1 else a_scale.contiguous()
     w_scale = w_scale if w_scale.stride(-1) == 1 else w_scale.contiguous()
     out = torch.empty((M, N), dtype=torch.float32, device=dev)
+    e = torch.empty((M, N), dtype=torch.float32, device=dev) if terms is not None else None
     if M == 0 or N == 0:
-        return out
+        return out, e
     cfg = _group32_config(M, N, dev)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
+    t_q, t_scale = terms if terms is not None else (a_q, a_scale)
     on_device(_group32_gemm_kernel, dev)[grid](
         a_q,
         a_scale,
@@ -280,11 +361,16 @@ def w8a8_group32_triton(
         w_scale.stride(1) if w_scale.dim() == 2 else 0,
         residual.stride(0) if residual is not None else 0,
         out.stride(0),
+        t_q,
+        t_scale,
+        e if e is not None else out,
+        t_q.stride(0),
         HAS_RESIDUAL=residual is not None,
+        TWO_TERMS_TOO=terms is not None,
         enable_fp_fusion=False,  # the product and the sum of each group step rounded on their own
         **cfg,
     )
-    return out
+    return out, e
 
 
 def _check_x(x: torch.Tensor) -> tuple[int, int]:

@@ -1,6 +1,6 @@
-"""bench/linear_recipes.py: the two activation recipes are measured in alternated rounds (A B, then B A) on the same
-rotating weights and inputs, and a row's ratio is the median of the rounds' ratios with their range; the calls run
-the Triton family's two-term and group32 ops (here in Triton's interpreter)."""
+"""bench/linear_recipes.py: the two activation recipes (and the rescored output projection's variants) are measured
+in alternated rounds (A B, then B A) on the same rotating weights and inputs, and a row's ratio is the median of the
+rounds' ratios with their range; the calls run the Triton family's ops (here in Triton's interpreter)."""
 
 from __future__ import annotations
 
@@ -44,3 +44,14 @@ def test_calls_run_both_recipes_ops_on_the_same_rotating_weights(norm):
     assert not torch.equal(outs["two_terms"][0], outs["group32"][0])  # two recipes, two results
     two, g32 = outs["two_terms"][0], outs["group32"][0]
     assert (two - g32).abs().max() < 0.05 * two.abs().max()  # the same Linear: close, about 8 bits against 14
+
+
+def test_rescored_calls_run_the_one_read_op_its_composition_and_group32_on_the_same_weights():
+    calls, copies = linear_recipes.rescored_calls(64, 40, 2, 1 << 13, "cpu")
+    assert set(calls) == {"one_read", "composed", "group32"} and copies >= 2
+    outs = {name: [call() for _ in range(copies + 1)] for name, call in calls.items()}
+    for got in outs.values():
+        assert all(o.shape == (2, 40) for o in got)
+        assert torch.equal(got[0], got[copies]) and not torch.equal(got[0], got[1])  # one weight a call, cycled
+    one, composed = outs["one_read"][0], outs["composed"][0]
+    assert torch.equal(one.view(torch.int32), composed.view(torch.int32))  # the same op: the same bits

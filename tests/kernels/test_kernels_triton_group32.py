@@ -1,8 +1,9 @@
 """The group32 recipe's Triton kernels (salon.kernels.w8a8_group32_triton) bit for bit against the recipe's references
 (salon.kernels.w8a8_group32): the quantization per token and 32 channels, the RMSNorm fused in front of it (against
-rmsnorm_triton then the quantization), the GEMM in the contract's order with the residual behind it, and the Triton
-family's whole `linear_group32` op against its unfused composition. Without CUDA the kernels run in Triton's
-interpreter on small seeded shapes; the tests marked gpu run them compiled on model-sized shapes."""
+rmsnorm_triton then the quantization), the GEMM in the contract's order with the residual behind it (and with the
+two-term values of the same rows from the same weight tiles), and the Triton family's whole `linear_group32` op
+against its unfused composition. Without CUDA the kernels run in Triton's interpreter on small seeded shapes; the
+tests marked gpu run them compiled on model-sized shapes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from salon.kernels.backend import select_ops, triton_ops
 from salon.kernels.linear_two_terms import compose, linear_group32_ref
-from salon.kernels.quantize import SCALE_FLOOR
+from salon.kernels.quantize import SCALE_FLOOR, quantize_two_terms_ref
 from salon.kernels.rmsnorm import rmsnorm_residual_triton, rmsnorm_triton
 from salon.kernels.w8a8_group32 import quantize_group32_ref, w8a8_group32_ref
 from salon.kernels.w8a8_group32_triton import (
@@ -19,6 +20,8 @@ from salon.kernels.w8a8_group32_triton import (
     rmsnorm_quant_group32_ref,
     rmsnorm_quant_group32_triton,
     w8a8_group32_triton,
+    w8a8_group32_two_terms_ref,
+    w8a8_group32_two_terms_triton,
 )
 
 
@@ -104,6 +107,58 @@ def test_gemm_is_the_references_bits(m, k, n, per_row_weights, with_residual):
     got = w8a8_group32_triton(a_q, a_scale, w_q, w_scale, residual)
     expected = w8a8_group32_ref(a_q, a_scale, w_q, w_scale)
     assert same_bits(got, expected if residual is None else residual + expected)
+
+
+def both_operands(m: int, k: int, n: int, seed: int):
+    """The rescored projection's operands: a row's group32 term and its two int8 terms, of the same activations."""
+    a_q, a_scale, w_q, w_scale = operands(m, k, n, seed=seed)
+    t_q, t_scale = quantize_two_terms_ref(activations(m, k, seed))
+    return a_q, a_scale, t_q, t_scale, w_q, w_scale
+
+
+@pytest.mark.parametrize("m, k, n", SHAPES)
+def test_gemm_with_the_two_terms_too_is_both_references_bits(m, k, n):
+    """One read of the weights for both values of every row: the group32 GEMM's and the two-term GEMM's bits (the
+    terms' sums start from +0.0 and are dequantized per term, then summed; the group32 sum starts from its first
+    group's term)."""
+    args = both_operands(m, k, n, seed=m + k + n)
+    got_a, got_e = w8a8_group32_two_terms_triton(*args)
+    want_a, want_e = w8a8_group32_two_terms_ref(*args)
+    assert same_bits(got_a, want_a) and same_bits(got_e, want_e)
+    assert k == 32 or not same_bits(got_a, got_e)  # two recipes: their low bits differ (k 32: a zero row)
+    for i in {0, m - 1}:  # batch invariance
+        row = slice(i, i + 1)
+        a_q, a_scale, t_q, t_scale, w_q, w_scale = args
+        one = w8a8_group32_two_terms_triton(a_q[row], a_scale[row], t_q[[i, m + i]], t_scale[[i, m + i]], w_q, w_scale)
+        assert same_bits(one[0], got_a[row]) and same_bits(one[1], got_e[row])
+
+
+def check_two_terms_signed_zero(device: str) -> None:
+    # a zero weight scale times a negative product is -0.0: the group32 sum starts from that term (-0.0), the
+    # two-term sums from +0.0 (+0.0 + -0.0 = +0.0), as their references do
+    a_q = torch.zeros(1, 32, dtype=torch.int8)
+    a_q[0, 0] = -1
+    t_q = torch.zeros(2, 32, dtype=torch.int8)
+    t_q[:, 0] = -1
+    args = (a_q, torch.ones(1, 1), t_q, torch.ones(2), torch.ones(3, 32, dtype=torch.int8), torch.zeros(3, 1))
+    a, e = (t.cpu() for t in w8a8_group32_two_terms_triton(*(t.to(device) for t in args)))
+    want_a, want_e = w8a8_group32_two_terms_ref(*args)
+    assert a.view(torch.int32).eq(torch.tensor(-0.0).view(torch.int32)).all() and same_bits(a, want_a)
+    assert e.view(torch.int32).eq(0).all() and same_bits(e, want_e)
+
+
+def test_gemm_with_the_two_terms_too_keeps_each_sums_first_zero():
+    check_two_terms_signed_zero("cpu")
+
+
+def test_gemm_with_the_two_terms_too_refuses_terms_of_another_shape():
+    a_q, a_scale, t_q, t_scale, w_q, w_scale = both_operands(2, 64, 5, seed=1)
+    with pytest.raises(ValueError, match="t_q"):
+        w8a8_group32_two_terms_triton(a_q, a_scale, t_q[:2], t_scale, w_q, w_scale)
+    with pytest.raises(ValueError, match="t_scale"):
+        w8a8_group32_two_terms_triton(a_q, a_scale, t_q, t_scale[:3], w_q, w_scale)
+    with pytest.raises(ValueError, match="t_q"):
+        w8a8_group32_two_terms_triton(a_q, a_scale, t_q.float(), t_scale, w_q, w_scale)
 
 
 def check_negative_zero(device: str) -> None:
@@ -220,8 +275,21 @@ def test_group32_on_cuda_is_the_references_bits(m, k, n):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 8, 64])
+def test_group32_with_the_two_terms_too_on_cuda_is_both_references_bits(m):
+    """Compiled, on Gemma 3's output projection width and a sixteenth of its vocabulary, at decode and prefill
+    row tiles."""
+    args = both_operands(m, 640, 16384, seed=m)
+    got = w8a8_group32_two_terms_triton(*(t.cuda() for t in args))
+    want = w8a8_group32_two_terms_ref(*args)
+    assert same_bits(got[0].cpu(), want[0]) and same_bits(got[1].cpu(), want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_group32_on_cuda_keeps_negative_zero_and_subnormals():
     check_negative_zero("cuda")
+    check_two_terms_signed_zero("cuda")
 
 
 @pytest.mark.gpu
