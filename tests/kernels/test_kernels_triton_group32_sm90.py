@@ -1,6 +1,7 @@
 """The group32 Triton kernels compiled for an H100 (sm_90) without one: Triton compiles a kernel for a named GPU
 target on any machine, so the PTX of each launch the launchers make is read here. The GEMM at each of its GPU tiles
-rounds every product and sum on its own (no fused multiply-add) on int8 tensor-core dots; the fused norm and
+rounds every product and sum on its own (no fused multiply-add) on int8 tensor-core dots, with the two-term values
+of the rescored output projection too; the fused norm and
 quantization sums a row's squares with exactly the operations of rmsnorm_triton (the same tree of additions over the
 same loaded values, the same warp shuffles), which is what makes its bits the unfused pair's on the GPU. The launches'
 arguments are the launchers' own, recorded from CPU calls."""
@@ -107,15 +108,21 @@ def test_fused_norm_sums_squares_as_rmsnorm_triton(monkeypatch, k):
 
 
 @pytest.mark.parametrize("m, n", [(1, 640), (1, 4096), (64, 1536), (256, 640)])
-def test_gemm_rounds_each_product_and_sum_on_int8_tensor_cores(monkeypatch, m, n):
+@pytest.mark.parametrize("two_terms_too", [False, True])
+def test_gemm_rounds_each_product_and_sum_on_int8_tensor_cores(monkeypatch, m, n, two_terms_too):
+    """The group32 GEMM, and the same kernel giving the two-term values too (the rescored output projection's)."""
     a_q = torch.zeros(m, 640, dtype=torch.int8)
     a_scale, w_q, w_scale = torch.ones(m, 20), torch.zeros(n, 640, dtype=torch.int8), torch.ones(n, 20)
     gpu_config = group32._group32_config(m, n, torch.device("cuda"))
     monkeypatch.setattr(group32, "_group32_config", lambda M, N, device: gpu_config)  # the GPU's tiles, not the CPU's
-    kernel, args, kwargs = recorded(
-        monkeypatch, group32, lambda: group32.w8a8_group32_triton(a_q, a_scale, w_q, w_scale, torch.zeros(m, n))
-    )
+    if two_terms_too:
+        t_q, t_scale = torch.zeros(2 * m, 640, dtype=torch.int8), torch.ones(2 * m)
+        call = lambda: group32.w8a8_group32_two_terms_triton(a_q, a_scale, t_q, t_scale, w_q, w_scale)  # noqa: E731
+    else:
+        call = lambda: group32.w8a8_group32_triton(a_q, a_scale, w_q, w_scale, torch.zeros(m, n))  # noqa: E731
+    kernel, args, kwargs = recorded(monkeypatch, group32, call)
     assert kwargs["BLOCK_M"] == gpu_config["BLOCK_M"] and kwargs["enable_fp_fusion"] is False
+    assert kwargs["TWO_TERMS_TOO"] is two_terms_too
     ptx = sm90_ptx(kernel, args, kwargs)
     assert "fma.rn.f32" not in ptx and "mul.rn.f32" in ptx and "add.rn.f32" in ptx
     int8_mma = r"mma\.sync\.aligned\.\w+\.row\.col(\.satfinite)?\.s32\.s8\.s8\.s32|wgmma\.mma_async\.\S*\.s32\.s8\.s8"
