@@ -1,10 +1,10 @@
 """The group32 Triton kernels compiled for an H100 (sm_90) without one: Triton compiles a kernel for a named GPU
 target on any machine, so the PTX of each launch the launchers make is read here. The GEMM at each of its GPU tiles
-rounds every product and sum on its own (no fused multiply-add) on int8 tensor-core dots, with the two-term values
-of the rescored output projection too; the fused norm and
-quantization sums a row's squares with exactly the operations of rmsnorm_triton (the same tree of additions over the
-same loaded values, the same warp shuffles), which is what makes its bits the unfused pair's on the GPU. The launches'
-arguments are the launchers' own, recorded from CPU calls."""
+rounds every product and sum on its own (no fused multiply-add) on int8 tensor-core dots, and so does the same kernel
+giving the rescored output projection's two-term values too; the fused norm and quantization sums a row's squares
+with exactly the operations of rmsnorm_triton (the same tree of additions over the same loaded values, the same warp
+shuffles), which is what makes its bits the unfused pair's on the GPU. The launches' arguments are the launchers'
+own, recorded from CPU calls."""
 
 from __future__ import annotations
 
