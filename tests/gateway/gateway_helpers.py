@@ -136,6 +136,9 @@ def ring_owner(engine_ids: Sequence[str], conversation_id: str, tenant_id: str =
 
 
 ENGINE_KV_CACHE_BYTES = 32 << 20
+# A reply long enough that a fault after its first tokens lands mid-stream on a loaded machine (seconds of decoding
+# on the synthetic model; a few hundred tokens were done in a fraction of a second)
+MID_STREAM_TOKENS = 1000
 
 
 def start_engines(

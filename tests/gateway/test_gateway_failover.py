@@ -8,6 +8,7 @@ import signal
 import pytest
 from gateway_helpers import (
     ACME_KEY,
+    MID_STREAM_TOKENS,
     auth,
     chat_request,
     chat_stub,
@@ -25,7 +26,6 @@ from gateway_helpers import (
 )
 
 ENGINE_IDS = ["e0", "e1"]
-NUM_TOKENS = 1000  # seconds of decoding after the cut: the kill lands mid-stream on a loaded machine
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_sigkill_mid_stream_fails_over_without_loss_or_repeat(stack) -> None:
     conv = "failover-dialogue"
     owner = ring_owner(ENGINE_IDS, conv)
     survivor = next(e for e in ENGINE_IDS if e != owner)
-    request = chat_request(conv, max_new_tokens=NUM_TOKENS)
+    request = chat_request(conv, max_new_tokens=MID_STREAM_TOKENS)
 
     # Reference: the same greedy request, uninterrupted, straight to the surviving engine.
     channel, direct = engine_stub(engines[survivor])

@@ -12,6 +12,7 @@ import time
 import pytest
 from gateway_helpers import (
     ACME_KEY,
+    MID_STREAM_TOKENS,
     auth,
     chat_request,
     chat_stub,
@@ -28,7 +29,6 @@ from gateway_helpers import (
 )
 
 ENGINE_IDS = ["e0", "e1"]
-NUM_TOKENS = 240
 INTER_TOKEN_TIMEOUT_S = 1.0
 STALE_AFTER_S = 1.0
 FIRST_TOKEN_TIMEOUT_S = 1.5
@@ -105,8 +105,8 @@ def test_stream_on_a_stopped_engine_fails_over_on_the_inter_token_timeout(engine
         conversation = "stall-mid-stream"
         owner = ring_owner(ENGINE_IDS, conversation)
         survivor = next(e for e in ENGINE_IDS if e != owner)
-        request = chat_request(conversation, max_new_tokens=NUM_TOKENS)
-        # Exactly NUM_TOKENS tokens: a reply cut short by its end of turn could be whole before the stop.
+        request = chat_request(conversation, max_new_tokens=MID_STREAM_TOKENS)
+        # Exactly MID_STREAM_TOKENS tokens: a reply cut short by its end of turn could be whole before the stop.
         request.sampling.ignore_eos = True
         # Reference: the same greedy request, undisturbed, straight to the surviving engine.
         channel, direct = engine_stub(procs[survivor])
@@ -114,7 +114,7 @@ def test_stream_on_a_stopped_engine_fails_over_on_the_inter_token_timeout(engine
             reference_ids, reference_text, reference_final = collect(
                 direct.Generate(engine_request(request), timeout=120)
             )
-        assert len(reference_ids) == NUM_TOKENS
+        assert len(reference_ids) == MID_STREAM_TOKENS
 
         channel, stub = chat_stub(gateway)
         with channel:
