@@ -25,7 +25,7 @@ def test_sigterm_drains_streams_and_reports_draining(tmp_path):
             request = engine_pb2.GenerateRequest(
                 request_id="long",
                 tokens=chat_pb2.TokenizedPrompt(token_ids=[2] + list(range(1000, 1100))),
-                sampling=chat_pb2.SamplingParams(max_new_tokens=400),
+                sampling=chat_pb2.SamplingParams(max_new_tokens=2000),  # still running at the SIGTERM
             )
             stream = stub.Generate(request, timeout=120)
             first = next(stream)

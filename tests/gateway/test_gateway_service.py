@@ -9,6 +9,7 @@ import pytest
 from gateway_helpers import (  # noqa: F401 - redis_server is a fixture
     ACME_KEY,
     GLOBEX_KEY,
+    MID_STREAM_TOKENS,
     auth,
     chat_request,
     chat_stub,
@@ -165,7 +166,9 @@ def test_tenant_stream_limit(gateway) -> None:
     channel, stub = chat_stub(gateway)
     with channel:
         open_calls = [
-            stub.Generate(chat_request(f"limit-{i}", max_new_tokens=400), metadata=auth(GLOBEX_KEY), timeout=60)
+            stub.Generate(
+                chat_request(f"limit-{i}", max_new_tokens=MID_STREAM_TOKENS), metadata=auth(GLOBEX_KEY), timeout=60
+            )
             for i in range(2)
         ]
         for call in open_calls:
@@ -179,8 +182,14 @@ def test_tenant_stream_limit(gateway) -> None:
         collect(stub.Generate(chat_request("limit-acme", 1), metadata=auth(ACME_KEY), timeout=30))
         for call in open_calls:
             call.cancel()
-        time.sleep(0.2)
-        _, _, final = collect(stub.Generate(chat_request("limit-3", 1), metadata=auth(GLOBEX_KEY), timeout=30))
+        deadline = time.monotonic() + 10
+        while True:  # admitted once the gateway has seen the cancellations
+            try:
+                _, _, final = collect(stub.Generate(chat_request("limit-3", 1), metadata=auth(GLOBEX_KEY), timeout=30))
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, e
+                time.sleep(0.05)
         assert final.finish_reason != chat_pb2.FINISH_REASON_UNSPECIFIED
 
 
