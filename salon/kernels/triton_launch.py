@@ -20,6 +20,7 @@ import threading
 
 import torch
 import triton
+import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
@@ -62,13 +63,39 @@ class _InterpretedLaunch(_Launcher):
         def launch(*args, **kwargs):
             with _redirect_lock:
                 saved = JITFunction.__call__
+                lang = _lang_attributes()
                 JITFunction.__call__ = _call_interpreted
                 try:
                     return run(*args, grid=grid, warmup=False, **kwargs)
                 finally:
                     JITFunction.__call__ = saved
+                    _restore_lang(lang)
 
         return launch
+
+
+# What the interpreter patches while it runs a kernel. Triton's own restore misses some of it (triton 3.9 left 64 of
+# triton.language.core's builtins and tensor.__repr__ as the interpreter's): a kernel compiled later in the same
+# process then fails (the sm_90 PTX tests after the interpreter's, on a cold Triton cache).
+_LANG_OBJECTS = (tl, tl.core, tl.math, tl.tensor)
+
+
+def _lang_attributes() -> list[tuple[object, dict]]:
+    return [(obj, dict(vars(obj))) for obj in _LANG_OBJECTS]
+
+
+def _restore_lang(saved: list[tuple[object, dict]]) -> None:
+    """Every attribute of _LANG_OBJECTS as it was before the launch: changed ones set back, added ones removed."""
+    for obj, attrs in saved:
+        now = vars(obj)
+        for name in [n for n in now if n not in attrs]:
+            delattr(obj, name)
+        for name, value in attrs.items():
+            if now.get(name, _ABSENT) is not value:
+                setattr(obj, name, value)
+
+
+_ABSENT = object()
 
 
 class _CompiledLaunch(_Launcher):
