@@ -139,6 +139,31 @@ def grouped_tile(M, N_OUT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M
 
 
 @triton.jit
+def tile_start(
+    a_ptr,
+    w_ptr,
+    M,
+    N_OUT,
+    stride_am,
+    stride_wn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """This program's output tile (grouped_tile's order) and its first K step: (offs_m, offs_n, mask_m, mask_n,
+    a_ptrs [BLOCK_M, BLOCK_K] of a's rows, w_ptrs the [BLOCK_K, BLOCK_N] view of w^T); offs_k is tl.arange over
+    BLOCK_K."""
+    pid_m, pid_n = grouped_tile(M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    return offs_m, offs_n, offs_m < M, offs_n < N_OUT, a_ptrs, w_ptrs
+
+
+@triton.jit
 def finish_tile(
     y,
     up,

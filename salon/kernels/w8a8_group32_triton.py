@@ -40,7 +40,7 @@ import triton.language as tl
 
 from salon.kernels.quantize import SCALE_FLOOR
 from salon.kernels.rmsnorm import rmsnorm_ref
-from salon.kernels.triton_gemm_tile import finish_tile, grouped_tile
+from salon.kernels.triton_gemm_tile import finish_tile, tile_start
 from salon.kernels.triton_launch import check, check_tensor, is_interpreted, next_pow2, on_device
 from salon.kernels.w8a8_group32 import check_group32, quantize_group32_ref, w8a8_group32_ref
 from salon.kernels.w8a8_grouped import GROUP
@@ -138,14 +138,10 @@ def _group32_gemm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     TWO_TERMS_TOO: tl.constexpr = False,
 ):
-    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, mask_m, mask_n, a_ptrs, w_ptrs = tile_start(
+        a_ptr, w_ptr, M, N, stride_am, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M
+    )
     offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N] view of w^T
     as_ptrs = a_scale_ptr + offs_m.to(tl.int64) * stride_asm  # a_scale[m, 0]; + g for group g
     ws_ptrs = w_scale_ptr + offs_n.to(tl.int64) * stride_wsn  # w_scale[n, 0]; + g * stride_wsg
 

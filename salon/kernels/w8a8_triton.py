@@ -3,7 +3,7 @@
 (salon.kernels.w8a8_grouped.w8a8_grouped_triton, GROUP_SCALES=True). The flag is a tl.constexpr, so each layout
 compiles to its own kernel with only its own loop.
 
-One program computes an output tile [BLOCK_M, BLOCK_N] (grouped_tile picks which). With GEGLU it also
+One program computes an output tile [BLOCK_M, BLOCK_N] (tile_start picks which). With GEGLU it also
 accumulates the "up" rows of w (row n + UP_OFFSET, with their own scales) next to the "gate" rows n, so gate and
 up of a column meet in registers.
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from salon.kernels.triton_gemm_tile import finish_tile, grouped_tile
+from salon.kernels.triton_gemm_tile import finish_tile, tile_start
 
 
 @triton.jit
@@ -64,15 +64,10 @@ def w8a8_kernel(
     GEGLU: tl.constexpr,
     TWO_TERMS: tl.constexpr = False,
 ):
-    pid_m, pid_n = grouped_tile(M, N_OUT, BLOCK_M, BLOCK_N, GROUP_M)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n, mask_m, mask_n, a_ptrs, w_ptrs = tile_start(
+        a_ptr, w_ptr, M, N_OUT, stride_am, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M
+    )
     offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N_OUT
-    a_ptrs = a_ptr + offs_m[:, None].to(tl.int64) * stride_am + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N] view of w^T
     if GROUP_SCALES:
         s_ptrs = w_scale_ptr + offs_n.to(tl.int64) * stride_sn  # w_scale[n, 0]; + g for group g
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
