@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram, disable_created_metrics, start_http_server
 
+# salon's own latencies (engine steps, kvstore calls, a gateway's streams): 5 ms .. 120 s; a service adds finer
+# buckets below for its own faster work.
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+LATENCY_BUCKETS_S += (80.0, 120.0)
+
 # No `_created` series: they double every counter and histogram and no dashboard reads them.
 disable_created_metrics()
 

@@ -12,27 +12,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-# salon's own latencies (steps, kvstore calls): 5 ms .. 120 s.
-LATENCY_BUCKETS_S = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    120.0,
-)
+from salon.common.metrics import LATENCY_BUCKETS_S
+
 # vLLM's buckets (vllm/v1/metrics/loggers.py), with finer ones below its first where salon's small
 # models run: a token every few milliseconds, a short request in tens of them.
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)

@@ -7,32 +7,10 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-# The engines' 5 ms .. 120 s buckets, with finer ones below for the gateway's own sub-millisecond work.
-_LATENCY_BUCKETS_S = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.002,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    120.0,
-)
+from salon.common.metrics import LATENCY_BUCKETS_S
+
+# salon's latency buckets, with finer ones below for the gateway's own sub-millisecond work.
+_LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.002, *LATENCY_BUCKETS_S)
 
 REQUESTS = Counter(
     "salon_gateway_requests_total",
