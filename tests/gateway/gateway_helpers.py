@@ -251,6 +251,26 @@ def wait_engines_serving(
         time.sleep(0.05)
 
 
+def start_serving_gateway(
+    engines: dict[str, ServiceProcess], log_dir: Path, name: str = "gateway", extra: Sequence[str] = ()
+) -> ServiceProcess:
+    """A gateway over `engines` with fresh load reports (every 100 ms), returned once every engine is in its ring
+    (killed if that never comes)."""
+    gateway = start_gateway(
+        engines.values(),
+        write_tenants(log_dir / f"{name}.json"),
+        log_dir,
+        name=name,
+        extra=["--load-interval-ms", "100", *extra],
+    )
+    try:
+        wait_engines_serving(gateway, engines)
+    except BaseException:
+        gateway.kill()
+        raise
+    return gateway
+
+
 def chat_stub(process: ServiceProcess) -> tuple[grpc.Channel, chat_pb2_grpc.ChatServiceStub]:
     channel = grpc.insecure_channel(process.address)
     return channel, chat_pb2_grpc.ChatServiceStub(channel)

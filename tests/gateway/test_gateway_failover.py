@@ -20,9 +20,8 @@ from gateway_helpers import (
     ring_owner,
     start_engine,
     start_engines,
-    start_gateway,
+    start_serving_gateway,
     wait_engines_serving,
-    write_tenants,
 )
 
 ENGINE_IDS = ["e0", "e1"]
@@ -33,10 +32,7 @@ def stack(tmp_path):
     engines = start_engines(ENGINE_IDS, tmp_path)
     gateway = None
     try:
-        gateway = start_gateway(
-            engines.values(), write_tenants(tmp_path / "tenants.json"), tmp_path, extra=["--load-interval-ms", "100"]
-        )
-        wait_engines_serving(gateway, ENGINE_IDS)
+        gateway = start_serving_gateway(engines, tmp_path)
         yield engines, gateway, tmp_path
     finally:
         if gateway is not None:

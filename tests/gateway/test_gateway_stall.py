@@ -23,9 +23,8 @@ from gateway_helpers import (
     metric_value,
     ring_owner,
     start_engines,
-    start_gateway,
+    start_serving_gateway,
     wait_engines_serving,
-    write_tenants,
 )
 
 ENGINE_IDS = ["e0", "e1"]
@@ -52,15 +51,7 @@ def engines(tmp_path_factory):
 
 def _gateway(engines, name: str, *flags: str):
     procs, tmp = engines
-    gateway = start_gateway(
-        procs.values(), write_tenants(tmp / f"{name}.json"), tmp, name=name, extra=["--load-interval-ms", "100", *flags]
-    )
-    try:
-        wait_engines_serving(gateway, ENGINE_IDS)
-    except BaseException:
-        gateway.kill()
-        raise
-    return gateway
+    return start_serving_gateway(procs, tmp, name, flags)
 
 
 def _owned_by(engine_id: str, prefix: str) -> str:
