@@ -304,8 +304,7 @@ def w8a8_group32_two_terms_triton(
     w_scale: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """w8a8_group32_two_terms_ref's bits in one launch: each weight tile read once for the three int8 products (the
-    rescored output projection's, salon.kernels.linear_rescored: the composition of the two GEMMs read the 168 MB
-    of Gemma 3's projection twice a step)."""
+    rescored output projection's, salon.kernels.linear_rescored; the two GEMMs, composed, read the weights twice)."""
     dev = a_q.device
     check_tensor("t_q", t_q, torch.int8, 2, dev)
     check_tensor("t_scale", t_scale, torch.float32, 1, dev)
