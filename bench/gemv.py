@@ -64,7 +64,7 @@ from pathlib import Path
 import torch
 
 from bench.alternate import best_seconds
-from bench.group32_gemm import group32_section, rescored_section
+from bench.group32_gemm import group32_section, rescored_section, resident_section
 from bench.int16_gemm import int16_section
 from salon.engine.model.huge_pages import in_huge_pages
 from salon.kernels.cpu import native
@@ -222,6 +222,7 @@ def main() -> None:
     if args.group32:
         group32_section(result, 3 if args.quick else 9, gen)
         rescored_section(result, 3 if args.quick else 9, gen)
+        resident_section(result, 3 if args.quick else 9, gen)
     again = STREAM_BYTES / _best_s(lambda: x.sum(), repeats) / 1e9
     print(f"streaming read again after the kernels: {again:.1f} GB/s (the percentages use the first)")
     result["stream_read_after_gbps"] = round(again, 2)

@@ -24,6 +24,15 @@ against the plain group32 op on the same weights (RESCORED_COPIES copies, one a 
 from memory), alternated the same way: `rescored_m{M}_lm_head_over_group32_x` (above 1: the selection's cost) with
 its range and both medians.
 
+And what the group32 GEMM's instructions allow: the GEMM at M = 1 and 8 on one copy of Gemma's gate_up weights, called
+again and again so they stay in the cores' L2 (the best of RESIDENT_CALLS calls: no weight read from memory), in
+GMAC/s, against the int8 product ceiling (bench/int8_ceiling.c: vpdpbusd alone, every operand in registers), the two
+alternated: `group32_resident_m{M}_gate_up_of_ceiling` with its range. Besides its 8 vpdpbusd, a group of 32 channels
+costs each row 5 more vector instructions on the same ports (the two chains' sum, the conversion, the activation
+scale times the weight scale, the product, the sum; each rounded on its own by the recipe's contract), so at 8 rows
+the GEMM's rate tops out near 8/13 of the ceiling: a batch-8 decode step's products take about as long as the
+batch-1 step's weight reads.
+
     python -m bench.group32_gemm [--quick] [--threads N]      (also bench.gemv --group32)
 """
 
@@ -57,6 +66,10 @@ MIN_MEASURE_S = 0.02
 # more than the last-level cache holds)
 LM_HEAD = (640, 262_144)
 RESCORED_COPIES = 2
+# A projection whose weights stay in the cores' L2 (Gemma 3 270M's gate_up, split over 2 threads) and the calls a
+# resident measurement makes (the best call's time)
+RESIDENT = ("gate_up", 640, 4096)
+RESIDENT_CALLS = 200
 
 
 def _weights(n: int, k: int, copies: int, gen: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -185,6 +198,56 @@ def rescored_section(result: dict, rounds: int, gen: torch.Generator, shape=LM_H
         )
 
 
+def resident_gmacs(m: int, gen: torch.Generator, shape=RESIDENT) -> float | None:
+    """GMAC/s of the group32 GEMM at m rows on one copy of `shape`'s weights, called RESIDENT_CALLS times so they stay
+    in the cores' L2: the best call's (None where the C kernels are not built here)."""
+    if library() is None:
+        return None
+    _, k, n = shape
+    ((w, s),) = _weights(n, k, 1, gen)
+    q, s_a = quantize_group32_cpu(torch.randn(m, k, generator=gen))
+    w8a8_group32_cpu(q, s_a, w, s)  # packs the weights
+    best = math.inf
+    for _ in range(RESIDENT_CALLS):
+        start = time.perf_counter()
+        w8a8_group32_cpu(q, s_a, w, s)
+        best = min(best, time.perf_counter() - start)
+    return m * n * k / best / 1e9
+
+
+def resident_section(result: dict, rounds: int, gen: torch.Generator, shape=RESIDENT, ms=DECODE_MS) -> None:
+    """The group32 GEMM on weights that stay in the cores' L2 against the int8 product ceiling (see the module
+    docstring), alternated, in `result`."""
+    from bench.gemv import int8_product_ceiling_gmacs  # here: bench.gemv imports this module
+
+    if library() is None:
+        return
+    name, k, n = shape
+    threads = torch.get_num_threads()
+    print(
+        f"the group32 GEMM on L2-resident weights ({name} {n}x{k}) against the int8 product ceiling, {rounds} rounds:"
+    )
+    for m in ms:
+        rates: list[float] = []
+        ceilings: list[float] = []
+        for r in range(rounds):
+            for which in (0, 1) if r % 2 == 0 else (1, 0):
+                if which == 0:
+                    rates.append(resident_gmacs(m, gen, shape) or math.nan)
+                else:
+                    ceilings.append(int8_product_ceiling_gmacs(threads, 1) or math.nan)
+        shares = [g / c for g, c in zip(rates, ceilings)]
+        key = f"group32_resident_m{m}_{name}"
+        result[f"{key}_gmacs"] = round(statistics.median(rates), 1)
+        result[f"{key}_ceiling_gmacs"] = round(statistics.median(ceilings), 1)
+        result[f"{key}_of_ceiling"] = round(statistics.median(shares), 3)
+        result[f"{key}_of_ceiling_range"] = [round(min(shares), 3), round(max(shares), 3)]
+        print(
+            f"  M={m}: {result[f'{key}_gmacs']:.1f} GMAC/s, ceiling {result[f'{key}_ceiling_gmacs']:.1f}: "
+            f"{statistics.median(shares):.3f} of it ({min(shares):.3f}-{max(shares):.3f})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds a pair (else 9)")
@@ -194,6 +257,7 @@ def main() -> None:
     result: dict = {"threads": args.threads}
     group32_section(result, 3 if args.quick else 9, torch.Generator().manual_seed(0))
     rescored_section(result, 3 if args.quick else 9, torch.Generator().manual_seed(1))
+    resident_section(result, 3 if args.quick else 9, torch.Generator().manual_seed(2))
     print("RESULT " + json.dumps(result))
 
 

@@ -30,7 +30,10 @@ over 512 MB, the same threads; measured before the steps and again after them), 
 at the memory's practical limit -- and the product floor: the step's exact products over the product
 ceiling of their recipe (bench/int8_ceiling.c via bench.gemv, the same threads: the int8 one for two-term
 Linears, the int16 one for int16-activation Linears), the time they would take at the instructions' limit (on
-AVX2 the decode of 4 or more sequences is bound by its products before memory). The prefill of a
+AVX2 the decode of 4 or more sequences is bound by its products before memory). Where every Linear runs the group32
+recipe (Gemma 3's default), also the resident floor: the step's products at the rate the group32 GEMM reaches on
+weights that stay in L2 at the batch's rows (bench.group32_gemm's resident_gmacs, measured after the batch's
+rounds), what its instructions allow without any memory traffic. The prefill of a
 --prefill-token prompt (512; 0 skips it: more rows than the fused op takes, so it is composed) is split the
 same way, best of the rounds.
 
@@ -48,6 +51,7 @@ from collections import defaultdict
 import torch
 
 from bench.gemv import int8_product_ceiling_gmacs, int16_activation_ceiling_gmacs
+from bench.group32_gemm import resident_gmacs
 from bench.model import EngineSteps
 from salon.engine.model import load_model
 from salon.engine.model.builder import FUSED
@@ -226,6 +230,8 @@ def main() -> None:
             f"{ceiling16 or 0:.1f} GMAC/s (two-term units); a step makes {(products8 + products16) / 1e6:.0f} M "
             f"such products per sequence ({products16 / 1e6:.0f} M of them as int16 terms)"
         )
+    # the step's Linears all group32 (the output projection rescored): the group32 GEMM's resident rate applies
+    group32 = all(lin.group32_activations or lin.rescored for lin in _step_linears(plain))
     for batch in (int(b) for b in args.batches.split(",")):
         prompts = ((torch.arange(batch * args.context) * 7919) % (vocab - 300) + 300).view(batch, args.context).tolist()
         runs = {}
@@ -266,6 +272,15 @@ def main() -> None:
             print(
                 f"  its products at the product ceilings: {products_ms:.2f} ms (the step is bound by "
                 f"{'its products' if products_ms > floor_ms else 'memory'} at best)"
+            )
+        resident = resident_gmacs(batch, torch.Generator().manual_seed(batch)) if group32 else None
+        if resident is not None:  # right after the batch's rounds
+            resident_ms = batch * (products8 + products16) / resident / 1e6
+            result[f"{key}_resident_gemm_gmacs"] = round(resident, 1)
+            result[f"{key}_resident_floor_ms"] = round(resident_ms, 3)
+            print(
+                f"  its products at the group32 GEMM's rate on L2-resident weights ({resident:.1f} GMAC/s at "
+                f"{batch} rows, bench.group32_gemm): {resident_ms:.2f} ms, the instructions' floor without memory"
             )
         for variant in TIMED_VARIANTS:
             timed = best[(variant, True)]
@@ -351,7 +366,9 @@ def _step_products_per_row(model) -> tuple[int, int]:
     product standing for the two it replaces, as bench.gemv's int16 ceiling counts them)."""
     linears = _step_linears(model)
     int16 = sum(2 * lin.w_q.numel() for lin in linears if lin.int16_activations)
-    return sum(lin.w_q.numel() * lin.activation_terms for lin in linears if not lin.int16_activations), int16
+    # a rescored projection: one group32 term a row (its few rescored blocks' two-term products left out)
+    terms = [1 if lin.rescored else lin.activation_terms for lin in linears]
+    return sum(lin.w_q.numel() * t for lin, t in zip(linears, terms) if not lin.int16_activations), int16
 
 
 def _step_read_bytes(model) -> int:

@@ -254,13 +254,16 @@ def rmsnorm_quant_group32_triton(
     return q, scale
 
 
-def _group32_config(M: int, N: int, device: torch.device) -> dict:
+def _group32_config(M: int, N: int, device: torch.device, two_terms_too: bool = False) -> dict:
     """Tile sizes (BLOCK_K is the group). Every output element is computed by the same operations in the same
     order whatever the tile, so the result does not depend on the configuration (batch invariance across M
     buckets). On the GPU (sm_90): decode is weight-bandwidth bound and wants many N tiles in flight (the K loop
     cannot be split: the groups are summed in order), narrower ones where N is small (o and down: 640 columns are
     20 programs of 32 for 132 SMs), with deep pipelining of the 32-channel steps; prefill wants the large tiles'
-    reuse."""
+    reuse. With the two-term values too (three float32 accumulators a tile), tiles stay at most 64 x 64: three
+    128 x 128 ones would not fit a program's registers."""
+    if two_terms_too:
+        M = min(M, 64)
     if is_interpreted(device):
         return dict(BLOCK_M=16, BLOCK_N=32 if N <= 1024 else 16384, BLOCK_K=GROUP, GROUP_M=4)
     if M <= 16:
@@ -336,7 +339,7 @@ def _launch(a_q, a_scale, w_q, w_scale, residual, terms) -> tuple[torch.Tensor, 
     e = torch.empty((M, N), dtype=torch.float32, device=dev) if terms is not None else None
     if M == 0 or N == 0:
         return out, e
-    cfg = _group32_config(M, N, dev)
+    cfg = _group32_config(M, N, dev, terms is not None)
     grid = (triton.cdiv(M, cfg["BLOCK_M"]) * triton.cdiv(N, cfg["BLOCK_N"]),)
     t_q, t_scale = terms if terms is not None else (a_q, a_scale)
     on_device(_group32_gemm_kernel, dev)[grid](

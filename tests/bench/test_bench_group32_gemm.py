@@ -1,12 +1,12 @@
 """bench/group32_gemm.py (bench.gemv --group32): it times group32 against two int8 terms in alternated rounds, for the
-op and the GEMM alone, and the rescored output projection against plain group32, and records both medians, the median
-ratio and its range (the kernels' bits are tests/kernels/test_kernels_cpu_group32.py's and
-test_kernels_linear_rescored.py's)."""
+op and the GEMM alone, the rescored output projection against plain group32, and the GEMM on L2-resident weights
+against the int8 product ceiling, and records both medians, the median ratio and its range (the kernels' bits are
+tests/kernels/test_kernels_cpu_group32.py's and test_kernels_linear_rescored.py's)."""
 
 import pytest
 import torch
 
-from bench.group32_gemm import alternated_ratios, group32_section, rescored_section
+from bench.group32_gemm import alternated_ratios, group32_section, rescored_section, resident_section
 from salon.kernels.cpu.linear_two_terms import library
 
 
@@ -44,3 +44,15 @@ def test_rescored_section_records_both_timings_the_median_ratio_and_its_range(ca
         low, high = result[f"{key}_over_group32_range"]
         assert 0 < low <= result[f"{key}_over_group32_x"] <= high
     assert "M=8: rescored" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(library() is None, reason="needs x86-64 with AVX2 and cc")
+def test_resident_section_records_the_gemms_rate_the_ceiling_and_their_ratio(capsys):
+    result: dict = {}
+    resident_section(result, 3, torch.Generator().manual_seed(0), shape=("down", 64, 48), ms=(1, 8))
+    for m in (1, 8):
+        key = f"group32_resident_m{m}_down"
+        assert result[f"{key}_gmacs"] > 0 and result[f"{key}_ceiling_gmacs"] > 0
+        low, high = result[f"{key}_of_ceiling_range"]
+        assert 0 < low <= result[f"{key}_of_ceiling"] <= high
+    assert "M=8:" in capsys.readouterr().out

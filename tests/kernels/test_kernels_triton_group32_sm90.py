@@ -113,8 +113,8 @@ def test_gemm_rounds_each_product_and_sum_on_int8_tensor_cores(monkeypatch, m, n
     """The group32 GEMM, and the same kernel giving the two-term values too (the rescored output projection's)."""
     a_q = torch.zeros(m, 640, dtype=torch.int8)
     a_scale, w_q, w_scale = torch.ones(m, 20), torch.zeros(n, 640, dtype=torch.int8), torch.ones(n, 20)
-    gpu_config = group32._group32_config(m, n, torch.device("cuda"))
-    monkeypatch.setattr(group32, "_group32_config", lambda M, N, device: gpu_config)  # the GPU's tiles, not the CPU's
+    gpu_config = group32._group32_config(m, n, torch.device("cuda"), two_terms_too)
+    monkeypatch.setattr(group32, "_group32_config", lambda *_: gpu_config)  # the GPU's tiles, not the CPU's
     if two_terms_too:
         t_q, t_scale = torch.zeros(2 * m, 640, dtype=torch.int8), torch.ones(2 * m)
         call = lambda: group32.w8a8_group32_two_terms_triton(a_q, a_scale, t_q, t_scale, w_q, w_scale)  # noqa: E731
@@ -123,6 +123,7 @@ def test_gemm_rounds_each_product_and_sum_on_int8_tensor_cores(monkeypatch, m, n
     kernel, args, kwargs = recorded(monkeypatch, group32, call)
     assert kwargs["BLOCK_M"] == gpu_config["BLOCK_M"] and kwargs["enable_fp_fusion"] is False
     assert kwargs["TWO_TERMS_TOO"] is two_terms_too
+    assert not two_terms_too or kwargs["BLOCK_M"] * kwargs["BLOCK_N"] <= 64 * 64  # three accumulators a tile
     ptx = sm90_ptx(kernel, args, kwargs)
     assert "fma.rn.f32" not in ptx and "mul.rn.f32" in ptx and "add.rn.f32" in ptx
     int8_mma = r"mma\.sync\.aligned\.\w+\.row\.col(\.satfinite)?\.s32\.s8\.s8\.s32|wgmma\.mma_async\.\S*\.s32\.s8\.s8"
