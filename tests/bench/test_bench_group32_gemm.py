@@ -49,7 +49,7 @@ def test_rescored_section_records_both_timings_the_median_ratio_and_its_range(ca
 @pytest.mark.skipif(library() is None, reason="needs x86-64 with AVX2 and cc")
 def test_resident_section_records_the_gemms_rate_the_ceiling_and_their_ratio(capsys):
     result: dict = {}
-    resident_section(result, 3, torch.Generator().manual_seed(0), shape=("down", 64, 48), ms=(1, 8))
+    resident_section(result, 3, torch.Generator().manual_seed(0), shape=("down", 256, 512), ms=(1, 8))
     for m in (1, 8):
         key = f"group32_resident_m{m}_down"
         assert result[f"{key}_gmacs"] > 0 and result[f"{key}_ceiling_gmacs"] > 0
