@@ -25,13 +25,12 @@ from memory), alternated the same way: `rescored_m{M}_lm_head_over_group32_x` (a
 its range and both medians.
 
 And what the group32 GEMM's instructions allow: the GEMM at M = 1 and 8 on one copy of Gemma's gate_up weights, called
-again and again so they stay in the cores' L2 (the best of RESIDENT_CALLS calls: no weight read from memory), in
-GMAC/s, against the int8 product ceiling (bench/int8_ceiling.c: vpdpbusd alone, every operand in registers), the two
-alternated: `group32_resident_m{M}_gate_up_of_ceiling` with its range. Besides its 8 vpdpbusd, a group of 32 channels
-costs each row 5 more vector instructions on the same ports (the two chains' sum, the conversion, the activation
-scale times the weight scale, the product, the sum; each rounded on its own by the recipe's contract), so at 8 rows
-the GEMM's rate tops out near 8/13 of the ceiling: a batch-8 decode step's products take about as long as the
-batch-1 step's weight reads.
+again and again at its C entry point so they stay in the cores' L2 (the best of RESIDENT_CALLS calls: no weight read
+from memory, no Python check), in GMAC/s, against the int8 product ceiling (bench/int8_ceiling.c: vpdpbusd alone, every
+operand in registers), the two alternated: `group32_resident_m{M}_gate_up_of_ceiling` with its range. Besides its 8
+vpdpbusd, a group of 32 channels costs each row 5 more vector instructions (the two chains' sum, the conversion, the
+activation scale times the weight scale, the product, the sum; each rounded on its own by the recipe's contract): the
+figure says what they leave of the ceiling.
 
     python -m bench.group32_gemm [--quick] [--threads N]      (also bench.gemv --group32)
 """
@@ -50,7 +49,8 @@ import torch
 from salon.kernels.cpu.linear_two_terms import library, linear_group32_cpu, linear_rescored_cpu, linear_two_terms_cpu
 from salon.kernels.cpu.quantize import quantize_group32_cpu, quantize_two_terms_cpu
 from salon.kernels.cpu.w8a8_group32 import w8a8_group32_cpu
-from salon.kernels.cpu.w8a8_grouped import w8a8_grouped_scaled_cpu
+from salon.kernels.cpu.w8a8_grouped import GROUP32_ENTRIES, chosen_isa, w8a8_grouped_scaled_cpu, weight_pointers
+from salon.kernels.cpu.w8a8_grouped import library as gemm_library
 from salon.kernels.linear_rescored import row_bounds
 from salon.kernels.w8a8_grouped import GROUP
 
@@ -199,18 +199,28 @@ def rescored_section(result: dict, rounds: int, gen: torch.Generator, shape=LM_H
 
 
 def resident_gmacs(m: int, gen: torch.Generator, shape=RESIDENT) -> float | None:
-    """GMAC/s of the group32 GEMM at m rows on one copy of `shape`'s weights, called RESIDENT_CALLS times so they stay
-    in the cores' L2: the best call's (None where the C kernels are not built here)."""
-    if library() is None:
+    """GMAC/s of the group32 GEMM at m rows on one copy of `shape`'s weights (packed where the engine packs them),
+    called RESIDENT_CALLS times straight at its C entry point so the weights stay in the cores' L2 and no Python
+    check is timed: the best call's (None where the C kernels are not built here)."""
+    isa = chosen_isa(None)
+    lib = gemm_library(isa)
+    if lib is None:
         return None
     _, k, n = shape
     ((w, s),) = _weights(n, k, 1, gen)
     q, s_a = quantize_group32_cpu(torch.randn(m, k, generator=gen))
-    w8a8_group32_cpu(q, s_a, w, s)  # packs the weights
+    s_a = s_a.contiguous()
+    out = torch.empty((m, n), dtype=torch.float32)
+    w_ptr, s_ptr = weight_pointers(w, s, isa)  # the packed copy lives as long as w
+    threads = torch.get_num_threads()
+    args = (q.data_ptr(), q.stride(0), w_ptr, s_ptr, out.data_ptr(), n, s_a.data_ptr(), m, n, k, threads)
+    entry = getattr(lib, GROUP32_ENTRIES[isa])
+    if entry(*args):
+        return None
     best = math.inf
     for _ in range(RESIDENT_CALLS):
         start = time.perf_counter()
-        w8a8_group32_cpu(q, s_a, w, s)
+        entry(*args)
         best = min(best, time.perf_counter() - start)
     return m * n * k / best / 1e9
 
