@@ -110,6 +110,15 @@ def _rmsnorm_quant_group32_kernel(
 
 
 @triton.jit
+def _two_terms_step(t_ptrs, second, mask_m, w, ws, e1, e2):
+    """One group of the two-term values: each term's rows (at t_ptrs, the second `second` elements on) against the
+    group's weight tile w, exact in int32, times its weight scales ws, added to that term's sum."""
+    e1 += tl.dot(tl.load(t_ptrs, mask=mask_m[:, None], other=0), w, out_dtype=tl.int32).to(tl.float32) * ws
+    e2 += tl.dot(tl.load(t_ptrs + second, mask=mask_m[:, None], other=0), w, out_dtype=tl.int32).to(tl.float32) * ws
+    return e1, e2
+
+
+@triton.jit
 def _group32_gemm_kernel(
     a_ptr,
     a_scale_ptr,
@@ -157,11 +166,7 @@ def _group32_gemm_kernel(
     ws = tl.load(ws_ptrs, mask=mask_n, other=0.0)[None, :]
     y = tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * (tl.load(as_ptrs, mask=mask_m, other=0.0)[:, None] * ws)
     if TWO_TERMS_TOO:
-        e1 += tl.dot(tl.load(t_ptrs, mask=mask_m[:, None], other=0), w, out_dtype=tl.int32).to(tl.float32) * ws
-        e2 += (
-            tl.dot(tl.load(t_ptrs + M * stride_tm, mask=mask_m[:, None], other=0), w, out_dtype=tl.int32).to(tl.float32)
-            * ws
-        )
+        e1, e2 = _two_terms_step(t_ptrs, M * stride_tm, mask_m, w, ws, e1, e2)
     for _ in range(1, G):
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -174,13 +179,7 @@ def _group32_gemm_kernel(
         s = tl.load(as_ptrs, mask=mask_m, other=0.0)[:, None] * ws
         y = y + tl.dot(a, w, out_dtype=tl.int32).to(tl.float32) * s
         if TWO_TERMS_TOO:
-            e1 += tl.dot(tl.load(t_ptrs, mask=mask_m[:, None], other=0), w, out_dtype=tl.int32).to(tl.float32) * ws
-            e2 += (
-                tl.dot(tl.load(t_ptrs + M * stride_tm, mask=mask_m[:, None], other=0), w, out_dtype=tl.int32).to(
-                    tl.float32
-                )
-                * ws
-            )
+            e1, e2 = _two_terms_step(t_ptrs, M * stride_tm, mask_m, w, ws, e1, e2)
     finish_tile(
         y, y, offs_m, offs_n, mask_m, mask_n, out_ptr, res_ptr, out_ptr, 0, stride_rm, stride_om, False, HAS_RESIDUAL,
         False,
