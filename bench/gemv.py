@@ -58,12 +58,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import time
 from pathlib import Path
 
 import torch
 
-from bench.alternate import best_seconds
+from bench.alternate import best_seconds, shortest_seconds
 from bench.group32_gemm import group32_section, rescored_section, resident_section
 from bench.int16_gemm import int16_section
 from salon.engine.model.huge_pages import in_huge_pages
@@ -81,12 +80,7 @@ STREAM_BYTES = 512 * 2**20
 
 def _best_s(fn, repeats: int) -> float:
     fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return shortest_seconds(fn, repeats)
 
 
 def _best_pair_s(fn_a, fn_b, repeats: int) -> tuple[float, float]:

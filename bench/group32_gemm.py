@@ -46,6 +46,7 @@ from collections.abc import Callable
 
 import torch
 
+from bench.alternate import shortest_seconds
 from salon.kernels.cpu.linear_two_terms import library, linear_group32_cpu, linear_rescored_cpu, linear_two_terms_cpu
 from salon.kernels.cpu.quantize import quantize_group32_cpu, quantize_two_terms_cpu
 from salon.kernels.cpu.w8a8_group32 import w8a8_group32_cpu
@@ -53,6 +54,7 @@ from salon.kernels.cpu.w8a8_grouped import GROUP32_ENTRIES, chosen_isa, w8a8_gro
 from salon.kernels.cpu.w8a8_grouped import library as gemm_library
 from salon.kernels.linear_rescored import row_bounds
 from salon.kernels.w8a8_grouped import GROUP
+from salon.loadgen.alternation import alternated_pairs
 
 # (name, K, N) of a Gemma 3 270M layer's projections (d_model 640, 4 query heads and 1 KV head of 256, FFN 2048)
 PROJECTIONS = (("qkv", 640, 1536), ("o", 1024, 640), ("gate_up", 640, 4096), ("down", 2048, 640))
@@ -95,15 +97,15 @@ def alternated_ratios(
         start = time.perf_counter()
         fn()
         calls = max(calls, math.ceil(min_seconds / max(time.perf_counter() - start, 1e-9)))
-    times: tuple[list[float], list[float]] = ([], [])
-    for r in range(rounds):
-        for which in (0, 1) if r % 2 == 0 else (1, 0):
-            fn = (a, b)[which]
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times[which].append((time.perf_counter() - start) / calls)
-    return times
+
+    def mean_seconds(fn: Callable[[], object]) -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls
+
+    pairs = alternated_pairs(lambda: mean_seconds(a), lambda: mean_seconds(b), rounds)
+    return [t for t, _ in pairs], [t for _, t in pairs]
 
 
 def _record(result: dict, key: str, two: list[float], g32: list[float]) -> str:
@@ -217,12 +219,7 @@ def resident_gmacs(m: int, gen: torch.Generator, shape=RESIDENT) -> float | None
     entry = getattr(lib, GROUP32_ENTRIES[isa])
     if entry(*args):
         return None
-    best = math.inf
-    for _ in range(RESIDENT_CALLS):
-        start = time.perf_counter()
-        entry(*args)
-        best = min(best, time.perf_counter() - start)
-    return m * n * k / best / 1e9
+    return m * n * k / shortest_seconds(lambda: entry(*args), RESIDENT_CALLS) / 1e9
 
 
 def resident_section(result: dict, rounds: int, gen: torch.Generator, shape=RESIDENT, ms=DECODE_MS) -> None:
@@ -238,15 +235,13 @@ def resident_section(result: dict, rounds: int, gen: torch.Generator, shape=RESI
         f"the group32 GEMM on L2-resident weights ({name} {n}x{k}) against the int8 product ceiling, {rounds} rounds:"
     )
     for m in ms:
-        rates: list[float] = []
-        ceilings: list[float] = []
-        for r in range(rounds):
-            for which in (0, 1) if r % 2 == 0 else (1, 0):
-                if which == 0:
-                    rates.append(resident_gmacs(m, gen, shape) or math.nan)
-                else:
-                    ceilings.append(int8_product_ceiling_gmacs(threads, 1) or math.nan)
-        shares = [g / c for g, c in zip(rates, ceilings)]
+        pairs = alternated_pairs(
+            lambda: resident_gmacs(m, gen, shape) or math.nan,
+            lambda: int8_product_ceiling_gmacs(threads, 1) or math.nan,
+            rounds,
+        )
+        rates, ceilings = [g for g, _ in pairs], [c for _, c in pairs]
+        shares = [g / c for g, c in pairs]
         key = f"group32_resident_m{m}_{name}"
         result[f"{key}_gmacs"] = round(statistics.median(rates), 1)
         result[f"{key}_ceiling_gmacs"] = round(statistics.median(ceilings), 1)

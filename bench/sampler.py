@@ -26,11 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from bench.alternate import shortest_seconds
 from bench.model import EngineSteps
 from salon.engine.model import load_model
 from salon.kernels.cpu.argmax import argmax_rows_cpu
@@ -56,12 +56,7 @@ def step_logits(model, rows: int, steps: int) -> torch.Tensor:
 
 
 def best_ms(fn) -> float:
-    best = float("inf")
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    return shortest_seconds(fn, REPEATS) * 1e3
 
 
 def main() -> None:
