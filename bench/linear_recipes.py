@@ -66,16 +66,25 @@ def layer_calls(K: int, N: int, norm: bool, M: int, l2: int, device: str) -> tup
         kw["post_norm"] = torch.rand(N, generator=g, device=device) + 0.5
         kw["residual"] = torch.randn(M, N, generator=g, device=device)
     weights = rotating_weights(K, N, l2, device, seed=K + N)
+    ops_of = {"two_terms": ops.linear_two_terms, "group32": ops.linear_group32}
+    return rotating_calls(
+        {recipe: lambda w_q, w_scale, op=op: op(x, w_q, w_scale, **kw) for recipe, op in ops_of.items()}, weights
+    ), len(weights)
+
+
+def rotating_calls(fns: dict, weights: list[tuple]) -> dict:
+    """{name: a call of fns[name] on the next of `weights` (its own turn through them, cycled)}."""
     calls = {}
-    for recipe, op in (("two_terms", ops.linear_two_terms), ("group32", ops.linear_group32)):
+    for name, fn in fns.items():
         turn = itertools.cycle(weights)
+        calls[name] = lambda fn=fn, turn=turn: fn(*next(turn))
+    return calls
 
-        def call(op=op, turn=turn):
-            w_q, w_scale = next(turn)
-            return op(x, w_q, w_scale, **kw)
 
-        calls[recipe] = call
-    return calls, len(weights)
+def ratio_fields(prefix: str, a: list[float], b: list[float]) -> dict:
+    """{prefix_median_x, prefix_range_x}: the median and range of the rounds' a / b ratios."""
+    ratios = [x / y for x, y in zip(a, b)]
+    return {f"{prefix}_median_x": statistics.median(ratios), f"{prefix}_range_x": [min(ratios), max(ratios)]}
 
 
 def alternated_ms(calls: dict, rounds: int, device: str) -> dict[str, list[float]]:
@@ -92,7 +101,6 @@ def alternated_ms(calls: dict, rounds: int, device: str) -> dict[str, list[float
 
 
 def row(name: str, M: int, K: int, N: int, times: dict[str, list[float]], copies: int) -> dict:
-    ratios = [a / b for a, b in zip(times["two_terms"], times["group32"])]
     return dict(
         layer=name,
         m=M,
@@ -101,8 +109,7 @@ def row(name: str, M: int, K: int, N: int, times: dict[str, list[float]], copies
         weight_copies=copies,
         two_terms_ms=statistics.median(times["two_terms"]),
         group32_ms=statistics.median(times["group32"]),
-        two_terms_over_group32_median_x=statistics.median(ratios),
-        two_terms_over_group32_range_x=[min(ratios), max(ratios)],
+        **ratio_fields("two_terms_over_group32", times["two_terms"], times["group32"]),
     )
 
 
@@ -144,11 +151,7 @@ def rescored_calls(K: int, N: int, M: int, l2: int, device: str) -> tuple[dict, 
         "composed": lambda w_q, w_scale, bounds: composed(x, w_q, w_scale, bounds),
         "group32": lambda w_q, w_scale, bounds: ops.linear_group32(x, w_q, w_scale),
     }
-    calls = {}
-    for name, fn in variants.items():
-        turn = itertools.cycle(weights)
-        calls[name] = lambda fn=fn, turn=turn: fn(*next(turn))
-    return calls, len(weights)
+    return rotating_calls(variants, weights), len(weights)
 
 
 def run_rescored(device: str, rounds: int) -> list[dict]:
@@ -159,8 +162,6 @@ def run_rescored(device: str, rounds: int) -> list[dict]:
     for M in ms:
         calls, copies = rescored_calls(K, N, M, l2, device)
         times = alternated_ms(calls, rounds, device)
-        composed = [c / o for c, o in zip(times["composed"], times["one_read"])]
-        over_g32 = [o / g for o, g in zip(times["one_read"], times["group32"])]
         rows.append(
             dict(
                 m=M,
@@ -168,10 +169,8 @@ def run_rescored(device: str, rounds: int) -> list[dict]:
                 n=N,
                 weight_copies=copies,
                 **{f"{name}_ms": statistics.median(t) for name, t in times.items()},
-                composed_over_one_read_median_x=statistics.median(composed),
-                composed_over_one_read_range_x=[min(composed), max(composed)],
-                one_read_over_group32_median_x=statistics.median(over_g32),
-                one_read_over_group32_range_x=[min(over_g32), max(over_g32)],
+                **ratio_fields("composed_over_one_read", times["composed"], times["one_read"]),
+                **ratio_fields("one_read_over_group32", times["one_read"], times["group32"]),
             )
         )
         r = rows[-1]
