@@ -244,8 +244,8 @@ static int64_t walk_list(Entry *kept, int64_t n, const float *e, double u) {
    row, unless it is flat): the row's mass from the blocks of 16, the tokens of those bins gathered (in vocabulary
    order), their bins' masses from the top down to the one where the prefix reaches top_p * total, the cut bin's
    tokens in rank order while the prefix is short of it (the crossing token included), then the draw among the kept
-   tokens alone, in vocabulary order -- the kept set of the full histogram's path, without its pass over every token
-   or the walk's. -1 where the cut is not there (the caller takes the full path). */
+   tokens alone, in vocabulary order (walk_list) -- the kept set of the full histogram's path, without its pass over
+   every token or the walk's. -1 where the cut is not there (the caller takes the full path). */
 static int64_t top_p_in_top_bins(const Simd *simd, const float *x, const float *e, uint16_t *bins, Entry *entries,
                                  double *block, int64_t V, double top_p, double u) {
     double total = simd->block_masses(e, bins, V / 16, -1, block);
@@ -270,18 +270,10 @@ static int64_t top_p_in_top_bins(const Simd *simd, const float *x, const float *
         run += e[in_cut[j].id];
         bins[in_cut[j].id] = NBINS;
     }
-    double kept = 0.0;
+    int64_t kept = 0;
     for (int64_t j = 0; j < n; j++)
-        if (bins[entries[j].id] > cut) kept += e[entries[j].id];
-    const double target = u * kept;
-    double walked = 0.0;
-    int64_t last = -1;
-    for (int64_t j = 0; j < n; j++) {
-        if (bins[entries[j].id] <= cut) continue;
-        last = entries[j].id;
-        if ((walked += e[last]) > target) return last;
-    }
-    return last;  /* rounding left none: the last kept token */
+        if (bins[entries[j].id] > cut) entries[kept++] = entries[j];
+    return walk_list(entries, kept, e, u);
 }
 
 /* One row. x: f32[V] holding the row / temperature; e, bins, entries: scratch of V; block: of V / 16. */
