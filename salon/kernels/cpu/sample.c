@@ -227,9 +227,8 @@ static int64_t walk(const Simd *simd, const float *e, const uint16_t *bins, int6
     return walk_blocks(e, bins, V, cut, u, block, simd->block_masses(e, bins, V / 16, cut, block));
 }
 
-/* The first token of `kept` (n entries, any order) at which the running mass in vocabulary order exceeds u * total. */
-static int64_t walk_list(Entry *kept, int64_t n, const float *e, double u) {
-    qsort(kept, n, sizeof(Entry), id_order);
+/* The first token of `kept` (n entries in vocabulary order) at which the running mass exceeds u * total. */
+static int64_t walk_ordered(const Entry *kept, int64_t n, const float *e, double u) {
     double total = 0.0, run = 0.0;
     for (int64_t j = 0; j < n; j++) total += e[kept[j].id];
     const double target = u * total;
@@ -240,11 +239,17 @@ static int64_t walk_list(Entry *kept, int64_t n, const float *e, double u) {
     return kept[n - 1].id;
 }
 
+/* walk_ordered over `kept` in any order (sorted into vocabulary order first). */
+static int64_t walk_list(Entry *kept, int64_t n, const float *e, double u) {
+    qsort(kept, n, sizeof(Entry), id_order);
+    return walk_ordered(kept, n, e, u);
+}
+
 /* Top-p where the cut falls among the TOP_BINS highest bins and they hold at most TOP_TOKENS tokens (a chat model's
    row, unless it is flat): the row's mass from the blocks of 16, the tokens of those bins gathered (in vocabulary
    order), their bins' masses from the top down to the one where the prefix reaches top_p * total, the cut bin's
    tokens in rank order while the prefix is short of it (the crossing token included), then the draw among the kept
-   tokens alone, in vocabulary order (walk_list) -- the kept set of the full histogram's path, without its pass over
+   tokens alone, in vocabulary order (walk_ordered) -- the kept set of the full histogram's path, without its pass over
    every token or the walk's. -1 where the cut is not there (the caller takes the full path). */
 static int64_t top_p_in_top_bins(const Simd *simd, const float *x, const float *e, uint16_t *bins, Entry *entries,
                                  double *block, int64_t V, double top_p, double u) {
@@ -273,7 +278,7 @@ static int64_t top_p_in_top_bins(const Simd *simd, const float *x, const float *
     int64_t kept = 0;
     for (int64_t j = 0; j < n; j++)
         if (bins[entries[j].id] > cut) entries[kept++] = entries[j];
-    return walk_list(entries, kept, e, u);
+    return walk_ordered(entries, kept, e, u);  /* gathered in vocabulary order */
 }
 
 /* One row. x: f32[V] holding the row / temperature; e, bins, entries: scratch of V; block: of V / 16. */
