@@ -33,9 +33,8 @@ Linears, the int16 one for int16-activation Linears), the time they would take a
 AVX2 the decode of 4 or more sequences is bound by its products before memory). Where every Linear runs the group32
 recipe (Gemma 3's default), also the resident floor: the step's products at the rate the group32 GEMM reaches on
 weights that stay in L2 at the batch's rows (bench.group32_gemm's resident_gmacs, measured after the batch's
-rounds), what its instructions allow without any memory traffic. The prefill of a
---prefill-token prompt (512; 0 skips it: more rows than the fused op takes, so it is composed) is split the
-same way, best of the rounds.
+rounds), what its instructions allow without any memory traffic. The prefill of a --prefill-token prompt (512; 0
+skips it: more rows than the fused op takes, so it is composed) is split the same way, best of the rounds.
 
     python -m bench.step_profile [--quick] [--model NAME] [--batches 1,4,8] [--prefill 512] [--threads N]
 """

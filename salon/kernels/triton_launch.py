@@ -78,6 +78,7 @@ class _InterpretedLaunch(_Launcher):
 # triton.language.core's builtins and tensor.__repr__ as the interpreter's): a kernel compiled later in the same
 # process then fails (the sm_90 PTX tests after the interpreter's, on a cold Triton cache).
 _LANG_OBJECTS = (tl, tl.core, tl.math, tl.tensor)
+_ABSENT = object()
 
 
 def _lang_attributes() -> list[tuple[object, dict]]:
@@ -93,9 +94,6 @@ def _restore_lang(saved: list[tuple[object, dict]]) -> None:
         for name, value in attrs.items():
             if now.get(name, _ABSENT) is not value:
                 setattr(obj, name, value)
-
-
-_ABSENT = object()
 
 
 class _CompiledLaunch(_Launcher):
