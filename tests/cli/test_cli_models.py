@@ -138,7 +138,9 @@ def test_the_http_front_lists_and_routes_by_model(stack):
 
 
 def test_salon_chat_greets_the_instruct_model_and_its_replies_end_their_turn(stack):
-    args = build_parser().parse_args(["--target", stack.address, "--api-key", KEY_A])  # its defaults: 128 tokens
+    # greedy: the model's default sampling (temperature 0.2, top-p 0.9, no seed) draws another reply each run, and
+    # one ran to the token limit
+    args = build_parser().parse_args(["--target", stack.address, "--api-key", KEY_A, "--temperature", "0"])
     out = io.StringIO()
     # A greeting a 135M model answers in a word or two, so the first reply's end of turn does not hang on one
     # machine's rounding (a question about a favourite book ran past 128 tokens on some CPUs, in float32 too;
