@@ -15,6 +15,7 @@ import pytest
 
 from salon.api.chat.v1 import chat_pb2
 from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
+from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from salon.common.process import start_service
 
@@ -47,18 +48,18 @@ def generate(address, messages, salt="tenant-1", conversation_id="c1", max_new=8
     return ids, events[-1].final
 
 
-def wait_for_put(address, timeout_s=20):
-    """Puts are asynchronous: wait until the kvstore reports stored blocks."""
-    from salon.api.kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
-
-    deadline = time.monotonic() + timeout_s
+def stored_blocks(address):
     with grpc.insecure_channel(address) as ch:
-        stub = kvstore_pb2_grpc.KVStoreServiceStub(ch)
-        while time.monotonic() < deadline:
-            if stub.GetStats(kvstore_pb2.GetStatsRequest()).num_blocks > 0:
-                return
-            time.sleep(0.1)
-    raise AssertionError("kvstore received no blocks")
+        return kvstore_pb2_grpc.KVStoreServiceStub(ch).GetStats(kvstore_pb2.GetStatsRequest()).num_blocks
+
+
+def wait_for_put(address, min_blocks=1, timeout_s=20):
+    """Puts are asynchronous: wait until the kvstore holds at least min_blocks blocks."""
+    deadline = time.monotonic() + timeout_s
+    while (held := stored_blocks(address)) < min_blocks:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the kvstore holds {held} blocks, not {min_blocks}, after {timeout_s} s")
+        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -128,17 +129,26 @@ def test_turn_two_on_another_engine_fetches_from_the_kvstore(cluster):
         chat_pb2.Message(role=chat_pb2.ROLE_CHARACTER, token_ids=[t for t in out if t != 106]),
         chat_pb2.Message(role=chat_pb2.ROLE_USER, author="u", text="Thanks!"),
     ]
-    time.sleep(1.0)
+    # Engine B's put of turn 2 has landed when the kvstore holds its blocks as well as turn 1's.
+    wait_for_put(procs["kv"].address, min_blocks=(final2.usage.prompt_tokens + len(out) - 1) // 16)
     out3, final3 = generate(procs["a"].address, turn3)
-    assert out3 == generate(procs["plain"].address, turn3)[0]
+    expected3 = generate(procs["plain"].address, turn3)[0]
+    if out3 != expected3:  # which source gave the prefix, and what engine B makes of the same prefix
+        usage = final3.usage.cached_tokens
+        on_b = generate(procs["b"].address, turn3)[0]
+        raise AssertionError(
+            f"turn 3 on engine A: {out3}, recomputed: {expected3}; A's prefix: {usage.host} tokens from the kvstore, "
+            f"{usage.device} from its device cache; engine B (kvstore prefix): {on_b}"
+        )
     assert final3.usage.cached_tokens.host > final1.usage.prompt_tokens
 
 
 def test_another_tenant_gets_nothing_from_the_kvstore(cluster):
     procs, _ = cluster
     messages = history(10)
-    generate(procs["a"].address, messages, salt="tenant-x", conversation_id="cx")
-    time.sleep(1.0)
+    held = stored_blocks(procs["kv"].address)
+    reply, first = generate(procs["a"].address, messages, salt="tenant-x", conversation_id="cx")
+    wait_for_put(procs["kv"].address, min_blocks=held + (first.usage.prompt_tokens + len(reply) - 1) // 16)
     _, same = generate(procs["b"].address, messages, salt="tenant-x", conversation_id="cx")
     _, other = generate(procs["b"].address, messages, salt="tenant-y", conversation_id="cy")
     assert same.usage.cached_tokens.host > 0
