@@ -97,6 +97,9 @@ class Ops:
     # largest under two terms rescored with them
     linear_rescored: Callable
     name: str  # "triton", "cpu" or "ref": which family serves the ops (a cpu family falls back per op to ref)
+    # Which of the family's builds runs, where they give different bits ("": one build): the CPU family's paged
+    # attention has one per ISA and a PyTorch path (salon.kernels.cpu.paged_attention.build)
+    build: str = ""
     # The activation recipe the family's int8 Linears run (ACTIVATION_RECIPES): the faster one of its kernels
     # where it has a choice; the same on every family unless a CPU's kernels favour the other.
     activations: str = "two_terms"
@@ -256,9 +259,11 @@ def cpu_activations() -> str:
 
 
 def cpu_ops() -> Ops:
+    from salon.kernels.cpu.paged_attention import build
+
     ref = reference_ops()
     chosen = {op: _cpu_fast_path(op) or getattr(ref, op) for op in OP_NAMES}
-    return Ops(**chosen, name="cpu", activations=cpu_activations())
+    return Ops(**chosen, name="cpu", build=build(), activations=cpu_activations())
 
 
 KERNEL_FAMILIES = ("auto", "triton", "cpu", "ref")

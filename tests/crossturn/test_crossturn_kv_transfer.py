@@ -54,10 +54,41 @@ def test_each_kernel_family_has_its_own_namespace():
     namespaces = {}
     for family in ("cpu", "triton", "ref"):
         cores = [make_core(model, kernels=family, kv_bytes=1 << 20) for _ in range(2)]
-        assert cores[0].kernel_family == family
+        assert cores[0].kernel_family.split("-")[0] == family
         same = {namespace_function(core)("tenant") for core in cores}
         assert len(same) == 1, family
         namespaces[family] = same.pop()
+    assert len(set(namespaces.values())) == 3
+
+
+def test_each_build_of_the_cpu_family_has_its_own_namespace(monkeypatch):
+    """The CPU family's paged attention gives other bits on each build (AVX-512, AVX2, PyTorch): an engine
+    whose attention runs another build gets another namespace, so a host's engines never share KV of
+    other bits (one whose C kernels could not load, or a kvstore shared by engines on other CPUs)."""
+    import dataclasses
+
+    from salon.engine.api.bootstrap import namespace_function
+    from salon.engine.core import engine_core
+    from salon.engine.worker.model_loading import load_model
+    from salon.kernels.cpu import paged_attention
+    from tests.engine_testlib import make_core
+
+    model = load_model("synthetic-tiny", "int8")
+    here = make_core(model, kernels="cpu", kv_bytes=1 << 20)
+    assert here.kernel_family == f"cpu-{paged_attention.build()}"
+    select_ops = engine_core.select_ops
+    namespaces = {here.kernel_family: namespace_function(here)("tenant")}
+    for other_build in ("avx512", "avx2", "torch"):
+        if f"cpu-{other_build}" in namespaces:
+            continue
+        monkeypatch.setattr(
+            engine_core,
+            "select_ops",
+            lambda *a, b=other_build, **k: dataclasses.replace(select_ops(*a, **k), build=b),
+        )
+        other = make_core(model, kernels="cpu", kv_bytes=1 << 20)
+        assert other.kernel_family == f"cpu-{other_build}"
+        namespaces[other.kernel_family] = namespace_function(other)("tenant")
     assert len(set(namespaces.values())) == 3
 
 

@@ -179,6 +179,7 @@ class EngineService:
             model=model_cfg.model_id,
             precision=core.model.precision,
             activations=core.model.kernel_ops.activations if core.model.precision == "int8" else None,
+            kernels=core.kernel_family,
             kv_blocks=core.layout.num_blocks,
             kv_bytes=core.layout.capacity_bytes,
             kv_groups=len(core.layout.groups),

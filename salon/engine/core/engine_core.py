@@ -88,8 +88,9 @@ class EngineCore:
         self.prefix = PrefixCaching(self.kv_manager, self.kv_cache) if prefix_caching else None
         self.scheduler = Scheduler(scheduler_config, self.kv_manager, self.prefix)
         ops = select_ops(device, kernels)
-        # The kernel family that computes the KV: part of the cache namespace (kv_transfer.layout_tag).
-        self.kernel_family = ops.name
+        # The kernels that compute the KV, their family and its build where builds differ in bits ("cpu-avx512"):
+        # part of the cache namespace (kv_transfer.layout_tag), so engines never share KV of other bits.
+        self.kernel_family = f"{ops.name}-{ops.build}" if ops.build else ops.name
         self.runner = ModelRunner(
             model,
             self.kv_cache,

@@ -48,9 +48,10 @@ def host_layout(layout: KVCacheLayout) -> KVLayout:
 
 
 def layout_tag(layout: KVCacheLayout, precision: str, family: str) -> str:
-    """Everything that decides the payload bytes; part of the cache namespace. `family` is the kernel family
-    that computes the KV (salon/kernels/backend.py: cpu, triton, ref): the families' kernels give KV that
-    differ in bits, so engines of different families never share cache entries."""
+    """Everything that decides the payload bytes; part of the cache namespace. `family` names the kernels that
+    compute the KV (EngineCore.kernel_family: the family of salon/kernels/backend.py, cpu, triton or ref, and its
+    build where builds differ, as "cpu-avx512"): their KV differs in bits, so engines of different kernels never
+    share cache entries."""
     groups = ";".join(
         f"{'g' if g.sliding_window_tokens is None else 'w' + str(g.sliding_window_tokens)}:"
         + ",".join(map(str, g.layer_ids))

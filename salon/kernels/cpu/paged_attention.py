@@ -49,6 +49,14 @@ def c_isas() -> tuple[str, ...]:
     return native.simd_isas()
 
 
+def build() -> str:
+    """The build paged_attention_cpu runs here for the shapes the C kernels take: "avx512", "avx2", or "torch"
+    where no C kernel loads. Builds give different bits (the module docstring), so the CPU family's KV names it
+    (salon.kernels.backend.Ops.build)."""
+    chosen = native.simd_isa()
+    return chosen if chosen is not None and _library(chosen) is not None else "torch"
+
+
 def _library(isa: str | None) -> ctypes.CDLL | None:
     """The library of `isa`'s kernel (default: this CPU's best); None where it cannot run here."""
     chosen = native.simd_isa(isa)
