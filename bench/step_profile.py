@@ -24,17 +24,18 @@ op of the model's op family (salon.kernels.backend.Ops) is wrapped in a timer, s
   * other: the rest of the step -- the model's PyTorch glue (residual adds, views), the embedding, the
     ForwardBatch, sampling, the Python in between.
 
-Baselines in the same run: the same steps without the timers (the timers' own cost is the difference), the
-composed step, and the GEMM floor -- the weight and scale bytes a step reads over a streaming read (torch sum
-over 512 MB, the same threads; measured before the steps and again after them), the time the GEMMs would take
-at the memory's practical limit -- and the product floor: the step's exact products over the product
-ceiling of their recipe (bench/int8_ceiling.c via bench.gemv, the same threads: the int8 one for two-term
-Linears, the int16 one for int16-activation Linears), the time they would take at the instructions' limit (on
-AVX2 the decode of 4 or more sequences is bound by its products before memory). Where every Linear runs the group32
-recipe (Gemma 3's default), also the resident floor: the step's products at the rate the group32 GEMM reaches on
-weights that stay in L2 at the batch's rows (bench.group32_gemm's resident_gmacs, measured after the batch's
-rounds), what its instructions allow without any memory traffic. The prefill of a --prefill-token prompt (512; 0
-skips it: more rows than the fused op takes, so it is composed) is split the same way, best of the rounds.
+Baselines in the same run: the same steps without the timers (the timers' own cost is the difference), the composed
+step, and the GEMM floor -- the weight and scale bytes a step reads over a streaming read (torch sum over 512 MB,
+the same threads; measured before the steps and again after them), the time the GEMMs would take at the memory's
+practical limit; over the batch-1 step (where --batches starts with 1), the least a larger batch's step over batch
+1's can be while its weights come from memory -- and the product floor: the step's exact products over the product
+ceiling of their recipe (bench/int8_ceiling.c via bench.gemv, the same threads: the int8 one for two-term Linears,
+the int16 one for int16-activation Linears), the time they would take at the instructions' limit (on AVX2 the decode
+of 4 or more sequences is bound by its products before memory). Where every Linear runs the group32 recipe (Gemma
+3's default), also the resident floor: the step's products at the rate the group32 GEMM reaches on weights that stay
+in L2 at the batch's rows (bench.group32_gemm's resident_gmacs, measured after the batch's rounds), what its
+instructions allow without any memory traffic. The prefill of a --prefill-token prompt (512; 0 skips it: more rows
+than the fused op takes, so it is composed) is split the same way, best of the rounds.
 
     python -m bench.step_profile [--quick] [--model NAME] [--batches 1,4,8] [--prefill 512] [--threads N]
 """
@@ -231,6 +232,7 @@ def main() -> None:
         )
     # the step's Linears all group32 (the output projection rescored): the group32 GEMM's resident rate applies
     group32 = all(lin.group32_activations or lin.rescored for lin in _step_linears(plain))
+    b1_step = None  # the batch-1 step, where --batches starts with 1
     for batch in (int(b) for b in args.batches.split(",")):
         prompts = ((torch.arange(batch * args.context) * 7919) % (vocab - 300) + 300).view(batch, args.context).tolist()
         runs = {}
@@ -265,6 +267,16 @@ def main() -> None:
             f"{composed * 1e3:.2f} ms ({composed / fused:.2f}x); the GEMM floor is "
             f"{100 * floor_ms / 1e3 / fused:.0f}% of the step"
         )
+        if batch == 1:
+            b1_step = fused
+        elif b1_step is not None:  # what the batch-8 / batch-1 target meets where batch 1 reads faster than memory
+            result[f"{key}_over_b1_x"] = round(fused / b1_step, 3)
+            result[f"{key}_floor_over_b1_x"] = round(floor_ms / 1e3 / b1_step, 3)
+            print(
+                f"  {fused / b1_step:.3f}x the batch-1 step; while its weights come at the streaming read it cannot "
+                f"be under the GEMM floor, {floor_ms / 1e3 / b1_step:.3f}x the batch-1 step (which beats it where the "
+                f"weights stay in the last-level cache from step to step)"
+            )
         if product_ns is not None:
             products_ms = batch * product_ns / 1e6
             result[f"{key}_product_floor_ms"] = round(products_ms, 3)
