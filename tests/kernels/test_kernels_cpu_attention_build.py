@@ -28,7 +28,7 @@ def test_without_a_c_kernel_the_build_is_the_pytorch_path(monkeypatch):
 
 def test_an_avx2_process_on_an_avx512_cpu_runs_and_names_the_avx2_build():
     if "avx512" not in cpu_attention.c_isas():
-        pytest.skip("needs AVX-512 (the AVX2 build is this CPU's own)")
+        pytest.skip("this CPU does not run the avx512 C kernel")
     code = (
         "from salon.engine.worker.model_loading import load_model\n"
         "from tests.engine_testlib import make_core\n"
