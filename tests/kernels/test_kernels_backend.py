@@ -15,7 +15,8 @@ from salon.kernels.w8a8_gemm import w8a8_gemm_ref
 
 def test_ops_is_frozen_and_names_every_contract_op():
     ops = select_ops("cpu")
-    assert {f.name for f in dataclasses.fields(Ops)} == set(OP_NAMES) | {"name", "activations", "activations_named"}
+    fields = {f.name for f in dataclasses.fields(Ops)}
+    assert fields == set(OP_NAMES) | {"name", "build", "activations", "activations_named"}
     assert all(callable(getattr(ops, op)) for op in OP_NAMES)
     try:
         ops.w8a8_gemm = None  # type: ignore[misc]
