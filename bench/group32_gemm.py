@@ -50,7 +50,7 @@ from bench.alternate import shortest_seconds
 from salon.kernels.cpu.linear_two_terms import library, linear_group32_cpu, linear_rescored_cpu, linear_two_terms_cpu
 from salon.kernels.cpu.quantize import quantize_group32_cpu, quantize_two_terms_cpu
 from salon.kernels.cpu.w8a8_group32 import w8a8_group32_cpu
-from salon.kernels.cpu.w8a8_grouped import GROUP32_ENTRIES, chosen_isa, w8a8_grouped_scaled_cpu, weight_pointers
+from salon.kernels.cpu.w8a8_grouped import GROUP32_ENTRIES, chosen_isa, gemm_args, w8a8_grouped_scaled_cpu
 from salon.kernels.cpu.w8a8_grouped import library as gemm_library
 from salon.kernels.linear_rescored import row_bounds
 from salon.kernels.w8a8_grouped import GROUP
@@ -213,9 +213,7 @@ def resident_gmacs(m: int, gen: torch.Generator, shape=RESIDENT) -> float | None
     q, s_a = quantize_group32_cpu(torch.randn(m, k, generator=gen))
     s_a = s_a.contiguous()
     out = torch.empty((m, n), dtype=torch.float32)
-    w_ptr, s_ptr = weight_pointers(w, s, isa)  # the packed copy lives as long as w
-    threads = torch.get_num_threads()
-    args = (q.data_ptr(), q.stride(0), w_ptr, s_ptr, out.data_ptr(), n, s_a.data_ptr(), m, n, k, threads)
+    args = gemm_args(q, s_a, w, s, isa, out)  # the packed copy lives as long as w
     entry = getattr(lib, GROUP32_ENTRIES[isa])
     if entry(*args):
         return None

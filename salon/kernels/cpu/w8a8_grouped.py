@@ -201,10 +201,17 @@ def call_gemm(
 ) -> torch.Tensor | None:
     """One call of a grouped GEMM's entry point (grouped or group32: the same arguments) on checked operands, the
     weights packed for `packed_isa` where it names one (weight_pointers); f32[M, N], or None where it declines."""
+    out = torch.empty((a_q.shape[0], w_q.shape[0]), dtype=torch.float32)
+    return None if kernel(*gemm_args(a_q, a_scale, w_q, w_scale, packed_isa, out)) else out
+
+
+def gemm_args(
+    a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, packed_isa: str | None, out
+) -> tuple:
+    """The arguments of a grouped GEMM's entry point (call_gemm's) writing f32[M, N] `out`, on all the threads."""
     (m, k), n = a_q.shape, w_q.shape[0]
     w_ptr, s_ptr = weight_pointers(w_q, w_scale, packed_isa)
-    out = torch.empty((m, n), dtype=torch.float32)
-    if kernel(
+    return (
         a_q.data_ptr(),
         a_q.stride(0),
         w_ptr,
@@ -216,9 +223,7 @@ def call_gemm(
         n,
         k,
         torch.get_num_threads(),
-    ):
-        return None
-    return out
+    )
 
 
 def weight_pointers(w_q: torch.Tensor, w_scale: torch.Tensor, isa: str | None) -> tuple[int, int | None]:
