@@ -31,6 +31,7 @@ from salon.kernels.linear_rescored import compose as compose_rescored
 from salon.kernels.linear_rescored import row_bounds
 from salon.kernels.quantize import quantize_two_terms_triton
 from salon.kernels.w8a8_group32_triton import quantize_group32_triton
+from salon.loadgen.alternation import paired_ratio
 
 RECIPES = ("two_terms", "group32")
 # (name, K, N, norm in front): the interpreter's shapes, of the same kinds as the GPU's
@@ -82,9 +83,9 @@ def rotating_calls(fns: dict, weights: list[tuple]) -> dict:
 
 
 def ratio_fields(prefix: str, a: list[float], b: list[float]) -> dict:
-    """{prefix_median_x, prefix_range_x}: the median and range of the rounds' a / b ratios."""
-    ratios = [x / y for x, y in zip(a, b)]
-    return {f"{prefix}_median_x": statistics.median(ratios), f"{prefix}_range_x": [min(ratios), max(ratios)]}
+    """{prefix_median_x, prefix_range_x}: the median and range of the rounds' a / b ratios (paired_ratio's)."""
+    r = paired_ratio(list(zip(a, b)), digits=6)
+    return {f"{prefix}_median_x": r["median"], f"{prefix}_range_x": [r["min"], r["max"]]}
 
 
 def alternated_ms(calls: dict, rounds: int, device: str) -> dict[str, list[float]]:
