@@ -360,6 +360,8 @@ def start_stack(children: list[Child], models: list[str]) -> None:
 
 
 def stop_stack(children: list[Child]) -> None:
+    for child in children:  # first: a stopping server's GOAWAY on an open probe channel is logged on the console
+        child.close_probe()
     for child in reversed(children):
         if child.proc is not None:
             child.proc.stop()
