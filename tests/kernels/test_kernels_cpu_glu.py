@@ -59,6 +59,22 @@ def test_every_range_of_the_gate_gives_the_contract_bits(kernel, ref):
 
 @needs_kernel
 @pytest.mark.parametrize("kernel,ref", GLUS)
+def test_a_prefill_split_over_threads_gives_the_contract_bits(kernel, ref):
+    """A prefill's rows (past glu.c's GLU_PARALLEL_MIN_OUTPUTS) go over torch's threads: each row's bits as on one."""
+    y = torch.randn(301, 2 * 1040, generator=torch.Generator().manual_seed(3)) * 4
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = kernel(y)
+        torch.set_num_threads(max(threads, 2))
+        split = kernel(y)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(split, ref(y)) and torch.equal(alone, split)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kernel,ref", GLUS)
 def test_strided_rows_are_read_where_they_lie(kernel, ref):
     wide = torch.randn(5, 4200, generator=torch.Generator().manual_seed(2))
     y = wide[:, 50:4146]  # row stride 4200, 2 x 2048 columns

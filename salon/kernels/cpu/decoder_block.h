@@ -121,7 +121,7 @@ static void block_glu_row(void *ctx, int64_t t, int thread) {
     const block_rows *c = ctx;
     const int64_t F = c->L->ffn_dim;
     (void)thread;
-    (c->L->activation == BLOCK_SWIGLU ? swiglu_rows : geglu_rows)(c->h + t * 2 * F, 1, F, 2 * F, c->act + t * F, F);
+    (c->L->activation == BLOCK_SWIGLU ? swiglu_row : geglu_row)(c->h + t * 2 * F, F, c->act + t * F);
 }
 
 /* x f32[T, d_model] (contiguous) -> the layer's output, in place; cos/sin f32[P, D / 2] the RoPE tables of the

@@ -7,10 +7,13 @@
  * everywhere).
  *
  *   geglu_rows, swiglu_rows  y f32[M, 2F] (row stride sy; gate columns [0, F), up columns [F, 2F))
- *                            -> out f32[M, F] (row stride so)
+ *                            -> out f32[M, F] (row stride so), the rows split over nthreads threads (a
+ *                            prefill's; a row's bits never depend on the thread that computes it)
+ *   geglu_row, swiglu_row    one row (the fused decoder layer's, decoder_block.h, from its own threads)
  */
 #pragma GCC optimize("fp-contract=off")
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 
 #include "avx2_tail.h"
@@ -67,10 +70,15 @@ GLU_AVX2 static inline __m256 swiglu8(__m256 g, __m256 u) {
 GLU_ROW(geglu_row, geglu8)
 GLU_ROW(swiglu_row, swiglu8)
 
-GLU_AVX2 void geglu_rows(const float *y, int64_t M, int64_t F, int64_t sy, float *out, int64_t so) {
+/* Calls of fewer outputs than this run on one thread (a decode step's rows: the team costs more than it saves). */
+#define GLU_PARALLEL_MIN_OUTPUTS 32768
+
+GLU_AVX2 void geglu_rows(const float *y, int64_t M, int64_t F, int64_t sy, float *out, int64_t so, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * F >= GLU_PARALLEL_MIN_OUTPUTS)
     for (int64_t m = 0; m < M; m++) geglu_row(y + m * sy, F, out + m * so);
 }
 
-GLU_AVX2 void swiglu_rows(const float *y, int64_t M, int64_t F, int64_t sy, float *out, int64_t so) {
+GLU_AVX2 void swiglu_rows(const float *y, int64_t M, int64_t F, int64_t sy, float *out, int64_t so, int nthreads) {
+    #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * F >= GLU_PARALLEL_MIN_OUTPUTS)
     for (int64_t m = 0; m < M; m++) swiglu_row(y + m * sy, F, out + m * so);
 }

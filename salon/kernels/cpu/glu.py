@@ -1,5 +1,6 @@
 """CPU fast paths of salon.kernels.glu (GeGLU and SwiGLU with the fixed-order activations) through glu.c: one C call for
-every row, with the bits of the references, which run where the C call cannot."""
+every row (a prefill's rows split over torch's threads), with the bits of the references, which run where the C call
+cannot."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from salon.kernels.glu import geglu_ref, swiglu_ref
 
 _C_SOURCE = Path(__file__).with_name("glu.c")
 _I = ctypes.c_int64
-_ROWS = [ctypes.c_void_p, _I, _I, _I, ctypes.c_void_p, _I]
+_ROWS = [ctypes.c_void_p, _I, _I, _I, ctypes.c_void_p, _I, ctypes.c_int]
 _SIGNATURES = {"geglu_rows": _ROWS, "swiglu_rows": _ROWS}
 
 
@@ -38,7 +39,7 @@ def _rows(name: str, ref: Callable[[torch.Tensor], torch.Tensor], y: torch.Tenso
     m, f = y.shape[0], y.shape[1] // 2
     out = torch.empty((m, f), dtype=torch.float32)
     if m and f:
-        getattr(lib, name)(y.data_ptr(), m, f, y.stride(0), out.data_ptr(), f)
+        getattr(lib, name)(y.data_ptr(), m, f, y.stride(0), out.data_ptr(), f, torch.get_num_threads())
     return out
 
 
