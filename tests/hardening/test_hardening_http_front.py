@@ -297,6 +297,34 @@ def test_deeply_nested_json_is_400(stack, depth) -> None:
     assert error["param"] == "body" and error["message"] == "body: JSON is nested deeper than 32 levels"
 
 
+@pytest.mark.parametrize(
+    "path,fields,param",
+    [
+        ("/v1/chat/completions", '"messages": [{"role": "user", "content": "hi \\ud800"}]', "messages.0.content"),
+        (
+            "/v1/chat/completions",
+            '"messages": [{"role": "user", "content": "\\udfff"}], "x": "' + "y" * 20_000 + '"',
+            "messages.0.content",
+        ),  # a body past the inline size: parsed in the worker process
+        ("/v1/completions", '"prompt": "\\ud83d"', "prompt"),
+        ("/v1/completions", '"prompt": "x", "metadata": {"\\ud800": "k"}', "metadata"),
+    ],
+)
+def test_a_lone_surrogate_is_400_naming_the_field(stack, path, fields, param) -> None:
+    """JSON's escapes allow a lone surrogate ("\\ud800"); UTF-8, which the tokenizer and protobuf take, does not:
+    a chat message holding one was a 500. (A pair, an emoji's "\\ud83d\\ude00", is one character.)"""
+    _, _, url = stack
+    body = f'{{"model": "{MODEL}", "max_tokens": 2, {fields}}}'.encode()
+    response = httpx.post(url + path, content=body, headers=_auth(KEY_ATTACKER), timeout=30)
+    assert response.status_code == 400, response.text
+    error = _error(response)
+    assert (
+        error["param"] == param and error["message"] == f"{param}: is not valid Unicode text (a lone surrogate escape)"
+    )
+    pair = f'{{"model": "{MODEL}", "max_tokens": 2, "prompt": "\\ud83d\\ude00"}}'.encode()
+    assert httpx.post(f"{url}/v1/completions", content=pair, headers=_auth(KEY_ATTACKER), timeout=30).status_code == 200
+
+
 def test_a_message_over_grpcs_size_limit_is_413_not_429() -> None:
     error = from_salon_error(ResourceExhausted("CLIENT: Sent message larger than max (70000000 vs. 67108864)"))
     assert (error.status, error.code, error.retry_after_ms) == (413, "request_too_large", None)

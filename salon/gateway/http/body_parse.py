@@ -15,6 +15,8 @@ Both paths run `parse_body`: the same checks, the same answers.
     not JSON                                   400 body
     deeper than MAX_JSON_DEPTH                 400 body   (100,000 levels once raised RecursionError)
     more than MAX_JSON_VALUES values           413 body
+    a lone surrogate escape in a string        400 naming the field ("\\ud800": JSON allows it, the UTF-8
+                                                          that the tokenizer and protobuf take does not)
     a field the model refuses                  400 naming the field (its dotted path)
 """
 
@@ -24,6 +26,7 @@ import asyncio
 import concurrent.futures
 import json
 import multiprocessing
+import re
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
@@ -84,26 +87,46 @@ def _is_union_member(part) -> bool:
 
 
 def _shape_problem(value) -> BodyProblem | None:
-    """The depth and the number of values of a parsed JSON document, walked without recursion."""
+    """The depth, the number of values and the strings of a parsed JSON document, walked without recursion."""
     num_values = 1
-    stack = [(value, 1)]
+    stack = [(value, 1, ())]
     while stack:
-        item, depth = stack.pop()
+        item, depth, path = stack.pop()
         if isinstance(item, dict):
-            children = item.values()
+            children = item.items()
         elif isinstance(item, list):
-            children = item
+            children = enumerate(item)
+        elif isinstance(item, str) and _has_surrogate(item):
+            return _surrogate_problem(path)
         else:
             continue
-        if not children:
+        if not item:
             continue
-        num_values += len(children)
+        num_values += len(item)
         if num_values > MAX_JSON_VALUES:  # counted before anything is done per child
             return BodyProblem(413, "body", f"more than {MAX_JSON_VALUES} JSON values")
         if depth >= MAX_JSON_DEPTH:
             return BodyProblem(400, "body", f"JSON is nested deeper than {MAX_JSON_DEPTH} levels")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+        for key, child in children:
+            if isinstance(key, str) and _has_surrogate(key):
+                return _surrogate_problem(path)
+            if isinstance(child, (dict, list, str)):
+                stack.append((child, depth + 1, (*path, key)))
     return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_surrogate(text: str) -> bool:
+    """Whether `text` holds a lone surrogate (json.loads joins an escaped pair into its character)."""
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def _surrogate_problem(path: tuple) -> BodyProblem:
+    return BodyProblem(
+        400, ".".join(str(p) for p in path) or "body", "is not valid Unicode text (a lone surrogate escape)"
+    )
 
 
 def _warm() -> None:
