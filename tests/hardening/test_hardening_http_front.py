@@ -46,6 +46,7 @@ TENANTS = {
 }
 MAX_BODY_BYTES = 4 << 20
 CONTEXT_TOKENS = 4096  # synthetic-tiny's
+VOCAB = 262_144  # synthetic-tiny's (Gemma's vocabulary)
 HEADER_TIMEOUT_S = 1.0
 MAX_SLOWDOWN_MS = 50.0
 
@@ -252,6 +253,24 @@ def test_a_large_body_does_not_stall_another_tenant(stack) -> None:
         ),
         ("/v1/completions", {"top_k": 2**33}, "top_k", "Input should be less than or equal to 4294967295"),
         ("/detokenize", {"tokens": [-1]}, "tokens.0", "Input should be greater than or equal to 0"),
+        (
+            "/v1/completions",
+            {"prompt": [5, VOCAB]},
+            "prompt.1",
+            f"token id {VOCAB} is not below the vocabulary size {VOCAB}",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": [[5], [5, 6, VOCAB + 7]]},
+            "prompt.1.2",
+            f"token id {VOCAB + 7} is not below the vocabulary size {VOCAB}",
+        ),
+        (
+            "/detokenize",
+            {"tokens": [3, VOCAB]},
+            "tokens.1",
+            f"token id {VOCAB} is not below the vocabulary size {VOCAB}",
+        ),
         (
             "/detokenize",
             {"tokens": [5] * (CONTEXT_TOKENS + 1)},
