@@ -272,6 +272,18 @@ def test_a_large_body_does_not_stall_another_tenant(stack) -> None:
             f"token id {VOCAB} is not below the vocabulary size {VOCAB}",
         ),
         (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 1, str(VOCAB): 2}},
+            f"logit_bias.{VOCAB}",
+            f"token id {VOCAB} is not below the vocabulary size {VOCAB}",
+        ),
+        (  # int() refuses a string of over 4,300 digits: this key was a 500
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"9" * 5000: 1}},
+            "logit_bias." + "9" * 5000,
+            f"token id {'9' * 5000} is not below the vocabulary size {VOCAB}",
+        ),
+        (
             "/detokenize",
             {"tokens": [5] * (CONTEXT_TOKENS + 1)},
             "tokens",

@@ -222,27 +222,55 @@ def test_a_constraint_over_grpc(stack):
 
 
 @pytest.mark.parametrize(
-    ("body", "named"),
+    ("body", "param", "named"),
     [
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
-            "json_schema: does not compile",
+            "response_format",
+            "response_format: does not compile",
         ),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
             "response_format.json_schema.schema",
+            "response_format.json_schema.schema: is required",
         ),
-        ({"response_format": {"type": "grammar"}}, "response_format.type"),
-        ({"guided_regex": "(unclosed"}, "regex: does not compile"),
-        ({"guided_grammar": "root ::= missing_rule"}, "grammar: does not compile"),
-        ({"guided_grammar": 'start: "a"\nfoo: ( "b"'}, "grammar: Lark line 2: expected ')' to close the group"),
-        ({"structured_outputs": {"grammar": "start: /^a/"}}, "grammar: Lark line 1: regex /^a/ at position 0: anchor"),
-        ({"guided_choice": []}, "guided_choice"),
-        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
-        ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
+        ({"response_format": {"type": "grammar"}}, "response_format.type", "response_format.type"),
+        ({"guided_regex": "(unclosed"}, "guided_regex", "guided_regex: does not compile"),
+        ({"guided_grammar": "root ::= missing_rule"}, "guided_grammar", "guided_grammar: does not compile"),
+        (
+            {"guided_grammar": 'start: "a"\nfoo: ( "b"'},
+            "guided_grammar",
+            "guided_grammar: Lark line 2: expected ')' to close the group",
+        ),
+        (
+            {"structured_outputs": {"grammar": "start: /^a/"}},
+            "structured_outputs",
+            "structured_outputs: Lark line 1: regex /^a/ at position 0: anchor",
+        ),
+        ({"guided_choice": []}, "guided_choice", "guided_choice"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "structured_outputs"),
+        ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice", "guided_choice"),
+        (  # a forced call's schema is the tools' (the engine compiles it as the request's constraint)
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "object", "properties": {"a": {"$ref": "#/x"}}},
+                        },
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+            "tools: does not compile",
+        ),
     ],
 )
-def test_bad_constraints_are_400_naming_the_problem(client, body, named):
+def test_bad_constraints_are_400_naming_the_problem(client, body, param, named):
+    """Each refusal names the request's field, those the engine makes (the constraint does not compile) too."""
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5, extra_body=body)
-    assert named in refused.value.body["message"], refused.value.body
+    assert refused.value.body["param"] == param, refused.value.body
+    assert refused.value.body["message"].startswith(named), refused.value.body

@@ -36,6 +36,10 @@ def check_fits(body, info: chat_pb2.ModelInfo) -> None:
         if len(body.tokens) > context:
             raise invalid("tokens", f"{len(body.tokens)} token ids are more than the context of {context} tokens")
         _check_ids(body.tokens, "tokens", info.vocab_size)
+    vocab = info.vocab_size
+    for key in getattr(body, "logit_bias", None) or {}:  # keys that are not ids: convert.logit_bias names them
+        if vocab and key.isascii() and key.isdigit() and (len(key.lstrip("0")) > len(str(vocab)) or int(key) >= vocab):
+            raise invalid(f"logit_bias.{key}", f"token id {key} is not below the vocabulary size {vocab}")
     for field in ("max_tokens", "max_completion_tokens"):
         value = getattr(body, field, None)
         if value is not None and value >= context:

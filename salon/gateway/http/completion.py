@@ -69,6 +69,7 @@ class Completion:
         echo: list[str] | None = None,
         tool_names: list[str] | None = None,
         parallel_tool_calls: bool = True,
+        fields: dict[str, str] | None = None,
     ):
         self.kind = kind  # "chat" or "text_completion"
         self.response_id = response_id
@@ -89,6 +90,8 @@ class Completion:
         # The tools whose calls the replies are parsed for (none: replies are text).
         self.tool_names = tool_names or []
         self.parallel_tool_calls = parallel_tool_calls
+        # Engine fields -> the request's fields that gave them, for the engine's refusals (errors.from_salon_error).
+        self.fields = fields
         self._closed = False
 
     # ---- events ----------------------------------------------------------------------------------
@@ -99,7 +102,7 @@ class Completion:
         except StopAsyncIteration:
             return None
         except SalonError as exc:
-            raise from_salon_error(exc) from None
+            raise from_salon_error(exc, self.fields) from None
         choice = self.choices[item.index]
         event = item.event
         if event.HasField("final"):

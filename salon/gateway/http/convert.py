@@ -83,7 +83,7 @@ def logit_bias(body: SamplingFields) -> dict[int, float]:
     """OpenAI's logit_bias: token id strings -> bias within [-100, 100]."""
     out: dict[int, float] = {}
     for key, bias in (body.logit_bias or {}).items():
-        if not (key.isascii() and key.isdigit()):
+        if not (key.isascii() and key.isdigit()) or len(key.lstrip("0")) > 10:  # (int() refuses 4,300 digits)
             raise invalid(f"logit_bias.{key}", "keys must be token ids (decimal integers)")
         if not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS_VALUE:
             raise invalid(f"logit_bias.{key}", f"must be within [-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}]")

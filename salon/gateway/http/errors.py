@@ -113,9 +113,17 @@ def from_rpc_error(exc: grpc.aio.AioRpcError) -> ApiError:
     return ApiError(status, message, type_, code)
 
 
-def from_salon_error(exc: SalonError) -> ApiError:
-    """The HTTP answer to a salon error raised by the core (dispatcher, admission, engines)."""
+def from_salon_error(exc: SalonError, fields: dict[str, str] | None = None) -> ApiError:
+    """The HTTP answer to a salon error raised by the core (dispatcher, admission, engines). fields: engine field
+    names (a refusal's "field: why", as salon.engine.api.validation words it) -> the request's field that gave
+    them; a refusal naming one of them, or a field under it, names the request's field instead (param too)."""
     status, type_, code = status_of(exc.code, exc.message)
+    message, param = exc.message, None
+    field, sep, why = message.partition(": ")
+    for engine_field, request_field in (fields or {}).items() if status == 400 and sep else ():
+        if field == engine_field or field.startswith((engine_field + ".", engine_field + "[")):
+            message, param = f"{request_field}: {why}", request_field
+            break
     retry_after_ms = None
     if isinstance(exc, ResourceExhausted) and exc.retry_after_ms is not None:
         retry_after_ms = int(exc.retry_after_ms)
@@ -127,4 +135,4 @@ def from_salon_error(exc: SalonError) -> ApiError:
         retry_after_ms = None
     elif retry_after_ms is None:
         retry_after_ms = 1000
-    return ApiError(status, exc.message, type_, code, None, retry_after_ms)
+    return ApiError(status, message, type_, code, param, retry_after_ms)

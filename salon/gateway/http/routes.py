@@ -44,6 +44,7 @@ from salon.gateway.http.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from salon.gateway.http.structured import constraint_field
 from salon.gateway.ratelimit import AdmissionControl
 from salon.gateway.routing import OPENING_MAX_BYTES, opening_conversation_id
 from salon.gateway.tenants import Tenant, TenantTable
@@ -181,6 +182,8 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         raise
     prefix = "chatcmpl-" if operation == "chat" else "cmpl-"
     stream_options = body.stream_options
+    # a constraint the engine refuses (it does not compile) came from a structured output field, or from the tools
+    constraint = constraint_field(body) or ("tools" if getattr(body, "tools", None) else None)
     completion = Completion(
         kind=operation,
         response_id=prefix + request_id,
@@ -198,6 +201,7 @@ async def _complete(request: Request, body_model: type, operation: str) -> Respo
         tool_names=[t.name for t in engine_request.tools]
         if engine_request.tool_choice.mode != chat_pb2.TOOL_CHOICE_MODE_NONE
         else [],
+        fields={"sampling.constraint": constraint} if constraint else None,
         parallel_tool_calls=not engine_request.HasField("parallel_tool_calls") or engine_request.parallel_tool_calls,
     )
     headers = {REQUEST_ID_HEADER: request_id}

@@ -16,7 +16,7 @@
 
 At most one of them per request; anything else is a 400 naming the field. Sizes are checked here (the
 engine checks them again, and compiles); a constraint that does not compile comes back from the engine as a
-400 naming the problem.
+400 naming the problem, and the field that gave it (constraint_field).
 """
 
 from __future__ import annotations
@@ -92,6 +92,23 @@ def _response_format(rf: dict[str, Any]) -> chat_pb2.Constraint | None:
 
 def constraint_of(body) -> chat_pb2.Constraint | None:
     """The request's one constraint (None: free text); 400 naming the field for anything malformed or doubled."""
+    found = _constraints(body)
+    return found[0][1] if found else None
+
+
+def constraint_field(body) -> str | None:
+    """The field that gave the request's constraint (response_format, structured_outputs or a guided_ one), which
+    a refusal of it by the engine (it does not compile) names; None without one. For a body constraint_of took."""
+    rf = getattr(body, "response_format", None)
+    if rf is not None and rf.get("type", "text") != "text":
+        return "response_format"
+    if getattr(body, "structured_outputs", None) is not None:
+        return "structured_outputs"
+    return next((field for field in _GUIDED if getattr(body, field, None) is not None), None)
+
+
+def _constraints(body) -> list[tuple[str, chat_pb2.Constraint]]:
+    """(field, constraint) of each structured output field the request sets: at most one (else 400)."""
     found: list[tuple[str, chat_pb2.Constraint]] = []
     rf = getattr(body, "response_format", None)
     if rf is not None:
@@ -115,4 +132,4 @@ def constraint_of(body) -> chat_pb2.Constraint | None:
             found.append((field, _vllm(field, key, value)))
     if len(found) > 1:
         raise invalid(found[1][0], f"only one structured output constraint per request (also {found[0][0]})")
-    return found[0][1] if found else None
+    return found
