@@ -308,6 +308,11 @@ def test_a_dialogue_that_fills_the_context_is_refused_before_any_work(gateway):
         ({"truncation": "auto"}, 400, "truncation"),
         ({"reasoning": {"effort": "high"}}, 400, "reasoning"),
         ({"text": {"format": {"type": "grammar"}}}, 400, "text.format"),
+        (  # refused by the engine's compiler, named as the request names it
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "objectx"}}}},
+            400,
+            "text.format",
+        ),
         ({"frobnicate": True}, 400, "frobnicate"),
         ({"previous_response_id": "resp_never_seen"}, 404, "previous_response_id"),
         ({"model": "no-such-model"}, 404, "model"),

@@ -272,6 +272,8 @@ async def create_response(request: Request) -> Response:
         logprobs=False,
         include_usage=False,
         arrived_s=arrived_s,
+        # the only constraint here is text.format's, which the engine may refuse (it does not compile)
+        fields={"sampling.constraint": "text.format"},
     )
     conversation_id = engine_request.conversation_id
 
