@@ -2,14 +2,18 @@
 
 Each line you type is a user message; the character's reply streams back token by token. The whole
 dialogue is re-sent every turn (as a product backend does), and the usage line after each reply shows
-how much of it came from the cross-turn KV cache.
+how much of it came from the cross-turn KV cache. Ctrl-C while a reply streams stops it (the call is
+cancelled, so the engine stops too; what came so far stays in the dialogue); at the prompt, Ctrl-C or
+Ctrl-D quits.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 import uuid
 
@@ -81,7 +85,10 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
             out.write(f"cannot reach the gateway at {args.target}: {exc.code().name}: {exc.details()}\n")
             return 1
         model = info.model.model_id
-        out.write(f"conversation {conversation_id} with {args.character_name} on {model} (Ctrl-D to quit)\n")
+        out.write(
+            f"conversation {conversation_id} with {args.character_name} on {model} "
+            "(Ctrl-C stops a reply, Ctrl-D quits)\n"
+        )
         for line in lines:
             text = line.rstrip("\n")
             if not text.strip():
@@ -96,21 +103,18 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
             )
             reply_ids: list[int] = []
             out.write(f"{args.character_name}: ")
-            try:
-                async for event in stub.Generate(request, metadata=metadata):
-                    if event.HasField("delta"):
-                        reply_ids.extend(event.delta.token_ids)
-                        out.write(event.delta.text)
-                        out.flush()
-                    else:
-                        usage = event.final.usage
-                        cached = usage.cached_tokens.device + usage.cached_tokens.host
-                        out.write(
-                            f"\n  [{usage.prompt_tokens} prompt tokens, {cached} cached, "
-                            f"{usage.generated_tokens} generated, ttft {event.final.timings.ttft_ms:.0f} ms, "
-                            f"engine {event.final.engine_id}, {_ENDED.get(event.final.finish_reason, 'ended')}]\n"
-                        )
-            except grpc.aio.AioRpcError as exc:
+            reply = asyncio.ensure_future(_stream_reply(stub.Generate(request, metadata=metadata), reply_ids, out))
+            with _sigint_cancels(reply):
+                await asyncio.wait({reply})
+            if reply.cancelled():
+                out.write(f"\n  [stopped after {len(reply_ids)} tokens]\n")
+                if not reply_ids:  # nothing was said: the message goes too, as after an error
+                    history.pop()
+                    continue
+            elif reply.exception() is not None:
+                exc = reply.exception()
+                if not isinstance(exc, grpc.aio.AioRpcError):
+                    raise exc
                 out.write(f"\n  error: {exc.code().name}: {exc.details()}\n")
                 history.pop()
                 continue
@@ -124,6 +128,45 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
     return 0
 
 
+async def _stream_reply(call, reply_ids: list[int], out) -> None:
+    """One reply's events onto `out` (its text, then the usage line), its token ids into reply_ids. Cancelled, it
+    cancels the call (the engine stops generating)."""
+    try:
+        async for event in call:
+            if event.HasField("delta"):
+                reply_ids.extend(event.delta.token_ids)
+                out.write(event.delta.text)
+                out.flush()
+            else:
+                usage = event.final.usage
+                cached = usage.cached_tokens.device + usage.cached_tokens.host
+                out.write(
+                    f"\n  [{usage.prompt_tokens} prompt tokens, {cached} cached, "
+                    f"{usage.generated_tokens} generated, ttft {event.final.timings.ttft_ms:.0f} ms, "
+                    f"engine {event.final.engine_id}, {_ENDED.get(event.final.finish_reason, 'ended')}]\n"
+                )
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
+
+
+@contextlib.contextmanager
+def _sigint_cancels(task: asyncio.Future):
+    """While inside: SIGINT (Ctrl-C) cancels `task` instead of raising KeyboardInterrupt; after, Ctrl-C interrupts
+    as Python's default handler does (at the prompt: quit). Where the loop cannot take signals (not the main
+    thread), nothing changes."""
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+    except (RuntimeError, ValueError, NotImplementedError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)  # (back to Python's default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -134,7 +177,13 @@ def main(argv: list[str] | None = None) -> int:
             except EOFError:
                 return
 
+    # Not asyncio.run: its SIGINT handler would swallow the first Ctrl-C at the prompt (it cancels the task, and
+    # input() goes on waiting); with Python's own, Ctrl-C at the prompt quits at once.
+    loop = asyncio.new_event_loop()
     try:
-        return asyncio.run(chat_loop(args, lines()))
+        return loop.run_until_complete(chat_loop(args, lines()))
     except KeyboardInterrupt:
+        print()
         return 0
+    finally:
+        loop.close()

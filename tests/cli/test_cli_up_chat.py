@@ -3,11 +3,13 @@ through it and shows the cross-turn cache at work from the second turn on."""
 
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 SALON = [sys.executable, "-m", "salon.cli.main"]
@@ -109,3 +111,71 @@ def test_chat_streams_and_the_second_turn_hits_the_cache(tmp_path):
             for p in children
             if Path(f"/proc/{p}").exists() and "zombie" not in Path(f"/proc/{p}/status").read_text().lower()
         ]
+
+
+def _read_until(stream_fd: int, seen: list[str], pattern: str, timeout_s: float = 120) -> re.Match:
+    """Read the chat's stdout (a pipe, unbuffered) until `pattern` matches all of it so far."""
+    deadline = time.monotonic() + timeout_s
+    while (match := re.search(pattern, "".join(seen), re.S)) is None:
+        assert time.monotonic() < deadline, "".join(seen)
+        ready, _, _ = select.select([stream_fd], [], [], 0.5)
+        if ready:
+            chunk = os.read(stream_fd, 65536).decode(errors="replace")
+            assert chunk, "".join(seen)  # (the chat exited)
+            seen.append(chunk)
+    return match
+
+
+def _running_requests(metrics_port: int) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    return sum(float(m) for m in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", body, re.M))
+
+
+def test_ctrl_c_stops_a_reply_and_the_dialogue_goes_on(tmp_path):
+    """Ctrl-C while a reply streams cancels it (the engine stops: nothing runs after), the partial reply stays in
+    the dialogue (the next turn's prompt holds it, cached), and Ctrl-C at the prompt quits with status 0."""
+    gw, args = up_args(tmp_path)
+    engine_metrics = int(args[args.index("--metrics-base-port") + 1]) + 1  # kvstore, engine-0, gateway
+    up = subprocess.Popen(
+        [*SALON, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    chat = None
+    try:
+        line = ""
+        while "Ctrl-C stops everything" not in line:
+            line = up.stdout.readline()
+            assert line or up.poll() is None, up.stderr.read()
+        chat = subprocess.Popen(
+            [*SALON, "chat", "--target", f"127.0.0.1:{gw}", "--api-key", "cli-test-key", "--max-new-tokens", "1500"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        fd = chat.stdout.fileno()
+        seen: list[str] = []
+        _read_until(fd, seen, r"Ctrl-C stops a reply")
+        chat.stdin.write(b"Tell me everything about the harbour.\n")
+        chat.stdin.flush()
+        _read_until(fd, seen, r"Ada: .{1500}")  # the reply is streaming: a few hundred tokens
+        chat.send_signal(signal.SIGINT)
+        kept = int(_read_until(fd, seen, r"\[stopped after (\d+) tokens\]\nYou: ").group(1))
+        assert "prompt tokens" not in "".join(seen)  # it ended before its usage line
+        deadline = time.monotonic() + 30
+        while _running_requests(engine_metrics) > 0:  # the cancelled call stopped the engine's request
+            assert time.monotonic() < deadline, "the engine still runs the stopped reply"
+            time.sleep(0.1)
+        chat.stdin.write(b"And the lighthouse?\n")
+        chat.stdin.flush()
+        usage = _read_until(fd, seen, r"\[(\d+) prompt tokens, (\d+) cached, (\d+) generated[^\]]*\]\nYou: ")
+        prompt, cached, generated = map(int, usage.groups())
+        # the stopped reply is in the dialogue, and its KV is reused: turn 1's prompt is far shorter than the
+        # reply's hundreds of tokens, so without them the cache could not hold this many
+        assert generated > 0 and prompt > kept and cached >= kept > 150, (prompt, cached, kept)
+        chat.send_signal(signal.SIGINT)  # at the prompt: quit
+        assert chat.wait(30) == 0, chat.stderr.read()
+    finally:
+        if chat is not None and chat.poll() is None:
+            chat.kill()
+        up.send_signal(signal.SIGINT)
+        up.wait(60)
