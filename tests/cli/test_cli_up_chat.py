@@ -126,25 +126,28 @@ def _read_until(stream_fd: int, seen: list[str], pattern: str, timeout_s: float 
     return match
 
 
-def _running_requests(metrics_port: int) -> float:
+def _metric(metrics_port: int, name: str, labels: str = r"[^}]*") -> float | None:
+    """The sum of a series' samples whose labels match `labels` on a /metrics page; None where it has none."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    return sum(float(m) for m in re.findall(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", body, re.M))
+    samples = re.findall(rf"^{re.escape(name)}\{{{labels}\}} (\S+)$", body, re.M)
+    return sum(map(float, samples)) if samples else None
 
 
 def test_ctrl_c_stops_a_reply_and_the_dialogue_goes_on(tmp_path):
-    """Ctrl-C while a reply streams cancels it (the engine stops: nothing runs after), the partial reply stays in
+    """Ctrl-C while a reply streams cancels it (the engine aborts it: nothing runs after), the partial reply stays in
     the dialogue (the next turn's prompt holds it, cached), and Ctrl-C at the prompt quits with status 0."""
     gw, args = up_args(tmp_path)
-    engine_metrics = int(args[args.index("--metrics-base-port") + 1]) + 1  # kvstore, engine-0, gateway
     up = subprocess.Popen(
         [*SALON, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     chat = None
     try:
-        line = ""
-        while "Ctrl-C stops everything" not in line:
+        banner = ""
+        while "Ctrl-C stops everything" not in banner:
             line = up.stdout.readline()
             assert line or up.poll() is None, up.stderr.read()
+            banner += line
+        engine_metrics = int(re.search(r"engine-0 .* metrics http://127\.0\.0\.1:(\d+)/metrics", banner).group(1))
         chat = subprocess.Popen(
             [*SALON, "chat", "--target", f"127.0.0.1:{gw}", "--api-key", "cli-test-key", "--max-new-tokens", "1500"],
             stdin=subprocess.PIPE,
@@ -161,9 +164,13 @@ def test_ctrl_c_stops_a_reply_and_the_dialogue_goes_on(tmp_path):
         chat.send_signal(signal.SIGINT)
         kept = int(_read_until(fd, seen, r"\[stopped after (\d+) tokens\]\nYou: ").group(1))
         assert "prompt tokens" not in "".join(seen)  # it ended before its usage line
+        # the cancelled call aborted the engine's request (not its budget: that would count as length), and
+        # nothing runs after
         deadline = time.monotonic() + 30
-        while _running_requests(engine_metrics) > 0:  # the cancelled call stopped the engine's request
-            assert time.monotonic() < deadline, "the engine still runs the stopped reply"
+        while (
+            _metric(engine_metrics, "vllm:request_success_total", r'[^}]*finished_reason="abort"[^}]*') or 0
+        ) < 1 or _metric(engine_metrics, "vllm:num_requests_running") != 0:
+            assert time.monotonic() < deadline, "the engine did not abort the stopped reply"
             time.sleep(0.1)
         chat.stdin.write(b"And the lighthouse?\n")
         chat.stdin.flush()
