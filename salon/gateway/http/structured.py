@@ -92,32 +92,36 @@ def _response_format(rf: dict[str, Any]) -> chat_pb2.Constraint | None:
 
 def constraint_of(body) -> chat_pb2.Constraint | None:
     """The request's one constraint (None: free text); 400 naming the field for anything malformed or doubled."""
-    found = _constraints(body)
+    found = [(field, _constraint(body, field)) for field in _set_fields(body)]
+    if len(found) > 1:
+        raise invalid(found[1][0], f"only one structured output constraint per request (also {found[0][0]})")
     return found[0][1] if found else None
 
 
 def constraint_field(body) -> str | None:
     """The field that gave the request's constraint (response_format, structured_outputs or a guided_ one), which
     a refusal of it by the engine (it does not compile) names; None without one. For a body constraint_of took."""
+    fields = _set_fields(body)
+    return fields[0] if fields else None
+
+
+def _set_fields(body) -> list[str]:
+    """The structured output fields the request sets, in the order they are read (a response_format of type
+    text sets none)."""
     rf = getattr(body, "response_format", None)
-    if rf is not None and rf.get("type", "text") != "text":
-        return "response_format"
+    fields = ["response_format"] if rf is not None and rf.get("type", "text") != "text" else []
     if getattr(body, "structured_outputs", None) is not None:
-        return "structured_outputs"
-    return next((field for field in _GUIDED if getattr(body, field, None) is not None), None)
+        fields.append("structured_outputs")
+    return fields + [field for field in _GUIDED if getattr(body, field, None) is not None]
 
 
-def _constraints(body) -> list[tuple[str, chat_pb2.Constraint]]:
-    """(field, constraint) of each structured output field the request sets: at most one (else 400)."""
-    found: list[tuple[str, chat_pb2.Constraint]] = []
-    rf = getattr(body, "response_format", None)
-    if rf is not None:
-        c = _response_format(rf)
-        if c is not None:
-            found.append(("response_format", c))
-    so = getattr(body, "structured_outputs", None)
-    if so is not None:
-        keys = [k for k in so if so[k] is not None]
+def _constraint(body, field: str) -> chat_pb2.Constraint:
+    """The constraint that `field` (one _set_fields names) gives; 400 naming the field where it is malformed."""
+    value = getattr(body, field)
+    if field == "response_format":
+        return _response_format(value)
+    if field == "structured_outputs":
+        keys = [k for k in value if value[k] is not None]
         unknown = [k for k in keys if k not in _STRUCTURED_KEYS]
         if unknown:
             raise unsupported(
@@ -125,11 +129,5 @@ def _constraints(body) -> list[tuple[str, chat_pb2.Constraint]]:
             )
         if len(keys) != 1:
             raise invalid("structured_outputs", f"exactly one of {', '.join(_STRUCTURED_KEYS)} is required")
-        found.append(("structured_outputs", _vllm(f"structured_outputs.{keys[0]}", keys[0], so[keys[0]])))
-    for field, key in _GUIDED.items():
-        value = getattr(body, field, None)
-        if value is not None:
-            found.append((field, _vllm(field, key, value)))
-    if len(found) > 1:
-        raise invalid(found[1][0], f"only one structured output constraint per request (also {found[0][0]})")
-    return found
+        return _vllm(f"structured_outputs.{keys[0]}", keys[0], value[keys[0]])
+    return _vllm(field, _GUIDED[field], value)
