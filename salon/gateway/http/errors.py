@@ -119,11 +119,12 @@ def from_salon_error(exc: SalonError, fields: dict[str, str] | None = None) -> A
     them; a refusal naming one of them, or a field under it, names the request's field instead (param too)."""
     status, type_, code = status_of(exc.code, exc.message)
     message, param = exc.message, None
-    field, sep, why = message.partition(": ")
-    for engine_field, request_field in (fields or {}).items() if status == 400 and sep else ():
-        if field == engine_field or field.startswith((engine_field + ".", engine_field + "[")):
-            message, param = f"{request_field}: {why}", request_field
-            break
+    field, _, why = message.partition(": ")
+    if status == 400 and why:
+        for engine_field, request_field in (fields or {}).items():
+            if field == engine_field or field.startswith((engine_field + ".", engine_field + "[")):
+                message, param = f"{request_field}: {why}", request_field
+                break
     retry_after_ms = None
     if isinstance(exc, ResourceExhausted) and exc.retry_after_ms is not None:
         retry_after_ms = int(exc.retry_after_ms)
