@@ -16,7 +16,7 @@ from salon.gateway.http.schemas import ChatCompletionRequest, CompletionRequest,
 
 def check_fits(body, info: chat_pb2.ModelInfo) -> None:
     """400 naming the first count of `body` that cannot fit the context of `info` (if it reports one)."""
-    context = info.max_context_tokens
+    context, vocab = info.max_context_tokens, info.vocab_size
     if not context:
         return
     if isinstance(body, (ChatCompletionRequest, TokenizeRequest)) and body.messages is not None:
@@ -31,12 +31,11 @@ def check_fits(body, info: chat_pb2.ModelInfo) -> None:
                         f"prompt[{i}]" if nested else "prompt",
                         f"{len(ids)} token ids leave no room to generate in the context of {context} tokens",
                     )
-                _check_ids(ids, f"prompt.{i}" if nested else "prompt", info.vocab_size)
+                _check_ids(ids, f"prompt.{i}" if nested else "prompt", vocab)
     if isinstance(body, DetokenizeRequest):
         if len(body.tokens) > context:
             raise invalid("tokens", f"{len(body.tokens)} token ids are more than the context of {context} tokens")
-        _check_ids(body.tokens, "tokens", info.vocab_size)
-    vocab = info.vocab_size
+        _check_ids(body.tokens, "tokens", vocab)
     for key in getattr(body, "logit_bias", None) or {}:  # keys that are not ids: convert.logit_bias names them
         if vocab and key.isascii() and key.isdigit() and (len(key.lstrip("0")) > len(str(vocab)) or int(key) >= vocab):
             raise invalid(f"logit_bias.{key}", f"token id {key} is not below the vocabulary size {vocab}")
