@@ -111,8 +111,7 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
                 if not reply_ids:  # nothing was said: the message goes too, as after an error
                     history.pop()
                     continue
-            elif reply.exception() is not None:
-                exc = reply.exception()
+            elif (exc := reply.exception()) is not None:
                 if not isinstance(exc, grpc.aio.AioRpcError):
                     raise exc
                 out.write(f"\n  error: {exc.code().name}: {exc.details()}\n")
