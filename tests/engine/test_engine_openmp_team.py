@@ -75,17 +75,40 @@ def engine(tmp_path_factory):
     assert proc.stop() == 0
 
 
+def _sleeps_per_token(engine, stub, num_threads: int | None = None) -> float:
+    """The step thread's threads' voluntary context switches per token of a 96-token reply to a 401-token prompt
+    (and that they are `num_threads`)."""
+    request = engine_pb2.GenerateRequest(
+        tokens=chat_pb2.TokenizedPrompt(token_ids=[2] + [9259, 1902, 563, 496] * 100),
+        sampling=chat_pb2.SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True),
+    )
+    before = _step_threads(engine.process.pid)
+    generated = sum(len(r.delta.token_ids) for r in stub.Generate(request, timeout=120))
+    after = _step_threads(engine.process.pid)
+    assert generated == NEW_TOKENS
+    assert num_threads is None or len(after) == num_threads, f"threads at the step's nice value: {after}"
+    return sum(after[t] - before.get(t, 0) for t in after) / generated
+
+
 def test_the_step_threads_do_not_sleep_at_the_kernels_barriers(engine):
     with grpc.insecure_channel(engine.address) as channel:
         stub = engine_pb2_grpc.EngineServiceStub(channel)
-        request = engine_pb2.GenerateRequest(
-            tokens=chat_pb2.TokenizedPrompt(token_ids=[2] + [9259, 1902, 563, 496] * 100),
-            sampling=chat_pb2.SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True),
+        # the step thread and its one OpenMP worker
+        assert _sleeps_per_token(engine, stub, num_threads=2) <= MAX_SLEEPS_PER_TOKEN
+
+
+def test_nor_after_a_constrained_reply(engine):
+    """A JSON schema compiles on the grammar compiler's threads and its masks are filled on a thread the step
+    thread starts (it then sleeps while the plain reply is measured): none of them starts another OpenMP team."""
+    schema = '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
+    with grpc.insecure_channel(engine.address) as channel:
+        stub = engine_pb2_grpc.EngineServiceStub(channel)
+        constrained = engine_pb2.GenerateRequest(
+            tokens=chat_pb2.TokenizedPrompt(token_ids=[2, 9259, 1902, 563]),
+            sampling=chat_pb2.SamplingParams(
+                max_new_tokens=24, constraint=chat_pb2.Constraint(json_schema=chat_pb2.JsonSchema(schema=schema))
+            ),
         )
-        before = _step_threads(engine.process.pid)
-        generated = sum(len(r.delta.token_ids) for r in stub.Generate(request, timeout=120))
-        after = _step_threads(engine.process.pid)
-    assert generated == NEW_TOKENS
-    assert len(after) == 2, f"the step thread and its one OpenMP worker, at nice {EngineConfig().step_nice}: {after}"
-    sleeps = sum(after[t] - before.get(t, 0) for t in after)
-    assert sleeps / generated <= MAX_SLEEPS_PER_TOKEN, f"{sleeps} sleeps in {generated} steps"
+        final = [r.final for r in stub.Generate(constrained, timeout=120) if r.HasField("final")][0]
+        assert final.usage.generated_tokens > 0
+        assert _sleeps_per_token(engine, stub) <= MAX_SLEEPS_PER_TOKEN
