@@ -35,6 +35,7 @@ def make_core(
     speculative_tokens: int = 0,
     ngram: tuple[int, int] = (2, 4),
     kernels: str = "auto",
+    long_prefill_tokens: int = SchedulerConfig.long_prefill_tokens,
     long_prefill_solo_tokens: int = SchedulerConfig.long_prefill_solo_tokens,
     device: str = "cpu",
     speculative_max_rows: int = SchedulerConfig.speculative_max_rows,
@@ -47,6 +48,7 @@ def make_core(
         speculative_tokens=speculative_tokens,
         ngram_min=ngram[0],
         ngram_max=ngram[1],
+        long_prefill_tokens=long_prefill_tokens,
         long_prefill_solo_tokens=long_prefill_solo_tokens,
         speculative_max_rows=speculative_max_rows,
     )

@@ -238,11 +238,12 @@ def test_drafts_only_in_steps_of_decodes_within_the_row_cap(tiny):
 
 def test_drafts_ride_beside_a_long_prefill_share(tiny):
     """A long prefill's share (a cold history, longer than the budget) is throughput work: decodes beside it
-    still get their drafts, within the row cap; the tokens are the plain run's."""
+    still get their drafts, within the row cap; the tokens are the plain run's. The share (8) leaves room in the
+    budget (16) for the drafts."""
     specs = [("a", tokens(30, 1), 24, {}), ("d", tokens(90, 4), 6, {})]
     plain = drive(make_core(tiny, budget=16), requests_of(specs))
     reference = {rid: list(prompt) + plain[rid].token_ids for rid, prompt, _, _ in specs}
-    core = make_core(tiny, budget=16, speculative_tokens=K, speculative_max_rows=3)
+    core = make_core(tiny, budget=16, speculative_tokens=K, speculative_max_rows=3, long_prefill_tokens=8)
     core.scheduler.proposer = OracleProposer(K, reference, lambda p: False)
     steps = record_steps(core)
     got = drive(core, requests_of(specs[:1]), until=lambda c: c.num_draft_tokens > 0)

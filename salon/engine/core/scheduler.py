@@ -18,14 +18,14 @@ is built in three passes:
 
 So a decode or a returning turn never waits behind another dialogue's long history for more than
 `long_prefill_tokens` of its tokens per step, and a returning turn that arrives while long prefills run alone
-waits at most for a step of `long_prefill_solo_tokens` (a step is never interrupted). On a CPU the model's own
-prefill throughput is flat in its chunk size (16 to 256 tokens within 4%, the engine's step path alone), but a
-served step costs more than its forward pass. With Gemma's one-term (group32) activations, solo steps of 32
-instead of 64 tokens cut returning turns' TTFT p90 by 11-15% in every round at the same steady turns/s within
-the rounds' noise, and of 128 raise it by 31-62%; 8 long-prefill tokens beside interactive work instead of 16
-give shorter TTFT and ITL (measured by `salon bench --launch --preset llama-server` in alternated rounds;
-docs/benchmarks.md has the figures). long_prefill_tokens = 0 turns the
-classes off: every request in arrival order, each step filled.
+waits at most for a step of `long_prefill_solo_tokens` (a step is never interrupted). On a CPU a step's cost
+grows slowly with its rows while they are few (Gemma 3 270M served on 2 cores: a decode alone 12.6 ms, with 8
+prefill tokens beside it 17.5 ms, 32 prefill tokens alone 24.0 ms), so the share beside decodes sets how fast cold
+histories go while other dialogues stream: on the dialogue trace 32 tokens instead of 8 gave 1.11-1.17x the
+steady turns/s for 1.10x the returning turns' TTFT p90 and 1.35x the ITL p50 (20 to 27 ms); solo steps of 64
+instead of 32 gave 1.03-1.05x the steady turns/s for 1.11-1.20x the TTFT p90 (0.98-1.04x beside 8). Measured
+by `salon bench --launch --preset llama-server` in alternated rounds (docs/benchmarks.md has the figures).
+long_prefill_tokens = 0 turns the classes off: every request in arrival order, each step filled.
 
 When the blocks a running request needs are not free, the newest running request is preempted
 (its blocks are freed and it goes back to the head of the queue; its tokens are recomputed when it
