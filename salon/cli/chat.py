@@ -3,8 +3,8 @@
 Each line you type is a user message; the character's reply streams back token by token. The whole
 dialogue is re-sent every turn (as a product backend does), and the usage line after each reply shows
 how much of it came from the cross-turn KV cache. Ctrl-C while a reply streams stops it (the call is
-cancelled, so the engine stops too; what came so far stays in the dialogue); at the prompt, Ctrl-C or
-Ctrl-D quits.
+cancelled, so the engine stops too; what came so far stays in the dialogue); at the prompt, Ctrl-C, Ctrl-D or
+a line of its own `/quit` (or `/exit`, `/bye`) quits.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ DEFAULT_CHARACTER = (
     "She answers briefly, in plain words."
 )
 
+
+# A line that is one of these (and nothing else) quits instead of being sent.
+QUIT_COMMANDS = frozenset({"/quit", "/exit", "/bye"})
 
 _ENDED = {
     chat_pb2.FINISH_REASON_STOP_TOKEN: "end of turn",
@@ -87,12 +90,14 @@ async def chat_loop(args: argparse.Namespace, lines, out=sys.stdout) -> int:
         model = info.model.model_id
         out.write(
             f"conversation {conversation_id} with {args.character_name} on {model} "
-            "(Ctrl-C stops a reply, Ctrl-D quits)\n"
+            "(Ctrl-C stops a reply, Ctrl-D or /quit quits)\n"
         )
         for line in lines:
             text = line.rstrip("\n")
             if not text.strip():
                 continue
+            if text.strip() in QUIT_COMMANDS:
+                break
             history.append(chat_pb2.Message(role=chat_pb2.ROLE_USER, author=args.user_name, text=text))
             request = chat_pb2.GenerateRequest(
                 conversation_id=conversation_id,

@@ -84,7 +84,7 @@ def test_chat_streams_and_the_second_turn_hits_the_cache(tmp_path):
             assert time.monotonic() < deadline
         chat = subprocess.run(
             [*SALON, "chat", "--target", f"127.0.0.1:{gw}", "--api-key", "cli-test-key", "--max-new-tokens", "8"],
-            input="Tell me about the harbour.\nAnd the lighthouse?\n",
+            input="Tell me about the harbour.\nAnd the lighthouse?\n  /quit \nNever sent.\n",
             capture_output=True,
             text=True,
             timeout=120,
@@ -92,7 +92,7 @@ def test_chat_streams_and_the_second_turn_hits_the_cache(tmp_path):
         )
         assert chat.returncode == 0, chat.stderr
         usages = re.findall(r"\[(\d+) prompt tokens, (\d+) cached, (\d+) generated", chat.stdout)
-        assert len(usages) == 2, chat.stdout
+        assert len(usages) == 2, chat.stdout  # /quit quit: the line after it was never sent
         (p1, c1, g1), (p2, c2, _g2) = [tuple(map(int, u)) for u in usages]
         assert c1 == 0 and g1 == 8
         # Turn 1's prompt and reply, less the never-computed last token.
