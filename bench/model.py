@@ -301,6 +301,7 @@ def _peer(args, model, steps: int, rounds: int) -> tuple[dict | None, str | None
                 flush=True,
             )
 
+        _salon_round(model, steps)  # first-call costs (allocations, kernel loads) in no round: unmeasured
         pairs = alternated_pairs(
             lambda: _salon_round(model, steps),
             lambda: _peer_round(build, gguf, args.threads, steps),
