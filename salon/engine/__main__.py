@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import sys
 
-from salon.common.config import parse_config
-from salon.common.server import run
-from salon.engine.api.bootstrap import EngineService
-from salon.engine.config import EngineConfig
+from salon.engine.openmp_spin import bound_openmp_spin
+
+bound_openmp_spin()  # before torch loads libgomp
+
+from salon.common.config import parse_config  # noqa: E402
+from salon.common.server import run  # noqa: E402
+from salon.engine.api.bootstrap import EngineService  # noqa: E402
+from salon.engine.config import EngineConfig  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

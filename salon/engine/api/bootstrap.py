@@ -65,10 +65,10 @@ async def build_engine_on_a_passing_thread(config: EngineConfig) -> tuple[Engine
     """build_engine on a thread of its own that ends when it returns, so that the step thread's OpenMP team is
     the process's only one. libgomp keeps a pool of workers for every thread that has run a parallel region, for as
     long as that thread lives, and counts them all: once they outnumber the cores it may use, a thread waiting at a
-    barrier spins 100 times instead of about 300,000 before it sleeps in the kernel, so every barrier of every
-    kernel costs a futex sleep and a wake-up. Loading on the event loop's executor (a thread that lives on) left
-    such a pool beside the step thread's: on 2 cores the step threads slept 6,500 times a second and the cores sat
-    a third idle while steps took twice their time (tests/engine/test_engine_openmp_team.py)."""
+    barrier spins 100 times instead of its full count (salon.engine.openmp_spin) before it sleeps in the kernel, so
+    every barrier of every kernel costs a futex sleep and a wake-up. Loading on the event loop's executor (a thread
+    that lives on) left such a pool beside the step thread's: on 2 cores the step threads slept 6,500 times a second
+    and the cores sat a third idle while steps took twice their time (tests/engine/test_engine_openmp_team.py)."""
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-load")
     try:
         return await asyncio.get_running_loop().run_in_executor(pool, build_engine, config)
