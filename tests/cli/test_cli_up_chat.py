@@ -6,24 +6,23 @@ import platform
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from tests.ports import free_port_spans
+
 SALON = [sys.executable, "-m", "salon.cli.main"]
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+def free_ports(n, engines=1):
+    """Ports for `salon up`'s flags, in this order: gateway, kvstore, engine base, metrics base, HTTP (the first n).
+    Each is free together with what `salon up` derives from it (engine base + i; metrics base + 1 for the kvstore,
+    + 2 + i for engine i), and none overlaps another (tests/ports.py: below the kernel's ephemeral ports, so that
+    the stack's health ports and connections cannot take one while it starts)."""
+    return free_port_spans([1, 1, engines, 2 + engines, 1][:n])
 
 
 READ_SYSCALL = {"x86_64": 0, "aarch64": 63}[platform.machine()]

@@ -102,7 +102,7 @@ def _kvstore_blocks(state: Path, port: int) -> int:
 
 
 def test_salon_up_restarts_what_dies_and_never_stops(tmp_path):
-    gw, kv, eng, metrics, http = free_ports(5)
+    gw, kv, eng, metrics, http = free_ports(5, engines=2)
     state = tmp_path / "state"
     up = subprocess.Popen(
         [

@@ -11,15 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
 from tests.requirements import require
 
 REDIS_BINARY = shutil.which("redis-server")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
