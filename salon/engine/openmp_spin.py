@@ -3,11 +3,12 @@
 libgomp spins about 300,000 times by default (3.4 ms at 11 ns a `pause`) before a waiting thread sleeps. On cores of
 the engine's own that costs nothing; beside any other busy process it is ruinous: a team member preempted by the
 neighbour holds up every barrier while its teammate spins out its time slice instead of giving the core back. On 2
-cores, one process busy-looping on one of them made a served Gemma 3 decode step 25-53x slower (12-14 ms -> 342-645
-ms). Bounded at SPIN_COUNT, the threads still spin through a forward pass's barriers but sleep in its longer gaps
-and between steps: served decode and prefill took the same time on an idle host (alternated engines), and the same
-neighbour cost 1.4-1.7x. The neighbours are real: the gateway and kvstore share the engine's cores under
-`salon up`, as do the engine's own grammar compile workers and whatever else runs on a laptop or an unpinned pod.
+cores, one process busy-looping on one of them made a served Gemma 3 decode step 45x slower (38-53x over alternated
+rounds). Bounded at SPIN_COUNT, the threads still spin through a forward pass's barriers but sleep in its longer
+gaps and between steps: served decode and prefill took the same time on an idle host (alternated engines), and the
+same neighbour cost 1.9x (tests/engine/test_engine_openmp_team.py). The neighbours are real: the gateway and
+kvstore share the engine's cores under `salon up`, as do the engine's own grammar compile workers and whatever else
+runs on a laptop or an unpinned pod.
 
 libgomp reads the setting once, when it loads (with torch), so the engine's entry point sets it before anything
 imports torch. An operator's own GOMP_SPINCOUNT or OMP_WAIT_POLICY is left as it is.
