@@ -21,6 +21,7 @@ import sys
 from collections.abc import MutableMapping
 
 SPIN_COUNT = 3000  # about 34 us at 11 ns a pause
+OPERATOR_CHOICES = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")  # either one set: the engine sets nothing
 
 
 def bound_openmp_spin(environ: MutableMapping[str, str] = os.environ) -> None:
@@ -28,5 +29,5 @@ def bound_openmp_spin(environ: MutableMapping[str, str] = os.environ) -> None:
     with it libgomp, which would ignore the setting) is already loaded."""
     if "torch" in sys.modules:
         raise RuntimeError("the OpenMP spin must be set before torch is imported: libgomp reads it once, as it loads")
-    if "GOMP_SPINCOUNT" not in environ and "OMP_WAIT_POLICY" not in environ:
+    if not any(name in environ for name in OPERATOR_CHOICES):
         environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)

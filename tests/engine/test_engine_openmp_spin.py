@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from salon.engine.openmp_spin import SPIN_COUNT, bound_openmp_spin
+from salon.engine.openmp_spin import OPERATOR_CHOICES, SPIN_COUNT, bound_openmp_spin
 
 
 def _python(code: str, env: dict[str, str]) -> str:
-    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    clean = {k: v for k, v in os.environ.items() if k not in OPERATOR_CHOICES}
     done = subprocess.run(
         [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=120, check=True
     )

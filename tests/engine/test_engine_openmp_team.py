@@ -30,6 +30,7 @@ from salon.api.engine.v1 import engine_pb2, engine_pb2_grpc
 from salon.common.internal_auth import INSECURE_LOOPBACK_FLAGS
 from salon.common.process import start_service
 from salon.engine.config import EngineConfig
+from salon.engine.openmp_spin import OPERATOR_CHOICES
 
 LIBGOMP_SPIN_COUNT = "300000"
 NEW_TOKENS = 96
@@ -54,7 +55,9 @@ def _step_threads(pid: int) -> dict[int, int]:
     return out
 
 
-def _start_engine(log_dir: Path, env: dict[str, str]):
+def _start_engine(log_dir: Path, **openmp: str):
+    """An engine on 2 of the host's CPUs, with the environment's OpenMP choices replaced by `openmp`."""
+    env = {k: v for k, v in os.environ.items() if k not in OPERATOR_CHOICES} | openmp
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.fail("the engine's OpenMP team needs 2 CPUs to run on")
@@ -84,8 +87,7 @@ def _start_engine(log_dir: Path, env: dict[str, str]):
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     """With libgomp's own spin."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    proc = _start_engine(tmp_path_factory.mktemp("omp"), {**env, "GOMP_SPINCOUNT": LIBGOMP_SPIN_COUNT})
+    proc = _start_engine(tmp_path_factory.mktemp("omp"), GOMP_SPINCOUNT=LIBGOMP_SPIN_COUNT)
     yield proc
     assert proc.stop() == 0
 
@@ -93,8 +95,7 @@ def engine(tmp_path_factory):
 @pytest.fixture(scope="module")
 def shipped_engine(tmp_path_factory):
     """As shipped: the spin is the engine's."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    proc = _start_engine(tmp_path_factory.mktemp("omp-shipped"), env)
+    proc = _start_engine(tmp_path_factory.mktemp("omp-shipped"))
     yield proc
     assert proc.stop() == 0
 
@@ -158,7 +159,10 @@ def _busy_neighbour(cpu: int) -> subprocess.Popen:
     """A process busy-looping on `cpu`, at the default nice value, once it runs there."""
     code = f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nprint(flush=True)\nwhile True:\n    pass\n"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    assert proc.stdout.readline() == b"\n"
+    if proc.stdout.readline() != b"\n":
+        proc.kill()
+        proc.wait()
+        pytest.fail("the busy neighbour did not start")
     return proc
 
 
