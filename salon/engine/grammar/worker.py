@@ -2,7 +2,7 @@
 outlives its time limit.
 
     WorkerSpawner(vocabulary, stop_token_ids, nice)   starts `python -m salon.engine.grammar.worker_main`: it
-                                                      lowers its priority by `nice`, imports xgrammar and builds
+                                                      lowers its priority by `nice` first, imports xgrammar and builds
                                                       the tokenizer info once (seconds: xgrammar imports torch)
     spawn(timeout_s)                                  a CompileWorker forked from it (milliseconds), talking over
                                                       a socket pair of its own; SpawnerNotReady while it starts
@@ -127,7 +127,7 @@ class WorkerSpawner:
     def __init__(self, vocabulary: Sequence[bytes], stop_token_ids: Sequence[int], nice: int) -> None:
         parent, child = socket.socketpair()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "salon.engine.grammar.worker_main", str(child.fileno())],
+            [sys.executable, "-m", "salon.engine.grammar.worker_main", str(child.fileno()), str(nice)],
             pass_fds=(child.fileno(),),
             stdin=subprocess.DEVNULL,
         )
@@ -137,7 +137,7 @@ class WorkerSpawner:
         # The vocabulary fills the socket's buffer until the process reads it, after its imports: sent from a
         # thread of its own, so the engine's start does not wait for it.
         self._sender = threading.Thread(
-            target=self._send_quietly, args=((list(vocabulary), list(stop_token_ids), nice),), daemon=True
+            target=self._send_quietly, args=((list(vocabulary), list(stop_token_ids)),), daemon=True
         )
         self._sender.start()
         self._ready = False

@@ -1,5 +1,6 @@
-"""The compile workers' spawner (worker.py starts it): reads the vocabulary, its stop tokens and how much to
-lower its priority, builds its compiler, says "ready"; then for each "fork" and the socket that comes with it,
+"""The compile workers' spawner (worker.py starts it): lowers its priority by the nice value on its command line
+before it imports anything heavy (the compiler's imports take seconds of CPU: torch), reads the vocabulary and its
+stop tokens, builds its compiler, says "ready"; then for each "fork" and the socket that comes with it,
 forks a worker (its pid sent back; it dies with the spawner) that answers each constraint with (True, the
 compiled grammar as xgrammar's JSON) or (False, why it does not compile) until its socket closes. The spawner
 ends when its own socket does."""
@@ -13,9 +14,10 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import recv_handle
+from typing import TYPE_CHECKING
 
-from salon.common.errors import InvalidArgument
-from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
+if TYPE_CHECKING:
+    from salon.engine.grammar.compiler import GrammarCompiler
 
 _PR_SET_PDEATHSIG = 1
 
@@ -27,7 +29,20 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def lower_priority(nice: int) -> None:
+    """Nice by `nice`, and Linux's idle class besides: a worker runs only on a core nothing else wants, and a
+    waking step thread takes its core at once (nice alone still lets it delay each wake-up of the model's
+    threads)."""
+    if not nice:
+        return
+    os.nice(nice)
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
 def serve(conn: Connection, compiler: GrammarCompiler) -> None:
+    from salon.common.errors import InvalidArgument
+
     while True:
         try:
             constraint = conn.recv()
@@ -39,16 +54,13 @@ def serve(conn: Connection, compiler: GrammarCompiler) -> None:
             conn.send((False, exc.message))
 
 
-def main(fd: int) -> None:
+def main(fd: int, nice: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine's Ctrl-C is the engine's; it closes the socket
+    lower_priority(nice)
+    from salon.engine.grammar.compiler import GrammarCompiler, GrammarLimits
+
     control = Connection(fd)
-    vocabulary, stop_token_ids, nice = control.recv()
-    if nice:
-        os.nice(nice)
-        # Linux's idle class besides: a worker runs only on a core nothing else wants, and a waking step thread
-        # takes its core at once (nice alone still lets it delay each wake-up of the model's threads).
-        with contextlib.suppress(AttributeError, OSError):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    vocabulary, stop_token_ids = control.recv()
     compiler = GrammarCompiler(vocabulary, tuple(stop_token_ids), GrammarLimits(compile_workers=0))
     compiler.ready()
     compiler.close(wait=True)  # its pool's thread ends: the forks below come from a single-threaded process
@@ -76,4 +88,4 @@ def main(fd: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), int(sys.argv[2]))
