@@ -20,6 +20,7 @@ import uuid
 import grpc
 
 from salon.api.chat.v1 import chat_pb2, chat_pb2_grpc
+from salon.cli.piped_lines import PipedLines
 
 DEFAULT_CHARACTER = (
     "Ada is a warm, witty engineer who loves explaining how things work with small concrete examples. "
@@ -173,11 +174,12 @@ def _sigint_cancels(task: asyncio.Future):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    read = input if sys.stdin.isatty() else PipedLines().read
 
     def lines():
         while True:
             try:
-                yield input(f"{args.user_name or 'You'}: ")
+                yield read(f"{args.user_name or 'You'}: ")
             except EOFError:
                 return
 

@@ -2,7 +2,6 @@
 through it and shows the cross-turn cache at work from the second turn on."""
 
 import os
-import platform
 import re
 import select
 import signal
@@ -23,19 +22,6 @@ def free_ports(n, engines=1):
     + 2 + i for engine i), and none overlaps another (tests/ports.py: below the kernel's ephemeral ports, so that
     the stack's health ports and connections cannot take one while it starts)."""
     return free_port_spans([1, 1, engines, 2 + engines, 1][:n])
-
-
-READ_SYSCALL = {"x86_64": 0, "aarch64": 63}[platform.machine()]
-
-
-def _wait_at_the_prompt(pid: int) -> None:
-    """Until the process's main thread is blocked reading its standard input, as a person's Ctrl-C at a prompt finds
-    it. A signal that lands between the prompt's write and the read only sets Python's flag: the read then blocks, and
-    nothing checks the flag until it returns (a program's race, but not one a person's key press can hit)."""
-    deadline = time.monotonic() + 30
-    while not Path(f"/proc/{pid}/syscall").read_text().startswith(f"{READ_SYSCALL} 0x0 "):
-        assert time.monotonic() < deadline, "the chat never waited at its prompt"
-        time.sleep(0.01)
 
 
 def up_args(tmp_path):
@@ -192,8 +178,7 @@ def test_ctrl_c_stops_a_reply_and_the_dialogue_goes_on(tmp_path):
         # the stopped reply is in the dialogue, and its KV is reused: turn 1's prompt is far shorter than the
         # reply's hundreds of tokens, so without them the cache could not hold this many
         assert generated > 0 and prompt > kept and cached >= kept > 150, (prompt, cached, kept)
-        _wait_at_the_prompt(chat.pid)
-        chat.send_signal(signal.SIGINT)  # at the prompt: quit
+        chat.send_signal(signal.SIGINT)  # at the prompt (the moment it shows): quit
         assert chat.wait(30) == 0, chat.stderr.read()
     finally:
         if chat is not None and chat.poll() is None:
