@@ -14,7 +14,8 @@ class PipedLines:
     so that a SIGINT at the prompt always interrupts: the wait is a select() beside a signal wake-up fd, set before
     the prompt is written, so a signal that lands between the prompt and the wait wakes it (with input(), one that
     landed just before its read() only set Python's flag, and the read then blocked). Bytes are read as they come
-    and split here (a buffered reader may hold the next lines where select() cannot see them)."""
+    and split here (a buffered reader may hold the next lines where select() cannot see them). Main thread only
+    (where Python runs its signal handlers)."""
 
     def __init__(self, fd: int = 0, out=None) -> None:
         self.fd, self.out, self.pending, self.ended = fd, sys.stdout if out is None else out, b"", False
