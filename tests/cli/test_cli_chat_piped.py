@@ -40,8 +40,13 @@ def test_lines_as_sent():
 def test_a_sigint_the_moment_the_prompt_shows_always_interrupts():
     """A program that sends SIGINT as soon as it reads the prompt: with input() in place of PipedLines.read, 9 of 30
     such processes hung (the signal landed before its read() began, which then blocked); each of 100 must end at
-    once, interrupted."""
-    code = "from salon.cli.piped_lines import PipedLines; PipedLines().read('You: ')"
+    once, interrupted. The child takes Python's own SIGINT handler first, as a process started from a terminal
+    has it: started in the background by a shell without job control (as CI may run the suite), it would inherit
+    SIGINT ignored."""
+    code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from salon.cli.piped_lines import PipedLines; PipedLines().read('You: ')"
+    )
     for _ in range(100):
         child = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
