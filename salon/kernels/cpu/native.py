@@ -271,10 +271,10 @@ def _build_and_open(source: Path, build_dir: Path | None) -> ctypes.CDLL | None:
 
 
 def build_all(jobs: int | None = None) -> list[str]:
-    """Builds every kernel of salon/kernels/cpu/ into the cache, `jobs` compilers at a time (default: one per CPU),
-    the largest sources (with what they include) first -- scripts/setup.sh and image builds run it, so that an
-    engine's first start loads its kernels instead of compiling them one after another (about 50 s on 2 cores,
-    against about 35 s for all of them here); the names of those that failed."""
+    """Builds every kernel of salon/kernels/cpu/ into the cache, `jobs` compilers at a time (default: one per CPU this
+    process may run on), the largest sources (with what they include) first -- scripts/setup.sh and image builds run
+    it, so that an engine's first start loads its kernels instead of compiling them one after another (about 50 s on
+    2 cores, against about 35 s for all of them here); the names of those that failed."""
 
     def build(source: Path) -> str | None:
         try:
@@ -287,7 +287,7 @@ def build_all(jobs: int | None = None) -> list[str]:
         Path(__file__).parent.glob("*.c"),
         key=lambda src: -sum(p.stat().st_size for p in [src, *_included_sources(src)]),
     )
-    with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(jobs or len(os.sched_getaffinity(0))) as pool:
         return sorted(name for name in pool.map(build, sources) if name is not None)
 
 
