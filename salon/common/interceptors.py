@@ -151,8 +151,9 @@ def _wrap_unary(
             _check_decoded(request)
             return await behavior(request, context)
         except BaseException as exc:  # noqa: BLE001 - mapped below, re-raised when not ours
-            await _handle(exc, context, outcome, lambda: _end(started, outcome, method_metrics, access_logged))
-            raise
+            if not await _handle(exc, context, outcome, lambda: _end(started, outcome, method_metrics, access_logged)):
+                raise
+            return None  # the status set stands; grpc sends no message with it
         finally:
             _end(started, outcome, method_metrics, access_logged)
 
@@ -176,8 +177,8 @@ def _wrap_stream(
             async for response in behavior(request, context):
                 yield response
         except BaseException as exc:  # noqa: BLE001
-            await _handle(exc, context, outcome, lambda: _end(started, outcome, method_metrics, access_logged))
-            raise
+            if not await _handle(exc, context, outcome, lambda: _end(started, outcome, method_metrics, access_logged)):
+                raise
         finally:
             _end(started, outcome, method_metrics, access_logged)
 
@@ -211,26 +212,33 @@ def _check_decoded(request: Any) -> None:
 
 async def _handle(
     exc: BaseException, context: grpc.aio.ServicerContext, outcome: _Outcome, end: Callable[[], None]
-) -> None:
-    """Record the outcome; turn a SalonError or an unexpected exception into a status (raises AbortError),
-    calling `end` (the RPC's metrics and access log) before the abort sends it."""
+) -> bool:
+    """Record the outcome and turn the exception into a status, calling `end` (the RPC's metrics and access log)
+    before the status is sent. A SalonError is the caller's answer, not a fault: its status is set on the context
+    and True returned (the handler ends without raising, so the tracing interceptor records no exception: a
+    formatted traceback per refused request cost the event loop milliseconds). Anything else is a bug: answered
+    INTERNAL by an abort (raises AbortError), its traceback logged and on the span. False: re-raise `exc`."""
     if isinstance(exc, asyncio.CancelledError):
         outcome.code = grpc.StatusCode.CANCELLED
-        return
+        return False
     if isinstance(exc, grpc.aio.AbortError):
         code = context.code()
         outcome.code = code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
-        return
+        return False
     if isinstance(exc, SalonError):
         outcome.code = exc.code
         log.info("request_failed", code=exc.code.name, error=exc.message)
         end()
-        await context.abort(exc.code, exc.message, trailing_metadata=exc.trailing_metadata())
+        context.set_code(exc.code)
+        context.set_details(exc.message)
+        context.set_trailing_metadata(exc.trailing_metadata())
+        return True
     if isinstance(exc, Exception):
         outcome.code = grpc.StatusCode.INTERNAL
         log.exception("unhandled_error", error_type=type(exc).__name__)
         end()
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__}); see the server log")
+    return False
 
 
 def _handler_kind(handler: grpc.RpcMethodHandler):
