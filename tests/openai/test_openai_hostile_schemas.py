@@ -37,8 +37,8 @@ def deep(levels: int, key: str = "a") -> dict:
     return schema
 
 
-# (schema, strict, the 400's message): each refused before it compiles (the gateway bounds a body's nesting;
-# the engine its schema's, for gRPC clients too).
+# (schema, strict, the 400's message): each refused by the gateway before it reaches the engine (a body's nesting,
+# then a schema's shape; the engine checks the shape again, for gRPC clients too).
 REFUSED = [
     (deep(40), True, "body: JSON is nested deeper than 32 levels"),
     ({"enum": [f"v{i}" for i in range(5000)]}, True, "enum at /enum has 5000 values, more than 1024"),
@@ -48,6 +48,8 @@ REFUSED = [
         "more than 16 optional properties in objects that admit other keys",
     ),
 ]
+# The param of each: the engine's refusal of a constraint names the request's field alone (response_format).
+REFUSED_PARAMS = ["body", "response_format.json_schema.schema", "response_format.json_schema.schema"]
 
 
 def slow(i: int) -> dict:
@@ -115,11 +117,12 @@ def p90(seconds: list[float]) -> float:
 
 
 def test_each_hostile_schema_is_refused_naming_its_limit(client):
-    for schema, strict, message in REFUSED:
+    for (schema, strict, message), param in zip(REFUSED, REFUSED_PARAMS, strict=True):
         with pytest.raises(openai.BadRequestError) as refused:
             with_schema(client, schema, strict)
         assert refused.value.status_code == 400
         assert message in refused.value.body["message"], refused.value.body
+        assert refused.value.body["param"] == param, refused.value.body
     with pytest.raises(openai.BadRequestError) as refused:
         with_schema(client, slow(0), strict=False)
     assert refused.value.body["message"] == "response_format: did not compile within 0.5 s (too complex)"

@@ -1,5 +1,5 @@
 """What a reply's text must match: one constraint per request, checked for size (and a schema for its shape,
-schema_shape.py) before anything compiles."""
+salon/common/schema_shape.py) before anything compiles."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 
 from salon.common.errors import InvalidArgument
-from salon.engine.grammar.schema_shape import MAX_SCHEMA_DEPTH, check_schema_shape
+from salon.common.schema_shape import MAX_SCHEMA_DEPTH, schema_shape_problem
 
 MAX_SCHEMA_BYTES = 65_536
 MAX_GRAMMAR_BYTES = 65_536
@@ -55,7 +55,9 @@ def checked(constraint: Constraint, field: str = "sampling.constraint") -> Const
             raise InvalidArgument(f"{field}.json_schema: nested more than {MAX_SCHEMA_DEPTH} levels deep") from None
         if not isinstance(schema, dict | bool):
             raise InvalidArgument(f"{field}.json_schema: a schema is a JSON object, not {type(schema).__name__}")
-        check_schema_shape(schema, constraint.strict, f"{field}.json_schema")
+        problem = schema_shape_problem(schema, constraint.strict)
+        if problem is not None:
+            raise InvalidArgument(f"{field}.json_schema: {problem}")
     elif kind is ConstraintKind.REGEX:
         if not constraint.text or size > MAX_REGEX_BYTES:
             raise InvalidArgument(f"{field}.regex: must be 1..{MAX_REGEX_BYTES} bytes")

@@ -14,9 +14,10 @@
                                                                          with a `start` rule: the engine tells them
                                                                          apart as vLLM does)
 
-At most one of them per request; anything else is a 400 naming the field. Sizes are checked here (the
-engine checks them again, and compiles); a constraint that does not compile comes back from the engine as a
-400 naming the problem, and the field that gave it (constraint_field).
+At most one of them per request; anything else is a 400 naming the field. Sizes, and a schema's shape
+(salon/common/schema_shape.py), are checked here, so a schema past a limit costs no engine call (the engine checks
+them again, and compiles); a constraint that does not compile comes back from the engine as a 400 naming the
+problem, and the field that gave it (constraint_field).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import json
 from typing import Any
 
 from salon.api.chat.v1 import chat_pb2
+from salon.common.schema_shape import schema_shape_problem
 from salon.gateway.http.errors import invalid, unsupported
 
 MAX_CONSTRAINT_BYTES = 65_536
@@ -32,7 +34,7 @@ _STRUCTURED_KEYS = ("json", "json_object", "regex", "choice", "grammar")
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
-def _schema_text(param: str, schema: Any) -> str:
+def _schema_text(param: str, schema: Any, strict: bool) -> str:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -40,6 +42,9 @@ def _schema_text(param: str, schema: Any) -> str:
             raise invalid(param, f"not valid JSON ({exc})") from None
     if not isinstance(schema, dict):
         raise invalid(param, "a JSON schema is an object")
+    problem = schema_shape_problem(schema, strict)
+    if problem is not None:
+        raise invalid(param, problem)
     text = json.dumps(schema)
     if len(text.encode()) > MAX_CONSTRAINT_BYTES:
         raise invalid(param, f"more than {MAX_CONSTRAINT_BYTES} bytes")
@@ -56,7 +61,9 @@ def _text(param: str, value: Any) -> str:
 
 def _vllm(param: str, key: str, value: Any) -> chat_pb2.Constraint:
     if key == "json":
-        return chat_pb2.Constraint(json_schema=chat_pb2.JsonSchema(schema=_schema_text(param, value), strict=True))
+        return chat_pb2.Constraint(
+            json_schema=chat_pb2.JsonSchema(schema=_schema_text(param, value, strict=True), strict=True)
+        )
     if key == "json_object":
         if value is not True:
             raise invalid(param, "must be true when set")
@@ -86,7 +93,7 @@ def _response_format(rf: dict[str, Any]) -> chat_pb2.Constraint | None:
     strict = spec.get("strict") or False
     if not isinstance(strict, bool):
         raise invalid("response_format.json_schema.strict", "must be a boolean")
-    text = _schema_text("response_format.json_schema.schema", spec["schema"])
+    text = _schema_text("response_format.json_schema.schema", spec["schema"], strict)
     return chat_pb2.Constraint(json_schema=chat_pb2.JsonSchema(schema=text, strict=strict))
 
 

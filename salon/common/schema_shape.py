@@ -4,11 +4,12 @@ A schema's compile time grows with its nesting, its enums, its properties, and a
 properties of objects that admit keys they do not list (a schema that is not strict, without
 `"additionalProperties": false`: each such property costs about 0.1 s with SmolLM2's vocabulary and 0.2 s with
 Gemma's). Within these limits the compile time limit and the refusal cache bound the rest.
+
+Common code: the engine checks every schema it is sent (gRPC clients too); the gateway checks an HTTP request's
+schema right after parsing its body, so a refused one costs no engine call.
 """
 
 from __future__ import annotations
-
-from salon.common.errors import InvalidArgument
 
 # Levels of JSON objects and arrays in the schema document (about two per nested object schema).
 MAX_SCHEMA_DEPTH = 64
@@ -26,8 +27,9 @@ def _pointer(path: tuple[str, ...]) -> str:
     return "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in path)
 
 
-def check_schema_shape(schema: object, strict: bool, field: str) -> None:
-    """InvalidArgument naming the limit and where the schema exceeds it; None within every limit."""
+def schema_shape_problem(schema: object, strict: bool) -> str | None:
+    """The first limit the parsed schema exceeds, and where ("enum at /properties/c/enum has 1025 values, more
+    than 1024"); None within every limit."""
     open_optional = 0
     # (node, its path, its depth, whether it maps names to schemas rather than being one)
     stack: list[tuple[object, tuple[str, ...], int, bool]] = [(schema, (), 1, False)]
@@ -36,7 +38,7 @@ def check_schema_shape(schema: object, strict: bool, field: str) -> None:
         if not isinstance(node, dict | list):
             continue
         if depth > MAX_SCHEMA_DEPTH:
-            raise InvalidArgument(f"{field}: nested more than {MAX_SCHEMA_DEPTH} levels deep (at {_pointer(path)})")
+            return f"nested more than {MAX_SCHEMA_DEPTH} levels deep (at {_pointer(path)})"
         if isinstance(node, list):
             stack.extend((v, (*path, str(i)), depth + 1, False) for i, v in enumerate(node))
             continue
@@ -45,15 +47,11 @@ def check_schema_shape(schema: object, strict: bool, field: str) -> None:
             continue
         enum = node.get("enum")
         if isinstance(enum, list) and len(enum) > MAX_ENUM_VALUES:
-            raise InvalidArgument(
-                f"{field}: enum at {_pointer((*path, 'enum'))} has {len(enum)} values, more than {MAX_ENUM_VALUES}"
-            )
+            return f"enum at {_pointer((*path, 'enum'))} has {len(enum)} values, more than {MAX_ENUM_VALUES}"
         properties = node.get("properties")
         if isinstance(properties, dict):
             if len(properties) > MAX_PROPERTIES:
-                raise InvalidArgument(
-                    f"{field}: object at {_pointer(path)} has {len(properties)} properties, more than {MAX_PROPERTIES}"
-                )
+                return f"object at {_pointer(path)} has {len(properties)} properties, more than {MAX_PROPERTIES}"
             required = node.get("required")
             required = (
                 set(required) if isinstance(required, list) and all(isinstance(r, str) for r in required) else set()
@@ -61,9 +59,10 @@ def check_schema_shape(schema: object, strict: bool, field: str) -> None:
             if not strict and node.get("additionalProperties") is not False:
                 open_optional += len(properties.keys() - required)
                 if open_optional > MAX_OPEN_OPTIONAL_PROPERTIES:
-                    raise InvalidArgument(
-                        f"{field}: more than {MAX_OPEN_OPTIONAL_PROPERTIES} optional properties in objects that "
-                        f"admit other keys (not strict, no additionalProperties false; at {_pointer(path)}): "
-                        "list them in required, set additionalProperties false, or use strict"
+                    return (
+                        f"more than {MAX_OPEN_OPTIONAL_PROPERTIES} optional properties in objects that admit other "
+                        f"keys (not strict, no additionalProperties false; at {_pointer(path)}): list them in "
+                        "required, set additionalProperties false, or use strict"
                     )
         stack.extend((v, (*path, k), depth + 1, k in _SCHEMA_MAPS) for k, v in node.items())
+    return None
