@@ -141,8 +141,8 @@ class EngineConfig:
     grammar_compile_busy_steps: int = field(
         default=8,
         metadata={
-            "help": "while the model computes, the compile workers run during one step in this many "
-            "(paused otherwise); 0: only while the engine idles"
+            "help": "while the model computes, the compile workers run during one step in this many once it has "
+            "computed for 0.25 s without idling (paused otherwise); 0: only while the engine idles"
         },
     )
     grammar_compile_workers: int = field(
