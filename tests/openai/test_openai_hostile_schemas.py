@@ -37,19 +37,24 @@ def deep(levels: int, key: str = "a") -> dict:
     return schema
 
 
-# (schema, strict, the 400's message): each refused by the gateway before it reaches the engine (a body's nesting,
-# then a schema's shape; the engine checks the shape again, for gRPC clients too).
+# (schema, strict, the 400's message, its param): each refused by the gateway before it reaches the engine (a
+# body's nesting, then a schema's shape; the engine checks the shape again, for gRPC clients too, and its refusal
+# names the request's field alone: response_format).
 REFUSED = [
-    (deep(40), True, "body: JSON is nested deeper than 32 levels"),
-    ({"enum": [f"v{i}" for i in range(5000)]}, True, "enum at /enum has 5000 values, more than 1024"),
+    (deep(40), True, "body: JSON is nested deeper than 32 levels", "body"),
+    (
+        {"enum": [f"v{i}" for i in range(5000)]},
+        True,
+        "enum at /enum has 5000 values, more than 1024",
+        "response_format.json_schema.schema",
+    ),
     (
         {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(40)}},
         False,
         "more than 16 optional properties in objects that admit other keys",
+        "response_format.json_schema.schema",
     ),
 ]
-# The param of each: the engine's refusal of a constraint names the request's field alone (response_format).
-REFUSED_PARAMS = ["body", "response_format.json_schema.schema", "response_format.json_schema.schema"]
 
 
 def slow(i: int) -> dict:
@@ -117,7 +122,7 @@ def p90(seconds: list[float]) -> float:
 
 
 def test_each_hostile_schema_is_refused_naming_its_limit(client):
-    for (schema, strict, message), param in zip(REFUSED, REFUSED_PARAMS, strict=True):
+    for schema, strict, message, param in REFUSED:
         with pytest.raises(openai.BadRequestError) as refused:
             with_schema(client, schema, strict)
         assert refused.value.status_code == 400
@@ -178,7 +183,7 @@ def send_hostile(url: str, slow_ones: bool, go, idle, quit, outcomes) -> None:
             if slow_ones:
                 schema, strict, message = slow(i + 1), False, "did not compile within 0.5 s (too complex)"
             else:
-                schema, strict, message = REFUSED[i % len(REFUSED)]
+                schema, strict, message, _ = REFUSED[i % len(REFUSED)]
                 time.sleep(PAUSE_S)
             with pytest.raises(openai.BadRequestError) as refused:
                 with_schema(client, schema, strict)
