@@ -6,8 +6,10 @@ convert OpenAI's fields into the same salon.chat.v1 fields first, tool_request.p
                               (salon/common/tool_call_schema.py): the schema becomes sampling.constraint and the
                               engine gets AUTO (the tools stay in the prompt); another constraint is refused
 
-The tools' sizes are checked before any of their parameters is read (salon/common/tool_specs.py); the engine
-checks every other field of the tools.
+The tools' sizes are checked before any of their parameters is read (salon/common/tool_specs.py). A forced call's
+schema is checked for shape (salon/common/schema_shape.py) before it goes anywhere: each tool's parameters, then the
+calls' schema that nests them, so a schema past a limit costs no engine call and its refusal names the tool
+(ToolSchemaRefused). The engine checks every other field of the tools, and the constraint's shape again.
 """
 
 from __future__ import annotations
@@ -18,9 +20,21 @@ from dataclasses import dataclass
 from salon.api.chat.v1 import chat_pb2
 from salon.common import tool_specs
 from salon.common.errors import InvalidArgument
+from salon.common.schema_shape import schema_shape_problem
 from salon.common.tool_call_schema import reply_schema
 
 _FORCED = (chat_pb2.TOOL_CHOICE_MODE_REQUIRED, chat_pb2.TOOL_CHOICE_MODE_FUNCTION)
+
+
+class ToolSchemaRefused(InvalidArgument):
+    """A forced call's schema past a shape limit: tool_index names the tool whose parameters exceed it (None: the
+    calls' schema as a whole, which nests every tool's parameters a few levels deeper)."""
+
+    def __init__(self, tool_index: int | None, problem: str) -> None:
+        where = "tools" if tool_index is None else f"tools[{tool_index}].parameters_json"
+        super().__init__(f"{where}: {problem}")
+        self.tool_index = tool_index
+        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -74,8 +88,14 @@ def _forced_call(request, parallel: bool) -> None:
             parameters, problem = tool_specs.json_object(t.parameters_json, tool_specs.MAX_TOOL_PARAMETERS_BYTES)
             if problem:
                 raise InvalidArgument(f"tools[{i}].parameters_json: {problem}")
+            problem = schema_shape_problem(parameters, strict=True)
+            if problem:
+                raise ToolSchemaRefused(i, problem)
         functions.append({"name": t.name, "parameters": parameters})
     schema = reply_schema(functions, forced, required=forced is None, parallel_tool_calls=parallel)
+    problem = schema_shape_problem(schema, strict=True)
+    if problem:
+        raise ToolSchemaRefused(None, f"in the calls' schema: {problem}")
     request.sampling.constraint.json_schema.schema = json.dumps(schema, separators=(",", ":"))
     request.sampling.constraint.json_schema.strict = True
     request.tool_choice.mode = chat_pb2.TOOL_CHOICE_MODE_AUTO

@@ -1,7 +1,8 @@
 """Replies parsed into tool calls (salon/gateway/tool_calls.py) on recorded outputs of each style, and the
 chat completion built from them (completion.py): streamed in fragments, the SDK's own stream accumulator
 (ChatCompletionStreamState, what client.chat.completions.stream uses) assembles exactly the non-streamed
-message; the reply schema a forced tool_choice decodes under; the gRPC stream of a reply with tools."""
+message; the reply schema a forced tool_choice decodes under, and its shape checked before it goes anywhere; the
+gRPC stream of a reply with tools."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from salon.gateway.http.choices import ChoiceEvent
 from salon.gateway.http.completion import Completion
 from salon.gateway.tool_call_events import ToolCallEvents
 from salon.gateway.tool_calls import ParsedCall, ParsedReply, parse_reply
-from salon.gateway.tool_choice import ToolReplies
+from salon.gateway.tool_choice import ToolReplies, ToolSchemaRefused, apply_tool_choice
 
 TOOLS = ["get_weather", "get_time"]
 PARIS = ParsedCall("get_weather", '{"city": "Paris"}')
@@ -174,6 +175,46 @@ def test_reply_schema_of_a_forced_choice():
     # A reply that follows the schema parses into exactly its calls.
     reply = json.dumps([{"name": "get_weather", "arguments": {"city": "Paris"}}])
     assert parse_reply(reply, TOOLS) == ParsedReply(None, [PARIS])
+
+
+def _deep(levels: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def _forced(parameters: list[dict], mode=chat_pb2.TOOL_CHOICE_MODE_REQUIRED) -> chat_pb2.GenerateRequest:
+    tools = [chat_pb2.Tool(name=f"f{i}", parameters_json=json.dumps(p)) for i, p in enumerate(parameters)]
+    return chat_pb2.GenerateRequest(tools=tools, tool_choice=chat_pb2.ToolChoice(mode=mode))
+
+
+def test_a_forced_calls_schema_past_a_shape_limit_is_refused_naming_the_tool():
+    """Each tool's parameters, then the calls' schema that nests them (two levels per nested object, and the calls'
+    array and item around them), are checked against salon/common/schema_shape.py's limits before any engine
+    sees them: the refusal names the tool whose parameters exceed one, or the calls' schema as a whole."""
+    fine = {"type": "object", "properties": {"city": {"type": "string"}}}
+    enum = {"type": "object", "properties": {"c": {"enum": [f"v{i}" for i in range(1025)]}}}
+    with pytest.raises(ToolSchemaRefused) as refused:
+        apply_tool_choice(_forced([fine, enum]))
+    assert refused.value.tool_index == 1
+    assert (
+        refused.value.message == "tools[1].parameters_json: enum at /properties/c/enum has 1025 values, more than 1024"
+    )
+    # Within the limit alone, past it once nested in the calls' schema.
+    with pytest.raises(ToolSchemaRefused) as refused:
+        apply_tool_choice(_forced([fine, _deep(30)]))
+    assert refused.value.tool_index is None
+    assert refused.value.message.startswith(
+        "tools: in the calls' schema: nested more than 64 levels deep (at /items/anyOf/1/properties/arguments/"
+    ), refused.value.message
+    # At the limits: the constraint is set, the engine gets AUTO.
+    at_limit = _forced([fine, _deep(29), {"type": "object", "properties": {"c": {"enum": list(range(1024))}}}])
+    apply_tool_choice(at_limit)
+    assert at_limit.sampling.constraint.json_schema.strict
+    assert at_limit.tool_choice.mode == chat_pb2.TOOL_CHOICE_MODE_AUTO
+    # Under AUTO nothing compiles: the same parameters only describe the tool in the prompt.
+    assert apply_tool_choice(_forced([enum], chat_pb2.TOOL_CHOICE_MODE_AUTO)).tool_names == ("f0",)
 
 
 def _grpc_events(pieces: list[str], finish: int) -> list[chat_pb2.GenerateResponse]:

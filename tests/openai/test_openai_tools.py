@@ -30,6 +30,8 @@ WEATHER = {
     "type": "function",
     "function": {"name": "get_weather", "description": "The current weather of a city", "parameters": PARAMETERS},
 }
+# Past a schema shape limit (salon/common/schema_shape.py): refused for a forced call by the gateway, naming the tool.
+HUGE_ENUM = {"type": "object", "properties": {"c": {"enum": [f"v{i}" for i in range(1025)]}}}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 
 
@@ -197,6 +199,10 @@ def test_bad_tool_fields_are_400_naming_the_field(stack):
         (dict(tools=[tool(description="x" * 5000)]), "tools[0].function.description"),
         (dict(tools=[tool(strict=True, parameters=PARAMETERS)]), "tools[0].function.strict"),
         (dict(tools=[tool(name=f"f{i}") for i in range(129)]), "tools"),
+        (
+            dict(tools=[tool(parameters=HUGE_ENUM)], tool_choice="required"),
+            "tools[0].function.parameters: enum at /properties/c/enum has 1025 values, more than 1024",
+        ),
         (dict(tools=[tool()], tool_choice="sometimes"), "tool_choice"),
         (
             dict(tools=[tool()], tool_choice={"type": "function", "function": {"name": "nope"}}),
@@ -330,10 +336,14 @@ def test_grpc_refuses_a_forced_choice_it_cannot_serve(stack):
                 "tool_choice: REQUIRED cannot be combined with sampling.constraint",
             ),
         ]
+        hostile = chat_pb2.ToolChoice(mode=chat_pb2.TOOL_CHOICE_MODE_REQUIRED)
+        cases.append((hostile, None, "tools[1].parameters_json: enum at /properties/c/enum has 1025 values"))
         for choice, constraint, message in cases:
             request = _grpc_request(0, choice)
             if constraint is not None:
                 request.sampling.constraint.CopyFrom(constraint)
+            if choice is hostile:
+                request.tools[1].parameters_json = json.dumps(HUGE_ENUM)
             with pytest.raises(grpc.RpcError) as err:
                 list(stub.Generate(request, metadata=(("authorization", f"Bearer {KEY}"),), timeout=60))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -8,7 +8,8 @@ ToolCall), with OpenAI's names in every 400:
     tool_choice            "auto" (the default), "none" (no tools in the prompt, a text reply), "required" or
                            {"type": "function", "function": {"name"}}: the reply is decoded inside the JSON
                            schema of its calls (salon/gateway/tool_choice.py, as for gRPC), one more
-                           constraint being a 400
+                           constraint being a 400; a tool's parameters past a schema shape limit are a 400
+                           naming tools[i].function.parameters (no engine call)
     parallel_tool_calls    true (the default) or false: at most one call is returned
     assistant tool_calls   [{"id", "type": "function", "function": {"name", "arguments": "<JSON object>"}}]
     tool messages          {"role": "tool", "tool_call_id", "content"}
@@ -24,7 +25,7 @@ from salon.common import tool_specs
 from salon.common.errors import InvalidArgument
 from salon.gateway.http.errors import invalid, unsupported
 from salon.gateway.http.schemas import ChatCompletionRequest, ChatMessage
-from salon.gateway.tool_choice import apply_tool_choice
+from salon.gateway.tool_choice import ToolSchemaRefused, apply_tool_choice
 
 
 def _function_of(tool: Any, where: str) -> dict:
@@ -103,6 +104,9 @@ def chat_tools(body: ChatCompletionRequest, request) -> list[str]:
     # JSON form), so even a small model answers with a valid call of an offered tool; the engine gets AUTO.
     try:
         replies = apply_tool_choice(request)
+    except ToolSchemaRefused as exc:
+        where = "tools" if exc.tool_index is None else f"tools[{exc.tool_index}].function.parameters"
+        raise invalid(where, exc.problem) from None
     except InvalidArgument as exc:
         raise invalid("tool_choice", exc.message.removeprefix("tool_choice: ")) from None
     return list(replies.tool_names) if replies else []
