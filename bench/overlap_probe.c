@@ -52,9 +52,9 @@ VNNI static int32_t units(int mix, const uint8_t *p, int64_t n, int64_t window_u
         for (int64_t m = 0; m < work; m++) {
             const unaligned_i32 *am = (const unaligned_i32 *)(act + 32 * (m % ACT_ROWS) + 256 * (u & 7));
             __m512i c0 = _mm512_set1_epi32(am[0]), c1 = _mm512_setzero_si512();
-            for (int i = 0; i < 8; i += 2) {
-                c0 = _mm512_dpbusd_epi32(c0, v[i], _mm512_set1_epi32(am[i]));
-                c1 = _mm512_dpbusd_epi32(c1, v[i + 1], _mm512_set1_epi32(am[i + 1]));
+            for (int i = 0; i < 8; i += 2) {  /* the broadcast as the instruction's memory operand, as the kernel */
+                __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(c0) : "v"(v[i]), "m"(am[i]));
+                __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(c1) : "v"(v[i + 1]), "m"(am[i + 1]));
             }
             const __m512 f = _mm512_mul_ps(s, _mm512_set1_ps(scales[(m + u) & 63]));
             y[m % ACT_ROWS] = _mm512_add_ps(y[m % ACT_ROWS],
