@@ -194,9 +194,10 @@ class EngineLoop:
                     if self.core.has_work():
                         if self.background is not None:
                             self.background.computing()
-                        self._step()
+                        self._step()  # publishes before it sends the step's events
                         self._consecutive_failures = 0
-                    self._publish()
+                    else:
+                        self._publish()
                 except Exception as exc:  # a failed step fails its own requests; the loop goes on
                     log.error("engine_step_failed", error=traceback.format_exc())
                     error = f"internal error in the engine step ({type(exc).__name__})"
@@ -299,6 +300,9 @@ class EngineLoop:
                 metrics.SPEC_DRAFT_TOKENS.inc(stats.num_draft_tokens)
                 metrics.SPEC_ACCEPTED_TOKENS.inc(stats.num_accepted_draft_tokens)
             self._rate.add(now, stats.num_sampled)
+        # The load first: a client that got a token of a request just scheduled must find that request counted
+        # as running, not still as waiting (its admission pending), or a full queue would refuse its next one.
+        self._publish()
         for event in events:
             if event.inter_token_s is not None:
                 metrics.INTER_TOKEN_LATENCY.observe(event.inter_token_s)
