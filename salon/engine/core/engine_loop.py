@@ -108,6 +108,10 @@ class EngineLoop:
         # Event loop side: submitted, not yet in a published load snapshot (num_waiting counts them).
         self._pending_admissions = 0
         self._added_since_publish = 0  # step thread side: ADD commands applied since the last snapshot
+        # Step thread side: what the commands and expiries of this turn of the loop answer (their events, a purge's
+        # result), done once the load that no longer counts their requests is published (_release_held): a client
+        # whose waiting request was aborted must not find it still counted against the queue.
+        self._held: list[Callable[[], None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
         self._rate = _TokenRate()
@@ -191,6 +195,9 @@ class EngineLoop:
                         self.background.idle()
                     self._drain_commands(block=not self.core.has_work())
                     self._expire_deadlines()
+                    if self._held:  # answered now, not after the step, once the load no longer counts them
+                        self._publish()
+                        self._release_held()
                     if self.core.has_work():
                         if self.background is not None:
                             self.background.computing()
@@ -200,6 +207,7 @@ class EngineLoop:
                         self._publish()
                 except Exception as exc:  # a failed step fails its own requests; the loop goes on
                     log.error("engine_step_failed", error=traceback.format_exc())
+                    self._release_held()
                     error = f"internal error in the engine step ({type(exc).__name__})"
                     failed = self.core.fail(self.core.in_step, error)
                     for event in failed:
@@ -223,6 +231,7 @@ class EngineLoop:
         """Fail everything and hand the process over to its supervisor (step thread)."""
         self.dead = reason
         try:
+            self._release_held()
             for event in self.core.fail_all("the engine is restarting"):
                 self._send(event)
         except Exception:  # noqa: BLE001 - the process exits anyway
@@ -252,7 +261,7 @@ class EngineLoop:
             if command.done is not None:
                 self._loop.call_soon_threadsafe(_settle, command.done, None, exc)
             elif command.kind is CommandKind.ADD and command.request is not None:
-                self._send(
+                self._hold_event(
                     RequestEvent(
                         command.request.request_id,
                         [],
@@ -272,19 +281,20 @@ class EngineLoop:
         elif command.kind is CommandKind.ABORT:
             event = self.core.abort(command.request_id, FinishReason.ABORTED)
             if event is not None:
-                self._send(event)
+                self._hold_event(event)
         elif command.kind is CommandKind.PURGE:
             assert command.done is not None
             events, freed = self.core.purge_conversation(command.namespace, command.request_id)
             for event in events:
-                self._send(event)
-            self._loop.call_soon_threadsafe(_settle, command.done, (len(events), freed), None)
+                self._hold_event(event)
+            done, result = command.done, (len(events), freed)
+            self._held.append(lambda: self._loop.call_soon_threadsafe(_settle, done, result, None))
 
     def _expire_deadlines(self) -> None:
         for request_id in self.core.expired(time.monotonic()):
             event = self.core.abort(request_id, FinishReason.ABORTED, error="deadline exceeded")
             if event is not None:
-                self._send(event)
+                self._hold_event(event)
 
     def _step(self) -> None:
         events = self.core.step()
@@ -310,6 +320,14 @@ class EngineLoop:
             if final is not None:
                 _observe_final(final)
             self._send(event)
+
+    def _hold_event(self, event: RequestEvent) -> None:
+        self._held.append(lambda: self._send(event))
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for answer in held:
+            answer()
 
     def _send(self, event: RequestEvent) -> None:
         if event.finish_reason is not None:
