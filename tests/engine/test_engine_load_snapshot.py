@@ -7,6 +7,7 @@ left the queue."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -27,7 +28,12 @@ def model_and_tokenizer():
     return load_model("synthetic-tiny", "int8")
 
 
-def _slow_snapshots(core) -> None:
+@contextlib.asynccontextmanager
+async def _loop_with_slow_snapshots(model_and_tokenizer):
+    """A running EngineLoop (one request running, one waiting at most) whose step thread takes SLOW_SNAPSHOT_S over
+    each load snapshot."""
+    core = make_core(model_and_tokenizer, max_running=1, max_waiting=1)
+    loop = EngineLoop(core, asyncio.get_running_loop())
     real_load = core.load
 
     def slow_load(*args, **kwargs):
@@ -36,6 +42,11 @@ def _slow_snapshots(core) -> None:
         return real_load(*args, **kwargs)
 
     core.load = slow_load
+    loop.start()
+    try:
+        yield loop
+    finally:
+        await asyncio.to_thread(loop.stop)
 
 
 async def _first_token(events: asyncio.Queue) -> None:
@@ -44,27 +55,17 @@ async def _first_token(events: asyncio.Queue) -> None:
 
 
 async def test_a_requests_first_token_comes_after_the_load_that_counts_it_running(model_and_tokenizer) -> None:
-    core = make_core(model_and_tokenizer, max_running=1, max_waiting=1)
-    loop = EngineLoop(core, asyncio.get_running_loop())
-    _slow_snapshots(core)
-    loop.start()
-    try:
+    async with _loop_with_slow_snapshots(model_and_tokenizer) as loop:
         events = loop.submit(make_request("r1", tokens(40, 1), 64))
         assert loop.num_waiting == 1  # submitted, in no snapshot yet
         await _first_token(events)
         assert loop.load.running_requests == 1
         assert loop.num_waiting == 0, "r1 has a token but still counts as waiting"
         loop.abort("r1")
-    finally:
-        await asyncio.to_thread(loop.stop)
 
 
 async def test_an_aborted_waiting_requests_end_comes_after_the_load_without_it(model_and_tokenizer) -> None:
-    core = make_core(model_and_tokenizer, max_running=1, max_waiting=1)
-    loop = EngineLoop(core, asyncio.get_running_loop())
-    _slow_snapshots(core)
-    loop.start()
-    try:
+    async with _loop_with_slow_snapshots(model_and_tokenizer) as loop:
         await _first_token(loop.submit(make_request("r1", tokens(40, 1), 4096)))
         waiting = loop.submit(make_request("r2", tokens(40, 2), 8))
         deadline = time.monotonic() + 60
@@ -77,5 +78,3 @@ async def test_an_aborted_waiting_requests_end_comes_after_the_load_without_it(m
         assert event.finish_reason is FinishReason.ABORTED
         assert loop.load.waiting_requests == 0 and loop.num_waiting == 0, "r2 ended but still counts as waiting"
         loop.abort("r1")
-    finally:
-        await asyncio.to_thread(loop.stop)
