@@ -32,7 +32,6 @@ import torch
 from salon.kernels.cpu import native
 from salon.loadgen.alternation import alternated_pairs, describe, paired_ratio
 
-UNIT = 512
 WINDOW = 256 << 10  # each thread's L2-resident bytes, for the instructions-only time
 MIXES = {"thin": 0, "kernel": 1}
 LEVELS = {"thin": (8, 16, 32, 64), "kernel": (1, 2, 4, 8)}
