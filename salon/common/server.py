@@ -42,6 +42,7 @@ from salon.common.message_limits import MAX_MESSAGE_BYTES, grpc_options
 from salon.common.metrics import start_metrics_server
 from salon.common.peer_identity import AccessPolicy
 from salon.common.reflection import enable_reflection
+from salon.common.startup_heap import freeze_startup_heap, watch_gc_pauses
 from salon.common.tracing import configure_tracing, shutdown_tracing
 
 log = get_logger(__name__)
@@ -112,6 +113,7 @@ class HealthState:
     async def set_serving(self) -> None:
         if self.fatal_reason is not None:
             return  # a service that gave up never serves again
+        freeze_startup_heap()  # the first time: what start-up built lives as long as the process
         self.serving = True
         for name in self._names:
             await self._servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -192,6 +194,7 @@ async def serve(service: Service, config: ServerConfig) -> int:
         service.name, config.trace_file, sample_ratio=config.trace_sample_ratio, extract_inbound=policy is not None
     )
     metrics_port = _start_metrics(config) if config.metrics_port is not None else None
+    watch_gc_pauses()
     stop = asyncio.Event()
     parent_watch = _watch_parent(config.parent_pid, stop) if config.parent_pid is not None else None
 

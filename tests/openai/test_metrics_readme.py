@@ -191,6 +191,16 @@ def samples(text: str, name: str) -> list:
     return [s for family in text_string_to_metric_families(text) for s in family.samples if s.name == name]
 
 
+def test_each_service_froze_its_start_up_heap_and_times_its_collections(scrapes):
+    """Each service froze what its start-up built when it first served (salon.common.startup_heap): the frozen
+    objects are counted, and the freeze's own full collection was timed."""
+    for service in ("gateway", "engine", "kvstore"):
+        frozen = samples(scrapes[service], "salon_gc_frozen_objects")
+        assert len(frozen) == 1 and frozen[0].value > 10_000, (service, frozen)
+        full = [s for s in samples(scrapes[service], "salon_gc_pause_seconds_count") if s.labels["generation"] == "2"]
+        assert len(full) == 1 and full[0].value >= 1, (service, full)
+
+
 def test_engine_requests_follow_vllm(scrapes):
     """Three turns reached the engine (two HTTP, one gRPC): each finished once with a vLLM reason, under the
     engine's model_name and id, and was observed once in each phase; the phases add up."""
