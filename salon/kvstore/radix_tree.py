@@ -41,16 +41,22 @@ class LayoutMismatch(ValueError):
 
 
 class Node:
+    """One stored block. A tree holds hundreds of thousands of them, and CPython's full collection walks every
+    object it tracks with the GIL held: a node is the one such object of a block (with its parent's children
+    dict). Its payloads are kept as plain (offset, length) tuples and its owners in a dict of strings, which the
+    collector stops tracking (an Extent object and a set it would track, and walk, for as long as the block
+    lives)."""
+
     __slots__ = (
         "key",  # this block's token ids, canonical bytes (b"" for the root)
         "parent",  # Node | None (None for the root)
         "children",  # dict[bytes, Node]: child block token bytes -> child
         "namespace",  # Namespace the node belongs to
         "block_index",  # position of the block in its context (root: -1)
-        "global_extent",  # Extent | None (None only for the root)
-        "local_extent",  # Extent | None
+        "_global",  # (offset, length) of the global payload | None (None only for the root)
+        "_local",  # (offset, length) of the local payload | None
         "pins",  # readers/writers holding this node; > 0 means never evicted or freed
-        "owners",  # set[str]: conversations that put this block (for Drop by conversation)
+        "owners",  # dict[str, None]: conversations that put this block (for Drop by conversation)
         "global_stamp",  # _clock value of the last touch of the node
         "local_stamp",  # _clock value of the last touch of the local payload
         "detached",  # removed from the tree (payloads freed once unpinned)
@@ -62,16 +68,32 @@ class Node:
         self.children: dict[bytes, Node] = {}
         self.namespace = namespace
         self.block_index = block_index
-        self.global_extent: Extent | None = None
-        self.local_extent: Extent | None = None
+        self._global: tuple[int, int] | None = None
+        self._local: tuple[int, int] | None = None
         self.pins = 0
-        self.owners: set[str] = set()
+        self.owners: dict[str, None] = {}
         self.global_stamp = 0
         self.local_stamp = 0
         self.detached = False
 
+    @property
+    def global_extent(self) -> Extent | None:
+        return None if self._global is None else Extent(*self._global)
+
+    @global_extent.setter
+    def global_extent(self, extent: Extent | None) -> None:
+        self._global = None if extent is None else (extent.offset, extent.length)
+
+    @property
+    def local_extent(self) -> Extent | None:
+        return None if self._local is None else Extent(*self._local)
+
+    @local_extent.setter
+    def local_extent(self, extent: Extent | None) -> None:
+        self._local = None if extent is None else (extent.offset, extent.length)
+
     def payload_bytes(self) -> int:
-        return sum(e.length for e in (self.global_extent, self.local_extent) if e is not None)
+        return sum(span[1] for span in (self._global, self._local) if span is not None)
 
 
 class Namespace:
@@ -217,7 +239,7 @@ class RadixTree:
 
     def add_owner(self, node: Node, owner: str) -> None:
         if owner and owner not in node.owners:
-            node.owners.add(owner)
+            node.owners[owner] = None
             self._by_owner.setdefault((node.namespace.name, owner), set()).add(node)
 
     def touch(self, path: list[Node], local_nodes: Iterable[Node] = ()) -> None:
@@ -276,7 +298,7 @@ class RadixTree:
         depends on; returns how many."""
         nodes = self._by_owner.pop((name, owner), set())
         for node in nodes:
-            node.owners.discard(owner)
+            node.owners.pop(owner, None)
         removed = 0
         for node in sorted(nodes, key=lambda n: -n.block_index):  # children before parents
             if not node.detached and not node.owners and not node.children:
