@@ -40,6 +40,23 @@ class LayoutMismatch(ValueError):
     """A request's layout differs from the one its namespace was created with."""
 
 
+class _Span:
+    """A node's payload as an Extent (made on each read), kept in the slot `slot` as an (offset, length) tuple or None:
+    where many blocks are read at once, the spans themselves are cheaper."""
+
+    def __init__(self, slot: str) -> None:
+        self.slot = slot
+
+    def __get__(self, node: Node | None, owner: type | None = None):
+        if node is None:
+            return self
+        span = getattr(node, self.slot)
+        return None if span is None else Extent(*span)
+
+    def __set__(self, node: Node, extent: Extent | None) -> None:
+        setattr(node, self.slot, None if extent is None else (extent.offset, extent.length))
+
+
 class Node:
     """One stored block. A tree holds hundreds of thousands of them, and CPython's full collection walks every
     object it tracks with the GIL held: a node is the one such object of a block (with its parent's children
@@ -53,8 +70,8 @@ class Node:
         "children",  # dict[bytes, Node]: child block token bytes -> child
         "namespace",  # Namespace the node belongs to
         "block_index",  # position of the block in its context (root: -1)
-        "_global",  # (offset, length) of the global payload | None (None only for the root)
-        "_local",  # (offset, length) of the local payload | None
+        "global_span",  # (offset, length) of the global payload | None (None only for the root)
+        "local_span",  # (offset, length) of the local payload | None
         "pins",  # readers/writers holding this node; > 0 means never evicted or freed
         "owners",  # dict[str, None]: conversations that put this block (for Drop by conversation)
         "global_stamp",  # _clock value of the last touch of the node
@@ -68,32 +85,19 @@ class Node:
         self.children: dict[bytes, Node] = {}
         self.namespace = namespace
         self.block_index = block_index
-        self._global: tuple[int, int] | None = None
-        self._local: tuple[int, int] | None = None
+        self.global_span: tuple[int, int] | None = None
+        self.local_span: tuple[int, int] | None = None
         self.pins = 0
         self.owners: dict[str, None] = {}
         self.global_stamp = 0
         self.local_stamp = 0
         self.detached = False
 
-    @property
-    def global_extent(self) -> Extent | None:
-        return None if self._global is None else Extent(*self._global)
-
-    @global_extent.setter
-    def global_extent(self, extent: Extent | None) -> None:
-        self._global = None if extent is None else (extent.offset, extent.length)
-
-    @property
-    def local_extent(self) -> Extent | None:
-        return None if self._local is None else Extent(*self._local)
-
-    @local_extent.setter
-    def local_extent(self, extent: Extent | None) -> None:
-        self._local = None if extent is None else (extent.offset, extent.length)
+    global_extent = _Span("global_span")
+    local_extent = _Span("local_span")
 
     def payload_bytes(self) -> int:
-        return sum(span[1] for span in (self._global, self._local) if span is not None)
+        return sum(span[1] for span in (self.global_span, self.local_span) if span is not None)
 
 
 class Namespace:

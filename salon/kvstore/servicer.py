@@ -137,8 +137,8 @@ class KVStoreServicer(pb_grpc.KVStoreServiceServicer):
             header.shm_name = store.arena.name
             header.lease_id = store.lease_fetch(plan, peer)
             header.lease_ttl_ms = int(store.lease_ttl_s * 1000)
-            header.global_offsets.extend([n.global_extent.offset for n in plan.nodes[first_global:]])
-            header.local_offsets.extend([n.local_extent.offset for n in plan.nodes[plan.local_from_block :]])
+            header.global_offsets.extend([n.global_span[0] for n in plan.nodes[first_global:]])
+            header.local_offsets.extend([n.local_span[0] for n in plan.nodes[plan.local_from_block :]])
             metrics.FETCH_BYTES.labels(SHM).inc(_plan_bytes(plan, first_global, layout))
             yield pb.FetchResponse(header=header)
             return
