@@ -60,9 +60,9 @@ class _Span:
 class Node:
     """One stored block. A tree holds hundreds of thousands of them, and CPython's full collection walks every
     object it tracks with the GIL held: a node is the one such object of a block (with its parent's children
-    dict). Its payloads are kept as plain (offset, length) tuples and its owners in a dict of strings, which the
-    collector stops tracking (an Extent object and a set it would track, and walk, for as long as the block
-    lives)."""
+    dict). Its payloads are kept as plain (offset, length) tuples and its owners in a dict of strings: the
+    collector stops tracking those, where it would walk an Extent object or a set for as long as the block
+    lives."""
 
     __slots__ = (
         "key",  # this block's token ids, canonical bytes (b"" for the root)
