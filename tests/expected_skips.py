@@ -3,7 +3,8 @@
 Under CI (CI=true) a test may skip only for a reason below: it needs a GPU, it needs a llama.cpp build (the peer
 comparisons; CI does not build llama.cpp), it exercises an AVX-512 build whose AVX2 counterpart runs in the same
 test file (a CI machine may be AVX2-only, and scripts/test.sh runs the kernel and model tests once more with
-AVX-512 masked), or it needs transparent huge pages, a kernel setting of the host. Any other skip (a missing
+AVX-512 masked), it exercises the VNNI kernel's AMX tiles, which the same tests compare with its VNNI loops (a CI
+machine may lack AMX), or it needs transparent huge pages, a kernel setting of the host. Any other skip (a missing
 tool, redis-server, the reference data, a C compiler) makes the session fail, naming the tests. The categories
 hold on an AVX2 and on an AVX-512 machine alike. docs/testing.md states the contract.
 
@@ -28,6 +29,9 @@ EXPECTED_SKIPS: dict[str, re.Pattern[str]] = {
         r"needs AVX-512 VNNI and cc$|not an AVX-512 VNNI CPU with a C compiler$|this CPU has no vnni$"
         r"|this CPU does not run the avx512 C kernel$|one build of the C sampler runs here$"
         r"|packed weights are the VNNI two-term recipe's$"
+    ),
+    "needs AMX (its VNNI counterpart runs)": re.compile(
+        r"needs AMX \(AMX-INT8 and a kernel that grants the tile state\)$"
     ),
     "needs transparent huge pages": re.compile(r"needs Linux with transparent huge pages not off$"),
 }

@@ -199,6 +199,12 @@ def load(
     return lib
 
 
+def loaded_libraries() -> list[ctypes.CDLL]:
+    """The libraries this process has loaded so far."""
+    with _lock:
+        return [lib for lib in _loaded.values() if lib is not None]
+
+
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 

@@ -27,11 +27,17 @@ once per weight tensor (in huge pages) and keeps it while w_q lives; the VNNI ca
 salon.kernels.cpu.linear_two_terms and salon.kernels.cpu.decoder_block take it by default. A weight changed in place is
 packed again on its next call here (its tensors' version counters tell); a decoder block's structs take
 their weights as constant.
+
+AMX (Sapphire Rapids and later). Where the CPU has AMX-INT8 and the kernel grants this process the tile state, a
+VNNI call on packed weights of more than amx_min_rows() activation rows takes its groups' int32 sums from AMX tiles
+(16 activation rows against a packed group, which is already a tile's layout) and keeps only the float epilogue on
+the vector unit: the same bits. use_amx switches it (SALON_CPU_AMX=0 keeps a process off it); bench.amx measures it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import weakref
 from pathlib import Path
@@ -70,6 +76,11 @@ _SIGNATURES["vnni"]["w8a8_grouped_vnni_pack"] = (
     ctypes.c_int,
 )
 _SIGNATURES["vnni"]["w8a8_grouped_vnni_packed_bytes"] = ([ctypes.c_int64] * 3, ctypes.c_int64)
+_SIGNATURES["vnni"]["w8a8_grouped_vnni_amx"] = ([ctypes.c_int], ctypes.c_int)
+_SIGNATURES["vnni"]["w8a8_grouped_vnni_amx_rows"] = ([ctypes.c_int64], ctypes.c_int64)
+_SIGNATURES["vnni"]["w8a8_grouped_vnni_amx_calls"] = ([], ctypes.c_int64)
+# "0" keeps the VNNI kernel off AMX (read by each library that holds the kernel, at its first call)
+AMX_ENV = "SALON_CPU_AMX"
 
 
 def library(isa: str | None = None) -> ctypes.CDLL | None:
@@ -149,6 +160,55 @@ def packed_weights(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor | N
             weakref.finalize(w_q, _packed.pop, key, None)
         _packed[key] = (weakref.ref(w_q), w_scale, w_q._version, w_scale._version, packed)
     return packed
+
+
+def use_amx(on: bool | None = None) -> bool:
+    """Whether the VNNI kernel takes its int32 sums from AMX tiles for calls on packed weights of more than
+    amx_min_rows() activation rows (prefill sizes; the same bits: see w8a8_grouped_vnni.c), where the CPU has
+    AMX-INT8 and the kernel grants this process the tile state. on True or False sets it for every library loaded
+    so far that holds the kernel (the decoder block's and the fused Linears' too) and, through SALON_CPU_AMX, for
+    those loaded later and for child processes; None only asks. False where the VNNI kernel does not run here."""
+    lib = library("vnni")
+    if lib is None:
+        return False
+    if on is not None:
+        os.environ[AMX_ENV] = "1" if on else "0"
+        for loaded in _kernel_libraries():
+            loaded.w8a8_grouped_vnni_amx(1 if on else 0)
+    return bool(lib.w8a8_grouped_vnni_amx(-1))
+
+
+def amx_min_rows(rows: int | None = None) -> int:
+    """The activation rows a call must exceed to run on AMX where it is on (8: at decode sizes the tiles' loads and
+    stores cost more than they save); rows sets it in every library loaded so far that holds the kernel (for
+    bench.amx), None only asks. The threshold before the call."""
+    lib = library("vnni")
+    if lib is None:
+        return 0
+    before = lib.w8a8_grouped_vnni_amx_rows(-1)
+    if rows is not None:
+        for loaded in _kernel_libraries():
+            loaded.w8a8_grouped_vnni_amx_rows(rows)
+    return before
+
+
+def amx_calls() -> int:
+    """The GEMM calls that have run on AMX in this process so far, over every library loaded that holds the kernel."""
+    return sum(lib.w8a8_grouped_vnni_amx_calls() for lib in _kernel_libraries())
+
+
+def _kernel_libraries() -> list[ctypes.CDLL]:
+    """The libraries loaded so far that hold the VNNI kernel, its AMX switches typed."""
+    found = []
+    for loaded in native.loaded_libraries():
+        if getattr(loaded, "w8a8_grouped_vnni_amx", None) is None:
+            continue
+        for name in ("w8a8_grouped_vnni_amx", "w8a8_grouped_vnni_amx_rows", "w8a8_grouped_vnni_amx_calls"):
+            argtypes, restype = _SIGNATURES["vnni"][name]
+            fn = getattr(loaded, name)
+            fn.argtypes, fn.restype = argtypes, restype
+        found.append(loaded)
+    return found
 
 
 def packed_bytes() -> int:

@@ -37,7 +37,8 @@
  * next block while it reads one (packed: a few groups ahead in its one stream); a group's weights stay in
  * registers while they meet the activation rows, M_CHUNK at a time (one pass at decode sizes: every weight and
  * scale byte is read from memory once per call). Every output element sees the same operations in the same order
- * whatever M, the chunking or the thread split: a row's result never depends on the batch it sits in.
+ * whatever M, the chunking or the thread split: a row's result never depends on the batch it sits in. On CPUs with
+ * AMX, calls of more than 8 rows take the groups' int32 sums from AMX tiles instead (packed_tile_amx): the same bits.
  *
  * Not one source with w8a8_grouped.c (AVX2): the contract, the thread split and the prefetch of the next block
  * are the same (grouped_blocks.h), the algorithm of a group's sums is not: vpdpbusd of unsigned weights against
@@ -51,10 +52,19 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "grouped_blocks.h"
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+/* AMX tiles where the compiler has them (GCC 11, Clang 12) and the system call that grants them exists. */
+#if (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11) && defined(__linux__) && defined(__x86_64__)
+#define HAVE_AMX 1
+#else
+#define HAVE_AMX 0
+#endif
+#define AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 #define BLOCK_ROWS 16
 /* Activation rows a group's weights meet per pass; their accumulators (4 KB) stay in L1. */
 #define M_CHUNK 64
@@ -347,6 +357,209 @@ VNNI static inline __attribute__((always_inline)) void packed_tile_any(const int
     else packed_tile(mc, a, lda, corr, pb, out, a_scale, G, n, nr, 4, A32);
 }
 
+/* The packed tile's products on AMX (Sapphire Rapids and later): where the CPU has AMX-INT8 and the kernel grants
+   this process its tile state (arch_prctl), a call on packed weights of more than AMX_MIN_ROWS activation rows
+   (not the two terms summed as they are stored, whose rows must meet in one tile) takes its groups' int32 sums
+   from the tile unit instead of vpdpbusd, and only the float epilogue runs on the vector unit. A block meets the
+   activation rows 16 at a time (AMX_ROWS, a tile's rows). The activations' group is an A tile of the chunk's rows
+   x 32 bytes read where they lie (stride lda); the packed layout's group (8 vectors of 64 bytes: vector i, lane r
+   = bytes 4i .. 4i + 3 of row r, XORed with 0x80) is already a B tile of 8 rows x 64 bytes. tdpbsud (signed A,
+   unsigned B) gives each row sum a (w + 128), group_rows' two chains less the correction, which the epilogue adds
+   before the conversion. So every output sees the same float operations in the same order as group_rows': the
+   bits do not depend on which unit made the sums. Software-pipelined: the tile unit makes group g + 1's sums while
+   the vector unit scales group g's.
+
+   Not at decode sizes up to AMX_MIN_ROWS rows by default: there the tiles' loads and stores cost more than the
+   products they save, and a decode step is bound by reading its weights (`python -m bench.amx`, which moves
+   the threshold with w8a8_grouped_vnni_amx_rows to measure them).
+
+   amx_state: -1 not yet asked, 0 off, 1 on. SALON_CPU_AMX=0 in the environment keeps it off; w8a8_grouped_vnni_amx
+   turns it off or on (where granted) at run time, for tests and benches that compare the two. */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define AMX_MIN_ROWS 8
+#define AMX_ROWS 16
+static int amx_state = -1;
+static int64_t amx_min_rows = AMX_MIN_ROWS;
+static int64_t amx_calls = 0;
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_tile_config;
+
+static int amx_granted(void) {
+    if (!HAVE_AMX) return 0;
+    unsigned int a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    if (!(d >> 24 & 1) || !(d >> 25 & 1)) return 0;  /* AMX-TILE, AMX-INT8 */
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+/* Whether calls of more rows than the threshold run on AMX; want 0 or 1 sets it (1 only where granted), -1 asks. */
+int w8a8_grouped_vnni_amx(int want) {
+    if (amx_state < 0) {
+        const char *env = getenv("SALON_CPU_AMX");
+        amx_state = env && strcmp(env, "0") == 0 ? 0 : amx_granted();
+    }
+    if (want == 0) amx_state = 0;
+    else if (want == 1) amx_state = amx_granted();
+    return amx_state;
+}
+
+/* Calls of more than min_rows activation rows run on AMX where it is on (AMX_MIN_ROWS unless set); the previous
+   threshold is returned (min_rows < 0 only asks). */
+int64_t w8a8_grouped_vnni_amx_rows(int64_t min_rows) {
+    const int64_t before = amx_min_rows;
+    if (min_rows >= 0) amx_min_rows = min_rows;
+    return before;
+}
+
+/* The calls that have run on AMX in this library so far. */
+int64_t w8a8_grouped_vnni_amx_calls(void) { return __atomic_load_n(&amx_calls, __ATOMIC_RELAXED); }
+
+#if HAVE_AMX
+/* This thread's tiles: 0-1 a full chunk's sums (16 rows of 16 int32), 2-3 its activations (16 rows of 32 bytes),
+   4-5 a group's weights (8 rows of 64 bytes), 6 and 7 the same as 0 and 2 for a short chunk of `rest` rows. */
+AMX static void amx_configure(int64_t rest) {
+    amx_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = t == 2 || t == 3 || t == 7 ? GROUP : BLOCK_ROWS * 4;
+        cfg.rows[t] = (uint8_t)(t < 4 ? AMX_ROWS : t < 6 ? GROUP / 4 : rest ? rest : AMX_ROWS);
+    }
+    _tile_loadconfig(&cfg);
+}
+
+AMX static void amx_release(void) { _tile_release(); }
+
+/* Group GG's sums into sums[J] through C tile TC, the activations in A tile TA, the weights in B tile TB (literal
+   tile numbers: the intrinsics name them in the instruction), the group's unit prefetched ahead as packed_tile
+   does. */
+#define AMX_GROUP_SUMS(GG, J, TC, TA, TB)                                                                        \
+    {                                                                                                            \
+        int64_t w_off, s_off;                                                                                    \
+        packed_group_at(GG, G, SCALE_BYTES, &w_off, &s_off);                                                     \
+        const int8_t *q = pb + w_off;                                                                            \
+        for (int i = 0; i < PACKED_WEIGHT_BYTES + BLOCK_ROWS * SCALE_BYTES; i += 64) {                           \
+            if (DECODE_PREFETCH && DECODE) {                                                                     \
+                _mm_prefetch((const char *)q + PACKED_PREFETCH_L2 + i, _MM_HINT_T1);                             \
+                _mm_prefetch((const char *)q + PACKED_PREFETCH_L1 + i, _MM_HINT_T0);                             \
+            } else {                                                                                             \
+                _mm_prefetch((const char *)q + PACKED_PREFETCH_PREFILL + i, _MM_HINT_T0);                        \
+            }                                                                                                    \
+        }                                                                                                        \
+        _tile_zero(TC);                                                                                          \
+        _tile_loadd(TA, a + (GG) * GROUP, lda);                                                                  \
+        _tile_loadd(TB, q, BLOCK_ROWS * 4);                                                                      \
+        _tile_dpbsud(TC, TA, TB);                                                                                \
+        _tile_stored(TC, sums[J], BLOCK_ROWS * 4);                                                               \
+    }
+
+/* y[m] += float(acc_g of row m) x the factor, group_rows' operations, for the mc rows, from the group's sums. */
+AMX static inline __attribute__((always_inline)) void amx_group_rows(const int64_t mc, int64_t g, int64_t G,
+                                                                     const int32_t *sum, const int32_t *corr,
+                                                                     const int8_t *pb, const float *a_scale,
+                                                                     __m512 *y, const int SCALE_BYTES, const int A32) {
+    int64_t w_off, s_off;
+    packed_group_at(g, G, SCALE_BYTES, &w_off, &s_off);
+    const __m512 s = SCALE_BYTES == 4 ? _mm512_loadu_ps((const float *)(pb + s_off))
+                                      : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + s_off)));
+    #pragma GCC unroll 16
+    for (int64_t m = 0; m < mc; m++) {
+        const __m512i c = _mm512_add_epi32(_mm512_load_si512((const void *)(sum + m * BLOCK_ROWS)),
+                                           _mm512_set1_epi32(corr[m * G + g]));
+        const __m512 f = A32 ? _mm512_mul_ps(s, _mm512_set1_ps(a_scale[m * G + g])) : s;
+        y[m] = _mm512_add_ps(y[m], _mm512_mul_ps(_mm512_cvtepi32_ps(c), f));
+    }
+}
+
+/* The groups' sums two at a time through C tiles TC0, TC1 and A tiles TA0, TA1 (B tiles 4, 5), each group's
+   scaled into y while the tile unit makes the next one's. */
+#define AMX_GROUPS_PIPELINED(TC0, TC1, TA0, TA1)                                                                 \
+    {                                                                                                            \
+        AMX_GROUP_SUMS(0, 0, TC0, TA0, 4)                                                                        \
+        for (int64_t g = 0; g < G; g += 2) {                                                                     \
+            if (g + 1 < G) AMX_GROUP_SUMS(g + 1, 1, TC1, TA1, 5)                                                 \
+            amx_group_rows(mc, g, G, sums[0], corr, pb, a_scale, y, SCALE_BYTES, A32);                           \
+            if (g + 2 < G) AMX_GROUP_SUMS(g + 2, 0, TC0, TA0, 4)                                                 \
+            if (g + 1 < G) amx_group_rows(mc, g + 1, G, sums[1], corr, pb, a_scale, y, SCALE_BYTES, A32);        \
+        }                                                                                                        \
+    }
+
+/* packed_tile's outputs for a chunk of mc activation rows (AMX_ROWS, or the short chunk's rest, which
+   amx_configure was given) with the groups' sums from AMX tiles. DECODE: the call's rows fit one chunk (the decode
+   prefetch distances). */
+AMX static inline __attribute__((always_inline)) void packed_tile_amx(const int64_t mc, const int8_t *a, int64_t lda,
+                                                                      const int32_t *corr, const int8_t *pb,
+                                                                      tile_out out, const float *a_scale, int64_t G,
+                                                                      int64_t n, int nr, const int SCALE_BYTES,
+                                                                      const int A32, const int DECODE) {
+    __m512 y[AMX_ROWS];
+    int32_t sums[2][AMX_ROWS * BLOCK_ROWS] __attribute__((aligned(64)));
+    start_rows(mc, y, A32);
+    if (mc == AMX_ROWS) AMX_GROUPS_PIPELINED(0, 1, 2, 3)
+    else AMX_GROUPS_PIPELINED(6, 6, 7, 7)
+    store_rows(mc, y, out, a_scale, n, nr, A32);
+}
+
+/* One thread's packed blocks [b0, b1) of M activation rows on AMX tiles, 16 rows at a time (a
+   short last chunk of M % 16), the selection's epilogue (to->l1, A32 only) after each run of RESCORE_REFRESH
+   blocks, as grouped_vnni's loop does. */
+AMX static inline __attribute__((always_inline)) void amx_blocks(int64_t b0, int64_t b1, const int8_t *a, int64_t lda,
+                                                                 const int32_t *corr, const int8_t *blocks,
+                                                                 tile_out *to, const float *a_scale,
+                                                                 int64_t M, int64_t N, int64_t G,
+                                                                 const int SCALE_BYTES, const int A32) {
+    int64_t run = b0;
+    const int DECODE = M <= AMX_ROWS;
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t n = b * BLOCK_ROWS;
+        const int nr = N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS;
+        const int8_t *pb = blocks + b * packed_block_bytes(G, SCALE_BYTES);
+        for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
+            tile_out chunk = *to;
+            chunk.out = to->out + m0 * to->ldo;
+            const float *as = a_scale + m0 * (A32 ? G : 1);
+            if (M - m0 >= AMX_ROWS) {
+                if (DECODE)
+                    packed_tile_amx(AMX_ROWS, a + m0 * lda, lda, corr + m0 * G, pb, chunk, as, G, n, nr, SCALE_BYTES,
+                                    A32, 1);
+                else
+                    packed_tile_amx(AMX_ROWS, a + m0 * lda, lda, corr + m0 * G, pb, chunk, as, G, n, nr, SCALE_BYTES,
+                                    A32, 0);
+            } else {
+                packed_tile_amx(M - m0, a + m0 * lda, lda, corr + m0 * G, pb, chunk, as, G, n, nr, SCALE_BYTES, A32,
+                                DECODE);
+            }
+        }
+        if (A32 && to->l1 && (b + 1 - run == RESCORE_REFRESH || b + 1 == b1)) {
+            rescore_blocks(to, M, run, b + 1, N);
+            run = b + 1;
+        }
+    }
+}
+
+/* amx_blocks for the layout's scale size and the contract (A32: a_scale f32[M, G]; else f32[M]). */
+AMX static __attribute__((noinline)) void amx_thread_blocks(int64_t b0, int64_t b1, const int8_t *a, int64_t lda,
+                                                            const int32_t *corr, const int8_t *blocks, tile_out *to,
+                                                            const float *a_scale, int64_t M, int64_t N, int64_t G,
+                                                            int64_t sb, int A32) {
+    amx_configure(M % AMX_ROWS);
+    if (sb == 2 && A32) amx_blocks(b0, b1, a, lda, corr, blocks, to, a_scale, M, N, G, 2, 1);
+    else if (sb == 2) amx_blocks(b0, b1, a, lda, corr, blocks, to, a_scale, M, N, G, 2, 0);
+    else if (A32) amx_blocks(b0, b1, a, lda, corr, blocks, to, a_scale, M, N, G, 4, 1);
+    else amx_blocks(b0, b1, a, lda, corr, blocks, to, a_scale, M, N, G, 4, 0);
+    amx_release();
+}
+#else
+static void amx_thread_blocks(int64_t b0, int64_t b1, const int8_t *a, int64_t lda, const int32_t *corr,
+                              const int8_t *blocks, tile_out *to, const float *a_scale, int64_t M, int64_t N,
+                              int64_t G, int64_t sb, int A32) {}  /* never called: amx_granted() is 0 */
+#endif
+
 /* corr[m * G + g] = -128 x the sum of a[m, 32g .. 32g + 31]. */
 VNNI static void activation_corrections(int32_t *corr, const int8_t *a, int64_t lda, int64_t M, int64_t G) {
     const __m256i ones = _mm256_set1_epi8(1);
@@ -388,6 +601,8 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
     int32_t *corr = M * G <= STACK_CORRECTIONS ? stack_corr : malloc((size_t)(M * G) * sizeof(int32_t));
     if (corr == NULL) return 1;
     activation_corrections(corr, a, lda, M, G);
+    const int amx = packed && !o.sum2 && M > amx_min_rows && w8a8_grouped_vnni_amx(-1);
+    if (amx) __atomic_fetch_add(&amx_calls, 1, __ATOMIC_RELAXED);
     #pragma omp parallel num_threads(nthreads)
     {
         int64_t b0, b1;
@@ -396,6 +611,10 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
         if (o.l1) {  /* this thread's running maxima */
             to.lo = o.lo + (int64_t)omp_get_thread_num() * M * 2 * BLOCK_ROWS;
             to.nan = o.nan + (int64_t)omp_get_thread_num() * M;
+        }
+        if (amx) {
+            amx_thread_blocks(b0, b1, a, lda, corr, blocks, &to, a_scale, M, N, G, sb, A32);
+            b1 = b0;  /* done */
         }
         int64_t run = b0;  /* the first block whose outputs the selection's epilogue has not seen */
         for (int64_t b = b0; b < b1; b++) {
