@@ -85,7 +85,8 @@ def test_the_extreme_values_sum_exactly(amx):
 @pytest.mark.parametrize("threads", [1, 3])
 def test_the_thread_split_keeps_the_bits(amx, threads, request):
     a, w, s_w, s_a32, s_a = operands(40, 1000, 640, seed=11)
-    request.addfinalizer(lambda before=torch.get_num_threads(): torch.set_num_threads(before))
+    before = torch.get_num_threads()
+    request.addfinalizer(lambda: torch.set_num_threads(before))
     torch.set_num_threads(threads)
     assert same_bits(w8a8_group32_cpu(a, s_a32, w, s_w), w8a8_group32_ref(a, s_a32, w, s_w))
 
