@@ -5,11 +5,14 @@ Two sections, each AMX against VNNI in alternated rounds (A B, B A, ...), a rati
 
   * `gemm`: the group32 GEMM on one copy of Gemma 3 270M's gate_up weights (640 -> 4,096), called again and again
     at its C entry point so they stay in the cores' L2 (bench.group32_gemm's resident_gmacs), at M = 8 (a decode
-    of 8 sequences; AMX taken below its default threshold, salon.kernels.cpu.w8a8_grouped.amx_min_rows, to see what
-    it would do there), 16, 64 and 512 rows: `gemm_resident_m{M}_amx_over_vnni_x` (GMAC/s, above 1: AMX faster);
-  * `model`: the int8 model through the engine's step path (bench.model's EngineSteps) as served, AMX above its
-    threshold: a prompt's prefill of 512 tokens (`model_pp512_amx_over_vnni_x`, tokens/s; also 2,048 tokens
-    without --quick) and decode steps at batch 8 and 16 (`model_decode_b{B}_amx_over_vnni_x`, tokens/s).
+    of 8 sequences), 16, 64 and 512 rows, AMX at every size (below its default threshold of 64 rows too,
+    salon.kernels.cpu.w8a8_grouped.amx_min_rows): `gemm_resident_m{M}_amx_over_vnni_x` (GMAC/s, above 1: AMX
+    faster);
+  * `model`: the int8 model through the engine's step path (bench.model's EngineSteps): a prompt's prefill of 512
+    tokens in one step, as served (`model_pp512_amx_over_vnni_x`, tokens/s; also 2,048 tokens without --quick), and
+    a 512-token prompt prefilled in steps of 32 and of 64 tokens with AMX at every size
+    (`model_chunk{32,64}_amx_over_vnni_x`, tokens/s: what the threshold of 64 rows rests on; a long history's
+    32-token chunks beside decodes are the dialogue trace's steps).
 
 Without AMX (another CPU, or a kernel that refuses the tile state) nothing is measured: `"amx": false` and every
 figure null. `peer: null` (the baseline is the same kernel's VNNI loop).
@@ -21,18 +24,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
 
 from bench.group32_gemm import resident_gmacs
-from bench.model import _decode_tps, _prefill_tps
+from bench.model import EngineSteps, _prefill_tps
 from salon.engine.model import load_model
 from salon.kernels.cpu.w8a8_grouped import amx_min_rows, use_amx
 from salon.loadgen.alternation import alternated_pairs, describe, paired_ratio
 
 GEMM_ROWS = (8, 16, 64, 512)
-DECODE_BATCHES = (8, 16)
-DECODE_STEPS = 16
+CHUNKS = (32, 64)
+CHUNKED_PROMPT = 512
 
 
 def _with_amx(on: bool, measure):
@@ -71,12 +75,22 @@ def gemm_section(result: dict, rounds: int, rows=GEMM_ROWS) -> None:
         amx_min_rows(before)
 
 
+def chunked_prefill_tps(model, chunk: int, tokens: int = CHUNKED_PROMPT) -> float:
+    """Tokens/s of a `tokens`-token prompt prefilled through the engine's step path `chunk` tokens a step."""
+    ids = ((torch.arange(1000, 1000 + tokens) % (model.config.vocab_size - 300)) + 300).tolist()
+    steps = EngineSteps(model, 1, tokens)
+    start = time.perf_counter()
+    for i in range(0, tokens, chunk):
+        steps.step([ids[i : i + chunk]])
+    return tokens / (time.perf_counter() - start)
+
+
 def model_section(result: dict, model_name: str, rounds: int, quick: bool) -> None:
-    """The model's prefill and decode through the engine's step path, AMX as served against VNNI."""
+    """The model's prefill through the engine's step path: whole prompts as served, and chunked prompts with AMX at
+    every size, AMX against VNNI."""
     model, _ = load_model(model_name, "int8", progress=False)
     _prefill_tps(model, 64, 1)  # every kernel library loaded before the switches are set
-    prompts = (512,) if quick else (512, 2048)
-    for tokens in prompts:
+    for tokens in (512,) if quick else (512, 2048):
         _ratio(
             result,
             f"model_pp{tokens}_amx_over_vnni_x",
@@ -84,14 +98,18 @@ def model_section(result: dict, model_name: str, rounds: int, quick: bool) -> No
             lambda tokens=tokens: _prefill_tps(model, tokens, 1),
             rounds,
         )
-    for batch in DECODE_BATCHES:
-        _ratio(
-            result,
-            f"model_decode_b{batch}_amx_over_vnni_x",
-            f"{model_name} decode at batch {batch}, tokens/s",
-            lambda batch=batch: _decode_tps(model, batch, DECODE_STEPS, rounds=1),
-            rounds,
-        )
+    before = amx_min_rows(0)
+    try:
+        for chunk in CHUNKS:
+            _ratio(
+                result,
+                f"model_chunk{chunk}_amx_over_vnni_x",
+                f"{model_name} prefill of {CHUNKED_PROMPT} tokens, {chunk} a step, tokens/s",
+                lambda chunk=chunk: chunked_prefill_tps(model, chunk),
+                rounds,
+            )
+    finally:
+        amx_min_rows(before)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,5 +27,5 @@ def test_the_gemm_section_alternates_and_restores_the_switches(capsys):
         ratio = result[f"gemm_resident_m{m}_amx_over_vnni_x"]
         assert ratio["rounds"] == 2 and ratio["min"] <= ratio["median"] <= ratio["max"]
         assert ratio["amx_median"] > 0 and ratio["vnni_median"] > 0
-    assert use_amx() and amx_min_rows() == 8
+    assert use_amx() and amx_min_rows() == 63
     assert "AMX over VNNI" in capsys.readouterr().out

@@ -1,10 +1,11 @@
 """The VNNI grouped GEMM's AMX tiles (salon/kernels/cpu/w8a8_grouped_vnni.c): on a CPU with AMX-INT8 whose kernel
-grants the tile state, calls on packed weights of more than amx_min_rows() activation rows take their int32 sums from
-the tile unit -- bit for bit the references and the VNNI loops: both contracts (group32's scale per row and group,
-the grouped GEMM's per row), float32 and float16 weight scales, full and short 16-row chunks, short last weight
-blocks, odd group counts, the extreme int8 values, one to three threads, the rescored output projection's
-selection; below the threshold and with the switch off the calls stay on VNNI (the call counter says which ran);
-SALON_CPU_AMX=0 keeps a process off AMX. Skipped where there is no AMX."""
+grants the tile state, calls on packed weights of more than amx_min_rows() activation rows (63 by default) take their
+int32 sums from the tile unit -- bit for bit the references and the VNNI loops. The tests lower the threshold to 0 so
+that every shape runs on the tiles: both contracts (group32's scale per row and group, the grouped GEMM's per row),
+float32 and float16 weight scales, full and short 16-row chunks (the decode prefetch distances up to 16 rows),
+short last weight blocks, odd group counts, the extreme int8 values, one to three threads, the rescored output
+projection's selection. At the default threshold and with the switch off the calls stay on VNNI (the call counter
+says which ran); SALON_CPU_AMX=0 keeps a process off AMX. Skipped where there is no AMX."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import sys
 import pytest
 import torch
 
+from salon.kernels.cpu.linear_two_terms import library as linear_library
 from salon.kernels.cpu.linear_two_terms import linear_rescored_c
 from salon.kernels.cpu.w8a8_group32 import w8a8_group32_cpu
 from salon.kernels.cpu.w8a8_grouped import AMX_ENV, amx_calls, amx_min_rows, use_amx, w8a8_grouped_scaled_cpu
@@ -25,13 +27,17 @@ from salon.kernels.w8a8_grouped import w8a8_grouped_scaled_ref
 
 @pytest.fixture
 def amx(monkeypatch):
-    """AMX on for the test (skipped where it cannot be), the process's state and environment restored after."""
+    """AMX on for the test at every row count (skipped where it cannot be): yields the default threshold; the
+    process's state and environment restored after."""
     monkeypatch.setenv(AMX_ENV, os.environ.get(AMX_ENV, "1"))
     before = use_amx()
     if not use_amx(True):
         use_amx(before)
         pytest.skip("needs AMX (AMX-INT8 and a kernel that grants the tile state)")
-    yield
+    linear_library()  # loaded before the threshold is set: it holds the kernel too
+    default = amx_min_rows(0)
+    yield default
+    amx_min_rows(default)
     use_amx(before)
 
 
@@ -56,7 +62,7 @@ def both_contracts(a, w, s_w, s_a32, s_a):
 
 
 @pytest.mark.parametrize("half", [False, True])
-@pytest.mark.parametrize("m", [9, 15, 16, 17, 31, 32, 33, 64, 70, 100])
+@pytest.mark.parametrize("m", [1, 5, 8, 15, 16, 17, 31, 33, 64, 70, 100])
 @pytest.mark.parametrize("n, k", [(517, 640), (40, 2048), (17, 96)])
 def test_amx_calls_give_the_references_bits(amx, m, n, k, half):
     a, w, s_w, s_a32, s_a = operands(m, n, k, seed=m * 31 + n + k + half, half=half)
@@ -92,27 +98,20 @@ def test_the_thread_split_keeps_the_bits(amx, threads, request):
 
 
 def test_the_rows_threshold(amx):
-    """Up to amx_min_rows() rows the calls stay on VNNI; lowered to 0, every row count runs on the tiles (a short
-    chunk's tiles alone, with the decode prefetch distances), the same bits."""
-    assert amx_min_rows() == 8
-    a, w, s_w, s_a32, _ = operands(8, 300, 640, seed=5)
+    """By default calls of up to 63 rows stay on VNNI and calls of 64 run on the tiles, the same bits."""
+    assert amx == 63
+    amx_min_rows(amx)
+    a, w, s_w, s_a32, _ = operands(64, 300, 640, seed=5)
     calls = amx_calls()
-    assert same_bits(w8a8_group32_cpu(a, s_a32, w, s_w), w8a8_group32_ref(a, s_a32, w, s_w))
-    assert amx_calls() == calls
-    before = amx_min_rows(0)
-    try:
-        for m in range(1, 9):
-            got = w8a8_group32_cpu(a[:m], s_a32[:m], w, s_w)
-            assert same_bits(got, w8a8_group32_ref(a[:m], s_a32[:m], w, s_w)), m
-        assert amx_calls() == calls + 8
-    finally:
-        amx_min_rows(before)
+    for m, tiles in ((63, 0), (64, 1)):
+        got = w8a8_group32_cpu(a[:m], s_a32[:m], w, s_w)
+        assert same_bits(got, w8a8_group32_ref(a[:m], s_a32[:m], w, s_w)), m
+        assert amx_calls() == calls + tiles, m
 
 
 @pytest.mark.parametrize("m, n, k", [(12, 4099, 96), (16, 20000, 640), (32, 50, 160)])
 def test_the_rescored_projection_keeps_its_bits_and_argmax(amx, m, n, k):
-    """The selection's epilogue runs inside the tiles' block loop (its rows: the rescored output projection of more
-    than 8 rows), the candidates' two-term tiles after it on VNNI."""
+    """The selection's epilogue runs inside the tiles' block loop, the candidates' two-term tiles after it on VNNI."""
     g = torch.Generator().manual_seed(m + n)
     x = torch.randn(m, k, generator=g)
     w_q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)

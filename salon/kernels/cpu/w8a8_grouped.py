@@ -179,9 +179,10 @@ def use_amx(on: bool | None = None) -> bool:
 
 
 def amx_min_rows(rows: int | None = None) -> int:
-    """The activation rows a call must exceed to run on AMX where it is on (8: at decode sizes the tiles' loads and
-    stores cost more than they save); rows sets it in every library loaded so far that holds the kernel (for
-    bench.amx), None only asks. The threshold before the call."""
+    """The activation rows a call must exceed to run on AMX where it is on (63: at decode sizes the tiles' loads and
+    stores cost more than they save, and steps of a few dozen rows do not get shorter; bench.amx); rows sets it in
+    every library loaded so far that holds the kernel (for bench.amx and the tests), None only asks. The threshold
+    before the call."""
     lib = library("vnni")
     if lib is None:
         return 0

@@ -38,7 +38,7 @@
  * registers while they meet the activation rows, M_CHUNK at a time (one pass at decode sizes: every weight and
  * scale byte is read from memory once per call). Every output element sees the same operations in the same order
  * whatever M, the chunking or the thread split: a row's result never depends on the batch it sits in. On CPUs with
- * AMX, calls of more than 8 rows take the groups' int32 sums from AMX tiles instead (packed_tile_amx): the same bits.
+ * AMX, calls of 64 rows or more take the groups' int32 sums from AMX tiles instead (packed_tile_amx): the same bits.
  *
  * Not one source with w8a8_grouped.c (AVX2): the contract, the thread split and the prefetch of the next block
  * are the same (grouped_blocks.h), the algorithm of a group's sums is not: vpdpbusd of unsigned weights against
@@ -369,15 +369,16 @@ VNNI static inline __attribute__((always_inline)) void packed_tile_any(const int
    bits do not depend on which unit made the sums. Software-pipelined: the tile unit makes group g + 1's sums while
    the vector unit scales group g's.
 
-   Not at decode sizes up to AMX_MIN_ROWS rows by default: there the tiles' loads and stores cost more than the
-   products they save, and a decode step is bound by reading its weights (`python -m bench.amx`, which moves
-   the threshold with w8a8_grouped_vnni_amx_rows to measure them).
+   Only from 64 rows by default (AMX_MIN_ROWS): below, the tiles' loads and stores cost more than the products they
+   save at decode sizes (8 rows), and a step of a few dozen rows (a long prompt's 32-token chunk beside decodes) is
+   bound by more than its products, so the tiles' faster sums do not shorten it (`python -m bench.amx`, which moves
+   the threshold with w8a8_grouped_vnni_amx_rows to measure below it).
 
    amx_state: -1 not yet asked, 0 off, 1 on. SALON_CPU_AMX=0 in the environment keeps it off; w8a8_grouped_vnni_amx
    turns it off or on (where granted) at run time, for tests and benches that compare the two. */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-#define AMX_MIN_ROWS 8
+#define AMX_MIN_ROWS 63
 #define AMX_ROWS 16
 static int amx_state = -1;
 static int64_t amx_min_rows = AMX_MIN_ROWS;
