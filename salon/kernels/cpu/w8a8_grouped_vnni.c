@@ -315,6 +315,20 @@ VNNI static inline __attribute__((always_inline)) void block_tile(const int64_t 
     store_rows(mc, y, out, a_scale, n, nr, A32);
 }
 
+/* Prefetch ahead of a packed group's unit at q (its weights and scale_bytes scales) in its thread's stream: at
+   decode sizes into L2 and L1 at the decode distances, else into L1 at the prefill's (PACKED_PREFETCH_*). */
+static inline __attribute__((always_inline)) void packed_prefetch(const int8_t *q, const int scale_bytes,
+                                                                  const int decode) {
+    for (int i = 0; i < PACKED_WEIGHT_BYTES + BLOCK_ROWS * scale_bytes; i += 64) {
+        if (DECODE_PREFETCH && decode) {
+            _mm_prefetch((const char *)q + PACKED_PREFETCH_L2 + i, _MM_HINT_T1);
+            _mm_prefetch((const char *)q + PACKED_PREFETCH_L1 + i, _MM_HINT_T0);
+        } else {
+            _mm_prefetch((const char *)q + PACKED_PREFETCH_PREFILL + i, _MM_HINT_T0);
+        }
+    }
+}
+
 /* The same for a block of the packed layout (w8a8_grouped_vnni_pack): its units read in order, each group's 16
    scales from its unit (SCALE_BYTES 4: float32; 2: float16, converted exactly) -- one stream per thread, no
    transposes, prefetched ahead into the thread's next block. */
@@ -329,14 +343,7 @@ VNNI static inline __attribute__((always_inline)) void packed_tile(const int64_t
         int64_t w_off, s_off;
         packed_group_at(g, G, SCALE_BYTES, &w_off, &s_off);
         const int8_t *q = pb + w_off;
-        for (int i = 0; i < PACKED_WEIGHT_BYTES + BLOCK_ROWS * SCALE_BYTES; i += 64) {
-            if (DECODE_PREFETCH && mc <= 16) {  /* a compile-time constant at decode sizes */
-                _mm_prefetch((const char *)q + PACKED_PREFETCH_L2 + i, _MM_HINT_T1);
-                _mm_prefetch((const char *)q + PACKED_PREFETCH_L1 + i, _MM_HINT_T0);
-            } else {
-                _mm_prefetch((const char *)q + PACKED_PREFETCH_PREFILL + i, _MM_HINT_T0);
-            }
-        }
+        packed_prefetch(q, SCALE_BYTES, mc <= 16);  /* a compile-time constant at decode sizes */
         __m512i t[8];
         for (int i = 0; i < 8; i++) t[i] = _mm512_loadu_si512((const void *)(q + 64 * i));
         const __m512 s = SCALE_BYTES == 4
@@ -437,21 +444,13 @@ AMX static void amx_configure(int64_t rest) {
 AMX static void amx_release(void) { _tile_release(); }
 
 /* Group GG's sums into sums[J] through C tile TC, the activations in A tile TA, the weights in B tile TB (literal
-   tile numbers: the intrinsics name them in the instruction), the group's unit prefetched ahead as packed_tile
-   does. */
+   tile numbers: the intrinsics name them in the instruction), prefetching ahead as packed_tile does. */
 #define AMX_GROUP_SUMS(GG, J, TC, TA, TB)                                                                        \
     {                                                                                                            \
         int64_t w_off, s_off;                                                                                    \
         packed_group_at(GG, G, SCALE_BYTES, &w_off, &s_off);                                                     \
         const int8_t *q = pb + w_off;                                                                            \
-        for (int i = 0; i < PACKED_WEIGHT_BYTES + BLOCK_ROWS * SCALE_BYTES; i += 64) {                           \
-            if (DECODE_PREFETCH && DECODE) {                                                                     \
-                _mm_prefetch((const char *)q + PACKED_PREFETCH_L2 + i, _MM_HINT_T1);                             \
-                _mm_prefetch((const char *)q + PACKED_PREFETCH_L1 + i, _MM_HINT_T0);                             \
-            } else {                                                                                             \
-                _mm_prefetch((const char *)q + PACKED_PREFETCH_PREFILL + i, _MM_HINT_T0);                        \
-            }                                                                                                    \
-        }                                                                                                        \
+        packed_prefetch(q, SCALE_BYTES, DECODE);                                                                 \
         _tile_zero(TC);                                                                                          \
         _tile_loadd(TA, a + (GG) * GROUP, lda);                                                                  \
         _tile_loadd(TB, q, BLOCK_ROWS * 4);                                                                      \
@@ -511,7 +510,7 @@ AMX static inline __attribute__((always_inline)) void packed_tile_amx(const int6
    blocks, as grouped_vnni's loop does. */
 AMX static inline __attribute__((always_inline)) void amx_blocks(int64_t b0, int64_t b1, const int8_t *a, int64_t lda,
                                                                  const int32_t *corr, const int8_t *blocks,
-                                                                 tile_out *to, const float *a_scale,
+                                                                 int64_t bb, tile_out *to, const float *a_scale,
                                                                  int64_t M, int64_t N, int64_t G,
                                                                  const int SCALE_BYTES, const int A32) {
     int64_t run = b0;
@@ -519,7 +518,7 @@ AMX static inline __attribute__((always_inline)) void amx_blocks(int64_t b0, int
     for (int64_t b = b0; b < b1; b++) {
         const int64_t n = b * BLOCK_ROWS;
         const int nr = N - n < BLOCK_ROWS ? (int)(N - n) : BLOCK_ROWS;
-        const int8_t *pb = blocks + b * packed_block_bytes(G, SCALE_BYTES);
+        const int8_t *pb = blocks + b * bb;
         for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
             tile_out chunk = *to;
             chunk.out = to->out + m0 * to->ldo;
@@ -545,20 +544,20 @@ AMX static inline __attribute__((always_inline)) void amx_blocks(int64_t b0, int
 
 /* amx_blocks for the layout's scale size and the contract (A32: a_scale f32[M, G]; else f32[M]). */
 AMX static __attribute__((noinline)) void amx_thread_blocks(int64_t b0, int64_t b1, const int8_t *a, int64_t lda,
-                                                            const int32_t *corr, const int8_t *blocks, tile_out *to,
-                                                            const float *a_scale, int64_t M, int64_t N, int64_t G,
-                                                            int64_t sb, int A32) {
+                                                            const int32_t *corr, const int8_t *blocks, int64_t bb,
+                                                            tile_out *to, const float *a_scale, int64_t M, int64_t N,
+                                                            int64_t G, int64_t sb, int A32) {
     amx_configure(M % AMX_ROWS);
-    if (sb == 2 && A32) amx_blocks(b0, b1, a, lda, corr, blocks, to, a_scale, M, N, G, 2, 1);
-    else if (sb == 2) amx_blocks(b0, b1, a, lda, corr, blocks, to, a_scale, M, N, G, 2, 0);
-    else if (A32) amx_blocks(b0, b1, a, lda, corr, blocks, to, a_scale, M, N, G, 4, 1);
-    else amx_blocks(b0, b1, a, lda, corr, blocks, to, a_scale, M, N, G, 4, 0);
+    if (sb == 2 && A32) amx_blocks(b0, b1, a, lda, corr, blocks, bb, to, a_scale, M, N, G, 2, 1);
+    else if (sb == 2) amx_blocks(b0, b1, a, lda, corr, blocks, bb, to, a_scale, M, N, G, 2, 0);
+    else if (A32) amx_blocks(b0, b1, a, lda, corr, blocks, bb, to, a_scale, M, N, G, 4, 1);
+    else amx_blocks(b0, b1, a, lda, corr, blocks, bb, to, a_scale, M, N, G, 4, 0);
     amx_release();
 }
 #else
 static void amx_thread_blocks(int64_t b0, int64_t b1, const int8_t *a, int64_t lda, const int32_t *corr,
-                              const int8_t *blocks, tile_out *to, const float *a_scale, int64_t M, int64_t N,
-                              int64_t G, int64_t sb, int A32) {}  /* never called: amx_granted() is 0 */
+                              const int8_t *blocks, int64_t bb, tile_out *to, const float *a_scale, int64_t M,
+                              int64_t N, int64_t G, int64_t sb, int A32) {}  /* never called: amx_granted() is 0 */
 #endif
 
 /* corr[m * G + g] = -128 x the sum of a[m, 32g .. 32g + 31]. */
@@ -614,7 +613,7 @@ VNNI static inline __attribute__((always_inline)) int grouped_vnni(const int8_t 
             to.nan = o.nan + (int64_t)omp_get_thread_num() * M;
         }
         if (amx) {
-            amx_thread_blocks(b0, b1, a, lda, corr, blocks, &to, a_scale, M, N, G, sb, A32);
+            amx_thread_blocks(b0, b1, a, lda, corr, blocks, bb, &to, a_scale, M, N, G, sb, A32);
             b1 = b0;  /* done */
         }
         int64_t run = b0;  /* the first block whose outputs the selection's epilogue has not seen */
