@@ -23,13 +23,13 @@ figure null. `peer: null` (the baseline is the same kernel's VNNI loop).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import time
 
 import torch
 
 from bench.group32_gemm import resident_gmacs
-from bench.model import EngineSteps, _prefill_tps
+from bench.model import _prefill_tps
 from salon.engine.model import load_model
 from salon.kernels.cpu.w8a8_grouped import amx_min_rows, use_amx
 from salon.loadgen.alternation import alternated_pairs, describe, paired_ratio
@@ -37,6 +37,16 @@ from salon.loadgen.alternation import alternated_pairs, describe, paired_ratio
 GEMM_ROWS = (8, 16, 64, 512)
 CHUNKS = (32, 64)
 CHUNKED_PROMPT = 512
+
+
+@contextlib.contextmanager
+def _amx_at_every_size():
+    """AMX for calls of any row count inside (its threshold set to 0), the threshold restored after."""
+    before = amx_min_rows(0)
+    try:
+        yield
+    finally:
+        amx_min_rows(before)
 
 
 def _with_amx(on: bool, measure):
@@ -61,8 +71,7 @@ def _ratio(result: dict, key: str, what: str, measure, rounds: int) -> None:
 def gemm_section(result: dict, rounds: int, rows=GEMM_ROWS) -> None:
     """The group32 GEMM on L2-resident weights, AMX (at every M here) against VNNI."""
     gen = torch.Generator().manual_seed(0)
-    before = amx_min_rows(0)
-    try:
+    with _amx_at_every_size():
         for m in rows:
             _ratio(
                 result,
@@ -71,18 +80,6 @@ def gemm_section(result: dict, rounds: int, rows=GEMM_ROWS) -> None:
                 lambda m=m: resident_gmacs(m, gen),
                 rounds,
             )
-    finally:
-        amx_min_rows(before)
-
-
-def chunked_prefill_tps(model, chunk: int, tokens: int = CHUNKED_PROMPT) -> float:
-    """Tokens/s of a `tokens`-token prompt prefilled through the engine's step path `chunk` tokens a step."""
-    ids = ((torch.arange(1000, 1000 + tokens) % (model.config.vocab_size - 300)) + 300).tolist()
-    steps = EngineSteps(model, 1, tokens)
-    start = time.perf_counter()
-    for i in range(0, tokens, chunk):
-        steps.step([ids[i : i + chunk]])
-    return tokens / (time.perf_counter() - start)
 
 
 def model_section(result: dict, model_name: str, rounds: int, quick: bool) -> None:
@@ -98,18 +95,15 @@ def model_section(result: dict, model_name: str, rounds: int, quick: bool) -> No
             lambda tokens=tokens: _prefill_tps(model, tokens, 1),
             rounds,
         )
-    before = amx_min_rows(0)
-    try:
+    with _amx_at_every_size():
         for chunk in CHUNKS:
             _ratio(
                 result,
                 f"model_chunk{chunk}_amx_over_vnni_x",
                 f"{model_name} prefill of {CHUNKED_PROMPT} tokens, {chunk} a step, tokens/s",
-                lambda chunk=chunk: chunked_prefill_tps(model, chunk),
+                lambda chunk=chunk: _prefill_tps(model, CHUNKED_PROMPT, 1, chunk),
                 rounds,
             )
-    finally:
-        amx_min_rows(before)
 
 
 def main(argv: list[str] | None = None) -> None:
